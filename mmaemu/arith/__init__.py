@@ -1,0 +1,13 @@
+"""The tensor-core arithmetic, written once as plain Numba ``@njit`` functions.
+
+The same functions run in the parallel CPU loops (:mod:`mmaemu.cpu`) and inside the CUDA kernels
+(:mod:`mmaemu.cuda`), so every backend computes the same bits by construction. Layers:
+
+* :mod:`.intbits` - bit length and truncating shifts;
+* :mod:`.block` - one block multiply-accumulate (semantics.md b.1, b.2);
+* :mod:`.chain` - chains of blocks over K (c);
+* :mod:`.schedule` - slow restarts, split-K partials and their combination orders (c.2, d);
+* :mod:`.special` - the NaN/Inf rule (c.4);
+* :mod:`.rounding`, :mod:`.epilogue` - exact IEEE rounding and the scaled_mm epilogue (e);
+* :mod:`.params` - presets and splits as the integer tuples the compiled code takes.
+"""

@@ -1,0 +1,66 @@
+"""A chain: consecutive blocks of nfma products over a K range, each block's result feeding the next
+(semantics.md (c)). A chain starts from the accumulator it is given (+0 in every GEMM chain); the last block
+of a range is padded with zero products, which are excluded terms.
+
+``params`` is the preset as integers, built by :func:`mmaemu.arith.params.preset_params`:
+``(nfma, lshift, rshift, frac, frac_out, min_exp, late_c)``.
+"""
+
+import math
+
+import numpy as np
+
+from .._jit import arithmetic
+from .block import NO_LEAD, block_products_late, block_step_early
+
+
+@arithmetic
+def exact_to_float32(sig, exp):
+    """The fp32 value ``sig * 2**exp`` (exact for every block result: at most 24 significant bits)."""
+    return np.float32(math.ldexp(np.float64(sig), exp))
+
+
+@arithmetic
+def chain_early(sa, ea, sb, eb, k0, k1, c_sig, c_exp, c_lead, params):
+    """Early-accumulator chain (hopper, ada) over k in [k0, k1); returns the exact state (sig, exp, lead)."""
+    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    for kb in range(k0, k1, nfma):
+        c_sig, c_exp, c_lead = block_step_early(sa, ea, sb, eb, kb, min(kb + nfma, k1), c_sig, c_exp, c_lead,
+                                                lshift, rshift, frac, frac_out, min_exp)
+    return c_sig, c_exp, c_lead
+
+
+@arithmetic
+def chain_late(sa, ea, sb, eb, k0, k1, c, params):
+    """Late-accumulator chain (b200_mma_sync): each block's product sum is added to c with one fp32 RNE add."""
+    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    for kb in range(k0, k1, nfma):
+        d_sig, d_exp, d_lead = block_products_late(sa, ea, sb, eb, kb, min(kb + nfma, k1), lshift, rshift, frac,
+                                                   frac_out, min_exp)
+        c = np.float32(exact_to_float32(d_sig, d_exp) + c)
+    return c
+
+
+@arithmetic
+def chain_over_tiles(sa, ea, sb, eb, K, first, stride, count, tile, params):
+    """The fp32 result of one chain from +0 over ``count`` k-tiles ``first, first + stride, ...`` of width tile.
+
+    Adjacent tiles (stride 1) form one K range, so blocks run on across tile edges; strided tiles are walked
+    one by one with the state carried over, which the planner allows only when nfma divides the tile width
+    (then no block straddles a tile edge). The ragged end of the last tile (k >= K) holds zero codes.
+    """
+    late_c = params[6]
+    n_ranges = 1 if stride == 1 else count
+    span = count * tile if stride == 1 else tile
+    c = np.float32(0.0)
+    sig, exp, lead = 0, 0, NO_LEAD
+    for i in range(n_ranges):
+        k0 = (first + i * stride) * tile
+        k1 = min(k0 + span, K)
+        if late_c:
+            c = chain_late(sa, ea, sb, eb, k0, k1, c, params)
+        else:
+            sig, exp, lead = chain_early(sa, ea, sb, eb, k0, k1, sig, exp, lead, params)
+    if late_c:
+        return c
+    return exact_to_float32(sig, exp)

@@ -1,0 +1,49 @@
+"""Integer helpers of the arithmetic: bit length and truncating shifts.
+
+Everything here is plain integer code so that it compiles identically for CPUs and CUDA GPUs and never
+depends on a floating-point mode (rounding direction, flush-to-zero).
+"""
+
+from .._jit import arithmetic
+
+# Right shifts by 63 or more are undefined in LLVM; every magnitude shifted here is below 2**62.
+MAX_SHIFT = 62
+
+
+@arithmetic
+def bit_length(x):
+    """Number of bits of a non-negative integer below 2**64 (0 for 0), branch-free."""
+    n = 0
+    b = (x >= (1 << 32)) * 32
+    x >>= b
+    n += b
+    b = (x >= (1 << 16)) * 16
+    x >>= b
+    n += b
+    b = (x >= (1 << 8)) * 8
+    x >>= b
+    n += b
+    b = (x >= (1 << 4)) * 4
+    x >>= b
+    n += b
+    b = (x >= (1 << 2)) * 2
+    x >>= b
+    n += b
+    b = (x >= (1 << 1)) * 1
+    x >>= b
+    n += b
+    return n + x
+
+
+@arithmetic
+def shift_toward_zero(x, shift):
+    """x * 2**shift truncated toward zero (magnitude truncation, symmetric for negative x).
+
+    ``shift`` may be negative (right shift, truncating) or non-negative (exact left shift).
+    """
+    if shift >= 0:
+        return x << shift
+    s = min(-shift, MAX_SHIFT)
+    if x >= 0:
+        return x >> s
+    return -((-x) >> s)
