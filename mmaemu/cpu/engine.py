@@ -20,10 +20,12 @@ def decode_operand(codes: np.ndarray, fmt: str):
     return formats.significands(fmt)[codes], formats.exponents(fmt)[codes]
 
 
-def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none"):
+def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none", *,
+                     reference=False):
     """fp32 accumulators [M, N] of A [M, K] times B [N, K]^T given as uint8 FP8 codes (semantics.md (c), (d)).
 
     Every format pair is accepted (E5M2 x E5M2 included); non-finite codes follow the rule of c.4.
+    ``reference=True`` runs the straightforward loop (one chain walk per output) instead of the fast path.
     """
     a_codes = np.ascontiguousarray(a_codes, dtype=np.uint8)
     b_codes = np.ascontiguousarray(b_codes, dtype=np.uint8)

@@ -1,0 +1,118 @@
+"""The public entry points: ``scaled_mm``, ``accumulate`` and ``explain`` (platform.md section 6).
+
+``scaled_mm`` takes torch 2.7.1's ``torch._scaled_mm`` arguments in the same order with the same defaults, plus
+``out=``, ``profile=``, ``splitk=`` and ``backend=``, and returns the reference GPU's bits. The entry points are
+excluded from ``torch.compile`` tracing (a graph break): a compiler must not trace into, or re-round, the
+emulation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .arith.epilogue import OUT_CODES
+from .plan.flush import check_no_flush_to_zero
+from .plan.planner import CallPlan, explain_scaled_mm, plan_accumulate, plan_scaled_mm
+
+__all__ = ["scaled_mm", "accumulate", "explain", "CallPlan"]
+
+_BITS_DTYPE = {"float32": torch.uint32, "bfloat16": torch.uint16, "float16": torch.uint16,
+               "float8_e4m3fn": torch.uint8, "float8_e5m2": torch.uint8}
+
+
+def _codes_rows(t: torch.Tensor) -> "numpy.ndarray":  # noqa: F821
+    """uint8 codes of a 2-D float8 tensor, C-contiguous, on the CPU."""
+    return t.detach().contiguous().view(torch.uint8).cpu().numpy()
+
+
+def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b: str, fast: bool) -> torch.Tensor:
+    """fp32 accumulators [M, N] of a [M, K] times b_rows [N, K]^T on the tensors' device."""
+    device = a.device
+    if device.type == "cpu":
+        check_no_flush_to_zero()
+    split = plan.split
+    if plan.backend.startswith("cuda"):
+        from . import cuda as cuda_backend
+
+        return cuda_backend.accumulate(plan.backend, a, b_rows, fmt_a, fmt_b, plan.preset, fast, split.S,
+                                       split.scheme)
+    from .cpu import accumulate_codes
+
+    acc = accumulate_codes(_codes_rows(a), _codes_rows(b_rows), fmt_a, fmt_b, plan.preset, fast, split.S,
+                           split.scheme, reference=plan.backend == "reference")
+    return torch.from_numpy(acc).to(device)
+
+
+def _scale_bits(scale) -> int:
+    return int(scale.detach().reshape(()).view(torch.int32).item()) & 0xFFFFFFFF
+
+
+def _epilogue(acc: torch.Tensor, call) -> torch.Tensor:
+    """Output tensor of the epilogue (semantics.md (e)) on the accumulator's device."""
+    from .cpu import epilogue_codes
+
+    out_name = str(call.out_dtype).replace("torch.", "")
+    scale_result = _scale_bits(call.scale_result) if call.scale_result is not None else None
+    bits = epilogue_codes(acc.cpu().numpy(), _scale_bits(call.scale_a), _scale_bits(call.scale_b), scale_result,
+                          out_name)
+    result = torch.from_numpy(bits).view(_BITS_DTYPE[out_name]).view(call.out_dtype)
+    return result.to(acc.device)
+
+
+def _deliver(result: torch.Tensor, out):
+    """Return the result, or write it into ``out`` (resized to [M, N] when its shape differs) and return out."""
+    if out is None:
+        return result
+    if tuple(out.shape) != tuple(result.shape):
+        out.resize_(result.shape)
+    out.copy_(result)
+    return out
+
+
+@torch.compiler.disable
+def scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False,
+              *, out=None, profile=None, splitk="auto", backend="auto"):
+    """``torch._scaled_mm`` (torch 2.7.1) as the profile's reference GPU computes it, bit for bit.
+
+    ``input`` [M, K] and ``mat2`` [K, N] (column-major, e.g. ``w.t()``) are float8 tensors; tensor-wise fp32
+    scales; ``out_dtype`` defaults to input's dtype. ``profile``: a name from :func:`mmaemu.list_profiles`
+    (default ``$MMAEMU_PROFILE`` or "hopper"). ``splitk``: "auto" (the reference's recorded decision), 1, or
+    ``(S, scheme)``. ``backend``: "auto", "reference", "cpu", "cuda" or "cuda:<kernel>".
+    Raises what torch 2.7.1 / cuBLASLt would (ReferenceRejectsError, TypeError), and UnsupportedFeatureError
+    or SplitKUnknownError where mmaemu cannot reproduce the call exactly: it never approximates.
+    """
+    plan = plan_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out=out,
+                          profile=profile, splitk=splitk, backend=backend)
+    call = plan.call
+    if plan.action == "out-unchanged":
+        return out
+    if plan.action == "zeros":
+        return _deliver(torch.zeros((call.M, call.N), dtype=call.out_dtype, device=call.device), out)
+    acc = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum)
+    return _deliver(_epilogue(acc, call), out)
+
+
+@torch.compiler.disable
+def accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="auto",
+               out_dtype_for_split=torch.float32):
+    """The fp32 accumulator [M, N] of ``a`` [M, K] times ``b`` [N, K]^T before any scaling (semantics.md f.8).
+
+    No torch/cuBLAS/profile rejection applies: any K, layout and format pair (E5M2 x E5M2 included). The split
+    decision is keyed as a standard-layout call with output dtype ``out_dtype_for_split``.
+    """
+    plan = plan_accumulate(a, b, use_fast_accum=use_fast_accum, profile=profile, splitk=splitk, backend=backend,
+                           out_dtype_for_split=out_dtype_for_split)
+    call = plan.call
+    if plan.action == "zeros":
+        return torch.zeros((call.M, call.N), dtype=torch.float32, device=call.device)
+    return _accumulator(plan, call.a, call.b, call.fmt_a, call.fmt_b, call.use_fast_accum)
+
+
+@torch.compiler.disable
+def explain(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False,
+            *, out=None, profile=None, splitk="auto", backend="auto") -> CallPlan:
+    """What ``scaled_mm`` would do with these arguments, as a :class:`CallPlan`; never raises for a bad call."""
+    return explain_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out=out,
+                             profile=profile, splitk=splitk, backend=backend)
+
+

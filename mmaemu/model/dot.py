@@ -1,0 +1,143 @@
+"""``mmaemu.model.dot``: the instruction-level model (semantics.md f.9, b.4).
+
+One chain of the preset's blocks over the last axis, from an accumulator c (+0 by default). This is what one
+tensor-core instruction (K = 32 for the Khattak-Mikaitis vectors) or a sequence of them computes; it is not a
+GEMM (no slow restarts, no split-K, no epilogue).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import formats
+from ..arith.block import NO_LEAD
+from ..arith.params import preset_params
+from ..cpu.dot import dot_chains
+from .presets import get_preset
+
+CANONICAL_NAN_F32 = np.uint32(0x7FFFFFFF)
+
+
+def dot(a, b, c=None, *, preset="ada", fmt=None):
+    """fp32 result of one chain per leading index: ``a`` and ``b`` of identical shape [..., K].
+
+    ``a``/``b``: float8 tensors (format from the dtype) or float64 tensors holding FP8 values with
+    ``fmt = "e4m3" | "e5m2" | (fmt_a, fmt_b)``. ``c``: None (+0) or an fp32 (or float64 holding fp32 values)
+    tensor of shape [...]. Any format pair is accepted (E5M2 x E5M2 included). NaN/Inf inputs or c propagate
+    as IEEE arithmetic does (b.4); any NaN result is the canonical 0x7FFFFFFF.
+    """
+    import torch
+
+    preset = get_preset(preset)
+    fmt_a, fmt_b = _formats(a, b, fmt)
+    a_codes = _codes(a, fmt_a, "a")
+    b_codes = _codes(b, fmt_b, "b")
+    if a_codes.shape != b_codes.shape:
+        raise ValueError(f"dot: a and b must have identical shapes (no broadcasting), got {a_codes.shape} and "
+                         f"{b_codes.shape}")
+    lead_shape, K = a_codes.shape[:-1], a_codes.shape[-1] if a_codes.ndim else 0
+    c32 = _accumulator(c, lead_shape)
+    a2 = a_codes.reshape(-1, K)
+    b2 = b_codes.reshape(-1, K)
+    out = _finite_chains(a2, b2, c32.reshape(-1), fmt_a, fmt_b, preset)
+    _propagate_specials(out, a2, b2, c32.reshape(-1), fmt_a, fmt_b)
+    return torch.from_numpy(out.reshape(lead_shape))
+
+
+def _formats(a, b, fmt):
+    import torch
+
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and formats.is_fp8_dtype(a.dtype) \
+            and formats.is_fp8_dtype(b.dtype):
+        return formats.fmt_of(a.dtype), formats.fmt_of(b.dtype)
+    if fmt is None:
+        raise TypeError("dot: a and b are not float8 tensors, so fmt='e4m3' | 'e5m2' | (fmt_a, fmt_b) is required")
+    pair = (fmt, fmt) if isinstance(fmt, str) else tuple(fmt)
+    if len(pair) != 2 or any(f not in formats.FORMATS for f in pair):
+        raise ValueError(f"dot: fmt must be 'e4m3', 'e5m2' or a pair of them, got {fmt!r}")
+    return pair
+
+
+def _codes(x, fmt, name):
+    """uint8 FP8 codes of a float8 tensor, or of a float64 tensor whose values must be exactly representable."""
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"dot: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if formats.is_fp8_dtype(x.dtype):
+        if formats.fmt_of(x.dtype) != fmt:
+            raise ValueError(f"dot: {name} has dtype {x.dtype} but fmt says {fmt!r}")
+        return x.detach().cpu().contiguous().view(torch.uint8).numpy()
+    if x.dtype != torch.float64:
+        raise TypeError(f"dot: {name} must be a float8 tensor or a float64 tensor holding FP8 values, "
+                        f"got {x.dtype}")
+    values = x.detach().cpu().numpy()
+    codes = formats.DTYPE_OF[fmt]
+    encoded = x.detach().cpu().to(codes).view(torch.uint8).numpy()
+    back = formats.decode(encoded, fmt)
+    same = (back == values) | (np.isnan(back) & np.isnan(values))
+    same &= np.signbit(back) == np.signbit(values)
+    if not same.all():
+        bad = values[~same].reshape(-1)[0]
+        raise ValueError(f"dot: {name} holds {bad!r}, which is not exactly representable in {fmt}")
+    return encoded
+
+
+def _accumulator(c, lead_shape):
+    """c as a float32 array of the leading shape (+0 when None); float64 input must hold fp32 values."""
+    import torch
+
+    if c is None:
+        return np.zeros(lead_shape, np.float32)
+    if not isinstance(c, torch.Tensor):
+        raise TypeError(f"dot: c must be None or a torch.Tensor, got {type(c).__name__}")
+    if tuple(c.shape) != tuple(lead_shape):
+        raise ValueError(f"dot: c must have shape {tuple(lead_shape)}, got {tuple(c.shape)}")
+    if c.dtype == torch.float32:
+        return c.detach().cpu().numpy().astype(np.float32)
+    if c.dtype != torch.float64:
+        raise TypeError(f"dot: c must be float32 (or float64 holding fp32 values), got {c.dtype}")
+    c64 = c.detach().cpu().numpy()
+    c32 = c64.astype(np.float32)
+    if not np.array_equal(c32.astype(np.float64), c64, equal_nan=True):
+        raise ValueError("dot: c holds float64 values that are not exactly representable in fp32")
+    return c32
+
+
+def _exact_parts(c32):
+    """(sig, exp, lead) of fp32 values: c = sig * 2**exp exactly, lead = floor(log2|c|) (NO_LEAD for 0)."""
+    finite = np.isfinite(c32)
+    mant, exp2 = np.frexp(np.where(finite, c32, 0).astype(np.float64))
+    sig = np.round(mant * 2.0**24).astype(np.int64)
+    exp = (exp2 - 24).astype(np.int64)
+    lead = np.where(sig != 0, exp2 - 1, NO_LEAD).astype(np.int64)
+    return sig, exp, lead
+
+
+def _finite_chains(a2, b2, c32, fmt_a, fmt_b, preset):
+    sa, ea = formats.significands(fmt_a)[a2], formats.exponents(fmt_a)[a2]
+    sb, eb = formats.significands(fmt_b)[b2], formats.exponents(fmt_b)[b2]
+    sig, exp, lead = _exact_parts(c32)
+    out = np.empty(a2.shape[0], np.float32)
+    dot_chains(sa, ea, sb, eb, sig, exp, lead, c32, preset_params(preset, fmt_a, fmt_b), out)
+    return out
+
+
+def _propagate_specials(out, a2, b2, c32, fmt_a, fmt_b):
+    """Rows with a NaN/Inf input or c take the IEEE value of c + sum(a*b) in float64 (b.4).
+
+    Our reading of b.4: the float64 evaluation of the block formula lets Inf and NaN through as IEEE
+    arithmetic does, so a row is NaN if it holds a NaN, an Inf * 0, or infinities of both signs (c included),
+    and +-Inf otherwise; finite sums cannot overflow float64, so this is the class of the exact sum.
+    """
+    rows = formats.nonfinite_mask(a2, fmt_a).any(-1) | formats.nonfinite_mask(b2, fmt_b).any(-1)
+    rows |= ~np.isfinite(c32)
+    if not rows.any():
+        return
+    with np.errstate(invalid="ignore", over="ignore"):
+        products = formats.decode(a2[rows], fmt_a) * formats.decode(b2[rows], fmt_b)
+        total = c32[rows].astype(np.float64) + products.sum(-1)
+    special = total.astype(np.float32)
+    bits = special.view(np.uint32)
+    bits[np.isnan(special)] = CANONICAL_NAN_F32
+    out[rows] = special

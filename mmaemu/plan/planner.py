@@ -1,0 +1,166 @@
+"""Planning a call: validation, maturity warnings, ``out=`` handling, the split-K decision and the backend
+(semantics.md f.7, platform.md sections 2-4 and 6.1). Nothing is computed here.
+
+The planner runs in two modes. Live (``dry=False``, used by ``scaled_mm``/``accumulate``) emits each
+once-per-process warning once. Dry (``dry=True``, used by ``explain``) emits every warning every time without
+consuming the once-per-process slots. Both record the text of every warning that applies in the plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import List, Optional, Tuple, Union
+
+from .. import backends
+from ..errors import UnsupportedFeatureError
+from ..model.presets import Preset, get_preset
+from ..platform import get_profile
+from ..platform.profiles import warn_profile_maturity
+from ..platform.splitk import SplitDecision, check_scheme_for_preset, resolve_splitk
+from .validate import split_key, validate_accumulate, validate_scaled_mm
+
+OUT_UNCHANGED_MESSAGE = (
+    "out= is neither row- nor column-major: torch 2.7.1 computes into a private contiguous copy and never "
+    "copies it back, so out is returned unchanged (pass a row-major or column-major out to receive the result)"
+)
+OUT_RESIZED_MESSAGE = "out= has shape {old} but the result is {new}: out is resized (as torch does)"
+
+
+@dataclasses.dataclass(frozen=True)
+class CallPlan:
+    """What a call would do (platform.md 6.1); returned by :func:`mmaemu.explain`."""
+
+    validation: Union[str, Tuple[str, str]]
+    profile: Optional[str]
+    preset: Optional[str]
+    preset_maturity: Optional[str]
+    split: Optional[SplitDecision]
+    backend: str
+    fallbacks: List[str]
+    warnings: List[str]
+
+
+@dataclasses.dataclass
+class Plan:
+    """A validated, decided call, ready to compute (internal)."""
+
+    call: object
+    profile: object
+    preset: Preset
+    split: Optional[SplitDecision] = None
+    backend: str = ""
+    fallbacks: List[str] = dataclasses.field(default_factory=list)
+    warnings: List[str] = dataclasses.field(default_factory=list)
+    action: str = "compute"  # "compute" | "zeros" | "out-unchanged"
+
+    def describe(self, validation="ok") -> CallPlan:
+        backend = {"zeros": "none (zero-size result)", "out-unchanged": "none (out= is returned unchanged)"}
+        return CallPlan(validation, self.profile.name, self.preset.name, self.preset.maturity, self.split,
+                        backend.get(self.action, self.backend), list(self.fallbacks), list(self.warnings))
+
+
+def _warn(plan: Plan, message: str, category):
+    """A warning about this call alone (out= handling): emitted every time."""
+    plan.warnings.append(message)
+    warnings.warn(message, category, stacklevel=5)
+
+
+def _maturity_warnings(plan: Plan, dry: bool):
+    """f.7.1: the preset's or the profile's maturity warning (ExperimentalPresetWarning)."""
+    plan.warnings.extend(warn_profile_maturity(plan.profile, dry=dry, stacklevel=6))
+
+
+def _check_gemm_level(preset: Preset, use_fast_accum: bool, split: Optional[SplitDecision]):
+    """f.6: slow accumulation or split-K with a preset that has no GEMM level (b200_mma_sync)."""
+    if preset.slow_chunk is not None:
+        return
+    if not use_fast_accum:
+        raise UnsupportedFeatureError(
+            f"preset {preset.name!r} has no characterised GEMM level: slow accumulation "
+            "(use_fast_accum=False) is not modelled for it; use use_fast_accum=True"
+        )
+    if split is not None and split.S > 1:
+        raise UnsupportedFeatureError(
+            f"preset {preset.name!r} has no characterised GEMM level: split-K (S={split.S}) is not modelled "
+            "for it; use splitk=1"
+        )
+
+
+def _decide(plan: Plan, M, N, K, fmt_a, fmt_b, out_dtype, fast, splitk, layout_std, dry):
+    """f.7.3 and 7.4: the split-K decision (with the planner's scheme check) and the backend."""
+    _check_gemm_level(plan.preset, fast, None)
+    recorded: List[str] = []
+    plan.split = resolve_splitk(M, N, K, a_dtype=fmt_a, b_dtype=fmt_b, out_dtype=out_dtype, use_fast_accum=fast,
+                                profile=plan.profile, splitk=splitk, layout_std=layout_std, dry=dry,
+                                warnings_out=recorded)
+    plan.warnings.extend(recorded)
+    _check_gemm_level(plan.preset, fast, plan.split)
+    check_scheme_for_preset(plan.split.splitk, plan.preset)
+
+
+def _choose_backend(plan: Plan, device, backend, fmt_a, fmt_b):
+    selection = backends.select(device, backend, fmt_a, fmt_b, plan.preset)
+    plan.backend, plan.fallbacks = selection.name, list(selection.fallbacks)
+
+
+def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
+                   use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto",
+                   dry=False) -> Plan:
+    """Validate and plan a ``scaled_mm`` call in the order of semantics.md (f); raises what scaled_mm raises."""
+    profile = get_profile(profile)
+    call = validate_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out,
+                              profile=profile)
+    plan = Plan(call, profile, get_preset(profile.preset, warn=False))
+    if call.zero_size:
+        plan.action = "zeros"
+        return plan
+    _maturity_warnings(plan, dry)
+    if call.out_unusable:
+        _warn(plan, OUT_UNCHANGED_MESSAGE, UserWarning)
+        plan.action = "out-unchanged"
+        return plan
+    if call.out_resize_warns:
+        _warn(plan, OUT_RESIZED_MESSAGE.format(old=tuple(out.shape), new=(call.M, call.N)), UserWarning)
+    M, N, K, fmt_a, fmt_b = split_key(call)
+    _decide(plan, M, N, K, fmt_a, fmt_b, call.out_dtype, call.use_fast_accum, splitk, call.layout_std, dry)
+    _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b)
+    return plan
+
+
+def plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="auto",
+                    out_dtype_for_split=None, dry=False) -> Plan:
+    """Validate and plan an ``accumulate`` call (semantics.md f.8)."""
+    import torch
+
+    profile = get_profile(profile)
+    call = validate_accumulate(a, b, use_fast_accum=use_fast_accum)
+    plan = Plan(call, profile, get_preset(profile.preset, warn=False))
+    if call.zero_size:
+        plan.action = "zeros"
+        return plan
+    _maturity_warnings(plan, dry)
+    out_dtype = torch.float32 if out_dtype_for_split is None else out_dtype_for_split
+    _decide(plan, call.M, call.N, call.K, call.fmt_a, call.fmt_b, out_dtype, call.use_fast_accum, splitk, True, dry)
+    _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b)
+    return plan
+
+
+def explain_scaled_mm(*args, **kwargs) -> CallPlan:
+    """The CallPlan of a scaled_mm call; never raises for a bad call (its ``validation`` says what would)."""
+    try:
+        return plan_scaled_mm(*args, dry=True, **kwargs).describe()
+    except Exception as error:  # explain reports every failure of the call instead of raising it
+        return _failed_plan(error, kwargs.get("profile"))
+
+
+def _failed_plan(error: Exception, profile) -> CallPlan:
+    name = preset = maturity = None
+    try:
+        resolved = get_profile(profile)
+        name, preset_obj = resolved.name, get_preset(resolved.preset, warn=False)
+        preset, maturity = preset_obj.name, preset_obj.maturity
+    except Exception:  # an unknown profile is itself the error being reported
+        pass
+    message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    return CallPlan((type(error).__name__, message), name, preset, maturity, None, "", [], [])
