@@ -22,11 +22,16 @@ def exact_to_float32(sig, exp):
 
 @arithmetic
 def chain_early(sa, ea, sb, eb, k0, k1, c_sig, c_exp, c_lead, params):
-    """Early-accumulator chain (hopper, ada) over k in [k0, k1); returns the exact state (sig, exp, lead)."""
+    """Early-accumulator chain (hopper, ada) over k in [k0, k1); returns the exact state (sig, exp, lead).
+
+    Blocks past the end of the operands (k >= K) are zero padding: they still run, so a chain over a padded
+    tile applies the block step to the accumulator alone - the identity when frac >= frac_out (every shipped
+    preset), a re-truncation of c for a custom preset with frac < frac_out.
+    """
     nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
     for kb in range(k0, k1, nfma):
-        c_sig, c_exp, c_lead = block_step_early(sa, ea, sb, eb, kb, min(kb + nfma, k1), c_sig, c_exp, c_lead,
-                                                lshift, rshift, frac, frac_out, min_exp)
+        c_sig, c_exp, c_lead = block_step_early(sa, ea, sb, eb, kb, min(kb + nfma, k1, sa.shape[0]), c_sig, c_exp,
+                                                c_lead, lshift, rshift, frac, frac_out, min_exp)
     return c_sig, c_exp, c_lead
 
 
@@ -35,19 +40,22 @@ def chain_late(sa, ea, sb, eb, k0, k1, c, params):
     """Late-accumulator chain (b200_mma_sync): each block's product sum is added to c with one fp32 RNE add."""
     nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
     for kb in range(k0, k1, nfma):
-        d_sig, d_exp, d_lead = block_products_late(sa, ea, sb, eb, kb, min(kb + nfma, k1), lshift, rshift, frac,
+        d_sig, d_exp, d_lead = block_products_late(sa, ea, sb, eb, kb, min(kb + nfma, k1, sa.shape[0]), lshift,
+                                                   rshift, frac,
                                                    frac_out, min_exp)
         c = np.float32(exact_to_float32(d_sig, d_exp) + c)
     return c
 
 
 @arithmetic
-def chain_over_tiles(sa, ea, sb, eb, K, first, stride, count, tile, params):
+def chain_over_tiles(sa, ea, sb, eb, K, first, stride, count, tile, padded, params):
     """The fp32 result of one chain from +0 over ``count`` k-tiles ``first, first + stride, ...`` of width tile.
 
     Adjacent tiles (stride 1) form one K range, so blocks run on across tile edges; strided tiles are walked
     one by one with the state carried over, which the planner allows only when nfma divides the tile width
-    (then no block straddles a tile edge). The ragged end of the last tile (k >= K) holds zero codes.
+    (then no block straddles a tile edge). With ``padded`` the tiles are walked at their full width: the ragged
+    end of the last tile and whole padding tiles (k >= K) are zero codes whose blocks still run (see
+    chain_early); without it the chain stops at K.
     """
     late_c = params[6]
     n_ranges = 1 if stride == 1 else count
@@ -56,7 +64,7 @@ def chain_over_tiles(sa, ea, sb, eb, K, first, stride, count, tile, params):
     sig, exp, lead = 0, 0, NO_LEAD
     for i in range(n_ranges):
         k0 = (first + i * stride) * tile
-        k1 = min(k0 + span, K)
+        k1 = k0 + span if padded else min(k0 + span, K)
         if late_c:
             c = chain_late(sa, ea, sb, eb, k0, k1, c, params)
         else:

@@ -33,7 +33,7 @@ def preset_params(preset, fmt_a: str, fmt_b: str):
 
 
 def schedule_params(preset, K: int, use_fast_accum: bool, splits: int = 1, scheme: str = "none"):
-    """``(tile, splits, interleaved, chain_tiles, pairwise)`` of semantics.md (c)/(d) for one call.
+    """``(tile, splits, interleaved, chain_tiles, pairwise, padded)`` of semantics.md (c)/(d) for one call.
 
     Raises UnsupportedFeatureError where the preset has no GEMM level (slow or split with b200_mma_sync or a
     custom preset whose slow_chunk is None), and where a custom preset's nfma does not divide an interleaved
@@ -52,8 +52,8 @@ def schedule_params(preset, K: int, use_fast_accum: bool, splits: int = 1, schem
         )
     if splits == 1:
         if use_fast_accum:
-            return (max(K, 1), 1, 0, 0, 0)
-        return (preset.slow_chunk, 1, 0, 1, 0)
+            return (max(K, 1), 1, 0, 0, 0, 0)
+        return (preset.slow_chunk, 1, 0, 1, 0, 0)
     interleaved = scheme in ("serial", "pairwise")
     tile = INTERLEAVED_TILE if interleaved else CONTIGUOUS_TILE
     if interleaved and tile % preset.nfma:
@@ -62,4 +62,4 @@ def schedule_params(preset, K: int, use_fast_accum: bool, splits: int = 1, schem
             "scheme, so a block would straddle two tiles of one split; no recording says how hardware does that"
         )
     chain_tiles = 0 if use_fast_accum else SLOW_CHAIN_TILES[scheme]
-    return (tile, splits, int(interleaved), chain_tiles, int(scheme == "pairwise"))
+    return (tile, splits, int(interleaved), chain_tiles, int(scheme == "pairwise"), 1)

@@ -1,6 +1,6 @@
 """How K is cut into chains, chains into split partials, and partials combined (semantics.md c.1, c.2, d).
 
-A *schedule* is a tuple of five integers, built by :func:`mmaemu.arith.params.schedule_params`, that
+A *schedule* is a tuple of six integers, built by :func:`mmaemu.arith.params.schedule_params`, that
 describes every accumulation of the reference GPUs:
 
 * ``tile``: width of a k-tile (K for an unsplit fast call, the preset's slow_chunk for an unsplit slow call,
@@ -9,7 +9,9 @@ describes every accumulation of the reference GPUs:
 * ``interleaved``: 0 = split s owns the contiguous tiles [s*q, (s+1)*q) with q = ceil(T/S) (H100, d.1);
   1 = split s owns the tiles t = s (mod S) (RTX 4060, d.2);
 * ``chain_tiles``: a chain restarts from +0 every this many of a split's own tiles (0 = never);
-* ``pairwise``: 0 = partials added left to right (serial), 1 = the pairwise order of d.2.
+* ``pairwise``: 0 = partials added left to right (serial), 1 = the pairwise order of d.2;
+* ``padded``: 1 = split tiles are walked at full width, zero padding included (d.1 step 1, d.2 step 1);
+  0 = an unsplit chain stops at the block that holds k = K - 1 (c.1, c.2).
 
 Within a split the chain results are added in increasing k with fp32 RNE adds from +0; the partials are then
 combined with fp32 RNE adds in the scheme's order.
@@ -23,11 +25,13 @@ from .chain import chain_over_tiles
 
 @arithmetic
 def split_tiles(K, s, schedule):
-    """``(first, stride, count)``: the k-tiles of split s (count 0 for a split that owns none)."""
-    tile, splits, interleaved, chain_tiles, pairwise = schedule
+    """``(first, stride, count)``: the k-tiles of split s (count 0 for a contiguous split that owns none)."""
+    tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
     n_tiles = (K + tile - 1) // tile
     if interleaved:
-        return s, splits, max(0, (n_tiles - s + splits - 1) // splits)
+        # d.2: the tile count is padded to a multiple of S, so every split owns ceil(T / S) tiles, the last
+        # ones possibly pure zero padding.
+        return s, splits, (n_tiles + splits - 1) // splits
     per_split = (n_tiles + splits - 1) // splits
     first = s * per_split
     return first, 1, max(0, min(per_split, n_tiles - first))
@@ -36,13 +40,13 @@ def split_tiles(K, s, schedule):
 @arithmetic
 def split_partial(sa, ea, sb, eb, K, s, schedule, params):
     """Partial p_s: the fp32 sum, in increasing k, of the chains over split s's own tiles (+0 if it owns none)."""
-    tile, splits, interleaved, chain_tiles, pairwise = schedule
+    tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
     first, stride, count = split_tiles(K, s, schedule)
     partial = np.float32(0.0)
     done = 0
     while done < count:
         n = count - done if chain_tiles == 0 else min(chain_tiles, count - done)
-        value = chain_over_tiles(sa, ea, sb, eb, K, first + done * stride, stride, n, tile, params)
+        value = chain_over_tiles(sa, ea, sb, eb, K, first + done * stride, stride, n, tile, padded, params)
         partial = np.float32(partial + value)
         done += n
     return partial
@@ -51,7 +55,7 @@ def split_partial(sa, ea, sb, eb, K, s, schedule, params):
 @arithmetic
 def accumulate_one(sa, ea, sb, eb, K, schedule, params):
     """The fp32 accumulator of one output: every split partial, combined serially or pairwise (d.1, d.2)."""
-    tile, splits, interleaved, chain_tiles, pairwise = schedule
+    tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
     if pairwise == 0 or splits == 1:
         acc = np.float32(0.0)
         for s in range(splits):

@@ -37,8 +37,13 @@ def dot(a, b, c=None, *, preset="ada", fmt=None):
                          f"{b_codes.shape}")
     lead_shape, K = a_codes.shape[:-1], a_codes.shape[-1] if a_codes.ndim else 0
     c32 = _accumulator(c, lead_shape)
-    a2 = a_codes.reshape(-1, K)
-    b2 = b_codes.reshape(-1, K)
+    rows = int(np.prod(lead_shape))
+    a2 = a_codes.reshape(rows, K)
+    b2 = b_codes.reshape(rows, K)
+    if K == 0:  # a chain of no blocks applies no block step: c comes back unchanged (NaN made canonical)
+        out = c32.reshape(-1).copy()
+        out.view(np.uint32)[np.isnan(out)] = CANONICAL_NAN_F32
+        return torch.from_numpy(out.reshape(lead_shape))
     out = _finite_chains(a2, b2, c32.reshape(-1), fmt_a, fmt_b, preset)
     _propagate_specials(out, a2, b2, c32.reshape(-1), fmt_a, fmt_b)
     return torch.from_numpy(out.reshape(lead_shape))
