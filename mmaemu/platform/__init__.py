@@ -1,0 +1,45 @@
+"""The platform layer: reference profiles and split-K decisions (platform.md sections 1-3).
+
+* :mod:`.profiles` — ``Profile``, ``RejectRule``, ``get_profile``, ``list_profiles``, maturity warnings;
+* :mod:`.tables` — the recorded cuBLASLt heuristic tables shipped as package data;
+* :mod:`.splitk` — ``SplitK``, ``SplitDecision``, ``resolve_splitk``, ``check_scheme_for_preset``;
+* :mod:`.cublaslt` — device matching and the live heuristic query on the reference GPU.
+
+Names are resolved lazily: importing this package imports neither numpy, torch nor any CUDA library.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "Profile": "profiles",
+    "RejectRule": "profiles",
+    "get_profile": "profiles",
+    "list_profiles": "profiles",
+    "warn_profile_maturity": "profiles",
+    "profile_maturity_messages": "profiles",
+    "SplitK": "splitk",
+    "SplitDecision": "splitk",
+    "resolve_splitk": "splitk",
+    "check_scheme_for_preset": "splitk",
+    "SCHEMES": "splitk",
+    "CublasLtError": "cublaslt",
+}
+
+__all__ = sorted(_EXPORTS) + ["profiles", "tables", "splitk", "cublaslt"]
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif name in ("profiles", "tables", "splitk", "cublaslt"):
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,568 @@
+"""Split-K decisions: which numSplitsK S and reduction scheme the reference cuBLASLt uses (platform.md section 3).
+
+``resolve_splitk`` applies the steps of platform.md 3.1-3.10 in order; the first step that decides wins:
+
+1. explicit ``splitk`` (3.1);  2. workspace 0 never splits (3.2);  3. no table → error, zero size → S = 1 (3.3);
+4. the recorded table row (3.4);  5. the live cuBLASLt query on the reference GPU itself (3.5);
+6. the envelope inference of S = 1 for large outputs, unless strict (3.9);  7. SplitKUnknownError (3.10).
+
+Evidence: the tables and their json (``codes["custom -> scheme"]``, ``settings``, ``envelope``,
+``split_layouts``, ``workspace0_note``) and the verified-combos files, see :mod:`mmaemu.platform.tables` and the
+data README. Warnings (3.8, 3.9): UnverifiedSplitWarning / UnvalidatedEnvelopeWarning once per process per key,
+every time with ``dry=True``.
+
+The scheme/preset compatibility (semantics.md d.3) is not checked here but by the planner, through
+:func:`check_scheme_for_preset`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import os
+import threading
+import warnings
+from typing import List, Optional, Tuple
+
+from ..errors import SplitKUnknownError, UnsupportedFeatureError, UnvalidatedEnvelopeWarning, UnverifiedSplitWarning
+from .profiles import Profile, fmt_name, get_profile, out_dtype_name, splitk_maturity_note
+
+__all__ = [
+    "SplitK",
+    "SplitDecision",
+    "resolve_splitk",
+    "check_scheme_for_preset",
+    "layout_caveats",
+    "reset_split_warnings",
+    "SCHEMES",
+    "SPLIT_SCHEMES",
+    "SOURCES",
+    "PRESET_SCHEMES",
+    "ENVELOPE_MARGIN",
+]
+
+SCHEMES = ("none", "serial", "pairwise", "contiguous")
+SPLIT_SCHEMES = SCHEMES[1:]
+SOURCES = ("explicit", "workspace0", "table", "live-query", "envelope")
+# semantics.md d.3: the scheme each shipped preset computes; custom presets accept any split scheme.
+PRESET_SCHEMES = {"hopper": ("contiguous",), "ada": ("serial", "pairwise")}
+# platform.md 3.9 (RTX 4060): S = 1 only above 2x the largest recorded split M*N (peer choice; the RTX 4060 was
+# seen splitting up to 1.27x the largest recorded split M*N).
+ENVELOPE_MARGIN = 2
+CONTIGUOUS_K_TILE = 128  # semantics.md d.1
+EXPLICIT_NOTE = "given by the caller"
+ZERO_SIZE_NOTE = "zero-size GEMM: nothing is accumulated"
+DEFAULT_WORKSPACE0_NOTE = ("cuBLASLt never splits without a workspace (0 split rows among the 209,712 "
+                           "workspace-0 queries recorded on the RTX 4060)")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Values
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitK:
+    """A split configuration: S partial accumulators combined by ``scheme`` (semantics.md d).
+
+    S is an int >= 1 (numpy integers accepted, bool refused); S = 1 requires "none", S > 1 one of "serial",
+    "pairwise", "contiguous". Anything else raises ValueError.
+    """
+
+    S: int = 1
+    scheme: str = "none"
+
+    def __post_init__(self):
+        S = self.S
+        if isinstance(S, bool) or not isinstance(S, numbers.Integral):
+            raise ValueError(f"SplitK.S must be an int >= 1, got {S!r}")
+        S = int(S)
+        if S < 1:
+            raise ValueError(f"SplitK.S must be an int >= 1, got {S}")
+        if S == 1 and self.scheme != "none":
+            raise ValueError(f"SplitK(S=1) has no reduction: scheme must be 'none', got {self.scheme!r}")
+        if S > 1 and self.scheme not in SPLIT_SCHEMES:
+            raise ValueError(f"SplitK(S={S}) needs a scheme among {SPLIT_SCHEMES}, got {self.scheme!r}")
+        object.__setattr__(self, "S", S)
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitDecision:
+    """The outcome of :func:`resolve_splitk` (platform.md section 3).
+
+    ``verified``: the (fast, S, scheme, out, format pair) was replayed on hardware and nothing about this split lies
+    outside what was replayed. ``source``: the step that decided (see SOURCES). ``table_id``: the table consulted
+    (None for explicit and live-query decisions). ``note``: human-readable evidence.
+    """
+
+    S: int
+    scheme: str
+    source: str
+    verified: bool
+    table_id: Optional[str]
+    note: str
+
+    @property
+    def splitk(self) -> SplitK:
+        return SplitK(self.S, self.scheme)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """The normalised split-K key of one call (platform.md section 2) and its profile."""
+
+    M: int
+    N: int
+    K: int
+    fa: str
+    fb: str
+    out: str
+    fast: bool
+    profile: Profile
+
+    @property
+    def pair(self) -> str:
+        return f"{self.fa}x{self.fb}"
+
+    @property
+    def ws(self) -> Optional[int]:
+        return self.profile.workspace_bytes
+
+    @property
+    def setting_text(self) -> str:
+        return f"ws {self.ws}, out {self.out}, {'fast' if self.fast else 'slow'}, {self.pair}"
+
+
+_Pending = List[Tuple[type, tuple, str]]  # (warning class, once-key, message)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def resolve_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, profile=None, splitk="auto",
+                   layout_std=True, strict=None, dry=False, warnings_out=None) -> SplitDecision:
+    """Decide S and the reduction scheme of a call (platform.md 3.1-3.10, in that order).
+
+    ``a_dtype``/``b_dtype``: float8 dtypes or "e4m3"/"e5m2" (mat1, mat2); ``out_dtype`` None means a_dtype;
+    ``layout_std`` False skips the table and the live query (padded leading dimensions, section 2); ``strict``
+    None reads MMAEMU_SPLITK_STRICT == "1"; ``dry`` emits warnings every time without consuming their
+    once-per-process slot; ``warnings_out`` (a list) receives the text of every warning raised.
+    Raises SplitKUnknownError when the evidence cannot decide, ValueError/TypeError for a bad ``splitk``.
+    """
+    call = _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile)
+    pending: _Pending = []
+    if not (isinstance(splitk, str) and splitk == "auto"):
+        decision = _explicit(call, splitk, pending)
+    else:
+        if strict is None:
+            strict = os.environ.get("MMAEMU_SPLITK_STRICT") == "1"
+        decision = _auto(call, layout_std, bool(strict), pending)
+    _emit(pending, dry, warnings_out)
+    return decision
+
+
+def _auto(call: _Call, layout_std: bool, strict: bool, pending: _Pending) -> SplitDecision:
+    """Steps 3.2-3.10 for splitk="auto"."""
+    profile = call.profile
+    if profile.workspace_bytes == 0:
+        return _workspace0(call)
+    if profile.workspace_bytes is None or profile.splitk_table is None:
+        raise _unknown(call, "no reference platform and no split-K table")
+    if min(call.M, call.N, call.K) == 0:
+        return SplitDecision(1, "none", "envelope", True, profile.splitk_table, ZERO_SIZE_NOTE)
+    table = _table(profile.splitk_table)
+    if layout_std:  # the recordings were made with ld = K (section 2)
+        decision = _table_row(call, table, pending) or _live_answer(call, table, pending)
+        if decision is not None:
+            return decision
+    decision, envelope_reason = _envelope(call, table, strict, pending)
+    if decision is not None:
+        return decision
+    raise _unknown(call, _not_recorded_reason(layout_std) + envelope_reason)
+
+
+def _not_recorded_reason(layout_std: bool) -> str:
+    if layout_std:
+        return "the key is not in the recorded table, no live cuBLASLt query answered on this machine, and "
+    return "non-standard layout (padded leading dimension): the table and the live query do not apply, and "
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3.1 Explicit
+
+
+def _explicit(call: _Call, splitk, pending: _Pending) -> SplitDecision:
+    sk = _as_splitk(splitk, call.profile)
+    caveats: List[str] = []
+    verified = True
+    table_id = call.profile.splitk_table
+    if sk.S > 1:
+        table = _table(table_id) if table_id is not None else None
+        caveats = layout_caveats(sk.S, sk.scheme, call.K, table.ragged_k_verified if table else False)
+        in_set = table is not None and table.is_verified(call.fast, sk.S, sk.scheme, call.out, call.fa, call.fb)
+        verified = in_set and not caveats
+        # Peer exception (3.1): an explicit H100 contiguous split with K > 262,144 gets no extra caveat.
+        _queue_unverified(call, sk.S, sk.scheme, "explicit", verified, in_set, caveats, table is not None,
+                          pending)
+    note = "; ".join([EXPLICIT_NOTE] + caveats)
+    return SplitDecision(sk.S, sk.scheme, "explicit", verified, None, note)
+
+
+def _as_splitk(splitk, profile: Profile) -> SplitK:
+    """The SplitK of an explicit argument: SplitK, int (1 only), or (S, scheme); TypeError otherwise."""
+    if isinstance(splitk, SplitK):
+        return splitk
+    if isinstance(splitk, numbers.Integral) and not isinstance(splitk, bool):
+        S = int(splitk)
+        if S == 1:
+            return SplitK(1, "none")
+        if S > 1:
+            raise ValueError(f"splitk={S} needs a reduction scheme: pass splitk={_scheme_hint(profile, S)} "
+                             f"(profile {profile.name}, preset {profile.preset_name})")
+        raise ValueError(f"splitk must be >= 1, got {S}")
+    if isinstance(splitk, tuple) and len(splitk) == 2:
+        return SplitK(*splitk)
+    raise TypeError(f"splitk must be 'auto', 1, a (S, scheme) tuple or a mmaemu.SplitK, got {splitk!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3.2 Workspace 0
+
+
+def _workspace0(call: _Call) -> SplitDecision:
+    table_id = call.profile.splitk_table
+    note = _table(table_id).workspace0_note if table_id is not None else None
+    return SplitDecision(1, "none", "workspace0", True, table_id, note or DEFAULT_WORKSPACE0_NOTE)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3.4 / 3.5 Heuristic answers (table row or live query)
+
+
+def _table_row(call: _Call, table, pending: _Pending) -> Optional[SplitDecision]:
+    """3.4: the recorded row of the exact key, if any."""
+    row = table.lookup(call.M, call.N, call.K, call.fa, call.fb, call.out, call.fast, call.ws)
+    if row is None:
+        return None
+    note = f"table row: algo {row.algo}, tile {row.tile}, numSplitsK {row.splitK}, customOption {row.custom}"
+    return _heuristic_decision(call, table, row.splitK, row.custom, "table", table.table_id, note, pending)
+
+
+def _live_answer(call: _Call, table, pending: _Pending) -> Optional[SplitDecision]:
+    """3.5: ask the loaded cuBLASLt, only when the current device is the profile's reference GPU (3.6)."""
+    if not call.profile.matches_device():
+        return None
+    from . import cublaslt  # lazy: ctypes and the CUDA libraries are only needed on the reference GPU
+
+    answer = cublaslt.live_heuristic(call.profile, call.M, call.N, call.K, call.fa, call.fb, call.out, call.fast)
+    if answer is None:
+        return None
+    note = (f"live cuBLASLt query on {call.profile.gpu_name}: algo {answer.algo}, tile {answer.tile}, "
+            f"numSplitsK {answer.splitK}, customOption {answer.custom}")
+    return _heuristic_decision(call, table, answer.splitK, answer.custom, "live-query", None, note, pending)
+
+
+def _heuristic_decision(call: _Call, table, split_k: int, custom: int, source: str, table_id: Optional[str],
+                        note: str, pending: _Pending) -> SplitDecision:
+    """S = numSplitsK; scheme from customOption via the json's map; caveats and verification as 3.4/3.7."""
+    S = max(int(split_k), 1)  # numSplitsK 1 (never 0 in the recordings) means "not split"
+    if S == 1:
+        return SplitDecision(1, "none", source, True, table_id, note)
+    scheme, caveats = _scheme_of_custom(table, custom)
+    caveats += layout_caveats(S, scheme, call.K, table.ragged_k_verified)
+    in_set = table.is_verified(call.fast, S, scheme, call.out, call.fa, call.fb)
+    verified = in_set and not caveats
+    _queue_unverified(call, S, scheme, source, verified, in_set, caveats, True, pending)
+    return SplitDecision(S, scheme, source, verified, table_id, "; ".join([note] + caveats))
+
+
+def _scheme_of_custom(table, custom: int) -> Tuple[str, List[str]]:
+    """codes["custom -> scheme"]; a missing customOption takes "custom -> scheme, unlisted" with a caveat
+    (H100: 4 and 5 → contiguous), or "serial" without caveat when the json has no such key (RTX 4060)."""
+    mapped = table.custom_to_scheme.get(str(custom))
+    if mapped is not None:
+        return mapped, []
+    if table.unlisted_scheme is not None:
+        recorded = ", ".join(sorted(table.custom_to_scheme, key=int))
+        return table.unlisted_scheme, [f"customOption {custom} was never recorded on a split call "
+                                       f"(recorded: {recorded})"]
+    return "serial", []
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3.7 Layout caveats
+
+
+def layout_caveats(S: int, scheme: str, K: int, ragged_k_verified: bool) -> List[str]:
+    """Caveats of a contiguous split (platform.md 3.7); each forces verified = False.
+
+    * K % 128 != 0 unless the json's ``split_layouts.ragged_K.verified`` (H100: true, 1,040 live calls);
+    * (S - 1) * ceil(T / S) >= T with T = ceil(K / 128): some split owns no k-tile (never recorded).
+    """
+    if scheme != "contiguous" or S <= 1:
+        return []
+    caveats = []
+    tiles = -(-K // CONTIGUOUS_K_TILE)
+    if K % CONTIGUOUS_K_TILE and not ragged_k_verified:
+        caveats.append(f"K = {K} is not a multiple of {CONTIGUOUS_K_TILE} (ragged last k-tile; never recorded)")
+    if (S - 1) * -(-tiles // S) >= tiles:
+        caveats.append(f"S = {S} leaves a split without k-tiles (K = {K}, {tiles} k-tiles; never recorded)")
+    return caveats
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3.9 Envelopes
+
+
+def _envelope(call: _Call, table, strict: bool, pending: _Pending) -> Tuple[Optional[SplitDecision], str]:
+    """(decision, "") when the envelope infers S = 1, else (None, reason)."""
+    envelope = table.envelope
+    if envelope.get("inference", True) is False:
+        return None, "the table disables envelope inference"
+    if envelope.get("kind", "max_split_MN") == "k_grid":
+        return _k_grid_envelope(call, table, strict, pending)
+    return _max_split_mn_envelope(call, table, strict)
+
+
+def _k_grid_envelope(call: _Call, table, strict: bool, pending: _Pending):
+    """H100: S = 1 if M*N > B(setting, K), B taken at the smallest grid K >= K (``envelope.bounds``)."""
+    env = table.envelope
+    K_min, K_max = env["K_min"], env["K_max"]
+    if not K_min <= call.K <= K_max:
+        return None, f"K = {call.K} is outside the envelope's K range [{K_min:,}, {K_max:,}]"
+    bounds = table.envelope_bounds(call.ws, call.out, call.fast, call.fa, call.fb)
+    if bounds is None:
+        return None, f"the envelope has no bound for the setting ({call.setting_text})"
+    i = _smallest_at_least(env["K_grid"], call.K)
+    bound, grid_K = bounds[i], env["K_grid"][i]
+    if bound is None:
+        return None, f"the envelope has no bound at grid K = {grid_K} for the setting ({call.setting_text})"
+    MN = call.M * call.N
+    if MN <= bound:
+        return None, (f"M*N = {MN:,} is not above the envelope bound B = {bound:,} of the setting "
+                      f"({call.setting_text}) at grid K = {grid_K}")
+    if strict:
+        return None, _strict_reason(MN, f"the envelope bound B = {bound:,}")
+    validation = env.get("validation", {}).get(str(call.ws), {})
+    validated = validation.get("status") == "validated"
+    note = (f"inference: M*N = {MN:,} is above the envelope bound B = {bound:,} of setting ({call.setting_text}) "
+            f"at grid K = {grid_K}; {_validation_text(call.ws, validation)}")
+    decision = SplitDecision(1, "none", "envelope", validated, table.table_id, note)
+    if not validated:
+        reason = ("S = 1 inferred by an envelope without a passed held-out test: "
+                  + _validation_text(call.ws, validation))
+        message = _warning_text(call, 1, "none", "envelope", reason)
+        pending.append((UnvalidatedEnvelopeWarning, (call.profile.name, call.ws, call.out, call.fast, call.pair),
+                        message))
+    return decision, ""
+
+
+def _smallest_at_least(grid, K) -> int:
+    return next(i for i, value in enumerate(grid) if value >= K)
+
+
+def _validation_text(ws, validation: dict) -> str:
+    status = validation.get("status", "without held-out validation")
+    text = f"envelope {status} at ws {ws}"
+    if "tested" in validation:
+        text += (f" ({validation['tested']:,} held-out shapes above the bound, "
+                 f"{validation.get('split_above_bound', 0)} split")
+        failures = validation.get("failures") or []
+        text += "".join(f"; M={f['M']}, N={f['N']}, K={f['K']}, {f['fmt_a']}x{f['fmt_b']} -> {f['out']}, "
+                        f"{'fast' if f['fast'] else 'slow'}: S={f['splitK']}, customOption {f['custom']}"
+                        for f in failures)
+        text += ")"
+    return text
+
+
+def _max_split_mn_envelope(call: _Call, table, strict: bool):
+    """RTX 4060: S = 1 iff M*N > ENVELOPE_MARGIN x max_split_MN of the setting (or of the union over outputs)."""
+    entry = table.setting(call.ws, call.out, call.fast, call.fa, call.fb)
+    if entry is not None:
+        entries, label = [entry], f"setting entry: {entry['split_rows']} split rows of {entry['rows']}"
+    else:
+        entries = table.settings_over_outputs(call.ws, call.fast, call.fa, call.fb)
+        label = ("union over output dtypes " + ", ".join(e["out"] for e in entries)
+                 + f": {sum(e['split_rows'] for e in entries)} split rows of {sum(e['rows'] for e in entries)}")
+    if not entries:
+        return None, f"the table has no rows for this setting ({call.setting_text})"
+    MN = call.M * call.N
+    split_entries = [e for e in entries if e["split_rows"]]
+    if not split_entries:
+        if strict:
+            return None, _strict_reason(MN, "the setting's absence of split rows")
+        note = f"inference: setting ({call.setting_text}) has no split rows [{label}]"
+        return SplitDecision(1, "none", "envelope", True, table.table_id, note), ""
+    largest = max(e["max_split_MN"] for e in split_entries)
+    bound = ENVELOPE_MARGIN * largest
+    if MN <= bound:
+        return None, (f"M*N = {MN:,} is not above the inference bound {ENVELOPE_MARGIN} x {largest:,} = {bound:,} "
+                      f"of the setting ({call.setting_text})")
+    if strict:
+        return None, _strict_reason(MN, f"the inference bound {ENVELOPE_MARGIN} x {largest:,} = {bound:,}")
+    note = (f"inference: M*N = {MN:,} is above the inference bound {ENVELOPE_MARGIN} x {largest:,} = {bound:,} "
+            f"of setting ({call.setting_text}) [{label}]")
+    return SplitDecision(1, "none", "envelope", True, table.table_id, note), ""
+
+
+def _strict_reason(MN: int, basis: str) -> str:
+    return (f"strict mode (MMAEMU_SPLITK_STRICT=1 or strict=True) refuses the envelope inference of S = 1 "
+            f"(M*N = {MN:,}, from {basis})")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3.10 Unknown
+
+
+def _unknown(call: _Call, reason: str) -> SplitKUnknownError:
+    profile = call.profile
+    hint = _scheme_hint(profile)
+    state = (f"pass splitk={hint} to state the split" if hint is not None
+             else f"splitk=(S, scheme) is unavailable: preset {profile.preset_name} has no split-K")
+    if profile.gpu_name is not None:
+        record = (f"run the call on the reference GPU ({profile.gpu_name}, {profile.sm_count} SMs, cuBLASLt "
+                  f"{profile.cublaslt_version}), where mmaemu asks cuBLASLt directly, or record its heuristic there")
+    else:
+        record = ("record the cuBLASLt heuristic (cublasLtMatmulAlgoGetHeuristic with torch's descriptor) on the GPU "
+                  "you emulate")
+    return SplitKUnknownError(
+        f"cannot decide split-K for M={call.M}, N={call.N}, K={call.K} ({call.fa} x {call.fb} -> {call.out}, "
+        f"{'fast' if call.fast else 'slow'} accumulation, workspace {call.ws}) on profile {profile.name!r}: "
+        f"{reason}. Ways out: pass splitk=1 if you know cuBLASLt does not split this call; {state}; or {record}."
+    )
+
+
+def _scheme_hint(profile: Profile, S=None) -> Optional[str]:
+    """"(S, 'contiguous')" etc. for the profile's preset; None when the preset has no split-K at all."""
+    preset = _get_preset(profile.preset)
+    if not preset.has_gemm_level:
+        return None
+    schemes = _accepted_schemes(preset)
+    first = "S" if S is None else str(S)
+    return f"({first}, " + "|".join(f"'{s}'" for s in schemes) + ")"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scheme / preset compatibility (semantics.md d.3), for the planner
+
+
+def _get_preset(name_or_preset):
+    # Imported on use: mmaemu.model's package import pulls in the numba arithmetic, which a table decision does
+    # not need (the first decision of a process stays well under 0.5 s).
+    from ..model.presets import get_preset
+
+    return get_preset(name_or_preset, warn=False)
+
+
+def _accepted_schemes(preset) -> Tuple[str, ...]:
+    from ..model.presets import is_registered
+
+    if not is_registered(preset) or preset.maturity == "custom":
+        return SPLIT_SCHEMES
+    return PRESET_SCHEMES.get(preset.name, SPLIT_SCHEMES)
+
+
+def check_scheme_for_preset(splitk, preset) -> None:
+    """Refuse a split the preset does not compute (semantics.md d.3).
+
+    ``splitk``: SplitK or SplitDecision; ``preset``: a name or Preset. S = 1 always passes. A preset without GEMM
+    level (b200_mma_sync) refuses any split with UnsupportedFeatureError; hopper accepts only "contiguous", ada only
+    "serial"/"pairwise" (ValueError otherwise); a custom preset (not registered, or maturity "custom") any scheme.
+    """
+    sk = splitk.splitk if isinstance(splitk, SplitDecision) else splitk
+    if not isinstance(sk, SplitK):
+        raise TypeError(f"expected a SplitK or SplitDecision, got {splitk!r}")
+    if sk.S == 1:
+        return
+    p = _get_preset(preset)
+    if not p.has_gemm_level:
+        raise UnsupportedFeatureError(
+            f"split-K (S = {sk.S}) is not modelled for preset {p.name!r}: it has no GEMM level")
+    accepted = _accepted_schemes(p)
+    if sk.scheme not in accepted:
+        raise ValueError(f"preset {p.name!r} computes split-K only with scheme "
+                         + " or ".join(repr(s) for s in accepted)
+                         + f", not {sk.scheme!r}: pass splitk=({sk.S}, {accepted[0]!r})")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3.8 Warnings (once per process per key; every time when dry)
+
+_warned_lock = threading.Lock()
+_warned = set()
+
+
+def _queue_unverified(call: _Call, S: int, scheme: str, source: str, verified: bool, in_set: bool,
+                      caveats: List[str], has_table: bool, pending: _Pending) -> None:
+    """UnverifiedSplitWarning for S > 1 when unverified, or on a profile whose splitk_maturity is experimental."""
+    experimental = call.profile.splitk_maturity == "experimental"
+    if S <= 1 or (verified and not experimental):
+        return
+    reasons = list(caveats)
+    if not in_set:
+        reasons.append("this (fast, S, scheme, out, format pair) combination was never replayed on hardware"
+                       if has_table else f"profile {call.profile.name} has no split-K evidence (no table)")
+    if experimental:
+        note = splitk_maturity_note(call.profile)
+        reasons.append(f"split-K decisions with S > 1 of profile {call.profile.name} are experimental"
+                       + (f" ({note})" if note else ""))
+    key = (call.profile.name, call.fast, S, scheme, call.out, call.pair, tuple(caveats))
+    pending.append((UnverifiedSplitWarning, key, _warning_text(call, S, scheme, source, "; ".join(reasons))))
+
+
+def _warning_text(call: _Call, S: int, scheme: str, source: str, reason: str) -> str:
+    return (f"mmaemu split-K S={S} scheme={scheme} ({'fast' if call.fast else 'slow'} accumulation, out {call.out}, "
+            f"{call.pair}, source {source}, profile {call.profile.name}): {reason}")
+
+
+def _emit(pending: _Pending, dry: bool, warnings_out) -> None:
+    for category, key, message in pending:
+        if dry or _claim_slot((category.__name__,) + key):
+            warnings.warn(message, category, stacklevel=3)
+            if warnings_out is not None:
+                warnings_out.append(message)
+
+
+def _claim_slot(key: tuple) -> bool:
+    with _warned_lock:
+        first = key not in _warned
+        _warned.add(key)
+    return first
+
+
+def reset_split_warnings() -> None:
+    """Forget which split-K warnings were emitted (tests only)."""
+    with _warned_lock:
+        _warned.clear()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Argument normalisation
+
+
+def _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile) -> _Call:
+    sizes = [_size(name, value) for name, value in (("M", M), ("N", N), ("K", K))]
+    fa, fb = fmt_name(a_dtype), fmt_name(b_dtype)
+    out = out_dtype_name(out_dtype) if out_dtype is not None else ("float8_e4m3fn" if fa == "e4m3" else "float8_e5m2")
+    if not (isinstance(use_fast_accum, bool) or _is_numpy_bool(use_fast_accum)):
+        raise TypeError(f"use_fast_accum must be a bool, got {use_fast_accum!r}")
+    return _Call(*sizes, fa, fb, out, bool(use_fast_accum), get_profile(profile))
+
+
+def _is_numpy_bool(value) -> bool:
+    return type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")
+
+
+def _size(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def _table(table_id: str):
+    from .tables import get_table  # lazy: numpy and the package data load on the first table decision
+
+    return get_table(table_id)
+

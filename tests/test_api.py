@@ -1,0 +1,163 @@
+"""The package around the engine: import cost, presets, warnings, flush-to-zero refusal, cache, memory."""
+
+import os
+import subprocess
+import sys
+import tracemalloc
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import mmaemu
+from mmaemu.errors import ExperimentalPresetWarning, MmaemuError, UnsupportedFeatureError
+from mmaemu.model import presets
+
+ONE = torch.tensor(1.0)
+
+
+def fp8(shape, seed, dtype=torch.float8_e4m3fn):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 40).clamp(-448, 448).to(dtype)
+
+
+def test_import_is_quick_and_touches_neither_torch_nor_cuda():
+    code = ("import sys, time; t = time.perf_counter(); import mmaemu; dt = time.perf_counter() - t; "
+            "print(dt, 'torch' in sys.modules, 'numba' in sys.modules, 'numba.cuda' in sys.modules)")
+    dt, torch_loaded, numba_loaded, cuda_loaded = subprocess.check_output(
+        [sys.executable, "-c", code], text=True).split()
+    assert float(dt) < 0.5
+    assert (torch_loaded, numba_loaded, cuda_loaded) == ("False", "False", "False")
+
+
+def test_public_names_resolve():
+    for name in mmaemu.__all__:
+        assert getattr(mmaemu, name) is not None, name
+    assert mmaemu.list_presets() == ["ada", "b200_mma_sync", "hopper"]
+
+
+@pytest.mark.parametrize("field,value,error", [
+    ("nfma", 0, ValueError), ("nfma", 2.0, TypeError), ("frac", 0, ValueError), ("frac", 41, ValueError),
+    ("frac_out", 24, ValueError), ("slow_chunk", 0, ValueError), ("slow_chunk", True, ValueError),
+    ("maturity", "beta", ValueError), ("late_c", 1, TypeError),
+])
+def test_preset_argument_checks_name_the_field(field, value, error):
+    kwargs = dict(name="p", nfma=16, frac=13, frac_out=13, min_exp=-132, late_c=False, slow_chunk=128)
+    kwargs[field] = value
+    with pytest.raises(error, match=field):
+        presets.Preset(**kwargs)
+
+
+def test_preset_rejects_blocks_whose_sum_could_overflow_int64():
+    with pytest.raises(ValueError, match="2\\*\\*62"):
+        presets.Preset("huge", nfma=1 << 21, frac=40, frac_out=23, min_exp=-132, late_c=False, slow_chunk=128)
+
+
+def test_refused_and_unknown_preset_names():
+    for name in ("sm_120", "RTX-Blackwell", "rtx5070ti"):
+        with pytest.raises(KeyError, match="sm_120"):
+            mmaemu.get_preset(name)
+    with pytest.raises(KeyError, match="known presets"):
+        mmaemu.get_preset("volta")
+    with pytest.raises(TypeError):
+        mmaemu.get_preset(3)
+
+
+def test_experimental_preset_warns_once_per_process_and_alias_every_time():
+    presets._warned.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            mmaemu.get_preset("b200_mma_sync")
+    assert sum(issubclass(w.category, ExperimentalPresetWarning) for w in caught) == 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert mmaemu.get_preset("blackwell") is presets.B200_MMA_SYNC
+    assert sum(issubclass(w.category, ExperimentalPresetWarning) for w in caught) == 2
+
+
+def test_custom_preset_runs_through_dot_and_warns_custom():
+    presets._warned.clear()
+    p = mmaemu.Preset("my-unit", nfma=8, frac=10, frac_out=10, min_exp=-132, late_c=False, slow_chunk=128)
+    with pytest.warns(ExperimentalPresetWarning, match="custom"):
+        r = mmaemu.model.dot(fp8((4, 64), 1), fp8((4, 64), 2), preset=p)
+    assert r.shape == (4,) and r.dtype == torch.float32
+
+
+def test_b200_has_no_gemm_level():
+    a, b = fp8((2, 64), 3), fp8((2, 64), 4)
+    with pytest.warns(ExperimentalPresetWarning):
+        with pytest.raises(UnsupportedFeatureError, match="slow accumulation"):
+            mmaemu.accumulate(a, b, use_fast_accum=False, profile="b200-mma-sync-experimental", splitk=1)
+
+
+def test_flush_to_zero_refuses_instead_of_computing_wrong_bits():
+    a, w = fp8((2, 32), 5), fp8((16, 32), 6)
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        with pytest.raises(MmaemuError, match="set_flush_denormal") as info:
+            mmaemu.scaled_mm(a, w.t(), ONE, ONE, out_dtype=torch.float32, splitk=1)
+        assert type(info.value) is MmaemuError
+        with pytest.raises(MmaemuError):
+            mmaemu.accumulate(a, w, use_fast_accum=True, splitk=1)
+    finally:
+        torch.set_flush_denormal(False)
+    mmaemu.scaled_mm(a, w.t(), ONE, ONE, out_dtype=torch.float32, splitk=1)
+
+
+def test_backend_reference_and_cpu_agree():
+    a, w = fp8((5, 96), 7), fp8((32, 96), 8)
+    fast = mmaemu.scaled_mm(a, w.t(), ONE, ONE, out_dtype=torch.bfloat16, profile="ada", splitk=(3, "serial"))
+    ref = mmaemu.scaled_mm(a, w.t(), ONE, ONE, out_dtype=torch.bfloat16, profile="ada", splitk=(3, "serial"),
+                           backend="reference")
+    mmaemu.testing.assert_bitwise_equal(fast, ref)
+    with pytest.raises(ValueError, match="unknown backend"):
+        mmaemu.scaled_mm(a, w.t(), ONE, ONE, splitk=1, backend="gpu")
+    with pytest.raises(mmaemu.BackendUnavailableError, match="tensors on cpu"):
+        mmaemu.scaled_mm(a, w.t(), ONE, ONE, splitk=1, backend="cuda")
+
+
+def test_out_argument_receives_the_result_and_column_major_out_is_kept():
+    a, w = fp8((4, 64), 9), fp8((16, 64), 10)
+    expected = mmaemu.scaled_mm(a, w.t(), ONE, ONE, out_dtype=torch.float32, use_fast_accum=True, splitk=1)
+    out = torch.empty(16, 4).t()  # column-major [4, 16]
+    got = mmaemu.scaled_mm(a, w.t(), ONE, ONE, out_dtype=torch.float32, use_fast_accum=True, splitk=1, out=out)
+    assert got is out and out.stride() == (1, 4)
+    mmaemu.testing.assert_bitwise_equal(out.contiguous(), expected)
+    small = torch.empty(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # resizing an empty out does not warn
+        mmaemu.scaled_mm(a, w.t(), ONE, ONE, out_dtype=torch.float32, use_fast_accum=True, splitk=1, out=small)
+    mmaemu.testing.assert_bitwise_equal(small, expected)
+
+
+def test_extra_memory_is_linear_in_inputs_and_outputs():
+    """No O(M*N*K) temporary: peak numpy allocation stays within a small multiple of inputs + output."""
+    M, N, K = 32, 64, 1024
+    a, w = fp8((M, K), 11), fp8((N, K), 12)
+    mmaemu.accumulate(a, w, use_fast_accum=True, splitk=1)  # compile outside the measurement
+    tracemalloc.start()
+    mmaemu.accumulate(a, w, use_fast_accum=True, splitk=1)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    linear = (M + N) * K + 4 * M * N
+    assert peak < 8 * linear + (1 << 20), (peak, linear)
+    assert peak < M * N * K  # far below one byte per product
+
+
+def test_cache_directory_is_keyed_and_unwritable_location_falls_back(tmp_path):
+    code = ("import mmaemu, torch; a = torch.ones(2, 32).to(torch.float8_e4m3fn); "
+            "print(float(mmaemu.accumulate(a, a, use_fast_accum=True, splitk=1)[0, 0]))")
+    env = dict(os.environ, MMAEMU_CACHE_DIR=str(tmp_path / "cache"))
+    assert subprocess.check_output([sys.executable, "-c", code], env=env, text=True).strip() == "32.0"
+    from mmaemu import _cache
+
+    keyed = tmp_path / "cache" / "numba" / _cache.cache_key()
+    assert keyed.is_dir() and any(keyed.rglob("*.nbi"))
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache directory should be")
+    env = dict(os.environ, MMAEMU_CACHE_DIR=str(blocked))
+    assert subprocess.check_output([sys.executable, "-c", code], env=env, text=True).strip() == "32.0"

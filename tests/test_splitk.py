@@ -1,0 +1,746 @@
+"""Split-K decisions (platform.md section 3) against the recorded tables in data/splitk/."""
+
+import ctypes
+import dataclasses
+import json
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmaemu.errors import (SplitKUnknownError, UnsupportedFeatureError, UnvalidatedEnvelopeWarning,
+                           UnverifiedSplitWarning)
+from mmaemu.platform import cublaslt
+from mmaemu.platform.profiles import Profile, get_profile
+from mmaemu.platform.splitk import (SplitDecision, SplitK, check_scheme_for_preset, layout_caveats,
+                                    reset_split_warnings, resolve_splitk)
+from mmaemu.platform.tables import get_table
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "splitk"
+H100_ID, RTX_ID = "heur_h100pcie_lt12.8.3.14", "heur_rtx4060_lt12.8.3.14"
+FMTS = ["e4m3", "e5m2"]
+OUTS = ["float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"]
+MiB = 1 << 20
+
+pytestmark = pytest.mark.skipif(not (DATA / f"{H100_ID}.npz").exists(), reason="recorded tables not present")
+
+
+@pytest.fixture(autouse=True)
+def fresh_warning_slots():
+    reset_split_warnings()
+    yield
+    reset_split_warnings()
+
+
+def meta_of(table_id):
+    return json.loads((DATA / f"{table_id}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    """The original columns of both tables, loaded as the data README says (allow_pickle=False)."""
+    out = {}
+    for table_id in (H100_ID, RTX_ID):
+        with np.load(DATA / f"{table_id}.npz", allow_pickle=False) as npz:
+            out[table_id] = {k: npz[k].astype(np.int64) for k in npz.files}
+    return out
+
+
+def decide(profile, M, N, K, fa="e4m3", fb="e4m3", out="float32", fast=False, **kwargs):
+    return resolve_splitk(M, N, K, a_dtype=fa, b_dtype=fb, out_dtype=out, use_fast_accum=fast, profile=profile,
+                          **kwargs)
+
+
+def quiet(profile, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return decide(profile, *args, **kwargs)
+
+
+def caught_warnings(fn, *args, **kwargs):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args, **kwargs)
+    return result, [w for w in caught if issubclass(w.category, UnverifiedSplitWarning)]
+
+
+def custom_profile(base, ws):
+    return dataclasses.replace(get_profile(base), name=f"{base}-ws{ws}-test", workspace_bytes=ws)
+
+
+# The profile answering each (table, workspace index); workspaces without a shipped profile use a copy.
+PROFILE_OF = {
+    (H100_ID, 0): "hopper-ws0", (H100_ID, 1): "hopper", (H100_ID, 2): ("hopper", 4 * MiB), (H100_ID, 3): "hopper-te",
+    (RTX_ID, 0): "ada-ws0", (RTX_ID, 1): "ada", (RTX_ID, 2): "ada-te", (RTX_ID, 3): ("ada", 32 * MiB),
+}
+
+
+def profile_for(table_id, ws_index):
+    spec = PROFILE_OF[(table_id, ws_index)]
+    return get_profile(spec) if isinstance(spec, str) else custom_profile(*spec)
+
+
+def expected_scheme(meta, S, custom):
+    if S <= 1:
+        return "none"
+    codes = meta["codes"]
+    return codes["custom -> scheme"].get(str(custom), codes.get("custom -> scheme, unlisted", "serial"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SplitK / SplitDecision values
+
+
+def test_splitk_values():
+    assert SplitK() == SplitK(1, "none")
+    assert SplitK(np.int64(3), "serial").S == 3 and type(SplitK(np.int64(3), "serial").S) is int
+    for S, scheme in [(2, "serial"), (2, "pairwise"), (24, "contiguous")]:
+        assert SplitK(S, scheme).scheme == scheme
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SplitK().S = 2
+
+
+@pytest.mark.parametrize("S, scheme", [(True, "none"), (0, "none"), (-1, "none"), (2.0, "serial"), ("2", "serial"),
+                                       (1, "serial"), (2, "none"), (2, "tree"), (3, None)])
+def test_splitk_refuses(S, scheme):
+    with pytest.raises(ValueError):
+        SplitK(S, scheme)
+
+
+def test_split_decision():
+    d = SplitDecision(2, "contiguous", "table", True, H100_ID, "n")
+    assert d.splitk == SplitK(2, "contiguous")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.S = 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3.1 Explicit
+
+
+def test_explicit_one():
+    for value in (1, np.int64(1), SplitK()):
+        d = decide("hopper", 16, 256, 128, splitk=value)
+        assert d == SplitDecision(1, "none", "explicit", True, None, "given by the caller")
+
+
+def test_explicit_int_above_one_needs_a_scheme():
+    with pytest.raises(ValueError, match=re.escape("(4, 'contiguous')")):
+        decide("hopper", 16, 256, 128, splitk=4)
+    with pytest.raises(ValueError, match=re.escape("(4, 'serial'|'pairwise')")):
+        decide("ada", 16, 256, 128, splitk=4)
+
+
+@pytest.mark.parametrize("value", [0, -2])
+def test_explicit_int_below_one(value):
+    with pytest.raises(ValueError):
+        decide("hopper", 16, 256, 128, splitk=value)
+
+
+@pytest.mark.parametrize("value", [True, False, "1", "none", "AUTO", [2, "serial"], (2,), (2, "serial", 1), 2.0, None])
+def test_explicit_other_forms_are_type_errors(value):
+    with pytest.raises(TypeError):
+        decide("hopper", 16, 256, 128, splitk=value)
+
+
+def test_explicit_tuple_bad_values():
+    with pytest.raises(ValueError):
+        decide("hopper", 16, 256, 128, splitk=(2, "none"))
+    with pytest.raises(ValueError):
+        decide("hopper", 16, 256, 128, splitk=(0, "contiguous"))
+
+
+def test_explicit_verified_combination_is_silent():
+    d, caught = caught_warnings(decide, "hopper", 48, 64, 5760, splitk=(2, "contiguous"))
+    assert (d.S, d.scheme, d.source, d.verified, d.table_id) == (2, "contiguous", "explicit", True, None)
+    assert caught == []
+
+
+def test_explicit_empty_split_caveat():
+    d, caught = caught_warnings(decide, "hopper", 16, 256, 384, splitk=(4, "contiguous"))
+    assert d.verified is False
+    assert d.note == "given by the caller; S = 4 leaves a split without k-tiles (K = 384, 3 k-tiles; never recorded)"
+    assert len(caught) == 1 and "never recorded" in str(caught[0].message)
+
+
+def test_explicit_unreplayed_combination_warns_and_is_not_checked_against_the_preset():
+    d, caught = caught_warnings(decide, "hopper", 16, 256, 4096, splitk=(2, "serial"))  # the planner refuses it
+    assert (d.S, d.scheme, d.verified) == (2, "serial", False)
+    assert len(caught) == 1 and "never replayed" in str(caught[0].message)
+
+
+def test_explicit_h100_contiguous_beyond_262144_is_silent():
+    # Peer exception (3.1): no live split call had K > 262,144; still no warning (ragged K is validated on H100).
+    d, caught = caught_warnings(decide, "hopper", 16, 256, 300_000, splitk=(2, "contiguous"))
+    assert d.verified is True and caught == []
+
+
+def test_explicit_wins_over_workspace0_and_missing_table():
+    assert decide("hopper-ws0", 16, 256, 4096, splitk=(2, "contiguous")).source == "explicit"
+    d, caught = caught_warnings(decide, "hopper-experimental", 16, 256, 4096, splitk=(2, "contiguous"))
+    assert (d.source, d.verified) == ("explicit", False) and len(caught) == 1
+    assert decide("b200-mma-sync-experimental", 16, 256, 4096, splitk=1).verified is True
+
+
+def test_explicit_on_experimental_split_profile_warns_even_if_verified():
+    d, caught = caught_warnings(decide, "ada-te", 1, 16, 16, splitk=(3, "pairwise"))
+    assert d.verified is True and len(caught) == 1 and "experimental" in str(caught[0].message)
+
+
+def test_ragged_k_caveat_without_verified_ragged_layouts():
+    assert layout_caveats(2, "contiguous", 200, ragged_k_verified=True) == []
+    assert layout_caveats(2, "contiguous", 200, ragged_k_verified=False) == [
+        "K = 200 is not a multiple of 128 (ragged last k-tile; never recorded)"]
+    assert layout_caveats(7, "contiguous", 384, True) == [
+        "S = 7 leaves a split without k-tiles (K = 384, 3 k-tiles; never recorded)"]
+    assert layout_caveats(4, "serial", 384, False) == [] and layout_caveats(1, "none", 7, False) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3.2 / 3.3
+
+
+def test_workspace0_notes():
+    d = decide("hopper-ws0", 48, 64, 5760)
+    assert d == SplitDecision(1, "none", "workspace0", True, H100_ID, meta_of(H100_ID)["workspace0_note"])
+    d = decide("ada-ws0", 1, 16, 16)
+    assert (d.S, d.source, d.table_id) == (1, "workspace0", RTX_ID) and "209,712" in d.note
+
+
+@pytest.mark.parametrize("name", ["hopper-experimental", "b200-mma-sync-experimental"])
+def test_no_table_is_unknown(name):
+    with pytest.raises(SplitKUnknownError, match="no reference platform and no split-K table") as info:
+        decide(name, 16, 256, 4096)
+    assert "splitk=1" in str(info.value)
+    with pytest.raises(SplitKUnknownError):  # 3.3 order: no table before zero size
+        decide(name, 0, 256, 4096)
+
+
+@pytest.mark.parametrize("shape", [(0, 5, 7), (5, 0, 7), (5, 7, 0)])
+def test_zero_size(shape):
+    d = decide("hopper", *shape)
+    assert d == SplitDecision(1, "none", "envelope", True, H100_ID, "zero-size GEMM: nothing is accumulated")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3.4 Table rows: the decisions of a large sample equal the recorded S and scheme, every table and workspace
+
+
+@pytest.mark.parametrize("table_id", [H100_ID, RTX_ID])
+@pytest.mark.parametrize("ws_index", [0, 1, 2, 3])
+def test_sampled_rows_decide_as_recorded(recorded, table_id, ws_index):
+    cols, meta = recorded[table_id], meta_of(table_id)
+    profile = profile_for(table_id, ws_index)
+    assert profile.workspace_bytes == meta["codes"]["ws"][ws_index]
+    rows = np.flatnonzero(cols["ws"] == ws_index)
+    split = rows[cols["splitK"][rows] > 1]
+    rng = np.random.default_rng(1000 + ws_index)
+    sample = np.concatenate([rng.choice(rows, 2500, replace=False),
+                             rng.choice(split, min(600, len(split)), replace=False)])
+    assert ws_index != 0 or len(split) == 0  # workspace 0 never split
+    for i in sample:
+        M, N, K = int(cols["M"][i]), int(cols["N"][i]), int(cols["K"][i])
+        fa, fb, out, fast = FMTS[cols["fa"][i]], FMTS[cols["fb"][i]], OUTS[cols["out"][i]], bool(cols["fast"][i])
+        d = quiet(profile, M, N, K, fa, fb, out, fast)
+        S = int(cols["splitK"][i])
+        assert (d.S, d.scheme) == (S, expected_scheme(meta, S, int(cols["custom"][i]))), (M, N, K, fa, fb, out, fast)
+        assert d.source == ("workspace0" if ws_index == 0 else "table")
+        assert d.table_id == table_id
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Worked examples (platform.md 3.4, 3.9, data README section 3)
+
+
+def test_example_hopper_split_row():
+    d, caught = caught_warnings(decide, "hopper", 48, 64, 5760, "e4m3", "e4m3", "float32", False)
+    assert (d.S, d.scheme, d.source, d.verified, d.table_id) == (2, "contiguous", "table", True, H100_ID)
+    assert d.note.endswith("numSplitsK 2, customOption 3") and caught == []
+
+
+def test_example_hopper_unsplit_row():
+    d = decide("hopper", 2048, 5760, 1920, "e4m3", "e4m3", "bfloat16", True)
+    assert d == SplitDecision(1, "none", "table", True, H100_ID,
+                              "table row: algo 66, tile 209, numSplitsK 1, customOption 4")
+
+
+@pytest.mark.parametrize("profile, M, N, K, out, fast, S, scheme", [
+    ("ada", 16, 240, 16384, "float32", True, 6, "serial"),
+    ("ada", 1, 16, 16, "float32", False, 3, "pairwise"),
+    ("ada", 1, 512, 8192, "bfloat16", False, 2, "serial"),
+])
+def test_examples_ada_rows(profile, M, N, K, out, fast, S, scheme):
+    d, caught = caught_warnings(decide, profile, M, N, K, "e4m3", "e4m3", out, fast)
+    assert (d.S, d.scheme, d.source, d.verified) == (S, scheme, "table", True) and caught == []
+
+
+def test_example_ada_custom2_is_serial():
+    assert "customOption 2" in decide("ada", 1, 512, 8192, out="bfloat16").note
+
+
+def test_example_ada_te_warns():
+    d, caught = caught_warnings(decide, "ada-te", 12, 512, 8192, "e4m3", "e4m3", "float32", True)
+    assert (d.S, d.scheme, d.source) == (3, "serial", "table")
+    assert len(caught) == 1 and caught[0].category is UnverifiedSplitWarning
+
+
+def test_example_hopper_te_unlisted_custom_option():
+    d, caught = caught_warnings(decide, "hopper-te", 105, 8192, 28672, "e4m3", "e5m2", "float8_e4m3fn", False)
+    assert (d.S, d.scheme, d.source, d.verified) == (2, "contiguous", "table", False)
+    assert "customOption 4 was never recorded on a split call (recorded: 0, 1, 2, 3)" in d.note
+    assert len(caught) == 1 and "customOption 4" in str(caught[0].message)
+    # out_dtype None means a_dtype
+    assert quiet("hopper-te", 105, 8192, 28672, "e4m3", "e5m2", None, False) == d
+
+
+def test_example_hopper_envelope():
+    d = decide("hopper", 1000, 1000, 4096, "e4m3", "e4m3", "bfloat16", True)
+    assert (d.S, d.scheme, d.source, d.verified, d.table_id) == (1, "none", "envelope", True, H100_ID)
+    with pytest.raises(SplitKUnknownError):
+        decide("hopper", 100, 100, 4096, "e4m3", "e4m3", "bfloat16", True)
+
+
+def test_example_ada_envelope():
+    d = decide("ada", 300, 1000, 777, "e4m3", "e4m3", "float32", True)
+    assert (d.S, d.source, d.verified) == (1, "envelope", True)
+    assert "2 x 100,352 = 200,704" in d.note
+    with pytest.raises(SplitKUnknownError):
+        decide("ada", 300, 300, 777, "e4m3", "e4m3", "float32", True)
+
+
+def test_example_ada_e4m3_out_bound():
+    setting = next(s for s in meta_of(RTX_ID)["settings"] if (s["ws"], s["out"], s["fast"], s["fmt_a"], s["fmt_b"])
+                   == (MiB, "float8_e4m3fn", True, "e4m3", "e4m3"))
+    assert 2 * setting["max_split_MN"] == 262_144
+
+
+def test_example_default_profile_small_k(monkeypatch):
+    monkeypatch.delenv("MMAEMU_PROFILE", raising=False)
+    with pytest.raises(SplitKUnknownError) as info:
+        decide(None, 16, 256, 128)
+    message = str(info.value)
+    for part in ("M=16, N=256, K=128", "'hopper'", "K = 128 is outside the envelope's K range", "splitk=1",
+                 "(S, 'contiguous')", "NVIDIA H100 PCIe"):
+        assert part in message
+
+
+def test_unknown_error_names_the_presets_schemes():
+    with pytest.raises(SplitKUnknownError, match=re.escape("(S, 'serial'|'pairwise')")):
+        decide("ada", 300, 300, 777, fast=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3.9 Envelopes: decisions just above and at each bound, bounds read from the json
+
+
+def absent_key(table, M, N, K, fa, fb, out, fast, ws):
+    if table.lookup(M, N, K, fa, fb, out, fast, ws) is None:
+        return M, N
+    assert table.lookup(N, M, K, fa, fb, out, fast, ws) is None
+    return N, M
+
+
+def test_k_grid_envelope_bounds():
+    meta, table = meta_of(H100_ID), get_table(H100_ID)
+    env = meta["envelope"]
+    grid = env["K_grid"]
+    profiles = {MiB: get_profile("hopper"), 32 * MiB: get_profile("hopper-te")}
+    assert len(env["bounds"]) == 60
+    for entry in env["bounds"]:
+        profile = profiles[entry["ws"]]
+        setting = (entry["fmt_a"], entry["fmt_b"], entry["out"], entry["fast"])
+        validated = env["validation"][str(entry["ws"])]["status"] == "validated"
+        for i, B in enumerate(entry["B"]):
+            for K in {grid[i], grid[i - 1] + 1 if i else grid[0]}:  # K rounds up to grid[i]
+                M, N = absent_key(table, 1, B + 1, K, *setting, entry["ws"])
+                d = quiet(profile, M, N, K, *setting)
+                assert (d.S, d.source, d.verified) == (1, "envelope", validated), (entry, K)
+                M, N = absent_key(table, 1, B, K, *setting, entry["ws"])
+                with pytest.raises(SplitKUnknownError, match="not above the envelope bound"):
+                    quiet(profile, M, N, K, *setting)
+
+
+def test_k_grid_envelope_k_range():
+    env = meta_of(H100_ID)["envelope"]
+    big = 10**7
+    assert decide("hopper", 1, big, env["K_min"] + 1).source == "envelope"
+    assert decide("hopper", 1, big, env["K_max"]).source == "envelope"
+    for K in (env["K_min"] - 1, env["K_max"] + 1):
+        with pytest.raises(SplitKUnknownError, match="outside the envelope's K range"):
+            decide("hopper", 1, big, K)
+
+
+def test_k_grid_envelope_1mib_values_from_the_spec():
+    # platform.md 3.9: the 1 MiB bounds as K ranges (K rounded up to the grid)
+    recorded_ks = set(meta_of(H100_ID)["K_grid"])
+    for K, out, pair, B in [(5000, "float32", ("e4m3", "e4m3"), 15360), (5121, "float32", ("e4m3", "e4m3"), 256642),
+                            (8193, "float32", ("e4m3", "e4m3"), 268004), (5744, "bfloat16", ("e5m2", "e4m3"), 235342),
+                            (5745, "bfloat16", ("e5m2", "e4m3"), 256642),
+                            (5744, "float8_e4m3fn", ("e4m3", "e4m3"), 245760),
+                            (2_000_000, "float8_e5m2", ("e4m3", "e4m3"), 15360)]:
+        assert K not in recorded_ks
+        assert decide("hopper", 1, B + 1, K, *pair, out, True).source == "envelope"
+        with pytest.raises(SplitKUnknownError):
+            decide("hopper", 1, B, K, *pair, out, True)
+
+
+def test_k_grid_envelope_has_no_bound_for_4mib():
+    with pytest.raises(SplitKUnknownError, match="no bound for the setting"):
+        decide(custom_profile("hopper", 4 * MiB), 1, 10**7, 4096)
+
+
+def rtx_absent_k(recorded):
+    ks = set(np.unique(recorded[RTX_ID]["K"]).tolist())
+    return next(k for k in range(1000, 2000) if k not in ks)
+
+
+def test_max_split_mn_envelope_bounds(recorded):
+    K = rtx_absent_k(recorded)
+    profiles = {MiB: get_profile("ada"), 4 * MiB: get_profile("ada-te"), 32 * MiB: custom_profile("ada", 32 * MiB)}
+    for s in meta_of(RTX_ID)["settings"]:
+        if s["ws"] == 0:
+            continue
+        setting = (s["fmt_a"], s["fmt_b"], s["out"], s["fast"])
+        profile = profiles[s["ws"]]
+        if not s["split_rows"]:
+            assert decide(profile, 1, 1, K, *setting).source == "envelope"
+            continue
+        bound = 2 * s["max_split_MN"]
+        d = decide(profile, 1, bound + 1, K, *setting)
+        assert (d.S, d.scheme, d.source, d.verified) == (1, "none", "envelope", True)
+        assert "[setting entry" in d.note
+        with pytest.raises(SplitKUnknownError, match="not above the inference bound"):
+            decide(profile, 1, bound, K, *setting)
+
+
+def test_max_split_mn_union_fallback(recorded):
+    K = rtx_absent_k(recorded)
+    settings = meta_of(RTX_ID)["settings"]
+    key = lambda s: (s["ws"], s["out"], s["fast"], s["fmt_a"], s["fmt_b"])  # noqa: E731
+    assert (MiB, "float8_e5m2", True, "e4m3", "e4m3") not in {key(s) for s in settings}
+    union = [s for s in settings if (s["ws"], s["fast"], s["fmt_a"], s["fmt_b"]) == (MiB, True, "e4m3", "e4m3")]
+    bound = 2 * max(s["max_split_MN"] for s in union if s["split_rows"])
+    d = decide("ada", 1, bound + 1, K, "e4m3", "e4m3", "float8_e5m2", True)
+    assert d.source == "envelope" and "union" in d.note
+    with pytest.raises(SplitKUnknownError):
+        decide("ada", 1, bound, K, "e4m3", "e4m3", "float8_e5m2", True)
+    with pytest.raises(SplitKUnknownError, match="no rows for this setting"):
+        decide("ada", 1000, 1000, K, "e5m2", "e5m2", "float32", True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Strict mode
+
+
+def test_strict_mode(monkeypatch):
+    monkeypatch.setenv("MMAEMU_SPLITK_STRICT", "1")
+    for profile, args in [("hopper", (1000, 1000, 4096)), ("ada", (300, 1000, 777))]:
+        with pytest.raises(SplitKUnknownError, match="strict mode"):
+            decide(profile, *args, fast=True)
+        assert decide(profile, *args, fast=True, strict=False).source == "envelope"
+    # tables, workspace 0, explicit splits and zero sizes are unaffected
+    assert decide("hopper", 48, 64, 5760).source == "table"
+    assert decide("hopper-ws0", 1000, 1000, 4096).source == "workspace0"
+    assert decide("hopper", 1000, 1000, 4096, splitk=1).source == "explicit"
+    monkeypatch.setenv("MMAEMU_SPLITK_STRICT", "true")  # only "1" switches it on
+    assert decide("hopper", 1000, 1000, 4096, fast=True).source == "envelope"
+    monkeypatch.delenv("MMAEMU_SPLITK_STRICT")
+    with pytest.raises(SplitKUnknownError, match="strict mode"):
+        decide("hopper", 1000, 1000, 4096, fast=True, strict=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Layouts (section 2)
+
+
+def test_non_standard_layout_skips_the_table():
+    assert decide("hopper", 48, 64, 5760).source == "table"
+    with pytest.raises(SplitKUnknownError, match="non-standard layout"):
+        decide("hopper", 48, 64, 5760, layout_std=False)
+    d = decide("hopper", 2048, 5760, 1920, out="bfloat16", fast=True, layout_std=False)
+    assert d.source == "envelope"
+
+
+def test_column_major_out_key_swap_is_the_callers(recorded):
+    """A column-major out= of shape [M, N] is looked up as (N, M, K, fmt of mat2, fmt of mat1): the caller swaps."""
+    cols = recorded[H100_ID]
+    table = get_table(H100_ID)
+    picks = np.flatnonzero((cols["ws"] == 1) & (cols["splitK"] > 1) & (cols["fa"] != cols["fb"])
+                           & (cols["M"] != cols["N"]))
+    found = 0
+    for i in picks:
+        M, N, K = int(cols["M"][i]), int(cols["N"][i]), int(cols["K"][i])
+        fa, fb, out, fast = FMTS[cols["fa"][i]], FMTS[cols["fb"][i]], OUTS[cols["out"][i]], bool(cols["fast"][i])
+        transposed = table.lookup(N, M, K, fb, fa, out, fast, MiB)
+        if transposed is None or transposed.splitK == cols["splitK"][i]:
+            continue
+        # The call: result [N, M] with mat1 of fb and mat2 of fa, written to a column-major out → key (M, N, fa, fb).
+        call_M, call_N, call_a, call_b = N, M, fb, fa
+        d = decide("hopper", call_N, call_M, K, call_b, call_a, out, fast)  # swapped by the caller
+        assert d.S == cols["splitK"][i]
+        assert decide("hopper", call_M, call_N, K, call_a, call_b, out, fast).S == transposed.splitK != d.S
+        found += 1
+        if found == 5:
+            break
+    assert found == 5
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Warnings: once per process per key, every time when dry, texts to warnings_out
+
+
+WARNING_TEXT = re.compile(r"^mmaemu split-K S=\d+ scheme=\w+ \((fast|slow) accumulation, out \w+, e\dm\dxe\dm\d, "
+                          r"source [\w-]+, profile [\w-]+\): .+")
+
+
+def test_unverified_warning_once_per_key():
+    _, first = caught_warnings(decide, "ada-te", 12, 512, 8192, fast=True)
+    _, second = caught_warnings(decide, "ada-te", 12, 512, 8192, fast=True)
+    assert len(first) == 1 and second == []
+    assert WARNING_TEXT.match(str(first[0].message)), str(first[0].message)
+    assert str(first[0].message).startswith("mmaemu split-K S=3 scheme=serial (fast accumulation, out float32, "
+                                            "e4m3xe4m3, source table, profile ada-te): ")
+
+
+def test_dry_warns_every_time_and_keeps_the_slot():
+    for _ in range(3):
+        sink = []
+        _, caught = caught_warnings(decide, "ada-te", 12, 512, 8192, fast=True, dry=True, warnings_out=sink)
+        assert len(caught) == 1 and sink == [str(caught[0].message)]
+    sink = []
+    _, caught = caught_warnings(decide, "ada-te", 12, 512, 8192, fast=True, warnings_out=sink)
+    assert len(caught) == 1 and len(sink) == 1
+    sink = []
+    _, caught = caught_warnings(decide, "ada-te", 12, 512, 8192, fast=True, warnings_out=sink)
+    assert caught == [] and sink == []
+
+
+def test_no_warning_for_unsplit_decisions_on_experimental_profiles():
+    d, caught = caught_warnings(decide, "ada-te", 2000, 2000, 777, fast=True)
+    assert d.S == 1 and caught == []
+
+
+def test_unvalidated_envelope_warning_once_per_setting():
+    _, first = caught_warnings(decide, "hopper-te", 1000, 1000, 4096, out="bfloat16", fast=True)
+    _, same_setting = caught_warnings(decide, "hopper-te", 2000, 1000, 8000, out="bfloat16", fast=True)
+    _, other_out = caught_warnings(decide, "hopper-te", 1000, 1000, 4096, out="float16", fast=True)
+    assert len(first) == 1 and first[0].category is UnvalidatedEnvelopeWarning
+    assert same_setting == [] and len(other_out) == 1
+    assert "77,518" in str(first[0].message)
+    d, caught = caught_warnings(decide, "hopper-te", 1000, 1000, 4096, out="bfloat16", fast=True, dry=True)
+    assert d.verified is False and len(caught) == 1
+    _, caught = caught_warnings(decide, "hopper", 1000, 1000, 4096, out="bfloat16", fast=True)
+    assert caught == []  # 1 MiB envelope validated: silent
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Argument normalisation
+
+
+def test_torch_dtypes_are_accepted():
+    torch = pytest.importorskip("torch")
+    d = resolve_splitk(48, 64, 5760, a_dtype=torch.float8_e4m3fn, b_dtype=torch.float8_e4m3fn,
+                       out_dtype=torch.float32, use_fast_accum=np.bool_(False), profile=get_profile("hopper"))
+    assert (d.S, d.scheme) == (2, "contiguous")
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(out_dtype="int8"), TypeError), (dict(out_dtype="fp32"), TypeError),
+    (dict(a_dtype="float8_e4m3fnuz"), TypeError), (dict(b_dtype="float16"), TypeError),
+    (dict(use_fast_accum=1), TypeError), (dict(M=-1), ValueError), (dict(K=2.0), TypeError),
+    (dict(profile="nope"), KeyError),
+])
+def test_argument_errors(kwargs, error):
+    args = dict(M=48, N=64, K=5760, a_dtype="e4m3", b_dtype="e4m3", out_dtype="float32", use_fast_accum=False,
+                profile="hopper")
+    args.update(kwargs)
+    M, N, K = args.pop("M"), args.pop("N"), args.pop("K")
+    with pytest.raises(error):
+        resolve_splitk(M, N, K, **args)
+
+
+def test_profile_from_environment(monkeypatch):
+    monkeypatch.setenv("MMAEMU_PROFILE", "ada")
+    assert decide(None, 1, 16, 16).table_id == RTX_ID
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scheme / preset compatibility (semantics.md d.3), used by the planner
+
+
+def test_check_scheme_for_preset():
+    from mmaemu.model.presets import HOPPER, Preset
+
+    check_scheme_for_preset(SplitK(2, "contiguous"), "hopper")
+    check_scheme_for_preset(SplitK(2, "serial"), "ada")
+    check_scheme_for_preset(SplitK(2, "pairwise"), "ada")
+    check_scheme_for_preset(SplitK(), "b200_mma_sync")
+    check_scheme_for_preset(SplitDecision(1, "none", "table", True, None, ""), "hopper")
+    for bad, preset in [(SplitK(2, "serial"), "hopper"), (SplitK(2, "pairwise"), "hopper"),
+                        (SplitK(2, "contiguous"), "ada")]:
+        with pytest.raises(ValueError):
+            check_scheme_for_preset(bad, preset)
+    with pytest.raises(UnsupportedFeatureError):
+        check_scheme_for_preset(SplitK(2, "contiguous"), "b200_mma_sync")
+    copy = dataclasses.replace(HOPPER)  # same name, not the registered object: custom
+    custom = Preset("mine", nfma=8, frac=10, frac_out=10, min_exp=-126, late_c=False, slow_chunk=64)
+    for preset in (copy, custom):
+        for scheme in ("serial", "pairwise", "contiguous"):
+            check_scheme_for_preset(SplitK(3, scheme), preset)
+    with pytest.raises(TypeError):
+        check_scheme_for_preset((2, "contiguous"), "hopper")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3.5 Live query through a fake cuBLASLt
+
+
+class FakeCublasLt:
+    """Stands in for libcublasLt: records what the query sets and answers with a chosen configuration."""
+
+    def __init__(self, splitK=1, custom=0, algo=66, tile=209, status=0, returned=1):
+        self.config = {cublaslt.ALGO_CONFIG_ID: algo, cublaslt.ALGO_CONFIG_TILE_ID: tile,
+                       cublaslt.ALGO_CONFIG_SPLITK_NUM: splitK, cublaslt.ALGO_CONFIG_CUSTOM_OPTION: custom}
+        self.status, self.returned = status, returned
+        self.desc_attrs, self.pref_attrs, self.layouts, self.destroyed = {}, {}, [], []
+        self.handles, self.desc_types, self.requested, self.calls = [], None, None, 0
+
+    def _new(self, ref):
+        ref._obj.value = 0x100 + len(self.handles)
+        self.handles.append(ref._obj.value)
+        return 0
+
+    def cublasLtCreate(self, ref):
+        self.calls += 1
+        return self._new(ref)
+
+    def cublasLtMatmulDescCreate(self, ref, compute, scale):
+        self.desc_types = (compute.value, scale.value)
+        return self._new(ref)
+
+    def cublasLtMatmulDescSetAttribute(self, desc, attr, buf, size):
+        self.desc_attrs[attr.value] = (type(buf._obj), buf._obj.value, size.value)
+        return 0
+
+    def cublasLtMatrixLayoutCreate(self, ref, dtype, rows, cols, ld):
+        self.layouts.append((dtype.value, rows.value, cols.value, ld.value))
+        return self._new(ref)
+
+    def cublasLtMatmulPreferenceCreate(self, ref):
+        return self._new(ref)
+
+    def cublasLtMatmulPreferenceSetAttribute(self, pref, attr, buf, size):
+        self.pref_attrs[attr.value] = (type(buf._obj), buf._obj.value, size.value)
+        return 0
+
+    def cublasLtMatmulAlgoGetHeuristic(self, handle, desc, a, b, c, d, pref, count, results, returned):
+        assert [handle.value, desc.value, a.value, b.value, c.value, d.value, pref.value] == self.handles
+        self.requested = count.value
+        returned._obj.value = self.returned
+        return self.status
+
+    def cublasLtMatmulAlgoConfigGetAttribute(self, algo, attr, buf, size, written):
+        buf._obj.value = self.config[attr.value]
+        written._obj.value = size.value
+        return 0
+
+    def _destroy(self, ref):
+        self.destroyed.append(ref.value)
+        return 0
+
+    cublasLtMatmulPreferenceDestroy = cublasLtMatrixLayoutDestroy = _destroy
+    cublasLtMatmulDescDestroy = cublasLtDestroy = _destroy
+
+
+def test_query_descriptor_torch_profile():
+    fake = FakeCublasLt(splitK=3, custom=2, algo=66, tile=17)
+    query = cublaslt.build_query(100, 200, 4096, "e4m3", "e5m2", "bfloat16", True, MiB, None)
+    answer = cublaslt.query_heuristic(fake, query, 0xABC0)
+    assert answer == cublaslt.HeuristicAnswer(algo=66, tile=17, splitK=3, custom=2)
+    assert fake.desc_types == (68, 0)  # CUBLAS_COMPUTE_32F, CUDA_R_32F
+    assert fake.desc_attrs == {3: (ctypes.c_int32, 1, 4), 4: (ctypes.c_int32, 0, 4),  # TRANSA = T, TRANSB = N
+                               17: (ctypes.c_void_p, 0xABC0, 8), 18: (ctypes.c_void_p, 0xABC0, 8),  # A/B scales
+                               25: (ctypes.c_int8, 1, 1)}  # FAST_ACCUM (int8); no D scale, SM target, epilogue
+    # A = mat2 (e5m2, K x N, ld K), B = mat1 (e4m3, K x M, ld K), C = D = bf16, N x M, ld N
+    assert fake.layouts == [(29, 4096, 200, 4096), (28, 4096, 100, 4096), (14, 200, 100, 200), (14, 200, 100, 200)]
+    assert fake.pref_attrs == {1: (ctypes.c_uint64, MiB, 8)}  # MAX_WORKSPACE_BYTES only: torch sets no alignment
+    assert fake.requested == 1
+    assert sorted(fake.destroyed) == sorted(fake.handles)
+
+
+def test_query_descriptor_te_profile_and_fp8_output():
+    fake = FakeCublasLt()
+    profile = get_profile("hopper-te")
+    query = cublaslt.build_query(8, 16, 1024, "e5m2", "e4m3", "float8_e4m3fn", False, profile.workspace_bytes,
+                                 profile.align)
+    cublaslt.query_heuristic(fake, query, 0x10)
+    assert fake.layouts[2:] == [(2, 16, 8, 16), (28, 16, 8, 16)]  # C fp16 for FP8 outputs, D e4m3
+    assert fake.desc_attrs[25][1] == 0
+    align = (ctypes.c_uint32, 256, 4)
+    assert fake.pref_attrs == {1: (ctypes.c_uint64, 32 * MiB, 8), 5: align, 6: align, 7: align, 8: align}
+
+
+def test_query_without_answer():
+    assert cublaslt.query_heuristic(FakeCublasLt(status=15), cublaslt.build_query(
+        1, 2, 3, "e4m3", "e4m3", "float32", False, MiB, None), 0x10) is None
+    assert cublaslt.query_heuristic(FakeCublasLt(returned=0), cublaslt.build_query(
+        1, 2, 3, "e4m3", "e4m3", "float32", False, MiB, None), 0x10) is None
+
+
+@pytest.fixture
+def on_reference_gpu(monkeypatch):
+    """Pretend the current device is every profile's reference GPU, with a fake cuBLASLt."""
+    state = {"lib": FakeCublasLt()}
+    monkeypatch.setattr(Profile, "matches_device", lambda self, device=None: True)
+    monkeypatch.setattr(cublaslt, "load_cublaslt", lambda: (state["lib"], "/fake/libcublasLt.so.12"))
+    monkeypatch.setattr(cublaslt, "device_scale_pointer", lambda: 0x1000)
+    return state
+
+
+def test_live_query_decides_when_the_table_has_no_row(on_reference_gpu):
+    on_reference_gpu["lib"] = fake = FakeCublasLt(splitK=3, custom=2, tile=40)
+    d, caught = caught_warnings(decide, "hopper", 100, 100, 4096, out="bfloat16", fast=True)
+    assert (d.S, d.scheme, d.source, d.table_id) == (3, "contiguous", "live-query", None)
+    assert d.note == "live cuBLASLt query on NVIDIA H100 PCIe: algo 66, tile 40, numSplitsK 3, customOption 2"
+    assert d.verified == get_table(H100_ID).is_verified(True, 3, "contiguous", "bfloat16", "e4m3", "e4m3")
+    assert fake.pref_attrs[1][1] == MiB and fake.layouts[0] == (28, 4096, 100, 4096)
+
+
+def test_live_query_unlisted_custom_option(on_reference_gpu):
+    on_reference_gpu["lib"] = FakeCublasLt(splitK=2, custom=5)
+    d, caught = caught_warnings(decide, "hopper-te", 100, 100, 4096)
+    assert (d.S, d.scheme, d.source, d.verified) == (2, "contiguous", "live-query", False)
+    assert "customOption 5 was never recorded" in d.note and len(caught) == 1
+
+
+def test_live_query_ada_mapping(on_reference_gpu):
+    for custom, scheme in [(0, "serial"), (1, "pairwise"), (2, "serial"), (7, "serial")]:
+        on_reference_gpu["lib"] = FakeCublasLt(splitK=4, custom=custom, algo=60)
+        d = quiet("ada", 300, 300, 777, fast=True)
+        assert (d.S, d.scheme, d.source) == (4, scheme, "live-query")
+        assert "was never recorded" not in d.note  # the RTX json has no "unlisted" rule
+    on_reference_gpu["lib"] = FakeCublasLt(splitK=1, custom=0)
+    assert decide("ada-te", 300, 300, 777).splitk == SplitK()
+    assert on_reference_gpu["lib"].pref_attrs[1][1] == 4 * MiB and on_reference_gpu["lib"].pref_attrs[5][1] == 256
+
+
+def test_live_query_failures_fall_through(on_reference_gpu):
+    on_reference_gpu["lib"] = FakeCublasLt(status=15)
+    assert decide("hopper", 1000, 1000, 4096).source == "envelope"
+    with pytest.raises(SplitKUnknownError):
+        decide("hopper", 100, 100, 4096)
+
+
+def test_live_query_is_not_asked_when_the_table_answers_or_the_layout_is_padded(on_reference_gpu):
+    fake = on_reference_gpu["lib"] = FakeCublasLt(splitK=9, custom=0)
+    assert decide("hopper", 48, 64, 5760).source == "table"
+    assert decide("hopper", 1000, 1000, 4096, layout_std=False).source == "envelope"
+    assert decide("hopper-ws0", 1000, 1000, 4096).source == "workspace0"
+    assert fake.calls == 0
+
+
+def test_no_live_query_here():
+    assert get_profile("hopper").matches_device() is False
+    assert get_profile("ada").matches_device() is False
