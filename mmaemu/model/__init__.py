@@ -10,7 +10,7 @@ __all__ = ["dot", "Preset", "get_preset", "list_presets"]
 
 def __getattr__(name):
     if name == "dot":
-        from .dot import dot
+        from .instruction import dot
 
         return dot
     raise AttributeError(f"module 'mmaemu.model' has no attribute {name!r}")
