@@ -1,0 +1,122 @@
+"""``mmaemu.scaled_mm``, ``accumulate`` and ``explain`` are excluded from ``torch.compile`` tracing
+(platform.md section 6): dynamo breaks the graph at the call and runs the emulation eagerly, so a compiled model
+gets exactly the eager bits (a compiler must not trace into, or re-round, the emulation).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mmaemu
+from mmaemu.testing import assert_bitwise_equal
+
+if not hasattr(torch, "compile") or not hasattr(torch, "_dynamo"):
+    pytest.skip("torch.compile is not available in this torch", allow_module_level=True)
+if hasattr(torch.compiler, "is_dynamo_supported") and not torch.compiler.is_dynamo_supported():
+    pytest.skip("torch.compile (dynamo) is not supported on this Python/platform", allow_module_level=True)
+
+
+def _operands(seed=1, M=16, N=32, K=64):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(M, K, generator=g) * 40).clamp(-448, 448).to(torch.float8_e4m3fn)
+    w = (torch.randn(N, K, generator=g) * 40).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return x, w, torch.tensor(0.5)
+
+
+def _gemm(x, w, s):
+    scale_a = s * 2.0  # traced before the break
+    y = mmaemu.scaled_mm(x, w.t(), scale_a, s, out_dtype=torch.bfloat16, use_fast_accum=True, splitk=1)
+    return y.float() * 3.0  # traced after the break
+
+
+def _accumulate(x, w, s):
+    factor = s * 4.0
+    acc = mmaemu.accumulate(x, w, use_fast_accum=False, splitk=1)
+    return acc * factor
+
+
+def _explain(x, w, s):
+    plan = mmaemu.explain(x, w.t(), s * 2.0, s, out_dtype=torch.bfloat16, use_fast_accum=True, splitk=1)
+    return plan, s + 1.0
+
+
+class CountingBackend:
+    """A torch.compile backend that records the FX graphs dynamo hands over and runs them eagerly."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+    def targets(self):
+        return [str(node.target) for gm in self.graphs for node in gm.graph.nodes
+                if node.op in ("call_function", "call_method", "call_module")]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_scaled_mm_returns_the_eager_bits(backend):
+    x, w, s = _operands()
+    eager = _gemm(x, w, s)
+    compiled = torch.compile(_gemm, backend=backend, fullgraph=False)(x, w, s)
+    assert_bitwise_equal(compiled, eager)
+    assert compiled.dtype == torch.float32 and compiled.shape == (16, 32)
+
+
+def _break_reasons(explanation):
+    return [str(getattr(r, "reason", r)) for r in explanation.break_reasons]
+
+
+@pytest.mark.parametrize("fn", [_gemm, _accumulate, _explain], ids=["scaled_mm", "accumulate", "explain"])
+def test_dynamo_breaks_the_graph_at_the_call(fn):
+    x, w, s = _operands()
+    explanation = torch._dynamo.explain(fn)(x, w, s)
+    assert explanation.graph_break_count >= 1
+    assert explanation.graph_count == 2  # the ops before the call, and those after it
+    reasons = " ".join(_break_reasons(explanation)).lower()
+    assert "disable" in reasons or "skip" in reasons, reasons
+    # Nothing of the emulation is in the captured graphs: they hold only the few ops around the call.
+    assert explanation.op_count <= 3
+
+
+def test_dynamo_does_not_trace_into_the_emulation():
+    x, w, s = _operands()
+    counter = CountingBackend()
+    compiled = torch.compile(_gemm, backend=counter)
+    first = compiled(x, w, s)
+    assert len(counter.graphs) == 2  # the graph before the call and the graph after it
+    targets = counter.targets()
+    assert len(targets) <= 5, targets
+    assert not any("mmaemu" in t or "scaled_mm" in t for t in targets), targets
+    # Re-running hits the compiled graphs again (no recompilation), and the bits still match eager.
+    again = compiled(x, w, s)
+    assert len(counter.graphs) == 2
+    assert_bitwise_equal(again, first)
+    assert_bitwise_equal(first, _gemm(x, w, s))
+
+
+def test_compiled_accumulate_and_explain_match_eager():
+    x, w, s = _operands(seed=2)
+    assert_bitwise_equal(torch.compile(_accumulate, backend="eager")(x, w, s), _accumulate(x, w, s))
+    plan, t = torch.compile(_explain, backend="eager")(x, w, s)
+    eager_plan, eager_t = _explain(x, w, s)
+    assert plan == eager_plan and plan.validation == "ok"
+    assert_bitwise_equal(t, eager_t)
+
+
+def test_entry_points_are_marked_disabled():
+    """The decorator itself, as dynamo records it on the wrapper (checked only where this torch exposes it)."""
+    for fn in (mmaemu.scaled_mm, mmaemu.accumulate, mmaemu.explain):
+        marker = getattr(fn, "_torchdynamo_disable", None)
+        if marker is None:
+            pytest.skip("this torch does not expose the torch.compiler.disable marker")
+        assert marker
