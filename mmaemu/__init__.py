@@ -39,7 +39,8 @@ _EXPORTS = {
     "UnvalidatedEnvelopeWarning": "errors",
     "BackendFallbackWarning": "errors",
 }
-_SUBMODULES = ("model", "platform", "backends", "testing", "formats", "api", "errors", "nn", "cpu", "cuda", "arith",
+_SUBMODULES = ("model", "platform", "backends", "testing", "formats", "api", "errors", "nn", "quantize", "patching",
+               "cpu", "cuda", "arith",
                "plan")
 
 __all__ = ["__version__"] + sorted(_EXPORTS) + list(_SUBMODULES)

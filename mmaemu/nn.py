@@ -1,0 +1,245 @@
+"""``EmulatedFP8Linear``: a linear layer whose product is an FP8 tensor-core GEMM, computed by mmaemu.
+
+The layer does what a Transformer-Engine-style FP8 linear layer does in inference, step by step:
+
+1. quantise the input ``x`` [..., in_features] to E4M3 with the input *scale* ``s_x`` (a fixed one, or TE's
+   current scaling ``448 / amax(x)`` computed per call) — :func:`mmaemu.quantize.quantize_e4m3`;
+2. optionally pad the rows (M = the product of the leading dimensions) with zero rows up to a multiple of
+   ``pad_m_to`` (Evo 2's vortex pads M to a multiple of 16 before its FP8 projections; the padded M is what the
+   GEMM, and hence cuBLASLt's split-K heuristic, sees);
+3. ``y = mmaemu.scaled_mm(x_fp8, W_fp8.t(), scale_a=1/s_x, scale_b=1/s_w, out_dtype=out_dtype,
+   use_fast_accum=use_fast_accum, profile=profile, splitk=splitk)`` — the scales handed to the GEMM are the
+   *inverse* scales (TE's ``scale_inv``, each ``fp32(1 / s)`` rounded once), as TE passes them to cuBLASLt;
+4. crop the padding rows, add the bias (if any) in ``out_dtype`` with an ordinary torch addition, and restore
+   the leading dimensions.
+
+The weight is quantised once, per tensor, when the layer is built (:meth:`EmulatedFP8Linear.from_linear`), or
+taken as stored FP8 state (:meth:`EmulatedFP8Linear.from_fp8_state`).
+
+Scope: inference only — the layer has no parameters (its FP8 weight, scales and bias are buffers), and calling
+it with grad mode on for an input that requires grad raises UnsupportedFeatureError. The bias is never passed
+to the GEMM (mmaemu does not model a fused bias epilogue): the result matches models that add the bias after
+the FP8 GEMM, not TE's ``te.Linear``, which fuses it into the cuBLASLt epilogue.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import formats
+from .errors import UnsupportedFeatureError
+from .platform.profiles import get_profile
+from .quantize import amax_scale, quantize, scale_inv
+
+__all__ = ["EmulatedFP8Linear", "convert_linears"]
+
+_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _fp32_scalar(value, name, device):
+    """A 0-dim fp32 tensor from a number or a one-element fp32 tensor (numbers are rounded to fp32 once)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must have one element, got shape {tuple(value.shape)}")
+        if value.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32 (Transformer Engine keeps scales in fp32), got {value.dtype}")
+        return value.detach().reshape(()).clone().to(device)
+    return torch.tensor(float(value), dtype=torch.float32, device=device)
+
+
+def _check_pad(pad_m_to):
+    if pad_m_to is None:
+        return None
+    if isinstance(pad_m_to, bool) or not isinstance(pad_m_to, int) or pad_m_to < 1:
+        raise ValueError(f"pad_m_to must be None or a positive int, got {pad_m_to!r}")
+    return pad_m_to
+
+
+class EmulatedFP8Linear(torch.nn.Module):
+    """``y = x W^T (+ b)`` with W and x in E4M3, computed as the profile's reference GPU computes the FP8 GEMM.
+
+    Build it with :meth:`from_linear` or :meth:`from_fp8_state`. Buffers: ``weight`` (float8_e4m3fn
+    [out_features, in_features]), ``weight_scale_inv`` (fp32, the inverse weight scale given to the GEMM),
+    ``input_scale`` / ``input_scale_inv`` (fp32, or None for per-call current scaling) and ``bias`` (in
+    ``out_dtype``, or None). ``.to(device)`` moves them; dtype conversions (``.half()``, ``.to(torch.bfloat16)``)
+    leave them unchanged — set ``out_dtype`` at construction instead.
+    """
+
+    def __init__(self, weight_fp8, weight_scale_inv, *, input_scale=None, input_scale_inv=None, bias=None,
+                 profile=None, pad_m_to=None, use_fast_accum=True, out_dtype=torch.bfloat16, splitk="auto",
+                 backend="auto"):
+        super().__init__()
+        if not isinstance(weight_fp8, torch.Tensor) or weight_fp8.dtype != torch.float8_e4m3fn:
+            raise TypeError("weight_fp8 must be a float8_e4m3fn tensor [out_features, in_features]")
+        if weight_fp8.dim() != 2:
+            raise ValueError(f"weight_fp8 must be 2-D [out_features, in_features], got shape "
+                             f"{tuple(weight_fp8.shape)}")
+        if out_dtype not in _OUT_DTYPES:
+            raise TypeError(f"out_dtype must be one of {[str(d) for d in _OUT_DTYPES]}, got {out_dtype}")
+        if bias is not None and formats.is_fp8_dtype(out_dtype):
+            raise ValueError("a bias cannot be added in an FP8 out_dtype; use a float32/bfloat16/float16 output")
+        if not isinstance(use_fast_accum, bool):
+            raise TypeError("use_fast_accum must be a bool")
+        device = weight_fp8.device
+        self.out_features, self.in_features = (int(n) for n in weight_fp8.shape)
+        self.profile = get_profile(profile).name
+        self.pad_m_to = _check_pad(pad_m_to)
+        self.use_fast_accum = use_fast_accum
+        self.out_dtype = out_dtype
+        self.splitk = splitk
+        self.backend = backend
+        self.register_buffer("weight", weight_fp8.detach().contiguous())
+        self.register_buffer("weight_scale_inv", _fp32_scalar(weight_scale_inv, "weight_scale_inv", device))
+        if input_scale is None and input_scale_inv is not None:
+            raise ValueError("input_scale_inv needs input_scale (the multiplier used to quantise the input)")
+        if input_scale is not None:
+            s = _fp32_scalar(input_scale, "input_scale", device)
+            s_inv = scale_inv(s) if input_scale_inv is None else _fp32_scalar(input_scale_inv, "input_scale_inv",
+                                                                               device)
+        else:
+            s = s_inv = None
+        self.register_buffer("input_scale", s)
+        self.register_buffer("input_scale_inv", s_inv)
+        if bias is not None:
+            if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (self.out_features,):
+                raise ValueError(f"bias must be a tensor of shape ({self.out_features},)")
+            bias = bias.detach().to(device=device, dtype=out_dtype)
+        self.register_buffer("bias", bias)
+
+    # -- constructors ---------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_linear(cls, linear, *, profile=None, input_scale=None, pad_m_to=None, use_fast_accum=True,
+                    out_dtype=torch.bfloat16, splitk="auto", backend="auto", weight_scale=None):
+        """Quantise a ``torch.nn.Linear`` (or any module with ``weight`` [out, in] and ``bias``) once, as TE does.
+
+        The weight scale is TE's current-scaling factor of the weight, ``448 / amax(W)`` in fp32
+        (``weight_scale`` overrides it); the stored inverse is ``fp32(1 / weight_scale)``. ``input_scale`` is the
+        multiplier used to quantise every input (TE's *scale*, not its inverse); None computes it per call from
+        the input's amax (current scaling). The bias, if any, is kept in ``out_dtype`` and added after the GEMM.
+        """
+        weight = linear.weight.detach()
+        if weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise TypeError(f"from_linear: the weight must be float32, bfloat16 or float16, got {weight.dtype}")
+        if weight_scale is None:
+            weight_scale = amax_scale(weight, "e4m3")
+        else:
+            weight_scale = _fp32_scalar(weight_scale, "weight_scale", weight.device)
+        weight_fp8 = quantize(weight, weight_scale, "e4m3")
+        bias = getattr(linear, "bias", None)
+        module = cls(weight_fp8, scale_inv(weight_scale), input_scale=input_scale, bias=bias, profile=profile,
+                     pad_m_to=pad_m_to, use_fast_accum=use_fast_accum, out_dtype=out_dtype, splitk=splitk,
+                     backend=backend)
+        module.register_buffer("weight_scale", weight_scale.reshape(()).clone())
+        return module
+
+    @classmethod
+    def from_fp8_state(cls, weight_fp8, *, weight_scale_inv=None, weight_scale=None, input_scale=None,
+                       input_scale_inv=None, bias=None, profile=None, pad_m_to=None, use_fast_accum=True,
+                       out_dtype=torch.bfloat16, splitk="auto", backend="auto"):
+        """Build the layer from TE-style FP8 state.
+
+        ``weight_fp8``: float8_e4m3fn [out_features, in_features]. Give exactly one of ``weight_scale_inv`` (what
+        TE stores with the FP8 weight and hands to the GEMM) or ``weight_scale`` (the multiplier that produced
+        ``weight_fp8``; its inverse is then ``fp32(1 / weight_scale)``). ``input_scale``: the multiplier used to
+        quantise inputs (None: current scaling per call); ``input_scale_inv`` overrides its inverse (default
+        ``fp32(1 / input_scale)``).
+        """
+        if (weight_scale_inv is None) == (weight_scale is None):
+            raise ValueError("give exactly one of weight_scale_inv= (TE's stored inverse) or weight_scale=")
+        if weight_scale_inv is None:
+            device = weight_fp8.device if isinstance(weight_fp8, torch.Tensor) else None
+            weight_scale = _fp32_scalar(weight_scale, "weight_scale", device)
+            weight_scale_inv = scale_inv(weight_scale)
+        module = cls(weight_fp8, weight_scale_inv, input_scale=input_scale, input_scale_inv=input_scale_inv,
+                     bias=bias, profile=profile, pad_m_to=pad_m_to, use_fast_accum=use_fast_accum,
+                     out_dtype=out_dtype, splitk=splitk, backend=backend)
+        if weight_scale is not None:
+            module.register_buffer("weight_scale", weight_scale.reshape(()).clone())
+        return module
+
+    # -- forward --------------------------------------------------------------------------------------------------
+
+    def _gemm_arguments(self, x):
+        """(x_fp8 [M_padded, K], M, leading shape, scale_a) for an input [..., in_features]."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"EmulatedFP8Linear expects a tensor, got {type(x).__name__}")
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"expected input [..., {self.in_features}], got shape {tuple(x.shape)}")
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise UnsupportedFeatureError(
+                "EmulatedFP8Linear is inference-only: the emulated FP8 GEMM has no backward. Call it under "
+                "torch.no_grad() / torch.inference_mode(), or pass x.detach()"
+            )
+        lead = tuple(x.shape[:-1])
+        x2 = x.detach().reshape(-1, self.in_features)
+        if self.input_scale is None:
+            s = amax_scale(x2, "e4m3")
+            s_inv = scale_inv(s)
+        else:
+            s, s_inv = self.input_scale, self.input_scale_inv
+        x_fp8 = quantize(x2, s, "e4m3")
+        M = x_fp8.shape[0]
+        if self.pad_m_to is not None and M % self.pad_m_to:
+            padded = -(-M // self.pad_m_to) * self.pad_m_to
+            zeros = torch.zeros((padded - M, self.in_features), dtype=x_fp8.dtype, device=x_fp8.device)
+            x_fp8 = torch.cat([x_fp8, zeros])
+        return x_fp8, M, lead, s_inv
+
+    def forward(self, x):
+        from .api import scaled_mm
+
+        x_fp8, M, lead, s_inv = self._gemm_arguments(x)
+        y = scaled_mm(x_fp8, self.weight.t(), s_inv, self.weight_scale_inv, out_dtype=self.out_dtype,
+                      use_fast_accum=self.use_fast_accum, profile=self.profile, splitk=self.splitk,
+                      backend=self.backend)
+        y = y[:M]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(lead + (self.out_features,))
+
+    def explain(self, x):
+        """The :class:`mmaemu.CallPlan` of the GEMM this layer would run for input ``x`` (nothing computed)."""
+        from .api import explain
+
+        x_fp8, _, _, s_inv = self._gemm_arguments(x)
+        return explain(x_fp8, self.weight.t(), s_inv, self.weight_scale_inv, out_dtype=self.out_dtype,
+                       use_fast_accum=self.use_fast_accum, profile=self.profile, splitk=self.splitk,
+                       backend=self.backend)
+
+    # -- module plumbing ------------------------------------------------------------------------------------------
+
+    def _apply(self, fn, recurse=True):
+        """Move buffers between devices but never change their dtypes (FP8 codes and fp32 scales are exact)."""
+        for name, buf in list(self._buffers.items()):
+            if buf is None:
+                continue
+            moved = fn(buf)
+            if moved.dtype != buf.dtype:
+                moved = buf.to(moved.device)
+            self._buffers[name] = moved
+        return self
+
+    def extra_repr(self):
+        scaling = "current (per call)" if self.input_scale is None else f"static {float(self.input_scale):g}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"profile={self.profile!r}, use_fast_accum={self.use_fast_accum}, "
+                f"out_dtype={str(self.out_dtype).replace('torch.', '')}, splitk={self.splitk!r}, "
+                f"pad_m_to={self.pad_m_to}, input_scaling={scaling}")
+
+
+def convert_linears(model, *, include=None, **options):
+    """Replace every ``torch.nn.Linear`` inside ``model`` (in place) by :meth:`EmulatedFP8Linear.from_linear`.
+
+    ``include``: optional predicate ``include(qualified_name, linear) -> bool`` choosing which layers to
+    convert; ``options`` are passed to ``from_linear`` (``profile``, ``pad_m_to``, ``out_dtype``, ...).
+    Returns ``model``. A bare ``nn.Linear`` given as ``model`` is returned converted.
+    """
+    if isinstance(model, torch.nn.Linear):
+        return EmulatedFP8Linear.from_linear(model, **options)
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            qualified = f"{parent_name}.{child_name}" if parent_name else child_name
+            if isinstance(child, torch.nn.Linear) and (include is None or include(qualified, child)):
+                setattr(parent, child_name, EmulatedFP8Linear.from_linear(child, **options))
+    return model

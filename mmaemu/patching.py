@@ -1,0 +1,324 @@
+"""``mmaemu.patch``: compute every ``torch._scaled_mm`` call with :func:`mmaemu.scaled_mm` for a while.
+
+Usage::
+
+    with mmaemu.patch(profile="ada") as log:
+        y = model(x)          # every torch._scaled_mm inside runs as mmaemu.scaled_mm(..., profile="ada")
+    print(log.summary())      # one record per call: shapes, dtypes, profile, split decision, backend
+
+    @mmaemu.patch(profile="hopper", splitk=1)
+    def run(model, x): ...
+
+What is replaced: the Python attribute ``torch._scaled_mm`` only, process-wide. While at least one patch block is
+open in any thread, every thread that calls ``torch._scaled_mm`` gets the emulation; when the last block closes
+(normally or through an exception) the original function object is put back. ``torch.ops.aten._scaled_mm`` is
+*not* touched (overriding an aten kernel in the dispatcher is global C++ state that cannot be restored safely),
+so code that calls the aten op directly, compiled graphs (``torch.compile``, TorchScript, CUDA graphs) and
+references taken before the block (``from torch import _scaled_mm``) still reach torch's kernel.
+
+Settings: ``profile``, ``splitk`` and ``backend`` have the meaning they have in :func:`mmaemu.scaled_mm`. An
+argument left at None is inherited from the enclosing block of the same thread (inner settings win; the outer
+ones apply again after the inner block closes), else it takes scaled_mm's default (``$MMAEMU_PROFILE`` or
+"hopper", ``splitk="auto"``, ``backend="auto"``). A thread that has no block of its own uses the settings of the
+most recently opened block still open in any thread.
+
+Log: every block keeps a :class:`PatchLog` (a list of :class:`PatchRecord`). A call is recorded in the log of every
+block open in the calling thread (so an outer block also lists the calls of its inner blocks, with the settings
+that computed them); a call from a thread without a block of its own goes to the log of the block whose settings
+it used. Failed calls are recorded too, with the error, and then re-raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import threading
+from typing import List, Optional, Tuple
+
+import torch
+
+__all__ = ["patch", "PatchRecord", "PatchLog", "is_patched", "original_scaled_mm"]
+
+_UNSET = None
+_DEFAULTS = {"profile": None, "splitk": "auto", "backend": "auto"}
+
+_lock = threading.RLock()
+_open: List["_Block"] = []  # every open block, all threads, in opening order
+_original = None  # torch._scaled_mm as found when the first block opened
+_local = threading.local()
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchRecord:
+    """One ``torch._scaled_mm`` call seen inside a patch block.
+
+    ``split`` is the :class:`mmaemu.SplitDecision` (None when nothing was computed: a zero-size result, an
+    unusable ``out=``, or a call that failed before the decision); ``S``, ``scheme`` and ``source`` are read from
+    it. ``error`` is "ExceptionClass: message" for a call that raised, else None.
+    """
+
+    input_shape: Tuple[int, ...]
+    mat2_shape: Tuple[int, ...]
+    input_dtype: str
+    mat2_dtype: str
+    out_dtype: Optional[str]
+    use_fast_accum: object
+    profile: Optional[str]
+    split: object
+    backend: str
+    device: str
+    thread: str
+    error: Optional[str] = None
+
+    @property
+    def S(self) -> Optional[int]:
+        return None if self.split is None else self.split.S
+
+    @property
+    def scheme(self) -> Optional[str]:
+        return None if self.split is None else self.split.scheme
+
+    @property
+    def source(self) -> Optional[str]:
+        return None if self.split is None else self.split.source
+
+    def line(self) -> str:
+        """A one-line description, as in :meth:`PatchLog.summary`."""
+        M = self.input_shape[0] if len(self.input_shape) == 2 else "?"
+        K = self.input_shape[1] if len(self.input_shape) == 2 else "?"
+        N = self.mat2_shape[1] if len(self.mat2_shape) == 2 else "?"
+        split = "-" if self.split is None else f"S={self.S} {self.scheme} ({self.source})"
+        text = (f"M={M} N={N} K={K} {self.input_dtype} x {self.mat2_dtype} -> {self.out_dtype} "
+                f"fast={self.use_fast_accum} profile={self.profile} split={split} backend={self.backend or '-'}")
+        return text + (f" ERROR {self.error}" if self.error else "")
+
+
+class PatchLog(list):
+    """The calls recorded by one patch block (a list of :class:`PatchRecord`)."""
+
+    def summary(self) -> str:
+        """One line per call."""
+        return "\n".join(f"{i}: {record.line()}" for i, record in enumerate(self))
+
+
+def _dtype_name(dtype) -> Optional[str]:
+    return None if dtype is None else str(dtype).replace("torch.", "")
+
+
+@dataclasses.dataclass(eq=False)
+class _Block:
+    """One open patch block: its effective settings, its log and its thread."""
+
+    profile: object
+    splitk: object
+    backend: object
+    log: PatchLog
+    thread: threading.Thread
+
+
+def _thread_stack() -> List[_Block]:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+def _effective_block() -> Tuple[Optional[_Block], List[_Block]]:
+    """(the block whose settings apply to a call from this thread, the blocks whose logs record it)."""
+    stack = _thread_stack()
+    if stack:
+        return stack[-1], list(stack)
+    with _lock:
+        block = _open[-1] if _open else None
+    return block, ([block] if block is not None else [])
+
+
+def original_scaled_mm():
+    """The ``torch._scaled_mm`` that is (or will be) restored: torch's own function, patched or not."""
+    with _lock:
+        return _original if _original is not None else torch._scaled_mm
+
+
+def is_patched() -> bool:
+    """True while at least one patch block is open (in any thread)."""
+    with _lock:
+        return bool(_open)
+
+
+def _compute(block: _Block, args, kwargs):
+    """mmaemu.scaled_mm on torch._scaled_mm's arguments, returning (result, plan or None)."""
+    from . import api
+    from .plan.planner import plan_scaled_mm
+
+    plan = plan_scaled_mm(*args, **kwargs, profile=block.profile, splitk=block.splitk, backend=block.backend)
+    call = plan.call
+    out = kwargs.get("out")
+    if plan.action == "out-unchanged":
+        return out, plan
+    if plan.action == "zeros":
+        zeros = torch.zeros((call.M, call.N), dtype=call.out_dtype, device=call.device)
+        return api._deliver(zeros, out), plan
+    acc = api._accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum)
+    return api._deliver(api._epilogue(acc, call), out), plan
+
+
+def _shape(t) -> Tuple[int, ...]:
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else ()
+
+
+def _record(block: _Block, args, kwargs, plan, error) -> PatchRecord:
+    input_, mat2 = (list(args) + [None, None])[:2]
+    out_dtype = kwargs.get("out_dtype")
+    if plan is not None:
+        out_dtype = plan.call.out_dtype
+    elif out_dtype is None and isinstance(kwargs.get("out"), torch.Tensor):
+        out_dtype = kwargs["out"].dtype
+    elif out_dtype is None and isinstance(input_, torch.Tensor):
+        out_dtype = input_.dtype
+    profile = block.profile
+    if plan is not None:
+        profile = plan.profile.name
+    else:
+        try:
+            from .platform.profiles import get_profile
+
+            profile = get_profile(profile).name
+        except Exception:  # the unknown profile is itself the recorded error
+            profile = str(profile)
+    return PatchRecord(
+        input_shape=_shape(input_), mat2_shape=_shape(mat2),
+        input_dtype=_dtype_name(getattr(input_, "dtype", None)), mat2_dtype=_dtype_name(getattr(mat2, "dtype", None)),
+        out_dtype=_dtype_name(out_dtype), use_fast_accum=kwargs.get("use_fast_accum", False), profile=profile,
+        split=None if plan is None else plan.split, backend="" if plan is None else plan.describe().backend,
+        device=str(getattr(input_, "device", "")), thread=threading.current_thread().name,
+        error=None if error is None else f"{type(error).__name__}: {error}")
+
+
+_PARAMS = ("input", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out_dtype", "use_fast_accum")
+
+
+def _patched_scaled_mm(*args, **kwargs):
+    """Stand-in for ``torch._scaled_mm`` while a patch block is open: mmaemu.scaled_mm with the block's settings."""
+    block, logs = _effective_block()
+    if block is None:  # called through a reference kept after every block closed
+        return original_scaled_mm()(*args, **kwargs)
+    if len(args) > len(_PARAMS):
+        raise TypeError(f"_scaled_mm() takes at most {len(_PARAMS)} positional arguments ({len(args)} given)")
+    named = dict(zip(_PARAMS, args))
+    if "self" in kwargs:  # torch's schema names the first argument "self"
+        kwargs["input"] = kwargs.pop("self")
+    for name in named:
+        if name in kwargs:
+            raise TypeError(f"_scaled_mm() got multiple values for argument '{name}'")
+    named.update(kwargs)
+    unknown = set(named) - set(_PARAMS) - {"out"}
+    if unknown:
+        raise TypeError(f"_scaled_mm() got unexpected keyword arguments {sorted(unknown)}")
+    for required in _PARAMS[:4]:
+        if required not in named:
+            raise TypeError(f"_scaled_mm() missing required argument '{required}'")
+    positional = [named.pop(name) for name in _PARAMS[:4]]
+    plan = error = None
+    try:
+        result, plan = _compute(block, positional, named)
+        return result
+    except Exception as exc:
+        error = exc
+        raise
+    finally:
+        record = _record(block, positional, named, plan, error)
+        with _lock:
+            for open_block in logs:
+                open_block.log.append(record)
+
+
+# `torch._scaled_mm.__name__` etc. for introspection; the signature is torch 2.7.1's.
+_patched_scaled_mm.__name__ = "_scaled_mm"
+_patched_scaled_mm.__qualname__ = "_scaled_mm"
+_patched_scaled_mm.__module__ = "mmaemu.patching"
+_patched_scaled_mm.__wrapped_by_mmaemu__ = True
+
+
+class patch(contextlib.ContextDecorator):
+    """Context manager and decorator: ``torch._scaled_mm`` calls are computed by :func:`mmaemu.scaled_mm`.
+
+    ``profile``, ``splitk``, ``backend``: as in scaled_mm; None inherits from the enclosing block of this thread,
+    else scaled_mm's default. ``with patch(...) as log`` gives the block's :class:`PatchLog`; the object's
+    ``log`` attribute is the log of its most recent block (for the decorator form: of the latest call).
+    Reentrant, nestable and thread-safe; see the module documentation for the process-wide effect.
+    """
+
+    def __init__(self, profile=_UNSET, splitk=_UNSET, backend=_UNSET):
+        if profile is not None:
+            from .platform.profiles import get_profile
+
+            get_profile(profile)  # unknown names fail here, not at the first call
+        if backend is not None:
+            from .backends import requested_backend
+
+            if not isinstance(backend, str):
+                raise TypeError(f"backend must be a string such as 'auto', 'cpu' or 'cuda', got "
+                                f"{type(backend).__name__}")
+            requested_backend(backend)
+        self.profile, self.splitk, self.backend = profile, splitk, backend
+        self.log = PatchLog()
+        self._entered = threading.local()
+
+    def _settings(self):
+        stack = _thread_stack()
+        outer = stack[-1] if stack else None
+        settings = {}
+        for name in ("profile", "splitk", "backend"):
+            mine = getattr(self, name)
+            if mine is not None:
+                settings[name] = mine
+            elif outer is not None:
+                settings[name] = getattr(outer, name)
+            else:
+                settings[name] = _DEFAULTS[name]
+        return settings
+
+    def __enter__(self) -> PatchLog:
+        global _original
+        block = _Block(**self._settings(), log=PatchLog(), thread=threading.current_thread())
+        with _lock:
+            if not _open:
+                if torch._scaled_mm is not _patched_scaled_mm:  # else: a block of ours never closed (see __exit__)
+                    _original = torch._scaled_mm
+                torch._scaled_mm = _patched_scaled_mm
+            _open.append(block)
+        _thread_stack().append(block)
+        entered = getattr(self._entered, "blocks", None)
+        if entered is None:
+            entered = self._entered.blocks = []
+        entered.append(block)
+        self.log = block.log
+        return block.log
+
+    def __exit__(self, exc_type, exc, tb):
+        block = self._entered.blocks.pop()
+        stack = _thread_stack()
+        if block in stack:
+            stack.remove(block)
+        with _lock:
+            for i, other in enumerate(_open):
+                if other is block:
+                    del _open[i]
+                    break
+            if not _open and torch._scaled_mm is _patched_scaled_mm:
+                # Restore torch's function, unless someone replaced ours meanwhile (then theirs stays, and ours,
+                # if they call it, falls through to the original because no block is open).
+                torch._scaled_mm = _original
+        return False
+
+    def __call__(self, func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            with self:
+                return func(*args, **kwargs)
+
+        return wrapper
+
+    def __repr__(self):
+        return f"mmaemu.patch(profile={self.profile!r}, splitk={self.splitk!r}, backend={self.backend!r})"

@@ -1,0 +1,268 @@
+"""Per-tensor FP8 quantisation as Transformer Engine computes it: the bits of TE's cast and of its scaling factors.
+
+TE (delayed and current per-tensor scaling) quantises a tensor ``x`` with an fp32 *scale* ``s`` as
+
+1. ``y = fp32(x) * s`` — one IEEE fp32 multiplication (bf16/fp16/fp32 inputs convert to fp32 exactly);
+2. ``q = cvt_satfinite_rn(y)`` — round to nearest, ties to even, into E4M3 or E5M2, *saturating*: a finite or
+   infinite ``|y|`` beyond the format's largest value gives ±448 (E4M3) or ±57344 (E5M2); NaN gives the NaN code
+   0x7F (sign dropped). Subnormal FP8 results are kept (gradual underflow); a negative value that rounds to zero
+   gives the negative-zero code 0x80.
+
+Step 2 equals "clamp ``y`` to [-max, max], then round to nearest even" for every finite and infinite ``y``.
+The GEMM then receives the *inverse* scale ``scale_inv = fp32(1 / s)`` (one correctly rounded fp32 division),
+which is what TE stores next to the FP8 data and hands to cuBLASLt as the A/B scale.
+
+The scaling factors (:func:`scale_from_amax`) follow TE's two per-tensor recipes:
+
+* ``recipe="delayed"`` (``DelayedScaling``; kernel ``delayed_scaling.cu``): ``s = (fp8_max * 2**-margin) / amax``
+  in fp32 when amax is finite and > 0, else the previous scale is kept (1.0 initially); an amax so small that
+  the quotient overflows gives the largest fp32 value (as current TE sources guard it; earlier
+  releases kept ``inf``).
+* ``recipe="current"`` (``Float8CurrentScaling``; ``compute_scale_from_amax`` in ``recipe_common.cuh``): amax
+  below ``epsilon`` is raised to it; amax of 0, ±inf or NaN gives ``s = 1``; otherwise ``s = fp8_max / amax``
+  in fp32, an overflow to inf gives the largest fp32 value; optionally rounded down to a power of two. TE's
+  current scaling has no margin.
+
+The amax itself (:func:`compute_amax`) is TE's ``max |x|`` reduction: NaN elements are ignored (``fmaxf``),
+infinities are kept, and an empty tensor has amax 0.
+
+Assumptions about Transformer Engine, beyond the TE sources named above (see docs/limitations.md): TE is built
+without ``--use_fast_math`` (its default), so ``x * s`` and ``1 / s`` are IEEE operations; the hardware
+conversion ``cvt.rn.satfinite`` (sm_90) returns 0x7F for every NaN as the ``cuda_fp8.hpp`` software path
+(used on sm_89) does.
+
+Everything here is computed with exact IEEE fp32 operations and integer bit manipulation, on the tensor's own
+device; torch's own float8 casts are only used for values that are exactly representable (no rounding involved).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+import torch
+
+from . import formats
+
+__all__ = [
+    "FP8_MAX",
+    "quantize",
+    "quantize_e4m3",
+    "quantize_e5m2",
+    "dequantize",
+    "compute_amax",
+    "scale_from_amax",
+    "amax_scale",
+    "scale_inv",
+]
+
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_FLT_MAX = float(np.finfo(np.float32).max)
+RECIPES = ("delayed", "current")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scalars: fp32 values held as Python floats or one-element fp32 tensors
+
+
+def _fmt(fmt) -> str:
+    if fmt in FP8_MAX:
+        return fmt
+    try:
+        return formats.fmt_of(fmt)
+    except ValueError:
+        raise ValueError(f"fmt must be 'e4m3' or 'e5m2' (or the matching torch float8 dtype), got {fmt!r}") from None
+
+
+def _f32(value) -> np.float32:
+    """An fp32 scalar from a Python/numpy number (rounded to nearest even) or a one-element fp32 tensor."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"expected a one-element tensor, got shape {tuple(value.shape)}")
+        if value.dtype != torch.float32:
+            raise TypeError(f"scales and amax values are fp32 in Transformer Engine; got a {value.dtype} tensor "
+                            "(convert it with .float() if that rounding is intended)")
+        return np.float32(value.detach().reshape(()).cpu().item())
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
+        raise TypeError(f"expected a real number or a one-element fp32 tensor, got {type(value).__name__}")
+    return np.float32(value)
+
+
+def _like(value: np.float32, template):
+    """Return an fp32 result in the kind of ``template``: a 0-dim fp32 tensor on its device, else a float."""
+    if isinstance(template, torch.Tensor):
+        return torch.tensor(float(value), dtype=torch.float32, device=template.device)
+    return float(value)
+
+
+def _div(a: np.float32, b: np.float32) -> np.float32:
+    """One IEEE fp32 division (inf/NaN results allowed, no warnings)."""
+    with np.errstate(all="ignore"):
+        return np.float32(a) / np.float32(b)
+
+
+def scale_inv(scale):
+    """TE's inverse scale: ``1 / scale`` as one correctly rounded fp32 division.
+
+    ``scale``: a number (taken as fp32) or a one-element fp32 tensor; the result has the same kind (a 0-dim fp32
+    tensor on the same device, or a float). This is the value TE stores as ``scale_inv`` and passes to the GEMM,
+    i.e. the ``scale_a`` / ``scale_b`` of :func:`mmaemu.scaled_mm`.
+    """
+    return _like(_div(np.float32(1.0), _f32(scale)), scale)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# amax and scaling factors
+
+
+def compute_amax(x):
+    """TE's per-tensor amax: ``max |x|`` over all elements, NaN elements ignored, 0 for an empty tensor.
+
+    Returns a 0-dim fp32 tensor on ``x``'s device (exact: the maximum of bf16/fp16/fp32 magnitudes).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"compute_amax: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"compute_amax: expected a floating-point tensor, got {x.dtype}")
+    x = x.detach()
+    if x.numel() == 0:
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    magnitude = x.abs()
+    magnitude = torch.where(torch.isnan(magnitude), torch.zeros((), dtype=x.dtype, device=x.device), magnitude)
+    return magnitude.max().to(torch.float32)
+
+
+def _check_margin(margin) -> int:
+    if isinstance(margin, bool) or not isinstance(margin, (numbers.Integral, np.integer)):
+        if isinstance(margin, numbers.Real) and float(margin).is_integer():
+            return int(margin)
+        raise ValueError(f"margin must be an integer (a power-of-two headroom), got {margin!r}")
+    return int(margin)
+
+
+def scale_from_amax(amax, fmt="e4m3", margin=0, *, recipe="delayed", previous_scale=1.0, epsilon=0.0,
+                    power_2=False):
+    """TE's fp32 scaling factor for a tensor whose amax is ``amax`` (see the module docstring for the rules).
+
+    ``recipe="delayed"``: ``(fp8_max * 2**-margin) / amax`` when amax is finite and > 0, else ``previous_scale``
+    (TE keeps the old scale; 1.0 at the start); an infinite result becomes the largest fp32 value.
+    ``recipe="current"``: amax < ``epsilon`` → epsilon; amax 0, inf or
+    NaN → 1.0; else ``fp8_max / amax`` with an inf result replaced by the largest fp32 value; ``power_2`` keeps
+    only the exponent bits (TE's ``force_pow_2_scales``). ``margin`` must be an integer and is only meaningful
+    for the delayed recipe (TE's current scaling has none: a nonzero margin there raises ValueError).
+
+    ``amax``: a number or a one-element fp32 tensor; the result is of the same kind.
+    """
+    fmt = _fmt(fmt)
+    margin = _check_margin(margin)
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
+    a = _f32(amax)
+    fp8_max = np.float32(FP8_MAX[fmt])
+    if recipe == "delayed":
+        if epsilon != 0.0 or power_2:
+            raise ValueError("epsilon and power_2 belong to TE's current scaling (recipe='current')")
+        scaled_max = np.float32(fp8_max * np.float32(2.0 ** -margin))
+        if math.isfinite(a) and a > 0:
+            scale = _div(scaled_max, a)
+        else:
+            scale = _f32(previous_scale)
+        if math.isinf(scale):
+            scale = np.float32(_FLT_MAX)
+        return _like(scale, amax)
+    if margin != 0:
+        raise ValueError("TE's current scaling (recipe='current') has no margin; use margin=0 or recipe='delayed'")
+    eps = _f32(epsilon)
+    if a < eps:
+        a = eps
+    if math.isinf(a) or a == 0 or math.isnan(a):
+        return _like(np.float32(1.0), amax)
+    scale = _div(fp8_max, a)
+    if math.isinf(scale):
+        scale = np.float32(_FLT_MAX)
+    if power_2:
+        bits = np.array([scale], dtype=np.float32).view(np.uint32) & np.uint32(0xFF800000)
+        scale = bits.view(np.float32)[0]
+    return _like(scale, amax)
+
+
+def amax_scale(x, fmt="e4m3", margin=0, *, recipe="current", previous_scale=1.0, epsilon=0.0, power_2=False):
+    """The scaling factor TE derives from this tensor's own amax: ``scale_from_amax(compute_amax(x), ...)``.
+
+    Default ``recipe="current"`` (TE's current scaling, what a per-call input scale is); ``recipe="delayed"``
+    with ``margin`` gives the delayed-scaling factor for an amax history whose maximum is this tensor's amax.
+    Returns a 0-dim fp32 tensor on ``x``'s device.
+    """
+    return scale_from_amax(compute_amax(x), fmt, margin, recipe=recipe, previous_scale=previous_scale,
+                           epsilon=epsilon, power_2=power_2)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The cast
+
+
+def _scale_tensor(scale, device) -> torch.Tensor:
+    return torch.tensor(float(_f32(scale)), dtype=torch.float32, device=device)
+
+
+def quantize(x, scale, fmt="e4m3"):
+    """TE's per-tensor cast of ``x`` (fp32, bf16 or fp16) with the fp32 multiplier ``scale`` into ``fmt``.
+
+    Computes ``fp32(x) * scale`` (one fp32 multiplication), clamps to ±448 (E4M3) / ±57344 (E5M2) and rounds to
+    nearest even into the FP8 format; NaN → 0x7F. ``scale`` is TE's *scale* (the multiplier, e.g. from
+    :func:`amax_scale`), not its inverse; a Python number is first rounded to fp32. Returns a float8 tensor of
+    ``x``'s shape on ``x``'s device.
+    """
+    fmt = _fmt(fmt)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"quantize: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _INPUT_DTYPES:
+        raise TypeError(f"quantize: Transformer Engine casts float32, bfloat16 or float16 tensors; got {x.dtype}")
+    x = x.detach()
+    if x.device.type == "cpu":
+        from .plan.flush import check_no_flush_to_zero
+
+        check_no_flush_to_zero()
+    y = x.to(torch.float32) * _scale_tensor(scale, x.device)
+    return _round_to_fp8(y, fmt)
+
+
+def _round_to_fp8(y: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Saturating round-to-nearest-even of fp32 values into an FP8 format (exact integer/power-of-two steps)."""
+    fp8_max = FP8_MAX[fmt]
+    mbits = formats.MANT_BITS[fmt]
+    emin = formats.EMIN[fmt]
+    y = torch.clamp(y, -fp8_max, fp8_max)  # NaN passes through; +-inf becomes +-max
+    # Alignment exponent of each value, read from the fp32 exponent field (fp32 subnormals and zeros clamp to emin).
+    exponent = ((y.view(torch.int32) >> 23) & 0xFF) - 127
+    exponent = torch.clamp(exponent, min=emin, max=15)  # 15: above every finite clamped value; NaN lands here
+    # 2**(mbits - exponent) and its inverse, built from their fp32 bit patterns (exact powers of two).
+    up = ((mbits - exponent + 127) << 23).to(torch.int32).view(torch.float32)
+    down = ((exponent - mbits + 127) << 23).to(torch.int32).view(torch.float32)
+    rounded = torch.round(y * up) * down  # torch.round is round-half-to-even; every step here is exact
+    codes = rounded.to(formats.DTYPE_OF[fmt]).view(torch.uint8)  # exactly representable: no rounding in the cast
+    codes = torch.where(torch.isnan(y), torch.full_like(codes, formats.CANONICAL_NAN_BITS["float8_e4m3fn"]), codes)
+    return codes.view(formats.DTYPE_OF[fmt])
+
+
+def quantize_e4m3(x, scale):
+    """``quantize(x, scale, "e4m3")``: TE's E4M3 cast (saturating at ±448, round to nearest even, NaN → 0x7F)."""
+    return quantize(x, scale, "e4m3")
+
+
+def quantize_e5m2(x, scale):
+    """``quantize(x, scale, "e5m2")``: TE's E5M2 cast (saturating at ±57344, round to nearest even, NaN → 0x7F)."""
+    return quantize(x, scale, "e5m2")
+
+
+def dequantize(q, scale_inv, dtype=torch.float32):
+    """TE's dequantisation: ``fp32(q) * scale_inv`` (one fp32 multiplication), then converted to ``dtype``.
+
+    ``scale_inv`` is the inverse scale (as stored by TE), a number or a one-element fp32 tensor.
+    """
+    if not isinstance(q, torch.Tensor) or not formats.is_fp8_dtype(q.dtype):
+        raise TypeError("dequantize: expected a float8_e4m3fn or float8_e5m2 tensor")
+    y = q.detach().to(torch.float32) * _scale_tensor(scale_inv, q.device)
+    return y.to(dtype)

@@ -1,0 +1,214 @@
+"""Transformer Engine's per-tensor quantisation (mmaemu.quantize): the cast, amax and the scaling factors.
+
+Oracles: torch's own float32 -> float8 casts where they agree with TE's saturating cast (values inside the
+format's range), the 256 codes of each format, and edge cases worked out by hand (ties, subnormals, saturation,
+NaN, the fp32 rounding of x * scale).
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import mmaemu
+from mmaemu.quantize import (
+    FP8_MAX,
+    amax_scale,
+    compute_amax,
+    dequantize,
+    quantize,
+    quantize_e4m3,
+    quantize_e5m2,
+    scale_from_amax,
+    scale_inv,
+)
+
+DTYPE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FLT_MAX = float(np.finfo(np.float32).max)
+INF, NAN = float("inf"), float("nan")
+
+
+def codes(q):
+    return q.view(torch.uint8).tolist()
+
+
+def f32(value):
+    return float(np.float32(value))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The cast
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_in_range_values_match_torch_cast(fmt, dtype):
+    g = torch.Generator().manual_seed(7)
+    n = 50_000
+    magnitude = torch.exp2(torch.randint(-28, 16, (n,), generator=g).float())
+    x = (torch.randn(n, generator=g) * magnitude).clamp(-FP8_MAX[fmt], FP8_MAX[fmt]).to(dtype)
+    x = x[torch.isfinite(x)]
+    expected = x.float().to(DTYPE[fmt])  # in range, torch's cast is RNE like TE's
+    assert torch.equal(quantize(x, 1.0, fmt).view(torch.uint8), expected.view(torch.uint8))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_every_code_round_trips(fmt):
+    all_codes = torch.arange(256, dtype=torch.uint8)
+    values = all_codes.view(DTYPE[fmt]).float()
+    got = quantize(values, 1.0, fmt).view(torch.uint8)
+    finite = torch.isfinite(values)
+    assert torch.equal(got[finite], all_codes[finite])
+    assert set(got[torch.isnan(values)].tolist()) == {0x7F}
+    if fmt == "e5m2":  # +-inf saturates to +-57344
+        assert got[values == INF].tolist() == [0x7B] and got[values == -INF].tolist() == [0xFB]
+
+
+def test_e4m3_hand_checked_cases():
+    cases = [
+        (1.0625, 0x38),         # tie between 1 (0x38) and 1.125 (0x39): to even
+        (1.1875, 0x3A),         # tie between 1.125 and 1.25: to even (0x3A)
+        (-1.0625, 0xB8),
+        (2.0 ** -10, 0x00),     # half the smallest subnormal: tie to zero
+        (-(2.0 ** -10), 0x80),  # ... keeping the sign
+        (3 * 2.0 ** -10, 0x02),  # 1.5 x 2^-9: tie between 0x01 and 0x02 -> even
+        (5 * 2.0 ** -10, 0x02),  # 2.5 x 2^-9 -> 0x02
+        (2.0 ** -9, 0x01),
+        (-0.0, 0x80),
+        (0.0, 0x00),
+        (448.0, 0x7E),
+        (464.0, 0x7E),          # tie between 448 and the (non-existent) 480: saturates
+        (470.0, 0x7E),          # torch 2.7.1's own cast would give NaN here; TE saturates
+        (1e30, 0x7E),
+        (INF, 0x7E),
+        (-INF, 0xFE),
+        (NAN, 0x7F),
+        (-NAN, 0x7F),           # canonical NaN, sign dropped
+        (1e-45, 0x00),          # fp32 subnormal input
+    ]
+    x = torch.tensor([v for v, _ in cases], dtype=torch.float32)
+    assert codes(quantize_e4m3(x, 1.0)) == [c for _, c in cases]
+
+
+def test_e5m2_hand_checked_cases():
+    cases = [
+        (57344.0, 0x7B), (61440.0, 0x7B), (1e10, 0x7B), (INF, 0x7B), (-INF, 0xFB), (NAN, 0x7F),
+        (2.0 ** -16, 0x01), (2.0 ** -17, 0x00), (3 * 2.0 ** -17, 0x02), (-(2.0 ** -17), 0x80),
+        (1.125, 0x3C),  # tie between 1 (0x3C) and 1.25 (0x3D): even
+        (1.375, 0x3E),  # tie between 1.25 (0x3D) and 1.5 (0x3E): even
+    ]
+    x = torch.tensor([v for v, _ in cases], dtype=torch.float32)
+    assert codes(quantize_e5m2(x, 1.0)) == [c for _, c in cases]
+
+
+def test_the_scale_multiplication_is_rounded_to_fp32_first():
+    # x * s = 1.0625 + 2^-27 - 2^-46 exactly: a single rounding to E4M3 would give 1.125 (0x39), but TE rounds
+    # the product to fp32 first (1.0625, a tie) and then to even: 1.0 (0x38).
+    x = torch.tensor([1 + 2.0 ** -23])
+    s = 1.0625 - 2.0 ** -23
+    assert f32(float(x) * s) == 1.0625
+    assert codes(quantize_e4m3(x, s)) == [0x38]
+    # Saturation applies to the scaled value.
+    assert codes(quantize_e4m3(torch.tensor([1.0, -1.0, 0.5]), 600.0)) == [0x7E, 0xFE, 0x79]  # 300 -> 288
+
+
+def test_python_scales_are_rounded_to_fp32_and_tensors_must_be_fp32():
+    x = torch.tensor([1.0])
+    assert codes(quantize_e4m3(x, 0.1)) == codes(quantize_e4m3(x, torch.tensor(0.1)))
+    with pytest.raises(TypeError, match="fp32"):
+        quantize_e4m3(x, torch.tensor(0.1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="one-element"):
+        quantize_e4m3(x, torch.ones(2))
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
+        quantize_e4m3(x.double(), 1.0)
+    with pytest.raises(ValueError, match="fmt"):
+        quantize(x, 1.0, "e3m4")
+
+
+def test_shape_device_and_dtype_are_kept():
+    x = torch.randn(2, 3, 5, dtype=torch.bfloat16)
+    q = quantize(x, 3.0, torch.float8_e5m2)
+    assert q.shape == x.shape and q.dtype == torch.float8_e5m2 and q.device == x.device
+    assert not quantize_e4m3(x.requires_grad_() if x.is_floating_point() else x, 1.0).requires_grad
+
+
+def test_dequantize_multiplies_by_the_inverse_scale_in_fp32():
+    q = quantize_e4m3(torch.tensor([1.0, -2.5, 448.0]), 1.0)
+    assert dequantize(q, 0.5).tolist() == [0.5, -1.25, 224.0]
+    assert dequantize(q, 2.0, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_top_level_names():
+    assert mmaemu.quantize_e4m3 is quantize_e4m3 and mmaemu.quantize_e5m2 is quantize_e5m2
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# amax and scaling factors
+
+
+def test_amax_ignores_nan_keeps_inf_and_is_zero_when_empty():
+    assert float(compute_amax(torch.tensor([1.0, -3.0, NAN, 2.0]))) == 3.0
+    assert float(compute_amax(torch.tensor([1.0, -INF]))) == INF
+    assert float(compute_amax(torch.tensor([NAN, NAN]))) == 0.0
+    assert float(compute_amax(torch.empty(0, 4))) == 0.0
+    amax = compute_amax(torch.tensor([-0.5], dtype=torch.bfloat16))
+    assert amax.dtype == torch.float32 and amax.shape == () and float(amax) == 0.5
+
+
+def test_delayed_scaling_factor():
+    assert scale_from_amax(3.0) == f32(np.float32(448.0) / np.float32(3.0))
+    assert scale_from_amax(3.0, "e5m2") == f32(np.float32(57344.0) / np.float32(3.0))
+    assert scale_from_amax(3.0, margin=2) == f32(np.float32(112.0) / np.float32(3.0))
+    # amax 0 or non-finite: TE keeps the previous scale (1.0 at the start)
+    for amax in (0.0, INF, NAN, -1.0):
+        assert scale_from_amax(amax) == 1.0
+        assert scale_from_amax(amax, previous_scale=7.5) == 7.5
+    assert scale_from_amax(1e-40) == FLT_MAX  # TE 2.x guards the overflow
+    assert scale_from_amax(torch.tensor(2.0)).dtype == torch.float32
+
+
+def test_current_scaling_factor():
+    assert scale_from_amax(3.0, recipe="current") == scale_from_amax(3.0)
+    for amax in (0.0, INF, NAN):
+        assert scale_from_amax(amax, recipe="current") == 1.0
+    assert scale_from_amax(1e-40, recipe="current") == FLT_MAX
+    assert scale_from_amax(0.0, recipe="current", epsilon=0.5) == 896.0
+    assert scale_from_amax(3.0, recipe="current", power_2=True) == 128.0  # 149.33 -> 2^7
+    with pytest.raises(ValueError, match="no margin"):
+        scale_from_amax(3.0, margin=1, recipe="current")
+    with pytest.raises(ValueError, match="integer"):
+        scale_from_amax(3.0, margin=0.5)
+    with pytest.raises(ValueError, match="recipe"):
+        scale_from_amax(3.0, recipe="mxfp8")
+
+
+def test_amax_scale_of_a_tensor():
+    x = torch.tensor([[0.25, -7.0], [NAN, 1.0]])
+    s = amax_scale(x)
+    assert s.dtype == torch.float32 and s.shape == () and float(s) == 64.0
+    assert float(amax_scale(x, "e5m2", 1, recipe="delayed")) == f32(np.float32(28672.0) / np.float32(7.0))
+    assert float(amax_scale(torch.zeros(3))) == 1.0
+
+
+def test_scale_inv_is_one_correctly_rounded_division():
+    g = torch.Generator().manual_seed(3)
+    scales = torch.exp2(torch.randn(2000, generator=g) * 20)
+    expected = torch.tensor([1.0 / float(s) for s in scales.double()], dtype=torch.float64).float()
+    got = torch.stack([scale_inv(s) for s in scales])
+    assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
+    assert scale_inv(448.0 / 3.0) == f32(np.float32(1.0) / np.float32(448.0 / 3.0))
+    assert scale_inv(0.0) == INF and scale_inv(INF) == 0.0
+    assert isinstance(scale_inv(2.0), float) and isinstance(scale_inv(torch.tensor(2.0)), torch.Tensor)
+
+
+def test_te_style_round_trip_error_is_within_half_an_fp8_step():
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(4096, generator=g) * 5
+    s = amax_scale(x)
+    back = dequantize(quantize_e4m3(x, s), scale_inv(s))
+    # relative step of E4M3 normals is 2^-3; half of it bounds the error (plus fp32 noise)
+    normal = (x.abs() * float(s)) >= 2.0 ** -6
+    rel = ((back - x).abs() / x.abs())[normal]
+    assert float(rel.max()) <= 2.0 ** -4 * (1 + 1e-6)
+    assert math.isclose(float(back.abs().max()), float(x.abs().max()), rel_tol=1e-6)
