@@ -40,8 +40,7 @@ _EXPORTS = {
     "BackendFallbackWarning": "errors",
 }
 _SUBMODULES = ("model", "platform", "backends", "testing", "formats", "api", "errors", "nn", "quantize", "patching",
-               "cpu", "cuda", "arith",
-               "plan")
+               "cpu", "cuda", "arith", "plan")
 
 __all__ = ["__version__"] + sorted(_EXPORTS) + list(_SUBMODULES)
 
