@@ -48,7 +48,18 @@ def _scale_bits(scale) -> int:
 
 
 def _epilogue(acc: torch.Tensor, call) -> torch.Tensor:
-    """Output tensor of the epilogue (semantics.md (e)) on the accumulator's device."""
+    """Output tensor of the epilogue (semantics.md (e)) on the accumulator's device.
+
+    An accumulator computed by a CUDA kernel gets the CUDA epilogue kernel (same arithmetic, validated on the
+    device), so the result never leaves the device; otherwise (a CPU engine computed the accumulator, or that
+    kernel is not validated there) the CPU epilogue computes and the result is copied to the accumulator's device.
+    """
+    if acc.device.type == "cuda":
+        from . import cuda as cuda_backend
+
+        result = cuda_backend.epilogue(acc, call.scale_a, call.scale_b, call.scale_result, call.out_dtype)
+        if result is not None:
+            return result
     from .cpu import epilogue_codes
 
     out_name = str(call.out_dtype).replace("torch.", "")

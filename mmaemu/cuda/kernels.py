@@ -1,0 +1,358 @@
+"""The ``@cuda.jit`` kernels of mmaemu: thin launch shells around the arithmetic of :mod:`mmaemu.arith`.
+
+No arithmetic is written here: every output is computed by the same ``@njit`` functions the CPU loops run
+(:func:`mmaemu.arith.schedule.accumulate_one`, or the chain functions of :mod:`mmaemu.arith.chain` for the
+tiled kernel), the NaN/Inf rule by :func:`mmaemu.arith.special.nonfinite_accumulator` and the epilogue by
+:func:`mmaemu.arith.epilogue.epilogue_one`. Those functions use integers and correctly rounded fp32 adds only;
+the kernels are compiled without fast-math (no flush-to-zero, IEEE division and square root; no fused
+multiply-add appears in their PTX, see ``tests/test_cuda_sim.py``).
+
+Kernels (operands decoded on the device: significands int8 [rows, K], alignment exponents int16 [rows, K]):
+
+* :func:`gemm_simple` - one thread per output calls ``accumulate_one`` on the output's row of A and row of B in
+  global memory (any K, any schedule, any preset);
+* :func:`gemm_tiled` - a 16 x 16 thread block stages the decoded rows of its 16 rows of A and 16 rows of B through
+  shared memory, 128 k at a time, and each thread walks its output's schedule over the staged chunks with the
+  chain functions, carrying the exact chain state from chunk to chunk. The walk is the one of
+  ``accumulate_one`` / ``split_partial`` / ``chain_over_tiles`` (same tiles from ``split_tiles``, same chain
+  ranges, same fp32 adds in the same order); it is checked against ``accumulate_one`` by the self-test before
+  the kernel is used on a device and by the simulator tests in CI;
+* :func:`override_nonfinite` - the NaN/Inf rule on every output whose row of A or of B holds a non-finite code;
+* :func:`epilogue` - the scaled_mm epilogue (semantics.md (e)) from the fp32 accumulators and the scales' bits.
+
+Importing this module imports ``numba.cuda`` (no driver call); launching compiles on first use.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from numba import cuda, int8, int16
+
+from .. import formats
+from ..arith import chain as _chain
+from ..arith import epilogue as _epilogue
+from ..arith import rounding as _rounding
+from ..arith import schedule as _schedule
+from ..arith import special as _special
+from ..arith.block import NO_LEAD
+from . import shim
+
+shim.install_builtin_minmax()
+
+accumulate_one = shim.device(_schedule.accumulate_one)
+split_tiles = shim.device(_schedule.split_tiles)
+chain_early = shim.device(_chain.chain_early)
+chain_late = shim.device(_chain.chain_late)
+exact_to_float32 = shim.device(_chain.exact_to_float32)
+nonfinite_accumulator = shim.device(_special.nonfinite_accumulator)
+epilogue_one = shim.device(_epilogue.epilogue_one)
+scale_product = shim.device(_epilogue.scale_product)
+value_of_bits = shim.device(_rounding.value_of_bits)
+
+FINITE = _special.FINITE
+FLOAT32 = _rounding.FLOAT32
+ABSENT_EXP = formats.ABSENT_EXP
+
+# Launch geometry. The tiled kernel's chunk (CHUNK k per stage) must be a multiple of the preset's nfma so that no
+# block straddles two chunks; rows are padded so that the 16 rows a warp reads at one k lie in distinct banks.
+BLOCK = 16
+TILE_M = 16
+TILE_N = 16
+THREADS = TILE_M * TILE_N
+CHUNK = 128
+PAD8 = CHUNK + 4  # int8 rows of 132 bytes = 33 words
+PAD16 = CHUNK + 2  # int16 rows of 260 bytes = 65 words
+SCHEDULE_FIELDS = ("tile", "splits", "interleaved", "chain_tiles", "pairwise", "padded")
+MAX_GRID_Y = 65535
+EPILOGUE_THREADS = 256
+
+
+def tiled_chunk(nfma: int) -> int:
+    """k per stage of the tiled kernel for a preset's block length (0 if the kernel cannot run it)."""
+    if nfma < 1 or nfma > CHUNK:
+        return 0
+    return (CHUNK // nfma) * nfma
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# GEMM kernels
+
+
+@cuda.jit(fastmath=False)
+def gemm_simple(sa, ea, sb, eb, schedule, params, out):
+    """out[m, n] = accumulate_one(row m of A, row n of B): one thread per output."""
+    n, m = cuda.grid(2)
+    if m < out.shape[0] and n < out.shape[1]:
+        out[m, n] = accumulate_one(sa[m], ea[m], sb[n], eb[n], sa.shape[1], schedule, params)
+
+
+@cuda.jit(device=True, fastmath=False)
+def _stage(sa, ea, sb, eb, m0, n0, c0, valid, sh_sa, sh_ea, sh_sb, sh_eb):
+    """Copy k in [c0, c0 + valid) of the block's rows of A and B into shared memory (absent past M or N)."""
+    t = cuda.threadIdx.y * TILE_N + cuda.threadIdx.x
+    cuda.syncthreads()  # every thread is done with the previous chunk
+    for idx in range(t, TILE_M * valid, THREADS):
+        r = idx // valid
+        j = idx - r * valid
+        if m0 + r < sa.shape[0]:
+            sh_sa[r, j] = sa[m0 + r, c0 + j]
+            sh_ea[r, j] = ea[m0 + r, c0 + j]
+        else:
+            sh_sa[r, j] = 0
+            sh_ea[r, j] = ABSENT_EXP
+    for idx in range(t, TILE_N * valid, THREADS):
+        r = idx // valid
+        j = idx - r * valid
+        if n0 + r < sb.shape[0]:
+            sh_sb[r, j] = sb[n0 + r, c0 + j]
+            sh_eb[r, j] = eb[n0 + r, c0 + j]
+        else:
+            sh_sb[r, j] = 0
+            sh_eb[r, j] = ABSENT_EXP
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True, fastmath=False)
+def _chain_streamed(sa, ea, sb, eb, m0, n0, K, first, stride, count, tile, padded, params, chunk, active,
+                    sh_sa, sh_ea, sh_sb, sh_eb):
+    """``chain_over_tiles`` with the operands staged chunk by chunk; the same ranges, blocks and state."""
+    ty = cuda.threadIdx.y
+    tx = cuda.threadIdx.x
+    late_c = params[6]
+    n_ranges = 1 if stride == 1 else count
+    span = count * tile if stride == 1 else tile
+    c = np.float32(0.0)
+    sig, exp, lead = 0, 0, NO_LEAD
+    for i in range(n_ranges):
+        k0 = (first + i * stride) * tile
+        k1 = k0 + span if padded else min(k0 + span, K)
+        c0 = k0
+        while c0 < k1:
+            c1 = min(c0 + chunk, k1)
+            valid = max(0, min(c1, K) - c0)
+            if valid > 0:
+                _stage(sa, ea, sb, eb, m0, n0, c0, valid, sh_sa, sh_ea, sh_sb, sh_eb)
+            if active:
+                # Chunk-local indices: blocks start at multiples of nfma from the range start (chunk is a
+                # multiple of nfma) and stop at the staged length, exactly where the global walk stops at K.
+                if late_c:
+                    c = chain_late(sh_sa[ty, :valid], sh_ea[ty, :valid], sh_sb[tx, :valid], sh_eb[tx, :valid],
+                                   0, c1 - c0, c, params)
+                else:
+                    sig, exp, lead = chain_early(sh_sa[ty, :valid], sh_ea[ty, :valid], sh_sb[tx, :valid],
+                                                 sh_eb[tx, :valid], 0, c1 - c0, sig, exp, lead, params)
+            c0 = c1
+    if late_c:
+        return c
+    return exact_to_float32(sig, exp)
+
+
+@cuda.jit(device=True, fastmath=False)
+def _partial_streamed(sa, ea, sb, eb, m0, n0, K, s, schedule, params, chunk, active, sh_sa, sh_ea, sh_sb, sh_eb):
+    """``split_partial`` over staged chunks: the chains of split s, added in increasing k from +0."""
+    tile = schedule[0]
+    chain_tiles = schedule[3]
+    padded = schedule[5]
+    first, stride, count = split_tiles(K, s, schedule)
+    partial = np.float32(0.0)
+    done = 0
+    while done < count:
+        n = count - done if chain_tiles == 0 else min(chain_tiles, count - done)
+        value = _chain_streamed(sa, ea, sb, eb, m0, n0, K, first + done * stride, stride, n, tile, padded, params,
+                                chunk, active, sh_sa, sh_ea, sh_sb, sh_eb)
+        partial = np.float32(partial + value)
+        done += n
+    return partial
+
+
+@cuda.jit(fastmath=False)
+def gemm_tiled(sa, ea, sb, eb, schedule, params, chunk, out):
+    """out[m, n] for a 16 x 16 tile per thread block, operands staged through shared memory."""
+    sh_sa = cuda.shared.array((TILE_M, PAD8), int8)
+    sh_ea = cuda.shared.array((TILE_M, PAD16), int16)
+    sh_sb = cuda.shared.array((TILE_N, PAD8), int8)
+    sh_eb = cuda.shared.array((TILE_N, PAD16), int16)
+    m0 = cuda.blockIdx.y * TILE_M
+    n0 = cuda.blockIdx.x * TILE_N
+    m = m0 + cuda.threadIdx.y
+    n = n0 + cuda.threadIdx.x
+    active = m < out.shape[0] and n < out.shape[1]
+    K = sa.shape[1]
+    splits = schedule[1]
+    pairwise = schedule[4]
+    # accumulate_one's combination of the split partials (serial, or the pairwise order of d.2). Every thread of
+    # the block runs the same walk (the schedule is the call's), so the stages' barriers are reached uniformly.
+    if pairwise == 0 or splits == 1:
+        acc = np.float32(0.0)
+        for s in range(splits):
+            acc = np.float32(acc + _partial_streamed(sa, ea, sb, eb, m0, n0, K, s, schedule, params, chunk, active,
+                                                     sh_sa, sh_ea, sh_sb, sh_eb))
+    else:
+        half = (splits + 1) // 2
+        acc = _partial_streamed(sa, ea, sb, eb, m0, n0, K, splits - 1, schedule, params, chunk, active,
+                                sh_sa, sh_ea, sh_sb, sh_eb)
+        for i in range(half):
+            slot = _partial_streamed(sa, ea, sb, eb, m0, n0, K, i, schedule, params, chunk, active,
+                                     sh_sa, sh_ea, sh_sb, sh_eb)
+            if i + half < splits - 1:
+                slot = np.float32(slot + _partial_streamed(sa, ea, sb, eb, m0, n0, K, i + half, schedule, params,
+                                                           chunk, active, sh_sa, sh_ea, sh_sb, sh_eb))
+            acc = np.float32(acc + slot)
+    if active:
+        out[m, n] = acc
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# NaN/Inf rule and epilogue
+
+
+@cuda.jit(fastmath=False)
+def override_nonfinite(a_codes, a_flags, a_table, b_codes, b_flags, b_table, out_bits):
+    """The NaN/Inf rule (c.4) on every output whose row of A or row of B holds a non-finite code."""
+    n, m = cuda.grid(2)
+    if m < out_bits.shape[0] and n < out_bits.shape[1]:
+        if a_flags[m] != 0 or b_flags[n] != 0:
+            bits = nonfinite_accumulator(a_codes[m], b_codes[n], a_table, b_table)
+            if bits != FINITE:
+                out_bits[m, n] = bits
+
+
+@cuda.jit(device=True)
+def _signed(bits, width):
+    """The two's-complement value of the low ``width`` bits (stored through a signed integer view)."""
+    value = bits & ((1 << width) - 1)
+    if value >= (1 << (width - 1)):
+        value -= 1 << width
+    return value
+
+
+@cuda.jit(fastmath=False)
+def epilogue(acc, scale_bits, has_scale_result, out_code, width, out_bits):
+    """out_bits[i] = output bits of acc[i] (semantics.md (e)); scale_bits = int32 bits of scale_a, scale_b,
+    scale_result (the last ignored unless has_scale_result)."""
+    i = cuda.grid(1)
+    if i < acc.shape[0]:
+        alpha = scale_product(value_of_bits(np.int64(scale_bits[0]) & 0xFFFFFFFF, FLOAT32),
+                              value_of_bits(np.int64(scale_bits[1]) & 0xFFFFFFFF, FLOAT32))
+        scale_result = 1.0
+        if has_scale_result != 0:
+            scale_result = value_of_bits(np.int64(scale_bits[2]) & 0xFFFFFFFF, FLOAT32)
+        bits = epilogue_one(acc[i], alpha, out_code, scale_result, has_scale_result != 0)
+        out_bits[i] = _signed(bits, width)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Launchers (numba device arrays or objects with __cuda_array_interface__; stream: a numba stream or 0)
+
+GEMM_KERNELS = ("tiled", "simple")
+
+
+def _quiet():
+    """Silence numba's low-occupancy performance warnings for tiny launches (self-tests, tests)."""
+    manager = warnings.catch_warnings()
+    manager.__enter__()
+    try:
+        from numba.core.errors import NumbaPerformanceWarning
+
+        warnings.simplefilter("ignore", NumbaPerformanceWarning)
+    except ImportError:  # pragma: no cover
+        pass
+    return manager
+
+
+def launch_gemm(kernel, sa, ea, sb, eb, schedule, params, out, stream=0, *, chunk=None):
+    """out [M, N] (fp32) = accumulators of the decoded A [M, K] and B [N, K] with the named kernel.
+
+    ``chunk`` (tiled kernel, tests only): k per stage, a multiple of nfma up to CHUNK (default the largest).
+    """
+    M, N = out.shape
+    if M == 0 or N == 0:
+        return
+    schedule = tuple(int(v) for v in schedule)
+    params = tuple(int(v) for v in params)
+    if kernel == "tiled":
+        if len(schedule) != len(SCHEDULE_FIELDS):
+            raise RuntimeError(f"the tiled kernel walks schedules of {len(SCHEDULE_FIELDS)} fields "
+                               f"{SCHEDULE_FIELDS}, the arithmetic gives {len(schedule)}")
+        nfma = params[0]
+        if chunk is None:
+            chunk = tiled_chunk(nfma)
+        if chunk < 1 or chunk > CHUNK or chunk % nfma:
+            raise RuntimeError(f"the tiled kernel stages at most {CHUNK} k at a time, a multiple of nfma: "
+                               f"nfma={nfma}, chunk={chunk} does not fit")
+        rows = TILE_M
+    elif kernel == "simple":
+        rows = BLOCK
+    else:
+        raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {GEMM_KERNELS}")
+    step = MAX_GRID_Y * rows
+    quiet = _quiet()
+    try:
+        for r0 in range(0, M, step):
+            r1 = min(M, r0 + step)
+            grid = ((N + rows - 1) // rows, (r1 - r0 + rows - 1) // rows)
+            a_s, a_e, o = (sa, ea, out) if (r0, r1) == (0, M) else (sa[r0:r1], ea[r0:r1], out[r0:r1])
+            if kernel == "tiled":
+                gemm_tiled[grid, (TILE_N, TILE_M), stream](a_s, a_e, sb, eb, schedule, params, chunk, o)
+            else:
+                gemm_simple[grid, (BLOCK, BLOCK), stream](a_s, a_e, sb, eb, schedule, params, o)
+    finally:
+        quiet.__exit__(None, None, None)
+
+
+def launch_override(a_codes, a_flags, a_table, b_codes, b_flags, b_table, out_bits, stream=0):
+    """Apply the NaN/Inf rule in place to out_bits (int32 view of the fp32 accumulators)."""
+    M, N = out_bits.shape
+    if M == 0 or N == 0:
+        return
+    step = MAX_GRID_Y * BLOCK
+    quiet = _quiet()
+    try:
+        for r0 in range(0, M, step):
+            r1 = min(M, r0 + step)
+            grid = ((N + BLOCK - 1) // BLOCK, (r1 - r0 + BLOCK - 1) // BLOCK)
+            if (r0, r1) == (0, M):
+                override_nonfinite[grid, (BLOCK, BLOCK), stream](a_codes, a_flags, a_table, b_codes, b_flags,
+                                                                 b_table, out_bits)
+            else:
+                override_nonfinite[grid, (BLOCK, BLOCK), stream](a_codes[r0:r1], a_flags[r0:r1], a_table, b_codes,
+                                                                 b_flags, b_table, out_bits[r0:r1])
+    finally:
+        quiet.__exit__(None, None, None)
+
+
+def launch_epilogue(acc_flat, scale_bits, has_scale_result, out_code, width, out_bits_flat, stream=0):
+    """out_bits_flat[i] = epilogue bits of acc_flat[i] (flat arrays of the same length)."""
+    size = acc_flat.shape[0]
+    if size == 0:
+        return
+    quiet = _quiet()
+    try:
+        grid = (size + EPILOGUE_THREADS - 1) // EPILOGUE_THREADS
+        epilogue[grid, EPILOGUE_THREADS, stream](acc_flat, scale_bits, int(has_scale_result), int(out_code),
+                                                 int(width), out_bits_flat)
+    finally:
+        quiet.__exit__(None, None, None)
+
+
+def signatures():
+    """``{name: (kernel, argument types)}`` of every kernel for C-contiguous operands (PTX checks, warm-up)."""
+    import numba
+    from numba import types
+
+    from ..arith.params import preset_params, schedule_params
+    from ..model.presets import HOPPER
+
+    a8, a16, f32 = types.int8[:, ::1], types.int16[:, ::1], types.float32[:, ::1]
+    schedule = numba.typeof(schedule_params(HOPPER, 256, False, 2, "contiguous"))
+    params = numba.typeof(preset_params(HOPPER, "e4m3", "e4m3"))
+    i64 = types.int64
+    codes, flags, table = types.uint8[:, ::1], types.uint8[::1], types.float64[::1]
+    return {
+        "simple": (gemm_simple, (a8, a16, a8, a16, schedule, params, f32)),
+        "tiled": (gemm_tiled, (a8, a16, a8, a16, schedule, params, i64, f32)),
+        "override": (override_nonfinite, (codes, flags, table, codes, flags, table, types.int32[:, ::1])),
+        "epilogue": (epilogue, (types.float32[::1], types.int32[::1], i64, i64, i64, types.int16[::1])),
+    }

@@ -1,0 +1,97 @@
+"""How the CUDA kernels call the arithmetic of :mod:`mmaemu.arith` (the same functions the CPU loops run).
+
+* On a real device the kernels call the ``@njit`` dispatchers of :mod:`mmaemu.arith` directly: Numba's CUDA
+  target recompiles a CPU dispatcher that a kernel calls as a device function, from the same Python source,
+  without fast-math (IEEE adds, no flush-to-zero; the PTX check of ``tests/test_cuda_sim.py`` also finds no
+  fused multiply-add in any kernel).
+* Under Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) a kernel is plain Python and its arrays are
+  ``FakeWithinKernelCUDAArray`` objects, which an ``@njit`` function cannot accept: :func:`device` then wraps the
+  dispatcher so that such arrays are unwrapped to the numpy arrays they hold before the (CPU-compiled) call.
+* Numba's *built-in* CUDA target (``numba.cuda`` of numba >= 0.61 without the numba-cuda package) cannot compile
+  ``min``/``max`` of numbers: numba implements them with a star-argument ``@overload`` that this target's
+  dispatcher does not fold. :func:`install_builtin_minmax` registers, for the CUDA target only, a typing
+  template and a lowering of ``min``/``max`` over two or more numbers built on numba's own ``do_minmax`` (Python's
+  left-to-right rule). numba-cuda needs no such help and is left alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+_MINMAX_INSTALLED = False
+
+
+def simulator_enabled() -> bool:
+    """``NUMBA_ENABLE_CUDASIM`` was on when numba was imported."""
+    from numba.core import config
+
+    return bool(getattr(config, "ENABLE_CUDASIM", False))
+
+
+def cuda_implementation() -> str:
+    """``"numba-cuda"`` (NVIDIA's package), ``"built-in"`` (numba's own target) or ``"simulator"``."""
+    if simulator_enabled():
+        return "simulator"
+    from numba import cuda
+
+    return "built-in" if getattr(cuda, "implementation", "") == "Built-in" else "numba-cuda"
+
+
+def _unwrap(value):
+    """The numpy array behind a simulator array (inside or outside a kernel); anything else unchanged."""
+    name = type(value).__name__
+    if name == "FakeWithinKernelCUDAArray":
+        value = value._item
+        name = type(value).__name__
+    if name == "FakeCUDAArray":
+        return value._ary
+    return value
+
+
+def device(dispatcher):
+    """The callable a kernel uses for an arithmetic function: the dispatcher itself, or the simulator wrapper."""
+    if not simulator_enabled():
+        return dispatcher
+
+    @functools.wraps(dispatcher.py_func)
+    def call(*args):
+        return dispatcher(*[_unwrap(arg) for arg in args])
+
+    return call
+
+
+def install_builtin_minmax():
+    """Make ``min``/``max`` of numbers compile with numba's built-in CUDA target (no-op elsewhere)."""
+    global _MINMAX_INSTALLED
+    if _MINMAX_INSTALLED or cuda_implementation() != "built-in":
+        return
+    from numba.core import types
+    from numba.core.typing.templates import AbstractTemplate, signature
+    from numba.cpython.builtins import do_minmax
+    from numba.cuda.cudadecl import registry as typing_registry
+    from numba.cuda.cudaimpl import registry as impl_registry
+
+    numbers = (types.Integer, types.Float, types.Boolean)
+
+    class _MinMaxOfNumbers(AbstractTemplate):
+        # Templates of the "cuda" target are tried before numba's generic star-argument overload.
+        metadata = {"target": "cuda"}
+
+        def generic(self, args, kws):
+            if kws or len(args) < 2 or not all(isinstance(arg, numbers) for arg in args):
+                return None
+            unified = self.context.unify_types(*args)
+            return None if unified is None else signature(unified, *args)
+
+    for function, compare in ((min, operator.lt), (max, operator.gt)):
+        template = type(f"CudaBuiltin_{function.__name__}", (_MinMaxOfNumbers,), {"key": function})
+        typing_registry.register_global(function)(template)
+
+        def lower(context, builder, sig, args, compare=compare):
+            result = do_minmax(context, builder, list(sig.args), list(args), compare)
+            unified = context.typing_context.unify_types(*sig.args)
+            return context.cast(builder, result, unified, sig.return_type)
+
+        impl_registry.lower(function, types.VarArg(types.Any))(lower)
+    _MINMAX_INSTALLED = True

@@ -1,0 +1,447 @@
+#!/usr/bin/env python
+"""One prepared GPU validation run of mmaemu's CUDA kernels; writes a JSON and a markdown report.
+
+Stages (each one guarded: an error is recorded and the next stage runs; a global time budget skips what no
+longer fits):
+
+1. ``environment`` - versions (python, torch, numba, numba-cuda, mmaemu), the device, the driver, how numba
+   compiles for it, and why the kernels cannot run if they cannot;
+2. ``cpu_reference`` - the CPU engine against the reference loop on a small GEMM (sanity of this install);
+3. ``selftest`` - every kernel's self-test on the device (``mmaemu.selftest(force=True)``: random and adversarial
+   GEMMs against the CPU reference, hopper and ada, fast, slow and split-K, mixed formats, NaN/Inf; the epilogue
+   for every output dtype);
+4. ``compare`` - every GEMM kernel against the CPU reference on more random and adversarial GEMMs for hopper and
+   ada (fast, slow, contiguous / serial / pairwise splits, larger shapes), and the full ``mmaemu.scaled_mm`` path
+   (device epilogue) against ``backend="cpu"``;
+5. ``timing`` - each kernel on (M, N, K) = (2048, 5760, 1920) (``--shape``) for hopper fast and slow, rows of the
+   result checked against the CPU reference, against native ``torch._scaled_mm`` of the same shape where the GPU
+   has FP8 (sm_89+); and, for information, the agreement of ``mmaemu.scaled_mm(profile="hopper")`` with native
+   ``torch._scaled_mm`` bits on this GPU (not a pass/fail criterion: this GPU need not be the H100 PCIe of the
+   hopper profile, nor run its cuBLASLt).
+
+Without a usable CUDA device the GPU stages are skipped, saying why, and the run still succeeds (exit 0).
+``--quick`` uses tiny shapes (CI runs it on a CPU-only machine). Exit status: 0 if no stage failed, 1 otherwise.
+
+    python scripts/gpu_check.py [--out DIR] [--quick] [--budget SECONDS] [--device N] [--shape M,N,K]
+
+``--out`` defaults to ``$OUT`` if set, else ``./gpu_check_out``. Run it with ``PYTHONUNBUFFERED=1`` (or ``-u``) to
+follow the progress lines live.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import sys
+import time
+import traceback
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+FORMAT = "mmaemu-gpu-check/1"
+START = time.monotonic()
+
+
+def log(message):
+    print(f"[gpu_check {time.monotonic() - START:7.1f}s] {message}", flush=True)
+
+
+class Skip(Exception):
+    """A stage that does not apply here (no device, no budget); the message says why."""
+
+
+class Run:
+    def __init__(self, args):
+        self.args = args
+        self.out = pathlib.Path(args.out)
+        self.deadline = START + args.budget
+        self.report = {"format": FORMAT, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[1:],
+                       "quick": args.quick, "budget_s": args.budget, "stages": [], "finished": None}
+        self.device = None  # torch.device when usable
+        self.device_reason = None
+
+    def remaining(self):
+        return self.deadline - time.monotonic()
+
+    def stage(self, name, function, *, needs_device=False, min_seconds=5.0):
+        entry = {"name": name, "status": None, "seconds": 0.0, "result": None, "error": None}
+        self.report["stages"].append(entry)
+        start = time.monotonic()
+        log(f"stage {name}: start ({self.remaining():.0f} s of budget left)")
+        try:
+            if needs_device and self.device is None:
+                raise Skip(f"no usable CUDA device: {self.device_reason}")
+            if self.remaining() < min_seconds:
+                raise Skip(f"time budget exhausted ({self.remaining():.0f} s left, {min_seconds:.0f} s needed)")
+            entry["result"] = function()
+            entry["status"] = "ok"
+            if isinstance(entry["result"], dict) and entry["result"].get("failed"):
+                entry["status"] = "failed"
+        except Skip as exc:
+            entry["status"], entry["error"] = "skipped", str(exc)
+        except Exception as exc:  # every stage is guarded: record and continue
+            entry["status"] = "error"
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            entry["traceback"] = traceback.format_exc()[-4000:]
+        entry["seconds"] = round(time.monotonic() - start, 2)
+        log(f"stage {name}: {entry['status']} in {entry['seconds']:.1f} s"
+            + (f" - {entry['error']}" if entry["error"] else ""))
+        self.write()
+        return entry
+
+    def write(self):
+        self.report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.report["elapsed_s"] = round(time.monotonic() - START, 1)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "gpu_check.json").write_text(json.dumps(self.report, indent=1, default=str))
+        (self.out / "gpu_check.md").write_text(markdown(self.report))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Stages
+
+
+def stage_environment(run):
+    import numba
+    import numpy
+    import torch
+
+    import mmaemu
+
+    info = {"python": sys.version.split()[0], "platform": platform.platform(), "numpy": numpy.__version__,
+            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "numba": numba.__version__,
+            "mmaemu": mmaemu.__version__, "mmaemu_path": str(pathlib.Path(mmaemu.__file__).parent)}
+    try:
+        from importlib.metadata import version
+
+        info["numba_cuda"] = version("numba-cuda")
+    except Exception:
+        info["numba_cuda"] = None
+    info["env"] = {k: v for k, v in os.environ.items() if k.startswith(("MMAEMU_", "NUMBA_", "CUDA_"))}
+    try:
+        available = torch.cuda.is_available()
+    except Exception as exc:
+        available, info["torch_cuda_error"] = False, str(exc)
+    info["torch_cuda_available"] = available
+    if available:
+        index = run.args.device if run.args.device is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        info["device"] = {"index": index, "name": props.name, "capability": [props.major, props.minor],
+                          "sm_count": props.multi_processor_count, "memory_gib": round(props.total_memory / 2**30, 1)}
+    from mmaemu.cuda import device as cuda_device
+
+    try:
+        probed = cuda_device.probe(run.args.device)
+        info["kernels_can_run"] = True
+        info["probe"] = probed.identity()
+        run.device = torch.device("cuda", probed.index)
+    except cuda_device.DeviceUnavailable as exc:
+        info["kernels_can_run"] = False
+        info["probe"] = str(exc)
+        run.device_reason = str(exc)
+    log(f"device: {info.get('device')}; kernels can run: {info['kernels_can_run']} ({info['probe']})")
+    return info
+
+
+def _codes(rng, shape, fmt="e4m3", scale=40.0):
+    import numpy as np
+    import torch
+
+    x = np.clip(rng.standard_normal(shape) * scale, -448 if fmt == "e4m3" else -57344, 448 if fmt == "e4m3" else 57344)
+    dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2
+    return torch.from_numpy(x.astype(np.float32)).to(dtype).view(torch.uint8).numpy()
+
+
+def stage_cpu_reference(run):
+    import numpy as np
+
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.cuda.selftest import compare_bits
+    from mmaemu.model.presets import get_preset
+
+    rng = np.random.default_rng(1)
+    M, N, K = (8, 8, 96) if run.args.quick else (64, 64, 1024)
+    a, b = _codes(rng, (M, K)), _codes(rng, (N, K))
+    result = {"shape": [M, N, K], "cases": []}
+    for preset, fast, S, scheme in (("hopper", True, 1, "none"), ("hopper", False, 2, "contiguous"),
+                                    ("ada", False, 3, "pairwise")):
+        p = get_preset(preset, warn=False)
+        fast_path = accumulate_codes(a, b, "e4m3", "e4m3", p, fast, S, scheme)
+        reference = accumulate_codes(a, b, "e4m3", "e4m3", p, fast, S, scheme, reference=True)
+        count, first = compare_bits(fast_path, reference)
+        result["cases"].append({"preset": preset, "fast": fast, "splits": S, "scheme": scheme, "mismatches": count})
+    result["failed"] = any(c["mismatches"] for c in result["cases"])
+    return result
+
+
+def stage_selftest(run):
+    from mmaemu import backends
+
+    results = backends.selftest(run.device, force=True)
+    verdict, reason = backends.selftest_verdict(results)
+    out = {"verdict": verdict, "reason": reason, "kernels": {}}
+    for name, gates in results.items():
+        out["kernels"][name] = [{"passed": g.passed, "reason": g.reason, "seconds": round(g.seconds, 2),
+                                 "details": g.details} for g in gates]
+        log(f"selftest {name}: {'PASS' if all(g.passed for g in gates) else 'FAIL'} - {gates[0].reason}")
+    out["failed"] = verdict == "FAIL"
+    return out
+
+
+def stage_compare(run):
+    import numpy as np
+    import torch
+
+    import mmaemu
+    from mmaemu import backends, formats
+    from mmaemu.cuda import engine, selftest
+    from mmaemu.model.presets import get_preset
+
+    quick = run.args.quick
+    cases = [
+        selftest.GemmCase("random hopper fast 256x320x1920", "hopper", "e4m3", "e4m3", True, 1, "none",
+                          256, 320, 1920, "random", 201),
+        selftest.GemmCase("random hopper slow 200x136x2000", "hopper", "e4m3", "e4m3", False, 1, "none",
+                          200, 136, 2000, "random", 202),
+        selftest.GemmCase("adversarial hopper contiguous S=3 slow", "hopper", "e4m3", "e5m2", False, 3, "contiguous",
+                          96, 80, 1500, "adversarial", 203),
+        selftest.GemmCase("random ada fast 256x320x1920", "ada", "e4m3", "e4m3", True, 1, "none",
+                          256, 320, 1920, "random", 204),
+        selftest.GemmCase("adversarial ada serial S=6 fast", "ada", "e4m3", "e4m3", True, 6, "serial",
+                          64, 240, 4096, "adversarial", 205),
+        selftest.GemmCase("random ada pairwise S=3 slow", "ada", "e5m2", "e4m3", False, 3, "pairwise",
+                          96, 96, 1600, "random", 206),
+        selftest.GemmCase("NaN/Inf ada slow", "ada", "e5m2", "e5m2", False, 1, "none", 64, 64, 512, "nonfinite", 207),
+    ]
+    if quick:
+        cases = [c.shrunk() for c in cases[:3]]
+    out = {"kernels": {}, "scaled_mm": []}
+    for kernel in backends.gemm_kernels():
+        if run.remaining() < 20:
+            out["kernels"][kernel.backend] = "skipped: time budget"
+            continue
+
+        def compute(case, a, b, kernel=kernel.name):
+            at = torch.from_numpy(a).to(run.device).view(formats.DTYPE_OF[case.fmt_a])
+            bt = torch.from_numpy(b).to(run.device).view(formats.DTYPE_OF[case.fmt_b])
+            return engine.accumulate_tensors(kernel, at, bt, case.fmt_a, case.fmt_b,
+                                             get_preset(case.preset, warn=False), case.fast, case.splits,
+                                             case.scheme).cpu().numpy()
+
+        start = time.monotonic()
+        passed, details = selftest.run_gemm_cases(compute, cases)
+        out["kernels"][kernel.backend] = {"passed": passed, "seconds": round(time.monotonic() - start, 2),
+                                          "cases": details}
+        log(f"compare {kernel.backend}: {'identical' if passed else 'MISMATCH'} on {len(cases)} GEMMs")
+    # The whole scaled_mm path (epilogue on the device) against the CPU backend.
+    rng = np.random.default_rng(7)
+    M, N, K = (4, 4, 64) if quick else (128, 256, 1920)
+    x = torch.from_numpy(_codes(rng, (M, K))).view(torch.float8_e4m3fn)
+    w = torch.from_numpy(_codes(rng, (N, K))).view(torch.float8_e4m3fn)
+    one, half = torch.tensor(1.0), torch.tensor(0.5)
+    for kernel in backends.gemm_kernels():
+        for out_dtype, fast in ((torch.bfloat16, True), (torch.float32, False), (torch.float8_e4m3fn, True)):
+            kwargs = dict(out_dtype=out_dtype, use_fast_accum=fast, splitk=1)
+            want = mmaemu.scaled_mm(x, w.t(), half, one, backend="cpu", **kwargs)
+            got = mmaemu.scaled_mm(x.to(run.device), w.to(run.device).t(), half.to(run.device), one.to(run.device),
+                                   backend=kernel.backend, **kwargs)
+            same = got.device.type == "cuda" and torch.equal(mmaemu.testing.bits(got).cpu(),
+                                                             mmaemu.testing.bits(want))
+            out["scaled_mm"].append({"kernel": kernel.backend, "out": str(out_dtype), "fast": fast,
+                                     "identical": bool(same), "result_device": str(got.device)})
+    out["failed"] = (any(isinstance(v, dict) and not v["passed"] for v in out["kernels"].values())
+                     or any(not r["identical"] for r in out["scaled_mm"]))
+    return out
+
+
+def _time_cuda(function, repeat):
+    import torch
+
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        function()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000.0)
+    return times
+
+
+def stage_timing(run):
+    import numpy as np
+    import torch
+
+    import mmaemu
+    from mmaemu import backends
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.cuda import engine, selftest
+    from mmaemu.model.presets import get_preset
+
+    M, N, K = run.args.shape
+    if run.args.quick:
+        M, N, K = 32, 48, 256
+    rng = np.random.default_rng(11)
+    a_codes, b_codes = _codes(rng, (M, K)), _codes(rng, (N, K))
+    a = torch.from_numpy(a_codes).to(run.device).view(torch.float8_e4m3fn)
+    b = torch.from_numpy(b_codes).to(run.device).view(torch.float8_e4m3fn)
+    check_rows = np.unique(np.r_[np.arange(min(16, M)), np.arange(max(0, M - 16), M)])
+    out = {"shape": [M, N, K], "kernels": {}, "native": {}, "agreement": {}}
+    cc = torch.cuda.get_device_capability(run.device)
+    for kernel in backends.gemm_kernels():
+        entry = out["kernels"].setdefault(kernel.backend, {})
+        for preset_name, fast in (("hopper", True), ("hopper", False)):
+            label = f"{preset_name} {'fast' if fast else 'slow'}"
+            preset = get_preset(preset_name, warn=False)
+            if run.remaining() < 30:
+                entry[label] = "skipped: time budget"
+                continue
+            # Predict the full run from a slice of rows (compiled already by the self-test) before committing.
+            rows = max(1, min(M, 128))
+            probe_time = min(_time_cuda(lambda: engine.accumulate_tensors(kernel.name, a[:rows], b, "e4m3", "e4m3",
+                                                                          preset, fast), 2))
+            predicted = probe_time * M / rows
+            if predicted * 2 > run.remaining() - 20:
+                entry[label] = f"skipped: predicted {predicted:.1f} s per run exceeds the budget"
+                continue
+            result = {}
+            times = _time_cuda(lambda: result.__setitem__(
+                "acc", engine.accumulate_tensors(kernel.name, a, b, "e4m3", "e4m3", preset, fast)), 2)
+            acc = result["acc"][torch.from_numpy(check_rows).to(run.device)].cpu().numpy()
+            want = accumulate_codes(a_codes[check_rows], b_codes, "e4m3", "e4m3", preset, fast, reference=True)
+            count, first = selftest.compare_bits(acc, want)
+            entry[label] = {"seconds": [round(t, 4) for t in times], "best_s": round(min(times), 4),
+                            "products_per_s": round(M * N * K / min(times)), "checked_rows": len(check_rows),
+                            "mismatches": count, "first": first}
+            log(f"timing {kernel.backend} {label}: best {min(times):.3f} s, {count} mismatches in checked rows")
+    # Native torch._scaled_mm.
+    if cc >= (8, 9) and hasattr(torch, "_scaled_mm"):
+        one = torch.tensor(1.0, device=run.device)
+        for fast in (True, False):
+            try:
+                function = lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
+                                                    use_fast_accum=fast)
+                function()
+                times = _time_cuda(function, 10)
+                out["native"][f"bf16 {'fast' if fast else 'slow'}"] = {"best_s": round(min(times), 6),
+                                                                       "products_per_s": round(M * N * K / min(times))}
+            except Exception as exc:
+                out["native"][f"bf16 {'fast' if fast else 'slow'}"] = f"{type(exc).__name__}: {exc}"
+        # Information only: the hopper profile's bits against this GPU's native bits.
+        if run.remaining() > 60:
+            for fast in (True, False):
+                try:
+                    native = torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=fast)
+                    emulated = mmaemu.scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=fast,
+                                                profile="hopper")
+                    plan = mmaemu.explain(a, b.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=fast,
+                                          profile="hopper")
+                    equal = (mmaemu.testing.bits(native) == mmaemu.testing.bits(emulated))
+                    out["agreement"][f"bf16 {'fast' if fast else 'slow'}"] = {
+                        "identical_fraction": float(equal.float().mean().item()),
+                        "split": str(plan.split), "backend": plan.backend}
+                except Exception as exc:
+                    out["agreement"][f"bf16 {'fast' if fast else 'slow'}"] = f"{type(exc).__name__}: {exc}"
+    else:
+        out["native"] = f"skipped: sm_{cc[0]}{cc[1]} has no FP8 tensor cores for torch._scaled_mm"
+    out["failed"] = any(isinstance(v, dict) and v.get("mismatches") for e in out["kernels"].values()
+                        for v in e.values())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Report
+
+
+def markdown(report):
+    lines = [f"# mmaemu GPU check ({report['started']})", "",
+             f"budget {report['budget_s']} s, elapsed {report.get('elapsed_s')} s, quick={report['quick']}", "",
+             "| stage | status | seconds | note |", "|---|---|---|---|"]
+    for s in report["stages"]:
+        note = (s["error"] or "").replace("|", "/")[:200]
+        lines.append(f"| {s['name']} | {s['status']} | {s['seconds']} | {note} |")
+    for s in report["stages"]:
+        r = s.get("result")
+        if not isinstance(r, dict):
+            continue
+        if s["name"] == "environment":
+            lines += ["", "## Environment", ""] + [f"* {k}: {r.get(k)}" for k in
+                                                  ("python", "torch", "torch_cuda", "numba", "numba_cuda", "mmaemu",
+                                                   "device", "kernels_can_run", "probe")]
+        elif s["name"] == "selftest":
+            lines += ["", f"## Self-tests: {r['verdict']} - {r['reason']}", ""]
+            for name, gates in r["kernels"].items():
+                for g in gates:
+                    lines.append(f"* {name}: {'PASS' if g['passed'] else 'FAIL'} ({g['seconds']} s) {g['reason']}")
+        elif s["name"] == "compare":
+            lines += ["", "## Kernels against the CPU reference", ""]
+            for name, v in r["kernels"].items():
+                if isinstance(v, dict):
+                    bad = [c for c in v["cases"] if c["mismatches"]]
+                    lines.append(f"* {name}: {'identical' if v['passed'] else 'MISMATCH'} on {len(v['cases'])} "
+                                 f"GEMMs ({v['seconds']} s)" + (f"; first bad: {bad[0]}" if bad else ""))
+                else:
+                    lines.append(f"* {name}: {v}")
+            for row in r["scaled_mm"]:
+                lines.append(f"* scaled_mm {row['kernel']} {row['out']} fast={row['fast']}: "
+                             f"{'identical' if row['identical'] else 'DIFFERENT'} to backend='cpu' "
+                             f"(result on {row['result_device']})")
+        elif s["name"] == "timing":
+            M, N, K = r["shape"]
+            lines += ["", f"## Timing (M, N, K) = ({M}, {N}, {K})", "", "| engine | case | best s | products/s |",
+                      "|---|---|---|---|"]
+            for name, cases in r["kernels"].items():
+                for label, v in cases.items():
+                    if isinstance(v, dict):
+                        lines.append(f"| {name} | {label} | {v['best_s']} | {v['products_per_s']:.3g} |")
+                    else:
+                        lines.append(f"| {name} | {label} | {v} | |")
+            if isinstance(r["native"], dict):
+                for label, v in r["native"].items():
+                    if isinstance(v, dict):
+                        lines.append(f"| torch._scaled_mm | {label} | {v['best_s']} | {v['products_per_s']:.3g} |")
+                    else:
+                        lines.append(f"| torch._scaled_mm | {label} | {v} | |")
+            else:
+                lines.append(f"| torch._scaled_mm | - | {r['native']} | |")
+            for label, v in r.get("agreement", {}).items():
+                lines.append(f"\nhopper profile vs this GPU's native bits ({label}, information only): {v}")
+    return "\n".join(lines) + "\n"
+
+
+def parse_shape(text):
+    parts = [int(p) for p in text.split(",")]
+    if len(parts) != 3 or min(parts) < 1:
+        raise argparse.ArgumentTypeError("expected M,N,K with positive integers")
+    return parts
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out", help="report folder")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes (CPU-only CI)")
+    parser.add_argument("--budget", type=float, default=450.0, help="global time budget in seconds (default 450)")
+    parser.add_argument("--device", type=int, default=None, help="CUDA device ordinal (default: current)")
+    parser.add_argument("--shape", type=parse_shape, default=[2048, 5760, 1920], help="timing shape M,N,K")
+    args = parser.parse_args(argv)
+    run = Run(args)
+    log(f"mmaemu GPU check: out={run.out}, budget={args.budget:.0f} s, quick={args.quick}")
+    run.stage("environment", lambda: stage_environment(run), min_seconds=0)
+    run.stage("cpu_reference", lambda: stage_cpu_reference(run), min_seconds=2)
+    run.stage("selftest", lambda: stage_selftest(run), needs_device=True, min_seconds=60)
+    run.stage("compare", lambda: stage_compare(run), needs_device=True, min_seconds=30)
+    run.stage("timing", lambda: stage_timing(run), needs_device=True, min_seconds=30)
+    run.write()
+    statuses = [s["status"] for s in run.report["stages"]]
+    summary = ", ".join(f"{s['name']}={s['status']}" for s in run.report["stages"])
+    log(f"done: {summary}; report in {run.out / 'gpu_check.json'} and {run.out / 'gpu_check.md'}")
+    return 1 if any(s in ("failed", "error") for s in statuses) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,337 @@
+"""Backend selection on a machine without a GPU: rules, environment variables, errors and warnings, status and
+self-test reports, verdict caching (with a fake device whose self-tests are stubbed), and scripts/gpu_check.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import mmaemu
+from mmaemu import backends
+from mmaemu.errors import BackendFallbackWarning, BackendUnavailableError
+from mmaemu.model.presets import Preset, get_preset
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+HOPPER = get_preset("hopper", warn=False)
+CUDA0 = torch.device("cuda", 0)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch, tmp_path):
+    """Fresh process state and cache folder; no backend environment variables."""
+    for name in ("MMAEMU_BACKEND", "MMAEMU_DISABLE_CUDA", "MMAEMU_TEST_FORCE_FAIL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MMAEMU_CACHE_DIR", str(tmp_path / "cache"))
+    import mmaemu.cuda as cuda_backend
+
+    cuda_backend.reset()
+    yield
+    cuda_backend.reset()
+
+
+def _no_warnings():
+    return warnings.catch_warnings(record=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Import hygiene
+
+
+def test_import_backends_and_cuda_package_initialise_nothing():
+    code = ("import sys, torch; import mmaemu, mmaemu.backends, mmaemu.cuda; "
+            "mmaemu.backends.select(torch.device('cpu'), 'auto', 'e4m3', 'e4m3', mmaemu.get_preset('hopper')); "
+            "print('numba.cuda' in sys.modules, torch.cuda.is_initialized())")
+    out = subprocess.check_output([sys.executable, "-c", code], text=True, cwd=str(ROOT),
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)}).split()
+    assert out == ["False", "False"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rules on CPU tensors
+
+
+def test_cpu_tensors_select_cpu_engines_and_refuse_cuda():
+    with _no_warnings() as caught:
+        warnings.simplefilter("always")
+        auto = backends.select(CPU, "auto", "e4m3", "e4m3", HOPPER)
+        assert auto == backends.Selection("cpu", ["cuda: tensors on cpu"])
+        assert backends.select(CPU, "cpu", "e4m3", "e5m2", HOPPER) == backends.Selection("cpu", [])
+        assert backends.select(CPU, "reference", "e5m2", "e5m2", HOPPER) == backends.Selection("reference", [])
+    assert not caught  # design skips never warn
+    for name in ("cuda", "cuda:tiled", "cuda:simple"):
+        with pytest.raises(BackendUnavailableError, match="tensors on cpu"):
+            backends.select(CPU, name, "e4m3", "e4m3", HOPPER)
+
+
+def test_backend_names_and_types():
+    for bad in ("gpu", "CUDA", "cuda-tiled", ""):
+        with pytest.raises(ValueError, match="unknown backend"):
+            backends.requested_backend(bad)
+    with pytest.raises(TypeError):
+        backends.requested_backend(None)
+    assert backends.requested_backend("cuda:anything") == "cuda:anything"
+
+
+def test_mmaemu_backend_env_replaces_auto_only(monkeypatch):
+    monkeypatch.setenv("MMAEMU_BACKEND", "reference")
+    assert backends.select(CPU, "auto", "e4m3", "e4m3", HOPPER).name == "reference"
+    assert backends.select(CPU, "cpu", "e4m3", "e4m3", HOPPER).name == "cpu"
+    monkeypatch.setenv("MMAEMU_BACKEND", "cuda")
+    with pytest.raises(BackendUnavailableError):
+        backends.select(CPU, "auto", "e4m3", "e4m3", HOPPER)
+    monkeypatch.setenv("MMAEMU_BACKEND", "nonsense")
+    with pytest.raises(ValueError, match="unknown backend"):
+        backends.select(CPU, "auto", "e4m3", "e4m3", HOPPER)
+
+
+def test_disable_cuda_env(monkeypatch):
+    monkeypatch.setenv("MMAEMU_DISABLE_CUDA", "yes")
+    sel = backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER)
+    assert sel == backends.Selection("cpu", ["cuda: disabled by MMAEMU_DISABLE_CUDA"])
+    with pytest.raises(BackendUnavailableError, match="MMAEMU_DISABLE_CUDA"):
+        backends.select(CUDA0, "cuda:simple", "e4m3", "e4m3", HOPPER)
+    status = backends.backends_status()
+    assert all(not status[k].available and "MMAEMU_DISABLE_CUDA" in status[k].reason
+               for k in ("cuda:tiled", "cuda:simple", "cuda:epilogue"))
+    results = backends.selftest()
+    assert backends.selftest_verdict(results)[0] == "UNAVAILABLE"
+
+
+def test_api_on_cpu_tensors():
+    g = torch.Generator().manual_seed(3)
+    a = (torch.randn(16, 32, generator=g) * 30).to(torch.float8_e4m3fn)
+    w = (torch.randn(16, 32, generator=g) * 30).to(torch.float8_e4m3fn)
+    one = torch.tensor(1.0)
+    plan = mmaemu.explain(a, w.t(), one, one, splitk=1)
+    assert plan.validation == "ok", plan.validation
+    assert (plan.backend, plan.fallbacks) == ("cpu", ["cuda: tensors on cpu"])
+    with pytest.raises(BackendUnavailableError):
+        mmaemu.scaled_mm(a, w.t(), one, one, splitk=1, backend="cuda:tiled")
+    with pytest.raises(BackendUnavailableError):
+        mmaemu.accumulate(a, w, use_fast_accum=True, splitk=1, backend="cuda")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# CUDA tensors on this machine (no CUDA): the reasons are reported
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_device_without_cuda_warns_once_and_raises_for_explicit():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER)
+        second = backends.select(CUDA0, "auto", "e5m2", "e4m3", HOPPER)
+    assert first.name == second.name == "cpu"
+    assert first.fallbacks == ["cuda: no CUDA device visible to torch"]
+    fallback = [w for w in caught if issubclass(w.category, BackendFallbackWarning)]
+    assert len(fallback) == 1 and "no CUDA device visible to torch" in str(fallback[0].message)
+    assert fallback[0].filename == __file__  # attributed to the caller, not to mmaemu
+    with pytest.raises(BackendUnavailableError, match="no CUDA device visible to torch"):
+        backends.select(CUDA0, "cuda", "e4m3", "e4m3", HOPPER)
+    with pytest.raises(BackendUnavailableError, match="no such CUDA GEMM kernel"):
+        backends.select(CUDA0, "cuda:bogus", "e4m3", "e4m3", HOPPER)
+    with pytest.raises(BackendUnavailableError, match="no such CUDA GEMM kernel"):
+        backends.select(CUDA0, "cuda:epilogue", "e4m3", "e4m3", HOPPER)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_status_and_selftest_on_a_cpu_machine():
+    status = backends.backends_status()
+    assert list(status) == ["cuda:tiled", "cuda:simple", "cuda:epilogue", "cpu", "reference"]
+    for name in ("cuda:tiled", "cuda:simple", "cuda:epilogue"):
+        assert not status[name].available and not status[name].validated_here
+        assert status[name].reason == "unavailable: no CUDA device visible to torch"
+    for name in ("cpu", "reference"):
+        assert status[name].available and status[name].validated_here
+    results = backends.selftest()
+    assert list(results) == ["cuda:tiled", "cuda:simple", "cuda:epilogue"]
+    assert all(len(g) == 1 and not g[0].ran and not g[0].passed for g in results.values())
+    verdict, reason = backends.selftest_verdict(results)
+    assert verdict == "UNAVAILABLE" and reason.startswith("no CUDA device visible to torch")
+    assert list(backends.selftest(kernels="cuda:simple,tiled")) == ["cuda:simple", "cuda:tiled"]
+    with pytest.raises(ValueError, match="unknown CUDA kernel"):
+        backends.selftest(kernels="v4")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A fake device: the dispatcher's decisions, warnings and verdict cache, with stubbed self-tests
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """mmaemu.cuda sees one device; ``outcomes[kernel]`` is what its self-test returns (or raises)."""
+    import mmaemu.cuda as cuda_backend
+    from mmaemu.cuda.device import DeviceInfo
+
+    state = {"outcomes": {}, "runs": [], "info": DeviceInfo(0, "Fake GPU", "GPU-1234", (9, 0), 132,
+                                                            "CUDA driver API 13.0", "test", torch.__version__)}
+
+    def probe(device=None):
+        return state["info"]
+
+    def run(kernel, info):
+        state["runs"].append(kernel)
+        outcome = state["outcomes"].get(kernel, True)
+        if isinstance(outcome, Exception):
+            raise outcome
+        details = [{"case": "stub", "mismatches": 0 if outcome else 3, "first": []}]
+        return outcome, details
+
+    monkeypatch.setattr(cuda_backend, "_probe", probe)
+    monkeypatch.setattr(cuda_backend, "_run_on_device", run)
+    return state
+
+
+def test_all_kernels_pass_auto_takes_the_first(fake_device):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER) == backends.Selection("cuda:tiled", [])
+        assert backends.select(CUDA0, "cuda", "e4m3", "e4m3", HOPPER).name == "cuda:tiled"
+        assert backends.select(CUDA0, "cuda:simple", "e4m3", "e4m3", HOPPER).name == "cuda:simple"
+    assert not caught
+    assert fake_device["runs"] == ["tiled", "simple"]  # each self-test ran once
+
+
+def test_failing_kernel_falls_back_with_one_warning(fake_device):
+    fake_device["outcomes"]["tiled"] = False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sel = backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER)
+        again = backends.select(CUDA0, "auto", "e5m2", "e4m3", HOPPER)
+    assert sel.name == again.name == "cuda:simple"
+    assert len(sel.fallbacks) == 1 and sel.fallbacks[0].startswith("cuda:tiled: 1 of 1 cases differ")
+    msgs = [str(w.message) for w in caught if issubclass(w.category, BackendFallbackWarning)]
+    assert len(msgs) == 1 and "cuda:tiled" in msgs[0] and "cuda:simple computes instead" in msgs[0]
+    with pytest.raises(BackendUnavailableError, match="cuda:tiled: 1 of 1 cases differ"):
+        backends.select(CUDA0, "cuda:tiled", "e4m3", "e4m3", HOPPER)
+
+
+def test_every_kernel_failing_ends_on_cpu_or_raises(fake_device):
+    fake_device["outcomes"].update(tiled=False, simple=RuntimeError("ptxas exploded"))
+    with pytest.warns(BackendFallbackWarning, match="cpu computes instead"):
+        sel = backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER)
+    assert sel.name == "cpu" and len(sel.fallbacks) == 2
+    assert "self-test raised RuntimeError: ptxas exploded" in sel.fallbacks[1]
+    with pytest.raises(BackendUnavailableError) as info:
+        backends.select(CUDA0, "cuda", "e4m3", "e4m3", HOPPER)
+    assert "cuda:tiled" in str(info.value) and "ptxas exploded" in str(info.value)
+
+
+def test_force_fail_env_and_design_skips(fake_device, monkeypatch):
+    monkeypatch.setenv("MMAEMU_TEST_FORCE_FAIL", "tiled")
+    with pytest.warns(BackendFallbackWarning, match="forced to fail"):
+        assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER).name == "cuda:simple"
+    monkeypatch.delenv("MMAEMU_TEST_FORCE_FAIL")
+    wide = Preset("wide", nfma=256, frac=13, frac_out=13, min_exp=-132, late_c=False, slow_chunk=256)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sel = backends.select(CUDA0, "auto", "e4m3", "e4m3", wide)
+    assert sel.name == "cuda:simple" and "nfma=256" in sel.fallbacks[0]
+    assert not [w for w in caught if issubclass(w.category, BackendFallbackWarning)]
+
+
+def test_verdicts_are_cached_on_disk_by_device_and_sources(fake_device, tmp_path):
+    import mmaemu.cuda as cuda_backend
+    from mmaemu.cuda import selftest
+
+    fake_device["outcomes"]["simple"] = RuntimeError("transient")
+    results = backends.selftest(CUDA0)
+    assert {k: g[0].passed for k, g in results.items()} == {"cuda:tiled": True, "cuda:simple": False,
+                                                            "cuda:epilogue": True}
+    files = sorted((tmp_path / "cache" / "verdicts").glob("*.json"))
+    assert len(files) == 2  # the self-test that raised is not written
+    record = json.loads(files[0].read_text())
+    assert record["key"]["device"]["uuid"] == "GPU-1234" and record["key"]["sources"] == selftest.sources_hash()
+    assert record["key"]["mmaemu"] == mmaemu.__version__
+    # A new process (memory forgotten) reads the verdicts from disk without running them.
+    cuda_backend.reset()
+    fake_device["runs"].clear()
+    fake_device["outcomes"]["simple"] = True
+    again = backends.selftest(CUDA0)
+    assert again["cuda:tiled"][0].cached and again["cuda:epilogue"][0].cached
+    assert not again["cuda:simple"][0].cached and again["cuda:simple"][0].passed
+    assert fake_device["runs"] == ["simple"]
+    # force=True reruns; another device identity has its own verdicts.
+    backends.selftest(CUDA0, kernels="tiled", force=True)
+    assert fake_device["runs"] == ["simple", "tiled"]
+    fake_device["info"] = fake_device["info"].__class__(**{**fake_device["info"].__dict__, "uuid": "GPU-5678"})
+    backends.selftest(CUDA0, kernels=["cuda:tiled"])
+    assert fake_device["runs"] == ["simple", "tiled", "tiled"]
+
+
+def test_status_with_a_device(fake_device):
+    fake_device["outcomes"]["simple"] = False
+    status = backends.backends_status(CUDA0)
+    assert status["cuda:tiled"].available and not status["cuda:tiled"].validated_here
+    assert "not validated yet" in status["cuda:tiled"].reason and fake_device["runs"] == []  # status runs nothing
+    results = backends.selftest(CUDA0)
+    assert backends.selftest_verdict(results) == ("FAIL", "failed: cuda:simple")
+    status = backends.backends_status(CUDA0)
+    assert status["cuda:tiled"].validated_here and status["cuda:tiled"].reason.startswith("validated on cuda:0")
+    assert not status["cuda:simple"].available and "self-test failed" in status["cuda:simple"].reason
+    assert backends.selftest_verdict(backends.selftest(CUDA0, kernels="tiled")) == ("PASS", "every kernel passed")
+
+
+def test_epilogue_stays_on_cpu_for_accumulators_not_made_by_a_kernel(fake_device):
+    import mmaemu.cuda as cuda_backend
+
+    acc = torch.zeros(2, 2)
+    assert cuda_backend.epilogue(acc, torch.tensor(1.0), torch.tensor(1.0), None, torch.bfloat16) is None
+    assert fake_device["runs"] == []
+
+
+def test_kernel_metadata_for_the_cli():
+    import mmaemu.cuda as cuda_backend
+
+    assert [k.backend for k in backends.gemm_kernels()] == ["cuda:tiled", "cuda:simple"]
+    for k in cuda_backend.KERNELS.values():
+        assert (k.gated, k.validated_on, k.min_cc) == (False, (), None)
+
+
+def test_selftest_cases_cover_the_contract():
+    from mmaemu.cuda import selftest
+
+    cases = selftest.GEMM_CASES
+    assert {c.preset for c in cases} == {"hopper", "ada", "b200_mma_sync"}
+    assert {c.scheme for c in cases} == {"none", "contiguous", "serial", "pairwise"}
+    assert {c.fast for c in cases} == {True, False}
+    assert {c.data for c in cases} == {"random", "adversarial", "nonfinite"}
+    for case in cases:
+        a, b = selftest.gemm_operands(case)
+        assert a.shape == (case.M, case.K) and b.shape == (case.N, case.K)
+        if case.data != "nonfinite":
+            from mmaemu import formats
+
+            assert not formats.nonfinite_mask(a, case.fmt_a).any() and not formats.nonfinite_mask(b, case.fmt_b).any()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# scripts/gpu_check.py on a CPU-only machine
+
+
+def test_gpu_check_quick_runs_without_a_gpu(tmp_path):
+    out = tmp_path / "report"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("OUT", None)
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--quick", "--out", str(out),
+                          "--budget", "120"], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = json.loads((out / "gpu_check.json").read_text())
+    stages = {s["name"]: s for s in report["stages"]}
+    assert list(stages) == ["environment", "cpu_reference", "selftest", "compare", "timing"]
+    assert stages["environment"]["status"] == "ok" and stages["cpu_reference"]["status"] == "ok"
+    if not torch.cuda.is_available():
+        for name in ("selftest", "compare", "timing"):
+            assert stages[name]["status"] == "skipped"
+            assert stages[name]["error"].startswith("no usable CUDA device")
+    markdown = (out / "gpu_check.md").read_text()
+    assert "| selftest | skipped |" in markdown or torch.cuda.is_available()
+    assert "[gpu_check" in run.stdout and "stage timing" in run.stdout

@@ -1,0 +1,256 @@
+"""CUDA kernels without a GPU.
+
+* Simulator: the kernels of mmaemu.cuda run under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, which must be
+  set before numba.cuda is imported, so they run in a subprocess) on tiny shapes and must equal the CPU reference
+  bit for bit: hopper / ada / b200_mma_sync, fast, slow and split-K, mixed formats, NaN/Inf codes, the tiled
+  kernel's chunk-to-chunk carry and multi-block launches, and the epilogue kernel for every output dtype.
+* PTX: every kernel is compiled to PTX for sm_89, sm_90 and sm_120 without a device, and the PTX must hold no fused
+  multiply-add and no flush-to-zero instruction; ptxas (if installed) assembles it. Numba compiles the device
+  functions a kernel calls "for the current device"; the worker replaces that lookup (numba.cuda.dispatcher's
+  ``get_current_device``) by a fake device of the target capability - in this test's subprocess only. It needs
+  libNVVM (a CUDA toolkit) and, with numba-cuda, NVRTC; without them the test is skipped with the reason.
+
+Both workers start at once (this file run as a script) and the tests read their JSON reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TIMEOUT_S = 240
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Workers (run as: python tests/test_cuda_sim.py sim|ptx)
+
+
+def _sim_worker():
+    import numpy as np
+    from numba.core import config
+
+    assert config.ENABLE_CUDASIM, "the simulator worker needs NUMBA_ENABLE_CUDASIM=1"
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.cuda import engine, kernels, selftest
+    from mmaemu.model.presets import get_preset
+
+    report = {"gemm": [], "epilogue": None, "implementation": None}
+    from mmaemu.cuda import shim
+
+    report["implementation"] = shim.cuda_implementation()
+    cases = [c.shrunk() for c in selftest.GEMM_CASES]
+    # The tiled kernel across several thread blocks (M, N > 16), and a K that needs several chunks.
+    cases.append(selftest.GemmCase("multi-block tiled hopper slow", "hopper", "e4m3", "e5m2", False, 1, "none",
+                                   18, 20, 40, "random", 101))
+    seen = set()
+    for case in cases:
+        if case in seen:
+            continue
+        seen.add(case)
+        a, b = selftest.gemm_operands(case)
+        preset = get_preset(case.preset, warn=False)
+        want = accumulate_codes(a, b, case.fmt_a, case.fmt_b, preset, case.fast, case.splits, case.scheme,
+                                reference=True)
+        runs = [("simple", None), ("tiled", None), ("tiled", preset.nfma)]  # chunk = nfma: every block a stage
+        if case.M > 4:
+            runs = [("tiled", None)]
+        for kernel, chunk in runs:
+            start = time.perf_counter()
+            got = engine.accumulate_numpy(kernel, a, b, case.fmt_a, case.fmt_b, preset, case.fast, case.splits,
+                                          case.scheme, chunk=chunk)
+            count, first = selftest.compare_bits(got, want)
+            report["gemm"].append({"case": case.label, "kernel": kernel, "chunk": chunk,
+                                   "shape": [case.M, case.N, case.K], "preset": case.preset,
+                                   "fast": case.fast, "splits": case.splits, "scheme": case.scheme,
+                                   "formats": [case.fmt_a, case.fmt_b], "data": case.data,
+                                   "nonfinite_outputs": int(np.count_nonzero(~np.isfinite(want))),
+                                   "mismatches": count, "first": first,
+                                   "seconds": round(time.perf_counter() - start, 2)})
+    start = time.perf_counter()
+    passed, details = selftest.run_epilogue_cases(engine.epilogue_numpy, size="tiny")
+    report["epilogue"] = {"passed": passed, "cases": len(details),
+                          "bad": [d for d in details if d["mismatches"]][:3],
+                          "seconds": round(time.perf_counter() - start, 2)}
+    # The schedule-length guard of the tiled kernel and an unknown kernel name fail loudly.
+    errors = {}
+    for kernel, schedule in (("tiled", (64, 1, 0, 0, 0)), ("nope", (64, 1, 0, 0, 0, 0))):
+        try:
+            z = np.zeros((1, 64), np.int8)
+            kernels.launch_gemm(kernel, z, z.astype(np.int16), z, z.astype(np.int16), schedule, (32,) + (0,) * 6,
+                                np.zeros((1, 1), np.float32))
+            errors[kernel] = None
+        except Exception as exc:
+            errors[kernel] = type(exc).__name__
+    report["errors"] = errors
+    print(json.dumps(report))
+
+
+def _ptx_worker():
+    report = {"skipped": None, "targets": {}}
+    try:
+        import numba.cuda.dispatcher as cuda_dispatcher
+        from numba import cuda
+    except Exception as exc:
+        report["skipped"] = f"numba.cuda cannot be imported: {exc}"
+        print(json.dumps(report))
+        return
+
+    class FakeDevice:
+        compute_capability = (9, 0)
+
+    # Numba compiles the device functions a kernel calls for the *current* device; without a driver there is none.
+    cuda_dispatcher.get_current_device = lambda: FakeDevice
+    from mmaemu.cuda import kernels, shim
+
+    implementation = shim.cuda_implementation()
+    report["implementation"] = implementation
+    try:
+        from numba.cuda import config as cuda_config
+    except ImportError:  # pragma: no cover
+        from numba.core import config as cuda_config
+    ptxas = None
+    for candidate in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
+        path = pathlib.Path(candidate or "/nonexistent") / "bin" / "ptxas"
+        if path.is_file():
+            ptxas = str(path)
+            break
+    report["ptxas"] = ptxas
+    for cc in ((8, 9), (9, 0), (12, 0)):
+        FakeDevice.compute_capability = cc
+        cuda_config.FORCE_CUDA_CC = cc  # the exact target, not the closest one numba's tables know
+        target = {}
+        for name, (kernel, signature) in kernels.signatures().items():
+            try:
+                ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=cc)
+            except Exception as exc:
+                text = " ".join(str(exc).split())
+                if any(s in text for s in ("NVVM", "libnvvm", "nvrtc", "NVRTC", "libdevice", "CUDA_HOME",
+                                           "cudadevrt", "Failure finding")):
+                    report["skipped"] = f"no CUDA compiler libraries: {type(exc).__name__}: {text[:300]}"
+                    print(json.dumps(report))
+                    return
+                raise
+            lines = ptx.splitlines()
+            entry = {
+                "bytes": len(ptx),
+                "target": [ln.split()[1] for ln in lines if ln.startswith(".target")],
+                "fma": sum(1 for ln in lines if "fma." in ln and not ln.lstrip().startswith("//")),
+                "ftz": sum(1 for ln in lines if ".ftz" in ln and not ln.lstrip().startswith("//")),
+                "approx": sum(1 for ln in lines if ".approx" in ln and not ln.lstrip().startswith("//")),
+            }
+            if ptxas:
+                sm = f"sm_{cc[0]}{cc[1]}"
+                path = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"mmaemu-{os.getpid()}-{name}-{sm}.ptx"
+                path.write_text(ptx)
+                run = subprocess.run([ptxas, f"-arch={sm}", str(path), "-o", os.devnull], capture_output=True,
+                                     text=True)
+                path.unlink()
+                entry["ptxas"] = run.returncode
+                entry["ptxas_error"] = run.stderr[-300:] if run.returncode else ""
+            target[name] = entry
+        report["targets"][f"sm_{cc[0]}{cc[1]}"] = target
+    print(json.dumps(report))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tests
+
+
+def _spawn(mode, extra_env):
+    env = dict(os.environ)
+    env.update(extra_env)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return subprocess.Popen([sys.executable, __file__, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=str(ROOT))
+
+
+def _collect(proc):
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"worker timed out after {TIMEOUT_S} s; stderr tail: {err[-2000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"worker failed (exit {proc.returncode}); stderr tail:\n{err[-4000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def workers():
+    """Start both workers at once (two cores), return their reports lazily."""
+    procs = {
+        "sim": _spawn("sim", {"NUMBA_ENABLE_CUDASIM": "1"}),
+        "ptx": _spawn("ptx", {"NUMBA_ENABLE_CUDASIM": "0"}),
+    }
+    reports = {}
+
+    def get(mode):
+        if mode not in reports:
+            reports[mode] = _collect(procs[mode])
+        return reports[mode]
+
+    yield get
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def test_simulated_kernels_equal_cpu_reference(workers):
+    report = workers("sim")
+    bad = [r for r in report["gemm"] if r["mismatches"]]
+    assert not bad, json.dumps(bad[:5], indent=1)
+    runs = report["gemm"]
+    # What was covered: every preset, fast / slow / each split scheme, mixed formats, NaN/Inf outputs, both
+    # kernels, the tiled kernel's chunk carry and a multi-block launch.
+    assert {r["preset"] for r in runs} == {"hopper", "ada", "b200_mma_sync"}
+    assert {r["kernel"] for r in runs} == {"simple", "tiled"}
+    assert {r["scheme"] for r in runs} == {"none", "contiguous", "serial", "pairwise"}
+    assert {r["fast"] for r in runs} == {True, False}
+    assert {tuple(r["formats"]) for r in runs} >= {("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"),
+                                                    ("e5m2", "e5m2")}
+    assert any(r["nonfinite_outputs"] for r in runs)
+    assert any(r["kernel"] == "tiled" and r["chunk"] and r["shape"][2] > r["chunk"] for r in runs)
+    assert any(r["shape"][0] > 16 and r["shape"][1] > 16 for r in runs)
+    assert all(max(r["shape"][:2]) <= 4 and r["shape"][2] <= 96 for r in runs if r["shape"][0] <= 16)
+
+
+def test_simulated_epilogue_equals_cpu(workers):
+    report = workers("sim")
+    epilogue = report["epilogue"]
+    assert epilogue["passed"], json.dumps(epilogue["bad"], indent=1)
+    assert epilogue["cases"] >= 5 * 5  # five scale settings x five output dtypes
+
+
+def test_simulated_launch_guards(workers):
+    errors = workers("sim")["errors"]
+    assert errors == {"tiled": "RuntimeError", "nope": "ValueError"}
+
+
+def test_ptx_for_sm89_sm90_sm120_without_a_device(workers):
+    report = workers("ptx")
+    if report["skipped"]:
+        pytest.skip(report["skipped"])
+    assert set(report["targets"]) == {"sm_89", "sm_90", "sm_120"}
+    for sm, kernels in report["targets"].items():
+        assert set(kernels) == {"simple", "tiled", "override", "epilogue"}
+        for name, entry in kernels.items():
+            assert entry["target"] == [sm], (sm, name, entry["target"])
+            assert entry["fma"] == 0, f"{name} {sm}: fused multiply-add in the PTX"
+            assert entry["ftz"] == 0, f"{name} {sm}: flush-to-zero in the PTX"
+            assert entry["approx"] == 0, f"{name} {sm}: approximate instruction in the PTX"
+            if report.get("ptxas"):
+                assert entry["ptxas"] == 0, f"ptxas rejected {name} for {sm}: {entry['ptxas_error']}"
+
+
+if __name__ == "__main__":
+    {"sim": _sim_worker, "ptx": _ptx_worker}[sys.argv[1]]()
