@@ -1,24 +1,41 @@
 """Parallel CPU loops (``prange``) over the compiled arithmetic.
 
-Outputs are computed in tiles of ``TILE_M x TILE_N`` so that the decoded rows of A and B of a tile stay in
-the core's cache while every output of the tile walks its K chains. Extra memory: the output and the decoded
-operands (3 bytes per input element); nothing grows with M * N * K.
+* :func:`accumulate_gemm` - the fast path. B is cut into *panels* of ``lanes`` rows (columns of the product),
+  taken a *group* of panels at a time: the group's panels are decoded in parallel into the tile layout of
+  :mod:`mmaemu.arith.tile` ([K, lanes]: fp32 value and int8 exponent per code, :func:`decode_panel`), then every
+  job of the group - one panel and ``tile_rows`` rows of A - runs in parallel: decode its rows of A
+  (:func:`decode_rows`) and run :func:`mmaemu.arith.tile.tile_accumulate`, whose innermost loops run over the
+  lanes and vectorise. Every panel is decoded once, every row of A once per panel.
+* :func:`accumulate_gemm_reference` - the straightforward loop: every output walks its chains alone with
+  :func:`mmaemu.arith.schedule.accumulate_one`, the reference every fast path is tested against.
+
+Extra memory of the fast path: the [M, N] output, the decoded group (group x K x lanes x 5 bytes; the engine
+keeps it near 4 panels per thread and under GROUP_BYTES) and, per thread, the decoded rows (tile_rows x K x 5
+bytes) and nine tile_rows x lanes work arrays of 2 to 8 bytes: O(M*N + threads * K * (lanes + tile_rows)).
+Nothing is decoded for the whole of A or B.
+
+Threading: the loops run on the Numba threading layer chosen in :mod:`mmaemu.cpu.threads`.
 """
 
-from numba import prange
+import numpy as np
+from numba import get_thread_id, prange
 
-from .._jit import arithmetic_parallel
+from .._jit import arithmetic, arithmetic_parallel
 from ..arith.epilogue import epilogue_one
 from ..arith.schedule import accumulate_one
 from ..arith.special import FINITE, nonfinite_accumulator
+from ..arith.tile import tile_accumulate, tile_decode
 
 TILE_M = 16
 TILE_N = 16
 
 
 @arithmetic_parallel
-def accumulate_gemm(sa, ea, sb, eb, schedule, params, out):
-    """out[m, n] = fp32 accumulator of row m of A and row n of B (finite codes; semantics.md (c), (d))."""
+def accumulate_gemm_reference(sa, ea, sb, eb, schedule, params, out):
+    """out[m, n] = fp32 accumulator of row m of A and row n of B (finite codes; semantics.md (c), (d)).
+
+    ``sa``/``ea``, ``sb``/``eb``: int8 significands and int16 exponents (:func:`mmaemu.cpu.engine.decode_operand`).
+    """
     M, K = sa.shape
     N = sb.shape[0]
     tiles_m = (M + TILE_M - 1) // TILE_M
@@ -29,6 +46,117 @@ def accumulate_gemm(sa, ea, sb, eb, schedule, params, out):
         for m in range(m0, min(m0 + TILE_M, M)):
             for n in range(n0, min(n0 + TILE_N, N)):
                 out[m, n] = accumulate_one(sa[m], ea[m], sb[n], eb[n], K, schedule, params)
+
+
+@arithmetic
+def decode_rows(codes, m0, rows, fmt, val, exp):
+    """Rows m0 .. m0+rows-1 of A in the tile layout: ``val[r, k]``, ``exp[r, k]`` (mmaemu.arith.tile.tile_decode)."""
+    K = codes.shape[1]
+    for r in range(rows):
+        for k in range(K):
+            val[r, k], exp[r, k] = tile_decode(codes[m0 + r, k], fmt)
+
+
+@arithmetic
+def decode_panel(codes, n0, val_table, exp_table, val, exp):
+    """Rows n0 .. n0+lanes-1 of B (columns of the product) transposed into the tile layout ``val[k, j]``,
+    ``exp[k, j]``; lanes past the last row are zero codes. ``val_table``/``exp_table``: tile_decode of the 256
+    codes (engine.tile_tables). Eight rows of codes are read side by side, so that each k writes 8 adjacent
+    lanes."""
+    N, K = codes.shape
+    lanes = val.shape[1]
+    flat_val = val.reshape(K * lanes)
+    flat_exp = exp.reshape(K * lanes)
+    j = 0
+    while j + 8 <= lanes and n0 + j + 8 <= N:
+        r0, r1, r2, r3 = codes[n0 + j], codes[n0 + j + 1], codes[n0 + j + 2], codes[n0 + j + 3]
+        r4, r5, r6, r7 = codes[n0 + j + 4], codes[n0 + j + 5], codes[n0 + j + 6], codes[n0 + j + 7]
+        for k in range(K):
+            i = k * lanes + j
+            c = r0[k]
+            flat_val[i], flat_exp[i] = val_table[c], exp_table[c]
+            c = r1[k]
+            flat_val[i + 1], flat_exp[i + 1] = val_table[c], exp_table[c]
+            c = r2[k]
+            flat_val[i + 2], flat_exp[i + 2] = val_table[c], exp_table[c]
+            c = r3[k]
+            flat_val[i + 3], flat_exp[i + 3] = val_table[c], exp_table[c]
+            c = r4[k]
+            flat_val[i + 4], flat_exp[i + 4] = val_table[c], exp_table[c]
+            c = r5[k]
+            flat_val[i + 5], flat_exp[i + 5] = val_table[c], exp_table[c]
+            c = r6[k]
+            flat_val[i + 6], flat_exp[i + 6] = val_table[c], exp_table[c]
+            c = r7[k]
+            flat_val[i + 7], flat_exp[i + 7] = val_table[c], exp_table[c]
+        j += 8
+    while j < lanes:
+        if n0 + j < N:
+            row = codes[n0 + j]
+            for k in range(K):
+                c = row[k]
+                flat_val[k * lanes + j], flat_exp[k * lanes + j] = val_table[c], exp_table[c]
+        else:
+            for k in range(K):
+                flat_val[k * lanes + j], flat_exp[k * lanes + j] = val_table[0], exp_table[0]
+        j += 1
+
+
+@arithmetic_parallel
+def accumulate_gemm(a_codes, b_codes, fmt_a, b_tables, schedule, params, tile_rows, group, lanes, lane_proto,
+                    max_threads, out):
+    """The fast path: out[m, n] = fp32 accumulator of row m of A and row n of B, bit-identical to
+    :func:`accumulate_gemm_reference` (finite codes; semantics.md (c), (d)).
+
+    ``a_codes`` [M, K], ``b_codes`` [N, K]: uint8 FP8 codes; ``fmt_a``: A's :data:`mmaemu.arith.tile.TILE_FORMATS`
+    entry; ``b_tables``: (fp32 value, int8 exponent) of B's 256 codes (engine.tile_tables). B is cut into panels
+    of ``lanes`` rows (columns of the product), taken ``group`` panels at a time: the group's panels are decoded
+    in parallel, then every (panel, ``tile_rows`` rows of A) job of the group runs in parallel, panel by panel.
+    ``lane_proto``: an empty array whose dtype (int32 or int64) is the lane integer type of the block sums
+    (mmaemu.arith.tile.lane_bits_needed). Each of the ``max_threads`` (NUMBA_NUM_THREADS) threads has its own
+    rows and work arrays, allocated once per call.
+    """
+    M, K = a_codes.shape
+    N = b_codes.shape[0]
+    panels = (N + lanes - 1) // lanes
+    row_tiles = (M + tile_rows - 1) // tile_rows
+    b_val = np.empty((group, K, lanes), np.float32)
+    b_exp = np.empty((group, K, lanes), np.int8)
+    shape = (max_threads, tile_rows, lanes)
+    a_val = np.empty((max_threads, tile_rows, K), np.float32)
+    a_exp = np.empty((max_threads, tile_rows, K), np.int8)
+    c_sig, total = np.empty(shape, lane_proto.dtype), np.empty(shape, lane_proto.dtype)
+    c_lead, e_max, scale = np.empty(shape, np.int32), np.empty(shape, np.int16), np.empty(shape, np.float32)
+    result, partial, slot, acc = (np.empty(shape, np.float32), np.empty(shape, np.float32),
+                                  np.empty(shape, np.float32), np.empty(shape, np.float32))
+    for g0 in range(0, panels, group):
+        in_group = min(group, panels - g0)
+        for i in prange(in_group):
+            decode_panel(b_codes, (g0 + i) * lanes, b_tables[0], b_tables[1], b_val[i], b_exp[i])
+        for job in prange(in_group * row_tiles):
+            t = get_thread_id()
+            i = job // row_tiles
+            n0 = (g0 + i) * lanes
+            m0 = (job % row_tiles) * tile_rows
+            rows = min(tile_rows, M - m0)
+            decode_rows(a_codes, m0, rows, fmt_a, a_val[t], a_exp[t])
+            tile_accumulate(a_val[t], a_exp[t], b_val[i], b_exp[i], 0, rows, K, schedule, params,
+                            (c_sig[t], c_lead[t], e_max[t], scale[t], total[t]), (result[t], partial[t], slot[t]),
+                            acc[t])
+            for r in range(rows):
+                for j in range(min(lanes, N - n0)):
+                    out[m0 + r, n0 + j] = acc[t, r, j]
+
+
+@arithmetic_parallel
+def nonfinite_rows(codes, mask, pattern, flags):
+    """flags[r] = some code of row r is NaN or Inf, i.e. ``code & mask == pattern`` (engine.NONFINITE_PATTERN)."""
+    R, K = codes.shape
+    for r in prange(R):
+        hit = 0
+        for k in range(K):
+            hit |= (codes[r, k] & mask) == pattern
+        flags[r] = hit != 0
 
 
 @arithmetic_parallel

@@ -1,0 +1,168 @@
+#!/usr/bin/env python
+"""Throughput of mmaemu's CPU path against float64 ``np.dot`` of the same shapes, from ONE run.
+
+For every shape (M, N, K), profile preset (hopper, ada) and accumulation mode (fast, slow) it times
+``mmaemu.cpu.accumulate_codes`` (decode + the fast tile path + the NaN/Inf rule, i.e. everything from FP8
+codes to the fp32 accumulator) and ``np.dot`` of float64 [M, K] x [K, N] (the BLAS NumPy is linked to), each the
+best of a few repetitions, interleaved so that both see the same machine load (mmaemu is timed after a pause
+that lets BLAS's spinning workers fall asleep), and prints GMAC/s and the ratio. It then measures, in a fresh
+Python process with the cache this run has warmed, the import time and the first-call compile/load time of the
+CPU path (target: at most 1 s).
+
+    python scripts/bench.py                 # all cores, the four shapes of docs/performance.md
+    python scripts/bench.py --threads 1     # one thread for mmaemu and for BLAS
+    python scripts/bench.py --quick         # smaller shapes, fewer repetitions (a few seconds)
+
+Set ``MMAEMU_CACHE_DIR`` to keep the compiled kernels somewhere else than the default cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+BLAS_SETTLE_S = 1.0
+SHAPES = [(64, 5760, 1920), (2048, 5760, 1920), (256, 256, 4096), (16, 16, 65536)]
+QUICK_SHAPES = [(64, 1536, 1920), (256, 1536, 1920), (128, 128, 4096), (16, 16, 16384)]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for mmaemu and BLAS")
+    parser.add_argument("--quick", action="store_true", help="smaller shapes and fewer repetitions")
+    parser.add_argument("--repeats", type=int, default=None, help="repetitions per measurement (best is kept)")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def _set_thread_env(n: int):
+    """Before NumPy and Numba are imported: the same thread count for Numba and every BLAS flavour."""
+    for name in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                 "BLIS_NUM_THREADS"):
+        os.environ[name] = str(n)
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return "unknown CPU"
+
+
+def fp8_codes(rng, fmt, shape):
+    """FP8 codes of normally distributed values (scaled like typical FP8 activations/weights), no NaN/Inf."""
+    import numpy as np
+
+    from mmaemu import formats
+
+    values = formats.values(fmt)
+    finite = np.flatnonzero(np.isfinite(values) & ~((values == 0) & np.signbit(values)))
+    order = finite[np.argsort(values[finite])]
+    sorted_values = values[order]
+    x = rng.standard_normal(shape) * (16.0 if fmt == "e4m3" else 256.0)
+    idx = np.clip(np.searchsorted(sorted_values, x), 1, len(order) - 1)
+    nearer_low = (x - sorted_values[idx - 1]) < (sorted_values[idx] - x)
+    return order[idx - nearer_low].astype(np.uint8)
+
+
+def best_of(fn, repeats):
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+FIRST_CALL = r"""
+import time
+t0 = time.perf_counter()
+import numpy as np
+from mmaemu.cpu import accumulate_codes
+from mmaemu.model.presets import ADA, HOPPER
+t1 = time.perf_counter()
+a = np.full((4, 256), 0x38, np.uint8)
+accumulate_codes(a, a, "e4m3", "e4m3", HOPPER, True)
+t2 = time.perf_counter()
+accumulate_codes(a, a, "e4m3", "e4m3", ADA, False, 2, "pairwise")
+t3 = time.perf_counter()
+print(f"{t1 - t0:.3f} {t2 - t1:.3f} {t3 - t2:.3f}")
+"""
+
+
+def first_call_times():
+    """(import, first call, a second schedule) seconds in a fresh interpreter with the warm cache."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    out = subprocess.run([sys.executable, "-c", FIRST_CALL], capture_output=True, text=True, env=env, check=True)
+    return tuple(float(x) for x in out.stdout.split())
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    _set_thread_env(args.threads)
+    import numpy as np
+
+    import mmaemu
+    from mmaemu.cpu import accumulate_codes, threads
+    from mmaemu.model.presets import ADA, HOPPER
+
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    repeats = args.repeats or (2 if args.quick else 5)
+    rng = np.random.default_rng(args.seed)
+    print(f"# mmaemu {mmaemu.__version__} CPU path vs float64 np.dot - {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    print(f"# CPU: {cpu_model()}, {os.cpu_count()} logical CPUs; threads: {args.threads} "
+          f"(Numba threading layer requested: {threads.threading_layer()})")
+    print(f"# NumPy {np.__version__}; each figure is the best of {repeats} timed runs after a warm-up\n")
+
+    rows = []
+    warm = time.perf_counter()
+    for M, N, K in shapes:
+        a = fp8_codes(rng, "e4m3", (M, K))
+        b = fp8_codes(rng, "e4m3", (N, K))
+        af = rng.standard_normal((M, K))
+        bf = rng.standard_normal((N, K))
+        configs = [(p, fast) for p in (HOPPER, ADA) for fast in (True, False)]
+        for preset, fast in configs:  # compile / load, and grow the heap, outside the timings
+            accumulate_codes(a, b, "e4m3", "e4m3", preset, fast)
+        np.dot(af, bf.T)
+        best = {cfg: float("inf") for cfg in configs}
+        best_dot = float("inf")
+        for _ in range(repeats):
+            best_dot = min(best_dot, best_of(lambda: np.dot(af, bf.T), 1))
+            # OpenBLAS's idle workers spin (sched_yield) for a while after a call (OPENBLAS_THREAD_TIMEOUT)
+            # and would take cores from the next measurement: let them fall asleep first.
+            time.sleep(BLAS_SETTLE_S)
+            for preset, fast in configs:
+                t = best_of(lambda: accumulate_codes(a, b, "e4m3", "e4m3", preset, fast), 1)
+                best[(preset, fast)] = min(best[(preset, fast)], t)
+        gmac = M * N * K / 1e9
+        for preset, fast in configs:
+            rows.append((M, N, K, preset.name, "fast" if fast else "slow", gmac / best[(preset, fast)],
+                         gmac / best_dot))
+    layer = threads.threading_layer()
+    elapsed = time.perf_counter() - warm
+
+    print("| M | N | K | preset | accumulation | mmaemu GMAC/s | np.dot f64 GMAC/s | ratio |")
+    print("|---:|---:|---:|---|---|---:|---:|---:|")
+    for M, N, K, name, mode, ours, dot in rows:
+        ratio = ours / dot
+        print(f"| {M} | {N} | {K} | {name} | {mode} | {ours:.2f} | {dot:.2f} | {ratio:.3f} (1/{1 / ratio:.1f}) |")
+    worst = min(r[5] / r[6] for r in rows)
+    print(f"\n# lowest ratio: {worst:.3f} (1/{1 / worst:.1f}); Numba threading layer in use: {layer}; "
+          f"timed part took {elapsed:.0f} s")
+    imp, first, second = first_call_times()
+    print(f"# fresh process, warm cache: import {imp:.2f} s, first call (hopper fast) {first:.2f} s, "
+          f"first call of another schedule (ada slow, 2 pairwise splits) {second:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
