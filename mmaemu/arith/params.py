@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Tuple
+
+import numpy as np
+
 from ..errors import UnsupportedFeatureError
 from ..formats import MANT_BITS
 
@@ -63,3 +68,31 @@ def schedule_params(preset, K: int, use_fast_accum: bool, splits: int = 1, schem
         )
     chain_tiles = 0 if use_fast_accum else SLOW_CHAIN_TILES[scheme]
     return (tile, splits, int(interleaved), chain_tiles, int(scheme == "pairwise"), 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class CodesGemm:
+    """A GEMM of FP8 codes ready for an engine: C-contiguous uint8 operands and the integer tuples."""
+
+    a_codes: np.ndarray  # [M, K]
+    b_codes: np.ndarray  # [N, K]
+    schedule: Tuple[int, ...]
+    params: Tuple[int, ...]
+
+    @property
+    def shape(self):
+        """(M, N, K)."""
+        return self.a_codes.shape[0], self.b_codes.shape[0], self.a_codes.shape[1]
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to accumulate: the result is all +0."""
+        return 0 in self.shape
+
+
+def codes_gemm(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none") -> CodesGemm:
+    """Check and prepare ``A [M, K] x B [N, K]^T`` given as FP8 codes for any engine."""
+    a_codes = np.ascontiguousarray(a_codes, dtype=np.uint8)
+    b_codes = np.ascontiguousarray(b_codes, dtype=np.uint8)
+    schedule = schedule_params(preset, a_codes.shape[1], use_fast_accum, splits, scheme)
+    return CodesGemm(a_codes, b_codes, schedule, preset_params(preset, fmt_a, fmt_b))

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from .. import formats
-from ..arith.epilogue import OUT_CODES
-from ..arith.params import preset_params, schedule_params
+from ..arith.epilogue import OUT_CODES, scale_product
+from ..arith.params import codes_gemm
 from ..arith.rounding import FLOAT32, value_of_bits
-from ..arith.epilogue import scale_product
 from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_decode
 from . import threads
-from .gemm import accumulate_gemm, accumulate_gemm_reference, epilogue_gemm, nonfinite_rows, override_nonfinite
+from .gemm import (accumulate_gemm, accumulate_gemm_reference, epilogue_gemm, nonfinite_rows,
+                   override_nonfinite)
 
 _OUT_VIEW = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16,
              "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
@@ -86,13 +86,10 @@ def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, spl
     Every format pair is accepted (E5M2 x E5M2 included); non-finite codes follow the rule of c.4.
     ``reference=True`` runs the straightforward loop (one chain walk per output) instead of the fast path.
     """
-    a_codes = np.ascontiguousarray(a_codes, dtype=np.uint8)
-    b_codes = np.ascontiguousarray(b_codes, dtype=np.uint8)
-    (M, K), N = a_codes.shape, b_codes.shape[0]
-    schedule = schedule_params(preset, K, use_fast_accum, splits, scheme)
-    params = preset_params(preset, fmt_a, fmt_b)
-    out = np.zeros((M, N), np.float32)
-    if M == 0 or N == 0 or K == 0:
+    gemm = codes_gemm(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
+    a_codes, b_codes, schedule, params = gemm.a_codes, gemm.b_codes, gemm.schedule, gemm.params
+    out = np.zeros(gemm.shape[:2], np.float32)
+    if gemm.empty:
         return out
     if reference:
         sa, ea = decode_operand(a_codes, fmt_a)

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import formats
 from ..arith.epilogue import OUT_CODES
-from ..arith.params import preset_params, schedule_params
+from ..arith.params import codes_gemm, preset_params, schedule_params
 from . import kernels
 
 # Output dtype name -> (bit width, signed integer view used by the kernel).
@@ -155,13 +155,10 @@ def accumulate_numpy(kernel, a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_ac
                      chunk=None):
     """Like :func:`mmaemu.cpu.accumulate_codes`, computed by a CUDA kernel (operands decoded on the host)."""
     cuda = _cuda()
-    a_codes = np.ascontiguousarray(a_codes, dtype=np.uint8)
-    b_codes = np.ascontiguousarray(b_codes, dtype=np.uint8)
-    (M, K), N = a_codes.shape, b_codes.shape[0]
-    schedule = schedule_params(preset, K, use_fast_accum, splits, scheme)
-    params = preset_params(preset, fmt_a, fmt_b)
-    out = np.zeros((M, N), np.float32)
-    if M == 0 or N == 0 or K == 0:
+    gemm = codes_gemm(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
+    a_codes, b_codes, schedule, params = gemm.a_codes, gemm.b_codes, gemm.schedule, gemm.params
+    out = np.zeros(gemm.shape[:2], np.float32)
+    if gemm.empty:
         return out
     sig_a, exp_a = formats.significands(fmt_a)[a_codes], formats.exponents(fmt_a)[a_codes]
     sig_b, exp_b = formats.significands(fmt_b)[b_codes], formats.exponents(fmt_b)[b_codes]
