@@ -19,7 +19,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from mmaemu import cli
+from mmaemu import cli, diagnostics
 
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -414,7 +414,7 @@ def fake_device(monkeypatch):
 
     from mmaemu import backends
 
-    monkeypatch.setattr(cli, "_cuda_unusable", lambda ordinal, exact=False: None)
+    monkeypatch.setattr(diagnostics, "cuda_unusable", lambda ordinal, exact=False: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Fake GPU")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 9))
@@ -525,19 +525,19 @@ def test_selftest_without_kernel_metadata(fake_device):
 def test_info_device_section_on_a_simulated_gpu(monkeypatch):
     import types
 
-    monkeypatch.setattr(cli, "_cuda_unusable", lambda ordinal, exact=False: None)
+    monkeypatch.setattr(diagnostics, "cuda_unusable", lambda ordinal, exact=False: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     props = types.SimpleNamespace(name="Fake GPU", major=9, minor=0, multi_processor_count=132,
                                   total_memory=80 * 2**30)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
-    monkeypatch.setattr(cli, "_display_driver", lambda: "570.148.08")
-    monkeypatch.setattr(cli, "_cuda_driver_api", lambda: "12.8")
-    monkeypatch.setattr(cli, "_cublaslt_version", lambda: "12.8.3.14 (/x/libcublasLt.so.12)")
+    monkeypatch.setattr(diagnostics, "_display_driver", lambda: "570.148.08")
+    monkeypatch.setattr(diagnostics, "_cuda_driver_api", lambda: "12.8")
+    monkeypatch.setattr(diagnostics, "_cublaslt_version", lambda: "12.8.3.14 (/x/libcublasLt.so.12)")
 
     def no_nvrtc():
         raise RuntimeError("libnvrtc not found")
 
-    monkeypatch.setattr(cli, "_nvrtc_version", no_nvrtc)
+    monkeypatch.setattr(diagnostics, "_nvrtc_version", no_nvrtc)
     result = invoke("info", "--device", "0")
     assert result.exit_code == 0
     out = result.stdout
@@ -575,7 +575,7 @@ def test_selftest_with_the_library_on_a_disabled_device(fake_device):
     if not hasattr(backends, "selftest"):
         pytest.skip("mmaemu.backends.selftest is not available")
     fake_device.undo()  # the real kernel metadata and selftest; keep a pretend device visible
-    fake_device.setattr(cli, "_cuda_unusable", lambda ordinal, exact=False: None)
+    fake_device.setattr(diagnostics, "cuda_unusable", lambda ordinal, exact=False: None)
     fake_device.setattr(torch.cuda, "current_device", lambda: 0)
     fake_device.setattr(torch.cuda, "get_device_name", lambda index=None: "Fake GPU")
     fake_device.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))

@@ -1,0 +1,409 @@
+"""What this installation and machine are: the report of ``mmaemu info`` (format "mmaemu-info/1", platform.md
+section 7) as plain data, and the reading of "is CUDA usable here" that the commands share.
+
+Versions, ``MMAEMU_*`` environment, the CUDA device (torch's view plus the NVML, libcuda, cuBLASLt and NVRTC
+versions), profiles and whether they match the device, presets, backends, split-K tables and the Numba cache.
+A missing component never raises: :func:`build_info` lists it under ``unavailable`` instead.
+
+Importing this module imports neither torch nor numba and touches no CUDA: every probe imports what it needs when
+it runs. (:func:`mmaemu.cuda.device.probe` answers a different question, whether the numba CUDA kernels can run
+on a device, so it is not used here.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Dict, List, Optional
+
+from ._version import __version__
+
+__all__ = ["INFO_FORMAT", "NO_CUDA_REASON", "build_info", "cuda_disabled_value", "cuda_unusable", "error_text",
+           "jsonable"]
+
+INFO_FORMAT = "mmaemu-info/1"
+NO_CUDA_REASON = "no CUDA device visible to torch"
+_LIBRARIES = ("torch", "numba", "numpy", "click")
+
+
+# ================================================================================================================
+# Plain data and error text
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON data of dataclasses, named tuples, mappings, sequences, paths and dtypes."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        return jsonable(value._asdict())
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        try:
+            return jsonable(value.item())
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return str(value)
+
+
+def error_text(error: BaseException) -> str:
+    """"Type: message" of an exception (a KeyError's message without the quotes repr adds)."""
+    message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    return f"{type(error).__name__}: {message}"
+
+
+# ================================================================================================================
+# Is CUDA usable
+
+
+def cuda_disabled_value(exact: bool = False) -> Optional[str]:
+    """The value of MMAEMU_DISABLE_CUDA when it disables CUDA, else None: truthy (1/true/yes/on) for running
+    kernels (the registry's reading), exactly "1" for diagnostics (``exact``; platform.md section 5)."""
+    from . import backends
+
+    value = os.environ.get("MMAEMU_DISABLE_CUDA", "")
+    disabled = value == "1" if exact else backends.cuda_disabled()
+    return value if disabled else None
+
+
+def cuda_unusable(ordinal: Optional[int], exact: bool = False) -> Optional[str]:
+    """Why CUDA device ``ordinal`` (None: the current one) cannot be used, or None when it can."""
+    disabled = cuda_disabled_value(exact)
+    if disabled is not None:
+        return f"CUDA disabled by MMAEMU_DISABLE_CUDA={disabled}"
+    import torch
+
+    try:
+        available = torch.cuda.is_available()
+        count = torch.cuda.device_count() if available else 0
+    except Exception as exc:  # a broken driver counts as "no device"
+        return f"{NO_CUDA_REASON} ({type(exc).__name__}: {exc})"
+    if not available or count == 0:
+        return NO_CUDA_REASON
+    if ordinal is not None and not 0 <= ordinal < count:
+        return f"CUDA device {ordinal} does not exist ({count} device(s) visible to torch)"
+    return None
+
+
+# ================================================================================================================
+# Versions and environment
+
+
+def _versions() -> dict:
+    """Python's and the libraries' versions; a library that cannot be imported is None, its error in "_errors"."""
+    import platform
+
+    out = {"python": platform.python_version()}
+    for name in _LIBRARIES:
+        try:
+            module = __import__(name)
+            # click deprecates its __version__ attribute: ask the installed distribution first
+            out[name] = (_dist_version(name) if name == "click" else None) or getattr(module, "__version__", None)
+        except Exception as exc:
+            out[name] = None
+            out.setdefault("_errors", {})[name] = error_text(exc)
+    return out
+
+
+def _dist_version(name: str) -> Optional[str]:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _environment() -> Dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MMAEMU_")}
+
+
+# ================================================================================================================
+# The CUDA device
+
+
+def _device_info(ordinal: Optional[int]) -> dict:
+    """The Device section: the CUDA device's facts, or {"available": False, "reason": ...}."""
+    reason = cuda_unusable(ordinal, exact=True)
+    if reason is not None:
+        return {"available": False, "reason": reason}
+    import torch
+
+    index = torch.cuda.current_device() if ordinal is None else ordinal
+    props = torch.cuda.get_device_properties(index)
+    info = {
+        "available": True,
+        "index": index,
+        "name": props.name,
+        "capability": f"sm_{props.major}{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "memory_bytes": int(props.total_memory),
+        "torch_cuda": torch.version.cuda,
+    }
+    _add_driver_versions(info)
+    return info
+
+
+def _add_driver_versions(info: dict) -> None:
+    """The driver and library versions into ``info``; one that cannot be read is None, its error in "errors"."""
+    for key, probe in (("display_driver", _display_driver), ("cuda_driver_api", _cuda_driver_api),
+                       ("cublaslt", _cublaslt_version), ("nvrtc", _nvrtc_version)):
+        try:
+            info[key] = probe()
+        except Exception as exc:
+            info[key] = None
+            info.setdefault("errors", {})[key] = error_text(exc)
+
+
+def _display_driver() -> str:
+    """The NVIDIA display driver version (NVML, else /proc/driver/nvidia/version)."""
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() == 0:
+            buf = ctypes.create_string_buffer(96)
+            status = nvml.nvmlSystemGetDriverVersion(buf, ctypes.c_uint(len(buf)))
+            nvml.nvmlShutdown()
+            if status == 0:
+                return buf.value.decode()
+    except OSError:
+        pass
+    with open("/proc/driver/nvidia/version", encoding="utf-8") as fh:
+        words = fh.readline().split()
+    return next(w for w in words if w[:1].isdigit() and "." in w)
+
+
+def _cuda_driver_api() -> str:
+    import ctypes
+
+    from .platform import cublaslt
+
+    cuda = cublaslt._load_libcuda()
+    version = ctypes.c_int(0)
+    if cuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        raise RuntimeError("cuDriverGetVersion failed")
+    return f"{version.value // 1000}.{version.value % 1000 // 10}"
+
+
+def _cublaslt_version() -> str:
+    from .platform import cublaslt
+
+    lib, path = cublaslt.load_cublaslt()
+    return ".".join(str(x) for x in cublaslt.loaded_cublaslt_version()) + f" ({path})"
+
+
+def _nvrtc_version() -> str:
+    """libnvrtc's version, from the first of :func:`_nvrtc_candidates` that loads and answers."""
+    import ctypes
+
+    errors = []
+    for path in filter(None, _nvrtc_candidates()):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as exc:
+            errors.append(str(exc))
+            continue
+        major, minor = ctypes.c_int(0), ctypes.c_int(0)
+        if lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0:
+            return f"{major.value}.{minor.value} ({path})"
+    raise RuntimeError("libnvrtc not found" + (": " + "; ".join(errors) if errors else ""))
+
+
+def _nvrtc_candidates() -> List[Optional[str]]:
+    """Where libnvrtc may be: $MMAEMU_NVRTC_PATH, the nvidia.cuda_nvrtc wheel, $CONDA_PREFIX/lib,
+    $CUDA_HOME/lib64, then the system search path (None entries are skipped)."""
+    import ctypes.util
+    import glob
+    import importlib.util
+
+    candidates = [os.environ.get("MMAEMU_NVRTC_PATH")]
+    spec = importlib.util.find_spec("nvidia.cuda_nvrtc") if importlib.util.find_spec("nvidia") else None
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        candidates += sorted(glob.glob(os.path.join(folder, "lib", "libnvrtc.so*")))
+    for env, sub in (("CONDA_PREFIX", "lib"), ("CUDA_HOME", "lib64")):
+        if os.environ.get(env):
+            candidates += sorted(glob.glob(os.path.join(os.environ[env], sub, "libnvrtc.so*")))
+    return candidates + ["libnvrtc.so.12", ctypes.util.find_library("nvrtc")]
+
+
+# ================================================================================================================
+# Profiles, presets, backends
+
+
+def _profiles(device: dict, device_arg) -> List[dict]:
+    """Every profile, with whether it matches the device (``device``: the report's Device section)."""
+    from .platform import get_profile, list_profiles
+
+    out = []
+    for name in list_profiles():
+        p = get_profile(name)
+        match, why = _profile_match(p, device, device_arg)
+        out.append({
+            "name": p.name, "preset": p.preset_name, "gpu": p.gpu_name,
+            "capability": f"sm_{p.capability[0]}{p.capability[1]}", "sm_count": p.sm_count,
+            "cublaslt": p.cublaslt_version, "caller": p.caller, "workspace_bytes": p.workspace_bytes,
+            "align": p.align, "table": p.splitk_table, "maturity": p.maturity,
+            "splitk_maturity": p.splitk_maturity, "description": p.description, "match": match,
+            "match_note": why,
+        })
+    return out
+
+
+def _profile_match(p, device: dict, device_arg) -> tuple:
+    """(True | False | None for unknown, why) of profile ``p`` on the device."""
+    if not (p.gpu_name and p.sm_count and p.cublaslt_version):
+        return None, "no reference GPU"
+    if cuda_disabled_value(exact=True) is not None:
+        return None, "MMAEMU_DISABLE_CUDA=1"
+    try:
+        match = bool(p.matches_device(device_arg))
+    except Exception as exc:
+        return None, error_text(exc)
+    if match:
+        return True, None
+    cuda_reason = None if device.get("available") else device.get("reason")
+    if cuda_reason:
+        return False, cuda_reason
+    return False, (f"this device: {device.get('name')}, {device.get('sm_count')} SMs, cuBLASLt "
+                   f"{(device.get('cublaslt') or 'unknown').split(' ')[0]}")
+
+
+def _presets() -> List[dict]:
+    from .model import presets
+
+    aliases = getattr(presets, "_ALIASES", {})
+    out = []
+    for name in presets.list_presets():
+        p = presets.get_preset(name, warn=False)
+        out.append({"name": p.name, "maturity": p.maturity, "scope": p.validated_scope,
+                    "aliases": sorted(a for a, target in aliases.items() if target == p.name)})
+    return out
+
+
+def _backends(device_arg) -> List[dict]:
+    from . import backends
+
+    out = []
+    for name, s in backends.backends_status(device_arg).items():
+        entry = jsonable(s)
+        if not isinstance(entry, dict):
+            entry = {"status": entry}
+        entry.setdefault("name", name)
+        out.append(entry)
+    return out
+
+
+# ================================================================================================================
+# Split-K tables and the Numba cache
+
+
+def _splitk_tables() -> List[dict]:
+    """Per table id of the profiles: its files (bytes, sha256), row counts from the json and the index's own
+    ``rows`` member (the big arrays are not loaded)."""
+    from importlib import resources
+
+    data = resources.files("mmaemu.platform").joinpath("data")
+    return [_splitk_table(data, table_id, profiles) for table_id, profiles in _table_users().items()]
+
+
+def _table_users() -> Dict[str, List[str]]:
+    """table id -> the profiles that use it, in profile order."""
+    from .platform import get_profile, list_profiles
+
+    users: Dict[str, List[str]] = {}
+    for name in list_profiles():
+        table_id = get_profile(name).splitk_table
+        if table_id:
+            users.setdefault(table_id, []).append(name)
+    return users
+
+
+def _splitk_table(data, table_id: str, profiles: List[str]) -> dict:
+    import numpy as np
+
+    meta = json.loads(data.joinpath(f"{table_id}.json").read_text(encoding="utf-8"))
+    combos_name = meta.get("verified_combos", "verified_split_combos.json")
+    combos = json.loads(data.joinpath(combos_name).read_text(encoding="utf-8"))
+    index_name = f"{table_id}.index.npz"
+    with data.joinpath(index_name).open("rb") as fh, np.load(fh, allow_pickle=False) as npz:
+        index_rows = int(npz["rows"])
+        index_format = str(npz["format"])
+    return {
+        "table_id": table_id,
+        "profiles": profiles,
+        "rows": meta.get("rows"),
+        "split_rows": meta.get("split_rows"),
+        "index_rows": index_rows,
+        "index_format": index_format,
+        "verified_combos": sum(1 for c in combos.get("combos", []) if c.get("verified")),
+        "files": [_describe_file(data, name) for name in (f"{table_id}.json", index_name, combos_name)],
+    }
+
+
+def _describe_file(data, file_name: str) -> dict:
+    import hashlib
+
+    blob = data.joinpath(file_name).read_bytes()
+    return {"name": file_name, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+
+
+def _numba_cache() -> dict:
+    from . import _cache
+
+    path = _cache.numba_cache_dir()
+    root = _cache.default_cache_root()
+    probe = path if path.exists() else root
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return {"path": str(path), "exists": path.exists(), "writable": os.access(probe, os.W_OK)}
+
+
+# ================================================================================================================
+# The report
+
+
+def _probe(report: dict, component: str, fn, *args, default=None):
+    """fn(*args); on failure record the component as unavailable and return ``default``."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # info reports every failure instead of raising it
+        report["unavailable"].append({"component": component, "reason": error_text(exc)})
+        return default
+
+
+def _torch_device(kind: str, index: Optional[int] = None):
+    import torch
+
+    return torch.device(kind, index) if index is not None else torch.device(kind)
+
+
+def build_info(device: Optional[int] = None) -> dict:
+    """The ``mmaemu info`` report as plain data (format "mmaemu-info/1"); never raises for a missing component."""
+    report: Dict[str, Any] = {
+        "format": INFO_FORMAT,
+        "mmaemu": {"version": __version__, "location": os.path.dirname(os.path.abspath(__file__))},
+        "unavailable": [],
+    }
+    versions = _versions()
+    for name, error in versions.pop("_errors", {}).items():
+        report["unavailable"].append({"component": name, "reason": error})
+    report["versions"] = versions
+    report["environment"] = _environment()
+    report["device"] = _probe(report, "device", _device_info, device,
+                              default={"available": False, "reason": "probe failed"})
+    if not report["device"].get("available"):
+        report["unavailable"].append({"component": "cuda", "reason": report["device"]["reason"]})
+    device_arg = None if device is None else _torch_device("cuda", device)
+    report["profiles"] = _probe(report, "profiles", _profiles, report["device"], device_arg, default=[])
+    report["presets"] = _probe(report, "presets", _presets, default=[])
+    report["backends"] = _probe(report, "backends", _backends, device_arg, default=[])
+    report["splitk_tables"] = _probe(report, "split-K tables", _splitk_tables, default=[])
+    report["numba_cache"] = _probe(report, "numba cache", _numba_cache, default=None)
+    report["unavailable"] = report.pop("unavailable")  # listed last
+    return report
