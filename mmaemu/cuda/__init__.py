@@ -22,6 +22,9 @@ from typing import Dict, List
 from ..backends import KERNELS, BackendStatus, GateResult, Selection, gemm_kernels
 from ..errors import BackendFallbackWarning, BackendUnavailableError
 from .device import DeviceUnavailable
+from .shim import restore_numpy_row_stack
+
+restore_numpy_row_stack()
 
 __all__ = ["KERNELS", "select", "accumulate", "epilogue", "status", "run_selftests", "ensure_verdict"]
 

@@ -95,3 +95,17 @@ def install_builtin_minmax():
 
         impl_registry.lower(function, types.VarArg(types.Any))(lower)
     _MINMAX_INSTALLED = True
+
+
+def restore_numpy_row_stack():
+    """Give NumPy >= 2.5 back its ``row_stack`` alias of ``vstack`` if it lacks it.
+
+    numba-cuda releases up to at least 0.30 register an overload for ``np.row_stack`` unconditionally when their
+    array support is imported (while the first kernel compiles), and NumPy 2.5 removed that alias, so every
+    kernel failed to compile with "module 'numpy' has no attribute 'row_stack'" (seen on an H200 image with
+    NumPy 2.5.2). The alias is exactly what NumPy < 2.5 had; nothing else changes.
+    """
+    import numpy as np
+
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
