@@ -94,13 +94,18 @@ def scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_d
     """
     plan = plan_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out=out,
                           profile=profile, splitk=splitk, backend=backend)
+    return run_scaled_mm_plan(plan)
+
+
+def run_scaled_mm_plan(plan):
+    """Compute a planned scaled_mm call (:func:`mmaemu.plan.planner.plan_scaled_mm`): the result, or ``out``."""
     call = plan.call
     if plan.action == "out-unchanged":
-        return out
+        return call.out
     if plan.action == "zeros":
-        return _deliver(torch.zeros((call.M, call.N), dtype=call.out_dtype, device=call.device), out)
+        return _deliver(torch.zeros((call.M, call.N), dtype=call.out_dtype, device=call.device), call.out)
     acc = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum)
-    return _deliver(_epilogue(acc, call), out)
+    return _deliver(_epilogue(acc, call), call.out)
 
 
 @torch.compiler.disable

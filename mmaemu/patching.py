@@ -152,15 +152,7 @@ def _compute(block: _Block, args, kwargs):
     from .plan.planner import plan_scaled_mm
 
     plan = plan_scaled_mm(*args, **kwargs, profile=block.profile, splitk=block.splitk, backend=block.backend)
-    call = plan.call
-    out = kwargs.get("out")
-    if plan.action == "out-unchanged":
-        return out, plan
-    if plan.action == "zeros":
-        zeros = torch.zeros((call.M, call.N), dtype=call.out_dtype, device=call.device)
-        return api._deliver(zeros, out), plan
-    acc = api._accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum)
-    return api._deliver(api._epilogue(acc, call), out), plan
+    return api.run_scaled_mm_plan(plan), plan
 
 
 def _shape(t) -> Tuple[int, ...]:
