@@ -9,6 +9,8 @@ consuming the once-per-process slots. Both record the text of every warning that
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import warnings
 from typing import List, Optional, Tuple, Union
 
@@ -60,15 +62,28 @@ class Plan:
                         backend.get(self.action, self.backend), list(self.fallbacks), list(self.warnings))
 
 
+_LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                      for m in (sys.modules[__name__.split(".")[0]], __import__("torch")))
+
+
+def _user_stacklevel() -> int:
+    """The ``warnings.warn`` stacklevel, counted from the calling function, of the first frame outside mmaemu and
+    torch: warnings then point at the user's line, however deep the API layers are."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_LIBRARY_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _warn(plan: Plan, message: str, category):
     """A warning about this call alone (out= handling): emitted every time."""
     plan.warnings.append(message)
-    warnings.warn(message, category, stacklevel=5)
+    warnings.warn(message, category, stacklevel=_user_stacklevel())
 
 
 def _maturity_warnings(plan: Plan, dry: bool):
     """f.7.1: the preset's or the profile's maturity warning (ExperimentalPresetWarning)."""
-    plan.warnings.extend(warn_profile_maturity(plan.profile, dry=dry, stacklevel=6))
+    plan.warnings.extend(warn_profile_maturity(plan.profile, dry=dry, stacklevel=_user_stacklevel() + 1))
 
 
 def _check_gemm_level(preset: Preset, use_fast_accum: bool, split: Optional[SplitDecision]):
@@ -93,7 +108,7 @@ def _decide(plan: Plan, M, N, K, fmt_a, fmt_b, out_dtype, fast, splitk, layout_s
     recorded: List[str] = []
     plan.split = resolve_splitk(M, N, K, a_dtype=fmt_a, b_dtype=fmt_b, out_dtype=out_dtype, use_fast_accum=fast,
                                 profile=plan.profile, splitk=splitk, layout_std=layout_std, dry=dry,
-                                warnings_out=recorded)
+                                warnings_out=recorded, stacklevel=_user_stacklevel())
     plan.warnings.extend(recorded)
     _check_gemm_level(plan.preset, fast, plan.split)
     check_scheme_for_preset(plan.split.splitk, plan.preset)

@@ -140,13 +140,14 @@ _Pending = List[Tuple[type, tuple, str]]  # (warning class, once-key, message)
 
 
 def resolve_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, profile=None, splitk="auto",
-                   layout_std=True, strict=None, dry=False, warnings_out=None) -> SplitDecision:
+                   layout_std=True, strict=None, dry=False, warnings_out=None, stacklevel=1) -> SplitDecision:
     """Decide S and the reduction scheme of a call (platform.md 3.1-3.10, in that order).
 
     ``a_dtype``/``b_dtype``: float8 dtypes or "e4m3"/"e5m2" (mat1, mat2); ``out_dtype`` None means a_dtype;
     ``layout_std`` False skips the table and the live query (padded leading dimensions, section 2); ``strict``
     None reads MMAEMU_SPLITK_STRICT == "1"; ``dry`` emits warnings every time without consuming their
-    once-per-process slot; ``warnings_out`` (a list) receives the text of every warning raised.
+    once-per-process slot; ``warnings_out`` (a list) receives the text of every warning raised; ``stacklevel``
+    as for ``warnings.warn``, counted from the caller of resolve_splitk (layers above it pass more).
     Raises SplitKUnknownError when the evidence cannot decide, ValueError/TypeError for a bad ``splitk``.
     """
     call = _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile)
@@ -157,7 +158,7 @@ def resolve_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, prof
         if strict is None:
             strict = os.environ.get("MMAEMU_SPLITK_STRICT") == "1"
         decision = _auto(call, layout_std, bool(strict), pending)
-    _emit(pending, dry, warnings_out)
+    _emit(pending, dry, warnings_out, stacklevel + 2)
     return decision
 
 
@@ -515,10 +516,10 @@ def _warning_text(call: _Call, S: int, scheme: str, source: str, reason: str) ->
             f"{call.pair}, source {source}, profile {call.profile.name}): {reason}")
 
 
-def _emit(pending: _Pending, dry: bool, warnings_out) -> None:
+def _emit(pending: _Pending, dry: bool, warnings_out, stacklevel: int) -> None:
     for category, key, message in pending:
         if dry or _claim_slot((category.__name__,) + key):
-            warnings.warn(message, category, stacklevel=3)
+            warnings.warn(message, category, stacklevel=stacklevel)
             if warnings_out is not None:
                 warnings_out.append(message)
 
