@@ -161,3 +161,11 @@ def test_cache_directory_is_keyed_and_unwritable_location_falls_back(tmp_path):
     blocked.write_text("a file where the cache directory should be")
     env = dict(os.environ, MMAEMU_CACHE_DIR=str(blocked))
     assert subprocess.check_output([sys.executable, "-c", code], env=env, text=True).strip() == "32.0"
+
+
+def test_planning_warnings_point_at_the_callers_line():
+    a = fp8((1, 512), 13)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mmaemu.explain(a, fp8((16, 512), 14).t(), ONE, ONE, out_dtype=torch.float32, splitk=(3, "contiguous"))
+    assert caught and all(w.filename == __file__ for w in caught), [(w.filename, w.lineno) for w in caught]
