@@ -38,10 +38,10 @@ def _sim_worker():
 
     assert config.ENABLE_CUDASIM, "the simulator worker needs NUMBA_ENABLE_CUDASIM=1"
     from mmaemu.cpu import accumulate_codes
-    from mmaemu.cuda import engine, kernels, selftest
+    from mmaemu.cuda import engine, kernels, schedule_skip, selftest
     from mmaemu.model.presets import get_preset
 
-    report = {"gemm": [], "epilogue": None, "implementation": None}
+    report = {"gemm": [], "skipped": [], "epilogue": None, "implementation": None}
     from mmaemu.cuda import shim
 
     report["implementation"] = shim.cuda_implementation()
@@ -49,6 +49,12 @@ def _sim_worker():
     # The tiled kernel across several thread blocks (M, N > 16), and a K that needs several chunks.
     cases.append(selftest.GemmCase("multi-block tiled hopper slow", "hopper", "e4m3", "e5m2", False, 1, "none",
                                    18, 20, 40, "random", 101))
+    # The lanes kernel's slow chains restarting every 128 k, across its stages (K beyond the tiny cases' 96).
+    lanes_only = [selftest.GemmCase("lanes hopper slow, chain restarts", "hopper", "e4m3", "e5m2", False, 1, "none",
+                                    3, 2, 300, "adversarial", 102),
+                  selftest.GemmCase("lanes ada slow, chain restarts", "ada", "e5m2", "e4m3", False, 1, "none",
+                                    2, 3, 270, "random", 103)]
+    cases += lanes_only
     seen = set()
     for case in cases:
         if case in seen:
@@ -61,7 +67,14 @@ def _sim_worker():
         runs = [("simple", None), ("tiled", None), ("tiled", preset.nfma)]  # chunk = nfma: every block a stage
         if case.M > 4:
             runs = [("tiled", None)]
+        runs = [] if case in lanes_only else runs
+        runs += [("lanes", preset.nfma)] + ([("lanes", None)] if case.M > 4 or case in lanes_only else [])
         for kernel, chunk in runs:
+            skip = schedule_skip(kernel, preset, case.fmt_a, case.fmt_b, case.fast, case.splits, case.scheme)
+            if skip is not None:
+                report["skipped"].append({"case": case.label, "kernel": kernel, "preset": case.preset,
+                                          "splits": case.splits, "reason": skip})
+                continue
             start = time.perf_counter()
             got = engine.accumulate_numpy(kernel, a, b, case.fmt_a, case.fmt_b, preset, case.fast, case.splits,
                                           case.scheme, chunk=chunk)
@@ -88,6 +101,14 @@ def _sim_worker():
             errors[kernel] = None
         except Exception as exc:
             errors[kernel] = type(exc).__name__
+    # The lanes kernel refuses a split schedule (the dispatcher never gives it one).
+    try:
+        z = np.zeros((1, 256), np.uint8)
+        kernels.launch_lanes(z, z, "e4m3", "e4m3", (128, 2, 0, 0, 0, 1), (32, 7, 0, 13, 13, -132, 0),
+                             np.zeros((1, 1), np.float32))
+        errors["lanes"] = None
+    except Exception as exc:
+        errors["lanes"] = type(exc).__name__
     report["errors"] = errors
     print(json.dumps(report))
 
@@ -213,7 +234,21 @@ def test_simulated_kernels_equal_cpu_reference(workers):
     # What was covered: every preset, fast / slow / each split scheme, mixed formats, NaN/Inf outputs, both
     # kernels, the tiled kernel's chunk carry and a multi-block launch.
     assert {r["preset"] for r in runs} == {"hopper", "ada", "b200_mma_sync"}
-    assert {r["kernel"] for r in runs} == {"simple", "tiled"}
+    assert {r["kernel"] for r in runs} == {"simple", "tiled", "lanes"}
+    lanes = [r for r in runs if r["kernel"] == "lanes"]
+    # The lanes kernel: hopper and ada, fast and slow (chains restarting across stages), every format pair,
+    # NaN/Inf outputs, several stages and a multi-block launch; split-K and b200_mma_sync skipped by design.
+    assert {(r["preset"], r["fast"]) for r in lanes} == {("hopper", True), ("hopper", False), ("ada", True),
+                                                         ("ada", False)}
+    assert {tuple(r["formats"]) for r in lanes} == {("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"),
+                                                    ("e5m2", "e5m2")}
+    assert any(r["nonfinite_outputs"] for r in lanes)
+    assert any(not r["fast"] and r["shape"][2] > 256 and r["chunk"] is None for r in lanes)
+    assert any(r["shape"][0] > 16 and r["shape"][1] > 16 for r in lanes)
+    skipped = report["skipped"]
+    assert skipped and {s["kernel"] for s in skipped} == {"lanes"}
+    assert {s["preset"] for s in skipped if s["splits"] == 1} == {"b200_mma_sync"}
+    assert all(s["splits"] > 1 or s["preset"] == "b200_mma_sync" for s in skipped)
     assert {r["scheme"] for r in runs} == {"none", "contiguous", "serial", "pairwise"}
     assert {r["fast"] for r in runs} == {True, False}
     assert {tuple(r["formats"]) for r in runs} >= {("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"),
@@ -221,7 +256,8 @@ def test_simulated_kernels_equal_cpu_reference(workers):
     assert any(r["nonfinite_outputs"] for r in runs)
     assert any(r["kernel"] == "tiled" and r["chunk"] and r["shape"][2] > r["chunk"] for r in runs)
     assert any(r["shape"][0] > 16 and r["shape"][1] > 16 for r in runs)
-    assert all(max(r["shape"][:2]) <= 4 and r["shape"][2] <= 96 for r in runs if r["shape"][0] <= 16)
+    assert all(max(r["shape"][:2]) <= 4 and (r["shape"][2] <= 96 or "chain restarts" in r["case"])
+               for r in runs if r["shape"][0] <= 16)
 
 
 def test_simulated_epilogue_equals_cpu(workers):
@@ -233,7 +269,7 @@ def test_simulated_epilogue_equals_cpu(workers):
 
 def test_simulated_launch_guards(workers):
     errors = workers("sim")["errors"]
-    assert errors == {"tiled": "RuntimeError", "nope": "ValueError"}
+    assert errors == {"tiled": "RuntimeError", "nope": "ValueError", "lanes": "RuntimeError"}
 
 
 def test_ptx_for_sm89_sm90_sm120_without_a_device(workers):
@@ -242,7 +278,7 @@ def test_ptx_for_sm89_sm90_sm120_without_a_device(workers):
         pytest.skip(report["skipped"])
     assert set(report["targets"]) == {"sm_89", "sm_90", "sm_120"}
     for sm, kernels in report["targets"].items():
-        assert set(kernels) == {"simple", "tiled", "override", "epilogue"}
+        assert set(kernels) == {"lanes", "simple", "tiled", "override", "epilogue"}
         for name, entry in kernels.items():
             assert entry["target"] == [sm], (sm, name, entry["target"])
             assert entry["fma"] == 0, f"{name} {sm}: fused multiply-add in the PTX"

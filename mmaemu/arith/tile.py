@@ -60,6 +60,7 @@ import numpy as np
 
 from .._jit import arithmetic
 from .block import NO_LEAD, RESULT_EXP_FLOOR
+from .chain import exact_to_float32
 from .schedule import split_tiles
 
 # Exponent of zero, NaN and Inf codes in the tile layout (int8); see the module docstring.
@@ -406,3 +407,33 @@ def tile_accumulate(a_val, a_exp, b_val, b_exp, m0, rows, K, schedule, params, w
         for r in range(rows):
             for j in range(lanes):
                 acc[r, j] = np.float32(acc[r, j] + slot[r, j])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Chain start and chain value of one tile, for callers that walk the blocks themselves (the CUDA lanes kernel,
+# which stages k in chunks and calls tile_block_early / tile_block_late on each block with a tile of one output).
+
+
+@arithmetic
+def tile_chain_reset(c_sig, c_lead, c_val):
+    """Start a chain from +0: the state of :func:`tile_chain_over_tiles` before its first block."""
+    rows, lanes = c_sig.shape
+    for r in range(rows):
+        for j in range(lanes):
+            c_sig[r, j] = 0
+            c_lead[r, j] = NO_LEAD
+            c_val[r, j] = np.float32(0.0)
+
+
+@arithmetic
+def tile_chain_value(c_sig, c_lead, c_val, r, j, frac_out, late_c):
+    """The fp32 result of a chain for output (r, j) of the tile, as :func:`tile_chain_over_tiles` returns it:
+    ``c_val`` for the late preset, else the exact ``c_sig * 2**(max(c_lead, -126) - frac_out)`` (docstring (4)).
+
+    The early value is formed by :func:`~.chain.exact_to_float32` (an exact ldexp, as the reference's chains end)
+    rather than by an fp32 multiply: a caller that adds it to a running fp32 sum then holds no multiply-add pair
+    that a GPU compiler could fuse (the product would be exact, so a fused result would be the same, but the
+    kernels' PTX is kept free of fused multiply-adds)."""
+    if late_c:
+        return c_val[r, j]
+    return exact_to_float32(c_sig[r, j], max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out)

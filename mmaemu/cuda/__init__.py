@@ -76,7 +76,28 @@ def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
     """Why ``kernel`` cannot compute this preset by design (None if it can). Never a failure, never warned."""
     if kernel == "tiled" and not 1 <= preset.nfma <= 128:
         return f"stages 128 k at a time, preset {preset.name!r} has nfma={preset.nfma}"
+    if kernel == "lanes":
+        from ..arith.params import preset_params
+        from .kernels import lanes_decline
+
+        # Judged on an unsplit fast schedule: what the preset and formats alone rule out.
+        why = lanes_decline((1, 1, 0, 0, 0, 0), preset_params(preset, fmt_a, fmt_b))
+        if why is not None:
+            return f"{why} (preset {preset.name!r})"
     return None
+
+
+def schedule_skip(kernel: str, preset, fmt_a: str, fmt_b: str, use_fast_accum, splits=1, scheme="none"):
+    """Why ``kernel`` cannot compute this call's schedule by design (None if it can): design_skip, plus what the
+    schedule rules out (the lanes kernel computes unsplit GEMMs only). Never a failure, never warned."""
+    skip = design_skip(kernel, preset, fmt_a, fmt_b)
+    if skip is not None or kernel != "lanes":
+        return skip
+    from ..arith.params import preset_params, schedule_params
+    from .kernels import lanes_decline
+
+    return lanes_decline(schedule_params(preset, 1, use_fast_accum, splits, scheme),
+                         preset_params(preset, fmt_a, fmt_b))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -107,6 +128,10 @@ def _run_on_device(kernel: str, info):
 
         return selftest.run_epilogue_cases(compute)
 
+    def skip(case):
+        return schedule_skip(kernel, get_preset(case.preset, warn=False), case.fmt_a, case.fmt_b, case.fast,
+                             case.splits, case.scheme)
+
     def compute(case, a, b):
         at = torch.from_numpy(a).to(dev).view(formats.DTYPE_OF[case.fmt_a])
         bt = torch.from_numpy(b).to(dev).view(formats.DTYPE_OF[case.fmt_b])
@@ -114,7 +139,7 @@ def _run_on_device(kernel: str, info):
                                         case.fast, case.splits, case.scheme)
         return acc.cpu().numpy()
 
-    return selftest.run_gemm_cases(compute, selftest.GEMM_CASES)
+    return selftest.run_gemm_cases(compute, selftest.GEMM_CASES, skip=skip)
 
 
 def ensure_verdict(info, kernel: str, *, force: bool = False) -> GateResult:
@@ -256,9 +281,39 @@ def accumulate(name, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits=1, 
     from . import engine
 
     kernel = name[len("cuda:"):] if name.startswith("cuda:") else name
+    if kernel in KERNELS and schedule_skip(kernel, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
+        kernel = _next_kernel(kernel, a.device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme)
+        if kernel is None:  # no other kernel can run here: the cpu engine computes, the result goes back
+            import torch
+
+            from ..cpu import accumulate_codes
+
+            codes = [t.detach().contiguous().view(torch.uint8).cpu().numpy() for t in (a, b_rows)]
+            return torch.from_numpy(accumulate_codes(codes[0], codes[1], fmt_a, fmt_b, preset, use_fast_accum,
+                                                     splits, scheme)).to(a.device)
     acc = engine.accumulate_tensors(kernel, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
     _KERNEL_RESULTS[id(acc)] = acc
     return acc
+
+
+def _next_kernel(declined: str, device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
+    """The GEMM kernel that computes a call the kernel ``declined`` does not support by design (its schedule):
+    the next one below it in priority that can run the schedule and passed its self-test on ``device``; None if
+    none (then the cpu engine computes). A design decline is not a failure: nothing is warned."""
+    try:
+        info = _probe(device)
+    except DeviceUnavailable:
+        return None
+    below = False
+    for kernel in gemm_kernels():
+        if kernel.name == declined:
+            below = True
+            continue
+        if not below or schedule_skip(kernel.name, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
+            continue
+        if ensure_verdict(info, kernel.name).passed:
+            return kernel.name
+    return None
 
 
 def epilogue(acc, scale_a, scale_b, scale_result, out_dtype):

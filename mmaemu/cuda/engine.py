@@ -101,6 +101,16 @@ def decode_tensor(codes, fmt):
     return sig[index], exp[index], flags.contiguous()
 
 
+def _nonfinite_flags(codes, fmt):
+    """Per-row non-finite flags (uint8) of uint8 codes on the device (what decode_tensor returns as flags)."""
+    import torch
+
+    nonfinite = _torch_tables(codes.device, fmt)[3]
+    if not codes.shape[1]:
+        return torch.zeros(codes.shape[0], dtype=torch.uint8, device=codes.device)
+    return nonfinite[codes.to(torch.int32)].amax(dim=1).contiguous()
+
+
 def accumulate_tensors(kernel, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none"):
     """fp32 accumulators [M, N] (a CUDA tensor) of a [M, K] times b_rows [N, K]^T, FP8 CUDA tensors."""
     import torch
@@ -115,9 +125,14 @@ def accumulate_tensors(kernel, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, 
             return out
         a_codes = a.detach().contiguous().view(torch.uint8)
         b_codes = b_rows.detach().contiguous().view(torch.uint8)
-        sa, ea, a_flags = decode_tensor(a_codes, fmt_a)
-        sb, eb, b_flags = decode_tensor(b_codes, fmt_b)
-        kernels.launch_gemm(kernel, _nb(sa), _nb(ea), _nb(sb), _nb(eb), schedule, params, _nb(out), on.stream)
+        if kernel == "lanes":  # decodes the codes itself, in shared memory
+            a_flags = _nonfinite_flags(a_codes, fmt_a)
+            b_flags = _nonfinite_flags(b_codes, fmt_b)
+            kernels.launch_lanes(_nb(a_codes), _nb(b_codes), fmt_a, fmt_b, schedule, params, _nb(out), on.stream)
+        else:
+            sa, ea, a_flags = decode_tensor(a_codes, fmt_a)
+            sb, eb, b_flags = decode_tensor(b_codes, fmt_b)
+            kernels.launch_gemm(kernel, _nb(sa), _nb(ea), _nb(sb), _nb(eb), schedule, params, _nb(out), on.stream)
         a_values = _torch_tables(on.torch_device, fmt_a)[2]
         b_values = _torch_tables(on.torch_device, fmt_b)[2]
         kernels.launch_override(_nb(a_codes), _nb(a_flags), _nb(a_values), _nb(b_codes), _nb(b_flags),
@@ -160,11 +175,15 @@ def accumulate_numpy(kernel, a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_ac
     out = np.zeros(gemm.shape[:2], np.float32)
     if gemm.empty:
         return out
-    sig_a, exp_a = formats.significands(fmt_a)[a_codes], formats.exponents(fmt_a)[a_codes]
-    sig_b, exp_b = formats.significands(fmt_b)[b_codes], formats.exponents(fmt_b)[b_codes]
     d_out = cuda.to_device(out)
-    kernels.launch_gemm(kernel, cuda.to_device(sig_a), cuda.to_device(exp_a), cuda.to_device(sig_b),
-                        cuda.to_device(exp_b), schedule, params, d_out, chunk=chunk)
+    if kernel == "lanes":
+        kernels.launch_lanes(cuda.to_device(a_codes), cuda.to_device(b_codes), fmt_a, fmt_b, schedule, params, d_out,
+                             chunk=chunk)
+    else:
+        sig_a, exp_a = formats.significands(fmt_a)[a_codes], formats.exponents(fmt_a)[a_codes]
+        sig_b, exp_b = formats.significands(fmt_b)[b_codes], formats.exponents(fmt_b)[b_codes]
+        kernels.launch_gemm(kernel, cuda.to_device(sig_a), cuda.to_device(exp_a), cuda.to_device(sig_b),
+                            cuda.to_device(exp_b), schedule, params, d_out, chunk=chunk)
     a_flags = formats.nonfinite_mask(a_codes, fmt_a).any(axis=1).astype(np.uint8)
     b_flags = formats.nonfinite_mask(b_codes, fmt_b).any(axis=1).astype(np.uint8)
     bits = d_out.view(np.int32) if hasattr(d_out, "view") else d_out

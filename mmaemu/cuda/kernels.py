@@ -7,7 +7,8 @@ tiled kernel), the NaN/Inf rule by :func:`mmaemu.arith.special.nonfinite_accumul
 the kernels are compiled without fast-math (no flush-to-zero, IEEE division and square root; no fused
 multiply-add appears in their PTX, see ``tests/test_cuda_sim.py``).
 
-Kernels (operands decoded on the device: significands int8 [rows, K], alignment exponents int16 [rows, K]):
+Kernels (operands decoded on the device: significands int8 [rows, K], alignment exponents int16 [rows, K]; the
+lanes kernel decodes the uint8 codes itself):
 
 * :func:`gemm_simple` - one thread per output calls ``accumulate_one`` on the output's row of A and row of B in
   global memory (any K, any schedule, any preset);
@@ -17,6 +18,12 @@ Kernels (operands decoded on the device: significands int8 [rows, K], alignment 
   ``accumulate_one`` / ``split_partial`` / ``chain_over_tiles`` (same tiles from ``split_tiles``, same chain
   ranges, same fp32 adds in the same order); it is checked against ``accumulate_one`` by the self-test before
   the kernel is used on a device and by the simulator tests in CI;
+* :func:`gemm_lanes` - the fast formulation of :mod:`mmaemu.arith.tile` (the CPU fast path's arithmetic: exact
+  fp32 products ``trunc((a * P) * b)``, int32 block sums, int16 exponent maxima): a 16 x 16 thread block decodes
+  the FP8 codes of its rows of A and of B into shared memory (fp32 value, int8 exponent; B transposed), 128 k at
+  a time, and each thread runs ``tile_block_early`` on every block of its output (a tile of one output, its state
+  in registers). Unsplit schedules of early-accumulator presets with int32 block sums only
+  (:func:`lanes_decline`); the dispatcher gives other calls to the next kernel;
 * :func:`override_nonfinite` - the NaN/Inf rule on every output whose row of A or of B holds a non-finite code;
 * :func:`epilogue` - the scaled_mm epilogue (semantics.md (e)) from the fp32 accumulators and the scales' bits.
 
@@ -28,7 +35,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from numba import cuda, int8, int16
+from numba import cuda, float32, int8, int16, int32
 
 from .. import formats
 from ..arith import chain as _chain
@@ -36,6 +43,7 @@ from ..arith import epilogue as _epilogue
 from ..arith import rounding as _rounding
 from ..arith import schedule as _schedule
 from ..arith import special as _special
+from ..arith import tile as _tile
 from ..arith.block import NO_LEAD
 from . import shim
 
@@ -50,10 +58,15 @@ nonfinite_accumulator = shim.device(_special.nonfinite_accumulator)
 epilogue_one = shim.device(_epilogue.epilogue_one)
 scale_product = shim.device(_epilogue.scale_product)
 value_of_bits = shim.device(_rounding.value_of_bits)
+tile_decode = shim.device(_tile.tile_decode)
+tile_block_early = shim.device(_tile.tile_block_early)
+tile_chain_reset = shim.device(_tile.tile_chain_reset)
+tile_chain_value = shim.device(_tile.tile_chain_value)
 
 FINITE = _special.FINITE
 FLOAT32 = _rounding.FLOAT32
 ABSENT_EXP = formats.ABSENT_EXP
+TILE_ABSENT_EXP = _tile.TILE_ABSENT_EXP
 
 # Launch geometry. The tiled kernel's chunk (CHUNK k per stage) must be a multiple of the preset's nfma so that no
 # block straddles two chunks; rows are padded so that the 16 rows a warp reads at one k lie in distinct banks.
@@ -67,6 +80,40 @@ PAD16 = CHUNK + 2  # int16 rows of 260 bytes = 65 words
 SCHEDULE_FIELDS = ("tile", "splits", "interleaved", "chain_tiles", "pairwise", "padded")
 MAX_GRID_Y = 65535
 EPILOGUE_THREADS = 256
+TILE_FORMATS_E4M3 = _tile.TILE_FORMATS["e4m3"]
+# The lanes kernel: 16 x 16 outputs per thread block, A staged as [row, k] (fp32 rows padded by one word so that
+# the two rows a warp reads lie in different banks), B transposed to [k, column] (a warp's 16 columns adjacent;
+# padded so that the staging writes, which run along k, do not collide).
+LANES_PAD_A = CHUNK + 1
+LANES_PAD_AE = CHUNK + 4
+LANES_PAD_B = TILE_N + 1
+LANES_PAD_BE = TILE_N + 4
+
+
+def lanes_decline(schedule, params):
+    """Why the lanes kernel does not compute this schedule and preset (None if it does).
+
+    It walks one unsplit chain (fast: the whole of K; slow: one chain per ``tile`` k, restarted from +0, their
+    fp32 results added in increasing k) of an early-accumulator preset with int32 lanes
+    (:func:`mmaemu.arith.tile.lane_bits_needed`); split-K schedules, late-accumulator presets, presets whose block
+    sums need int64 lanes or whose nfma exceeds a stage, and slow chunks that nfma does not divide are left to the
+    next kernel.
+    """
+    tile, splits, interleaved, chain_tiles, pairwise, padded = (int(v) for v in schedule)
+    nfma, frac, late_c = int(params[0]), int(params[3]), int(params[6])
+    if late_c:
+        # tile_block_late ends each block with c = fp32(d + c) after d = c_sig * 2**e, a multiply-add pair that
+        # NVVM fuses (exact product, so the bits would not change, but the PTX is kept free of fma).
+        return "computes the early-accumulator presets (hopper, ada) only, this preset adds c late"
+    if splits != 1:
+        return f"computes unsplit GEMMs only, this call has split-K S={splits}"
+    if not 1 <= nfma <= CHUNK:
+        return f"stages {CHUNK} k at a time, the preset has nfma={nfma}"
+    if nfma * 2 ** (frac + 2) + 2 ** (frac + 1) >= 2**31:
+        return f"sums blocks in int32 lanes, the preset's block sums (nfma={nfma}, frac={frac}) need int64"
+    if chain_tiles not in (0, 1) or padded or (chain_tiles == 1 and tile % nfma):
+        return f"walks chains of whole blocks from k = 0, schedule {tuple(schedule)} does not fit"
+    return None
 
 
 def tiled_chunk(nfma: int) -> int:
@@ -204,6 +251,83 @@ def gemm_tiled(sa, ea, sb, eb, schedule, params, chunk, out):
         out[m, n] = acc
 
 
+@cuda.jit(device=True, fastmath=False)
+def _stage_lanes(a_codes, b_codes, fmt_a, fmt_b, m0, n0, c0, valid, sh_av, sh_ae, sh_bv, sh_be):
+    """Decode k in [c0, c0 + valid) of the block's rows of A and B into shared memory (tile layout of
+    mmaemu.arith.tile: fp32 value, int8 exponent; absent past M or N). B is stored transposed, [k, column]."""
+    t = cuda.threadIdx.y * TILE_N + cuda.threadIdx.x
+    cuda.syncthreads()  # every thread is done with the previous chunk
+    for idx in range(t, TILE_M * valid, THREADS):
+        r = idx // valid
+        j = idx - r * valid
+        if m0 + r < a_codes.shape[0]:
+            v, e = tile_decode(a_codes[m0 + r, c0 + j], fmt_a)
+        else:
+            v, e = np.float32(0.0), TILE_ABSENT_EXP
+        sh_av[r, j] = v
+        sh_ae[r, j] = e
+    for idx in range(t, TILE_N * valid, THREADS):
+        r = idx // valid
+        j = idx - r * valid
+        if n0 + r < b_codes.shape[0]:
+            v, e = tile_decode(b_codes[n0 + r, c0 + j], fmt_b)
+        else:
+            v, e = np.float32(0.0), TILE_ABSENT_EXP
+        sh_bv[j, r] = v
+        sh_be[j, r] = e
+    cuda.syncthreads()
+
+
+@cuda.jit(fastmath=False)
+def gemm_lanes(a_codes, b_codes, fmt_a, fmt_b, schedule, params, chunk, out):
+    """out[m, n] for a 16 x 16 tile per thread block with the fast formulation of mmaemu.arith.tile.
+
+    Operands are FP8 codes (uint8), decoded into shared memory chunk by chunk. Each thread is a tile of one
+    output: it runs tile_block_early on every block of its chain (state in int32 lanes, which the compiler keeps
+    in registers), so the arithmetic is that of the CPU fast path. Only the schedules :func:`lanes_decline` accepts: one unsplit chain
+    (fast) or chains restarted every ``tile`` k (slow), their results added in fp32 from +0 in increasing k, then
+    added to +0 as accumulate_one does.
+    """
+    sh_av = cuda.shared.array((TILE_M, LANES_PAD_A), float32)
+    sh_ae = cuda.shared.array((TILE_M, LANES_PAD_AE), int8)
+    sh_bv = cuda.shared.array((CHUNK, LANES_PAD_B), float32)
+    sh_be = cuda.shared.array((CHUNK, LANES_PAD_BE), int8)
+    c_sig = cuda.local.array((1, 1), int32)
+    c_lead = cuda.local.array((1, 1), int32)
+    e_max = cuda.local.array((1, 1), int16)
+    scale = cuda.local.array((1, 1), float32)
+    total = cuda.local.array((1, 1), int32)
+    c_val = cuda.local.array((1, 1), float32)
+    ty = cuda.threadIdx.y
+    tx = cuda.threadIdx.x
+    m0 = cuda.blockIdx.y * TILE_M
+    n0 = cuda.blockIdx.x * TILE_N
+    m = m0 + ty
+    n = n0 + tx
+    active = m < out.shape[0] and n < out.shape[1]
+    K = a_codes.shape[1]
+    nfma = params[0]
+    frac_out = params[4]
+    restart = schedule[0] if schedule[3] else 0  # slow: a chain per tile of k
+    b_val = sh_bv[:, tx:tx + 1]
+    b_exp = sh_be[:, tx:tx + 1]
+    partial = np.float32(0.0)
+    tile_chain_reset(c_sig, c_lead, c_val)
+    for c0 in range(0, K, chunk):
+        valid = min(chunk, K - c0)
+        _stage_lanes(a_codes, b_codes, fmt_a, fmt_b, m0, n0, c0, valid, sh_av, sh_ae, sh_bv, sh_be)
+        if active:
+            for kb in range(0, valid, nfma):
+                if restart and c0 + kb > 0 and (c0 + kb) % restart == 0:
+                    partial = np.float32(partial + tile_chain_value(c_sig, c_lead, c_val, 0, 0, frac_out, 0))
+                    tile_chain_reset(c_sig, c_lead, c_val)
+                tile_block_early(sh_av, sh_ae, b_val, b_exp, ty, 1, kb, min(kb + nfma, valid), params, c_sig, c_lead,
+                                 e_max, scale, total)
+    if active:
+        partial = np.float32(partial + tile_chain_value(c_sig, c_lead, c_val, 0, 0, frac_out, 0))
+        out[m, n] = np.float32(np.float32(0.0) + partial)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # NaN/Inf rule and epilogue
 
@@ -246,7 +370,7 @@ def epilogue(acc, scale_bits, has_scale_result, out_code, width, out_bits):
 # ----------------------------------------------------------------------------------------------------------------
 # Launchers (numba device arrays or objects with __cuda_array_interface__; stream: a numba stream or 0)
 
-GEMM_KERNELS = ("tiled", "simple")
+GEMM_KERNELS = ("lanes", "tiled", "simple")
 
 
 def _quiet():
@@ -285,6 +409,8 @@ def launch_gemm(kernel, sa, ea, sb, eb, schedule, params, out, stream=0, *, chun
         rows = TILE_M
     elif kernel == "simple":
         rows = BLOCK
+    elif kernel == "lanes":
+        raise ValueError("the lanes kernel takes FP8 codes: use launch_lanes")
     else:
         raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {GEMM_KERNELS}")
     step = MAX_GRID_Y * rows
@@ -298,6 +424,41 @@ def launch_gemm(kernel, sa, ea, sb, eb, schedule, params, out, stream=0, *, chun
                 gemm_tiled[grid, (TILE_N, TILE_M), stream](a_s, a_e, sb, eb, schedule, params, chunk, o)
             else:
                 gemm_simple[grid, (BLOCK, BLOCK), stream](a_s, a_e, sb, eb, schedule, params, o)
+    finally:
+        quiet.__exit__(None, None, None)
+
+
+def launch_lanes(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, chunk=None):
+    """out [M, N] (fp32) = accumulators of A [M, K] and B [N, K] given as uint8 FP8 codes of formats fmt_a, fmt_b
+    (names of mmaemu.arith.tile.TILE_FORMATS), with the lanes kernel. RuntimeError if it declines the schedule
+    (:func:`lanes_decline`). ``chunk`` (tests only): k per stage, a multiple of nfma up to CHUNK."""
+    M, N = out.shape
+    if M == 0 or N == 0:
+        return
+    schedule = tuple(int(v) for v in schedule)
+    params = tuple(int(v) for v in params)
+    if len(schedule) != len(SCHEDULE_FIELDS):
+        raise RuntimeError(f"the lanes kernel walks schedules of {len(SCHEDULE_FIELDS)} fields "
+                           f"{SCHEDULE_FIELDS}, the arithmetic gives {len(schedule)}")
+    why = lanes_decline(schedule, params)
+    if why is not None:
+        raise RuntimeError(f"the lanes kernel {why}")
+    nfma = params[0]
+    if chunk is None:
+        chunk = tiled_chunk(nfma)
+    if chunk < 1 or chunk > CHUNK or chunk % nfma:
+        raise RuntimeError(f"the lanes kernel stages at most {CHUNK} k at a time, a multiple of nfma: "
+                           f"nfma={nfma}, chunk={chunk} does not fit")
+    fa = tuple(int(v) for v in _tile.TILE_FORMATS[fmt_a])
+    fb = tuple(int(v) for v in _tile.TILE_FORMATS[fmt_b])
+    step = MAX_GRID_Y * TILE_M
+    quiet = _quiet()
+    try:
+        for r0 in range(0, M, step):
+            r1 = min(M, r0 + step)
+            grid = ((N + TILE_N - 1) // TILE_N, (r1 - r0 + TILE_M - 1) // TILE_M)
+            a, o = (a_codes, out) if (r0, r1) == (0, M) else (a_codes[r0:r1], out[r0:r1])
+            gemm_lanes[grid, (TILE_N, TILE_M), stream](a, b_codes, fa, fb, schedule, params, chunk, o)
     finally:
         quiet.__exit__(None, None, None)
 
@@ -346,12 +507,14 @@ def signatures():
     from ..model.presets import HOPPER
 
     a8, a16, f32 = types.int8[:, ::1], types.int16[:, ::1], types.float32[:, ::1]
+    fmt = numba.typeof(tuple(int(v) for v in TILE_FORMATS_E4M3))
     schedule = numba.typeof(schedule_params(HOPPER, 256, False, 2, "contiguous"))
     params = numba.typeof(preset_params(HOPPER, "e4m3", "e4m3"))
     i64 = types.int64
     codes, flags, table = types.uint8[:, ::1], types.uint8[::1], types.float64[::1]
     return {
         "simple": (gemm_simple, (a8, a16, a8, a16, schedule, params, f32)),
+        "lanes": (gemm_lanes, (types.uint8[:, ::1], types.uint8[:, ::1], fmt, fmt, schedule, params, i64, f32)),
         "tiled": (gemm_tiled, (a8, a16, a8, a16, schedule, params, i64, f32)),
         "override": (override_nonfinite, (codes, flags, table, codes, flags, table, types.int32[:, ::1])),
         "epilogue": (epilogue, (types.float32[::1], types.int32[::1], i64, i64, i64, types.int16[::1])),
