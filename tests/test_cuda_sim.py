@@ -45,6 +45,7 @@ def _sim_worker():
     from mmaemu.cuda import shim
 
     report["implementation"] = shim.cuda_implementation()
+    report["lanes_geometry"] = [kernels.LANES_M, kernels.LANES_N, kernels.LANES_ROWS, kernels.LANES_COLS]
     cases = [c.shrunk() for c in selftest.GEMM_CASES]
     # The tiled kernel across several thread blocks (M, N > 16), and a K that needs several chunks.
     cases.append(selftest.GemmCase("multi-block tiled hopper slow", "hopper", "e4m3", "e5m2", False, 1, "none",
@@ -53,7 +54,11 @@ def _sim_worker():
     lanes_only = [selftest.GemmCase("lanes hopper slow, chain restarts", "hopper", "e4m3", "e5m2", False, 1, "none",
                                     3, 2, 300, "adversarial", 102),
                   selftest.GemmCase("lanes ada slow, chain restarts", "ada", "e5m2", "e4m3", False, 1, "none",
-                                    2, 3, 270, "random", 103)]
+                                    2, 3, 270, "random", 103),
+                  # Several thread blocks of LANES_M x LANES_N outputs each way, M and N not multiples of the
+                  # per-thread register tile (LANES_ROWS x LANES_COLS) nor of the block's, K not of nfma.
+                  selftest.GemmCase("lanes multi-block ragged hopper fast", "hopper", "e5m2", "e4m3", True, 1,
+                                    "none", kernels.LANES_M + 3, kernels.LANES_N + 5, 72, "random", 104)]
     cases += lanes_only
     seen = set()
     for case in cases:
@@ -245,6 +250,10 @@ def test_simulated_kernels_equal_cpu_reference(workers):
     assert any(r["nonfinite_outputs"] for r in lanes)
     assert any(not r["fast"] and r["shape"][2] > 256 and r["chunk"] is None for r in lanes)
     assert any(r["shape"][0] > 16 and r["shape"][1] > 16 for r in lanes)
+    # Several thread blocks each way, M and N not multiples of the per-thread register tile.
+    block_m, block_n, rows, cols = report["lanes_geometry"]
+    assert any(r["shape"][0] > block_m and r["shape"][1] > block_n and r["shape"][0] % rows
+               and r["shape"][1] % cols for r in lanes)
     skipped = report["skipped"]
     assert skipped and {s["kernel"] for s in skipped} == {"lanes"}
     assert {s["preset"] for s in skipped if s["splits"] == 1} == {"b200_mma_sync"}

@@ -437,3 +437,61 @@ def tile_chain_value(c_sig, c_lead, c_val, r, j, frac_out, late_c):
     if late_c:
         return c_val[r, j]
     return exact_to_float32(c_sig[r, j], max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A register tile per GPU thread (the CUDA lanes kernel): the block step of tile_block_early with k outermost, so
+# that each staged a[r, k] and b[k, j] is read once per k for the whole rows x lanes tile (tile_block_early walks
+# the rows one after the other and reads B again for each). Same bits: E is a maximum and the block sum an integer
+# sum of the same terms (docstring (3): no partial sum overflows T, and integer addition is associative), so the
+# order in which k and the outputs are visited does not matter.
+
+
+@arithmetic
+def tile_block_early_kmajor(a_val, a_exp, b_val, b_exp, kb, ke, params, c_sig, c_lead, e_max, scale, total):
+    """:func:`tile_block_early` for the whole tile, k outermost: output (r, j) of the tile is row r of
+    ``a_val``/``a_exp`` (``[rows, k]``) times column j of ``b_val``/``b_exp`` (``[k, lanes]``)."""
+    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    T = total.dtype.type
+    cap = lane_cap(T)
+    rows = total.shape[0]
+    lanes = total.shape[1]
+    u = np.uint64
+    for r in range(rows):
+        for j in range(lanes):
+            e_max[r, j] = max(c_lead[r, j], EMAX_NONE)  # the accumulator takes part in the alignment (step 2)
+    k = u(kb)
+    end = u(ke)
+    while k < end:
+        for r in range(rows):
+            e0 = a_exp[r, k]
+            for j in range(lanes):
+                e_max[r, j] = max(e_max[r, j], np.int16(e0 + b_exp[k, j]))
+        k += u(1)
+    for r in range(rows):
+        for j in range(lanes):
+            e = np.int32(max(e_max[r, j], min_exp))
+            e_max[r, j] = e
+            scale[r, j] = pow2_scale(np.int32(frac - e))
+            shift = np.int32(max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out - e + frac)
+            total[r, j] = lane_shift_toward_zero(c_sig[r, j], shift, T, cap)
+    k = u(kb)
+    while k < end:
+        for r in range(rows):
+            a0 = a_val[r, k]
+            for j in range(lanes):
+                total[r, j] = T(total[r, j] + T((a0 * scale[r, j]) * b_val[k, j]))
+        k += u(1)
+    for r in range(rows):
+        tile_normalize(total, e_max, r, frac, frac_out, c_sig, c_lead)
+
+
+@arithmetic
+def tile_chain_flush(c_sig, c_lead, c_val, frac_out, late_c, partial):
+    """End the tile's chains: ``partial[r, j] = fp32(partial[r, j] + chain value)`` (:func:`tile_chain_value`),
+    then start new chains from +0 (:func:`tile_chain_reset`)."""
+    rows, lanes = c_sig.shape
+    for r in range(rows):
+        for j in range(lanes):
+            partial[r, j] = np.float32(partial[r, j] + tile_chain_value(c_sig, c_lead, c_val, r, j, frac_out, late_c))
+    tile_chain_reset(c_sig, c_lead, c_val)

@@ -19,10 +19,10 @@ lanes kernel decodes the uint8 codes itself):
   ranges, same fp32 adds in the same order); it is checked against ``accumulate_one`` by the self-test before
   the kernel is used on a device and by the simulator tests in CI;
 * :func:`gemm_lanes` - the fast formulation of :mod:`mmaemu.arith.tile` (the CPU fast path's arithmetic: exact
-  fp32 products ``trunc((a * P) * b)``, int32 block sums, int16 exponent maxima): a 16 x 16 thread block decodes
-  the FP8 codes of its rows of A and of B into shared memory (fp32 value, int8 exponent; B transposed), 128 k at
-  a time, and each thread runs ``tile_block_early`` on every block of its output (a tile of one output, its state
-  in registers). Unsplit schedules of early-accumulator presets with int32 block sums only
+  fp32 products ``trunc((a * P) * b)``, int32 block sums, int16 exponent maxima): a 16 x 8 thread block decodes
+  the FP8 codes of its 32 rows of A and 32 rows of B into shared memory (fp32 value, int8 exponent; B
+  transposed), 128 k at a time, and each thread runs ``tile_block_early_kmajor`` on every block of a 2 x 4 tile
+  of outputs (its state in registers). Unsplit schedules of early-accumulator presets with int32 block sums only
   (:func:`lanes_decline`); the dispatcher gives other calls to the next kernel;
 * :func:`override_nonfinite` - the NaN/Inf rule on every output whose row of A or of B holds a non-finite code;
 * :func:`epilogue` - the scaled_mm epilogue (semantics.md (e)) from the fp32 accumulators and the scales' bits.
@@ -59,9 +59,9 @@ epilogue_one = shim.device(_epilogue.epilogue_one)
 scale_product = shim.device(_epilogue.scale_product)
 value_of_bits = shim.device(_rounding.value_of_bits)
 tile_decode = shim.device(_tile.tile_decode)
-tile_block_early = shim.device(_tile.tile_block_early)
+tile_block_early_kmajor = shim.device(_tile.tile_block_early_kmajor)
 tile_chain_reset = shim.device(_tile.tile_chain_reset)
-tile_chain_value = shim.device(_tile.tile_chain_value)
+tile_chain_flush = shim.device(_tile.tile_chain_flush)
 
 FINITE = _special.FINITE
 FLOAT32 = _rounding.FLOAT32
@@ -81,13 +81,25 @@ SCHEDULE_FIELDS = ("tile", "splits", "interleaved", "chain_tiles", "pairwise", "
 MAX_GRID_Y = 65535
 EPILOGUE_THREADS = 256
 TILE_FORMATS_E4M3 = _tile.TILE_FORMATS["e4m3"]
-# The lanes kernel: 16 x 16 outputs per thread block, A staged as [row, k] (fp32 rows padded by one word so that
-# the two rows a warp reads lie in different banks), B transposed to [k, column] (a warp's 16 columns adjacent;
-# padded so that the staging writes, which run along k, do not collide).
+# The lanes kernel: each thread computes a LANES_ROWS x LANES_COLS register tile of outputs, rows ty + LANES_TY * r
+# and columns tx + LANES_TX * j of its block's LANES_M x LANES_N outputs (strided, so that at one k the threads of
+# a warp read LANES_TX adjacent columns of B and LANES_TY rows of A: no bank conflict). Per staged k a thread
+# reads LANES_ROWS + LANES_COLS values and as many exponents for LANES_ROWS * LANES_COLS products: 2 x 4 gives
+# 1.5 shared loads per multiply (a tile of one output: 4). The block's CHUNK k of A (LANES_M rows) and B
+# (LANES_N columns) stay under the 48 KiB of static shared memory. A is staged as [row, k] (fp32 rows padded by
+# one word so that the rows a warp reads lie in different banks), B transposed to [k, column] (padded so that the
+# staging writes, which run along k, do not collide).
+LANES_ROWS = 2
+LANES_COLS = 4
+LANES_TY = 16
+LANES_TX = 8
+LANES_THREADS = LANES_TY * LANES_TX
+LANES_M = LANES_TY * LANES_ROWS
+LANES_N = LANES_TX * LANES_COLS
 LANES_PAD_A = CHUNK + 1
 LANES_PAD_AE = CHUNK + 4
-LANES_PAD_B = TILE_N + 1
-LANES_PAD_BE = TILE_N + 4
+LANES_PAD_B = LANES_N + 1
+LANES_PAD_BE = LANES_N + 4
 
 
 def lanes_decline(schedule, params):
@@ -255,9 +267,9 @@ def gemm_tiled(sa, ea, sb, eb, schedule, params, chunk, out):
 def _stage_lanes(a_codes, b_codes, fmt_a, fmt_b, m0, n0, c0, valid, sh_av, sh_ae, sh_bv, sh_be):
     """Decode k in [c0, c0 + valid) of the block's rows of A and B into shared memory (tile layout of
     mmaemu.arith.tile: fp32 value, int8 exponent; absent past M or N). B is stored transposed, [k, column]."""
-    t = cuda.threadIdx.y * TILE_N + cuda.threadIdx.x
+    t = cuda.threadIdx.y * LANES_TX + cuda.threadIdx.x
     cuda.syncthreads()  # every thread is done with the previous chunk
-    for idx in range(t, TILE_M * valid, THREADS):
+    for idx in range(t, LANES_M * valid, LANES_THREADS):
         r = idx // valid
         j = idx - r * valid
         if m0 + r < a_codes.shape[0]:
@@ -266,7 +278,7 @@ def _stage_lanes(a_codes, b_codes, fmt_a, fmt_b, m0, n0, c0, valid, sh_av, sh_ae
             v, e = np.float32(0.0), TILE_ABSENT_EXP
         sh_av[r, j] = v
         sh_ae[r, j] = e
-    for idx in range(t, TILE_N * valid, THREADS):
+    for idx in range(t, LANES_N * valid, LANES_THREADS):
         r = idx // valid
         j = idx - r * valid
         if n0 + r < b_codes.shape[0]:
@@ -280,52 +292,58 @@ def _stage_lanes(a_codes, b_codes, fmt_a, fmt_b, m0, n0, c0, valid, sh_av, sh_ae
 
 @cuda.jit(fastmath=False)
 def gemm_lanes(a_codes, b_codes, fmt_a, fmt_b, schedule, params, chunk, out):
-    """out[m, n] for a 16 x 16 tile per thread block with the fast formulation of mmaemu.arith.tile.
+    """out[m, n] for a LANES_M x LANES_N tile per thread block with the fast formulation of mmaemu.arith.tile.
 
-    Operands are FP8 codes (uint8), decoded into shared memory chunk by chunk. Each thread is a tile of one
-    output: it runs tile_block_early on every block of its chain (state in int32 lanes, which the compiler keeps
-    in registers), so the arithmetic is that of the CPU fast path. Only the schedules :func:`lanes_decline` accepts: one unsplit chain
-    (fast) or chains restarted every ``tile`` k (slow), their results added in fp32 from +0 in increasing k, then
-    added to +0 as accumulate_one does.
+    Operands are FP8 codes (uint8), decoded into shared memory chunk by chunk. Each thread holds a LANES_ROWS x
+    LANES_COLS tile of outputs (rows ty + LANES_TY * r, columns tx + LANES_TX * j, as strided views of the staged
+    chunk): it runs tile_block_early_kmajor (tile_block_early with k outermost) on every block of their chains,
+    state in int32 lanes of small local arrays that the compiler keeps in registers, so the arithmetic is that of
+    the CPU fast path. Only the schedules :func:`lanes_decline` accepts: one unsplit chain (fast) or chains
+    restarted every ``tile`` k (slow), their results added in fp32 from +0 in increasing k, then added to +0 as
+    accumulate_one does. Outputs past M or N are computed on absent codes and not written.
     """
-    sh_av = cuda.shared.array((TILE_M, LANES_PAD_A), float32)
-    sh_ae = cuda.shared.array((TILE_M, LANES_PAD_AE), int8)
+    sh_av = cuda.shared.array((LANES_M, LANES_PAD_A), float32)
+    sh_ae = cuda.shared.array((LANES_M, LANES_PAD_AE), int8)
     sh_bv = cuda.shared.array((CHUNK, LANES_PAD_B), float32)
     sh_be = cuda.shared.array((CHUNK, LANES_PAD_BE), int8)
-    c_sig = cuda.local.array((1, 1), int32)
-    c_lead = cuda.local.array((1, 1), int32)
-    e_max = cuda.local.array((1, 1), int16)
-    scale = cuda.local.array((1, 1), float32)
-    total = cuda.local.array((1, 1), int32)
-    c_val = cuda.local.array((1, 1), float32)
+    c_sig = cuda.local.array((LANES_ROWS, LANES_COLS), int32)
+    c_lead = cuda.local.array((LANES_ROWS, LANES_COLS), int32)
+    e_max = cuda.local.array((LANES_ROWS, LANES_COLS), int16)
+    scale = cuda.local.array((LANES_ROWS, LANES_COLS), float32)
+    total = cuda.local.array((LANES_ROWS, LANES_COLS), int32)
+    c_val = cuda.local.array((LANES_ROWS, LANES_COLS), float32)
+    partial = cuda.local.array((LANES_ROWS, LANES_COLS), float32)
     ty = cuda.threadIdx.y
     tx = cuda.threadIdx.x
-    m0 = cuda.blockIdx.y * TILE_M
-    n0 = cuda.blockIdx.x * TILE_N
-    m = m0 + ty
-    n = n0 + tx
-    active = m < out.shape[0] and n < out.shape[1]
+    m0 = cuda.blockIdx.y * LANES_M
+    n0 = cuda.blockIdx.x * LANES_N
     K = a_codes.shape[1]
     nfma = params[0]
     frac_out = params[4]
     restart = schedule[0] if schedule[3] else 0  # slow: a chain per tile of k
-    b_val = sh_bv[:, tx:tx + 1]
-    b_exp = sh_be[:, tx:tx + 1]
-    partial = np.float32(0.0)
+    a_val = sh_av[ty:ty + LANES_TY * (LANES_ROWS - 1) + 1:LANES_TY]
+    a_exp = sh_ae[ty:ty + LANES_TY * (LANES_ROWS - 1) + 1:LANES_TY]
+    b_val = sh_bv[:, tx:tx + LANES_TX * (LANES_COLS - 1) + 1:LANES_TX]
+    b_exp = sh_be[:, tx:tx + LANES_TX * (LANES_COLS - 1) + 1:LANES_TX]
+    for r in range(LANES_ROWS):
+        for j in range(LANES_COLS):
+            partial[r, j] = np.float32(0.0)
     tile_chain_reset(c_sig, c_lead, c_val)
     for c0 in range(0, K, chunk):
         valid = min(chunk, K - c0)
         _stage_lanes(a_codes, b_codes, fmt_a, fmt_b, m0, n0, c0, valid, sh_av, sh_ae, sh_bv, sh_be)
-        if active:
-            for kb in range(0, valid, nfma):
-                if restart and c0 + kb > 0 and (c0 + kb) % restart == 0:
-                    partial = np.float32(partial + tile_chain_value(c_sig, c_lead, c_val, 0, 0, frac_out, 0))
-                    tile_chain_reset(c_sig, c_lead, c_val)
-                tile_block_early(sh_av, sh_ae, b_val, b_exp, ty, 1, kb, min(kb + nfma, valid), params, c_sig, c_lead,
-                                 e_max, scale, total)
-    if active:
-        partial = np.float32(partial + tile_chain_value(c_sig, c_lead, c_val, 0, 0, frac_out, 0))
-        out[m, n] = np.float32(np.float32(0.0) + partial)
+        for kb in range(0, valid, nfma):
+            if restart and c0 + kb > 0 and (c0 + kb) % restart == 0:
+                tile_chain_flush(c_sig, c_lead, c_val, frac_out, 0, partial)
+            tile_block_early_kmajor(a_val, a_exp, b_val, b_exp, kb, min(kb + nfma, valid), params, c_sig, c_lead,
+                                    e_max, scale, total)
+    tile_chain_flush(c_sig, c_lead, c_val, frac_out, 0, partial)
+    for r in range(LANES_ROWS):
+        m = m0 + ty + LANES_TY * r
+        for j in range(LANES_COLS):
+            n = n0 + tx + LANES_TX * j
+            if m < out.shape[0] and n < out.shape[1]:
+                out[m, n] = np.float32(np.float32(0.0) + partial[r, j])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -451,14 +469,14 @@ def launch_lanes(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0
                            f"nfma={nfma}, chunk={chunk} does not fit")
     fa = tuple(int(v) for v in _tile.TILE_FORMATS[fmt_a])
     fb = tuple(int(v) for v in _tile.TILE_FORMATS[fmt_b])
-    step = MAX_GRID_Y * TILE_M
+    step = MAX_GRID_Y * LANES_M
     quiet = _quiet()
     try:
         for r0 in range(0, M, step):
             r1 = min(M, r0 + step)
-            grid = ((N + TILE_N - 1) // TILE_N, (r1 - r0 + TILE_M - 1) // TILE_M)
+            grid = ((N + LANES_N - 1) // LANES_N, (r1 - r0 + LANES_M - 1) // LANES_M)
             a, o = (a_codes, out) if (r0, r1) == (0, M) else (a_codes[r0:r1], out[r0:r1])
-            gemm_lanes[grid, (TILE_N, TILE_M), stream](a, b_codes, fa, fb, schedule, params, chunk, o)
+            gemm_lanes[grid, (LANES_TX, LANES_TY), stream](a, b_codes, fa, fb, schedule, params, chunk, o)
     finally:
         quiet.__exit__(None, None, None)
 
