@@ -148,28 +148,26 @@ def gemm_simple(sa, ea, sb, eb, schedule, params, out):
 
 
 @cuda.jit(device=True, fastmath=False)
+def _stage_rows(sig, exp, row0, c0, valid, rows, sh_sig, sh_exp, t):
+    """Copy k in [c0, c0 + valid) of ``rows`` rows from row0 into shared memory (absent codes past the end)."""
+    for idx in range(t, rows * valid, THREADS):
+        r = idx // valid
+        j = idx - r * valid
+        if row0 + r < sig.shape[0]:
+            sh_sig[r, j] = sig[row0 + r, c0 + j]
+            sh_exp[r, j] = exp[row0 + r, c0 + j]
+        else:
+            sh_sig[r, j] = 0
+            sh_exp[r, j] = ABSENT_EXP
+
+
+@cuda.jit(device=True, fastmath=False)
 def _stage(sa, ea, sb, eb, m0, n0, c0, valid, sh_sa, sh_ea, sh_sb, sh_eb):
     """Copy k in [c0, c0 + valid) of the block's rows of A and B into shared memory (absent past M or N)."""
     t = cuda.threadIdx.y * TILE_N + cuda.threadIdx.x
     cuda.syncthreads()  # every thread is done with the previous chunk
-    for idx in range(t, TILE_M * valid, THREADS):
-        r = idx // valid
-        j = idx - r * valid
-        if m0 + r < sa.shape[0]:
-            sh_sa[r, j] = sa[m0 + r, c0 + j]
-            sh_ea[r, j] = ea[m0 + r, c0 + j]
-        else:
-            sh_sa[r, j] = 0
-            sh_ea[r, j] = ABSENT_EXP
-    for idx in range(t, TILE_N * valid, THREADS):
-        r = idx // valid
-        j = idx - r * valid
-        if n0 + r < sb.shape[0]:
-            sh_sb[r, j] = sb[n0 + r, c0 + j]
-            sh_eb[r, j] = eb[n0 + r, c0 + j]
-        else:
-            sh_sb[r, j] = 0
-            sh_eb[r, j] = ABSENT_EXP
+    _stage_rows(sa, ea, m0, c0, valid, TILE_M, sh_sa, sh_ea, t)
+    _stage_rows(sb, eb, n0, c0, valid, TILE_N, sh_sb, sh_eb, t)
     cuda.syncthreads()
 
 
