@@ -11,9 +11,10 @@ Every engine returns the bits of the reference path; they differ only in speed a
 ``backend="auto"`` is replaced by ``$MMAEMU_BACKEND`` when set; then CUDA tensors get the first CUDA kernel
 that passed its self-test, everything else the ``cpu`` engine. CUDA tensors in give CUDA tensors out, always.
 
-CUDA kernels (:data:`KERNELS`, tried by descending priority): ``cuda:lanes`` (the fast formulation of
-:mod:`mmaemu.arith.tile`; unsplit GEMMs of early-accumulator presets with int32 block sums - a call it declines
-by design goes to the next kernel, without a warning), ``cuda:tiled`` (operands staged through shared memory) and
+CUDA kernels (:data:`KERNELS`, tried by descending priority): ``cuda:biased`` (the formulation of
+:mod:`mmaemu.arith.biased`, each product one fp32 fused multiply-add rounding toward zero) and ``cuda:lanes`` (that
+of :mod:`mmaemu.arith.tile`), both for unsplit GEMMs of early-accumulator presets - a call they decline by design
+goes to the next kernel, without a warning - ``cuda:tiled`` (operands staged through shared memory) and
 ``cuda:simple`` (one thread per output), plus the ``cuda:epilogue`` kernel that keeps scaled_mm's
 epilogue on the device. A kernel that fails its self-test on a device is skipped with one
 :class:`~mmaemu.errors.BackendFallbackWarning` (once per device and message per process) and the next one, finally
@@ -55,9 +56,13 @@ class KernelInfo:
 KERNELS: Dict[str, KernelInfo] = {
     k.name: k
     for k in (
-        KernelInfo("lanes", "gemm", 30, "16x16 outputs per thread block; FP8 codes decoded into shared memory in the "
-                   "tile layout (fp32 values, int8 exponents) 128 k at a time; each thread runs the fast formulation "
-                   "of mmaemu.arith.tile (exact fp32 products, int32 block sums) on its output; unsplit GEMMs of "
+        KernelInfo("biased", "gemm", 40, "32x64 outputs per thread block, a 4x4 register tile per thread; operands "
+                   "decoded once into sign-split fp32 panels, staged 32 k at a time; the formulation of "
+                   "mmaemu.arith.biased (each product one fp32 fused multiply-add rounding toward zero into a biased "
+                   "accumulator); unsplit GEMMs of hopper/ada-like presets only (others go to the next kernel)"),
+        KernelInfo("lanes", "gemm", 30, "32x32 outputs per thread block, a 2x4 register tile per thread; FP8 codes "
+                   "decoded into shared memory (fp32 values, int8 exponents) 128 k at a time; the formulation of "
+                   "mmaemu.arith.tile (exact fp32 products converted to int32 block sums); unsplit GEMMs of "
                    "hopper/ada-like presets only (others go to the next kernel)"),
         KernelInfo("tiled", "gemm", 20, "16x16 outputs per thread block; decoded rows of A and B staged through shared "
                    "memory 128 k at a time; each output walks its schedule with the chain functions of mmaemu.arith"),

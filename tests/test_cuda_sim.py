@@ -5,7 +5,8 @@
   bit for bit: hopper / ada / b200_mma_sync, fast, slow and split-K, mixed formats, NaN/Inf codes, the tiled
   kernel's chunk-to-chunk carry and multi-block launches, and the epilogue kernel for every output dtype.
 * PTX: every kernel is compiled to PTX for sm_89, sm_90 and sm_120 without a device, and the PTX must hold no fused
-  multiply-add and no flush-to-zero instruction; ptxas (if installed) assembles it. Numba compiles the device
+  multiply-add other than the round-toward-zero ones the biased kernel asks for (``fma.rz``: present there, and no
+  float64 emulation of them), no flush-to-zero and no approximate instruction; ptxas (if installed) assembles it. Numba compiles the device
   functions a kernel calls "for the current device"; the worker replaces that lookup (numba.cuda.dispatcher's
   ``get_current_device``) by a fake device of the target capability - in this test's subprocess only. It needs
   libNVVM (a CUDA toolkit) and, with numba-cuda, NVRTC; without them the test is skipped with the reason.
@@ -45,7 +46,11 @@ def _sim_worker():
     from mmaemu.cuda import shim
 
     report["implementation"] = shim.cuda_implementation()
+    from mmaemu.cuda import biased_kernel
+
     report["lanes_geometry"] = [kernels.LANES_M, kernels.LANES_N, kernels.LANES_ROWS, kernels.LANES_COLS]
+    report["biased_geometry"] = [biased_kernel.BIASED_M, biased_kernel.BIASED_N, biased_kernel.BIASED_ROWS,
+                                 biased_kernel.BIASED_COLS, biased_kernel.BIASED_K]
     cases = [c.shrunk() for c in selftest.GEMM_CASES]
     # The tiled kernel across several thread blocks (M, N > 16), and a K that needs several chunks.
     cases.append(selftest.GemmCase("multi-block tiled hopper slow", "hopper", "e4m3", "e5m2", False, 1, "none",
@@ -58,7 +63,11 @@ def _sim_worker():
                   # Several thread blocks of LANES_M x LANES_N outputs each way, M and N not multiples of the
                   # per-thread register tile (LANES_ROWS x LANES_COLS) nor of the block's, K not of nfma.
                   selftest.GemmCase("lanes multi-block ragged hopper fast", "hopper", "e5m2", "e4m3", True, 1,
-                                    "none", kernels.LANES_M + 3, kernels.LANES_N + 5, 72, "random", 104)]
+                                    "none", kernels.LANES_M + 3, kernels.LANES_N + 5, 72, "random", 104),
+                  # The same for the biased kernel's larger blocks, with NaN/Inf codes on the way.
+                  selftest.GemmCase("biased multi-block ragged ada fast", "ada", "e4m3", "e4m3", True, 1,
+                                    "none", biased_kernel.BIASED_M + 3, biased_kernel.BIASED_N + 5, 40, "adversarial",
+                                    105)]
     cases += lanes_only
     seen = set()
     for case in cases:
@@ -74,6 +83,7 @@ def _sim_worker():
             runs = [("tiled", None)]
         runs = [] if case in lanes_only else runs
         runs += [("lanes", preset.nfma)] + ([("lanes", None)] if case.M > 4 or case in lanes_only else [])
+        runs += [("biased", None)]
         for kernel, chunk in runs:
             skip = schedule_skip(kernel, preset, case.fmt_a, case.fmt_b, case.fast, case.splits, case.scheme)
             if skip is not None:
@@ -114,6 +124,13 @@ def _sim_worker():
         errors["lanes"] = None
     except Exception as exc:
         errors["lanes"] = type(exc).__name__
+    try:
+        z = np.zeros((1, 256), np.uint8)
+        kernels.launch_codes("biased", z, z, "e4m3", "e4m3", (128, 2, 0, 0, 0, 1), (32, 7, 0, 13, 13, -132, 0),
+                             np.zeros((1, 1), np.float32))
+        errors["biased"] = None
+    except Exception as exc:
+        errors["biased"] = type(exc).__name__
     report["errors"] = errors
     print(json.dumps(report))
 
@@ -167,7 +184,12 @@ def _ptx_worker():
             entry = {
                 "bytes": len(ptx),
                 "target": [ln.split()[1] for ln in lines if ln.startswith(".target")],
-                "fma": sum(1 for ln in lines if "fma." in ln and not ln.lstrip().startswith("//")),
+                # fma.rz: the explicit round-toward-zero ones of the biased formulation (fma_toward_zero);
+                # any other fma would be a contraction of a multiply and an add.
+                "fma": sum(1 for ln in lines if "fma." in ln and "fma.rz." not in ln
+                           and not ln.lstrip().startswith("//")),
+                "fma_rz": sum(1 for ln in lines if "fma.rz.f32" in ln and not ln.lstrip().startswith("//")),
+                "f64": sum(1 for ln in lines if ".f64" in ln and not ln.lstrip().startswith("//")),
                 "ftz": sum(1 for ln in lines if ".ftz" in ln and not ln.lstrip().startswith("//")),
                 "approx": sum(1 for ln in lines if ".approx" in ln and not ln.lstrip().startswith("//")),
             }
@@ -239,7 +261,7 @@ def test_simulated_kernels_equal_cpu_reference(workers):
     # What was covered: every preset, fast / slow / each split scheme, mixed formats, NaN/Inf outputs, both
     # kernels, the tiled kernel's chunk carry and a multi-block launch.
     assert {r["preset"] for r in runs} == {"hopper", "ada", "b200_mma_sync"}
-    assert {r["kernel"] for r in runs} == {"simple", "tiled", "lanes"}
+    assert {r["kernel"] for r in runs} == {"simple", "tiled", "lanes", "biased"}
     lanes = [r for r in runs if r["kernel"] == "lanes"]
     # The lanes kernel: hopper and ada, fast and slow (chains restarting across stages), every format pair,
     # NaN/Inf outputs, several stages and a multi-block launch; split-K and b200_mma_sync skipped by design.
@@ -254,8 +276,19 @@ def test_simulated_kernels_equal_cpu_reference(workers):
     block_m, block_n, rows, cols = report["lanes_geometry"]
     assert any(r["shape"][0] > block_m and r["shape"][1] > block_n and r["shape"][0] % rows
                and r["shape"][1] % cols for r in lanes)
+    # The biased kernel: the same coverage, several stages of BIASED_K and several thread blocks each way.
+    biased = [r for r in runs if r["kernel"] == "biased"]
+    assert {(r["preset"], r["fast"]) for r in biased} == {("hopper", True), ("hopper", False), ("ada", True),
+                                                          ("ada", False)}
+    assert {tuple(r["formats"]) for r in biased} == {("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"),
+                                                     ("e5m2", "e5m2")}
+    assert any(r["nonfinite_outputs"] for r in biased)
+    block_m, block_n, rows, cols, stage = report["biased_geometry"]
+    assert any(not r["fast"] and r["shape"][2] > 128 for r in biased)
+    assert any(r["shape"][0] > block_m and r["shape"][1] > block_n and r["shape"][0] % rows
+               and r["shape"][1] % cols and r["shape"][2] % stage for r in biased)
     skipped = report["skipped"]
-    assert skipped and {s["kernel"] for s in skipped} == {"lanes"}
+    assert skipped and {s["kernel"] for s in skipped} == {"lanes", "biased"}
     assert {s["preset"] for s in skipped if s["splits"] == 1} == {"b200_mma_sync"}
     assert all(s["splits"] > 1 or s["preset"] == "b200_mma_sync" for s in skipped)
     assert {r["scheme"] for r in runs} == {"none", "contiguous", "serial", "pairwise"}
@@ -278,7 +311,7 @@ def test_simulated_epilogue_equals_cpu(workers):
 
 def test_simulated_launch_guards(workers):
     errors = workers("sim")["errors"]
-    assert errors == {"tiled": "RuntimeError", "nope": "ValueError", "lanes": "RuntimeError"}
+    assert errors == {"tiled": "RuntimeError", "nope": "ValueError", "lanes": "RuntimeError", "biased": "RuntimeError"}
 
 
 def test_ptx_for_sm89_sm90_sm120_without_a_device(workers):
@@ -287,10 +320,13 @@ def test_ptx_for_sm89_sm90_sm120_without_a_device(workers):
         pytest.skip(report["skipped"])
     assert set(report["targets"]) == {"sm_89", "sm_90", "sm_120"}
     for sm, kernels in report["targets"].items():
-        assert set(kernels) == {"lanes", "simple", "tiled", "override", "epilogue"}
+        assert set(kernels) == {"biased", "decode", "lanes", "simple", "tiled", "override", "epilogue"}
+        # The biased kernel runs the GPU's own fma.rz, not the float64 emulation of fma_toward_zero.
+        assert kernels["biased"]["fma_rz"] >= 4 and kernels["biased"]["f64"] == 0, kernels["biased"]
         for name, entry in kernels.items():
             assert entry["target"] == [sm], (sm, name, entry["target"])
-            assert entry["fma"] == 0, f"{name} {sm}: fused multiply-add in the PTX"
+            assert entry["fma"] == 0, f"{name} {sm}: fused multiply-add (a contraction) in the PTX"
+            assert name == "biased" or entry["fma_rz"] == 0, f"{name} {sm}: fma.rz outside the biased kernel"
             assert entry["ftz"] == 0, f"{name} {sm}: flush-to-zero in the PTX"
             assert entry["approx"] == 0, f"{name} {sm}: approximate instruction in the PTX"
             if report.get("ptxas"):

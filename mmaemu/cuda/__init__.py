@@ -72,16 +72,20 @@ def _probe(device):
     return device_module.probe(device)
 
 
+# Kernels that take the FP8 codes and decode them themselves, and decline schedules they do not walk.
+CODES_KERNELS = ("biased", "lanes")
+
+
 def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
     """Why ``kernel`` cannot compute this preset by design (None if it can). Never a failure, never warned."""
     if kernel == "tiled" and not 1 <= preset.nfma <= 128:
         return f"stages 128 k at a time, preset {preset.name!r} has nfma={preset.nfma}"
-    if kernel == "lanes":
+    if kernel in CODES_KERNELS:
         from ..arith.params import preset_params
-        from .kernels import lanes_decline
+        from .kernels import codes_kernel_decline
 
         # Judged on an unsplit fast schedule: what the preset and formats alone rule out.
-        why = lanes_decline((1, 1, 0, 0, 0, 0), preset_params(preset, fmt_a, fmt_b))
+        why = codes_kernel_decline(kernel, (1, 1, 0, 0, 0, 0), preset_params(preset, fmt_a, fmt_b))
         if why is not None:
             return f"{why} (preset {preset.name!r})"
     return None
@@ -89,15 +93,15 @@ def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
 
 def schedule_skip(kernel: str, preset, fmt_a: str, fmt_b: str, use_fast_accum, splits=1, scheme="none"):
     """Why ``kernel`` cannot compute this call's schedule by design (None if it can): design_skip, plus what the
-    schedule rules out (the lanes kernel computes unsplit GEMMs only). Never a failure, never warned."""
+    schedule rules out (the biased and lanes kernels compute unsplit GEMMs only). Never a failure, never warned."""
     skip = design_skip(kernel, preset, fmt_a, fmt_b)
-    if skip is not None or kernel != "lanes":
+    if skip is not None or kernel not in CODES_KERNELS:
         return skip
     from ..arith.params import preset_params, schedule_params
-    from .kernels import lanes_decline
+    from .kernels import codes_kernel_decline
 
-    return lanes_decline(schedule_params(preset, 1, use_fast_accum, splits, scheme),
-                         preset_params(preset, fmt_a, fmt_b))
+    return codes_kernel_decline(kernel, schedule_params(preset, 1, use_fast_accum, splits, scheme),
+                                preset_params(preset, fmt_a, fmt_b))
 
 
 # ----------------------------------------------------------------------------------------------------------------

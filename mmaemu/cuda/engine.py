@@ -125,10 +125,17 @@ def accumulate_tensors(kernel, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, 
             return out
         a_codes = a.detach().contiguous().view(torch.uint8)
         b_codes = b_rows.detach().contiguous().view(torch.uint8)
-        if kernel == "lanes":  # decodes the codes itself, in shared memory
+        if kernel in kernels.CODES_KERNELS:  # decodes the codes itself
             a_flags = _nonfinite_flags(a_codes, fmt_a)
             b_flags = _nonfinite_flags(b_codes, fmt_b)
-            kernels.launch_lanes(_nb(a_codes), _nb(b_codes), fmt_a, fmt_b, schedule, params, _nb(out), on.stream)
+            work = []  # torch's caching allocator, stream-ordered; kept alive until every launch is queued
+
+            def alloc(shape, dtype):
+                work.append(torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name), device=on.torch_device))
+                return _nb(work[-1])
+
+            kernels.launch_codes(kernel, _nb(a_codes), _nb(b_codes), fmt_a, fmt_b, schedule, params, _nb(out),
+                                 on.stream, alloc=alloc if kernel == "biased" else None)
         else:
             sa, ea, a_flags = decode_tensor(a_codes, fmt_a)
             sb, eb, b_flags = decode_tensor(b_codes, fmt_b)
@@ -176,9 +183,9 @@ def accumulate_numpy(kernel, a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_ac
     if gemm.empty:
         return out
     d_out = cuda.to_device(out)
-    if kernel == "lanes":
-        kernels.launch_lanes(cuda.to_device(a_codes), cuda.to_device(b_codes), fmt_a, fmt_b, schedule, params, d_out,
-                             chunk=chunk)
+    if kernel in kernels.CODES_KERNELS:
+        kernels.launch_codes(kernel, cuda.to_device(a_codes), cuda.to_device(b_codes), fmt_a, fmt_b, schedule, params,
+                             d_out, chunk=chunk)
     else:
         sig_a, exp_a = formats.significands(fmt_a)[a_codes], formats.exponents(fmt_a)[a_codes]
         sig_b, exp_b = formats.significands(fmt_b)[b_codes], formats.exponents(fmt_b)[b_codes]

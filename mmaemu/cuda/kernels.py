@@ -32,6 +32,7 @@ Importing this module imports ``numba.cuda`` (no driver call); launching compile
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -45,7 +46,7 @@ from ..arith import schedule as _schedule
 from ..arith import special as _special
 from ..arith import tile as _tile
 from ..arith.block import NO_LEAD
-from . import shim
+from . import CODES_KERNELS, shim
 
 shim.install_builtin_minmax()
 
@@ -386,20 +387,44 @@ def epilogue(acc, scale_bits, has_scale_result, out_code, width, out_bits):
 # ----------------------------------------------------------------------------------------------------------------
 # Launchers (numba device arrays or objects with __cuda_array_interface__; stream: a numba stream or 0)
 
-GEMM_KERNELS = ("lanes", "tiled", "simple")
+GEMM_KERNELS = ("biased", "lanes", "tiled", "simple")
 
 
-def _quiet():
+def codes_kernel_decline(kernel, schedule, params):
+    """Why a codes kernel does not compute this schedule and preset (None if it does)."""
+    if kernel == "biased":
+        from .biased_kernel import biased_decline
+
+        return biased_decline(schedule, params)
+    return lanes_decline(schedule, params)
+
+
+def launch_codes(kernel, a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, chunk=None,
+                 alloc=None):
+    """Launch a codes kernel (:data:`CODES_KERNELS`); ``chunk``: lanes kernel only, ``alloc``: biased only."""
+    if kernel == "biased":
+        from .biased_kernel import launch_biased
+
+        if chunk is not None:
+            raise ValueError("the biased kernel stages a fixed number of k; chunk is for the lanes kernel")
+        launch_biased(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream, alloc=alloc)
+    elif kernel == "lanes":
+        launch_lanes(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream, chunk=chunk)
+    else:
+        raise ValueError(f"unknown codes kernel {kernel!r}; expected one of {CODES_KERNELS}")
+
+
+@contextlib.contextmanager
+def quiet_launches():
     """Silence numba's low-occupancy performance warnings for tiny launches (self-tests, tests)."""
-    manager = warnings.catch_warnings()
-    manager.__enter__()
-    try:
-        from numba.core.errors import NumbaPerformanceWarning
+    with warnings.catch_warnings():
+        try:
+            from numba.core.errors import NumbaPerformanceWarning
 
-        warnings.simplefilter("ignore", NumbaPerformanceWarning)
-    except ImportError:  # pragma: no cover
-        pass
-    return manager
+            warnings.simplefilter("ignore", NumbaPerformanceWarning)
+        except ImportError:  # pragma: no cover
+            pass
+        yield
 
 
 def launch_gemm(kernel, sa, ea, sb, eb, schedule, params, out, stream=0, *, chunk=None):
@@ -425,13 +450,12 @@ def launch_gemm(kernel, sa, ea, sb, eb, schedule, params, out, stream=0, *, chun
         rows = TILE_M
     elif kernel == "simple":
         rows = BLOCK
-    elif kernel == "lanes":
-        raise ValueError("the lanes kernel takes FP8 codes: use launch_lanes")
+    elif kernel in CODES_KERNELS:
+        raise ValueError(f"the {kernel} kernel takes FP8 codes: use launch_codes")
     else:
         raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {GEMM_KERNELS}")
     step = MAX_GRID_Y * rows
-    quiet = _quiet()
-    try:
+    with quiet_launches():
         for r0 in range(0, M, step):
             r1 = min(M, r0 + step)
             grid = ((N + rows - 1) // rows, (r1 - r0 + rows - 1) // rows)
@@ -440,8 +464,6 @@ def launch_gemm(kernel, sa, ea, sb, eb, schedule, params, out, stream=0, *, chun
                 gemm_tiled[grid, (TILE_N, TILE_M), stream](a_s, a_e, sb, eb, schedule, params, chunk, o)
             else:
                 gemm_simple[grid, (BLOCK, BLOCK), stream](a_s, a_e, sb, eb, schedule, params, o)
-    finally:
-        quiet.__exit__(None, None, None)
 
 
 def launch_lanes(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, chunk=None):
@@ -468,15 +490,12 @@ def launch_lanes(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0
     fa = tuple(int(v) for v in _tile.TILE_FORMATS[fmt_a])
     fb = tuple(int(v) for v in _tile.TILE_FORMATS[fmt_b])
     step = MAX_GRID_Y * LANES_M
-    quiet = _quiet()
-    try:
+    with quiet_launches():
         for r0 in range(0, M, step):
             r1 = min(M, r0 + step)
             grid = ((N + LANES_N - 1) // LANES_N, (r1 - r0 + LANES_M - 1) // LANES_M)
             a, o = (a_codes, out) if (r0, r1) == (0, M) else (a_codes[r0:r1], out[r0:r1])
             gemm_lanes[grid, (LANES_TX, LANES_TY), stream](a, b_codes, fa, fb, schedule, params, chunk, o)
-    finally:
-        quiet.__exit__(None, None, None)
 
 
 def launch_override(a_codes, a_flags, a_table, b_codes, b_flags, b_table, out_bits, stream=0):
@@ -485,8 +504,7 @@ def launch_override(a_codes, a_flags, a_table, b_codes, b_flags, b_table, out_bi
     if M == 0 or N == 0:
         return
     step = MAX_GRID_Y * BLOCK
-    quiet = _quiet()
-    try:
+    with quiet_launches():
         for r0 in range(0, M, step):
             r1 = min(M, r0 + step)
             grid = ((N + BLOCK - 1) // BLOCK, (r1 - r0 + BLOCK - 1) // BLOCK)
@@ -496,8 +514,6 @@ def launch_override(a_codes, a_flags, a_table, b_codes, b_flags, b_table, out_bi
             else:
                 override_nonfinite[grid, (BLOCK, BLOCK), stream](a_codes[r0:r1], a_flags[r0:r1], a_table, b_codes,
                                                                  b_flags, b_table, out_bits[r0:r1])
-    finally:
-        quiet.__exit__(None, None, None)
 
 
 def launch_epilogue(acc_flat, scale_bits, has_scale_result, out_code, width, out_bits_flat, stream=0):
@@ -505,13 +521,10 @@ def launch_epilogue(acc_flat, scale_bits, has_scale_result, out_code, width, out
     size = acc_flat.shape[0]
     if size == 0:
         return
-    quiet = _quiet()
-    try:
+    with quiet_launches():
         grid = (size + EPILOGUE_THREADS - 1) // EPILOGUE_THREADS
         epilogue[grid, EPILOGUE_THREADS, stream](acc_flat, scale_bits, int(has_scale_result), int(out_code),
                                                  int(width), out_bits_flat)
-    finally:
-        quiet.__exit__(None, None, None)
 
 
 def signatures():
@@ -528,7 +541,12 @@ def signatures():
     params = numba.typeof(preset_params(HOPPER, "e4m3", "e4m3"))
     i64 = types.int64
     codes, flags, table = types.uint8[:, ::1], types.uint8[::1], types.float64[::1]
+    from .biased_kernel import decode_operand, gemm_biased
+
     return {
+        "biased": (gemm_biased, (types.float32[::1], types.float32[::1], types.int32[::1], i64) * 2
+                   + (i64, schedule, params, f32)),
+        "decode": (decode_operand, (types.uint8[:, ::1], fmt, i64, f32, f32, types.int32[:, ::1])),
         "simple": (gemm_simple, (a8, a16, a8, a16, schedule, params, f32)),
         "lanes": (gemm_lanes, (types.uint8[:, ::1], types.uint8[:, ::1], fmt, fmt, schedule, params, i64, f32)),
         "tiled": (gemm_tiled, (a8, a16, a8, a16, schedule, params, i64, f32)),

@@ -12,6 +12,8 @@
   dispatcher does not fold. :func:`install_builtin_minmax` registers, for the CUDA target only, a typing
   template and a lowering of ``min``/``max`` over two or more numbers built on numba's own ``do_minmax`` (Python's
   left-to-right rule). numba-cuda needs no such help and is left alone.
+* :func:`install_fma_toward_zero` makes :func:`mmaemu.arith.fp32.fma_toward_zero` the GPU's ``fma.rz.f32`` in
+  kernels (its float64 emulation elsewhere): the same IEEE operation, one instruction instead of a dozen.
 """
 
 from __future__ import annotations
@@ -109,3 +111,36 @@ def restore_numpy_row_stack():
 
     if not hasattr(np, "row_stack"):
         np.row_stack = np.vstack
+
+
+_FMA_INSTALLED = False
+
+
+def install_fma_toward_zero():
+    """Compile :func:`mmaemu.arith.fp32.fma_toward_zero` to the GPU's own fused multiply-add rounding toward zero
+    (libdevice ``__nv_fmaf_rz``, PTX ``fma.rz.f32``) in CUDA kernels, instead of its float64 emulation.
+
+    Both are IEEE ``fusedMultiplyAdd`` with roundTowardZero, so the bits are the same; the instruction is one
+    fp32 operation where the emulation is a dozen float64 ones. Registered as a ``target="cuda"`` overload,
+    which numba prefers to the generic one in kernels (numba's built-in CUDA target and numba-cuda alike).
+    """
+    global _FMA_INSTALLED
+    if _FMA_INSTALLED or simulator_enabled():
+        return
+    from numba.core import types
+    from numba.core.extending import overload
+
+    from ..arith.fp32 import fma_toward_zero
+
+    @overload(fma_toward_zero, target="cuda")
+    def _fma_toward_zero_cuda(a, b, c):
+        if (a, b, c) != (types.float32,) * 3:
+            return None
+        from numba.cuda import libdevice
+
+        def impl(a, b, c):
+            return libdevice.fmaf_rz(a, b, c)
+
+        return impl
+
+    _FMA_INSTALLED = True

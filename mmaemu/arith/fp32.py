@@ -1,0 +1,99 @@
+"""Exact fp32 primitives of the biased formulation (:mod:`.biased`): bit casts and a fused multiply-add that
+rounds toward zero.
+
+* :func:`float32_bits` / :func:`float32_from_bits` reinterpret an fp32 and an int32 (LLVM ``bitcast``: no
+  arithmetic, the same on every target).
+* :func:`fma_toward_zero` is IEEE 754 ``fusedMultiplyAdd(a, b, c)`` rounded toward zero: the exact value
+  ``a * b + c`` rounded once to fp32, toward zero. A correctly rounded operation, so its result is fixed by
+  the standard and does not depend on the GPU. On CUDA devices it is the hardware instruction
+  (``fma.rz.f32`` through libdevice's ``__nv_fmaf_rz``, registered by :mod:`mmaemu.cuda.shim`); everywhere
+  else (CPU loops, the CUDA simulator) :func:`fma_toward_zero_exact` computes the same bits with float64
+  arithmetic. ``tests/test_biased.py`` checks the emulation against exact rational arithmetic.
+
+Domain of the emulation: finite a, b, c whose result does not overflow fp32 (every use in mmaemu stays far
+below 2**127). A zero result takes the sign IEEE gives round-toward-zero: ``x + (-x) = +0``.
+"""
+
+import numpy as np
+from numba import types
+from numba.core.extending import intrinsic, overload
+
+from .._jit import arithmetic
+
+
+@intrinsic
+def float32_bits(typingctx, x):
+    """The int32 holding the bits of the float32 x."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.int32))
+
+    return types.int32(types.float32), codegen
+
+
+@intrinsic
+def float32_from_bits(typingctx, bits):
+    """The float32 whose bits are the int32 ``bits``."""
+    if bits != types.int32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+
+    return types.float32(types.int32), codegen
+
+
+@arithmetic
+def float32_exponent(x):
+    """``floor(log2|x|)`` of a normal float32 from its exponent field; -127 for +-0 (and subnormals)."""
+    return np.int32(((float32_bits(x) >> 23) & 0xFF) - 127)
+
+
+@arithmetic
+def pow2_from_exponent(n):
+    """Exactly 2**n as float32 for n in the normal range [-126, 127] (the caller guarantees it)."""
+    return float32_from_bits(np.int32((n + 127) << 23))
+
+
+@arithmetic
+def truncate_significand(x, bits_kept):
+    """A normal or zero float32 x truncated toward zero to ``bits_kept`` (1 to 24) significant bits: the low
+    mantissa bits are cleared (fp32 is sign-magnitude, so this is a truncation of |x|)."""
+    mask = np.int32(-1) << np.int32(24 - bits_kept)
+    return float32_from_bits(np.int32(float32_bits(x) & mask))
+
+
+def fma_toward_zero_exact(a, b, c):
+    """``fma_toward_zero`` in float64 arithmetic (compiled for the CPU and run by the CUDA simulator).
+
+    ``p = a * b`` is exact in float64 (24 + 24 significant bits), ``s = RN(p + c)`` and its rounding error
+    ``err`` (TwoSum, exact) give the exact sum ``s + err``. Let z be the fp32 next to it toward zero and z' the
+    fp32 next to z away from zero; rounding is monotone, so z <= |s| <= z' in magnitude and ``r = RN32(s)`` is
+    z or z'. ``r - s`` is exact (two floats within a factor of 2 of each other) and the sign of
+    ``(r - s) - err`` is that of ``r - (p + c)`` (a float subtraction is zero only when exact). If r lies
+    beyond the exact sum (away from zero) it is z', and one step toward zero gives z.
+    """
+    p = np.float64(a) * np.float64(b)
+    q = np.float64(c)
+    s = p + q
+    v = s - p
+    err = (p - (s - v)) + (q - v)
+    r = np.float32(s)
+    beyond = (np.float64(r) - s) - err
+    if (s > 0.0 and beyond > 0.0) or (s < 0.0 and beyond < 0.0):
+        r = np.nextafter(r, np.float32(0.0))
+    return r
+
+
+def fma_toward_zero(a, b, c):
+    """float32 ``a * b + c`` rounded once, toward zero (IEEE fusedMultiplyAdd, roundTowardZero)."""
+    return fma_toward_zero_exact(np.float32(a), np.float32(b), np.float32(c))
+
+
+@overload(fma_toward_zero, target="generic")
+def _fma_toward_zero_generic(a, b, c):
+    if (a, b, c) != (types.float32,) * 3:
+        return None
+    return fma_toward_zero_exact
