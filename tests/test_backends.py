@@ -269,6 +269,27 @@ def test_lanes_kernel_declines_split_schedules_to_the_next_kernel(fake_device, m
     assert fake_device["runs"] == ["tiled", "simple"]
 
 
+def test_biased_kernel_takes_split_schedules_and_declines_what_its_window_cannot_hold(fake_device):
+    import mmaemu.cuda as cuda_backend
+
+    ada = get_preset("ada", warn=False)
+    for preset, fast, splits, scheme in ((HOPPER, True, 1, "none"), (HOPPER, False, 1, "none"),
+                                         (HOPPER, False, 3, "contiguous"), (ada, True, 4, "serial"),
+                                         (ada, False, 5, "pairwise")):
+        assert cuda_backend.schedule_skip("biased", preset, "e4m3", "e5m2", fast, splits, scheme) is None
+    late = cuda_backend.schedule_skip("biased", get_preset("b200_mma_sync", warn=False), "e4m3", "e4m3", True)
+    assert late.startswith("computes the early-accumulator presets")
+    wide = Preset("wide-window", nfma=32, frac=20, frac_out=13, min_exp=-132, late_c=False, slow_chunk=128)
+    assert "24-bit significand" in cuda_backend.design_skip("biased", wide, "e4m3", "e4m3")
+    odd = Preset("odd-slow", nfma=16, frac=13, frac_out=13, min_exp=-132, late_c=False, slow_chunk=80)
+    assert cuda_backend.schedule_skip("biased", odd, "e4m3", "e4m3", True) is None
+    assert "80 wide" in cuda_backend.schedule_skip("biased", odd, "e4m3", "e4m3", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert backends.select(CUDA0, "auto", "e4m3", "e4m3", wide).name == "cuda:lanes"
+    assert not [w for w in caught if issubclass(w.category, BackendFallbackWarning)]
+
+
 def test_verdicts_are_cached_on_disk_by_device_and_sources(fake_device, tmp_path):
     import mmaemu.cuda as cuda_backend
     from mmaemu.cuda import selftest

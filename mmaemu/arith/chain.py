@@ -48,6 +48,22 @@ def chain_late(sa, ea, sb, eb, k0, k1, c, params):
 
 
 @arithmetic
+def chain_range_count(stride, count):
+    """Number of K ranges of a chain over ``count`` tiles: adjacent tiles (stride 1) form one range."""
+    return 1 if stride == 1 else count
+
+
+@arithmetic
+def chain_range(K, first, stride, count, tile, padded, i):
+    """``(k0, k1)``: the i-th K range of a chain over tiles ``first, first + stride, ...`` of width tile; with
+    ``padded`` at full width (zero padding past K included), else stopped at K."""
+    span = count * tile if stride == 1 else tile
+    k0 = (first + i * stride) * tile
+    k1 = k0 + span if padded else min(k0 + span, K)
+    return k0, k1
+
+
+@arithmetic
 def chain_over_tiles(sa, ea, sb, eb, K, first, stride, count, tile, padded, params):
     """The fp32 result of one chain from +0 over ``count`` k-tiles ``first, first + stride, ...`` of width tile.
 
@@ -58,13 +74,10 @@ def chain_over_tiles(sa, ea, sb, eb, K, first, stride, count, tile, padded, para
     chain_early); without it the chain stops at K.
     """
     late_c = params[6]
-    n_ranges = 1 if stride == 1 else count
-    span = count * tile if stride == 1 else tile
     c = np.float32(0.0)
     sig, exp, lead = 0, 0, NO_LEAD
-    for i in range(n_ranges):
-        k0 = (first + i * stride) * tile
-        k1 = k0 + span if padded else min(k0 + span, K)
+    for i in range(chain_range_count(stride, count)):
+        k0, k1 = chain_range(K, first, stride, count, tile, padded, i)
         if late_c:
             c = chain_late(sa, ea, sb, eb, k0, k1, c, params)
         else:

@@ -37,37 +37,94 @@ def split_tiles(K, s, schedule):
     return first, 1, max(0, min(per_split, n_tiles - first))
 
 
+# How a partial enters the accumulator (combine_step): acc = acc + p, acc = p, slot = p, slot = slot + p.
+ACC_ADD = 0
+ACC_SET = 1
+SLOT_SET = 2
+SLOT_ADD = 3
+
+
+@arithmetic
+def combine_step(splits, pairwise, i):
+    """``(s, target, flush)``: the i-th partial to compute (0 <= i < S), how it enters the accumulator
+    (:data:`ACC_ADD`, :data:`ACC_SET`, :data:`SLOT_SET`, :data:`SLOT_ADD`) and whether ``acc = acc + slot``
+    follows (flush = 1); the accumulator starts at +0.
+
+    Serial: p_0, p_1, ... each added to acc. Pairwise (d.2): acc = p[S-1]; then for q < h = ceil(S/2):
+    slot = p[q], slot = slot + p[q+h] if q + h < S - 1, acc = acc + slot. Every partial is computed once.
+    """
+    if pairwise == 0 or splits == 1:
+        return i, ACC_ADD, 0
+    if i == 0:
+        return splits - 1, ACC_SET, 0
+    half = (splits + 1) // 2
+    # Steps 1, 2, ... walk q = 0, 1, ...: one step for q when q + h >= S - 1, two (q then q + h) otherwise.
+    paired = max(0, min(half, splits - 1 - half))  # q < paired have a partner q + h < S - 1
+    j = i - 1
+    if j < 2 * paired:
+        q = j // 2
+        if j % 2 == 0:
+            return q, SLOT_SET, 0
+        return q + half, SLOT_ADD, 1
+    return paired + (j - 2 * paired), SLOT_SET, 1
+
+
+@arithmetic
+def combine(acc, slot, partial, target, flush):
+    """``(acc, slot)`` after a partial enters as :func:`combine_step` says (fp32 RNE adds)."""
+    if target == ACC_ADD:
+        acc = np.float32(acc + partial)
+    elif target == ACC_SET:
+        acc = partial
+    elif target == SLOT_SET:
+        slot = partial
+    else:
+        slot = np.float32(slot + partial)
+    if flush:
+        acc = np.float32(acc + slot)
+    return acc, slot
+
+
+@arithmetic
+def split_chains(K, s, schedule):
+    """Number of chains of split s: one over all of its tiles (chain_tiles = 0), or one per chain_tiles tiles;
+    0 for a split that owns no tile."""
+    tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
+    first, stride, count = split_tiles(K, s, schedule)
+    if count == 0:
+        return 0
+    return 1 if chain_tiles == 0 else (count + chain_tiles - 1) // chain_tiles
+
+
+@arithmetic
+def chain_tiles_of(K, s, c, schedule):
+    """``(first, stride, count)``: the k-tiles of chain c of split s (the arguments of chain_over_tiles)."""
+    tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
+    first, stride, count = split_tiles(K, s, schedule)
+    done = c * chain_tiles
+    n = count if chain_tiles == 0 else min(chain_tiles, count - done)
+    return first + done * stride, stride, n
+
+
 @arithmetic
 def split_partial(sa, ea, sb, eb, K, s, schedule, params):
     """Partial p_s: the fp32 sum, in increasing k, of the chains over split s's own tiles (+0 if it owns none)."""
     tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
-    first, stride, count = split_tiles(K, s, schedule)
     partial = np.float32(0.0)
-    done = 0
-    while done < count:
-        n = count - done if chain_tiles == 0 else min(chain_tiles, count - done)
-        value = chain_over_tiles(sa, ea, sb, eb, K, first + done * stride, stride, n, tile, padded, params)
-        partial = np.float32(partial + value)
-        done += n
+    for c in range(split_chains(K, s, schedule)):
+        first, stride, n = chain_tiles_of(K, s, c, schedule)
+        partial = np.float32(partial + chain_over_tiles(sa, ea, sb, eb, K, first, stride, n, tile, padded, params))
     return partial
 
 
 @arithmetic
 def accumulate_one(sa, ea, sb, eb, K, schedule, params):
-    """The fp32 accumulator of one output: every split partial, combined serially or pairwise (d.1, d.2)."""
+    """The fp32 accumulator of one output: every split partial, combined serially or pairwise (d.1, d.2), in the
+    order of :func:`combine_step`."""
     tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
-    if pairwise == 0 or splits == 1:
-        acc = np.float32(0.0)
-        for s in range(splits):
-            acc = np.float32(acc + split_partial(sa, ea, sb, eb, K, s, schedule, params))
-        return acc
-    # Pairwise (d.2): acc = p[S-1]; then for i < h = ceil(S/2) add slot_i = p[i] (+) p[i+h] if i + h < S - 1,
-    # else p[i]. Every partial is computed exactly once, in that order.
-    half = (splits + 1) // 2
-    acc = split_partial(sa, ea, sb, eb, K, splits - 1, schedule, params)
-    for i in range(half):
-        slot = split_partial(sa, ea, sb, eb, K, i, schedule, params)
-        if i + half < splits - 1:
-            slot = np.float32(slot + split_partial(sa, ea, sb, eb, K, i + half, schedule, params))
-        acc = np.float32(acc + slot)
+    acc = np.float32(0.0)
+    slot = np.float32(0.0)
+    for i in range(splits):
+        s, target, flush = combine_step(splits, pairwise, i)
+        acc, slot = combine(acc, slot, split_partial(sa, ea, sb, eb, K, s, schedule, params), target, flush)
     return acc

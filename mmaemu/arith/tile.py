@@ -60,8 +60,8 @@ import numpy as np
 
 from .._jit import arithmetic
 from .block import NO_LEAD, RESULT_EXP_FLOOR
-from .chain import exact_to_float32
-from .schedule import split_tiles
+from .chain import chain_range, chain_range_count, exact_to_float32
+from .schedule import chain_tiles_of, combine, combine_step, split_chains
 
 # Exponent of zero, NaN and Inf codes in the tile layout (int8); see the module docstring.
 TILE_ABSENT_EXP = -100
@@ -332,11 +332,8 @@ def tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, m0, rows, K, first, stride
             c_sig[r, j] = 0
             c_lead[r, j] = NO_LEAD
             result[r, j] = np.float32(0.0)
-    n_ranges = 1 if stride == 1 else count
-    span = count * tile if stride == 1 else tile
-    for i in range(n_ranges):
-        k0 = (first + i * stride) * tile
-        k1 = k0 + span if padded else min(k0 + span, K)
+    for i in range(chain_range_count(stride, count)):
+        k0, k1 = chain_range(K, first, stride, count, tile, padded, i)
         for kb in range(k0, k1, nfma):
             ke = min(kb + nfma, k1, K)
             if late_c:
@@ -356,20 +353,17 @@ def tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, m0, rows, K, first, stride
 def tile_split_partial(a_val, a_exp, b_val, b_exp, m0, rows, K, s, schedule, params, work, result, partial):
     """:func:`~.schedule.split_partial` for the tile: ``partial`` = fp32 sum of split s's chains (+0 if none)."""
     tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
-    first, stride, count = split_tiles(K, s, schedule)
     lanes = partial.shape[1]
     for r in range(rows):
         for j in range(lanes):
             partial[r, j] = np.float32(0.0)
-    done = 0
-    while done < count:
-        n = count - done if chain_tiles == 0 else min(chain_tiles, count - done)
-        tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, m0, rows, K, first + done * stride, stride, n, tile,
-                              padded, params, work, result)
+    for c in range(split_chains(K, s, schedule)):
+        first, stride, n = chain_tiles_of(K, s, c, schedule)
+        tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, m0, rows, K, first, stride, n, tile, padded, params, work,
+                              result)
         for r in range(rows):
             for j in range(lanes):
                 partial[r, j] = np.float32(partial[r, j] + result[r, j])
-        done += n
 
 
 @arithmetic
@@ -382,31 +376,16 @@ def tile_accumulate(a_val, a_exp, b_val, b_exp, m0, rows, K, schedule, params, w
     tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
     result, partial, slot = sums
     lanes = acc.shape[1]
-    if pairwise == 0 or splits == 1:
+    for r in range(rows):
+        for j in range(lanes):
+            acc[r, j] = np.float32(0.0)
+            slot[r, j] = np.float32(0.0)
+    for i in range(splits):
+        s, target, flush = combine_step(splits, pairwise, i)
+        tile_split_partial(a_val, a_exp, b_val, b_exp, m0, rows, K, s, schedule, params, work, result, partial)
         for r in range(rows):
             for j in range(lanes):
-                acc[r, j] = np.float32(0.0)
-        for s in range(splits):
-            tile_split_partial(a_val, a_exp, b_val, b_exp, m0, rows, K, s, schedule, params, work, result,
-                               partial)
-            for r in range(rows):
-                for j in range(lanes):
-                    acc[r, j] = np.float32(acc[r, j] + partial[r, j])
-        return
-    # Pairwise (d.2): acc = p[S-1]; for i < h = ceil(S/2): acc = acc + (p[i] + p[i+h] if i + h < S - 1 else p[i])
-    half = (splits + 1) // 2
-    tile_split_partial(a_val, a_exp, b_val, b_exp, m0, rows, K, splits - 1, schedule, params, work, result, acc)
-    for i in range(half):
-        tile_split_partial(a_val, a_exp, b_val, b_exp, m0, rows, K, i, schedule, params, work, result, slot)
-        if i + half < splits - 1:
-            tile_split_partial(a_val, a_exp, b_val, b_exp, m0, rows, K, i + half, schedule, params, work, result,
-                               partial)
-            for r in range(rows):
-                for j in range(lanes):
-                    slot[r, j] = np.float32(slot[r, j] + partial[r, j])
-        for r in range(rows):
-            for j in range(lanes):
-                acc[r, j] = np.float32(acc[r, j] + slot[r, j])
+                acc[r, j], slot[r, j] = combine(acc[r, j], slot[r, j], partial[r, j], target, flush)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ conversion), every exponent maximum one int32 add-then-max. Two kernels:
   memory; each thread then runs :func:`mmaemu.arith.biased.biased_block` on every block of its chains, state in
   registers, and adds the chain results in fp32 as ``accumulate_one`` does.
 
-Schedules: what :func:`biased_decline` accepts (unsplit, fast or slow, early-accumulator presets within the fp32
-window); the dispatcher gives other calls to the next kernel. The decoded panels take 12 bytes per operand
+Schedules: every schedule (unsplit fast and slow, the split-K schemes; :func:`gemm_biased_split` for splits) of
+the early-accumulator presets within the fp32 window that :func:`biased_decline` accepts; the dispatcher gives
+other calls to the next kernel. The decoded panels take 12 bytes per operand
 element (at most PANEL_BYTES per operand panel at a time). No arithmetic is written here.
 """
 
@@ -24,6 +25,8 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from ..arith import biased as _biased
+from ..arith import chain as _chain_module
+from ..arith import schedule as _schedule
 from ..arith import tile as _tile
 from . import shim
 
@@ -32,6 +35,12 @@ shim.install_fma_toward_zero()
 
 biased_block = shim.device(_biased.biased_block)
 biased_decode = shim.device(_biased.biased_decode)
+combine_step = shim.device(_schedule.combine_step)
+combine = shim.device(_schedule.combine)
+split_chains = shim.device(_schedule.split_chains)
+chain_tiles_of = shim.device(_schedule.chain_tiles_of)
+chain_range_count = shim.device(_chain_module.chain_range_count)
+chain_range = shim.device(_chain_module.chain_range)
 
 # Geometry. BIASED_K is a multiple of the shipped presets' nfma (32, 16) so that no block straddles two stages.
 BIASED_ROWS = 4
@@ -44,6 +53,10 @@ BIASED_N = BIASED_TX * BIASED_COLS
 BIASED_K = 32
 DECODE_BLOCK = (32, 8)  # decode kernel: 32 rows x 8 k per thread block
 MAX_GRID_Y = 65535
+# Register caps (ptxas for sm_90 fits the kernels in them without spills; uncapped it takes 128 and 168, which
+# halves the thread blocks an SM holds).
+UNSPLIT_REGISTERS = 96
+SPLIT_REGISTERS = 128
 # Decoded operand panels are kept below this size (rows of A or B per launch).
 PANEL_BYTES = 256 * 2**20
 DECODED_BYTES = 12  # pos, neg (fp32) and exp (int32) per operand element
@@ -52,21 +65,19 @@ DECODED_BYTES = 12  # pos, neg (fp32) and exp (int32) per operand element
 def biased_decline(schedule, params):
     """Why the biased kernel does not compute this schedule and preset (None if it does).
 
-    It walks one unsplit chain (fast: the whole of K; slow: a chain per ``tile`` k, restarted from +0, their fp32
-    results added in increasing k) of a preset that :func:`mmaemu.arith.biased.biased_decline` accepts, with
-    blocks that tile its BIASED_K-wide stages.
+    It computes every schedule (unsplit fast and slow, the split schemes) of a preset that
+    :func:`mmaemu.arith.biased.biased_decline` accepts, whose blocks tile its BIASED_K-wide stages and whose k-tiles
+    start on a stage (an unsplit fast chain is one range from k = 0).
     """
     tile, splits, interleaved, chain_tiles, pairwise, padded = (int(v) for v in schedule)
     nfma, frac, frac_out, late_c = int(params[0]), int(params[3]), int(params[4]), int(params[6])
     why = _biased.biased_decline(nfma, frac, frac_out, late_c)
     if why is not None:
         return why
-    if splits != 1:
-        return f"computes unsplit GEMMs only, this call has split-K S={splits}"
     if nfma < 1 or BIASED_K % nfma:
         return f"stages {BIASED_K} k at a time, which nfma={nfma} does not divide"
-    if chain_tiles not in (0, 1) or padded or (chain_tiles == 1 and tile % nfma):
-        return f"walks chains of whole blocks from k = 0, schedule {tuple(schedule)} does not fit"
+    if (splits > 1 or chain_tiles) and tile % BIASED_K:
+        return f"starts k-tiles on its {BIASED_K}-wide stages, the schedule's tiles are {tile} wide"
     return None
 
 
@@ -101,59 +112,121 @@ def _stage(pos, neg, exp, cols, row0, c0, rows, sh_pos, sh_neg, sh_exp):
 
 
 @cuda.jit(device=True, fastmath=False)
-def _flush(c_val, partial):
-    """End the tile's chains: partial += chain value (fp32 add, as accumulate_one), then restart from +0."""
+def _zero(tile):
     for r in range(BIASED_ROWS):
         for j in range(BIASED_COLS):
-            partial[r, j] = np.float32(partial[r, j] + c_val[r, j])
-            c_val[r, j] = np.float32(0.0)
+            tile[r, j] = np.float32(0.0)
 
 
-@cuda.jit(fastmath=False)
-def gemm_biased(a_pos, a_neg, a_exp, a_cols, b_pos, b_neg, b_exp, b_cols, K, schedule, params, out):
-    """out[m, n] for a BIASED_M x BIASED_N tile per thread block (see the module docstring): the operands are
-    decoded panels [Kp, a_cols] and [Kp, b_cols] (:func:`decode_operand`) seen flat, K the operands' own
-    length."""
+@cuda.jit(device=True, fastmath=False)
+def _chain(a_pos, a_neg, a_exp, a_cols, b_pos, b_neg, b_exp, b_cols, K, first, stride, count, schedule, params,
+           sh_a, sh_b, work, c_val):
+    """One chain from +0 over ``count`` k-tiles (``chain_range``), staged BIASED_K k at a time; ``c_val`` ends
+    with its value. Blocks start every nfma k from each range's start; those past K (zero padding of a split
+    tile) run on the accumulator alone, as in the reference."""
+    sh_ap, sh_an, sh_ae = sh_a
+    sh_bp, sh_bn, sh_be = sh_b
+    e_max, acc_pos, acc_neg = work
+    m0 = np.int32(cuda.blockIdx.y * BIASED_M)
+    n0 = np.int32(cuda.blockIdx.x * BIASED_N)
+    r0 = np.uint32(cuda.threadIdx.y * BIASED_ROWS)
+    j0 = np.uint32(cuda.threadIdx.x * BIASED_COLS)
+    nfma = params[0]
+    _zero(c_val)
+    for i in range(chain_range_count(stride, count)):
+        k0, k1 = chain_range(K, first, stride, count, schedule[0], schedule[5], i)
+        for c0 in range(np.int32(k0), np.int32(k1), BIASED_K):
+            if c0 < K:
+                cuda.syncthreads()  # every thread is done with the previous stage
+                _stage(a_pos, a_neg, a_exp, a_cols, m0, c0, BIASED_M, sh_ap, sh_an, sh_ae)
+                _stage(b_pos, b_neg, b_exp, b_cols, n0, c0, BIASED_N, sh_bp, sh_bn, sh_be)
+                cuda.syncthreads()
+            # Chunk-local block bounds: [kb, ke) within the stage, empty past K.
+            stop = np.int32(min(BIASED_K, k1 - c0))
+            valid = np.int32(max(min(BIASED_K, K - c0), 0))
+            for kb in range(0, stop, nfma):
+                ke = np.int32(max(min(kb + nfma, valid), kb))
+                biased_block(sh_ap, sh_an, sh_ae, r0, sh_bp, sh_bn, sh_be, j0, kb, ke, params, c_val, e_max,
+                             acc_pos, acc_neg)
+
+
+@cuda.jit(device=True, fastmath=False)
+def _tiles():
+    """The block's staged operands (shared) and a thread's block state (registers)."""
+    # One allocation per line: numba's simulator tells shared arrays apart by the line that allocates them.
     sh_ap = cuda.shared.array((BIASED_K, BIASED_M), float32)
     sh_an = cuda.shared.array((BIASED_K, BIASED_M), float32)
     sh_ae = cuda.shared.array((BIASED_K, BIASED_M), int32)
     sh_bp = cuda.shared.array((BIASED_K, BIASED_N), float32)
     sh_bn = cuda.shared.array((BIASED_K, BIASED_N), float32)
     sh_be = cuda.shared.array((BIASED_K, BIASED_N), int32)
-    c_val = cuda.local.array((BIASED_ROWS, BIASED_COLS), float32)
-    e_max = cuda.local.array((BIASED_ROWS, BIASED_COLS), int32)
-    acc_pos = cuda.local.array((BIASED_ROWS, BIASED_COLS), float32)
-    acc_neg = cuda.local.array((BIASED_ROWS, BIASED_COLS), float32)
+    sh_a = (sh_ap, sh_an, sh_ae)
+    sh_b = (sh_bp, sh_bn, sh_be)
+    work = (cuda.local.array((BIASED_ROWS, BIASED_COLS), int32),
+            cuda.local.array((BIASED_ROWS, BIASED_COLS), float32),
+            cuda.local.array((BIASED_ROWS, BIASED_COLS), float32))
+    return sh_a, sh_b, work, cuda.local.array((BIASED_ROWS, BIASED_COLS), float32)
+
+
+@cuda.jit(device=True, fastmath=False)
+def _split_partial(a, b, K, s, schedule, params, sh_a, sh_b, work, c_val, partial):
+    """``partial`` = the fp32 sum, in increasing k, of the chains of split s from +0 (``split_partial``): the
+    chains from ``split_chains`` / ``chain_tiles_of``, each walked by :func:`_chain`."""
+    _zero(partial)
+    for c in range(split_chains(K, s, schedule)):
+        first, stride, count = chain_tiles_of(K, s, c, schedule)
+        _chain(a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], K, first, stride, count, schedule, params, sh_a, sh_b,
+               work, c_val)
+        for r in range(BIASED_ROWS):
+            for j in range(BIASED_COLS):
+                partial[r, j] = np.float32(partial[r, j] + c_val[r, j])
+
+
+@cuda.jit(device=True, fastmath=False)
+def _write(out, acc):
+    m0 = cuda.blockIdx.y * BIASED_M + cuda.threadIdx.y * BIASED_ROWS
+    n0 = cuda.blockIdx.x * BIASED_N + cuda.threadIdx.x * BIASED_COLS
+    for r in range(BIASED_ROWS):
+        for j in range(BIASED_COLS):
+            if m0 + r < out.shape[0] and n0 + j < out.shape[1]:
+                out[m0 + r, n0 + j] = acc[r, j]
+
+
+@cuda.jit(fastmath=False, **shim.register_cap(UNSPLIT_REGISTERS))
+def gemm_biased(a_pos, a_neg, a_exp, a_cols, b_pos, b_neg, b_exp, b_cols, K, schedule, params, out):
+    """out[m, n] for a BIASED_M x BIASED_N tile per thread block, unsplit schedules (one partial, added to +0 as
+    accumulate_one does); see the module docstring. The operands are decoded panels [Kp, a_cols] and
+    [Kp, b_cols] (:func:`decode_operand`) seen flat, K the operands' own length. Every thread of the block walks
+    the same schedule, so barriers are uniform."""
+    sh_a, sh_b, work, c_val = _tiles()
     partial = cuda.local.array((BIASED_ROWS, BIASED_COLS), float32)
-    m0 = np.int32(cuda.blockIdx.y * BIASED_M)
-    n0 = np.int32(cuda.blockIdx.x * BIASED_N)
-    r0 = np.uint32(cuda.threadIdx.y * BIASED_ROWS)
-    j0 = np.uint32(cuda.threadIdx.x * BIASED_COLS)
-    K = np.int32(K)
-    nfma = params[0]
-    restart = schedule[0] if schedule[3] else 0  # slow: a chain per tile of k
+    _split_partial((a_pos, a_neg, a_exp, a_cols), (b_pos, b_neg, b_exp, b_cols), np.int32(K), 0, schedule, params,
+                   sh_a, sh_b, work, c_val, partial)
     for r in range(BIASED_ROWS):
         for j in range(BIASED_COLS):
-            partial[r, j] = np.float32(0.0)
-            c_val[r, j] = np.float32(0.0)
-    for c0 in range(0, K, BIASED_K):
-        cuda.syncthreads()  # every thread is done with the previous stage
-        _stage(a_pos, a_neg, a_exp, a_cols, m0, c0, BIASED_M, sh_ap, sh_an, sh_ae)
-        _stage(b_pos, b_neg, b_exp, b_cols, n0, c0, BIASED_N, sh_bp, sh_bn, sh_be)
-        cuda.syncthreads()
-        valid = np.int32(min(BIASED_K, K - c0))
-        for kb in range(0, valid, nfma):
-            if restart and c0 + kb > 0 and (c0 + kb) % restart == 0:
-                _flush(c_val, partial)
-            biased_block(sh_ap, sh_an, sh_ae, r0, sh_bp, sh_bn, sh_be, j0, kb, min(kb + nfma, valid), params, c_val,
-                         e_max, acc_pos, acc_neg)
-    _flush(c_val, partial)
-    for r in range(BIASED_ROWS):
-        m = m0 + r0 + r
-        for j in range(BIASED_COLS):
-            n = n0 + j0 + j
-            if m < out.shape[0] and n < out.shape[1]:
-                out[m, n] = np.float32(np.float32(0.0) + partial[r, j])
+            partial[r, j] = np.float32(np.float32(0.0) + partial[r, j])
+    _write(out, partial)
+
+
+@cuda.jit(fastmath=False, **shim.register_cap(SPLIT_REGISTERS))
+def gemm_biased_split(a_pos, a_neg, a_exp, a_cols, b_pos, b_neg, b_exp, b_cols, K, schedule, params, out):
+    """:func:`gemm_biased` for split-K schedules: the partials computed and combined in the order of
+    ``combine_step`` (a kernel of its own, so that the unsplit one keeps the registers of its two extra tiles)."""
+    sh_a, sh_b, work, c_val = _tiles()
+    partial = cuda.local.array((BIASED_ROWS, BIASED_COLS), float32)
+    acc = cuda.local.array((BIASED_ROWS, BIASED_COLS), float32)
+    slot = cuda.local.array((BIASED_ROWS, BIASED_COLS), float32)
+    splits = schedule[1]
+    _zero(acc)
+    _zero(slot)
+    for i in range(splits):
+        s, target, flush = combine_step(splits, schedule[4], i)
+        _split_partial((a_pos, a_neg, a_exp, a_cols), (b_pos, b_neg, b_exp, b_cols), np.int32(K), s, schedule,
+                       params, sh_a, sh_b, work, c_val, partial)
+        for r in range(BIASED_ROWS):
+            for j in range(BIASED_COLS):
+                acc[r, j], slot[r, j] = combine(acc[r, j], slot[r, j], partial[r, j], target, flush)
+    _write(out, acc)
 
 
 def _round_up(x: int, step: int) -> int:
@@ -209,4 +282,5 @@ def launch_biased(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
                 m1 = min(M, m0 + rows_a)
                 a = _decode_panel(a_codes, fa, m0, _round_up(m1 - m0, BIASED_M), K, alloc, stream)
                 grid = ((n1 - n0 + BIASED_N - 1) // BIASED_N, (m1 - m0 + BIASED_M - 1) // BIASED_M)
-                gemm_biased[grid, (BIASED_TX, BIASED_TY), stream](*a, *b, K, schedule, params, out[m0:m1, n0:n1])
+                kernel = gemm_biased if schedule[1] == 1 else gemm_biased_split
+                kernel[grid, (BIASED_TX, BIASED_TY), stream](*a, *b, K, schedule, params, out[m0:m1, n0:n1])

@@ -1,29 +1,33 @@
 """The ``@cuda.jit`` kernels of mmaemu: thin launch shells around the arithmetic of :mod:`mmaemu.arith`.
 
 No arithmetic is written here: every output is computed by the same ``@njit`` functions the CPU loops run
-(:func:`mmaemu.arith.schedule.accumulate_one`, or the chain functions of :mod:`mmaemu.arith.chain` for the
-tiled kernel), the NaN/Inf rule by :func:`mmaemu.arith.special.nonfinite_accumulator` and the epilogue by
-:func:`mmaemu.arith.epilogue.epilogue_one`. Those functions use integers and correctly rounded fp32 adds only;
-the kernels are compiled without fast-math (no flush-to-zero, IEEE division and square root; no fused
-multiply-add appears in their PTX, see ``tests/test_cuda_sim.py``).
+(:func:`mmaemu.arith.schedule.accumulate_one`, or the chain and tile functions of :mod:`mmaemu.arith` for the
+other kernels), the NaN/Inf rule by :func:`mmaemu.arith.special.nonfinite_accumulator` and the epilogue by
+:func:`mmaemu.arith.epilogue.epilogue_one`. Those functions use integers and correctly rounded fp32 operations
+only; the kernels are compiled without fast-math (no flush-to-zero, IEEE division and square root; no fused
+multiply-add appears in their PTX but the round-toward-zero ones the biased kernel asks for, see
+``tests/test_cuda_sim.py``).
 
 Kernels (operands decoded on the device: significands int8 [rows, K], alignment exponents int16 [rows, K]; the
-lanes kernel decodes the uint8 codes itself):
+biased and lanes kernels decode the uint8 codes themselves):
 
 * :func:`gemm_simple` - one thread per output calls ``accumulate_one`` on the output's row of A and row of B in
   global memory (any K, any schedule, any preset);
 * :func:`gemm_tiled` - a 16 x 16 thread block stages the decoded rows of its 16 rows of A and 16 rows of B through
   shared memory, 128 k at a time, and each thread walks its output's schedule over the staged chunks with the
   chain functions, carrying the exact chain state from chunk to chunk. The walk is the one of
-  ``accumulate_one`` / ``split_partial`` / ``chain_over_tiles`` (same tiles from ``split_tiles``, same chain
-  ranges, same fp32 adds in the same order); it is checked against ``accumulate_one`` by the self-test before
-  the kernel is used on a device and by the simulator tests in CI;
+  ``accumulate_one`` / ``split_partial`` / ``chain_over_tiles``, from the same functions of
+  :mod:`mmaemu.arith.schedule` and :mod:`mmaemu.arith.chain` (``combine_step``, ``split_chains``,
+  ``chain_tiles_of``, ``chain_range``): the same chain ranges, the same fp32 adds in the same order;
 * :func:`gemm_lanes` - the fast formulation of :mod:`mmaemu.arith.tile` (the CPU fast path's arithmetic: exact
   fp32 products ``trunc((a * P) * b)``, int32 block sums, int16 exponent maxima): a 16 x 8 thread block decodes
   the FP8 codes of its 32 rows of A and 32 rows of B into shared memory (fp32 value, int8 exponent; B
   transposed), 128 k at a time, and each thread runs ``tile_block_early_kmajor`` on every block of a 2 x 4 tile
   of outputs (its state in registers). Unsplit schedules of early-accumulator presets with int32 block sums only
   (:func:`lanes_decline`); the dispatcher gives other calls to the next kernel;
+* ``gemm_biased`` / ``gemm_biased_split`` (:mod:`mmaemu.cuda.biased_kernel`) - the formulation of
+  :mod:`mmaemu.arith.biased` (each product one fp32 fused multiply-add rounding toward zero), every schedule;
+  the codes kernels (biased, lanes) are launched through :func:`launch_codes`;
 * :func:`override_nonfinite` - the NaN/Inf rule on every output whose row of A or of B holds a non-finite code;
 * :func:`epilogue` - the scaled_mm epilogue (semantics.md (e)) from the fp32 accumulators and the scales' bits.
 
@@ -51,7 +55,12 @@ from . import CODES_KERNELS, shim
 shim.install_builtin_minmax()
 
 accumulate_one = shim.device(_schedule.accumulate_one)
-split_tiles = shim.device(_schedule.split_tiles)
+combine_step = shim.device(_schedule.combine_step)
+combine = shim.device(_schedule.combine)
+split_chains = shim.device(_schedule.split_chains)
+chain_tiles_of = shim.device(_schedule.chain_tiles_of)
+chain_range_count = shim.device(_chain.chain_range_count)
+chain_range = shim.device(_chain.chain_range)
 chain_early = shim.device(_chain.chain_early)
 chain_late = shim.device(_chain.chain_late)
 exact_to_float32 = shim.device(_chain.exact_to_float32)
@@ -175,17 +184,15 @@ def _stage(sa, ea, sb, eb, m0, n0, c0, valid, sh_sa, sh_ea, sh_sb, sh_eb):
 @cuda.jit(device=True, fastmath=False)
 def _chain_streamed(sa, ea, sb, eb, m0, n0, K, first, stride, count, tile, padded, params, chunk, active,
                     sh_sa, sh_ea, sh_sb, sh_eb):
-    """``chain_over_tiles`` with the operands staged chunk by chunk; the same ranges, blocks and state."""
+    """``chain_over_tiles`` with the operands staged chunk by chunk: the same ranges (``chain_range``), blocks
+    and state."""
     ty = cuda.threadIdx.y
     tx = cuda.threadIdx.x
     late_c = params[6]
-    n_ranges = 1 if stride == 1 else count
-    span = count * tile if stride == 1 else tile
     c = np.float32(0.0)
     sig, exp, lead = 0, 0, NO_LEAD
-    for i in range(n_ranges):
-        k0 = (first + i * stride) * tile
-        k1 = k0 + span if padded else min(k0 + span, K)
+    for i in range(chain_range_count(stride, count)):
+        k0, k1 = chain_range(K, first, stride, count, tile, padded, i)
         c0 = k0
         while c0 < k1:
             c1 = min(c0 + chunk, k1)
@@ -209,19 +216,16 @@ def _chain_streamed(sa, ea, sb, eb, m0, n0, K, first, stride, count, tile, padde
 
 @cuda.jit(device=True, fastmath=False)
 def _partial_streamed(sa, ea, sb, eb, m0, n0, K, s, schedule, params, chunk, active, sh_sa, sh_ea, sh_sb, sh_eb):
-    """``split_partial`` over staged chunks: the chains of split s, added in increasing k from +0."""
+    """``split_partial`` over staged chunks: the chains of split s (``split_chains``, ``chain_tiles_of``), added in
+    increasing k from +0."""
     tile = schedule[0]
-    chain_tiles = schedule[3]
     padded = schedule[5]
-    first, stride, count = split_tiles(K, s, schedule)
     partial = np.float32(0.0)
-    done = 0
-    while done < count:
-        n = count - done if chain_tiles == 0 else min(chain_tiles, count - done)
-        value = _chain_streamed(sa, ea, sb, eb, m0, n0, K, first + done * stride, stride, n, tile, padded, params,
-                                chunk, active, sh_sa, sh_ea, sh_sb, sh_eb)
+    for c in range(split_chains(K, s, schedule)):
+        first, stride, n = chain_tiles_of(K, s, c, schedule)
+        value = _chain_streamed(sa, ea, sb, eb, m0, n0, K, first, stride, n, tile, padded, params, chunk, active,
+                                sh_sa, sh_ea, sh_sb, sh_eb)
         partial = np.float32(partial + value)
-        done += n
     return partial
 
 
@@ -239,25 +243,15 @@ def gemm_tiled(sa, ea, sb, eb, schedule, params, chunk, out):
     active = m < out.shape[0] and n < out.shape[1]
     K = sa.shape[1]
     splits = schedule[1]
-    pairwise = schedule[4]
-    # accumulate_one's combination of the split partials (serial, or the pairwise order of d.2). Every thread of
-    # the block runs the same walk (the schedule is the call's), so the stages' barriers are reached uniformly.
-    if pairwise == 0 or splits == 1:
-        acc = np.float32(0.0)
-        for s in range(splits):
-            acc = np.float32(acc + _partial_streamed(sa, ea, sb, eb, m0, n0, K, s, schedule, params, chunk, active,
-                                                     sh_sa, sh_ea, sh_sb, sh_eb))
-    else:
-        half = (splits + 1) // 2
-        acc = _partial_streamed(sa, ea, sb, eb, m0, n0, K, splits - 1, schedule, params, chunk, active,
-                                sh_sa, sh_ea, sh_sb, sh_eb)
-        for i in range(half):
-            slot = _partial_streamed(sa, ea, sb, eb, m0, n0, K, i, schedule, params, chunk, active,
-                                     sh_sa, sh_ea, sh_sb, sh_eb)
-            if i + half < splits - 1:
-                slot = np.float32(slot + _partial_streamed(sa, ea, sb, eb, m0, n0, K, i + half, schedule, params,
-                                                           chunk, active, sh_sa, sh_ea, sh_sb, sh_eb))
-            acc = np.float32(acc + slot)
+    # accumulate_one's combination of the split partials (combine_step). Every thread of the block runs the same
+    # walk (the schedule is the call's), so the stages' barriers are reached uniformly.
+    acc = np.float32(0.0)
+    slot = np.float32(0.0)
+    for i in range(splits):
+        s, target, flush = combine_step(splits, schedule[4], i)
+        partial = _partial_streamed(sa, ea, sb, eb, m0, n0, K, s, schedule, params, chunk, active, sh_sa, sh_ea,
+                                    sh_sb, sh_eb)
+        acc, slot = combine(acc, slot, partial, target, flush)
     if active:
         out[m, n] = acc
 
@@ -541,11 +535,13 @@ def signatures():
     params = numba.typeof(preset_params(HOPPER, "e4m3", "e4m3"))
     i64 = types.int64
     codes, flags, table = types.uint8[:, ::1], types.uint8[::1], types.float64[::1]
-    from .biased_kernel import decode_operand, gemm_biased
+    from .biased_kernel import decode_operand, gemm_biased, gemm_biased_split
+
+    biased_args = (types.float32[::1], types.float32[::1], types.int32[::1], i64) * 2 + (i64, schedule, params, f32)
 
     return {
-        "biased": (gemm_biased, (types.float32[::1], types.float32[::1], types.int32[::1], i64) * 2
-                   + (i64, schedule, params, f32)),
+        "biased": (gemm_biased, biased_args),
+        "biased_split": (gemm_biased_split, biased_args),
         "decode": (decode_operand, (types.uint8[:, ::1], fmt, i64, f32, f32, types.int32[:, ::1])),
         "simple": (gemm_simple, (a8, a16, a8, a16, schedule, params, f32)),
         "lanes": (gemm_lanes, (types.uint8[:, ::1], types.uint8[:, ::1], fmt, fmt, schedule, params, i64, f32)),

@@ -63,6 +63,12 @@ def device(dispatcher):
     return call
 
 
+def register_cap(registers: int) -> dict:
+    """``cuda.jit`` options that cap a kernel's registers per thread (none under the simulator, which has no
+    registers and rejects the option)."""
+    return {} if simulator_enabled() else {"max_registers": registers}
+
+
 def install_builtin_minmax():
     """Make ``min``/``max`` of numbers compile with numba's built-in CUDA target (no-op elsewhere)."""
     global _MINMAX_INSTALLED
