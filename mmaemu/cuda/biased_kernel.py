@@ -84,13 +84,16 @@ def biased_decline(schedule, params):
 @cuda.jit(fastmath=False)
 def decode_operand(codes, fmt, row0, pos, neg, exp):
     """``pos[k, r], neg[k, r], exp[k, r] = biased_decode(codes[row0 + r, k])``; code 0 (+0, absent) past the rows
-    or past K of ``codes`` (the decoded arrays are padded to whole stages and thread blocks)."""
+    or past K of ``codes`` (the decoded arrays are padded to whole stages and thread blocks). k strides over the
+    grid's y extent, so any K fits the grid."""
     r, k = cuda.grid(2)
-    if k < pos.shape[0] and r < pos.shape[1]:
+    k_step = cuda.gridDim.y * cuda.blockDim.y
+    while k < pos.shape[0] and r < pos.shape[1]:
         code = np.uint8(0)
         if row0 + r < codes.shape[0] and k < codes.shape[1]:
             code = codes[row0 + r, k]
         pos[k, r], neg[k, r], exp[k, r] = biased_decode(code, fmt)
+        k += k_step
 
 
 @cuda.jit(device=True, fastmath=False)
@@ -245,7 +248,8 @@ def _decode_panel(codes, fmt, row0, rows, K, alloc, stream):
     Kp = _round_up(max(K, 1), BIASED_K)
     pos, neg = alloc((Kp, rows), np.float32), alloc((Kp, rows), np.float32)
     exp = alloc((Kp, rows), np.int32)
-    grid = ((rows + DECODE_BLOCK[0] - 1) // DECODE_BLOCK[0], (Kp + DECODE_BLOCK[1] - 1) // DECODE_BLOCK[1])
+    grid = ((rows + DECODE_BLOCK[0] - 1) // DECODE_BLOCK[0],
+            min((Kp + DECODE_BLOCK[1] - 1) // DECODE_BLOCK[1], MAX_GRID_Y))
     decode_operand[grid, DECODE_BLOCK, stream](codes, fmt, row0, pos, neg, exp)
     return pos.reshape(-1), neg.reshape(-1), exp.reshape(-1), rows
 
