@@ -744,3 +744,34 @@ def test_live_query_is_not_asked_when_the_table_answers_or_the_layout_is_padded(
 def test_no_live_query_here():
     assert get_profile("hopper").matches_device() is False
     assert get_profile("ada").matches_device() is False
+
+
+def test_combine_steps_follow_the_serial_and_pairwise_orders():
+    """combine_step (which every engine walks) against the orders of semantics.md d.1/d.2 written out here:
+    serial acc = ((0 + p0) + p1) + ...; pairwise acc = p[S-1], then slot = p[q] (+ p[q+h] if q + h < S - 1),
+    acc = acc + slot for q < h = ceil(S/2). Also: every partial exactly once."""
+    from mmaemu.arith.schedule import ACC_ADD, ACC_SET, SLOT_ADD, SLOT_SET, combine, combine_step
+
+    for S in range(1, 26):
+        serial = [tuple(int(v) for v in combine_step(S, 0, i)) for i in range(S)]
+        assert serial == [(i, ACC_ADD, 0) for i in range(S)]
+        pairwise = [tuple(int(v) for v in combine_step(S, 1, i)) for i in range(S)]
+        if S == 1:
+            assert pairwise == [(0, ACC_ADD, 0)]
+            continue
+        h = (S + 1) // 2
+        want = [(S - 1, ACC_SET, 0)]
+        for q in range(h):
+            want += [(q, SLOT_SET, 0), (q + h, SLOT_ADD, 1)] if q + h < S - 1 else [(q, SLOT_SET, 1)]
+        assert pairwise == want, S
+        # The fp32 values: combining partials 1, 2, 4, ... * 2**-30 + 1 in the steps' order gives the same sum as
+        # the order written out with numpy float32 adds.
+        partials = [np.float32(1.0 + 2.0 ** (-30 + s)) for s in range(S)]
+        acc, slot = np.float32(0.0), np.float32(0.0)
+        for s, target, flush in pairwise:
+            acc, slot = combine(acc, slot, partials[s], target, flush)
+        expected = partials[S - 1]
+        for q in range(h):
+            pair = partials[q] if q + h >= S - 1 else np.float32(partials[q] + partials[q + h])
+            expected = np.float32(expected + pair)
+        assert acc == expected

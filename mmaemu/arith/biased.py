@@ -2,8 +2,8 @@
 round-toward-zero additions do the truncation: the formulation of the ``cuda:biased`` kernel.
 
 :func:`~.schedule.accumulate_one` is the reference; :mod:`.tile` computes the same bits with fp32 products
-converted to integers (``trunc(a * P * b)``), one float-to-integer conversion per product, an instruction GPUs
-run at a quarter or less of their fp32 rate. Here every product is one fp32 fused multiply-add rounding toward
+converted to integers (``trunc(a * P * b)``), one float-to-integer conversion per product, an instruction sm_90
+GPUs run at an eighth of their fp32 rate. Here every product is one fp32 fused multiply-add rounding toward
 zero (:func:`~.fp32.fma_toward_zero`), an operation correctly rounded by definition and run at the full fp32
 rate, and the block's exponent maximum is an int32 add-then-max (one instruction on sm_90).
 

@@ -21,28 +21,25 @@ from numba.core.extending import intrinsic, overload
 from .._jit import arithmetic
 
 
-@intrinsic
-def float32_bits(typingctx, x):
-    """The int32 holding the bits of the float32 x."""
-    if x != types.float32:
-        return None
+def _bitcast(source, target, doc):
+    """An intrinsic that reinterprets the bits of a ``source`` value as a ``target`` value (LLVM ``bitcast``)."""
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.int32))
+    @intrinsic
+    def cast(typingctx, x):
+        if x != source:
+            return None
 
-    return types.int32(types.float32), codegen
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(target))
+
+        return target(source), codegen
+
+    cast.__doc__ = doc
+    return cast
 
 
-@intrinsic
-def float32_from_bits(typingctx, bits):
-    """The float32 whose bits are the int32 ``bits``."""
-    if bits != types.int32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float32))
-
-    return types.float32(types.int32), codegen
+float32_bits = _bitcast(types.float32, types.int32, "The int32 holding the bits of the float32 x.")
+float32_from_bits = _bitcast(types.int32, types.float32, "The float32 whose bits are the int32 ``bits``.")
 
 
 @arithmetic

@@ -93,7 +93,8 @@ def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
 
 def schedule_skip(kernel: str, preset, fmt_a: str, fmt_b: str, use_fast_accum, splits=1, scheme="none"):
     """Why ``kernel`` cannot compute this call's schedule by design (None if it can): design_skip, plus what the
-    schedule rules out (the biased and lanes kernels compute unsplit GEMMs only). Never a failure, never warned."""
+    schedule rules out (the lanes kernel computes unsplit GEMMs only, the biased kernel k-tiles that start on its
+    stages). Never a failure, never warned."""
     skip = design_skip(kernel, preset, fmt_a, fmt_b)
     if skip is not None or kernel not in CODES_KERNELS:
         return skip

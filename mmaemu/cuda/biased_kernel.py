@@ -25,22 +25,15 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from ..arith import biased as _biased
-from ..arith import chain as _chain_module
-from ..arith import schedule as _schedule
 from ..arith import tile as _tile
 from . import shim
+from .kernels import (chain_range, chain_range_count, chain_tiles_of, combine, combine_step, quiet_launches,
+                      split_chains)
 
-shim.install_builtin_minmax()
 shim.install_fma_toward_zero()
 
 biased_block = shim.device(_biased.biased_block)
 biased_decode = shim.device(_biased.biased_decode)
-combine_step = shim.device(_schedule.combine_step)
-combine = shim.device(_schedule.combine)
-split_chains = shim.device(_schedule.split_chains)
-chain_tiles_of = shim.device(_schedule.chain_tiles_of)
-chain_range_count = shim.device(_chain_module.chain_range_count)
-chain_range = shim.device(_chain_module.chain_range)
 
 # Geometry. BIASED_K is a multiple of the shipped presets' nfma (32, 16) so that no block straddles two stages.
 BIASED_ROWS = 4
@@ -261,8 +254,6 @@ def launch_biased(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
     ``alloc(shape, dtype)`` gives the work arrays of the decoded panels (default ``cuda.device_array``; the torch
     path passes torch's caching allocator). Operands are decoded in panels of rows (:func:`_panel_rows`).
     """
-    from .kernels import quiet_launches
-
     M, N = out.shape
     K = a_codes.shape[1]
     if M == 0 or N == 0:
