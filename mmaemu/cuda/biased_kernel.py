@@ -147,8 +147,8 @@ def _chain(a_pos, a_neg, a_exp, a_cols, b_pos, b_neg, b_exp, b_cols, K, first, s
 
 
 @cuda.jit(device=True, fastmath=False)
-def _tiles():
-    """The block's staged operands (shared) and a thread's block state (registers)."""
+def _stages():
+    """The block's staged operands in shared memory (one set per kernel: call once per thread)."""
     # One allocation per line: numba's simulator tells shared arrays apart by the line that allocates them.
     sh_ap = cuda.shared.array((BIASED_K, BIASED_M), float32)
     sh_an = cuda.shared.array((BIASED_K, BIASED_M), float32)
@@ -156,18 +156,18 @@ def _tiles():
     sh_bp = cuda.shared.array((BIASED_K, BIASED_N), float32)
     sh_bn = cuda.shared.array((BIASED_K, BIASED_N), float32)
     sh_be = cuda.shared.array((BIASED_K, BIASED_N), int32)
-    sh_a = (sh_ap, sh_an, sh_ae)
-    sh_b = (sh_bp, sh_bn, sh_be)
-    work = (cuda.local.array((BIASED_ROWS, BIASED_COLS), int32),
-            cuda.local.array((BIASED_ROWS, BIASED_COLS), float32),
-            cuda.local.array((BIASED_ROWS, BIASED_COLS), float32))
-    return sh_a, sh_b, work, cuda.local.array((BIASED_ROWS, BIASED_COLS), float32)
+    return (sh_ap, sh_an, sh_ae), (sh_bp, sh_bn, sh_be)
 
 
 @cuda.jit(device=True, fastmath=False)
-def _split_partial(a, b, K, s, schedule, params, sh_a, sh_b, work, c_val, partial):
+def _split_partial(a, b, K, s, schedule, params, sh_a, sh_b, partial):
     """``partial`` = the fp32 sum, in increasing k, of the chains of split s from +0 (``split_partial``): the
-    chains from ``split_chains`` / ``chain_tiles_of``, each walked by :func:`_chain`."""
+    chains from ``split_chains`` / ``chain_tiles_of``, each walked by :func:`_chain`. The thread's block state
+    lives here (local arrays are handed down to callees, never returned)."""
+    work = (cuda.local.array((BIASED_ROWS, BIASED_COLS), int32),
+            cuda.local.array((BIASED_ROWS, BIASED_COLS), float32),
+            cuda.local.array((BIASED_ROWS, BIASED_COLS), float32))
+    c_val = cuda.local.array((BIASED_ROWS, BIASED_COLS), float32)
     _zero(partial)
     for c in range(split_chains(K, s, schedule)):
         first, stride, count = chain_tiles_of(K, s, c, schedule)
@@ -194,10 +194,10 @@ def gemm_biased(a_pos, a_neg, a_exp, a_cols, b_pos, b_neg, b_exp, b_cols, K, sch
     accumulate_one does); see the module docstring. The operands are decoded panels [Kp, a_cols] and
     [Kp, b_cols] (:func:`decode_operand`) seen flat, K the operands' own length. Every thread of the block walks
     the same schedule, so barriers are uniform."""
-    sh_a, sh_b, work, c_val = _tiles()
+    sh_a, sh_b = _stages()
     partial = cuda.local.array((BIASED_ROWS, BIASED_COLS), float32)
     _split_partial((a_pos, a_neg, a_exp, a_cols), (b_pos, b_neg, b_exp, b_cols), np.int32(K), 0, schedule, params,
-                   sh_a, sh_b, work, c_val, partial)
+                   sh_a, sh_b, partial)
     for r in range(BIASED_ROWS):
         for j in range(BIASED_COLS):
             partial[r, j] = np.float32(np.float32(0.0) + partial[r, j])
@@ -208,7 +208,7 @@ def gemm_biased(a_pos, a_neg, a_exp, a_cols, b_pos, b_neg, b_exp, b_cols, K, sch
 def gemm_biased_split(a_pos, a_neg, a_exp, a_cols, b_pos, b_neg, b_exp, b_cols, K, schedule, params, out):
     """:func:`gemm_biased` for split-K schedules: the partials computed and combined in the order of
     ``combine_step`` (a kernel of its own, so that the unsplit one keeps the registers of its two extra tiles)."""
-    sh_a, sh_b, work, c_val = _tiles()
+    sh_a, sh_b = _stages()
     partial = cuda.local.array((BIASED_ROWS, BIASED_COLS), float32)
     acc = cuda.local.array((BIASED_ROWS, BIASED_COLS), float32)
     slot = cuda.local.array((BIASED_ROWS, BIASED_COLS), float32)
@@ -218,7 +218,7 @@ def gemm_biased_split(a_pos, a_neg, a_exp, a_cols, b_pos, b_neg, b_exp, b_cols, 
     for i in range(splits):
         s, target, flush = combine_step(splits, schedule[4], i)
         _split_partial((a_pos, a_neg, a_exp, a_cols), (b_pos, b_neg, b_exp, b_cols), np.int32(K), s, schedule,
-                       params, sh_a, sh_b, work, c_val, partial)
+                       params, sh_a, sh_b, partial)
         for r in range(BIASED_ROWS):
             for j in range(BIASED_COLS):
                 acc[r, j], slot[r, j] = combine(acc[r, j], slot[r, j], partial[r, j], target, flush)
