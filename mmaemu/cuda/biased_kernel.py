@@ -261,6 +261,8 @@ def launch_biased(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
     schedule = tuple(int(v) for v in schedule)
     params = tuple(int(v) for v in params)
     why = biased_decline(schedule, params)
+    if why is None and _round_up(K, BIASED_K) * max(BIASED_M, BIASED_N) >= 2**32:
+        why = f"indexes a decoded panel with 32-bit integers, K = {K} is too long for one"
     if why is not None:
         raise RuntimeError(f"the biased kernel {why}")
     if alloc is None:
