@@ -6,7 +6,9 @@ simulator; on a device the hardware instruction computes it). The block step is 
 each step of its proof (mmaemu/arith/biased.py): accumulators whose grid is set by a bias (wide exponent spreads,
 subnormals, min_exp far above the products), products routed to the accumulator of their sign (mixed signs,
 exact cancellations to +0), the 24-bit window (presets at its edge with maximal same-sign products), the
-truncation to frac_out + 1 bits (frac_out < frac), every format pair, fast and slow chains, ragged K.
+truncation to frac_out + 1 bits (frac_out < frac), every format pair, fast and slow chains, ragged K; and against
+the independent oracle (tests/oracle.py), the contract's accumulate vectors and the Khattak-Mikaitis hardware
+recordings (H100 wgmma, Ada mma.sync).
 """
 
 from fractions import Fraction
@@ -22,7 +24,10 @@ from mmaemu.cpu.engine import accumulate_codes
 from mmaemu.model.presets import ADA, HOPPER, Preset
 from numba import njit
 
+from test_engine_vs_oracle import accumulate_case
 from test_fast_path import EXTREMES, PAIRS, cancelling_codes, random_codes, spread_codes
+import oracle
+from vectors import km_cases, spec_vectors
 
 # The largest blocks the 24-bit window holds (nfma * 2**(frac+2) + 2**(frac+1) <= 2**23) and the first it does not.
 EDGE = Preset("biased-edge-32x15", nfma=32, frac=15, frac_out=13, min_exp=-132, late_c=False, slow_chunk=128)
@@ -127,14 +132,15 @@ def _decoded(codes, fmt):
     return np.ascontiguousarray(pos), np.ascontiguousarray(neg), np.ascontiguousarray(exp)
 
 
-def biased_accumulate(a, b, fmt_a, fmt_b, preset, fast):
+def biased_accumulate(a, b, fmt_a, fmt_b, preset, fast, c=None):
     """Accumulators [M, N] of the finite path by biased_block: one chain over K (fast) or a chain per slow_chunk
-    k from +0, their fp32 values added in increasing k (slow), then added to +0 (semantics.md c.1, c.2)."""
+    k from +0, their fp32 values added in increasing k (slow), then added to +0 (semantics.md c.1, c.2). ``c``
+    (fp32 [M, N], fast only): the chain's starting accumulator, as ``mmaemu.model.dot`` takes it."""
     params = preset_params(preset, fmt_a, fmt_b)
     (ap, an, ae), (bp, bn, be) = _decoded(a, fmt_a), _decoded(b, fmt_b)
     M, K = a.shape
     N = b.shape[0]
-    c_val = np.zeros((M, N), np.float32)
+    c_val = np.zeros((M, N), np.float32) if c is None else np.array(c, np.float32)
     partial = np.zeros((M, N), np.float32)
     work = [np.zeros((M, N), t) for t in (np.int32, np.float32, np.float32)]
     for kb in range(0, K, preset.nfma):
@@ -191,3 +197,63 @@ def test_decline_rules():
     assert "early-accumulator" in biased.biased_decline(32, 25, 23, 1)
     assert biased.biased_decline(HOPPER.nfma, HOPPER.frac, HOPPER.frac_out, 0) is None
     assert biased.biased_decline(ADA.nfma, ADA.frac, ADA.frac_out, 0) is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The block step against the independent oracle, the contract's vectors and hardware recordings
+
+
+def _accepted(preset):
+    return not preset.late_c and biased.biased_decline(preset.nfma, preset.frac, preset.frac_out, 0) is None
+
+
+def test_biased_block_equals_oracle():
+    """The random and adversarial cases of test_engine_vs_oracle (unsplit: the biased arithmetic walks one
+    schedule level less than accumulate_one; splits are the kernel's walk, checked in the simulator) against
+    tests/oracle.py, for every preset the formulation accepts."""
+    checked = 0
+    for seed in range(400):
+        a, b, fa, fb, preset, fast, S, scheme = accumulate_case(seed)
+        if not _accepted(preset):
+            continue
+        want = np.array(oracle.accumulate(a.tolist(), b.tolist(), fa, fb, preset, fast), np.uint32)
+        got = biased_accumulate(a, b, fa, fb, preset, fast).view(np.uint32)
+        finite = np.isfinite(want.view(np.float32))  # NaN/Inf outputs come from the override kernel
+        bad = np.argwhere((want != got) & finite)
+        assert not len(bad), f"seed {seed}: {preset.name} {fa}x{fb} fast={fast} K={a.shape[1]} at {bad[0]}"
+        checked += int(finite.sum())
+    assert checked > 500
+
+
+@pytest.mark.parametrize("v", [v for v in spec_vectors() if v["api"] == "accumulate" and v["S"] == 1],
+                         ids=lambda v: v["id"])
+def test_biased_block_reproduces_the_contract_vectors(v):
+    from mmaemu.platform.profiles import get_profile
+    from mmaemu.model.presets import get_preset
+
+    preset = get_preset(get_profile(v["profile"]).preset, warn=False)
+    if not _accepted(preset) or not np.isfinite(np.uint32(v["result"]).view(np.float32)):
+        pytest.skip(f"{v['id']}: {preset.name} / non-finite result (not the biased formulation's)")
+    a = np.array([v["a"]], np.uint8)
+    b = np.array([v["b"]], np.uint8)
+    got = int(biased_accumulate(a, b, v["fmt_a"], v["fmt_b"], preset, v["fast"]).view(np.uint32)[0, 0])
+    assert got == v["result"], f"{v['id']}: {got:#010x} != {v['result']:#010x}"
+
+
+@pytest.mark.parametrize("gpu,fmt,preset,uses_c", [("H100", "E4M3", HOPPER, False), ("H100", "E5M2", HOPPER, False),
+                                                   ("Ada", "E4M3", ADA, True), ("Ada", "E5M2", ADA, True)],
+                         ids=str)
+def test_biased_block_reproduces_hardware_vectors(gpu, fmt, preset, uses_c):
+    """Khattak-Mikaitis recordings of single K = 32 FP8 instructions (H100 wgmma with c = 0; Ada mma.sync with
+    its c). The formulation is claimed for accumulators of GEMM chains (at least 2**-32 when nonzero,
+    mmaemu/arith/biased.py condition 2), so Ada cases whose c is subnormal or tiny, or whose result is not
+    finite, are left to test_vectors.py."""
+    a, b, c, d = km_cases(gpu, fmt)
+    f = fmt.lower()
+    c32 = np.asarray(c, np.uint32).view(np.float32) if uses_c else np.zeros(len(d), np.float32)
+    d32 = np.asarray(d, np.uint32).view(np.float32)
+    keep = np.isfinite(c32) & ((c32 == 0) | (np.abs(c32) >= 2.0**-32)) & np.isfinite(d32)
+    assert keep.sum() > 4000
+    for i in np.flatnonzero(keep):
+        got = biased_accumulate(a[i:i + 1], b[i:i + 1], f, f, preset, True, c=c32[i:i + 1].reshape(1, 1))
+        assert got.view(np.uint32)[0, 0] == np.uint32(d[i]), (gpu, fmt, int(i))
