@@ -4,8 +4,8 @@ Usage::
 
     python scripts/sass_report.py [--kernels biased,lanes] [--cc 9.0]
 
-Numba compiles each kernel to PTX for the target (a fake current device stands in for the missing GPU, as in
-``tests/test_cuda_sim.py``), ``ptxas`` assembles it (registers, spills, shared memory) and ``cuobjdump -sass``
+Numba compiles each kernel to PTX for the target (:func:`mmaemu.cuda.offline.compile_ptx`: a fake current device
+stands in for the missing GPU), ``ptxas`` assembles it (registers, spills, shared memory) and ``cuobjdump -sass``
 disassembles it. Every loop of the SASS (a backward branch) is listed innermost first with its instruction count
 and most frequent opcodes, so that the cost of a kernel's inner loops per product can be read off: these are
 static counts of one loop iteration, not measurements; how fast a GPU runs them is for ``scripts/gpu_check.py``.
@@ -52,26 +52,14 @@ def _tool(name: str) -> str:
 def compile_ptx(names, cc):
     """{name: (PTX text, register cap or None)} of the kernels of mmaemu.cuda.kernels.signatures() for compute
     capability ``cc`` (the cap is the kernel's ``max_registers`` option, which ptxas applies at load time)."""
-    import numba.cuda.dispatcher as cuda_dispatcher
-    from numba import cuda
-
-    class FakeDevice:
-        compute_capability = cc
-
-    cuda_dispatcher.get_current_device = lambda: FakeDevice
-    try:
-        from numba.cuda import config as cuda_config
-    except ImportError:  # pragma: no cover
-        from numba.core import config as cuda_config
-    cuda_config.FORCE_CUDA_CC = cc
-    from mmaemu.cuda import kernels
+    from mmaemu.cuda import kernels, offline
 
     signatures = kernels.signatures()
     out = {}
     for name in names:
         kernel, signature = signatures[name]
         cap = getattr(kernel, "targetoptions", {}).get("max_registers")
-        out[name] = (cuda.compile_ptx(kernel.py_func, signature, cc=cc)[0], cap)
+        out[name] = (offline.compile_ptx(kernel, signature, cc), cap)
     return out
 
 

@@ -6,9 +6,9 @@
   kernel's chunk-to-chunk carry and multi-block launches, and the epilogue kernel for every output dtype.
 * PTX: every kernel is compiled to PTX for sm_89, sm_90 and sm_120 without a device, and the PTX must hold no fused
   multiply-add other than the round-toward-zero ones the biased kernel asks for (``fma.rz``: present there, and no
-  float64 emulation of them), no flush-to-zero and no approximate instruction; ptxas (if installed) assembles it. Numba compiles the device
-  functions a kernel calls "for the current device"; the worker replaces that lookup (numba.cuda.dispatcher's
-  ``get_current_device``) by a fake device of the target capability - in this test's subprocess only. It needs
+  float64 emulation of them), no flush-to-zero and no approximate instruction; ptxas (if installed) assembles it.
+  The worker compiles through :func:`mmaemu.cuda.offline.compile_ptx` (a fake current device of the target
+  capability - in this test's subprocess only). It needs
   libNVVM (a CUDA toolkit) and, with numba-cuda, NVRTC; without them the test is skipped with the reason.
 
 Both workers start at once (this file run as a script) and the tests read their JSON reports.
@@ -158,26 +158,16 @@ def _sim_worker():
 def _ptx_worker():
     report = {"skipped": None, "targets": {}}
     try:
-        import numba.cuda.dispatcher as cuda_dispatcher
-        from numba import cuda
+        import numba.cuda  # noqa: F401
     except Exception as exc:
         report["skipped"] = f"numba.cuda cannot be imported: {exc}"
         print(json.dumps(report))
         return
 
-    class FakeDevice:
-        compute_capability = (9, 0)
-
-    # Numba compiles the device functions a kernel calls for the *current* device; without a driver there is none.
-    cuda_dispatcher.get_current_device = lambda: FakeDevice
-    from mmaemu.cuda import kernels, shim
+    from mmaemu.cuda import kernels, offline, shim
 
     implementation = shim.cuda_implementation()
     report["implementation"] = implementation
-    try:
-        from numba.cuda import config as cuda_config
-    except ImportError:  # pragma: no cover
-        from numba.core import config as cuda_config
     ptxas = None
     for candidate in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
         path = pathlib.Path(candidate or "/nonexistent") / "bin" / "ptxas"
@@ -186,12 +176,10 @@ def _ptx_worker():
             break
     report["ptxas"] = ptxas
     for cc in ((8, 9), (9, 0), (12, 0)):
-        FakeDevice.compute_capability = cc
-        cuda_config.FORCE_CUDA_CC = cc  # the exact target, not the closest one numba's tables know
         target = {}
         for name, (kernel, signature) in kernels.signatures().items():
             try:
-                ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=cc)
+                ptx = offline.compile_ptx(kernel, signature, cc)
             except Exception as exc:
                 text = " ".join(str(exc).split())
                 if any(s in text for s in ("NVVM", "libnvvm", "nvrtc", "NVRTC", "libdevice", "CUDA_HOME",

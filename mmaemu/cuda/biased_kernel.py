@@ -272,12 +272,14 @@ def launch_biased(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
     fb = tuple(int(v) for v in _tile.TILE_FORMATS[fmt_b])
     rows_a, rows_b = _panel_rows(K, BIASED_M), _panel_rows(K, BIASED_N)
     with quiet_launches():
+        # A in one panel is decoded once; in several, once per panel of B (a panel of each at a time).
+        whole_a = _decode_panel(a_codes, fa, 0, _round_up(M, BIASED_M), K, alloc, stream) if M <= rows_a else None
         for n0 in range(0, N, rows_b):
             n1 = min(N, n0 + rows_b)
             b = _decode_panel(b_codes, fb, n0, _round_up(n1 - n0, BIASED_N), K, alloc, stream)
             for m0 in range(0, M, rows_a):
                 m1 = min(M, m0 + rows_a)
-                a = _decode_panel(a_codes, fa, m0, _round_up(m1 - m0, BIASED_M), K, alloc, stream)
+                a = whole_a or _decode_panel(a_codes, fa, m0, _round_up(m1 - m0, BIASED_M), K, alloc, stream)
                 grid = ((n1 - n0 + BIASED_N - 1) // BIASED_N, (m1 - m0 + BIASED_M - 1) // BIASED_M)
                 kernel = gemm_biased if schedule[1] == 1 else gemm_biased_split
                 kernel[grid, (BIASED_TX, BIASED_TY), stream](*a, *b, K, schedule, params, out[m0:m1, n0:n1])

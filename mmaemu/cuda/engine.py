@@ -135,7 +135,7 @@ def accumulate_tensors(kernel, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, 
                 return _nb(work[-1])
 
             kernels.launch_codes(kernel, _nb(a_codes), _nb(b_codes), fmt_a, fmt_b, schedule, params, _nb(out),
-                                 on.stream, alloc=alloc if kernel == "biased" else None)
+                                 on.stream, alloc=alloc)
         else:
             sa, ea, a_flags = decode_tensor(a_codes, fmt_a)
             sb, eb, b_flags = decode_tensor(b_codes, fmt_b)

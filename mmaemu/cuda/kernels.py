@@ -257,29 +257,33 @@ def gemm_tiled(sa, ea, sb, eb, schedule, params, chunk, out):
 
 
 @cuda.jit(device=True, fastmath=False)
-def _stage_lanes(a_codes, b_codes, fmt_a, fmt_b, m0, n0, c0, valid, sh_av, sh_ae, sh_bv, sh_be):
-    """Decode k in [c0, c0 + valid) of the block's rows of A and B into shared memory (tile layout of
-    mmaemu.arith.tile: fp32 value, int8 exponent; absent past M or N). B is stored transposed, [k, column]."""
+def _decode_rows(codes, fmt, row0, rows, c0, valid, transposed, sh_val, sh_exp):
+    """Decode k in [c0, c0 + valid) of ``rows`` rows of codes from row0 into shared memory (tile layout of
+    mmaemu.arith.tile: fp32 value, int8 exponent; absent past the last row), at [row, k] or, ``transposed``,
+    at [k, row]."""
     t = cuda.threadIdx.y * LANES_TX + cuda.threadIdx.x
+    for idx in range(t, rows * valid, LANES_THREADS):
+        r = idx // valid
+        j = idx - r * valid
+        if row0 + r < codes.shape[0]:
+            v, e = tile_decode(codes[row0 + r, c0 + j], fmt)
+        else:
+            v, e = np.float32(0.0), TILE_ABSENT_EXP
+        if transposed:
+            sh_val[j, r] = v
+            sh_exp[j, r] = e
+        else:
+            sh_val[r, j] = v
+            sh_exp[r, j] = e
+
+
+@cuda.jit(device=True, fastmath=False)
+def _stage_lanes(a_codes, b_codes, fmt_a, fmt_b, m0, n0, c0, valid, sh_av, sh_ae, sh_bv, sh_be):
+    """Decode k in [c0, c0 + valid) of the block's rows of A and B into shared memory (absent past M or N);
+    B is stored transposed, [k, column]."""
     cuda.syncthreads()  # every thread is done with the previous chunk
-    for idx in range(t, LANES_M * valid, LANES_THREADS):
-        r = idx // valid
-        j = idx - r * valid
-        if m0 + r < a_codes.shape[0]:
-            v, e = tile_decode(a_codes[m0 + r, c0 + j], fmt_a)
-        else:
-            v, e = np.float32(0.0), TILE_ABSENT_EXP
-        sh_av[r, j] = v
-        sh_ae[r, j] = e
-    for idx in range(t, LANES_N * valid, LANES_THREADS):
-        r = idx // valid
-        j = idx - r * valid
-        if n0 + r < b_codes.shape[0]:
-            v, e = tile_decode(b_codes[n0 + r, c0 + j], fmt_b)
-        else:
-            v, e = np.float32(0.0), TILE_ABSENT_EXP
-        sh_bv[j, r] = v
-        sh_be[j, r] = e
+    _decode_rows(a_codes, fmt_a, m0, LANES_M, c0, valid, False, sh_av, sh_ae)
+    _decode_rows(b_codes, fmt_b, n0, LANES_N, c0, valid, True, sh_bv, sh_be)
     cuda.syncthreads()
 
 
@@ -395,7 +399,8 @@ def codes_kernel_decline(kernel, schedule, params):
 
 def launch_codes(kernel, a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, chunk=None,
                  alloc=None):
-    """Launch a codes kernel (:data:`CODES_KERNELS`); ``chunk``: lanes kernel only, ``alloc``: biased only."""
+    """Launch a codes kernel (:data:`CODES_KERNELS`); ``chunk``: lanes kernel only; ``alloc(shape, dtype)``: the
+    work arrays of the biased kernel (the lanes kernel needs none)."""
     if kernel == "biased":
         from .biased_kernel import launch_biased
 
