@@ -16,23 +16,32 @@ open in any thread, every thread that calls ``torch._scaled_mm`` gets the emulat
 so code that calls the aten op directly, compiled graphs (``torch.compile``, TorchScript, CUDA graphs) and
 references taken before the block (``from torch import _scaled_mm``) still reach torch's kernel.
 
-Settings: ``profile``, ``splitk`` and ``backend`` have the meaning they have in :func:`mmaemu.scaled_mm`. An
-argument left at None is inherited from the enclosing block of the same thread (inner settings win; the outer
-ones apply again after the inner block closes), else it takes scaled_mm's default (``$MMAEMU_PROFILE`` or
-"hopper", ``splitk="auto"``, ``backend="auto"``). A thread that has no block of its own uses the settings of the
-most recently opened block still open in any thread.
+Settings: ``profile``, ``splitk`` and ``backend`` have the meaning they have in :func:`mmaemu.scaled_mm` and are
+checked when the block is built (and, with the inherited ones, when it is entered), so a bad setting fails before
+anything is patched. An argument left at None is inherited from the enclosing block of the same context (inner
+settings win; the outer ones apply again after the inner block closes), else it takes scaled_mm's default
+(``$MMAEMU_PROFILE`` or "hopper", ``splitk="auto"``, ``backend="auto"``).
+
+Contexts: the open blocks are kept in a :mod:`contextvars` variable, so each thread and each asyncio task sees its
+own blocks: two tasks on one event loop inside ``patch(profile="ada")`` and ``patch(profile="hopper")`` each get
+their own profile and log, and a task created inside a block inherits that block. A thread without a block of its
+own uses the settings of the most recently opened block still open anywhere. A block may be left on another thread
+than the one that entered it; it is closed for every context then, and torch's function comes back when the last
+block closes.
 
 Log: every block keeps a :class:`PatchLog` (a list of :class:`PatchRecord`). A call is recorded in the log of every
-block open in the calling thread (so an outer block also lists the calls of its inner blocks, with the settings
-that computed them); a call from a thread without a block of its own goes to the log of the block whose settings
+block open in the calling context (so an outer block also lists the calls of its inner blocks, with the settings
+that computed them); a call from a context without a block of its own goes to the log of the block whose settings
 it used. Failed calls are recorded too, with the error, and then re-raised.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
+import inspect
 import threading
 from typing import List, Optional, Tuple
 
@@ -44,9 +53,10 @@ _UNSET = None
 _DEFAULTS = {"profile": None, "splitk": "auto", "backend": "auto"}
 
 _lock = threading.RLock()
-_open: List["_Block"] = []  # every open block, all threads, in opening order
+_open: List["_Block"] = []  # every open block, all contexts, in opening order
 _original = None  # torch._scaled_mm as found when the first block opened
-_local = threading.local()
+_context_blocks: contextvars.ContextVar[Tuple["_Block", ...]] = contextvars.ContextVar("mmaemu_patch_blocks",
+                                                                                       default=())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,27 +118,27 @@ def _dtype_name(dtype) -> Optional[str]:
 
 @dataclasses.dataclass(eq=False)
 class _Block:
-    """One open patch block: its effective settings, its log and its thread."""
+    """One entry into a patch block: its effective settings, its log, the ``patch`` object that opened it, and
+    whether it is closed (a block left on another thread stays in the entering context's variable, closed)."""
 
     profile: object
     splitk: object
     backend: object
     log: PatchLog
-    thread: threading.Thread
+    owner: "patch"
+    closed: bool = False
 
 
-def _thread_stack() -> List[_Block]:
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    return stack
+def _context_stack() -> List[_Block]:
+    """The blocks open in the calling context (thread or asyncio task), outermost first."""
+    return [block for block in _context_blocks.get() if not block.closed]
 
 
 def _effective_block() -> Tuple[Optional[_Block], List[_Block]]:
-    """(the block whose settings apply to a call from this thread, the blocks whose logs record it)."""
-    stack = _thread_stack()
+    """(the block whose settings apply to a call from this context, the blocks whose logs record it)."""
+    stack = _context_stack()
     if stack:
-        return stack[-1], list(stack)
+        return stack[-1], stack
     with _lock:
         block = _open[-1] if _open else None
     return block, ([block] if block is not None else [])
@@ -190,8 +200,14 @@ def _record(block: _Block, args, kwargs, plan, error) -> PatchRecord:
 _PARAMS = ("input", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out_dtype", "use_fast_accum")
 
 
+@torch.compiler.disable
 def _patched_scaled_mm(*args, **kwargs):
-    """Stand-in for ``torch._scaled_mm`` while a patch block is open: mmaemu.scaled_mm with the block's settings."""
+    """Stand-in for ``torch._scaled_mm`` while a patch block is open: mmaemu.scaled_mm with the block's settings.
+
+    Excluded from ``torch.compile`` tracing like scaled_mm itself: dynamo breaks the graph at the call and runs
+    the emulation eagerly. Without the exclusion dynamo, which records ``torch._scaled_mm`` as an in-graph torch
+    function the first time it compiles anything, would run this function on fake tensors (or trace into it).
+    """
     block, logs = _effective_block()
     if block is None:  # called through a reference kept after every block closed
         return original_scaled_mm()(*args, **kwargs)
@@ -235,10 +251,12 @@ _patched_scaled_mm.__wrapped_by_mmaemu__ = True
 class patch(contextlib.ContextDecorator):
     """Context manager and decorator: ``torch._scaled_mm`` calls are computed by :func:`mmaemu.scaled_mm`.
 
-    ``profile``, ``splitk``, ``backend``: as in scaled_mm; None inherits from the enclosing block of this thread,
-    else scaled_mm's default. ``with patch(...) as log`` gives the block's :class:`PatchLog`; the object's
-    ``log`` attribute is the log of its most recent block (for the decorator form: of the latest call).
-    Reentrant, nestable and thread-safe; see the module documentation for the process-wide effect.
+    ``profile``, ``splitk``, ``backend``: as in scaled_mm; None inherits from the enclosing block of this context,
+    else scaled_mm's default. Bad values raise here (KeyError, TypeError, ValueError, as scaled_mm would).
+    ``with patch(...) as log`` gives the block's :class:`PatchLog`; the object's ``log`` attribute is the log of
+    its most recent block (for the decorator form: of the latest call). Reentrant, nestable, thread- and
+    asyncio-safe; a decorated ``async def`` keeps the block open across its awaits. See the module documentation
+    for the process-wide effect.
     """
 
     def __init__(self, profile=_UNSET, splitk=_UNSET, backend=_UNSET):
@@ -246,19 +264,21 @@ class patch(contextlib.ContextDecorator):
             from .platform.profiles import get_profile
 
             get_profile(profile)  # unknown names fail here, not at the first call
+        if splitk is not None:
+            from .platform.splitk import check_splitk_argument
+
+            check_splitk_argument(splitk, profile)
         if backend is not None:
             from .backends import requested_backend
 
-            if not isinstance(backend, str):
-                raise TypeError(f"backend must be a string such as 'auto', 'cpu' or 'cuda', got "
-                                f"{type(backend).__name__}")
             requested_backend(backend)
         self.profile, self.splitk, self.backend = profile, splitk, backend
         self.log = PatchLog()
-        self._entered = threading.local()
 
-    def _settings(self):
-        stack = _thread_stack()
+    def _settings(self) -> dict:
+        """The block's settings: its own, else the enclosing block's in this context, else scaled_mm's default;
+        the split is checked against the profile it ends up with (inherited or default)."""
+        stack = _context_stack()
         outer = stack[-1] if stack else None
         settings = {}
         for name in ("profile", "splitk", "backend"):
@@ -269,35 +289,42 @@ class patch(contextlib.ContextDecorator):
                 settings[name] = getattr(outer, name)
             else:
                 settings[name] = _DEFAULTS[name]
+        if self.splitk is not None or self.profile is not None:  # a new combination
+            from .platform.profiles import get_profile
+            from .platform.splitk import check_splitk_argument
+
+            check_splitk_argument(settings["splitk"], get_profile(settings["profile"]))
         return settings
 
     def __enter__(self) -> PatchLog:
         global _original
-        block = _Block(**self._settings(), log=PatchLog(), thread=threading.current_thread())
+        block = _Block(**self._settings(), log=PatchLog(), owner=self)
         with _lock:
             if not _open:
                 if torch._scaled_mm is not _patched_scaled_mm:  # else: a block of ours never closed (see __exit__)
                     _original = torch._scaled_mm
                 torch._scaled_mm = _patched_scaled_mm
             _open.append(block)
-        _thread_stack().append(block)
-        entered = getattr(self._entered, "blocks", None)
-        if entered is None:
-            entered = self._entered.blocks = []
-        entered.append(block)
+        _context_blocks.set(_context_blocks.get() + (block,))
         self.log = block.log
         return block.log
 
-    def __exit__(self, exc_type, exc, tb):
-        block = self._entered.blocks.pop()
-        stack = _thread_stack()
-        if block in stack:
-            stack.remove(block)
+    def _own_block(self) -> Optional[_Block]:
+        """The block this object opened most recently in this context, else (left on another thread) anywhere."""
+        for block in reversed(_context_stack()):
+            if block.owner is self:
+                return block
         with _lock:
-            for i, other in enumerate(_open):
-                if other is block:
-                    del _open[i]
-                    break
+            return next((block for block in reversed(_open) if block.owner is self), None)
+
+    def __exit__(self, exc_type, exc, tb):
+        block = self._own_block()
+        if block is None:
+            raise RuntimeError(f"{self!r} is not open: __exit__ without a matching __enter__")
+        block.closed = True
+        _context_blocks.set(tuple(b for b in _context_blocks.get() if b is not block))
+        with _lock:
+            _open.remove(block)
             if not _open and torch._scaled_mm is _patched_scaled_mm:
                 # Restore torch's function, unless someone replaced ours meanwhile (then theirs stays, and ours,
                 # if they call it, falls through to the original because no block is open).
@@ -305,6 +332,14 @@ class patch(contextlib.ContextDecorator):
         return False
 
     def __call__(self, func):
+        if inspect.iscoroutinefunction(func):
+            @functools.wraps(func)
+            async def async_wrapper(*args, **kwargs):
+                with self:
+                    return await func(*args, **kwargs)
+
+            return async_wrapper
+
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
             with self:

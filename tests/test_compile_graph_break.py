@@ -120,3 +120,51 @@ def test_entry_points_are_marked_disabled():
         if marker is None:
             pytest.skip("this torch does not expose the torch.compiler.disable marker")
         assert marker
+
+
+FRESH_PROCESS_PATCH_COMPILE = r"""
+import torch, mmaemu
+from mmaemu.testing import assert_bitwise_equal
+
+g = torch.Generator().manual_seed(3)
+x = (torch.randn(16, 64, generator=g) * 40).clamp(-448, 448).to(torch.float8_e4m3fn)
+w = (torch.randn(32, 64, generator=g) * 40).clamp(-448, 448).to(torch.float8_e4m3fn)
+s = torch.tensor(0.5)
+
+def layer(x, w, s):
+    y = torch._scaled_mm(x, w.t(), s * 2.0, s, out_dtype=torch.bfloat16, use_fast_accum=True)
+    return y.float() * 3.0
+
+graphs = []
+def backend(gm, example_inputs):
+    graphs.append(gm)
+    return gm.forward
+
+with mmaemu.patch(profile="ada", splitk=1) as log:  # nothing of mmaemu ran before: a fresh process
+    compiled = torch.compile(layer, backend=backend)(x, w, s)
+expected = mmaemu.scaled_mm(x, w.t(), s * 2.0, s, out_dtype=torch.bfloat16, use_fast_accum=True, profile="ada",
+                            splitk=1).float() * 3.0
+assert_bitwise_equal(compiled, expected)
+assert [r.profile for r in log] == ["ada"], log.summary()
+targets = [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+assert len(graphs) == 2 and len(targets) <= 4, targets  # the ops around the call; nothing of the emulation
+
+torch._dynamo.reset()  # again, now that dynamo's rules and mmaemu's modules are loaded
+graphs.clear()
+with mmaemu.patch(profile="ada", splitk=1):
+    again = torch.compile(layer, backend=backend)(x, w, s)
+assert_bitwise_equal(again, expected)
+assert len(graphs) == 2
+print("ok")
+"""
+
+
+def test_compile_inside_patch_in_a_fresh_process(tmp_path):
+    """torch.compile of a function calling torch._scaled_mm inside mmaemu.patch, with no eager mmaemu call first
+    (dynamo records torch._scaled_mm's tracing rule the first time it compiles: inside the block here)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS_PATCH_COMPILE], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

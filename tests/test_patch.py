@@ -203,3 +203,112 @@ def test_threads_each_with_their_own_block_and_a_thread_without_one():
     assert seen["patched"]
     assert_bitwise_equal(seen["y"], expected["ada"])
     assert [(r.profile, r.thread) for r in log] == [("ada", "bystander")]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Settings live in context variables: asyncio tasks, threads, blocks closed elsewhere
+
+
+def test_asyncio_tasks_on_one_loop_keep_their_own_profile_and_log():
+    import asyncio
+
+    expected = {p: mmaemu.scaled_mm(A, W.t(), SA, SB, out_dtype=torch.float32, profile=p, splitk=1)
+                for p in ("hopper", "ada")}
+    both_open = asyncio.Event()
+    opened = []
+
+    async def worker(profile):
+        with mmaemu.patch(profile=profile, splitk=1) as log:
+            opened.append(profile)
+            if len(opened) == 2:
+                both_open.set()
+            await both_open.wait()  # the other task's block is open now, on the same thread
+            outputs = []
+            for _ in range(2):
+                outputs.append(torch._scaled_mm(A, W.t(), SA, SB, out_dtype=torch.float32))
+                await asyncio.sleep(0)  # let the other task run between calls
+        return outputs, log
+
+    async def main():
+        return await asyncio.gather(worker("hopper"), worker("ada"))
+
+    for profile, (outputs, log) in zip(("hopper", "ada"), asyncio.run(main())):
+        for y in outputs:
+            assert_bitwise_equal(y, expected[profile])
+        assert [r.profile for r in log] == [profile, profile]
+
+
+def test_a_task_started_inside_a_block_inherits_it():
+    import asyncio
+
+    async def call():
+        return torch._scaled_mm(A, W.t(), SA, SB, out_dtype=torch.float32)
+
+    async def main():
+        with mmaemu.patch(profile="ada", splitk=1) as log:
+            y = await asyncio.create_task(call())
+        return y, log
+
+    y, log = asyncio.run(main())
+    assert_bitwise_equal(y, mmaemu.scaled_mm(A, W.t(), SA, SB, out_dtype=torch.float32, profile="ada", splitk=1))
+    assert [r.profile for r in log] == ["ada"]
+
+
+def test_decorated_coroutine_keeps_the_block_across_awaits():
+    import asyncio
+
+    @mmaemu.patch(profile="ada", splitk=1)
+    async def run():
+        await asyncio.sleep(0)
+        assert torch._scaled_mm is not TORCH_SCALED_MM
+        return torch._scaled_mm(A, W.t(), SA, SB, out_dtype=torch.float32)
+
+    assert_bitwise_equal(asyncio.run(run()),
+                         mmaemu.scaled_mm(A, W.t(), SA, SB, out_dtype=torch.float32, profile="ada", splitk=1))
+
+
+def test_entered_on_one_thread_and_left_on_another_restores_torch():
+    patcher = mmaemu.patch(profile="ada", splitk=1)
+    log = patcher.__enter__()
+    assert torch._scaled_mm is not TORCH_SCALED_MM
+    errors = []
+
+    def leave():
+        try:
+            patcher.__exit__(None, None, None)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=leave)
+    t.start()
+    t.join(timeout=60)
+    assert not errors and torch._scaled_mm is TORCH_SCALED_MM and not is_patched()
+    # The entering thread's context still lists the block, but a closed block is never used again.
+    y = torch._scaled_mm(A, W.t(), ONE, ONE, out_dtype=torch.float32)
+    assert y.dtype == torch.float32 and len(log) == 0
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(splitk="bad"), TypeError, "splitk must be 'auto'"),
+    (dict(splitk=0), ValueError, "splitk must be >= 1"),
+    (dict(splitk=4), ValueError, "needs a reduction scheme"),
+    (dict(splitk=(2, "zigzag")), ValueError, "needs a scheme"),
+    (dict(profile="ada", splitk=(2, "contiguous")), ValueError, "serial"),
+    (dict(profile=3), TypeError, "profile"),
+    (dict(backend=7), TypeError, "backend must be a string"),
+])
+def test_every_bad_setting_fails_at_construction(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        mmaemu.patch(**kwargs)
+
+
+def test_an_inherited_profile_is_checked_against_the_inner_split_on_entry():
+    with mmaemu.patch(profile="ada"):
+        inner = mmaemu.patch(splitk=(2, "contiguous"))  # fine for the default profile (hopper) ...
+        with pytest.raises(ValueError, match="serial"):
+            with inner:  # ... but this block would inherit ada
+                pass
+        assert torch._scaled_mm is not TORCH_SCALED_MM  # the outer block is still open and intact
+        with mmaemu.patch(splitk=(2, "serial")) as log:  # refused for hopper, right for the inherited ada
+            torch._scaled_mm(A, W.t(), ONE, ONE, out_dtype=torch.float32)
+    assert [(r.profile, r.S, r.scheme) for r in log] == [("ada", 2, "serial")]

@@ -32,6 +32,7 @@ __all__ = [
     "SplitDecision",
     "resolve_splitk",
     "check_scheme_for_preset",
+    "check_splitk_argument",
     "layout_caveats",
     "reset_split_warnings",
     "SCHEMES",
@@ -224,6 +225,21 @@ def _as_splitk(splitk, profile: Profile) -> SplitK:
     if isinstance(splitk, tuple) and len(splitk) == 2:
         return SplitK(*splitk)
     raise TypeError(f"splitk must be 'auto', 1, a (S, scheme) tuple or a mmaemu.SplitK, got {splitk!r}")
+
+
+def check_splitk_argument(splitk, profile=None) -> None:
+    """Refuse a ``splitk`` argument that every call would refuse, before any call (``mmaemu.patch`` uses it).
+
+    "auto" passes; otherwise the form of 3.1 (TypeError / ValueError as at call time) and, when ``profile`` is
+    given (a name or Profile; None: not known yet), the scheme its preset computes (semantics.md d.3). Bounds that
+    depend on the call's K are checked per call.
+    """
+    if isinstance(splitk, str) and splitk == "auto":
+        return
+    resolved = get_profile(profile)
+    sk = _as_splitk(splitk, resolved)
+    if profile is not None:
+        check_scheme_for_preset(sk, resolved.preset)
 
 
 # ----------------------------------------------------------------------------------------------------------------
