@@ -164,8 +164,32 @@ def test_cache_directory_is_keyed_and_unwritable_location_falls_back(tmp_path):
 
 
 def test_planning_warnings_point_at_the_callers_line():
+    from mmaemu.platform.splitk import reset_split_warnings
+
     a = fp8((1, 512), 13)
+    reset_split_warnings()  # the warning of this split is once per process
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        mmaemu.explain(a, fp8((16, 512), 14).t(), ONE, ONE, out_dtype=torch.float32, splitk=(3, "contiguous"))
+        mmaemu.scaled_mm(a, fp8((16, 512), 14).t(), ONE, ONE, out_dtype=torch.float32, splitk=(3, "contiguous"))
     assert caught and all(w.filename == __file__ for w in caught), [(w.filename, w.lineno) for w in caught]
+
+
+def test_explain_collects_warnings_instead_of_emitting_them():
+    """A dry run: every warning the call would give is in CallPlan.warnings, none is emitted; the call warns."""
+    from mmaemu.platform.profiles import reset_maturity_warnings
+    from mmaemu.platform.splitk import reset_split_warnings
+
+    a, w = fp8((1, 512), 15), fp8((16, 512), 16)
+    call = dict(out_dtype=torch.float32, profile="hopper-experimental", splitk=(3, "contiguous"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = mmaemu.explain(a, w.t(), ONE, ONE, out=torch.empty(3), **call)
+    assert caught == []
+    assert plan.validation == "ok" and len(plan.warnings) == 3, plan.warnings
+    assert "experimental" in plan.warnings[0] and "resized" in plan.warnings[1] and "split-K S=3" in plan.warnings[2]
+    reset_maturity_warnings()
+    reset_split_warnings()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mmaemu.scaled_mm(a, w.t(), ONE, ONE, out=torch.empty(3), **call)
+    assert [str(w.message) for w in caught] == plan.warnings

@@ -2,8 +2,8 @@
 (semantics.md f.7, platform.md sections 2-4 and 6.1). Nothing is computed here.
 
 The planner runs in two modes. Live (``dry=False``, used by ``scaled_mm``/``accumulate``) emits each
-once-per-process warning once. Dry (``dry=True``, used by ``explain``) emits every warning every time without
-consuming the once-per-process slots. Both record the text of every warning that applies in the plan.
+once-per-process warning once. Dry (``dry=True``, used by ``explain``) emits nothing and consumes no
+once-per-process slot. Both record the text of every warning that applies in the plan (``CallPlan.warnings``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .. import backends
 from ..errors import UnsupportedFeatureError
 from ..model.presets import Preset, get_preset
 from ..platform import get_profile
-from ..platform.profiles import warn_profile_maturity
+from ..platform.profiles import profile_maturity_messages, warn_profile_maturity
 from ..platform.splitk import SplitDecision, check_scheme_for_preset, resolve_splitk
 from .validate import split_key, validate_accumulate, validate_scaled_mm
 
@@ -75,15 +75,19 @@ def _user_stacklevel() -> int:
     return level
 
 
-def _warn(plan: Plan, message: str, category):
-    """A warning about this call alone (out= handling): emitted every time."""
+def _warn(plan: Plan, message: str, category, dry: bool):
+    """A warning about this call alone (out= handling): emitted by every live call, recorded in the plan."""
     plan.warnings.append(message)
-    warnings.warn(message, category, stacklevel=_user_stacklevel())
+    if not dry:
+        warnings.warn(message, category, stacklevel=_user_stacklevel())
 
 
 def _maturity_warnings(plan: Plan, dry: bool):
     """f.7.1: the preset's or the profile's maturity warning (ExperimentalPresetWarning)."""
-    plan.warnings.extend(warn_profile_maturity(plan.profile, dry=dry, stacklevel=_user_stacklevel() + 1))
+    if dry:
+        plan.warnings.extend(profile_maturity_messages(plan.profile))
+    else:
+        plan.warnings.extend(warn_profile_maturity(plan.profile, stacklevel=_user_stacklevel() + 1))
 
 
 def _check_gemm_level(preset: Preset, use_fast_accum: bool, split: Optional[SplitDecision]):
@@ -108,7 +112,7 @@ def _decide(plan: Plan, M, N, K, fmt_a, fmt_b, out_dtype, fast, splitk, layout_s
     recorded: List[str] = []
     plan.split = resolve_splitk(M, N, K, a_dtype=fmt_a, b_dtype=fmt_b, out_dtype=out_dtype, use_fast_accum=fast,
                                 profile=plan.profile, splitk=splitk, layout_std=layout_std, dry=dry,
-                                warnings_out=recorded, stacklevel=_user_stacklevel())
+                                warnings_out=recorded, stacklevel=_user_stacklevel(), emit=not dry)
     plan.warnings.extend(recorded)
     _check_gemm_level(plan.preset, fast, plan.split)
     check_scheme_for_preset(plan.split.splitk, plan.preset)
@@ -132,11 +136,11 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
         return plan
     _maturity_warnings(plan, dry)
     if call.out_unusable:
-        _warn(plan, OUT_UNCHANGED_MESSAGE, UserWarning)
+        _warn(plan, OUT_UNCHANGED_MESSAGE, UserWarning, dry)
         plan.action = "out-unchanged"
         return plan
     if call.out_resize_warns:
-        _warn(plan, OUT_RESIZED_MESSAGE.format(old=tuple(out.shape), new=(call.M, call.N)), UserWarning)
+        _warn(plan, OUT_RESIZED_MESSAGE.format(old=tuple(out.shape), new=(call.M, call.N)), UserWarning, dry)
     M, N, K, fmt_a, fmt_b = split_key(call)
     _decide(plan, M, N, K, fmt_a, fmt_b, call.out_dtype, call.use_fast_accum, splitk, call.layout_std, dry)
     _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b)

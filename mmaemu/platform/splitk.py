@@ -141,14 +141,16 @@ _Pending = List[Tuple[type, tuple, str]]  # (warning class, once-key, message)
 
 
 def resolve_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, profile=None, splitk="auto",
-                   layout_std=True, strict=None, dry=False, warnings_out=None, stacklevel=1) -> SplitDecision:
+                   layout_std=True, strict=None, dry=False, warnings_out=None, stacklevel=1,
+                   emit=True) -> SplitDecision:
     """Decide S and the reduction scheme of a call (platform.md 3.1-3.10, in that order).
 
     ``a_dtype``/``b_dtype``: float8 dtypes or "e4m3"/"e5m2" (mat1, mat2); ``out_dtype`` None means a_dtype;
     ``layout_std`` False skips the table and the live query (padded leading dimensions, section 2); ``strict``
     None reads MMAEMU_SPLITK_STRICT == "1"; ``dry`` emits warnings every time without consuming their
     once-per-process slot; ``warnings_out`` (a list) receives the text of every warning raised; ``stacklevel``
-    as for ``warnings.warn``, counted from the caller of resolve_splitk (layers above it pass more).
+    as for ``warnings.warn``, counted from the caller of resolve_splitk (layers above it pass more); ``emit``
+    False (explain) only records the texts that dry=True would emit in ``warnings_out``.
     Raises SplitKUnknownError when the evidence cannot decide, ValueError/TypeError for a bad ``splitk``.
     """
     call = _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile)
@@ -159,7 +161,10 @@ def resolve_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, prof
         if strict is None:
             strict = os.environ.get("MMAEMU_SPLITK_STRICT") == "1"
         decision = _auto(call, layout_std, bool(strict), pending)
-    _emit(pending, dry, warnings_out, stacklevel + 2)
+    if emit:
+        _emit(pending, dry, warnings_out, stacklevel + 2)
+    elif warnings_out is not None:
+        warnings_out.extend(message for _, _, message in pending)
     return decision
 
 
