@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from .arith.epilogue import OUT_CODES
-from .plan.flush import check_no_flush_to_zero
 from .plan.planner import CallPlan, explain_scaled_mm, plan_accumulate, plan_scaled_mm
 
 __all__ = ["scaled_mm", "accumulate", "explain", "CallPlan"]
@@ -28,8 +27,6 @@ def _codes_rows(t: torch.Tensor) -> "numpy.ndarray":  # noqa: F821
 def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b: str, fast: bool) -> torch.Tensor:
     """fp32 accumulators [M, N] of a [M, K] times b_rows [N, K]^T on the tensors' device."""
     device = a.device
-    if device.type == "cpu":
-        check_no_flush_to_zero()
     split = plan.split
     if plan.backend.startswith("cuda"):
         from . import cuda as cuda_backend
@@ -71,13 +68,29 @@ def _epilogue(acc: torch.Tensor, call) -> torch.Tensor:
 
 
 def _deliver(result: torch.Tensor, out):
-    """Return the result, or write it into ``out`` (resized to [M, N] when its shape differs) and return out."""
+    """Return the result, or write it into ``out`` (resized to [M, N] when its shape differs) and return out.
+
+    The plan has checked that out can take the result (grad mode, storage); the writes run below autograd, as
+    torch's own ``out=`` handling does, so an out that requires grad is filled under torch.no_grad().
+    """
     if out is None:
         return result
-    if tuple(out.shape) != tuple(result.shape):
-        out.resize_(result.shape)
-    out.copy_(result)
+    with torch.no_grad():
+        if tuple(out.shape) != tuple(result.shape):
+            _resize_contiguous(out, tuple(result.shape))
+        out.copy_(result)
     return out
+
+
+def _resize_contiguous(out: torch.Tensor, shape) -> None:
+    """``out.resize_(shape)`` as torch's resize_output does it, also for an out that requires grad (whose resize_
+    autograd refuses): grow the storage if needed, then point out at it with row-major strides."""
+    rows, cols = shape
+    storage = out.untyped_storage()
+    needed = (out.storage_offset() + rows * cols) * out.element_size()
+    if storage.nbytes() < needed:
+        storage.resize_(needed)
+    out.set_(storage, out.storage_offset(), shape, (cols, 1))
 
 
 @torch.compiler.disable

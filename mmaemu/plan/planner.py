@@ -20,6 +20,7 @@ from ..model.presets import Preset, get_preset
 from ..platform import get_profile
 from ..platform.profiles import profile_maturity_messages, warn_profile_maturity
 from ..platform.splitk import SplitDecision, check_scheme_for_preset, resolve_splitk
+from .flush import check_no_flush_to_zero
 from .validate import split_key, validate_accumulate, validate_scaled_mm
 
 OUT_UNCHANGED_MESSAGE = (
@@ -119,8 +120,12 @@ def _decide(plan: Plan, M, N, K, fmt_a, fmt_b, out_dtype, fast, splitk, layout_s
 
 
 def _choose_backend(plan: Plan, device, backend, fmt_a, fmt_b):
+    """f.7.4 and f.7.5: the engine, then the refusal of a CPU thread that flushes subnormals (semantics.md (e)),
+    checked here so that explain reports it and a refused call computes nothing."""
     selection = backends.select(device, backend, fmt_a, fmt_b, plan.preset)
     plan.backend, plan.fallbacks = selection.name, list(selection.fallbacks)
+    if getattr(device, "type", str(device)) == "cpu":
+        check_no_flush_to_zero()
 
 
 def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,

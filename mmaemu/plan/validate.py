@@ -3,8 +3,10 @@
 :func:`validate_scaled_mm` refuses exactly the calls torch 2.7.1 + cuBLASLt 12.8.3.14 refuse, in the same order
 (the first failing rule raises):
 
-* f.1 Python types -> ``TypeError``;
-* f.2 torch ``_scaled_mm`` checks (1-14) -> :class:`~mmaemu.errors.ReferenceRejectsError`;
+* f.1 Python types -> ``TypeError`` (and, mmaemu's addition, sparse or nested tensors -> ``TypeError``);
+* f.2 torch ``_scaled_mm`` checks (1-14) -> :class:`~mmaemu.errors.ReferenceRejectsError`, then the two ways
+  torch 2.7.1 fails on ``out=`` before its early return (autograd, resize_output) -> ``ReferenceRejectsError``,
+  then (mmaemu's addition) meta tensors, which hold no data -> ``TypeError``;
 * f.3 zero-size early return (M, N or K = 0): nothing later applies;
 * f.4 cuBLAS/cuBLASLt-level checks (1-6) -> ``ReferenceRejectsError``;
 * f.5 the profile's rejection rules -> ``ReferenceRejectsError`` (message ends with ``[profile <name>]``);
@@ -27,6 +29,7 @@ import numpy
 import torch
 
 from ..errors import ReferenceRejectsError, UnsupportedFeatureError
+from ..tensor_kinds import require_data, require_dense
 from .layout import (
     byte_misalignment,
     is_column_major,
@@ -190,6 +193,9 @@ def validate_scaled_mm(
     _check_float8_operands(input, mat2)  # f.2.11-12
     _check_bias_dtype(bias, od)  # f.2.13
     _check_same_device(input, mat2, scale_a, scale_b, bias, scale_result, out)  # f.2.14
+    _check_out_receives(out, M, N)  # torch's autograd check of out= and resize_output (before f.3)
+    for name, value in _named_tensors(input, mat2, scale_a, scale_b, bias, scale_result, out):
+        require_data("scaled_mm", name, value)  # mmaemu's addition: meta tensors hold nothing to compute on
 
     common = dict(
         M=M, N=N, K=K, out_dtype=od, scale_a=scale_a, scale_b=scale_b, scale_result=scale_result,
@@ -239,6 +245,13 @@ def _zero_size_call(input, mat2, **common) -> ScaledMMCall:
 # --- f.1 Python types -> TypeError -------------------------------------------------------------------------------
 
 
+def _named_tensors(input, mat2, scale_a, scale_b, bias, scale_result, out):
+    """(name, tensor) of every tensor argument given."""
+    named = (("input", input), ("mat2", mat2), ("scale_a", scale_a), ("scale_b", scale_b), ("bias", bias),
+             ("scale_result", scale_result), ("out", out))
+    return [(name, value) for name, value in named if value is not None]
+
+
 def _check_python_types(input, mat2, scale_a, scale_b, bias, scale_result, out, out_dtype, use_fast_accum):
     """f.1: tensors where tensors are required, a torch.dtype or None, and an exact Python bool."""
     # f.1.1
@@ -249,6 +262,9 @@ def _check_python_types(input, mat2, scale_a, scale_b, bias, scale_result, out, 
     for name, value in (("bias", bias), ("scale_result", scale_result), ("out", out)):
         if value is not None and not isinstance(value, torch.Tensor):
             raise TypeError(f"scaled_mm: {name} must be None or a torch.Tensor, got {type(value).__name__}")
+    # mmaemu's addition to f.1: a sparse or nested tensor has no dense layout of codes
+    for name, value in _named_tensors(input, mat2, scale_a, scale_b, bias, scale_result, out):
+        require_dense("scaled_mm", name, value)
     # f.1.3
     if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
         raise TypeError(
@@ -400,6 +416,35 @@ def _check_same_device(input, mat2, scale_a, scale_b, bias, scale_result, out) -
                 f"Expected all tensors to be on the same device: {name} is on {tensor.device} but mat1 (input) is "
                 f"on {input.device}; move it with .to(input.device)"
             )
+
+
+def _check_out_receives(out: Optional[torch.Tensor], M: int, N: int) -> None:
+    """What torch 2.7.1 checks of ``out=`` before its zero-size early return, so before any computing here.
+
+    * Autograd: under grad mode an out that requires grad is refused ("functions with out=... arguments don't
+      support automatic differentiation"); under torch.no_grad() it is filled.
+    * resize_output: an out of another shape than [M, N] is resized; a storage too small for the [M, N] result
+      that cannot grow (memory lent by numpy, a non-resizable storage) fails ("Trying to resize storage that is
+      not resizable").
+    """
+    if out is None:
+        return
+    if out.requires_grad and torch.is_grad_enabled():
+        raise _torch_rejects(
+            "_scaled_mm(): functions with out=... arguments don't support automatic differentiation, but one of "
+            "the arguments requires grad: out requires grad; wrap the call in torch.no_grad() or pass "
+            "out=out.detach()"
+        )
+    if tuple(out.shape) == (M, N):
+        return
+    needed = (out.storage_offset() + M * N) * out.element_size()
+    storage = out.untyped_storage()
+    if storage.nbytes() < needed and not storage.resizable():
+        raise _torch_rejects(
+            f"Trying to resize storage that is not resizable: out= has shape {list(out.shape)}, the result is "
+            f"[{M}, {N}] ({needed} bytes from out's storage offset) and out's storage ({storage.nbytes()} bytes, "
+            f"e.g. memory lent by numpy) cannot grow; pass an out of shape [{M}, {N}] or out=None"
+        )
 
 
 # --- f.4 cuBLAS / cuBLASLt-level checks -> ReferenceRejectsError -------------------------------------------------
@@ -583,6 +628,8 @@ def validate_accumulate(a: Any, b: Any, *, use_fast_accum: Any) -> AccumulateCal
         )
     if a.device != b.device:
         raise ValueError(f"accumulate: a is on {a.device} but b is on {b.device}; put both on one device")
+    for name, tensor in (("a", a), ("b", b)):
+        require_data("accumulate", name, tensor)
     _check_no_grad({"a": a, "b": b})
     M, K = a.shape
     N = b.shape[0]
@@ -596,6 +643,7 @@ def _check_accumulate_operand_type(name: str, tensor: Any) -> None:
     """f.8: a and b are float8_e4m3fn or float8_e5m2 tensors (TypeError; the fnuz formats are named)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"accumulate: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+    require_dense("accumulate", name, tensor)
     if tensor.dtype not in FP8_FORMAT_OF_DTYPE:
         raise TypeError(
             f"accumulate: {name} must be torch.float8_e4m3fn or torch.float8_e5m2, got {tensor.dtype} (the fnuz "
