@@ -146,7 +146,7 @@ def select(device, backend, fmt_a, fmt_b, preset) -> Selection:
     return cuda_backend.select(device, name, fmt_a, fmt_b, preset)
 
 
-def _kernel_names(kernels) -> List[str]:
+def kernel_names(kernels) -> List[str]:
     """Kernel names (without "cuda:") from "all", a comma string or an iterable; ValueError for unknown names."""
     if kernels == "all" or kernels is None:
         return list(KERNELS)
@@ -191,7 +191,7 @@ def selftest(device=None, *, kernels="all", force=False) -> Dict[str, List[GateR
     Returns {"cuda:<kernel>": [GateResult]}; cached verdicts are reused unless ``force``. Without a usable CUDA
     device every result has ``ran=False`` and says why (see :func:`selftest_verdict`).
     """
-    names = _kernel_names(kernels)
+    names = kernel_names(kernels)
     if cuda_disabled():
         reason = "not run: disabled by MMAEMU_DISABLE_CUDA"
         return {f"cuda:{n}": [GateResult("selftest", False, reason, {}, 0.0, False, ran=False)] for n in names}

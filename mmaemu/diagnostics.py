@@ -120,7 +120,73 @@ def _dist_version(name: str) -> Optional[str]:
 
 
 def _environment() -> Dict[str, str]:
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MMAEMU_")}
+    """The variables mmaemu reads that are set (:mod:`mmaemu.environment`); other MMAEMU_* ones are never shown."""
+    from . import environment
+
+    return environment.set_variables()
+
+
+def _environment_problems() -> Dict[str, str]:
+    from . import environment
+
+    return environment.problems()
+
+
+def _unread_variables() -> int:
+    from . import environment
+
+    return environment.unread_count()
+
+
+# ================================================================================================================
+# What a call does by default here
+
+
+def _default_profile(problems: Dict[str, str]) -> str:
+    from .platform import get_profile
+
+    value = os.environ.get("MMAEMU_PROFILE")
+    if "MMAEMU_PROFILE" in problems:
+        return f"none: MMAEMU_PROFILE={value!r} is not a profile, so every call with profile=None raises KeyError"
+    if value:
+        return f"{get_profile(None).name} (from MMAEMU_PROFILE)"
+    return f"{get_profile(None).name} (MMAEMU_PROFILE is not set)"
+
+
+def _default_backend(problems: Dict[str, str], device: dict, backend_states: List[dict]) -> str:
+    """The engine of a call with backend="auto": MMAEMU_BACKEND, else the CPU engine for CPU tensors and, for CUDA
+    tensors, the first CUDA kernel that passed its self-test here (read from cached verdicts; none is run)."""
+    from . import backends
+
+    value = os.environ.get("MMAEMU_BACKEND")
+    if "MMAEMU_BACKEND" in problems:
+        return f"none: MMAEMU_BACKEND={value!r} is not a backend, so every call with backend='auto' raises ValueError"
+    if value and value != "auto":
+        return f"{value} for every call with backend='auto' (from MMAEMU_BACKEND)"
+    cpu = backends.select(_torch_device("cpu"), "auto", "e4m3", "e4m3", None).name
+    return f"{cpu} for CPU tensors; CUDA tensors: {_default_cuda_engine(device, backend_states)}"
+
+
+def _default_cuda_engine(device: dict, backend_states: List[dict]) -> str:
+    if not device.get("available"):
+        return f"none here ({device.get('reason')})"
+    from . import backends
+
+    states = {b.get("name"): b for b in backend_states}
+    kernels = [k.backend for k in backends.gemm_kernels() if states.get(k.backend, {}).get("available")]
+    passed = [name for name in kernels if states[name].get("validated_here")]
+    if passed:
+        return f"{passed[0]} (passed its self-test on this device)"
+    if kernels:
+        return (f"the first of {', '.join(kernels)} that passes its self-test at the first call, else the CPU "
+                f"engine (no verdict cached yet: mmaemu selftest runs them)")
+    return "the CPU engine, the result copied back (no CUDA kernel can run here: see Backends)"
+
+
+def _defaults(report: dict) -> dict:
+    problems = report["environment_problems"]
+    return {"profile": _default_profile(problems),
+            "backend": _default_backend(problems, report["device"], report["backends"])}
 
 
 # ================================================================================================================
@@ -395,6 +461,8 @@ def build_info(device: Optional[int] = None) -> dict:
         report["unavailable"].append({"component": name, "reason": error})
     report["versions"] = versions
     report["environment"] = _environment()
+    report["environment_problems"] = _probe(report, "environment", _environment_problems, default={})
+    report["environment_unread"] = _unread_variables()
     report["device"] = _probe(report, "device", _device_info, device,
                               default={"available": False, "reason": "probe failed"})
     if not report["device"].get("available"):
@@ -403,6 +471,7 @@ def build_info(device: Optional[int] = None) -> dict:
     report["profiles"] = _probe(report, "profiles", _profiles, report["device"], device_arg, default=[])
     report["presets"] = _probe(report, "presets", _presets, default=[])
     report["backends"] = _probe(report, "backends", _backends, device_arg, default=[])
+    report["defaults"] = _probe(report, "defaults", _defaults, report, default={})
     report["splitk_tables"] = _probe(report, "split-K tables", _splitk_tables, default=[])
     report["numba_cache"] = _probe(report, "numba cache", _numba_cache, default=None)
     report["unavailable"] = report.pop("unavailable")  # listed last

@@ -19,7 +19,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from mmaemu import cli, diagnostics
+from mmaemu import cli, diagnostics, environment
 
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def test_info_json_golden():
     assert pathlib.Path(report["mmaemu"]["location"]) == REPO / "mmaemu" or "site-packages" in \
         report["mmaemu"]["location"]
     assert set(report["versions"]) >= {"python", "torch", "numba", "numpy"}
-    assert report["environment"] == {k: v for k, v in os.environ.items() if k.startswith("MMAEMU_")}
+    assert report["environment"] == {k: v for k, v in os.environ.items() if k in environment.NAMES}
     assert [p["name"] for p in report["profiles"]] == [
         "ada", "ada-te", "ada-ws0", "hopper", "hopper-te", "hopper-ws0", "hopper-experimental",
         "b200-mma-sync-experimental"]
@@ -110,6 +110,42 @@ def test_info_lists_environment_and_writes_json_file(tmp_path, monkeypatch):
     assert "  MMAEMU_PROFILE=ada" in result.stdout
     assert "Profiles:" in result.stdout  # the text report is printed too
     assert json.loads(target.read_text())["environment"]["MMAEMU_PROFILE"] == "ada"
+
+
+def test_info_prints_only_the_variables_mmaemu_reads_and_flags_bad_values(tmp_path, monkeypatch):
+    monkeypatch.setenv("MMAEMU_SECRET_TOKEN", "hunter2-token")
+    monkeypatch.setenv("MMAEMU_PROFILE", "h100-sxm")
+    monkeypatch.setenv("MMAEMU_BACKEND", "tpu")
+    monkeypatch.setenv("MMAEMU_SPLITK_STRICT", "1")
+    target = tmp_path / "info.json"
+    result = invoke("info", "--json", str(target))
+    assert result.exit_code == 0
+    text, report = result.stdout, json.loads(target.read_text())
+    for shown in (text, target.read_text()):
+        assert "hunter2" not in shown and "SECRET" not in shown
+    assert "  MMAEMU_SPLITK_STRICT=1\n" in text
+    assert re.search(r"^  MMAEMU_PROFILE=h100-sxm  INVALID: unknown profile 'h100-sxm'", text, re.M)
+    assert re.search(r"^  MMAEMU_BACKEND=tpu  INVALID: unknown backend 'tpu'", text, re.M)
+    assert "  (1 other MMAEMU_* variable is set; mmaemu does not read it)" in text
+    assert set(report["environment"]) == {"MMAEMU_PROFILE", "MMAEMU_BACKEND", "MMAEMU_SPLITK_STRICT"} | (
+        {"MMAEMU_CACHE_DIR"} if "MMAEMU_CACHE_DIR" in os.environ else set())
+    assert set(report["environment_problems"]) == {"MMAEMU_PROFILE", "MMAEMU_BACKEND"}
+    assert "raises KeyError" in report["defaults"]["profile"]
+    assert "raises ValueError" in report["defaults"]["backend"]
+
+
+def test_info_says_which_profile_and_backend_calls_use_by_default(monkeypatch):
+    result = invoke("info")
+    defaults = result.stdout.split("\nDefaults:\n")[1].split("\n\n")[0]
+    assert "  profile: hopper (MMAEMU_PROFILE is not set)" in defaults
+    assert "  backend: cpu for CPU tensors" in defaults
+    if not HAS_CUDA:
+        assert "no CUDA device visible to torch" in defaults
+    monkeypatch.setenv("MMAEMU_PROFILE", "ada")
+    monkeypatch.setenv("MMAEMU_BACKEND", "reference")
+    defaults = invoke("info").stdout.split("\nDefaults:\n")[1].split("\n\n")[0]
+    assert "  profile: ada (from MMAEMU_PROFILE)" in defaults
+    assert "  backend: reference for every call with backend='auto' (from MMAEMU_BACKEND)" in defaults
 
 
 def test_info_reports_a_failing_component_and_still_exits_0(monkeypatch):
@@ -305,14 +341,25 @@ def test_selftest_without_cuda_is_unavailable(tmp_path):
 
 def test_selftest_with_cuda_disabled_is_unavailable(monkeypatch):
     monkeypatch.setenv("MMAEMU_DISABLE_CUDA", "yes")
-    result = invoke("selftest", "--kernels", "h1,h4", "--force")
+    result = invoke("selftest", "--kernels", "tiled,simple", "--force")
     assert result.exit_code == 4
     assert result.stdout.startswith("verdict: UNAVAILABLE - CUDA disabled by MMAEMU_DISABLE_CUDA=yes")
 
 
-@pytest.mark.parametrize("kernels", [",", "h1,,h4", ""])
+@pytest.mark.parametrize("kernels", [",", "h1,,h4", "", "nope", "tiled,nope"])
 def test_selftest_malformed_kernels_is_a_usage_error(kernels):
-    assert invoke("selftest", "--kernels", kernels).exit_code == 2
+    result = invoke("selftest", "--kernels", kernels)  # also on a machine without CUDA: checked first
+    assert result.exit_code == 2 and "--kernels" in result.stderr
+
+
+@pytest.mark.parametrize("command", [EXPLAIN_EVO2, ["info"], ["selftest"], ["demo", "--quick"]],
+                         ids=["explain", "info", "selftest", "demo"])
+def test_unwritable_json_path_is_a_one_line_usage_error(command, tmp_path):
+    for target in (tmp_path / "missing-folder" / "report.json", tmp_path):
+        result = invoke(*command, "--json", str(target))
+        assert result.exit_code == 2
+        assert result.stdout == ""  # nothing ran
+        assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(f"Error: --json {target}: ")
 
 
 # ----------------------------------------------------------------------------------------------------------------

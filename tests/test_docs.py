@@ -80,3 +80,16 @@ def test_python_blocks_run(path, monkeypatch):
             except BaseException as error:  # SystemExit too: a block must not end the interpreter
                 raise AssertionError(f"{path.name}, block at line {line} failed: {type(error).__name__}: "
                                      f"{error}\n---\n{source}") from error
+
+
+def test_environment_table_lists_exactly_the_variables_mmaemu_reads():
+    """The guide's table, mmaemu.environment.VARIABLES and the MMAEMU_* names in the package's code agree."""
+    from mmaemu import environment
+
+    guide = (ROOT / "docs" / "guide.md").read_text(encoding="utf-8")
+    section = guide.split("\n## Environment variables\n")[1].split("\n## ")[0]
+    documented = re.findall(r"^\| `(MMAEMU_[A-Z0-9_]+)` \|", section, re.M)
+    assert documented == list(environment.NAMES)
+    in_code = {name for path in (ROOT / "mmaemu").rglob("*.py")
+               for name in re.findall(r"MMAEMU_[A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8"))}
+    assert in_code == set(environment.NAMES), "a variable read in mmaemu/ is missing from mmaemu/environment.py"

@@ -152,6 +152,50 @@ def test_explicit_tuple_bad_values():
         decide("hopper", 16, 256, 128, splitk=(0, "contiguous"))
 
 
+def _recorded_max_splits(table_id):
+    """The largest numSplitsK of a table's rows and of its replayed live calls, read from the shipped json."""
+    meta = meta_of(table_id)
+    combos = json.loads((DATA / meta.get("verified_combos", "verified_split_combos.json")).read_text())["combos"]
+    return max([S for s in meta["settings"] for S in s["S_values"]] + [c["S"] for c in combos])
+
+
+def test_recorded_split_maxima():
+    assert (_recorded_max_splits(H100_ID), _recorded_max_splits(RTX_ID)) == (24, 32)
+    assert (get_table(H100_ID).max_recorded_splits, get_table(RTX_ID).max_recorded_splits) == (24, 32)
+
+
+@pytest.mark.parametrize("profile,K,scheme,bound", [
+    ("hopper", 384, "contiguous", 24),  # 3 k-tiles: the recorded maximum of the H100 (empty splits allowed)
+    ("hopper", 128 * 40, "contiguous", 40),  # 40 k-tiles of 128: one per split
+    ("ada", 384, "serial", 32),  # 6 k-tiles of 64: the recorded maximum of the RTX 4060
+    ("ada", 64 * 33 + 1, "pairwise", 34),  # 34 k-tiles (the last one ragged)
+    ("hopper-experimental", 256, "contiguous", 32),  # no recordings of its own: the largest of any reference GPU
+])
+def test_explicit_split_count_is_bounded_by_k_tiles_or_the_recorded_maximum(profile, K, scheme, bound):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert decide(profile, 16, 256, K, splitk=(bound, scheme)).S == bound
+    with pytest.raises(ValueError, match=rf"at most {bound} .*k-tiles") as info:
+        decide(profile, 16, 256, K, splitk=(bound + 1, scheme))
+    assert f"splitk=({bound + 1}, '{scheme}')" in str(info.value)
+
+
+@pytest.mark.parametrize("S", [2**40, 2**63, 2**64 + 3])
+def test_absurd_split_counts_are_refused_at_once(S):
+    import torch
+
+    import mmaemu
+
+    with pytest.raises(ValueError, match="k-tiles"):
+        decide("hopper", 16, 256, 1024, splitk=(S, "contiguous"))
+    a = torch.zeros(16, 1024, dtype=torch.float8_e4m3fn)
+    one = torch.tensor(1.0)
+    plan = mmaemu.explain(a, a[:32].t(), one, one, splitk=(S, "contiguous"))
+    assert plan.validation[0] == "ValueError" and "k-tiles" in plan.validation[1]
+    with pytest.raises(ValueError, match="k-tiles"):
+        mmaemu.accumulate(a, a, use_fast_accum=True, profile="ada", splitk=(S, "serial"))
+
+
 def test_explicit_verified_combination_is_silent():
     d, caught = caught_warnings(decide, "hopper", 48, 64, 5760, splitk=(2, "contiguous"))
     assert (d.S, d.scheme, d.source, d.verified, d.table_id) == (2, "contiguous", "explicit", True, None)

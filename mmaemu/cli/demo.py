@@ -7,7 +7,7 @@ from typing import List
 
 import click
 
-from .output import emit
+from .output import emit, json_option
 
 
 def _intro(result: dict) -> List[str]:
@@ -54,8 +54,7 @@ def format_demo(result: dict) -> str:
 
 @click.command(short_help="FP8 GEMM of the Evo 2 1B shape: hopper vs ada vs IEEE.")
 @click.option("--quick", is_flag=True, help="Smaller N (for tests).")
-@click.option("--json", "json_path", metavar="PATH|-", default=None,
-              help="Also write the results as JSON to PATH; '-' prints only the JSON.")
+@json_option("Also write the results as JSON to PATH; '-' prints only the JSON.")
 def demo(quick, json_path):
     """An FP8 GEMM of the Evo 2 1B projection shape under hopper and ada, compared with IEEE accumulation."""
     from ..demo import run_demo

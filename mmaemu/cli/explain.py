@@ -11,7 +11,7 @@ import click
 from .. import diagnostics
 from ..diagnostics import error_text, jsonable
 from .operands import FP8_DTYPES, OUT_DTYPES, explain_call
-from .output import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, emit, line
+from .output import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, emit, json_option, line
 
 EXPLAIN_FORMAT = "mmaemu-explain/1"
 
@@ -108,8 +108,7 @@ def _explain(args: tuple, device, device_spec: str, why: Optional[str]):
 @click.option("--backend", default="auto", show_default=True)
 @click.option("--device", "device_spec", default="auto", callback=_parse_device, metavar="auto|cpu|cuda|cuda:N",
               show_default=True)
-@click.option("--json", "json_path", metavar="PATH|-", default=None,
-              help="Also write the plan as JSON to PATH; '-' prints only the JSON.")
+@json_option("Also write the plan as JSON to PATH; '-' prints only the JSON.")
 @click.pass_context
 def explain(ctx, m, n, k, fmt_a, fmt_b, out, fast, scale_a, scale_b, scale_result, profile, splitk, backend,
             device_spec, json_path):

@@ -10,7 +10,7 @@ from typing import List, Optional
 import click
 
 from ..diagnostics import build_info
-from .output import emit
+from .output import emit, json_option
 
 _DRIVER_LABELS = (("display_driver", "display driver"), ("cuda_driver_api", "CUDA driver API"),
                   ("torch_cuda", "torch built with CUDA"), ("cublaslt", "cuBLASLt"), ("nvrtc", "NVRTC"))
@@ -45,8 +45,20 @@ def _header(report: dict) -> List[str]:
                 *(v.get(k) or "unavailable" for k in ("python", "torch", "numba", "numpy", "click")))]
 
 
-def _environment(env: dict) -> List[str]:
-    return [f"  {k}={val}" for k, val in env.items()] or ["  (no MMAEMU_* variable is set)"]
+def _environment(report: dict) -> List[str]:
+    """The variables mmaemu reads that are set, an invalid value flagged; others only counted (never shown)."""
+    problems = report.get("environment_problems", {})
+    lines = [f"  {k}={val}" + (f"  INVALID: {problems[k]}" if k in problems else "")
+             for k, val in report["environment"].items()] or ["  (no variable that mmaemu reads is set)"]
+    unread = report.get("environment_unread", 0)
+    if unread:
+        lines.append(f"  ({unread} other MMAEMU_* variable{' is' if unread == 1 else 's are'} set; mmaemu does not "
+                     f"read {'it' if unread == 1 else 'them'})")
+    return lines
+
+
+def _defaults(defaults: dict) -> List[str]:
+    return [f"  {key}: {text}" for key, text in defaults.items()] or ["  unavailable"]
 
 
 def _device(d: dict) -> List[str]:
@@ -129,7 +141,8 @@ def _unavailable(components: List[dict]) -> List[str]:
 
 def format_info(report: dict) -> str:
     """The text form of a :func:`~mmaemu.diagnostics.build_info` report."""
-    sections = (("Environment", _environment(report["environment"])),
+    sections = (("Environment", _environment(report)),
+                ("Defaults", _defaults(report.get("defaults", {}))),
                 ("Device", _device(report["device"])),
                 ("Profiles", _profiles(report["profiles"])),
                 ("Presets", _presets(report["presets"])),
@@ -145,8 +158,7 @@ def format_info(report: dict) -> str:
 
 @click.command(short_help="Versions, device, profiles, presets, backends, split-K tables.")
 @click.option("--device", type=click.IntRange(min=0), default=None, help="CUDA device ordinal to describe.")
-@click.option("--json", "json_path", metavar="PATH|-", default=None,
-              help="Also write the JSON report to PATH; '-' prints only the JSON report.")
+@json_option("Also write the JSON report to PATH; '-' prints only the JSON report.")
 def info(device, json_path):
     """Versions, device, profiles, presets, backends and split-K tables."""
     report = build_info(device)

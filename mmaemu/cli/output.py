@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Callable, Optional
 
 import click
@@ -14,14 +15,50 @@ KEY_WIDTH = 16
 CPU_USED = "the CPU backend is used"
 
 
+def usage_exit(message: str) -> None:
+    """End the command as a usage error: one line on stderr, exit 2."""
+    click.echo(f"Error: {message}", err=True)
+    raise click.exceptions.Exit(EXIT_USAGE)
+
+
+def _unwritable(path: str) -> Optional[str]:
+    """Why a JSON report cannot be written to ``path``, or None."""
+    if os.path.isdir(path):
+        return "is a directory"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"folder {folder} does not exist"
+    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        return "permission denied"
+    return None
+
+
+def _json_target(ctx, param, value: Optional[str]) -> Optional[str]:
+    """--json PATH is checked before the command runs: an unwritable PATH is a usage error (exit 2, one line)."""
+    if value not in (None, "-"):
+        problem = _unwritable(value)
+        if problem is not None:
+            usage_exit(f"--json {value}: cannot write the report there ({problem})")
+    return value
+
+
+def json_option(help_text: str):
+    """The --json PATH|- option of every command (checked by :func:`_json_target`)."""
+    return click.option("--json", "json_path", metavar="PATH|-", default=None, callback=_json_target,
+                        help=help_text)
+
+
 def write_json(report: dict, target: Optional[str]) -> None:
-    """Write ``report`` to PATH, or to stdout for "-"."""
+    """Write ``report`` to PATH, or to stdout for "-" (a PATH that fails now is still a one-line usage error)."""
     text = json.dumps(jsonable(report), indent=2, sort_keys=False) + "\n"
     if target == "-":
         click.echo(text, nl=False)
-    else:
+        return
+    try:
         with open(target, "w", encoding="utf-8") as fh:
             fh.write(text)
+    except OSError as exc:
+        usage_exit(f"--json {target}: cannot write the report there ({exc.strerror or exc})")
 
 
 def emit(report: Any, json_path: Optional[str], format_text: Callable[[Any], str]) -> None:

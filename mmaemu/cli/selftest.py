@@ -10,7 +10,7 @@ import click
 from .. import diagnostics
 from ..diagnostics import error_text, jsonable
 from .kernel_requirements import kernel_requirement
-from .output import CPU_USED, EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, write_json
+from .output import CPU_USED, EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, json_option, write_json
 
 SELFTEST_FORMAT = "mmaemu-selftest/1"
 _GATE_FIELDS = ("name", "passed", "reason", "details", "seconds", "cached", "ran")
@@ -42,11 +42,21 @@ def _gate_fields(gate) -> dict:
 
 
 def _parse_kernels(kernels: str):
+    """"all" or the list of names, each one a known kernel (checked before any device is looked at, so an unknown
+    name is a usage error on every machine)."""
+    from ..backends import kernel_names
+
     names = [k.strip() for k in kernels.split(",")]
     if not names or any(not k for k in names):
         raise click.BadParameter(f"expected 'all' or a comma list of kernel names, got {kernels!r}",
                                  param_hint="--kernels")
-    return "all" if names == ["all"] else names
+    if names == ["all"]:
+        return "all"
+    try:
+        kernel_names(names)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--kernels") from None
+    return names
 
 
 def _run_gates(device, selected, force) -> dict:
@@ -135,8 +145,7 @@ def _selftest(report: dict, device, force: bool, echo) -> _Verdict:
 @click.option("--device", type=click.IntRange(min=0), default=None, help="CUDA device ordinal (default: current).")
 @click.option("--kernels", default="all", metavar="all|a,b", help="Kernels to test (default all).")
 @click.option("--force", is_flag=True, help="Ignore cached verdicts and rerun every gate.")
-@click.option("--json", "json_path", metavar="PATH|-", default=None,
-              help="Also write the results as JSON to PATH; '-' prints only the JSON.")
+@json_option("Also write the results as JSON to PATH; '-' prints only the JSON.")
 @click.pass_context
 def selftest(ctx, device, kernels, force, json_path):
     """Run the CUDA kernels' gates on a device and print a verdict (exit 0 PASS, 1 FAIL, 4 UNAVAILABLE)."""

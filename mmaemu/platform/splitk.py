@@ -24,8 +24,9 @@ import threading
 import warnings
 from typing import List, Optional, Tuple
 
+from ..arith.params import CONTIGUOUS_TILE, INTERLEAVED_TILE
 from ..errors import SplitKUnknownError, UnsupportedFeatureError, UnvalidatedEnvelopeWarning, UnverifiedSplitWarning
-from .profiles import Profile, fmt_name, get_profile, out_dtype_name, splitk_maturity_note
+from .profiles import Profile, fmt_name, get_profile, list_profiles, out_dtype_name, splitk_maturity_note
 
 __all__ = [
     "SplitK",
@@ -33,6 +34,7 @@ __all__ = [
     "resolve_splitk",
     "check_scheme_for_preset",
     "check_splitk_argument",
+    "check_split_count",
     "layout_caveats",
     "reset_split_warnings",
     "SCHEMES",
@@ -50,7 +52,9 @@ PRESET_SCHEMES = {"hopper": ("contiguous",), "ada": ("serial", "pairwise")}
 # platform.md 3.9 (RTX 4060): S = 1 only above 2x the largest recorded split M*N (peer choice; the RTX 4060 was
 # seen splitting up to 1.27x the largest recorded split M*N).
 ENVELOPE_MARGIN = 2
-CONTIGUOUS_K_TILE = 128  # semantics.md d.1
+CONTIGUOUS_K_TILE = CONTIGUOUS_TILE  # semantics.md d.1
+# The k-tile width of each split scheme (semantics.md d.1, d.2): the unit a split owns.
+SCHEME_K_TILE = {"contiguous": CONTIGUOUS_TILE, "serial": INTERLEAVED_TILE, "pairwise": INTERLEAVED_TILE}
 EXPLICIT_NOTE = "given by the caller"
 ZERO_SIZE_NOTE = "zero-size GEMM: nothing is accumulated"
 DEFAULT_WORKSPACE0_NOTE = ("cuBLASLt never splits without a workspace (0 split rows among the 209,712 "
@@ -200,6 +204,7 @@ def _not_recorded_reason(layout_std: bool) -> str:
 
 def _explicit(call: _Call, splitk, pending: _Pending) -> SplitDecision:
     sk = _as_splitk(splitk, call.profile)
+    check_split_count(sk, call.K, call.profile)
     caveats: List[str] = []
     verified = True
     table_id = call.profile.splitk_table
@@ -245,6 +250,43 @@ def check_splitk_argument(splitk, profile=None) -> None:
     sk = _as_splitk(splitk, resolved)
     if profile is not None:
         check_scheme_for_preset(sk, resolved.preset)
+
+
+def check_split_count(splitk: SplitK, K: int, profile: Profile) -> None:
+    """Refuse an explicit S that no reference could use: S must be at most max(T, R) (mmaemu's bound, not in 3.1).
+
+    T = ceil(K / w) is the number of k-tiles of the scheme's width w (128 contiguous, 64 serial/pairwise,
+    semantics.md d.1/d.2): beyond T, every further split owns no k-tile (contiguous) or only zero padding
+    (serial/pairwise) and adds a +0 partial, which no recorded cuBLASLt call ever did. R is the largest numSplitsK
+    the profile's cuBLASLt was recorded using (table rows and replayed live calls: 24 on the H100 PCIe, 32 on the
+    RTX 4060; for a profile without recordings, the largest of any shipped table), so that the small-K splits
+    with empty splits that the contract describes (K = 384 with S = 4 or 7) stay computable, with their warning.
+    Without a bound, S = 2**40 would run for ever and S = 2**63 overflow the compiled loops.
+    """
+    S = splitk.S
+    if S == 1:
+        return
+    width = SCHEME_K_TILE[splitk.scheme]
+    tiles = -(-K // width)
+    if S <= tiles:
+        return
+    recorded, where = _recorded_max_splits(profile)
+    bound = max(tiles, recorded)
+    if S > bound:
+        raise ValueError(
+            f"splitk=({S}, {splitk.scheme!r}) asks for more splits than a reference GPU can use with K = {K}: S must "
+            f"be at most {bound} = max(T, R), with T = {tiles} the {width}-wide k-tiles of the {splitk.scheme} "
+            f"scheme (one per split) and R = {recorded} the largest numSplitsK cuBLASLt was recorded using "
+            f"({where}); pass a smaller S (splits beyond T own no k-tile and only add +0)")
+
+
+def _recorded_max_splits(profile: Profile) -> Tuple[int, str]:
+    """(R, where it was recorded) of :func:`check_split_count`."""
+    if profile.splitk_table is not None:
+        return _table(profile.splitk_table).max_recorded_splits, f"{profile.gpu_name}, profile {profile.name}"
+    table_ids = sorted({p.splitk_table for p in map(get_profile, list_profiles()) if p.splitk_table})
+    recorded = max(_table(t).max_recorded_splits for t in table_ids)
+    return recorded, f"the largest in any shipped table; profile {profile.name} has none"
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -96,6 +96,11 @@ class SplitTable:
         self.verified = frozenset(
             (bool(c["fast"]), int(c["S"]), c["scheme"], c["out"], c["fmt_pair"])
             for c in verified_combos["combos"] if c["verified"])
+        # The largest numSplitsK seen on this GPU: in the heuristic's rows (``settings[*].S_values``) and in the
+        # live split calls that were replayed (the verified-combos file).
+        self.max_recorded_splits: int = max(
+            [1] + [int(S) for entry in meta["settings"] for S in entry["S_values"]]
+            + [int(c["S"]) for c in verified_combos["combos"]])
         self._ws_index = {ws: i for i, ws in enumerate(self.ws_values)}
         self._offsets: List[int] = [int(x) for x in index["setting_offsets"]]
         self._keys = np.cumsum(index["shape_key_delta"], dtype=np.int64)
