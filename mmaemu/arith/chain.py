@@ -25,8 +25,10 @@ def chain_early(sa, ea, sb, eb, k0, k1, c_sig, c_exp, c_lead, params):
     """Early-accumulator chain (hopper, ada) over k in [k0, k1); returns the exact state (sig, exp, lead).
 
     Blocks past the end of the operands (k >= K) are zero padding: they still run, so a chain over a padded
-    tile applies the block step to the accumulator alone - the identity when frac >= frac_out (every shipped
-    preset), a re-truncation of c for a custom preset with frac < frac_out.
+    tile applies the block step to the accumulator alone. That truncates c like any block (b.1 steps 2-6): the
+    identity for a GEMM accumulator when frac >= frac_out (every shipped preset), a re-truncation of c for a
+    custom preset with frac < frac_out, and, for the arbitrary c of ``model.dot``, a cut of c's extra bits and of
+    anything below the result grid 2**(-126 - frac_out).
     """
     nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
     for kb in range(k0, k1, nfma):

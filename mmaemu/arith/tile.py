@@ -322,7 +322,7 @@ def tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, m0, rows, K, first, stride
     """:func:`~.chain.chain_over_tiles` for the tile: ``result[r, j]`` = fp32 value of one chain from +0.
 
     As in the reference, padded tiles are walked at full width: blocks past K hold no product but still run
-    their block step on the accumulator (the identity unless frac < frac_out).
+    their block step on the accumulator (for these GEMM accumulators the identity unless frac < frac_out).
     """
     nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
     c_sig, c_lead, e_max, scale, total = work

@@ -13,6 +13,8 @@ from .. import formats
 from ..arith.block import NO_LEAD
 from ..arith.params import preset_params
 from ..cpu.dot import dot_chains
+from ..plan.flush import check_no_flush_to_zero
+from ..tensor_kinds import require_data, require_dense
 from .presets import get_preset
 
 CANONICAL_NAN_F32 = np.uint32(0x7FFFFFFF)
@@ -24,18 +26,22 @@ def dot(a, b, c=None, *, preset="ada", fmt=None):
     ``a``/``b``: float8 tensors (format from the dtype) or float64 tensors holding FP8 values with
     ``fmt = "e4m3" | "e5m2" | (fmt_a, fmt_b)``. ``c``: None (+0) or an fp32 (or float64 holding fp32 values)
     tensor of shape [...]. Any format pair is accepted (E5M2 x E5M2 included). NaN/Inf inputs or c propagate
-    as IEEE arithmetic does (b.4); any NaN result is the canonical 0x7FFFFFFF.
+    as IEEE arithmetic does (b.4); any NaN result is the canonical 0x7FFFFFFF. Refused like scaled_mm and
+    accumulate: meta, sparse or nested tensors (TypeError) and, when something is computed, a CPU thread that
+    flushes subnormals to zero (MmaemuError: the results would silently differ). 0-D inputs have no K axis
+    (ValueError).
     """
     import torch
 
     preset = get_preset(preset)
+    _check_tensors(a, b, c)
     fmt_a, fmt_b = _formats(a, b, fmt)
     a_codes = _codes(a, fmt_a, "a")
     b_codes = _codes(b, fmt_b, "b")
     if a_codes.shape != b_codes.shape:
         raise ValueError(f"dot: a and b must have identical shapes (no broadcasting), got {a_codes.shape} and "
                          f"{b_codes.shape}")
-    lead_shape, K = a_codes.shape[:-1], a_codes.shape[-1] if a_codes.ndim else 0
+    lead_shape, K = a_codes.shape[:-1], a_codes.shape[-1]
     c32 = _accumulator(c, lead_shape)
     rows = int(np.prod(lead_shape))
     a2 = a_codes.reshape(rows, K)
@@ -44,9 +50,24 @@ def dot(a, b, c=None, *, preset="ada", fmt=None):
         out = c32.reshape(-1).copy()
         out.view(np.uint32)[np.isnan(out)] = CANONICAL_NAN_F32
         return torch.from_numpy(out.reshape(lead_shape))
+    check_no_flush_to_zero()
     out = _finite_chains(a2, b2, c32.reshape(-1), fmt_a, fmt_b, preset)
     _propagate_specials(out, a2, b2, c32.reshape(-1), fmt_a, fmt_b)
     return torch.from_numpy(out.reshape(lead_shape))
+
+
+def _check_tensors(a, b, c):
+    """Tensors with data and one dense layout, a and b with a K axis (f.9); other types are refused later."""
+    import torch
+
+    for name, x in (("a", a), ("b", b), ("c", c)):
+        if isinstance(x, torch.Tensor):
+            require_dense("dot", name, x)
+            require_data("dot", name, x)
+    for name, x in (("a", a), ("b", b)):
+        if isinstance(x, torch.Tensor) and x.dim() == 0:
+            raise ValueError(f"dot: {name} must have at least one dimension [..., K] (the last one is K), got a 0-D "
+                             f"tensor; pass x.reshape(1) for a chain of one element")
 
 
 def _formats(a, b, fmt):
