@@ -120,8 +120,8 @@ def _decide(plan: Plan, M, N, K, fmt_a, fmt_b, out_dtype, fast, splitk, layout_s
 
 
 def _choose_backend(plan: Plan, device, backend, fmt_a, fmt_b):
-    """f.7.4 and f.7.5: the engine, then the refusal of a CPU thread that flushes subnormals (semantics.md (e)),
-    checked here so that explain reports it and a refused call computes nothing."""
+    """f.7.4: the engine; then f.7.5, the refusal of a CPU thread that flushes subnormals (semantics.md (e)),
+    made while planning so that explain reports it and a refused call computes nothing."""
     selection = backends.select(device, backend, fmt_a, fmt_b, plan.preset)
     plan.backend, plan.fallbacks = selection.name, list(selection.fallbacks)
     if getattr(device, "type", str(device)) == "cpu":
