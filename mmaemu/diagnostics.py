@@ -168,19 +168,21 @@ def _default_backend(problems: Dict[str, str], device: dict, backend_states: Lis
 
 
 def _default_cuda_engine(device: dict, backend_states: List[dict]) -> str:
-    if not device.get("available"):
-        return f"none here ({device.get('reason')})"
+    """What "auto" picks for CUDA tensors: the kernels are tried by priority, each after its self-test."""
     from . import backends
 
+    if backends.cuda_disabled():
+        return "the CPU engine, the result copied back (CUDA disabled by MMAEMU_DISABLE_CUDA)"
+    if not device.get("available"):
+        return f"none here ({device.get('reason')})"
     states = {b.get("name"): b for b in backend_states}
     kernels = [k.backend for k in backends.gemm_kernels() if states.get(k.backend, {}).get("available")]
-    passed = [name for name in kernels if states[name].get("validated_here")]
-    if passed:
-        return f"{passed[0]} (passed its self-test on this device)"
-    if kernels:
-        return (f"the first of {', '.join(kernels)} that passes its self-test at the first call, else the CPU "
-                f"engine (no verdict cached yet: mmaemu selftest runs them)")
-    return "the CPU engine, the result copied back (no CUDA kernel can run here: see Backends)"
+    if not kernels:
+        return "the CPU engine, the result copied back (no CUDA kernel can run here: see Backends)"
+    if states[kernels[0]].get("validated_here"):
+        return f"{kernels[0]} (passed its self-test on this device)"
+    return (f"the first of {', '.join(kernels)} that passes its self-test at the first call, else the CPU engine "
+            f"(no verdict cached for {kernels[0]} yet: mmaemu selftest runs the self-tests)")
 
 
 def _defaults(report: dict) -> dict:
