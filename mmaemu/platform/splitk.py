@@ -2,7 +2,7 @@
 
 ``resolve_splitk`` applies the steps of platform.md 3.1-3.10 in order; the first step that decides wins:
 
-1. explicit ``splitk`` (3.1);  2. workspace 0 never splits (3.2);  3. no table → error, zero size → S = 1 (3.3);
+1. explicit ``splitk`` (3.1; S bounded by :func:`check_split_count`);  2. workspace 0 never splits (3.2);  3. no table → error, zero size → S = 1 (3.3);
 4. the recorded table row (3.4);  5. the live cuBLASLt query on the reference GPU itself (3.5);
 6. the envelope inference of S = 1 for large outputs, unless strict (3.9);  7. SplitKUnknownError (3.10).
 
@@ -52,7 +52,6 @@ PRESET_SCHEMES = {"hopper": ("contiguous",), "ada": ("serial", "pairwise")}
 # platform.md 3.9 (RTX 4060): S = 1 only above 2x the largest recorded split M*N (peer choice; the RTX 4060 was
 # seen splitting up to 1.27x the largest recorded split M*N).
 ENVELOPE_MARGIN = 2
-CONTIGUOUS_K_TILE = CONTIGUOUS_TILE  # semantics.md d.1
 # The k-tile width of each split scheme (semantics.md d.1, d.2): the unit a split owns.
 SCHEME_K_TILE = {"contiguous": CONTIGUOUS_TILE, "serial": INTERLEAVED_TILE, "pairwise": INTERLEAVED_TILE}
 EXPLICIT_NOTE = "given by the caller"
@@ -366,9 +365,9 @@ def layout_caveats(S: int, scheme: str, K: int, ragged_k_verified: bool) -> List
     if scheme != "contiguous" or S <= 1:
         return []
     caveats = []
-    tiles = -(-K // CONTIGUOUS_K_TILE)
-    if K % CONTIGUOUS_K_TILE and not ragged_k_verified:
-        caveats.append(f"K = {K} is not a multiple of {CONTIGUOUS_K_TILE} (ragged last k-tile; never recorded)")
+    tiles = -(-K // CONTIGUOUS_TILE)
+    if K % CONTIGUOUS_TILE and not ragged_k_verified:
+        caveats.append(f"K = {K} is not a multiple of {CONTIGUOUS_TILE} (ragged last k-tile; never recorded)")
     if (S - 1) * -(-tiles // S) >= tiles:
         caveats.append(f"S = {S} leaves a split without k-tiles (K = {K}, {tiles} k-tiles; never recorded)")
     return caveats
