@@ -2,8 +2,9 @@
 
 ``resolve_splitk`` applies the steps of platform.md 3.1-3.10 in order; the first step that decides wins:
 
-1. explicit ``splitk`` (3.1; S bounded by :func:`check_split_count`);  2. workspace 0 never splits (3.2);  3. no table → error, zero size → S = 1 (3.3);
-4. the recorded table row (3.4);  5. the live cuBLASLt query on the reference GPU itself (3.5);
+1. explicit ``splitk`` (3.1; S bounded by :func:`check_split_count`);  2. workspace 0 never splits (3.2);
+3. no table → error, zero size → S = 1 (3.3);  4. the recorded table row (3.4);
+5. the live cuBLASLt query on the reference GPU itself (3.5);
 6. the envelope inference of S = 1 for large outputs, unless strict (3.9);  7. SplitKUnknownError (3.10).
 
 Evidence: the tables and their json (``codes["custom -> scheme"]``, ``settings``, ``envelope``,
