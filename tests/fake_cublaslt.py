@@ -37,6 +37,9 @@ class FakeLt:
     MatmulAlgoConfigAttribute = enum.IntEnum("MatmulAlgoConfigAttribute", {
         "ID": 500, "TILE_ID": 501, "SPLITK_NUM": 502, "REDUCTION_SCHEME": 503, "CTA_SWIZZLING": 504,
         "CUSTOM_OPTION": 505, "STAGES_ID": 506})
+    MatmulTile = enum.IntEnum("MatmulTile", {"TILE_UNDEFINED": 0, "TILE_64x64": 20, "TILE_128x128": 209})
+    MatmulStages = enum.IntEnum("MatmulStages", {"STAGES_UNDEFINED": 0, "STAGES_128xAUTO": 36})
+    ReductionScheme = enum.IntEnum("ReductionScheme", {"NONE": 0, "INPLACE": 1, "COMPUTE_TYPE": 2})
     matmul_heuristic_result_dtype = np.dtype([("algo", [("data_", "<u8", (8,))]), ("workspace_size", "<u8"),
                                               ("state", "<i4"), ("waves_count", "<f4"), ("reserved", "<i4", (4,))])
     _DESC_TYPES = {"TRANSA": np.int32, "TRANSB": np.int32, "A_SCALE_POINTER": np.int64,

@@ -188,7 +188,12 @@ class HeuristicSession:
         self._algo_pointer = self._results.ptr + lt.matmul_heuristic_result_dtype.fields["algo"][1]
         self._returned = np.zeros(1, np.int32)
         self._written = np.zeros(1, np.uint64)
-        self._config = [(field, getattr(lt.MatmulAlgoConfigAttribute, name)) for field, name in _CONFIG_FIELDS]
+        self._written_address = self._written.ctypes.data
+        self._config = []  # (answer field, attribute, its buffer of the vendor's type, the buffer's address)
+        for field, name in _CONFIG_FIELDS:
+            attr = getattr(lt.MatmulAlgoConfigAttribute, name)
+            buf = np.zeros(1, dtype=lt.get_matmul_algo_config_attribute_dtype(attr))
+            self._config.append((field, attr, buf, buf.ctypes.data))
         check_single_cublaslt()
 
     def __enter__(self):
@@ -211,7 +216,8 @@ class HeuristicSession:
             return _status_of(exc), None
         if self._returned[0] < 1:
             return 0, None
-        return 0, HeuristicAnswer(**{field: self._config_value(attr) for field, attr in self._config})
+        return 0, HeuristicAnswer(**{field: self._config_value(attr, buf, address)
+                                     for field, attr, buf, address in self._config})
 
     def forget_layouts(self) -> None:
         """Destroy the cached matrix layouts (the recorder calls this after each shape)."""
@@ -271,11 +277,9 @@ class HeuristicSession:
                 getattr(self.api.data_type, layout.dtype), layout.rows, layout.cols, layout.ld)
         return self._layouts[layout]
 
-    def _config_value(self, attr) -> int:
-        lt = self.api.lt
-        buf = np.zeros(1, dtype=lt.get_matmul_algo_config_attribute_dtype(attr))
-        lt.matmul_algo_config_get_attribute(self._algo_pointer, attr, buf.ctypes.data, buf.itemsize,
-                                            self._written.ctypes.data)
+    def _config_value(self, attr, buf: np.ndarray, address: int) -> int:
+        self.api.lt.matmul_algo_config_get_attribute(self._algo_pointer, attr, address, buf.itemsize,
+                                                     self._written_address)
         return int(buf[0])
 
 
