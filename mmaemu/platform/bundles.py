@@ -179,7 +179,7 @@ def _table(meta: dict, blobs: Dict[str, bytes], manifest: dict, folder: Path):
         index = build_index(meta, columns, meta["npz_sha256"])
         return SplitTable(meta, index, combos)
     except (TableFormatError, SplitTableError, KeyError, TypeError, AttributeError) as exc:
-        raise BundleError(f"{where} refused: {table_id}: {exc}") from exc
+        raise BundleError(f"{where} refused: {exc}") from exc
 
 
 def _columns(blob: bytes, where: str, table_id: str) -> Dict[str, np.ndarray]:
