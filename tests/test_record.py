@@ -218,6 +218,11 @@ def test_profile_path(recorded, tmp_path, monkeypatch):
     assert get_profile(NAME).splitk_table == TABLE
     with pytest.raises(KeyError, match="refused bundle"):
         get_profile("no-such-profile")
+    from mmaemu import diagnostics
+
+    table = next(t for t in diagnostics._splitk_tables() if t["table_id"] == TABLE)
+    assert table["profiles"] == [NAME, f"{NAME}-te", f"{NAME}-ws0"] and table["index_rows"] == table["rows"]
+    assert any("zz-damaged" in u["component"] for u in diagnostics._refused_bundles())
     bundles.forget_loaded_bundles()
     monkeypatch.setenv("MMAEMU_PROFILE_PATH", str(good))  # a bundle folder itself
     assert quiet_decide(NAME, 48, 64, 8192).S == 3
