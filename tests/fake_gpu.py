@@ -76,7 +76,7 @@ def probe(**kwargs):
              for c in probe_calls()]
     text = "\n".join(["[2026-12-01 10:00:00][cublasLt][4242][Info][cublasLtCreate] ok"]
                      + [trace_line(c, **kwargs) for c in calls if c.error is None])
-    return calls, parse_matmul_trace(text)
+    return calls, parse_matmul_trace(text), text
 
 
 def emulating_gpu(corrupt=None):

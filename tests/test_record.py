@@ -281,7 +281,7 @@ def test_a_differing_replay_is_a_finding(tmp_path):
 
 
 def test_the_descriptor_check_reads_torch_s_calls():
-    calls, traced = probe()
+    calls, traced, _ = probe()
     session_answers = {}
 
     def answer_of(q):
@@ -310,7 +310,7 @@ def test_the_descriptor_check_reads_torch_s_calls():
     for kwargs, message in (({"extra": " epilogue=EPILOGUE_BIAS"}, "epilogue=EPILOGUE_BIAS"),
                             ({"custom_delta": 1}, "torch ran customOption"),
                             ({"ws": 32 * MiB}, None)):
-        calls2, traced2 = probe(**kwargs)
+        calls2, traced2, _ = probe(**kwargs)
         check = check_descriptor(calls2, traced2, query_of, answer_of, lambda f, v: names.get((f, v)))
         if message:
             assert any(message in p for p in check.problems), check.problems[:3]
@@ -423,3 +423,8 @@ def test_cli_record_without_a_gpu(tmp_path):
     assert result.exit_code == 4 and "needs a CUDA GPU" in result.output
     result = CliRunner().invoke(cli, ["record", "--sweep", "M=1"])
     assert result.exit_code in (2, 4)
+
+
+def test_bundles_shipped_in_the_package_are_loaded(recorded, monkeypatch):
+    monkeypatch.setattr(bundles, "packaged_bundle_folders", lambda: [recorded.path])
+    assert list_profiles()[-3:] == list(recorded.profiles) and get_profile(NAME).maturity == "validated"

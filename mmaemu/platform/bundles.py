@@ -46,7 +46,7 @@ from .profiles import (FORMATS, OUT_DTYPES, Profile, RejectRule, builtin_profile
 from .table_format import COLUMN_DTYPES, TABLE_FORMAT, TableFormatError, build_index, check_columns
 
 __all__ = ["BundleError", "Bundle", "load_profile", "read_bundle", "write_bundle", "load_profile_path",
-           "refused_bundles", "loaded_bundles", "forget_loaded_bundles", "BUNDLE_FORMAT", "MANIFEST", "COMBOS_FORMAT", "REPLAYS_FORMAT",
+           "refused_bundles", "loaded_bundles", "forget_loaded_bundles", "packaged_bundle_folders", "BUNDLE_FORMAT", "MANIFEST", "COMBOS_FORMAT", "REPLAYS_FORMAT",
            "PATH_ENV", "replay_maturity"]
 
 BUNDLE_FORMAT = "mmaemu-profile-bundle/1"
@@ -320,8 +320,9 @@ def _register(bundle: Bundle) -> Bundle:
 
 
 def load_profile_path() -> None:
-    """Load the bundles on ``$MMAEMU_PROFILE_PATH`` (read at call time; each entry a bundle folder or a folder of
-    bundle folders). A bundle that is refused is skipped with a RuntimeWarning, once per path and reason."""
+    """Load the recorded bundles shipped in the package (``mmaemu/platform/data/recorded/<name>/``), then those on
+    ``$MMAEMU_PROFILE_PATH`` (read at call time; each entry a bundle folder or a folder of bundle folders). A
+    bundle that is refused is skipped with a RuntimeWarning, once per path and reason."""
     global _path_seen
     value = os.environ.get(PATH_ENV, "")
     if value == _path_seen:
@@ -330,7 +331,7 @@ def load_profile_path() -> None:
         if value == _path_seen:
             return
         _path_seen = value
-        for folder in _bundle_folders(value):
+        for folder in packaged_bundle_folders() + _bundle_folders(value):
             try:
                 bundle = read_bundle(folder)
                 _register(bundle)
@@ -339,6 +340,12 @@ def load_profile_path() -> None:
                 if _refused.get(key) != str(exc):
                     _refused[key] = str(exc)
                     warnings.warn(f"mmaemu: {exc} (found on {PATH_ENV})", RuntimeWarning, stacklevel=4)
+
+
+def packaged_bundle_folders() -> List[Path]:
+    """The bundles recorded by the project and shipped as package data (folders with a profile.json)."""
+    root = Path(__file__).resolve().parent / "data" / "recorded"
+    return sorted(p for p in root.iterdir() if (p / MANIFEST).is_file()) if root.is_dir() else []
 
 
 def _bundle_folders(value: str) -> List[Path]:

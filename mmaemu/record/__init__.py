@@ -92,7 +92,8 @@ def record(out_dir, *, name: Optional[str] = None, shapes=None, sweep: Optional[
             f"cuBLASLt {platform['cublaslt']}, torch {platform['torch']}, preset {preset}")
 
     with HeuristicSession(machine.api, machine.scale_pointer) as session:
-        descriptor, combos, torch_rejects, ws_torch = _probe(machine, session, torch_workspace, log)
+        descriptor, combos, torch_rejects, ws_torch = _probe(machine, session, torch_workspace, log,
+                                                             out_dir / f"{name}.probe.log")
         te_ws, te_source = machine.te_workspace
         workspaces = sorted({0, ws_torch, te_ws})
         plan = Plan(platform=_plan_platform(platform), descriptor={"workspace": ws_torch, "preset": preset},
@@ -165,9 +166,12 @@ def _grid_source(shapes, sweep) -> str:
     return "shapes array" if shapes is not None else "the shipped tables' shapes (H100 PCIe and RTX 4060)"
 
 
-def _probe(machine: Machine, session: HeuristicSession, asserted_workspace, log):
-    """(descriptor report, accepted (fa, fb, out), torch's refusals, torch's workspace)."""
-    calls, traced = machine.probe()
+def _probe(machine: Machine, session: HeuristicSession, asserted_workspace, log, log_path: Path):
+    """(descriptor report, accepted (fa, fb, out), torch's refusals, torch's workspace). The probe's calls and
+    cuBLASLt log are kept in ``log_path`` (evidence, and material to mend the parser if cuBLASLt's format moves)."""
+    calls, traced, text = machine.probe()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("".join(f"# {c}\n" for c in calls) + text, encoding="utf-8")
     api = machine.api
 
     def enum_names(field, value):
@@ -190,8 +194,9 @@ def _probe(machine: Machine, session: HeuristicSession, asserted_workspace, log)
         if asserted_workspace is None:
             raise RecordError("the descriptor probe does not confirm that the recorder asks cuBLASLt what torch asks:\n  "
                               + "\n  ".join(check.problems[:12])
-                              + "\nIf the log format is the only problem, pass --torch-workspace BYTES to assert "
-                                "torch's workspace (recorded as asserted).")
+                              + f"\nThe probe's calls and cuBLASLt log are in {log_path}. If the log format is the "
+                                "only problem, pass --torch-workspace BYTES to assert torch's workspace (recorded as "
+                                "asserted; the replays then test the recorded decisions).")
         log.log(f"descriptor probe: {len(check.problems)} problems; torch workspace asserted: {asserted_workspace}")
         report["asserted_workspace"] = asserted_workspace
     if not accepted:

@@ -30,13 +30,13 @@ class RecordError(RuntimeError):
 @dataclasses.dataclass
 class Machine:
     """``platform``: gpu, sm_count, capability [major, minor], driver, cublaslt, torch (provenance and profile);
-    ``probe()`` -> (ProbeCalls, TracedMatmuls); ``gpu_gemm``: see :func:`mmaemu.record.replay.run_replays`;
+    ``probe()`` -> (ProbeCalls, TracedMatmuls, the cuBLASLt log text); ``gpu_gemm``: see :func:`mmaemu.record.replay.run_replays`;
     ``te_workspace``: (bytes, where the value comes from)."""
 
     platform: dict
     api: LtApi
     scale_pointer: int
-    probe: Callable[[], Tuple[list, list]]
+    probe: Callable[[], Tuple[list, list, str]]
     gpu_gemm: Optional[Callable]
     te_workspace: Tuple[int, str]
     device: str = "cuda"
@@ -89,7 +89,7 @@ def cuda_machine(device=None) -> Machine:
                 "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
                 "cublaslt_path": (cublaslt.mapped_cublaslt_paths() or [None])[0], "bindings": api.source}
     return Machine(platform, api, cublaslt.device_scale_pointer(),
-                   lambda: probe.run_probe(dev.index)[:2], replay.torch_gemm(dev), te_workspace(capability),
+                   lambda: probe.run_probe(dev.index), replay.torch_gemm(dev), te_workspace(capability),
                    str(dev))
 
 
