@@ -5,7 +5,11 @@
 #
 # What it does, in order (everything it writes goes under $OUT, default ./record-out):
 #   1. installs NVIDIA's cuBLASLt bindings (nvmath-python) from ./.record-wheels when they are not importable
-#      (a machine without network: fill .record-wheels beforehand, see docs/recording.md);
+#      (for a machine without network, fill that git-ignored folder beforehand on a machine with one, for the
+#      target's Python version X.Y, e.g.
+#        pip download --only-binary=:all: --python-version X.Y --platform manylinux_2_28_x86_64 \
+#            -d .record-wheels nvmath-python==1.0.0
+#      which brings cuda-bindings, cuda-core and cuda-pathfinder along, about 20 MB; drop the numpy wheel);
 #   2. `mmaemu info` (info.txt, info.json): the device, drivers, torch and cuBLASLt versions;
 #   3. `mmaemu record --budget BUDGET` into a work folder: descriptor probe, sweep, replays, bundle (record.log);
 #      if the descriptor probe refuses only because it cannot confirm the descriptor from cuBLASLt's log, and
