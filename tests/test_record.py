@@ -15,7 +15,7 @@ import torch
 import mmaemu
 from mmaemu.errors import ExperimentalPresetWarning, SplitKUnknownError, UnverifiedSplitWarning
 from mmaemu.platform import bundles
-from mmaemu.platform.bundles import BundleError, read_bundle
+from mmaemu.platform.bundles import BundleError
 from mmaemu.platform.profiles import get_profile, list_profiles
 from mmaemu.platform.splitk import reset_split_warnings, resolve_splitk
 from mmaemu.record import RecordError, record
@@ -316,6 +316,12 @@ def test_the_descriptor_check_reads_torch_s_calls():
             assert any(message in p for p in check.problems), check.problems[:3]
         else:
             assert check.workspace_bytes == 32 * MiB
+    # a log that also shows the attribute at 0 on the slow calls
+    calls3, traced3, _ = probe()
+    for c, t in zip([c for c in calls3 if c.error is None], traced3):
+        t.descriptor.setdefault("fastAccumulationMode", "0")
+    check = check_descriptor(calls3, traced3, query_of, answer_of, lambda f, v: names.get((f, v)))
+    assert check.problems == [] and check.fast_attribute == "fastAccumulationMode"
     check = check_descriptor(calls, traced[:-1], query_of, answer_of, lambda f, v: None)
     assert "trace lines" in check.problems[0]
 

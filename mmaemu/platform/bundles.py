@@ -46,8 +46,8 @@ from .profiles import (FORMATS, OUT_DTYPES, Profile, RejectRule, builtin_profile
 from .table_format import COLUMN_DTYPES, TABLE_FORMAT, TableFormatError, build_index, check_columns
 
 __all__ = ["BundleError", "Bundle", "load_profile", "read_bundle", "write_bundle", "load_profile_path",
-           "refused_bundles", "loaded_bundles", "forget_loaded_bundles", "packaged_bundle_folders", "BUNDLE_FORMAT", "MANIFEST", "COMBOS_FORMAT", "REPLAYS_FORMAT",
-           "PATH_ENV", "replay_maturity"]
+           "refused_bundles", "loaded_bundles", "forget_loaded_bundles", "packaged_bundle_folders", "json_bytes",
+           "replay_maturity", "BUNDLE_FORMAT", "MANIFEST", "COMBOS_FORMAT", "REPLAYS_FORMAT", "PATH_ENV"]
 
 BUNDLE_FORMAT = "mmaemu-profile-bundle/1"
 COMBOS_FORMAT = "mmaemu-verified-split-combos/1"

@@ -163,8 +163,9 @@ def _check_consistency(meta: dict, index: Dict[str, np.ndarray], verified_combos
         problems.append("index built from an npz whose sha256 differs from the json's npz_sha256")
     if int(index["rows"]) != meta["rows"] or len(index["shape_key_delta"]) != meta["rows"]:
         problems.append(f"index has {int(index['rows'])} rows, the json {meta['rows']}")
-    ws_codes = list(meta["codes"]["ws"])
-    if len(index["setting_offsets"]) != N_SETTING_CODES + 1 or not 0 < len(set(ws_codes)) == len(ws_codes) <= N_WS_CODES:
+    ws_codes = list(meta["codes"]["ws"])  # at most four distinct workspace sizes (recorded bundles: any four)
+    ws_ok = 0 < len(set(ws_codes)) == len(ws_codes) <= N_WS_CODES
+    if len(index["setting_offsets"]) != N_SETTING_CODES + 1 or not ws_ok:
         problems.append("setting codes differ from the index format's")
     if verified_combos.get("table_id") != meta["table_id"]:
         problems.append(f"verified-combos file belongs to {verified_combos.get('table_id')!r}")

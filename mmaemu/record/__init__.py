@@ -77,9 +77,10 @@ def record(out_dir, *, name: Optional[str] = None, shapes=None, sweep: Optional[
     machine = machine or cuda_machine(device)
     platform = machine.platform
     preset = preset or default_preset(platform["capability"])
+    sm = "sm_" + "".join(map(str, platform["capability"]))
     if preset is None:
-        raise RecordError(f"no preset is known to compute the tensor cores of sm_{''.join(map(str, platform['capability']))} "
-                          f"({platform['gpu']}): pass --preset NAME")
+        raise RecordError(f"no preset is known to compute the tensor cores of {sm} ({platform['gpu']}): pass "
+                          "--preset NAME")
     schemes = _preset_schemes(preset)
     name = name or profile_name(platform["gpu"], platform["cublaslt"])
     table_id = "heur_" + name.replace("-lt", "_lt", 1).replace("-", "")
@@ -88,7 +89,7 @@ def record(out_dir, *, name: Optional[str] = None, shapes=None, sweep: Optional[
     if bundle_path.exists() and not overwrite and not partial.exists():
         raise RecordError(f"{bundle_path} exists: pass --overwrite to record it again")
     log = Progress(1, "", "", quiet=quiet)
-    log.log(f"mmaemu record: {platform['gpu']} ({platform['sm_count']} SMs, sm_{''.join(map(str, platform['capability']))}), "
+    log.log(f"mmaemu record: {platform['gpu']} ({platform['sm_count']} SMs, {sm}), "
             f"cuBLASLt {platform['cublaslt']}, torch {platform['torch']}, preset {preset}")
 
     with HeuristicSession(machine.api, machine.scale_pointer) as session:
@@ -192,8 +193,8 @@ def _probe(machine: Machine, session: HeuristicSession, asserted_workspace, log,
     report = check.as_json()
     if check.problems:
         if asserted_workspace is None:
-            raise RecordError("the descriptor probe does not confirm that the recorder asks cuBLASLt what torch asks:\n  "
-                              + "\n  ".join(check.problems[:12])
+            raise RecordError("the descriptor probe does not confirm that the recorder asks cuBLASLt what torch "
+                              "asks:\n  " + "\n  ".join(check.problems[:12])
                               + f"\nThe probe's calls and cuBLASLt log are in {log_path}. If the log format is the "
                                 "only problem, pass --torch-workspace BYTES to assert torch's workspace (recorded as "
                                 "asserted; the replays then test the recorded decisions).")

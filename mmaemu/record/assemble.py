@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .._version import __version__
-from ..platform.bundles import COMBOS_FORMAT, REPLAYS_FORMAT, BUNDLE_FORMAT, json_bytes, replay_maturity
+from ..platform.bundles import BUNDLE_FORMAT, COMBOS_FORMAT, REPLAYS_FORMAT, json_bytes, replay_maturity
 from ..platform.profiles import FORMATS, OUT_DTYPES
 from ..platform.table_format import COLUMN_DTYPES, TABLE_FORMAT, npz_bytes
 from .envelope import fit_envelope, settings_summary

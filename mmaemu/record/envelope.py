@@ -50,7 +50,8 @@ def settings_summary(cols: dict, workspaces: List[int]) -> List[dict]:
     for (ws, o, fast, fa, fb), mask in _setting_masks(cols, workspaces):
         split = mask & (cols["splitK"] > 1)
         out.append({"ws": int(ws), "out": o, "fast": fast, "fmt_a": fa, "fmt_b": fb, "rows": int(mask.sum()),
-                    "split_rows": int(split.sum()), "S_values": sorted(int(s) for s in np.unique(cols["splitK"][split])),
+                    "split_rows": int(split.sum()),
+                    "S_values": sorted(int(s) for s in np.unique(cols["splitK"][split])),
                     "max_split_MN": int(MN[split].max()) if split.any() else None,
                     "min_split_K": int(cols["K"][split].min()) if split.any() else None})
     return out

@@ -30,7 +30,8 @@ class RecordError(RuntimeError):
 @dataclasses.dataclass
 class Machine:
     """``platform``: gpu, sm_count, capability [major, minor], driver, cublaslt, torch (provenance and profile);
-    ``probe()`` -> (ProbeCalls, TracedMatmuls, the cuBLASLt log text); ``gpu_gemm``: see :func:`mmaemu.record.replay.run_replays`;
+    ``probe()`` -> (ProbeCalls, TracedMatmuls, the cuBLASLt log text); ``gpu_gemm``: see
+    :func:`mmaemu.record.replay.run_replays`;
     ``te_workspace``: (bytes, where the value comes from)."""
 
     platform: dict

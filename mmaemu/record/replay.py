@@ -88,7 +88,6 @@ def replay_cases(cols: dict, workspaces: List[int], ws: int, max_macs: int) -> L
     at_ws = cols["ws"] == workspaces.index(ws)
     macs = cols["M"].astype(np.int64) * cols["N"] * cols["K"]
     eligible = at_ws & (macs <= max_macs)
-    split = cols["splitK"] > 1
     chosen: Dict[tuple, int] = {}
     for r in np.flatnonzero(eligible)[np.argsort(macs[eligible], kind="stable")]:
         S = int(cols["splitK"][r])
@@ -99,7 +98,7 @@ def replay_cases(cols: dict, workspaces: List[int], ws: int, max_macs: int) -> L
     for n, (key, r) in enumerate(sorted(chosen.items(), key=lambda item: (macs[item[1]], item[0]))):
         S, custom, out, fast, fa, fb = key
         for data in DATA_KINDS:
-            cases.append(ReplayCase(S, custom if split[r] else 0, OUT_DTYPES[out], bool(fast), FORMATS[fa],
+            cases.append(ReplayCase(S, custom, OUT_DTYPES[out], bool(fast), FORMATS[fa],
                                     FORMATS[fb], int(cols["M"][r]), int(cols["N"][r]), int(cols["K"][r]), ws, data,
                                     1000 + 2 * n + DATA_KINDS.index(data)))
     return cases

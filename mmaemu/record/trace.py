@@ -134,16 +134,20 @@ def _label(call: ProbeCall) -> str:
 
 
 def _fast_attribute(ran, traced, problems) -> Optional[str]:
-    """The one descriptor attribute set exactly on the fast calls (with the same value on all of them)."""
-    extra = [set(t.descriptor) - set(BASE_DESCRIPTOR) - set(_DEFAULT_VALUED) for t in traced]
-    fast = [e for c, e in zip(ran, extra) if c.fast]
-    slow = [e for c, e in zip(ran, extra) if not c.fast]
-    candidates = set.intersection(*fast) - set.union(set(), *slow) if fast else set()
+    """The one descriptor attribute that tells the fast calls from the slow ones: the same value on every fast
+    call, and absent or one other value on every slow call."""
+    candidates = []
+    keys = set().union(*(t.descriptor for t in traced)) - set(BASE_DESCRIPTOR) - set(_DEFAULT_VALUED)
+    for key in sorted(keys):
+        fast = {t.descriptor.get(key) for c, t in zip(ran, traced) if c.fast}
+        slow = {t.descriptor.get(key) for c, t in zip(ran, traced) if not c.fast}
+        if len(fast) == 1 and None not in fast and len(slow) <= 1 and not fast & slow:
+            candidates.append(key)
     if len(candidates) != 1:
         problems.append(f"no single descriptor attribute marks the use_fast_accum=True calls (candidates: "
-                        f"{sorted(candidates)})")
+                        f"{candidates})")
         return None
-    return candidates.pop()
+    return candidates[0]
 
 
 def _layout_problems(call, trace: TracedMatmul, query) -> List[str]:
