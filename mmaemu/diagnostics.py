@@ -376,8 +376,28 @@ def _splitk_tables() -> List[dict]:
     ``rows`` member (the big arrays are not loaded)."""
     from importlib import resources
 
+    from .platform.bundles import loaded_bundles
+
     data = resources.files("mmaemu.platform").joinpath("data")
-    return [_splitk_table(data, table_id, profiles) for table_id, profiles in _table_users().items()]
+    recorded = {b.table.table_id: b for b in loaded_bundles()}
+    return [_recorded_table(recorded[table_id], profiles) if table_id in recorded
+            else _splitk_table(data, table_id, profiles) for table_id, profiles in _table_users().items()]
+
+
+def _refused_bundles() -> List[dict]:
+    from .platform.bundles import refused_bundles
+
+    return [{"component": f"profile bundle {path}", "reason": reason} for path, reason in refused_bundles().items()]
+
+
+def _recorded_table(bundle, profiles: List[str]) -> dict:
+    """A recorded bundle's table (``mmaemu record``): indexed in memory when loaded, files in its folder."""
+    meta = bundle.table.meta
+    return {"table_id": bundle.table.table_id, "profiles": profiles, "rows": meta.get("rows"),
+            "split_rows": meta.get("split_rows"), "index_rows": len(bundle.table),
+            "index_format": f"in memory (recorded bundle {bundle.path})",
+            "verified_combos": len(bundle.table.verified),
+            "files": [_describe_file(bundle.path, name) for name in sorted(bundle.manifest["files"])]}
 
 
 def _table_users() -> Dict[str, List[str]]:
@@ -475,6 +495,7 @@ def build_info(device: Optional[int] = None) -> dict:
     report["backends"] = _probe(report, "backends", _backends, device_arg, default=[])
     report["defaults"] = _probe(report, "defaults", _defaults, report, default={})
     report["splitk_tables"] = _probe(report, "split-K tables", _splitk_tables, default=[])
+    report["unavailable"] += _refused_bundles()
     report["numba_cache"] = _probe(report, "numba cache", _numba_cache, default=None)
     report["unavailable"] = report.pop("unavailable")  # listed last
     return report

@@ -35,6 +35,11 @@ def _backend_problem(value: str) -> Optional[str]:
     return None
 
 
+def _profile_path_problem(value: str) -> Optional[str]:
+    missing = [entry for entry in value.split(os.pathsep) if entry and not os.path.isdir(entry)]
+    return f"not a folder: {', '.join(missing)}" if missing else None
+
+
 @dataclasses.dataclass(frozen=True)
 class EnvVar:
     """A variable mmaemu reads: its name, what it does, and (optionally) what is wrong with a value (None: fine).
@@ -52,6 +57,8 @@ VARIABLES = (
     EnvVar("MMAEMU_DISABLE_CUDA", "1 (or true/yes/on): never touch CUDA; no live cuBLASLt query"),
     EnvVar("MMAEMU_CACHE_DIR", "where compiled code and self-test verdicts are cached"),
     EnvVar("MMAEMU_LIBCUDA_PATH", "explicit path of libcuda for the device probe"),
+    EnvVar("MMAEMU_PROFILE_PATH", "recorded profile bundles to load (os.pathsep-separated folders)",
+           _profile_path_problem),
     EnvVar("MMAEMU_NVRTC_PATH", "explicit path of libnvrtc, whose version mmaemu info reports"),
     EnvVar("MMAEMU_TEST_FORCE_FAIL", "tests only: comma list of CUDA kernels whose self-test is made to fail"),
 )

@@ -23,12 +23,10 @@ from __future__ import annotations
 import argparse
 import filecmp
 import hashlib
-import io
 import json
 import shutil
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -36,11 +34,10 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from mmaemu.platform.tables import (  # noqa: E402  (needs the repository on sys.path)
-    DEFAULT_VERIFIED_COMBOS, INDEX_FORMAT, N_SETTING_CODES, SHAPE_BITS, setting_code, shape_key)
+from mmaemu.platform.table_format import (  # noqa: E402  (needs the repository on sys.path)
+    KEY_COLUMNS, VALUE_COLUMNS, TableFormatError, build_index, check_columns, npz_bytes)
+from mmaemu.platform.tables import DEFAULT_VERIFIED_COMBOS  # noqa: E402
 
-KEY_COLUMNS = ("M", "N", "K", "fa", "fb", "out", "fast", "ws")
-VALUE_COLUMNS = {"splitK": np.uint8, "custom": np.uint8, "algo": np.int16, "tile": np.int16}
 COPIED_FILES = ("LICENSE", "NOTICE", "BSD-2-Clause-MATLAB-tensor-core.txt")
 DATA_README = """\
 # Packaged split-K tables (generated; do not edit)
@@ -51,11 +48,7 @@ unchanged; `<table_id>.index.npz` is the same table re-indexed for binary search
 described in `mmaemu/platform/tables.py`). `LICENSE` and `NOTICE` are those of the recordings (Apache-2.0,
 mmaemu 0.1.0 by Xun Ding); `BSD-2-Clause-MATLAB-tensor-core.txt` is kept because the NOTICE refers to it.
 """
-_FIXED_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
-
-
-class BuildError(Exception):
-    pass
+BuildError = TableFormatError  # every refusal of this script
 
 
 def sha256_of(path: Path) -> str:
@@ -79,60 +72,9 @@ def load_verified_npz(json_path: Path):
     return meta, columns, digest
 
 
-def check_columns(meta: dict, cols: dict) -> None:
-    """Codes within the json's code tables, sizes below 2**21, one row per key, the json's row count."""
-    rows = meta["rows"]
-    if any(len(c) != rows for c in cols.values()):
-        raise BuildError(f"{meta['table_id']}: column lengths differ from rows = {rows}")
-    codes = meta["codes"]
-    limits = {"fa": len(codes["fa/fb"]), "fb": len(codes["fa/fb"]), "out": len(codes["out"]), "fast": 2,
-              "ws": len(codes["ws"]), "M": 1 << SHAPE_BITS, "N": 1 << SHAPE_BITS, "K": 1 << SHAPE_BITS}
-    for name, limit in limits.items():
-        if cols[name].min() < 0 or cols[name].max() >= limit:
-            raise BuildError(f"{meta['table_id']}: column {name} outside [0, {limit})")
-    if codes["ws"] != [0, 1 << 20, 4 << 20, 32 << 20] or list(codes["out"].values()) != [
-            "float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"] or codes["fa/fb"] != {
-            "0": "e4m3", "1": "e5m2"}:
-        raise BuildError(f"{meta['table_id']}: codes differ from those the index format assumes")
-    for name, dtype in VALUE_COLUMNS.items():
-        info = np.iinfo(dtype)
-        if cols[name].min() < info.min or cols[name].max() > info.max:
-            raise BuildError(f"{meta['table_id']}: column {name} does not fit {np.dtype(dtype).name}")
-
-
-def build_index(meta: dict, cols: dict, source_sha256: str) -> dict:
-    """The arrays of ``<table_id>.index.npz`` (see mmaemu.platform.tables)."""
-    codes = setting_code(cols["ws"], cols["out"], cols["fast"], cols["fa"], cols["fb"])
-    keys = shape_key(cols["M"], cols["N"], cols["K"])
-    order = np.lexsort((keys, codes))
-    codes, keys = codes[order], keys[order]
-    same = (codes[1:] == codes[:-1]) & (keys[1:] == keys[:-1])
-    if same.any():
-        raise BuildError(f"{meta['table_id']}: {int(same.sum())} duplicate keys")
-    offsets = np.searchsorted(codes, np.arange(N_SETTING_CODES + 1), side="left").astype(np.int64)
-    index = {
-        "format": np.array(INDEX_FORMAT),
-        "table_id": np.array(meta["table_id"]),
-        "source_npz_sha256": np.array(source_sha256),
-        "rows": np.array(len(keys), dtype=np.int64),
-        "setting_offsets": offsets,
-        "shape_key_delta": np.diff(keys, prepend=np.int64(0)).astype(np.int64),
-    }
-    for name, dtype in VALUE_COLUMNS.items():
-        index[name] = cols[name][order].astype(dtype)
-    return index
-
-
 def write_npz_reproducibly(path: Path, arrays: dict) -> None:
     """Like np.savez_compressed, but with fixed zip timestamps so identical input gives identical bytes."""
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for name, array in arrays.items():
-            buf = io.BytesIO()
-            np.lib.format.write_array(buf, np.asarray(array, order="C"), allow_pickle=False)
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=_FIXED_ZIP_TIME)
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = 0o644 << 16
-            zf.writestr(info, buf.getvalue(), compresslevel=9)
+    path.write_bytes(npz_bytes(arrays))
 
 
 def build_table(json_path: Path, dst: Path) -> str:

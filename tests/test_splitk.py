@@ -1,6 +1,5 @@
 """Split-K decisions (platform.md section 3) against the recorded tables in data/splitk/."""
 
-import ctypes
 import dataclasses
 import json
 import re
@@ -12,11 +11,13 @@ import pytest
 
 from mmaemu.errors import (SplitKUnknownError, UnsupportedFeatureError, UnvalidatedEnvelopeWarning,
                            UnverifiedSplitWarning)
-from mmaemu.platform import cublaslt
+from mmaemu.platform import cublaslt, heuristic
 from mmaemu.platform.profiles import Profile, get_profile
 from mmaemu.platform.splitk import (SplitDecision, SplitK, check_scheme_for_preset, layout_caveats,
                                     reset_split_warnings, resolve_splitk)
 from mmaemu.platform.tables import get_table
+
+from fake_cublaslt import config, fake_api
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "splitk"
 H100_ID, RTX_ID = "heur_h100pcie_lt12.8.3.14", "heur_rtx4060_lt12.8.3.14"
@@ -638,122 +639,89 @@ def test_check_scheme_for_preset():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 3.5 Live query through a fake cuBLASLt
+# 3.5 Live query through a fake of NVIDIA's cuBLASLt bindings
 
 
-class FakeCublasLt:
-    """Stands in for libcublasLt: records what the query sets and answers with a chosen configuration."""
-
-    def __init__(self, splitK=1, custom=0, algo=66, tile=209, status=0, returned=1):
-        self.config = {cublaslt.ALGO_CONFIG_ID: algo, cublaslt.ALGO_CONFIG_TILE_ID: tile,
-                       cublaslt.ALGO_CONFIG_SPLITK_NUM: splitK, cublaslt.ALGO_CONFIG_CUSTOM_OPTION: custom}
-        self.status, self.returned = status, returned
-        self.desc_attrs, self.pref_attrs, self.layouts, self.destroyed = {}, {}, [], []
-        self.handles, self.desc_types, self.requested, self.calls = [], None, None, 0
-
-    def _new(self, ref):
-        ref._obj.value = 0x100 + len(self.handles)
-        self.handles.append(ref._obj.value)
-        return 0
-
-    def cublasLtCreate(self, ref):
-        self.calls += 1
-        return self._new(ref)
-
-    def cublasLtMatmulDescCreate(self, ref, compute, scale):
-        self.desc_types = (compute.value, scale.value)
-        return self._new(ref)
-
-    def cublasLtMatmulDescSetAttribute(self, desc, attr, buf, size):
-        self.desc_attrs[attr.value] = (type(buf._obj), buf._obj.value, size.value)
-        return 0
-
-    def cublasLtMatrixLayoutCreate(self, ref, dtype, rows, cols, ld):
-        self.layouts.append((dtype.value, rows.value, cols.value, ld.value))
-        return self._new(ref)
-
-    def cublasLtMatmulPreferenceCreate(self, ref):
-        return self._new(ref)
-
-    def cublasLtMatmulPreferenceSetAttribute(self, pref, attr, buf, size):
-        self.pref_attrs[attr.value] = (type(buf._obj), buf._obj.value, size.value)
-        return 0
-
-    def cublasLtMatmulAlgoGetHeuristic(self, handle, desc, a, b, c, d, pref, count, results, returned):
-        assert [handle.value, desc.value, a.value, b.value, c.value, d.value, pref.value] == self.handles
-        self.requested = count.value
-        returned._obj.value = self.returned
-        return self.status
-
-    def cublasLtMatmulAlgoConfigGetAttribute(self, algo, attr, buf, size, written):
-        buf._obj.value = self.config[attr.value]
-        written._obj.value = size.value
-        return 0
-
-    def _destroy(self, ref):
-        self.destroyed.append(ref.value)
-        return 0
-
-    cublasLtMatmulPreferenceDestroy = cublasLtMatrixLayoutDestroy = _destroy
-    cublasLtMatmulDescDestroy = cublasLtDestroy = _destroy
+def answering(status=0, **cfg):
+    """A fake API whose heuristic answers every problem with one configuration (or a status)."""
+    return fake_api(lambda problem: (status, None if status else config(**cfg)))
 
 
 def test_query_descriptor_torch_profile():
-    fake = FakeCublasLt(splitK=3, custom=2, algo=66, tile=17)
-    query = cublaslt.build_query(100, 200, 4096, "e4m3", "e5m2", "bfloat16", True, MiB, None)
-    answer = cublaslt.query_heuristic(fake, query, 0xABC0)
-    assert answer == cublaslt.HeuristicAnswer(algo=66, tile=17, splitK=3, custom=2)
-    assert fake.desc_types == (68, 0)  # CUBLAS_COMPUTE_32F, CUDA_R_32F
-    assert fake.desc_attrs == {3: (ctypes.c_int32, 1, 4), 4: (ctypes.c_int32, 0, 4),  # TRANSA = T, TRANSB = N
-                               17: (ctypes.c_void_p, 0xABC0, 8), 18: (ctypes.c_void_p, 0xABC0, 8),  # A/B scales
-                               25: (ctypes.c_int8, 1, 1)}  # FAST_ACCUM (int8); no D scale, SM target, epilogue
+    api = answering(splitK=3, custom=2, algo=66, tile=17)
+    query = heuristic.build_query(100, 200, 4096, "e4m3", "e5m2", "bfloat16", True, MiB, None)
+    answer = heuristic.query_heuristic(api, query, 0xABC0)
+    assert answer == heuristic.HeuristicAnswer(algo=66, tile=17, splitK=3, custom=2, stages=36, reduction=2)
+    (problem,) = api.lt.problems
+    assert (problem["compute"], problem["scale"]) == ("COMPUTE_32F", "CUDA_R_32F")
+    assert {k: problem[k] for k in ("TRANSA", "TRANSB", "A_SCALE_POINTER", "B_SCALE_POINTER", "FAST_ACCUM")} == {
+        "TRANSA": "T", "TRANSB": "N", "A_SCALE_POINTER": 0xABC0, "B_SCALE_POINTER": 0xABC0, "FAST_ACCUM": 1}
+    assert set(problem) == {"compute", "scale", "TRANSA", "TRANSB", "A_SCALE_POINTER", "B_SCALE_POINTER",
+                            "FAST_ACCUM", "a", "b", "c", "d", "pref", "count"}  # no D scale, SM target, epilogue
     # A = mat2 (e5m2, K x N, ld K), B = mat1 (e4m3, K x M, ld K), C = D = bf16, N x M, ld N
-    assert fake.layouts == [(29, 4096, 200, 4096), (28, 4096, 100, 4096), (14, 200, 100, 200), (14, 200, 100, 200)]
-    assert fake.pref_attrs == {1: (ctypes.c_uint64, MiB, 8)}  # MAX_WORKSPACE_BYTES only: torch sets no alignment
-    assert fake.requested == 1
-    assert sorted(fake.destroyed) == sorted(fake.handles)
+    assert [problem[x] for x in "abcd"] == [("CUDA_R_8F_E5M2", 4096, 200, 4096), ("CUDA_R_8F_E4M3", 4096, 100, 4096),
+                                            ("CUDA_R_16BF", 200, 100, 200), ("CUDA_R_16BF", 200, 100, 200)]
+    assert problem["pref"] == {"MAX_WORKSPACE_BYTES": MiB}  # torch sets no alignment preference
+    assert problem["count"] == 1
+    assert sorted(api.lt.destroyed) == sorted(api.lt.objects)  # every handle, layout, descriptor destroyed
 
 
 def test_query_descriptor_te_profile_and_fp8_output():
-    fake = FakeCublasLt()
+    api = answering()
     profile = get_profile("hopper-te")
-    query = cublaslt.build_query(8, 16, 1024, "e5m2", "e4m3", "float8_e4m3fn", False, profile.workspace_bytes,
-                                 profile.align)
-    cublaslt.query_heuristic(fake, query, 0x10)
-    assert fake.layouts[2:] == [(2, 16, 8, 16), (28, 16, 8, 16)]  # C fp16 for FP8 outputs, D e4m3
-    assert fake.desc_attrs[25][1] == 0
-    align = (ctypes.c_uint32, 256, 4)
-    assert fake.pref_attrs == {1: (ctypes.c_uint64, 32 * MiB, 8), 5: align, 6: align, 7: align, 8: align}
+    query = heuristic.build_query(8, 16, 1024, "e5m2", "e4m3", "float8_e4m3fn", False, profile.workspace_bytes,
+                                  profile.align)
+    heuristic.query_heuristic(api, query, 0x10)
+    (problem,) = api.lt.problems
+    assert [problem["c"], problem["d"]] == [("CUDA_R_16F", 16, 8, 16), ("CUDA_R_8F_E4M3", 16, 8, 16)]
+    assert problem["FAST_ACCUM"] == 0
+    assert problem["pref"] == {"MAX_WORKSPACE_BYTES": 32 * MiB, "MIN_ALIGNMENT_A_BYTES": 256,
+                               "MIN_ALIGNMENT_B_BYTES": 256, "MIN_ALIGNMENT_C_BYTES": 256,
+                               "MIN_ALIGNMENT_D_BYTES": 256}
 
 
 def test_query_without_answer():
-    assert cublaslt.query_heuristic(FakeCublasLt(status=15), cublaslt.build_query(
-        1, 2, 3, "e4m3", "e4m3", "float32", False, MiB, None), 0x10) is None
-    assert cublaslt.query_heuristic(FakeCublasLt(returned=0), cublaslt.build_query(
-        1, 2, 3, "e4m3", "e4m3", "float32", False, MiB, None), 0x10) is None
+    query = heuristic.build_query(1, 2, 3, "e4m3", "e4m3", "float32", False, MiB, None)
+    assert heuristic.query_heuristic(answering(status=15), query, 0x10) is None
+    assert heuristic.query_heuristic(fake_api(lambda problem: (0, None)), query, 0x10) is None
+    with heuristic.HeuristicSession(answering(status=15), 0x10) as session:
+        assert session.ask(query) == (15, None)
+
+
+def test_a_session_reuses_descriptors_and_preferences():
+    api = answering()
+    with heuristic.HeuristicSession(api, 0x10) as session:
+        for M in (16, 32):
+            for fast in (False, True):
+                for ws in (MiB, 32 * MiB):
+                    session.ask(heuristic.build_query(M, 64, 1024, "e4m3", "e4m3", "float32", fast, ws, None))
+            session.forget_layouts()
+        assert len(api.lt.live("desc")) == 2 and len(api.lt.live("pref")) == 2 and not api.lt.live("layout")
+    assert sorted(api.lt.destroyed) == sorted(api.lt.objects)
 
 
 @pytest.fixture
 def on_reference_gpu(monkeypatch):
-    """Pretend the current device is every profile's reference GPU, with a fake cuBLASLt."""
-    state = {"lib": FakeCublasLt()}
+    """Pretend the current device is every profile's reference GPU, with fake cuBLASLt bindings."""
+    state = {"api": answering()}
     monkeypatch.setattr(Profile, "matches_device", lambda self, device=None: True)
-    monkeypatch.setattr(cublaslt, "load_cublaslt", lambda: (state["lib"], "/fake/libcublasLt.so.12"))
+    monkeypatch.setattr(heuristic, "nvmath_api", lambda: state["api"])
     monkeypatch.setattr(cublaslt, "device_scale_pointer", lambda: 0x1000)
     return state
 
 
 def test_live_query_decides_when_the_table_has_no_row(on_reference_gpu):
-    on_reference_gpu["lib"] = fake = FakeCublasLt(splitK=3, custom=2, tile=40)
+    on_reference_gpu["api"] = api = answering(splitK=3, custom=2, tile=40)
     d, caught = caught_warnings(decide, "hopper", 100, 100, 4096, out="bfloat16", fast=True)
     assert (d.S, d.scheme, d.source, d.table_id) == (3, "contiguous", "live-query", None)
     assert d.note == "live cuBLASLt query on NVIDIA H100 PCIe: algo 66, tile 40, numSplitsK 3, customOption 2"
     assert d.verified == get_table(H100_ID).is_verified(True, 3, "contiguous", "bfloat16", "e4m3", "e4m3")
-    assert fake.pref_attrs[1][1] == MiB and fake.layouts[0] == (28, 4096, 100, 4096)
+    (problem,) = api.lt.problems
+    assert problem["pref"] == {"MAX_WORKSPACE_BYTES": MiB} and problem["a"] == ("CUDA_R_8F_E4M3", 4096, 100, 4096)
 
 
 def test_live_query_unlisted_custom_option(on_reference_gpu):
-    on_reference_gpu["lib"] = FakeCublasLt(splitK=2, custom=5)
+    on_reference_gpu["api"] = answering(splitK=2, custom=5)
     d, caught = caught_warnings(decide, "hopper-te", 100, 100, 4096)
     assert (d.S, d.scheme, d.source, d.verified) == (2, "contiguous", "live-query", False)
     assert "customOption 5 was never recorded" in d.note and len(caught) == 1
@@ -761,28 +729,29 @@ def test_live_query_unlisted_custom_option(on_reference_gpu):
 
 def test_live_query_ada_mapping(on_reference_gpu):
     for custom, scheme in [(0, "serial"), (1, "pairwise"), (2, "serial"), (7, "serial")]:
-        on_reference_gpu["lib"] = FakeCublasLt(splitK=4, custom=custom, algo=60)
+        on_reference_gpu["api"] = answering(splitK=4, custom=custom, algo=60)
         d = quiet("ada", 300, 300, 777, fast=True)
         assert (d.S, d.scheme, d.source) == (4, scheme, "live-query")
         assert "was never recorded" not in d.note  # the RTX json has no "unlisted" rule
-    on_reference_gpu["lib"] = FakeCublasLt(splitK=1, custom=0)
+    on_reference_gpu["api"] = api = answering(splitK=1, custom=0)
     assert decide("ada-te", 300, 300, 777).splitk == SplitK()
-    assert on_reference_gpu["lib"].pref_attrs[1][1] == 4 * MiB and on_reference_gpu["lib"].pref_attrs[5][1] == 256
+    assert api.lt.problems[0]["pref"]["MAX_WORKSPACE_BYTES"] == 4 * MiB
+    assert api.lt.problems[0]["pref"]["MIN_ALIGNMENT_A_BYTES"] == 256
 
 
 def test_live_query_failures_fall_through(on_reference_gpu):
-    on_reference_gpu["lib"] = FakeCublasLt(status=15)
+    on_reference_gpu["api"] = answering(status=15)
     assert decide("hopper", 1000, 1000, 4096).source == "envelope"
     with pytest.raises(SplitKUnknownError):
         decide("hopper", 100, 100, 4096)
 
 
 def test_live_query_is_not_asked_when_the_table_answers_or_the_layout_is_padded(on_reference_gpu):
-    fake = on_reference_gpu["lib"] = FakeCublasLt(splitK=9, custom=0)
+    api = on_reference_gpu["api"] = answering(splitK=9, custom=0)
     assert decide("hopper", 48, 64, 5760).source == "table"
     assert decide("hopper", 1000, 1000, 4096, layout_std=False).source == "envelope"
     assert decide("hopper-ws0", 1000, 1000, 4096).source == "workspace0"
-    assert fake.calls == 0
+    assert api.lt.problems == [] and api.lt.objects == {}
 
 
 def test_no_live_query_here():

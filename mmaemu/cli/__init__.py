@@ -1,7 +1,8 @@
-"""The command line: ``python -m mmaemu {info, selftest, explain, demo}`` (platform.md section 7).
+"""The command line: ``python -m mmaemu {info, selftest, explain, demo, record}`` (platform.md section 7).
 
 The commands collect what the library reports and format it; they decide nothing themselves. One module per
-command (:mod:`.info`, :mod:`.selftest`, :mod:`.explain`, :mod:`.demo`); :mod:`.output` holds what they share.
+command (:mod:`.info`, :mod:`.selftest`, :mod:`.explain`, :mod:`.demo`, :mod:`.record`); :mod:`.output` holds
+what they share.
 Exit codes: 0 = success (a valid call / PASS / report built), 1 = the call would raise / FAIL, 2 = usage error
 (click), 4 = unavailable (no usable CUDA device, explain could not run).
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import click
 
 from .._version import __version__
-from . import demo, explain, info, selftest
+from . import demo, explain, info, record, selftest
 from .operands import zero_rows as _zero_rows  # noqa: F401  (tests/test_cli.py reaches it as cli._zero_rows)
 
 __all__ = ["cli", "main"]
@@ -25,7 +26,7 @@ def cli():
     """mmaemu: NVIDIA FP8 tensor-core GEMMs (torch._scaled_mm of torch 2.7.1), bit for bit, on any CPU."""
 
 
-for _command in (info.info, selftest.selftest, explain.explain, demo.demo):
+for _command in (info.info, selftest.selftest, explain.explain, demo.demo, record.record):
     cli.add_command(_command)
 
 

@@ -3,7 +3,10 @@
 * :mod:`.profiles` — ``Profile``, ``RejectRule``, ``get_profile``, ``list_profiles``, maturity warnings;
 * :mod:`.tables` — the recorded cuBLASLt heuristic tables shipped as package data;
 * :mod:`.splitk` — ``SplitK``, ``SplitDecision``, ``resolve_splitk``, ``check_scheme_for_preset``;
-* :mod:`.cublaslt` — device matching and the live heuristic query on the reference GPU.
+* :mod:`.cublaslt` — device matching and the live heuristic query on the reference GPU;
+* :mod:`.heuristic` — the cuBLASLt heuristic query through NVIDIA's bindings (live query and recorder);
+* :mod:`.table_format` / :mod:`.bundles` — the recorded table format; recorded profile bundles
+  (``load_profile``, ``$MMAEMU_PROFILE_PATH``).
 
 Names are resolved lazily: importing this package imports neither numpy, torch nor any CUDA library.
 """
@@ -25,15 +28,18 @@ _EXPORTS = {
     "check_scheme_for_preset": "splitk",
     "SCHEMES": "splitk",
     "CublasLtError": "cublaslt",
+    "load_profile": "bundles",
+    "BundleError": "bundles",
 }
 
-__all__ = sorted(_EXPORTS) + ["profiles", "tables", "splitk", "cublaslt"]
+_SUBMODULES = ("profiles", "tables", "splitk", "cublaslt", "heuristic", "bundles", "table_format")
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
 
 def __getattr__(name):
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    elif name in ("profiles", "tables", "splitk", "cublaslt"):
+    elif name in _SUBMODULES:
         value = importlib.import_module(f".{name}", __name__)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,139 +1,47 @@
 """cuBLASLt on the reference GPU itself: device matching (platform.md 3.6) and the live heuristic query (3.5).
 
-Both talk to the NVIDIA libraries through ctypes only, never at import time, and never when
-MMAEMU_DISABLE_CUDA=1. Any probe error means "not the reference GPU" (False / no answer), so a machine without
-CUDA simply skips the live query.
-
-The live query rebuilds torch 2.7.1's ``scaled_gemm`` descriptor (the one the recorded tables answer, see the
-tables' json ``descriptor``): :func:`build_query` produces it as plain data and :func:`query_heuristic` issues it
-through any object exposing the cuBLASLt C functions — the real ``ctypes.CDLL`` or a test double.
+The query itself goes through NVIDIA's bindings (:mod:`.heuristic`, the optional extra ``mmaemu[record]``). What
+stays here on ctypes is identification only, for a concrete reason: ``mmaemu info`` and device matching must
+answer on machines without the optional extra, and they need four C functions with stable signatures and no
+attribute enums (libcuda's ``cuInit``/``cuDeviceGet``/``cuDeviceGetName``/``cuDeviceGetAttribute`` with
+CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, and ``cublasLtGetProperty`` with libraryPropertyType 0/1/2). None of it
+runs at import time or when MMAEMU_DISABLE_CUDA=1, and any probe error means "not the reference GPU" (False / no
+answer), so a machine without CUDA simply skips the live query.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import dataclasses
 import importlib.metadata
 import importlib.util
 import os
 import sys
 import threading
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..errors import BackendUnavailableError
 
 __all__ = [
     "CublasLtError",
-    "MatrixLayout",
-    "HeuristicQuery",
-    "HeuristicAnswer",
-    "build_query",
-    "query_heuristic",
     "live_heuristic",
     "profile_matches_device",
     "load_cublaslt",
     "loaded_cublaslt_version",
+    "mapped_cublaslt_paths",
     "version_matches",
 ]
 
-# cuBLASLt / CUDA enum values (cublasLt.h, cublas_api.h, library_types.h of CUDA 12.8).
-CUBLAS_COMPUTE_32F = 68
-CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2 = 0, 2, 14, 28, 29
-CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
-DESC_TRANSA, DESC_TRANSB = 3, 4
-DESC_A_SCALE_POINTER, DESC_B_SCALE_POINTER = 17, 18
-DESC_FAST_ACCUM = 25
-PREF_MAX_WORKSPACE_BYTES = 1
-PREF_MIN_ALIGNMENT_A_BYTES, PREF_MIN_ALIGNMENT_B_BYTES = 5, 6
-PREF_MIN_ALIGNMENT_C_BYTES, PREF_MIN_ALIGNMENT_D_BYTES = 7, 8
-ALGO_CONFIG_ID, ALGO_CONFIG_TILE_ID, ALGO_CONFIG_SPLITK_NUM, ALGO_CONFIG_CUSTOM_OPTION = 0, 1, 2, 5
+# library_types.h (libraryPropertyType) and cuda.h (CUdevice_attribute): identification only, see above.
 LIBRARY_MAJOR_VERSION, LIBRARY_MINOR_VERSION, LIBRARY_PATCH_LEVEL = 0, 1, 2
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
 
-_FP8_TYPE = {"e4m3": CUDA_R_8F_E4M3, "e5m2": CUDA_R_8F_E5M2}
-_OUT_TYPE = {"float32": CUDA_R_32F, "bfloat16": CUDA_R_16BF, "float16": CUDA_R_16F,
-             "float8_e4m3fn": CUDA_R_8F_E4M3, "float8_e5m2": CUDA_R_8F_E5M2}
 _LIBCUDA_CANDIDATES = ("libcuda.so.1", "/usr/lib/wsl/lib/libcuda.so.1")
-_CUBLAS_WHEEL = "nvidia-cublas-cu12"
+_CUBLAS_WHEELS = ("nvidia-cublas-cu12", "nvidia-cublas", "nvidia-cublas-cu13")
 
 
 class CublasLtError(BackendUnavailableError):
-    """libcublasLt (or libcuda) could not be found, loaded or queried."""
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The query as data
-
-
-@dataclasses.dataclass(frozen=True)
-class MatrixLayout:
-    """cublasLtMatrixLayoutCreate(type, rows, cols, ld): column-major, as cuBLASLt sees it."""
-
-    dtype: int
-    rows: int
-    cols: int
-    ld: int
-
-
-@dataclasses.dataclass(frozen=True)
-class HeuristicQuery:
-    """Everything cublasLtMatmulAlgoGetHeuristic is given (platform.md 3.5).
-
-    torch computes the row-major M x N result as the column-major N x M problem: m = N, n = M, k = K with
-    A = mat2 (K x N, ld K, TRANSA = T), B = mat1 (K x M, ld K, TRANSB = N), C/D of N x M with ld N.
-    """
-
-    compute_type: int
-    scale_type: int
-    transa: int
-    transb: int
-    a: MatrixLayout
-    b: MatrixLayout
-    c: MatrixLayout
-    d: MatrixLayout
-    fast_accum: bool
-    workspace_bytes: int
-    align: Optional[int]
-    requested_algo_count: int = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class HeuristicAnswer:
-    """The first algorithm's configuration: id, tile enum, numSplitsK, customOption."""
-
-    algo: int
-    tile: int
-    splitK: int
-    custom: int
-
-
-def build_query(M: int, N: int, K: int, fmt_a: str, fmt_b: str, out: str, fast: bool, workspace_bytes: int,
-                align: Optional[int]) -> HeuristicQuery:
-    """torch 2.7.1's scaled_gemm descriptor for mat1 [M, K] (fmt_a) row-major times mat2 [K, N] (fmt_b)
-    column-major, output ``out``: C is fp16 when the output is FP8 (torch: C is unused, beta = 0); no D scale
-    pointer, no bias epilogue, no SM-count target."""
-    out_type = _OUT_TYPE[out]
-    c_type = CUDA_R_16F if out.startswith("float8") else out_type
-    return HeuristicQuery(
-        compute_type=CUBLAS_COMPUTE_32F, scale_type=CUDA_R_32F, transa=CUBLAS_OP_T, transb=CUBLAS_OP_N,
-        a=MatrixLayout(_FP8_TYPE[fmt_b], K, N, K), b=MatrixLayout(_FP8_TYPE[fmt_a], K, M, K),
-        c=MatrixLayout(c_type, N, M, N), d=MatrixLayout(out_type, N, M, N),
-        fast_accum=bool(fast), workspace_bytes=int(workspace_bytes), align=align,
-    )
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Issuing it (ctypes; the library object may be a test double with the same function names)
-
-
-class _Algo(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_uint64 * 8)]
-
-
-class _HeuristicResult(ctypes.Structure):
-    _fields_ = [("algo", _Algo), ("workspaceSize", ctypes.c_size_t), ("state", ctypes.c_int),
-                ("wavesCount", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+    """libcublasLt (or libcuda, or NVIDIA's bindings) could not be found, loaded or queried."""
 
 
 def _check(status, what: str) -> None:
@@ -141,95 +49,18 @@ def _check(status, what: str) -> None:
         raise CublasLtError(f"{what} returned cuBLAS status {status}")
 
 
-def query_heuristic(lib, query: HeuristicQuery, scale_pointer: int) -> Optional[HeuristicAnswer]:
-    """Run cublasLtMatmulAlgoGetHeuristic for ``query``; None when the status is nonzero or no algorithm returns.
+def live_heuristic(profile, M: int, N: int, K: int, fmt_a: str, fmt_b: str, out: str, fast: bool):
+    """The reference GPU's own answer (a HeuristicAnswer) for this key with the profile's workspace and alignment,
+    or None.
 
-    ``scale_pointer`` is a device address used for the A and B scale pointers (cuBLASLt only records it).
-    Failures to build the descriptors raise CublasLtError.
+    Only meaningful after ``profile.matches_device()``; every failure (bindings missing, scale buffer, status)
+    gives None so that the caller falls through to the envelope.
     """
-    handle, desc, pref = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
-    layouts = [ctypes.c_void_p() for _ in range(4)]
-    _check(lib.cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate")
+    from . import heuristic  # lazy: numpy and NVIDIA's bindings are only needed on the reference GPU
+
     try:
-        _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), ctypes.c_int(query.compute_type),
-                                            ctypes.c_int(query.scale_type)), "cublasLtMatmulDescCreate")
-        _set_desc_attributes(lib, desc, query, scale_pointer)
-        for ref, layout in zip(layouts, (query.a, query.b, query.c, query.d)):
-            _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(ref), ctypes.c_int(layout.dtype),
-                                                  ctypes.c_uint64(layout.rows), ctypes.c_uint64(layout.cols),
-                                                  ctypes.c_int64(layout.ld)), "cublasLtMatrixLayoutCreate")
-        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
-        _set_preference_attributes(lib, pref, query)
-        results = (_HeuristicResult * query.requested_algo_count)()
-        returned = ctypes.c_int(0)
-        status = lib.cublasLtMatmulAlgoGetHeuristic(handle, desc, *layouts, pref,
-                                                    ctypes.c_int(query.requested_algo_count), results,
-                                                    ctypes.byref(returned))
-        if status != 0 or returned.value < 1:
-            return None
-        algo = results[0].algo
-        return HeuristicAnswer(
-            algo=_algo_attribute(lib, algo, ALGO_CONFIG_ID, ctypes.c_int32),
-            tile=_algo_attribute(lib, algo, ALGO_CONFIG_TILE_ID, ctypes.c_uint32),
-            splitK=_algo_attribute(lib, algo, ALGO_CONFIG_SPLITK_NUM, ctypes.c_uint32),
-            custom=_algo_attribute(lib, algo, ALGO_CONFIG_CUSTOM_OPTION, ctypes.c_uint32),
-        )
-    finally:
-        _destroy(lib, "cublasLtMatmulPreferenceDestroy", pref)
-        for ref in layouts:
-            _destroy(lib, "cublasLtMatrixLayoutDestroy", ref)
-        _destroy(lib, "cublasLtMatmulDescDestroy", desc)
-        _destroy(lib, "cublasLtDestroy", handle)
-
-
-def _set_attribute(lib, function: str, obj, attribute: int, value) -> None:
-    _check(getattr(lib, function)(obj, ctypes.c_int(attribute), ctypes.byref(value),
-                                  ctypes.c_size_t(ctypes.sizeof(value))), f"{function}({attribute})")
-
-
-def _set_desc_attributes(lib, desc, query: HeuristicQuery, scale_pointer: int) -> None:
-    set_desc = "cublasLtMatmulDescSetAttribute"
-    _set_attribute(lib, set_desc, desc, DESC_TRANSA, ctypes.c_int32(query.transa))
-    _set_attribute(lib, set_desc, desc, DESC_TRANSB, ctypes.c_int32(query.transb))
-    _set_attribute(lib, set_desc, desc, DESC_A_SCALE_POINTER, ctypes.c_void_p(scale_pointer))
-    _set_attribute(lib, set_desc, desc, DESC_B_SCALE_POINTER, ctypes.c_void_p(scale_pointer))
-    _set_attribute(lib, set_desc, desc, DESC_FAST_ACCUM, ctypes.c_int8(1 if query.fast_accum else 0))
-
-
-def _set_preference_attributes(lib, pref, query: HeuristicQuery) -> None:
-    set_pref = "cublasLtMatmulPreferenceSetAttribute"
-    _set_attribute(lib, set_pref, pref, PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(query.workspace_bytes))
-    if query.align is not None:
-        for attribute in (PREF_MIN_ALIGNMENT_A_BYTES, PREF_MIN_ALIGNMENT_B_BYTES, PREF_MIN_ALIGNMENT_C_BYTES,
-                          PREF_MIN_ALIGNMENT_D_BYTES):
-            _set_attribute(lib, set_pref, pref, attribute, ctypes.c_uint32(query.align))
-
-
-def _algo_attribute(lib, algo: _Algo, attribute: int, ctype) -> int:
-    value, written = ctype(0), ctypes.c_size_t(0)
-    _check(lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), ctypes.c_int(attribute),
-                                                    ctypes.byref(value), ctypes.c_size_t(ctypes.sizeof(value)),
-                                                    ctypes.byref(written)),
-           f"cublasLtMatmulAlgoConfigGetAttribute({attribute})")
-    return int(value.value)
-
-
-def _destroy(lib, function: str, ref) -> None:
-    if ref.value:
-        getattr(lib, function)(ref)
-
-
-def live_heuristic(profile, M: int, N: int, K: int, fmt_a: str, fmt_b: str, out: str,
-                   fast: bool) -> Optional[HeuristicAnswer]:
-    """The reference GPU's own answer for this key with the profile's workspace and alignment, or None.
-
-    Only meaningful after ``profile.matches_device()``; every failure (library, scale buffer, status) gives None
-    so that the caller falls through to the envelope.
-    """
-    try:
-        lib, _ = load_cublaslt()
-        query = build_query(M, N, K, fmt_a, fmt_b, out, fast, profile.workspace_bytes, profile.align)
-        return query_heuristic(lib, query, device_scale_pointer())
+        query = heuristic.build_query(M, N, K, fmt_a, fmt_b, out, fast, profile.workspace_bytes, profile.align)
+        return heuristic.query_heuristic(heuristic.nvmath_api(), query, device_scale_pointer())
     except Exception:  # a probe: any error means "no live answer"
         return None
 
@@ -381,17 +212,26 @@ def _find_and_load_cublaslt():
     raise CublasLtError("libcublasLt not found" + (": " + "; ".join(errors) if errors else ""))
 
 
-def _mapped_cublaslt_path() -> Optional[str]:
+def mapped_cublaslt_paths() -> List[str]:
+    """The distinct real paths of the libcublasLt files mapped into this process (from /proc/self/maps)."""
+    paths = []
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             for line in maps:
                 fields = line.split(None, 5)
                 path = fields[5].strip() if len(fields) == 6 else ""
                 if "libcublasLt.so" in os.path.basename(path):
-                    return path
+                    real = os.path.realpath(path)
+                    if real not in paths:
+                        paths.append(real)
     except OSError:
         pass
-    return None
+    return paths
+
+
+def _mapped_cublaslt_path() -> Optional[str]:
+    paths = mapped_cublaslt_paths()
+    return paths[0] if paths else None
 
 
 def _wheel_cublaslt_path() -> Optional[str]:
@@ -411,7 +251,7 @@ _version = None
 
 
 def loaded_cublaslt_version() -> Tuple[int, ...]:
-    """(major, minor, patch[, build]) of the loaded libcublasLt; the build comes from the nvidia-cublas-cu12 wheel
+    """(major, minor, patch[, build]) of the loaded libcublasLt; the build comes from the NVIDIA cuBLAS wheel's
     metadata when the loaded file is that wheel's. Probed once per process (the loaded library cannot change)."""
     global _version
     with _version_lock:
@@ -431,14 +271,22 @@ def _probe_version(lib, path) -> Tuple[int, ...]:
 
 
 def _wheel_build_number(loaded_path: str) -> Optional[int]:
-    wheel_path = _wheel_cublaslt_path()
-    if not wheel_path or not loaded_path or os.path.realpath(wheel_path) != os.path.realpath(loaded_path):
+    """The 4th version field of the NVIDIA cuBLAS wheel (CUDA 12: nvidia-cublas-cu12, CUDA 13: nvidia-cublas) that
+    installed the loaded file, or None when the library does not come from such a wheel."""
+    if not loaded_path:
         return None
-    try:
-        fields = importlib.metadata.version(_CUBLAS_WHEEL).split(".")
-        return int(fields[3]) if len(fields) > 3 else None
-    except (importlib.metadata.PackageNotFoundError, ValueError):
-        return None
+    loaded = os.path.realpath(loaded_path)
+    for name in _CUBLAS_WHEELS:
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        owns = any("libcublasLt.so" in str(f) and os.path.realpath(dist.locate_file(f)) == loaded
+                   for f in dist.files or ())
+        fields = dist.version.split(".")
+        if owns and len(fields) > 3 and fields[3].isdigit():
+            return int(fields[3])
+    return None
 
 
 def version_matches(expected: str, loaded: Tuple[int, ...]) -> bool:

@@ -236,8 +236,9 @@ _BY_NAME = {p.name: p for p in _PROFILES}
 
 def list_profiles() -> list:
     """Profile names in the documented order: ada, ada-te, ada-ws0, hopper, hopper-te, hopper-ws0,
-    hopper-experimental, b200-mma-sync-experimental."""
-    return [p.name for p in _PROFILES]
+    hopper-experimental, b200-mma-sync-experimental; then the recorded profiles added by
+    ``mmaemu.load_profile`` or found on ``$MMAEMU_PROFILE_PATH``, in the order they were added."""
+    return [p.name for p in _PROFILES] + list(_recorded_profiles())
 
 
 def get_profile(name_or_profile=None) -> Profile:
@@ -253,9 +254,10 @@ def get_profile(name_or_profile=None) -> Profile:
     if not isinstance(name_or_profile, str):
         raise TypeError(f"profile must be a name, a mmaemu.Profile or None, got {type(name_or_profile).__name__}")
     try:
-        return _BY_NAME[name_or_profile]
+        return _BY_NAME.get(name_or_profile) or _recorded_profiles()[name_or_profile]
     except KeyError:
-        raise KeyError(f"unknown profile {name_or_profile!r}; known profiles: {list_profiles()}") from None
+        raise KeyError(f"unknown profile {name_or_profile!r}; known profiles: {list_profiles()}"
+                       + _bundle_refusals_text()) from None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -315,3 +317,37 @@ def reset_maturity_warnings() -> None:
     presets = _presets()
     with presets._warned_lock:
         presets._warned.clear()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Recorded profiles (``mmaemu record`` bundles), registered by mmaemu.platform.bundles
+
+_RECORDED = {}  # name -> Profile, in the order they were added
+
+
+def builtin_profile_names() -> list:
+    """The names of the profiles defined in this module (a recorded bundle may not reuse them)."""
+    return [p.name for p in _PROFILES]
+
+
+def register_recorded_profile(profile: Profile, splitk_note: str = "") -> None:
+    """Add a recorded profile (called by :mod:`mmaemu.platform.bundles`, which checks the names first)."""
+    if profile.name in _BY_NAME:
+        raise ValueError(f"profile name {profile.name!r} is a built-in profile")
+    _RECORDED[profile.name] = profile
+    if splitk_note:
+        _SPLITK_MATURITY_NOTES[profile.name] = splitk_note
+
+
+def _recorded_profiles() -> dict:
+    from . import bundles  # on use: the bundles on $MMAEMU_PROFILE_PATH are loaded when first needed
+
+    bundles.load_profile_path()
+    return _RECORDED
+
+
+def _bundle_refusals_text() -> str:
+    from . import bundles
+
+    refused = bundles.refused_bundles()
+    return "".join(f"; refused bundle {path}: {reason}" for path, reason in refused.items())

@@ -57,6 +57,7 @@ ENVELOPE_MARGIN = 2
 SCHEME_K_TILE = {"contiguous": CONTIGUOUS_TILE, "serial": INTERLEAVED_TILE, "pairwise": INTERLEAVED_TILE}
 EXPLICIT_NOTE = "given by the caller"
 ZERO_SIZE_NOTE = "zero-size GEMM: nothing is accumulated"
+RECORD_COMMAND = "python -m mmaemu record"  # docs/recording.md
 DEFAULT_WORKSPACE0_NOTE = ("cuBLASLt never splits without a workspace (0 split rows among the 209,712 "
                            "workspace-0 queries recorded on the RTX 4060)")
 
@@ -485,10 +486,12 @@ def _unknown(call: _Call, reason: str) -> SplitKUnknownError:
              else f"splitk=(S, scheme) is unavailable: preset {profile.preset_name} has no split-K")
     if profile.gpu_name is not None:
         record = (f"run the call on the reference GPU ({profile.gpu_name}, {profile.sm_count} SMs, cuBLASLt "
-                  f"{profile.cublaslt_version}), where mmaemu asks cuBLASLt directly, or record its heuristic there")
+                  f"{profile.cublaslt_version}), where mmaemu asks cuBLASLt directly (pip install 'mmaemu[record]'), "
+                  f"or record more shapes there with `{RECORD_COMMAND} --shapes FILE` and load the bundle "
+                  "(mmaemu.load_profile(PATH) or MMAEMU_PROFILE_PATH)")
     else:
-        record = ("record the cuBLASLt heuristic (cublasLtMatmulAlgoGetHeuristic with torch's descriptor) on the GPU "
-                  "you emulate")
+        record = (f"record the GPU you emulate with `{RECORD_COMMAND}` on it (pip install 'mmaemu[record]') and load "
+                  "the bundle with mmaemu.load_profile(PATH) or MMAEMU_PROFILE_PATH")
     return SplitKUnknownError(
         f"cannot decide split-K for M={call.M}, N={call.N}, K={call.K} ({call.fa} x {call.fb} -> {call.out}, "
         f"{'fast' if call.fast else 'slow'} accumulation, workspace {call.ws}) on profile {profile.name!r}: "

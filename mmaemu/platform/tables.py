@@ -24,7 +24,7 @@ import hashlib
 import json
 import threading
 from importlib import resources
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -39,6 +39,7 @@ __all__ = [
     "SplitTable",
     "SplitTableError",
     "get_table",
+    "register_table",
     "setting_code",
     "shape_key",
     "packaged_files",
@@ -167,8 +168,9 @@ def _check_consistency(meta: dict, index: Dict[str, np.ndarray], verified_combos
         problems.append("index built from an npz whose sha256 differs from the json's npz_sha256")
     if int(index["rows"]) != meta["rows"] or len(index["shape_key_delta"]) != meta["rows"]:
         problems.append(f"index has {int(index['rows'])} rows, the json {meta['rows']}")
-    if len(index["setting_offsets"]) != N_SETTING_CODES + 1 or list(meta["codes"]["ws"]) != [0, 1 << 20, 4 << 20,
-                                                                                              32 << 20]:
+    ws_codes = list(meta["codes"]["ws"])  # at most four distinct workspace sizes (recorded bundles: any four)
+    ws_ok = 0 < len(set(ws_codes)) == len(ws_codes) <= N_WS_CODES
+    if len(index["setting_offsets"]) != N_SETTING_CODES + 1 or not ws_ok:
         problems.append("setting codes differ from the index format's")
     if verified_combos.get("table_id") != meta["table_id"]:
         problems.append(f"verified-combos file belongs to {verified_combos.get('table_id')!r}")
@@ -211,14 +213,30 @@ def _load(table_id: str) -> SplitTable:
 
 
 def get_table(table_id: str) -> SplitTable:
-    """The packaged table of this id, loaded on first use (SplitTableError if missing or inconsistent)."""
+    """The table of this id, loaded on first use: a registered one (recorded bundles, see
+    :func:`register_table`) or the packaged one (SplitTableError if missing or inconsistent)."""
     table = _tables.get(table_id)
     if table is None:
         with _lock:
             table = _tables.get(table_id)
             if table is None:
-                table = _tables[table_id] = _load(table_id)
+                factory = _registered.get(table_id)
+                table = _tables[table_id] = factory() if factory is not None else _load(table_id)
     return table
+
+
+_registered: Dict[str, Callable[[], SplitTable]] = {}
+
+
+def register_table(table_id: str, factory: Callable[[], SplitTable]) -> None:
+    """Make ``get_table(table_id)`` build its table with ``factory()`` on first use (recorded bundles). A table id
+    of the package data cannot be registered; registering an id again replaces its factory and drops the loaded
+    table."""
+    if _data_file(f"{table_id}.json").is_file():
+        raise SplitTableError(f"split-K table id {table_id!r} belongs to the packaged tables")
+    with _lock:
+        _registered[table_id] = factory
+        _tables.pop(table_id, None)
 
 
 def packaged_files() -> List[dict]:

@@ -1,0 +1,436 @@
+"""``mmaemu record`` without a GPU: a fake cuBLASLt and a fake GEMM (tests/fake_gpu.py), the bundle round trip,
+refusal of damaged bundles, the replay comparison on CPU tensors, resume after an interruption, and
+MMAEMU_PROFILE_PATH."""
+
+import hashlib
+import io
+import json
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import mmaemu
+from mmaemu.errors import ExperimentalPresetWarning, SplitKUnknownError, UnverifiedSplitWarning
+from mmaemu.platform import bundles
+from mmaemu.platform.bundles import BundleError
+from mmaemu.platform.profiles import get_profile, list_profiles
+from mmaemu.platform.splitk import reset_split_warnings, resolve_splitk
+from mmaemu.record import RecordError, record
+from mmaemu.record.envelope import fit_envelope, held_out
+from mmaemu.record.grid import GridError, parse_sweep, read_shapes_file
+from mmaemu.record.progress import Progress
+from mmaemu.record.replay import ReplayCase, run_replays, summarise
+from mmaemu.record.trace import check_descriptor, parse_matmul_trace
+
+from fake_gpu import (MiB, TE_WS, TORCH_WS, counting, decide, emulating_gpu, fake_machine, probe, split_shapes,
+                      trace_line, answer)
+
+NAME = "fake-h200-lt12.9.9.9"
+TABLE = "heur_fakeh200_lt12.9.9.9"
+KEYS = [(M, N, K, fa, fb, out, fast) for M, N, K in split_shapes() for fa, fb in
+        (("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")) for out in ("float32", "bfloat16", "float8_e4m3fn")
+        for fast in (False, True)]
+
+
+@pytest.fixture(autouse=True)
+def clean_registry(monkeypatch):
+    monkeypatch.delenv("MMAEMU_PROFILE_PATH", raising=False)
+    bundles.forget_loaded_bundles()
+    reset_split_warnings()
+    yield
+    bundles.forget_loaded_bundles()
+    reset_split_warnings()
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """One recording of the fake GPU over the tiny grid (shared: the replays are the slow part)."""
+    out = tmp_path_factory.mktemp("record")
+    result = record(out, shapes=split_shapes(), machine=fake_machine(), quiet=True)
+    return result
+
+
+def copy_bundle(recorded, tmp_path, name="bundle"):
+    target = tmp_path / name
+    shutil.copytree(recorded.path, target)
+    return target
+
+
+def quiet_decide(profile, M, N, K, fa="e4m3", fb="e4m3", out="float32", fast=False):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return resolve_splitk(M, N, K, a_dtype=fa, b_dtype=fb, out_dtype=out, use_fast_accum=fast, profile=profile)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Recording and the round trip
+
+
+def test_record_writes_a_bundle_whose_profiles_decide_as_the_gpu(recorded):
+    assert recorded.complete and recorded.profiles == (NAME, f"{NAME}-te", f"{NAME}-ws0")
+    assert (recorded.replays_passed, recorded.replays_failed, recorded.findings) == (recorded.replays_passed, 0, 0)
+    assert recorded.replays_passed > 0
+    assert not (recorded.path.parent / f"{NAME}.partial").exists()  # finished: the partial recording is removed
+    profiles = mmaemu.load_profile(recorded.path)
+    assert [p.name for p in profiles] == list(recorded.profiles) and list_profiles()[-3:] == list(recorded.profiles)
+    torch_profile, te_profile, ws0 = profiles
+    assert (torch_profile.workspace_bytes, te_profile.workspace_bytes, te_profile.align, ws0.workspace_bytes) == (
+        TORCH_WS, TE_WS, 256, 0)
+    assert (torch_profile.maturity, torch_profile.splitk_maturity, te_profile.splitk_maturity) == (
+        "validated", "validated", "experimental")
+    assert torch_profile.gpu_name == "NVIDIA Fake H200" and torch_profile.sm_count == 132
+    for key in KEYS:
+        for profile, ws in ((NAME, TORCH_WS), (f"{NAME}-te", TE_WS)):
+            d = quiet_decide(profile, *key)
+            want = decide(*key, ws)[1]["splitK"]
+            assert (d.S, d.source, d.table_id) == (want, "table", TABLE), (profile, key)
+            assert d.scheme == ("contiguous" if want > 1 else "none")
+        assert quiet_decide(f"{NAME}-ws0", *key).source == "workspace0"
+
+
+def test_recorded_split_decisions_are_verified_and_te_ones_warn(recorded):
+    mmaemu.load_profile(recorded.path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        d = resolve_splitk(48, 64, 8192, a_dtype="e4m3", b_dtype="e5m2", out_dtype="bfloat16", use_fast_accum=True,
+                           profile=NAME)
+    assert (d.S, d.verified) == (3, True) and not caught
+    with pytest.warns(UnverifiedSplitWarning, match="Transformer Engine"):
+        resolve_splitk(48, 64, 8192, a_dtype="e4m3", b_dtype="e5m2", out_dtype="bfloat16", use_fast_accum=True,
+                       profile=f"{NAME}-te")
+
+
+def test_recorded_profile_computes_and_explains_on_the_cpu(recorded):
+    mmaemu.load_profile(recorded.path)
+    gen = torch.Generator().manual_seed(3)
+    a = (torch.randn(16, 4096, generator=gen) * 4).to(torch.float8_e4m3fn)
+    b = (torch.randn(64, 4096, generator=gen) * 4).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0)
+    plan = mmaemu.explain(a, b, one, one, out_dtype=torch.bfloat16, profile=NAME)
+    assert plan.validation == "ok" and (plan.split.S, plan.split.source) == (2, "table")
+    got = mmaemu.scaled_mm(a, b, one, one, out_dtype=torch.bfloat16, profile=NAME)
+    want = mmaemu.scaled_mm(a, b, one, one, out_dtype=torch.bfloat16, profile="hopper", splitk=(2, "contiguous"))
+    mmaemu.testing.assert_bitwise_equal(got, want)
+    with pytest.raises(mmaemu.ReferenceRejectsError):
+        mmaemu.scaled_mm(a, b, one, one, out_dtype=torch.float8_e5m2, profile=NAME)  # the fake GPU refused it
+
+
+def test_the_bundle_files_follow_the_table_format(recorded):
+    meta = json.loads((recorded.path / f"{TABLE}.json").read_text())
+    assert meta["format"] == "mmaemu-splitk-table/1" and meta["codes"]["ws"] == [0, TORCH_WS, TE_WS]
+    assert meta["profile_device"]["gpu"] == "NVIDIA Fake H200" and meta["workspaces"]["torch"] == TORCH_WS
+    assert meta["descriptor_check"]["fast_attribute"] == "fastAccumulationMode"
+    assert meta["codes"]["custom -> scheme"] == {"0": "contiguous", "1": "contiguous"}
+    with np.load(recorded.path / f"{TABLE}.npz", allow_pickle=False) as npz:
+        assert {k: str(npz[k].dtype) for k in npz.files} == meta["columns"]
+        assert len(npz["M"]) == meta["rows"] and int((npz["splitK"] > 1).sum()) == meta["split_rows"]
+    # queries the fake cuBLASLt refused (status 15) are counted, not stored; torch's refusals are listed
+    assert meta["dropped"][0] == {"fmt_a": "e4m3", "fmt_b": "e4m3", "out": "float16", "rows": 3, "status": [15]}
+    assert meta["rows"] == 6 * 84 - 9 and {(r["fmt_a"], r["fmt_b"], r["out"]) for r in meta["rejects"]} == {
+        ("e4m3", "e4m3", "float8_e5m2")} | {("e5m2", "e5m2", out) for out in
+                                           ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")}
+    combos = json.loads((recorded.path / meta["verified_combos"]).read_text())
+    assert combos["n_table_combos"] == combos["n_verified_table_combos"] > 0
+    assert meta["envelope"]["kind"] == "k_grid" and set(meta["envelope"]["validation"]) == {str(TORCH_WS),
+                                                                                          str(TE_WS)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Refusals
+
+
+def rewrite(folder, name, blob):
+    """Replace a bundle file and update the manifest's hash (a consistent but damaged bundle)."""
+    (folder / name).write_bytes(blob)
+    manifest = json.loads((folder / "profile.json").read_text())
+    manifest["files"][name] = hashlib.sha256(blob).hexdigest()
+    (folder / "profile.json").write_text(json.dumps(manifest))
+
+
+def rewrite_npz(folder, change):
+    """Rewrite the table npz with change(arrays) applied, keeping every hash consistent."""
+    path = folder / f"{TABLE}.npz"
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    change(arrays)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    blob = buf.getvalue()
+    meta = json.loads((folder / f"{TABLE}.json").read_text())
+    meta["npz_sha256"] = hashlib.sha256(blob).hexdigest()
+    meta["rows"] = len(arrays["M"])
+    rewrite(folder, f"{TABLE}.npz", blob)
+    rewrite(folder, f"{TABLE}.json", json.dumps(meta).encode())
+
+
+def test_damaged_bundles_are_refused(recorded, tmp_path):
+    cases = {
+        "differs from the manifest": lambda f: (f / f"{TABLE}.npz").write_bytes(
+            (f / f"{TABLE}.npz").read_bytes()[:-7] + b"tamper!"),
+        "cannot read": lambda f: (f / "replays.json").unlink(),
+        "missing \\['custom'\\]": lambda f: rewrite_npz(f, lambda a: a.pop("custom")),
+        "column K is int64": lambda f: rewrite_npz(f, lambda a: a.update(K=a["K"].astype(np.int64))),
+        "one-dimensional": lambda f: rewrite_npz(f, lambda a: a.update(M=np.stack([a["M"], a["M"]]))),
+        "without pickles": lambda f: rewrite_npz(f, lambda a: a.update(M=a["M"].astype(object))),
+        "duplicate keys": lambda f: rewrite_npz(f, lambda a: a.update({k: np.concatenate([v, v[:1]])
+                                                                       for k, v in a.items()})),
+        "not valid JSON": lambda f: rewrite(f, "replays.json", b"{not json"),
+        "does not follow from the replays": lambda f: rewrite(f, "replays.json", json.dumps(
+            dict(json.loads((f / "replays.json").read_text()), failed=1)).encode()),
+        "plain file name": lambda f: _edit_manifest(f, lambda m: m["files"].update({"../x": "0" * 64})),
+        "collides with a built-in": lambda f: _edit_manifest(f, lambda m: m["profiles"][0].update(name="hopper")),
+        "unknown preset": lambda f: _edit_manifest(f, lambda m: m.update(preset="no-such-preset")),
+    }
+    for n, (message, damage) in enumerate(cases.items()):
+        folder = copy_bundle(recorded, tmp_path, f"b{n}")
+        damage(folder)
+        with pytest.raises(BundleError, match=message):
+            mmaemu.load_profile(folder)
+    assert NAME not in list_profiles()
+
+
+def _edit_manifest(folder, change):
+    manifest = json.loads((folder / "profile.json").read_text())
+    change(manifest)
+    (folder / "profile.json").write_text(json.dumps(manifest))
+
+
+def test_a_second_bundle_with_the_same_names_is_refused(recorded, tmp_path):
+    mmaemu.load_profile(recorded.path)
+    assert mmaemu.load_profile(recorded.path)[0].name == NAME  # the same bundle again: a no-op
+    other = copy_bundle(recorded, tmp_path)
+    _edit_manifest(other, lambda m: m.update(recorded_by="someone else"))
+    with pytest.raises(BundleError, match="already"):
+        mmaemu.load_profile(other)
+
+
+def test_profile_path(recorded, tmp_path, monkeypatch):
+    good = copy_bundle(recorded, tmp_path / "shelf", NAME)
+    bad = copy_bundle(recorded, tmp_path / "shelf", "zz-damaged")
+    _edit_manifest(bad, lambda m: m["files"].update({f"{TABLE}.npz": "0" * 64}))
+    monkeypatch.setenv("MMAEMU_PROFILE_PATH", f"{tmp_path / 'nowhere'}:{tmp_path / 'shelf'}")
+    with pytest.warns(RuntimeWarning, match="zz-damaged.*sha256"):
+        names = list_profiles()
+    assert names[-3:] == [NAME, f"{NAME}-te", f"{NAME}-ws0"]
+    assert get_profile(NAME).splitk_table == TABLE
+    with pytest.raises(KeyError, match="refused bundle"):
+        get_profile("no-such-profile")
+    from mmaemu import diagnostics
+
+    table = next(t for t in diagnostics._splitk_tables() if t["table_id"] == TABLE)
+    assert table["profiles"] == [NAME, f"{NAME}-te", f"{NAME}-ws0"] and table["index_rows"] == table["rows"]
+    assert any("zz-damaged" in u["component"] for u in diagnostics._refused_bundles())
+    bundles.forget_loaded_bundles()
+    monkeypatch.setenv("MMAEMU_PROFILE_PATH", str(good))  # a bundle folder itself
+    assert quiet_decide(NAME, 48, 64, 8192).S == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Resume, findings, descriptor probe
+
+
+def test_an_interrupted_recording_resumes_without_losing_rows(recorded, tmp_path):
+    answer_fn, state = counting(answer, stop_after=140 + 84 * 2 + 40)  # probe, two shapes, part of the third
+    with pytest.raises(KeyboardInterrupt):
+        record(tmp_path, shapes=split_shapes(), machine=fake_machine(answer_fn=answer_fn), quiet=True, replay=False)
+    partial = tmp_path / f"{NAME}.partial"
+    answers = partial / "answers.bin"
+    assert answers.stat().st_size == 2 * 84 * 13  # complete shapes only
+    with open(answers, "ab") as fh:
+        fh.write(b"\x01" * 100)  # a torn write of the interrupted shape
+    answer_fn, state = counting(answer)
+    result = record(tmp_path, shapes=split_shapes(), machine=fake_machine(answer_fn=answer_fn), quiet=True,
+                    replay=False)
+    assert result.complete and state["calls"] == 4 * 84 + 140  # four shapes left, plus the probe's 140 checks
+    resumed = (result.path / f"{TABLE}.npz").read_bytes()
+    assert resumed == (recorded.path / f"{TABLE}.npz").read_bytes()  # the same table as an uninterrupted recording
+    assert json.loads((result.path / "profile.json").read_text())["maturity"] == "experimental"  # no replays
+
+
+def test_a_partial_recording_of_another_plan_is_refused(tmp_path):
+    answer_fn, _ = counting(answer, stop_after=84 + 140)
+    with pytest.raises(KeyboardInterrupt):
+        record(tmp_path, shapes=split_shapes(), machine=fake_machine(answer_fn=answer_fn), quiet=True, replay=False)
+    with pytest.raises(Exception, match="another plan"):
+        record(tmp_path, shapes=split_shapes()[:3], machine=fake_machine(), quiet=True, replay=False)
+
+
+def test_a_differing_replay_is_a_finding(tmp_path):
+    gpu = emulating_gpu(corrupt=lambda case: case.S == 3 and case.fast and case.out == "float32")
+    shapes = np.array([(48, 64, 8192), (16, 64, 4096)])
+    result = record(tmp_path, shapes=shapes, machine=fake_machine(gpu_gemm=gpu), quiet=True)
+    assert result.findings == 3 * 2 and result.replays_failed > 0  # 3 format pairs x 2 data kinds
+    manifest = json.loads((result.path / "profile.json").read_text())
+    report = json.loads((result.path / "replays.json").read_text())
+    assert manifest["maturity"] == "experimental" and report["custom_to_scheme"] == {"0": "contiguous"}
+    finding = next(r for r in report["replays"] if r.get("finding"))
+    with np.load(result.path / "findings.npz", allow_pickle=False) as npz:
+        prefix = finding["finding"]
+        gpu_bits, emulated = npz[f"{prefix}/gpu"], npz[f"{prefix}/emulated_contiguous"]
+        assert npz[f"{prefix}/a"].shape == (48, 8192) and npz[f"{prefix}/b"].shape == (64, 8192)
+        assert int((gpu_bits != emulated).sum()) == 1
+    (profile, *_) = mmaemu.load_profile(result.path)
+    assert profile.maturity == "experimental"
+    with pytest.warns(ExperimentalPresetWarning):
+        mmaemu.platform.warn_profile_maturity(profile, dry=True)
+    d = quiet_decide(NAME, 48, 64, 8192, fast=True)
+    assert d.S == 3 and not d.verified and "never recorded" in d.note  # customOption 1 has no scheme
+
+
+def test_the_descriptor_check_reads_torch_s_calls():
+    calls, traced, _ = probe()
+    session_answers = {}
+
+    def answer_of(q):
+        from mmaemu.platform.heuristic import HeuristicAnswer
+        key = (q.b.cols, q.a.cols, q.a.rows, next(f for f, t in (("e4m3", "CUDA_R_8F_E4M3"), ("e5m2", "CUDA_R_8F_E5M2"))
+                                                  if t == q.b.dtype))
+        session_answers[key] = True
+        fmt = {"CUDA_R_8F_E4M3": "e4m3", "CUDA_R_8F_E5M2": "e5m2"}
+        outs = {"CUDA_R_32F": "float32", "CUDA_R_16BF": "bfloat16", "CUDA_R_16F": "float16",
+                "CUDA_R_8F_E4M3": "float8_e4m3fn", "CUDA_R_8F_E5M2": "float8_e5m2"}
+        cfg = decide(q.b.cols, q.a.cols, q.a.rows, fmt[q.b.dtype], fmt[q.a.dtype], outs[q.d.dtype], q.fast_accum,
+                     q.workspace_bytes)[1]
+        return HeuristicAnswer(**cfg)
+
+    names = {("tile", 20): "TILE_64x64", ("tile", 209): "TILE_128x128", ("stages", 36): "STAGES_128xAUTO",
+             ("reduction", 2): "COMPUTE_TYPE", ("reduction", 0): "NONE"}
+    from mmaemu.platform.heuristic import build_query
+
+    def query_of(c, ws):
+        return build_query(c.M, c.N, c.K, c.fa, c.fb, c.out, c.fast, ws, None)
+
+    check = check_descriptor(calls, traced, query_of, answer_of, lambda f, v: names.get((f, v)))
+    assert check.problems == [] and check.workspace_bytes == TORCH_WS and check.split_calls > 0
+    assert check.compared_algo_fields == ["algoId", "customOption", "tile", "stages", "split", "reduction"]
+    # a descriptor attribute the recorder does not set, another algorithm, a missing trace line
+    for kwargs, message in (({"extra": " epilogue=EPILOGUE_BIAS"}, "epilogue=EPILOGUE_BIAS"),
+                            ({"custom_delta": 1}, "torch ran customOption"),
+                            ({"ws": 32 * MiB}, None)):
+        calls2, traced2, _ = probe(**kwargs)
+        check = check_descriptor(calls2, traced2, query_of, answer_of, lambda f, v: names.get((f, v)))
+        if message:
+            assert any(message in p for p in check.problems), check.problems[:3]
+        else:
+            assert check.workspace_bytes == 32 * MiB
+    # a log that also shows the attribute at 0 on the slow calls
+    calls3, traced3, _ = probe()
+    for c, t in zip([c for c in calls3 if c.error is None], traced3):
+        t.descriptor.setdefault("fastAccumulationMode", "0")
+    check = check_descriptor(calls3, traced3, query_of, answer_of, lambda f, v: names.get((f, v)))
+    assert check.problems == [] and check.fast_attribute == "fastAccumulationMode"
+    check = check_descriptor(calls, traced[:-1], query_of, answer_of, lambda f, v: None)
+    assert "trace lines" in check.problems[0]
+
+
+def test_a_recording_is_refused_when_torch_s_descriptor_differs(tmp_path):
+    machine = fake_machine(probe_fn=lambda: probe(extra=" smCountTarget=66"))
+    with pytest.raises(RecordError, match="smCountTarget=66"):
+        record(tmp_path, shapes=split_shapes(), machine=machine, quiet=True)
+    with pytest.raises(RecordError, match="no preset"):
+        record(tmp_path, shapes=split_shapes(), machine=fake_machine(capability=[12, 0]), quiet=True)
+
+
+def test_trace_lines_parse():
+    line = trace_line(mmaemu.record.trace.ProbeCall(48, 64, 5760, "e4m3", "e5m2", "bfloat16", True))
+    (t,) = parse_matmul_trace("noise\n" + line + "\n[Api][cublasLtMatmulDescCreate] x=1")
+    assert t.layouts["Adesc"] == {"type": "R_8F_E5M2", "rows": "5760", "cols": "64", "ld": "5760"}
+    assert t.descriptor["fastAccumulationMode"] == "1" and t.algo["splitK"] == "2"
+    assert t.workspace_bytes == TORCH_WS
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pieces: comparison logic, envelope, grid, progress, error text
+
+
+def test_replay_comparison_on_cpu_tensors():
+    """run_replays/summarise with fake GEMMs: which scheme reproduces the GPU, and what is kept when none does."""
+    cases = [ReplayCase(3, 7, "float32", False, "e4m3", "e4m3", 4, 8, 512, MiB, data, 1 + i)
+             for i, data in enumerate(("random", "adversarial"))]
+    cases.append(ReplayCase(1, 0, "bfloat16", True, "e4m3", "e5m2", 4, 8, 256, MiB, "random", 9))
+
+    def emulate(case, a, b, sa, sb, splitk):
+        # stand-ins for two reduction orders: the exact dot products as float32 bits, "pairwise" one ulp off
+        base = (a.astype(np.int64) @ b.T.astype(np.int64)).astype(np.float32).view(np.uint32)
+        return base + np.uint32(1 if splitk == (3, "pairwise") else 0)
+
+    gpu = lambda case, a, b, sa, sb: emulate(case, a, b, sa, sb, 1 if case.S == 1 else (case.S, "serial"))
+    results = run_replays(cases, "ada", lambda S: ["none"] if S == 1 else ["serial", "pairwise"], gpu, emulate)
+    assert [r.matched for r in results] == [["serial"], ["serial"], ["none"]]
+    summary = summarise(results, ["serial", "pairwise"])
+    assert summary["custom_to_scheme"] == {"7": "serial"} and (summary["passed"], summary["failed"]) == (3, 0)
+    wrong = lambda case, a, b, sa, sb: emulate(case, a, b, sa, sb, 1) + np.uint32(5)
+    results = run_replays(cases[:1], "ada", lambda S: ["serial", "pairwise"], wrong, emulate)
+    assert results[0].matched == [] and set(results[0].kept) >= {"a", "b", "gpu", "emulated_serial",
+                                                                  "emulated_pairwise"}
+    assert summarise(results, ["serial", "pairwise"])["failed"] == 1
+    boom = run_replays(cases[:1], "ada", lambda S: ["serial"], lambda *a: 1 / 0, emulate)
+    assert boom[0].gpu_error.startswith("ZeroDivisionError")
+
+
+def test_envelope_bounds_and_held_out_check():
+    M = np.array([1, 2, 4, 8, 16, 32, 64, 128] * 3)
+    K = np.repeat([1024, 2048, 4096], 8)
+    N = np.full(24, 64)
+    S = np.where(M * N * (K >= 2048) <= 1024, 2, 1) * (K >= 2048) + (K < 2048)
+    cols = {"M": M, "N": N, "K": K, "splitK": S, "ws": np.ones(24, int), "out": np.zeros(24, int),
+            "fast": np.zeros(24, int), "fa": np.zeros(24, int), "fb": np.zeros(24, int), "custom": np.zeros(24, int)}
+    env = fit_envelope(cols, [0, MiB])
+    (bound,) = env["bounds"]
+    assert env["K_grid"] == [1024, 2048, 4096] and bound["B"] == [0, 2 * 16 * 64, 2 * 16 * 64]
+    assert env["validation"][str(MiB)]["split_above_bound"] == 0
+    hold = held_out(cols)
+    assert hold.dtype == bool and hold.any() and not hold.all()
+
+
+def test_grid_specs(tmp_path):
+    grid = parse_sweep("M=1-8*2;N=16,32;K=1024-3072:1024")
+    assert len(grid) == 4 * 2 * 3 and tuple(grid[0]) == (1, 16, 1024)
+    for bad in ("M=1;N=16", "M=1;N=17;K=16", "M=a;N=16;K=16", "Q=1;N=16;K=16", "M=1-8*1;N=16;K=16"):
+        with pytest.raises(GridError):
+            parse_sweep(bad)
+    path = tmp_path / "shapes.txt"
+    path.write_text("# M N K\n1 16 1024\n2,32,2048  # comment\n1 16 1024\n")
+    assert read_shapes_file(path).tolist() == [[1, 16, 1024], [2, 32, 2048]]
+    path.write_text("1 16\n")
+    with pytest.raises(GridError, match="shapes.txt:1"):
+        read_shapes_file(path)
+
+
+def test_progress_lines_for_logs():
+    stream = io.StringIO()
+    bar = Progress(10, "recording", "queries", stream=stream)
+    bar.update(5, 50, force=True)
+    bar.log("done")
+    quiet = io.StringIO()
+    Progress(10, "x", "q", quiet=True, stream=quiet).update(5, 5, force=True)
+    text = stream.getvalue()
+    assert "recording  50.0%" in text and "5/10" in text and "queries/s" in text and "left" in text
+    assert text.endswith("done\n") and quiet.getvalue() == ""
+
+
+def test_splitk_unknown_error_names_the_record_command():
+    with pytest.raises(SplitKUnknownError, match="mmaemu record"):
+        resolve_splitk(16, 256, 128, a_dtype="e4m3", b_dtype="e4m3", out_dtype="float32", use_fast_accum=False)
+    with pytest.raises(SplitKUnknownError, match="mmaemu record"):
+        resolve_splitk(16, 256, 1024, a_dtype="e4m3", b_dtype="e4m3", out_dtype="float32", use_fast_accum=False,
+                       profile="hopper-experimental")
+
+
+def test_cli_record_without_a_gpu(tmp_path):
+    from click.testing import CliRunner
+
+    from mmaemu.cli import cli
+
+    result = CliRunner().invoke(cli, ["record", "--out", str(tmp_path), "--quiet"])
+    assert result.exit_code == 4 and "needs a CUDA GPU" in result.output
+    result = CliRunner().invoke(cli, ["record", "--sweep", "M=1"])
+    assert result.exit_code in (2, 4)
+
+
+def test_bundles_shipped_in_the_package_are_loaded(recorded, monkeypatch):
+    monkeypatch.setattr(bundles, "packaged_bundle_folders", lambda: [recorded.path])
+    assert list_profiles()[-3:] == list(recorded.profiles) and get_profile(NAME).maturity == "validated"
