@@ -57,9 +57,9 @@ VARIABLES = (
     EnvVar("MMAEMU_DISABLE_CUDA", "1 (or true/yes/on): never touch CUDA; no live cuBLASLt query"),
     EnvVar("MMAEMU_CACHE_DIR", "where compiled code and self-test verdicts are cached"),
     EnvVar("MMAEMU_LIBCUDA_PATH", "explicit path of libcuda for the device probe"),
+    EnvVar("MMAEMU_NVRTC_PATH", "explicit path of libnvrtc, whose version mmaemu info reports"),
     EnvVar("MMAEMU_PROFILE_PATH", "recorded profile bundles to load (os.pathsep-separated folders)",
            _profile_path_problem),
-    EnvVar("MMAEMU_NVRTC_PATH", "explicit path of libnvrtc, whose version mmaemu info reports"),
     EnvVar("MMAEMU_TEST_FORCE_FAIL", "tests only: comma list of CUDA kernels whose self-test is made to fail"),
 )
 NAMES = tuple(v.name for v in VARIABLES)
