@@ -21,6 +21,7 @@ _EXPORTS = {
     "get_profile": "platform.profiles",
     "list_profiles": "platform.profiles",
     "Profile": "platform.profiles",
+    "profile_from_preset": "platform.profiles",
     "get_preset": "model.presets",
     "list_presets": "model.presets",
     "Preset": "model.presets",

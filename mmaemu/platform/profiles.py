@@ -23,6 +23,7 @@ __all__ = [
     "RejectRule",
     "get_profile",
     "list_profiles",
+    "profile_from_preset",
     "profile_maturity_messages",
     "warn_profile_maturity",
     "reset_maturity_warnings",
@@ -164,6 +165,8 @@ class Profile:
         note = _SPLITK_MATURITY_NOTES.get(self.name)
         if self.splitk_maturity != "validated" and note:
             text += f"; split-K decisions with S > 1 are {self.splitk_maturity}: {note}"
+        if _BY_NAME.get(self.name) is not self:  # e.g. profile_from_preset: say which arithmetic it computes
+            text = f"preset {self.preset_name} on the platform of {text}; {self.maturity} profile"
         return text
 
     def rejection(self, fmt_a, fmt_b, out_dtype) -> Optional[RejectRule]:
@@ -230,13 +233,16 @@ _PROFILES = (
             splitk_maturity="validated", **_H100),
     Profile("hopper-experimental", "hopper", capability=(9, 0), caller=_TORCH, **_NO_PLATFORM),
     Profile("b200-mma-sync-experimental", "b200_mma_sync", capability=(10, 0), caller=_TORCH, **_NO_PLATFORM),
+    # Blackwell GEMM instructions as MMA-Sim models them (mmaemu.model.presets): no recorded platform yet.
+    Profile("tcgen05-f8f6f4-experimental", "tcgen05_f8f6f4", capability=(10, 0), caller=_TORCH, **_NO_PLATFORM),
+    Profile("sm120-mma-sync-experimental", "sm120_mma_sync", capability=(12, 0), caller=_TORCH, **_NO_PLATFORM),
 )
 _BY_NAME = {p.name: p for p in _PROFILES}
 
 
 def list_profiles() -> list:
     """Profile names in the documented order: ada, ada-te, ada-ws0, hopper, hopper-te, hopper-ws0,
-    hopper-experimental, b200-mma-sync-experimental."""
+    hopper-experimental, b200-mma-sync-experimental, tcgen05-f8f6f4-experimental, sm120-mma-sync-experimental."""
     return [p.name for p in _PROFILES]
 
 
@@ -251,11 +257,44 @@ def get_profile(name_or_profile=None) -> Profile:
     if name_or_profile is None:
         name_or_profile = os.environ.get("MMAEMU_PROFILE") or DEFAULT_PROFILE
     if not isinstance(name_or_profile, str):
-        raise TypeError(f"profile must be a name, a mmaemu.Profile or None, got {type(name_or_profile).__name__}")
+        hint = ""
+        if type(name_or_profile).__name__ == "Preset":
+            hint = ("; a Preset is a tensor-core design, not a platform: build a profile from it with "
+                    "mmaemu.profile_from_preset(preset, base='hopper')")
+        raise TypeError(f"profile must be a name, a mmaemu.Profile or None, got {type(name_or_profile).__name__}"
+                        + hint)
     try:
         return _BY_NAME[name_or_profile]
     except KeyError:
         raise KeyError(f"unknown profile {name_or_profile!r}; known profiles: {list_profiles()}") from None
+
+
+def profile_from_preset(preset, base="hopper", *, name: Optional[str] = None) -> Profile:
+    """A profile that computes with ``preset`` on the platform of ``base``: one call from a tensor-core design to
+    ``scaled_mm`` / ``accumulate`` / ``explain`` / ``EmulatedFP8Linear`` / ``patch``.
+
+    ``preset``: a :class:`mmaemu.Preset` (e.g. ``get_preset("hopper").variant("frac16", frac=16, frac_out=16)``)
+    or a preset name. ``base``: a profile (name or Profile) whose GPU facts, cuBLASLt workspace, split-K table and
+    rejections the new profile keeps — cuBLASLt's split decision depends on the shape and the platform, not on the
+    tensor core's arithmetic, so "what if this GPU's tensor core were different" keeps the GPU's decisions. The
+    preset's own rules still apply: a preset without GEMM level refuses slow accumulation and split-K, and a
+    custom preset accepts every split scheme. ``name`` defaults to ``"<preset>@<base>"``.
+
+    The profile is "validated" only when ``preset`` is the base's own preset; otherwise it is "custom" (or the
+    preset's "experimental"), and using it warns (ExperimentalPresetWarning) like the preset does.
+    """
+    base_profile = get_profile(base)
+    design = _presets().get_preset(preset, warn=False)
+    own = design is _presets().get_preset(base_profile.preset, warn=False)
+    if own:
+        maturity = base_profile.maturity
+    else:
+        maturity = "experimental" if design.maturity == "experimental" else "custom"
+    if name is None:
+        name = f"{design.name}@{base_profile.name}"
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"profile_from_preset: name must be a non-empty string, got {name!r}")
+    return dataclasses.replace(base_profile, name=name, preset=design, maturity=maturity)
 
 
 # ----------------------------------------------------------------------------------------------------------------

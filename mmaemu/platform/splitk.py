@@ -424,8 +424,8 @@ def _unknown(call: _Call, reason: str) -> SplitKUnknownError:
         record = (f"run the call on the reference GPU ({profile.gpu_name}, {profile.sm_count} SMs, cuBLASLt "
                   f"{profile.cublaslt_version}), where mmaemu asks cuBLASLt directly, or record its heuristic there")
     else:
-        record = ("record the cuBLASLt heuristic (cublasLtMatmulAlgoGetHeuristic with torch's descriptor) on the GPU "
-                  "you emulate")
+        record = ("record the GPU you emulate with `python -m mmaemu record` there (cuBLASLt's heuristic for "
+                  "torch's descriptor, cublasLtMatmulAlgoGetHeuristic)")
     return SplitKUnknownError(
         f"cannot decide split-K for M={call.M}, N={call.N}, K={call.K} ({call.fa} x {call.fb} -> {call.out}, "
         f"{'fast' if call.fast else 'slow'} accumulation, workspace {call.ws}) on profile {profile.name!r}: "
