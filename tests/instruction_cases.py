@@ -13,7 +13,7 @@ test. Kinds (each row carries its kind's name, for failure reports):
 * ``subnormal``: subnormal and zero codes mixed with the smallest normals;
 * ``signed-zeros``: half the codes +-0, c = +-0;
 * ``one-huge``: one product of the largest codes among the smallest ones;
-* ``cancel``: products that cancel in pairs exactly, or up to one small leftover;
+* ``cancel``: products that cancel in pairs exactly, or up to one leftover (and one more for an odd k);
 * ``boundary``: one product at exponent E and the others at E - d with d around the kept fraction bits, so that
   their significands fall on both sides of the truncation grid 2**(E - frac);
 * ``c-dominant``: c far above (or just above) the products, so that they are cut to c's grid;
@@ -146,8 +146,9 @@ def _kind_cancel(ta, tb, n, k, rng):
     half = k // 2
     a_half = rng.choice(ta.finite, (n, half))
     b_half = rng.choice(tb.finite, (n, half))
-    a = np.concatenate([a_half, a_half ^ 0x80], axis=1)  # the same products with the opposite sign
-    b = np.concatenate([b_half, b_half], axis=1)
+    odd = [rng.choice(ta.finite, (n, k % 2))], [rng.choice(tb.finite, (n, k % 2))]
+    a = np.concatenate([a_half, a_half ^ 0x80] + odd[0], axis=1)  # the same products with the opposite sign
+    b = np.concatenate([b_half, b_half] + odd[1], axis=1)
     leftover = rng.random(n) < 0.5  # one pair made unequal: a small residue survives the cancellation
     a[leftover, -1] = rng.choice(ta.finite, leftover.sum())
     perm = np.argsort(rng.random((n, k)), axis=1)

@@ -91,8 +91,6 @@ class Preset:
         changed parameter is no longer what the hardware recordings validated. ``name`` must not be a shipped
         preset's name, alias or refused name (the once-per-name warnings and the error messages go by name).
         """
-        if "name" in changes:
-            raise TypeError("Preset.variant: give the new name as the first argument, not as a change")
         if isinstance(name, str) and _is_reserved(name):
             raise ValueError(f"Preset.variant: {name!r} names a shipped preset; pick a name of your own")
         fields = {"maturity": "custom", "validated_scope": "", "evidence": ()}
