@@ -81,6 +81,12 @@ def test_warning_names_the_evidence_once(preset):
     assert "no hardware recording here" in messages[0]
 
 
+@pytest.mark.filterwarnings("default::mmaemu.ExperimentalPresetWarning")
+def test_the_blackwell_alias_says_which_instruction_it_is():
+    with pytest.warns(mmaemu.ExperimentalPresetWarning, match="tcgen05_f8f6f4.*sm120_mma_sync"):
+        assert mmaemu.get_preset("blackwell") is presets.B200_MMA_SYNC
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Arithmetic without MMA-Sim: the independent oracle, the fast path, b200_mma_sync
 
@@ -243,3 +249,28 @@ def test_profile_from_preset_runs_every_entry_point():
         y = mmaemu.scaled_mm(x, w.t(), one, one, profile=design, **call)
     assert (y.view(torch.int32) != mmaemu.scaled_mm(x, w.t(), one, one, profile="hopper", **call)
             .view(torch.int32)).any()
+
+
+def test_demo_compares_a_blackwell_profile_with_the_h100():
+    import json
+
+    from click.testing import CliRunner
+
+    from mmaemu import cli
+
+    args = ["demo", "--quick", "--profile", "hopper", "--profile", "sm120-mma-sync-experimental", "--json", "-"]
+    result = CliRunner().invoke(cli.cli, args, catch_exceptions=False)
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    rtx50 = data["profiles"]["sm120-mma-sync-experimental"]
+    assert rtx50["splitk_stated"] and rtx50["split"]["S"] == 1 and rtx50["split"]["source"] == "explicit"
+    assert rtx50["maturity"] == "experimental" and rtx50["gpu"] is None
+    assert not data["profiles"]["hopper"]["splitk_stated"]
+    assert data["versus_first"][0]["profiles"] == ["hopper", "sm120-mma-sync-experimental"]
+    # 25 kept bits: far closer to the IEEE reference than the H100's 13 on the same GEMM
+    assert rtx50["vs_ieee"]["differ"] < data["profiles"]["hopper"]["vs_ieee"]["differ"]
+    text = CliRunner().invoke(cli.cli, args[:-2], catch_exceptions=False).stdout
+    assert "stated by the demo: no split-K table for this profile" in text
+    assert "hopper vs sm120-mma-sync-experimental:" in text
+    bad = CliRunner().invoke(cli.cli, ["demo", "--quick", "--profile", "rtx5090"])
+    assert bad.exit_code == 2 and "unknown profile" in bad.output

@@ -154,6 +154,8 @@ _ALIASES = {"blackwell": "b200_mma_sync"}
 # Names that do not say which instruction they mean (an RTX 50 GPU has several FP8 paths, and a name of a GPU or
 # of an architecture is not a name of an arithmetic): refused, pointing to the instruction presets.
 _REFUSED = {"sm_120", "sm120", "rtx_blackwell", "rtx-blackwell", "rtx5070ti", "rtx_5070_ti"}
+_ALIAS_NOTE = ("; 'blackwell' names the B200's mma.sync instruction, not what Blackwell GEMMs run: B200/GB200 "
+               "GEMMs use tcgen05.mma (preset 'tcgen05_f8f6f4'), RTX 50-series FP8 mma.sync is 'sm120_mma_sync'")
 _REFUSED_MESSAGE = (
     "preset {name!r} is refused: it names a GPU, not a tensor-core instruction. RTX 50-series (sm_120) FP8 "
     "mma.sync is modelled, experimentally, by preset 'sm120_mma_sync' (profile 'sm120-mma-sync-experimental'); "
@@ -204,7 +206,7 @@ def get_preset(name_or_preset, *, warn=True) -> Preset:
     else:
         raise TypeError(f"preset must be a name or a mmaemu.Preset, got {type(name_or_preset).__name__}")
     if warn:
-        warn_if_not_validated(preset, every_time=alias)
+        warn_if_not_validated(preset, every_time=alias, note=_ALIAS_NOTE if alias else "")
     return preset
 
 
@@ -219,11 +221,13 @@ def maturity_message(preset: Preset) -> Optional[str]:
             f"{evidence}")
 
 
-def warn_if_not_validated(preset: Preset, *, every_time=False, stacklevel=3):
-    """Emit ExperimentalPresetWarning once per process per preset name (every time if asked)."""
+def warn_if_not_validated(preset: Preset, *, every_time=False, stacklevel=3, note=""):
+    """Emit ExperimentalPresetWarning once per process per preset name (every time if asked); ``note`` is appended
+    to the message."""
     message = maturity_message(preset)
     if message is None:
         return
+    message += note
     with _warned_lock:
         first = preset.name not in _warned
         _warned.add(preset.name)
