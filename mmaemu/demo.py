@@ -80,8 +80,8 @@ def run_demo(*, quick: bool = False, seed: int = 0, profiles: Sequence[str] = ("
     split decision, ``seconds``, ``first_call`` (that call includes Numba compilation or cache loading),
     ``vs_ieee``: {differ, max_abs_diff, max_rel_diff}, ``maturity``, ``splitk_stated``: S = 1 given by the demo
     because the profile has no split-K table), ``between`` (first two profiles compared), ``versus_first`` (every
-    later profile against the first) and ``reference_seconds``. Relative differences are relative to the IEEE reference (outputs where it is 0 are
-    left out).
+    later profile against the first) and ``reference_seconds``. Relative differences are relative to the IEEE
+    reference (outputs where it is 0 are left out).
     """
     import torch
 

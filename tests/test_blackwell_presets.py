@@ -221,7 +221,9 @@ def test_profile_from_preset_keeps_the_platform():
     for field in ("gpu_name", "capability", "sm_count", "cublaslt_version", "caller", "workspace_bytes",
                   "splitk_table", "rejects", "splitk_maturity"):
         assert getattr(profile, field) == getattr(base, field), field
-    assert profile.description.startswith("preset blocks64 on the platform of NVIDIA H100 PCIe")
+    assert profile.description == f"preset blocks64 on the platform of profile 'hopper' ({base.description}); " \
+                                  "custom profile"
+    assert isinstance(profile, mmaemu.Profile) and profile.base == "hopper"
     assert mmaemu.profile_from_preset("hopper").maturity == "validated"
     assert mmaemu.profile_from_preset("tcgen05_f8f6f4", base="ada", name="b200-arith").maturity == "experimental"
     assert mmaemu.get_profile(profile) is profile

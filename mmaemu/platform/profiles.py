@@ -24,6 +24,7 @@ __all__ = [
     "get_profile",
     "list_profiles",
     "profile_from_preset",
+    "PresetProfile",
     "profile_maturity_messages",
     "warn_profile_maturity",
     "reset_maturity_warnings",
@@ -165,8 +166,6 @@ class Profile:
         note = _SPLITK_MATURITY_NOTES.get(self.name)
         if self.splitk_maturity != "validated" and note:
             text += f"; split-K decisions with S > 1 are {self.splitk_maturity}: {note}"
-        if _BY_NAME.get(self.name) is not self:  # e.g. profile_from_preset: say which arithmetic it computes
-            text = f"preset {self.preset_name} on the platform of {text}; {self.maturity} profile"
         return text
 
     def rejection(self, fmt_a, fmt_b, out_dtype) -> Optional[RejectRule]:
@@ -269,6 +268,22 @@ def get_profile(name_or_profile=None) -> Profile:
         raise KeyError(f"unknown profile {name_or_profile!r}; known profiles: {list_profiles()}") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class PresetProfile(Profile):
+    """A profile made by :func:`profile_from_preset`: the platform of the profile ``base`` with another preset.
+
+    ``base_description`` is the base profile's description, kept for this one's.
+    """
+
+    base: str = ""
+    base_description: str = ""
+
+    @property
+    def description(self) -> str:
+        return (f"preset {self.preset_name} on the platform of profile {self.base!r} ({self.base_description}); "
+                f"{self.maturity} profile")
+
+
 def profile_from_preset(preset, base="hopper", *, name: Optional[str] = None) -> Profile:
     """A profile that computes with ``preset`` on the platform of ``base``: one call from a tensor-core design to
     ``scaled_mm`` / ``accumulate`` / ``explain`` / ``EmulatedFP8Linear`` / ``patch``.
@@ -294,7 +309,9 @@ def profile_from_preset(preset, base="hopper", *, name: Optional[str] = None) ->
         name = f"{design.name}@{base_profile.name}"
     if not isinstance(name, str) or not name:
         raise ValueError(f"profile_from_preset: name must be a non-empty string, got {name!r}")
-    return dataclasses.replace(base_profile, name=name, preset=design, maturity=maturity)
+    platform = {field.name: getattr(base_profile, field.name) for field in dataclasses.fields(Profile)}
+    platform.update(name=name, preset=design, maturity=maturity)
+    return PresetProfile(**platform, base=base_profile.name, base_description=base_profile.description)
 
 
 # ----------------------------------------------------------------------------------------------------------------
