@@ -276,3 +276,28 @@ def test_demo_compares_a_blackwell_profile_with_the_h100():
     assert "hopper vs sm120-mma-sync-experimental:" in text
     bad = CliRunner().invoke(cli.cli, ["demo", "--quick", "--profile", "rtx5090"])
     assert bad.exit_code == 2 and "unknown profile" in bad.output
+
+
+def test_a_design_profile_runs_in_layers_and_patches():
+    """EmulatedFP8Linear keeps the profile object (its name is not listed) and mmaemu.patch takes it as it is."""
+    from mmaemu.nn import EmulatedFP8Linear
+
+    design = mmaemu.profile_from_preset(presets.HOPPER.variant("frac20-layer", frac=20, frac_out=20))
+    torch.manual_seed(4)
+    linear = torch.nn.Linear(256, 64, bias=False)
+    layer = EmulatedFP8Linear.from_linear(linear, profile=design, splitk=1, out_dtype=torch.float32)
+    assert layer.profile is design and "frac20-layer@hopper" in repr(layer)
+    assert EmulatedFP8Linear.from_linear(linear, profile="ada").profile == "ada"
+    x = torch.randn(5, 256)
+    with torch.no_grad():
+        y = layer(x)
+    x8 = mmaemu.quantize_e4m3(x, mmaemu.quantize.amax_scale(x))
+    want = mmaemu.scaled_mm(x8, layer.weight.t(), mmaemu.quantize.scale_inv(mmaemu.quantize.amax_scale(x)),
+                            layer.weight_scale_inv, out_dtype=torch.float32, use_fast_accum=True, profile=design,
+                            splitk=1)
+    assert_bitwise_equal(y, want)
+    with mmaemu.patch(profile=design, splitk=1) as log:
+        got = torch._scaled_mm(x8, layer.weight.t(), mmaemu.quantize.scale_inv(mmaemu.quantize.amax_scale(x)),
+                               layer.weight_scale_inv, out_dtype=torch.float32, use_fast_accum=True)
+    assert_bitwise_equal(got, want)
+    assert "profile=frac20-layer@hopper" in log.summary()
