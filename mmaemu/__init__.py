@@ -22,6 +22,7 @@ _EXPORTS = {
     "list_profiles": "platform.profiles",
     "Profile": "platform.profiles",
     "load_profile": "platform.bundles",
+    "profile_from_preset": "platform.profiles",
     "get_preset": "model.presets",
     "list_presets": "model.presets",
     "Preset": "model.presets",

@@ -1,4 +1,5 @@
-"""The demo of the README: one FP8 GEMM of the Evo 2 1B projection shape under the ``hopper`` and ``ada`` profiles.
+"""The demo of the README: one FP8 GEMM of the Evo 2 1B projection shape under the ``hopper`` and ``ada`` profiles
+(or any profiles you name, e.g. the experimental Blackwell ones next to the H100).
 
 :func:`run_demo` builds seeded activations and weights, quantises them to E4M3 as Transformer Engine does
 (per-tensor amax scaling to 448, the GEMM gets the inverse scales), runs ``mmaemu.scaled_mm`` (bf16 output,
@@ -7,9 +8,11 @@
 * an IEEE reference: the float64 matmul of the decoded FP8 values (exact values; the float64 sum of the K
   products is rounded once to fp32), followed by the very epilogue ``scaled_mm`` applies (fp32 scale product,
   fp32 multiply, bf16 rounding: :func:`mmaemu.cpu.epilogue_codes`), so that only the accumulation differs;
-* each other.
+* each other (every profile against the first).
 
-It returns plain data (a dict); ``python -m mmaemu demo`` prints it.
+A profile without a split-K table (the experimental ones: no recorded platform) gets ``splitk=1``, stated by the
+demo and reported as such, since ``"auto"`` has no evidence to decide from there. It returns plain data (a dict);
+``python -m mmaemu demo [--profile NAME ...]`` prints it.
 """
 
 from __future__ import annotations
@@ -75,9 +78,10 @@ def run_demo(*, quick: bool = False, seed: int = 0, profiles: Sequence[str] = ("
     Keys: ``shape``, ``quick``, ``seed``, ``inputs`` (distributions, amax, inverse scales), ``call``,
     ``reference`` (how the IEEE reference is computed), ``outputs`` (M*N), ``profiles`` (per profile: GPU,
     split decision, ``seconds``, ``first_call`` (that call includes Numba compilation or cache loading),
-    ``vs_ieee``: {differ, max_abs_diff, max_rel_diff}), ``between`` (first two profiles compared) and
-    ``reference_seconds``. Relative differences are relative to the IEEE reference (outputs where it is 0 are
-    left out).
+    ``vs_ieee``: {differ, max_abs_diff, max_rel_diff}, ``maturity``, ``splitk_stated``: S = 1 given by the demo
+    because the profile has no split-K table), ``between`` (first two profiles compared), ``versus_first`` (every
+    later profile against the first) and ``reference_seconds``. Relative differences are relative to the IEEE
+    reference (outputs where it is 0 are left out).
     """
     import torch
 
@@ -100,26 +104,29 @@ def run_demo(*, quick: bool = False, seed: int = 0, profiles: Sequence[str] = ("
     results, outputs = {}, {}
     for i, name in enumerate(profiles):
         profile = mmaemu.get_profile(name)
-        plan = mmaemu.explain(x8, w8.t(), x_scale_inv, w_scale_inv, profile=name, **call)
+        stated = profile.splitk_table is None and profile.workspace_bytes != 0
+        profile_call = dict(call, splitk=1) if stated else call
+        plan = mmaemu.explain(x8, w8.t(), x_scale_inv, w_scale_inv, profile=name, **profile_call)
         start = time.perf_counter()
-        y = mmaemu.scaled_mm(x8, w8.t(), x_scale_inv, w_scale_inv, profile=name, **call)
+        y = mmaemu.scaled_mm(x8, w8.t(), x_scale_inv, w_scale_inv, profile=name, **profile_call)
         seconds = time.perf_counter() - start
         outputs[name] = y
         split = plan.split
         results[name] = {
             "gpu": profile.gpu_name,
             "preset": plan.preset,
+            "maturity": plan.preset_maturity if plan.preset_maturity != "validated" else profile.maturity,
             "split": None if split is None else {"S": split.S, "scheme": split.scheme, "source": split.source,
                                                  "verified": split.verified},
+            "splitk_stated": stated,
             "backend": plan.backend,
             "seconds": seconds,
             "first_call": i == 0,
             "vs_ieee": _compare(y, reference, reference),
         }
-    between = None
-    if len(profiles) >= 2:
-        first, second = profiles[0], profiles[1]
-        between = {"profiles": [first, second], **_compare(outputs[first], outputs[second], reference)}
+    versus_first = [{"profiles": [profiles[0], name], **_compare(outputs[profiles[0]], outputs[name], reference)}
+                    for name in profiles[1:]]
+    between = versus_first[0] if versus_first else None
     return {
         "shape": {"M": M, "N": N, "K": K},
         "quick": quick,
@@ -135,5 +142,6 @@ def run_demo(*, quick: bool = False, seed: int = 0, profiles: Sequence[str] = ("
         "outputs": M * N,
         "profiles": results,
         "between": between,
+        "versus_first": versus_first,
         "reference_seconds": reference_seconds,
     }

@@ -47,6 +47,17 @@ def _fp32_scalar(value, name, device):
     return torch.tensor(float(value), dtype=torch.float32, device=device)
 
 
+def _profile_reference(profile):
+    """The profile's name when the name finds it again (a listed profile), else the Profile itself (e.g. one made
+    by :func:`mmaemu.profile_from_preset`)."""
+    try:
+        if get_profile(profile.name) is profile:
+            return profile.name
+    except KeyError:
+        pass
+    return profile
+
+
 def _check_pad(pad_m_to):
     if pad_m_to is None:
         return None
@@ -82,7 +93,7 @@ class EmulatedFP8Linear(torch.nn.Module):
             raise TypeError("use_fast_accum must be a bool")
         device = weight_fp8.device
         self.out_features, self.in_features = (int(n) for n in weight_fp8.shape)
-        self.profile = get_profile(profile).name
+        self.profile = _profile_reference(get_profile(profile))
         self.pad_m_to = _check_pad(pad_m_to)
         self.use_fast_accum = use_fast_accum
         self.out_dtype = out_dtype
@@ -223,7 +234,7 @@ class EmulatedFP8Linear(torch.nn.Module):
     def extra_repr(self):
         scaling = "current (per call)" if self.input_scale is None else f"static {float(self.input_scale):g}"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"profile={self.profile!r}, use_fast_accum={self.use_fast_accum}, "
+                f"profile={getattr(self.profile, 'name', self.profile)!r}, use_fast_accum={self.use_fast_accum}, "
                 f"out_dtype={str(self.out_dtype).replace('torch.', '')}, splitk={self.splitk!r}, "
                 f"pad_m_to={self.pad_m_to}, input_scaling={scaling}")
 

@@ -34,7 +34,7 @@ def test_import_is_quick_and_touches_neither_torch_nor_cuda():
 def test_public_names_resolve():
     for name in mmaemu.__all__:
         assert getattr(mmaemu, name) is not None, name
-    assert mmaemu.list_presets() == ["ada", "b200_mma_sync", "hopper"]
+    assert mmaemu.list_presets() == ["ada", "b200_mma_sync", "hopper", "sm120_mma_sync", "tcgen05_f8f6f4"]
 
 
 @pytest.mark.parametrize("field,value,error", [

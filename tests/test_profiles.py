@@ -30,6 +30,8 @@ EXPECTED = {
     "ada-ws0": ("ada", RTX, "torch._scaled_mm", 0, None, "validated", "validated"),
     "hopper-experimental": ("hopper", NONE, "torch._scaled_mm", None, None, "experimental", "none"),
     "b200-mma-sync-experimental": ("b200_mma_sync", NONE, "torch._scaled_mm", None, None, "experimental", "none"),
+    "tcgen05-f8f6f4-experimental": ("tcgen05_f8f6f4", NONE, "torch._scaled_mm", None, None, "experimental", "none"),
+    "sm120-mma-sync-experimental": ("sm120_mma_sync", NONE, "torch._scaled_mm", None, None, "experimental", "none"),
 }
 REFERENCE = ["ada", "ada-te", "ada-ws0", "hopper", "hopper-te", "hopper-ws0"]
 
@@ -43,7 +45,8 @@ def fresh_warning_slots():
 
 def test_listing_order():
     assert list_profiles() == ["ada", "ada-te", "ada-ws0", "hopper", "hopper-te", "hopper-ws0",
-                               "hopper-experimental", "b200-mma-sync-experimental"]
+                               "hopper-experimental", "b200-mma-sync-experimental",
+                               "tcgen05-f8f6f4-experimental", "sm120-mma-sync-experimental"]
 
 
 def test_field_names():
@@ -60,7 +63,8 @@ def test_profile_fields(name):
     assert (p.name, p.preset, p.caller, p.workspace_bytes, p.align) == (name, preset, caller, ws, align)
     assert (p.gpu_name, p.sm_count, p.cublaslt_version, p.torch_version, p.splitk_table) == (gpu, sms, lt, torch_v,
                                                                                             table)
-    assert p.capability == (cap if cap is not None else {"hopper": (9, 0), "b200_mma_sync": (10, 0)}[preset])
+    assert p.capability == (cap if cap is not None else {"hopper": (9, 0), "b200_mma_sync": (10, 0),
+                                                          "tcgen05_f8f6f4": (10, 0), "sm120_mma_sync": (12, 0)}[preset])
     assert (p.maturity, p.splitk_maturity) == (maturity, sk_maturity)
     assert isinstance(p.description, str) and p.description
     if gpu:
@@ -128,7 +132,8 @@ def test_rejection_with_torch_dtypes():
         p.rejection(torch.float8_e4m3fn, torch.float8_e4m3fn, torch.int8)
 
 
-@pytest.mark.parametrize("name", ["hopper-experimental", "b200-mma-sync-experimental"])
+@pytest.mark.parametrize("name", ["hopper-experimental", "b200-mma-sync-experimental", "tcgen05-f8f6f4-experimental",
+                                  "sm120-mma-sync-experimental"])
 def test_experimental_profiles_reject_nothing(name):
     p = get_profile(name)
     assert p.rejects == ()

@@ -1,5 +1,5 @@
 """``mmaemu demo``: the results of :func:`mmaemu.demo.run_demo` (an FP8 GEMM of the Evo 2 1B projection shape
-under hopper and ada, compared with IEEE accumulation) as text or JSON."""
+under hopper and ada, or the profiles named with ``--profile``, compared with IEEE accumulation) as text or JSON."""
 
 from __future__ import annotations
 
@@ -28,8 +28,11 @@ def _intro(result: dict) -> List[str]:
 def _profile_line(name: str, r: dict, width: int, n_out: int) -> str:
     split = r["split"]
     split_text = f"S={split['S']} ({split['source']})" if split else "no split decision"
+    if r.get("splitk_stated"):
+        split_text += " stated by the demo: no split-K table for this profile"
+    platform = r["gpu"] or f"preset {r['preset']} ({r.get('maturity')}, no recorded GPU)"
     d = r["vs_ieee"]
-    return (f"{name:<{width}}  {r['gpu']}: split-K {split_text}; {d['differ']:,} of {n_out:,} outputs "
+    return (f"{name:<{width}}  {platform}: split-K {split_text}; {d['differ']:,} of {n_out:,} outputs "
             f"({100 * d['differ'] / n_out:.2f}%) differ from the IEEE reference; max abs diff {d['max_abs_diff']:.6g}"
             f", max rel diff {d['max_rel_diff']:.3g}; {r['seconds']:.2f} s"
             + (" (first call: includes Numba compilation or cache loading)" if r["first_call"] else ""))
@@ -46,17 +49,27 @@ def format_demo(result: dict) -> str:
     n_out = result["outputs"]
     width = max(len(name) for name in result["profiles"])
     lines = _intro(result) + [_profile_line(name, r, width, n_out) for name, r in result["profiles"].items()]
-    if result["between"]:
-        lines.append(_between_line(result["between"], n_out))
+    for comparison in result.get("versus_first") or ([result["between"]] if result["between"] else []):
+        lines.append(_between_line(comparison, n_out))
     lines.append("(relative differences are relative to the IEEE reference, over its nonzero outputs)")
     return "\n".join(lines)
 
 
 @click.command(short_help="FP8 GEMM of the Evo 2 1B shape: hopper vs ada vs IEEE.")
 @click.option("--quick", is_flag=True, help="Smaller N (for tests).")
+@click.option("--profile", "profiles", metavar="NAME", multiple=True,
+              help="A profile to compare (repeat it; default: hopper and ada), e.g. --profile hopper "
+                   "--profile tcgen05-f8f6f4-experimental for the H100 next to a B200's tensor cores.")
 @json_option("Also write the results as JSON to PATH; '-' prints only the JSON.")
-def demo(quick, json_path):
-    """An FP8 GEMM of the Evo 2 1B projection shape under hopper and ada, compared with IEEE accumulation."""
+def demo(quick, profiles, json_path):
+    """An FP8 GEMM of the Evo 2 1B projection shape under hopper and ada (or the --profile names), compared with
+    IEEE accumulation."""
     from ..demo import run_demo
+    from ..platform import get_profile
 
-    emit(run_demo(quick=quick), json_path, format_demo)
+    for name in profiles:
+        try:
+            get_profile(name)
+        except KeyError as error:
+            raise click.BadParameter(error.args[0], param_hint="--profile") from None
+    emit(run_demo(quick=quick, profiles=profiles or ("hopper", "ada")), json_path, format_demo)

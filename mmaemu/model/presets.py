@@ -5,7 +5,10 @@ arithmetic (:mod:`mmaemu.arith`); a new one is a :class:`Preset` instance, a few
 
 Evidence: ``hopper`` was fitted and validated on H100 PCIe cuBLAS FP8 GEMMs, ``ada`` on RTX 4060 recordings
 and the Khattak-Mikaitis Ada vectors, ``b200_mma_sync`` fits the Khattak-Mikaitis B200 ``mma.sync`` vectors
-only (experimental).
+only (experimental). The Blackwell GEMM instructions ``tcgen05_f8f6f4`` (B200/GB200 ``tcgen05.mma
+kind::f8f6f4``) and ``sm120_mma_sync`` (RTX 50-series FP8 ``mma.sync``) are experimental: their parameters are
+those of MMA-Sim's instruction models (PyPI ``mmasim``, arXiv:2511.10909), which the test suite checks bit for
+bit; no hardware recording of them is available to this project.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from typing import Optional, Tuple
 
 from ..errors import ExperimentalPresetWarning
 
-__all__ = ["Preset", "get_preset", "list_presets", "HOPPER", "ADA", "B200_MMA_SYNC", "MATURITIES"]
+__all__ = ["Preset", "get_preset", "list_presets", "HOPPER", "ADA", "B200_MMA_SYNC", "TCGEN05_F8F6F4",
+           "SM120_MMA_SYNC", "MATURITIES"]
 
 MATURITIES = ("validated", "experimental", "custom")
 
@@ -80,6 +84,19 @@ class Preset:
         """Whether slow accumulation and split-K are characterised for this preset."""
         return self.slow_chunk is not None
 
+    def variant(self, name: str, **changes) -> "Preset":
+        """A custom preset: this one with ``changes`` applied (any field but ``name``), for prototyping a design.
+
+        The result is ``maturity="custom"`` with no validated scope or evidence unless ``changes`` give them: a
+        changed parameter is no longer what the hardware recordings validated. ``name`` must not be a shipped
+        preset's name, alias or refused name (the once-per-name warnings and the error messages go by name).
+        """
+        if isinstance(name, str) and _is_reserved(name):
+            raise ValueError(f"Preset.variant: {name!r} names a shipped preset; pick a name of your own")
+        fields = {"maturity": "custom", "validated_scope": "", "evidence": ()}
+        fields.update(changes)
+        return dataclasses.replace(self, name=name, **fields)
+
 
 def _check_int(field, value, lo, hi):
     if isinstance(value, bool) or not isinstance(value, int):
@@ -108,23 +125,64 @@ B200_MMA_SYNC = Preset(
     evidence=("Khattak-Mikaitis B200 mma.sync vectors",),
 )
 
-_REGISTRY = {p.name: p for p in (ADA, B200_MMA_SYNC, HOPPER)}
+# The Blackwell GEMM instructions, as MMA-Sim models them (mmasim 2.1.1, nv_ptx/sim.py): the products and the
+# accumulator are aligned together (c takes part, as in hopper/ada), truncated to 25 fraction bits below the
+# block's exponent, summed exactly, and the sum is truncated to an fp32 (23 fraction bits); zero terms get the
+# exponent -133. A K = 32 FP8 instruction is one block of 32 products. MMA-Sim gives tcgen05.mma kind::f8f6f4 and
+# the sm_120 mma.sync (kind::f8f6f4 and the sm_89-style FP8 shapes) the same parameters; they stay two presets
+# because they are two instructions, which a hardware recording may yet tell apart. No GEMM level: how cuBLAS
+# combines the instructions (slow accumulation, split-K) on these GPUs was never recorded.
+_BLACKWELL_BLOCK = dict(nfma=32, frac=25, frac_out=23, min_exp=-133, late_c=False, slow_chunk=None,
+                        maturity="experimental")
+TCGEN05_F8F6F4 = Preset(
+    "tcgen05_f8f6f4", **_BLACKWELL_BLOCK,
+    validated_scope="B200/GB200 tcgen05.mma kind::f8f6f4 with an fp32 accumulator, instruction level as MMA-Sim "
+                    "models it; no hardware recording here; not B200 cuBLAS, not B200 mma.sync",
+    evidence=("MMA-Sim 2.1.1 model of tcgen05.mma kind::f8f6f4 (arXiv:2511.10909), checked bit for bit by the "
+              "test suite",),
+)
+SM120_MMA_SYNC = Preset(
+    "sm120_mma_sync", **_BLACKWELL_BLOCK,
+    validated_scope="RTX 50-series (sm_120) FP8 mma.sync (m16n8k32, also kind::f8f6f4) with an fp32 accumulator, "
+                    "instruction level as MMA-Sim models it; no hardware recording here; not RTX 50 cuBLAS",
+    evidence=("MMA-Sim 2.1.1 model of the RTX Blackwell (sm_120) FP8 mma.sync (arXiv:2511.10909), checked bit for "
+              "bit by the test suite",),
+)
+
+_REGISTRY = {p.name: p for p in (ADA, B200_MMA_SYNC, HOPPER, SM120_MMA_SYNC, TCGEN05_F8F6F4)}
 _ALIASES = {"blackwell": "b200_mma_sync"}
-# RTX 50-series (sm_120) tensor cores are not modelled: refusing their names beats a plausible wrong answer.
+# Names that do not say which instruction they mean (an RTX 50 GPU has several FP8 paths, and a name of a GPU or
+# of an architecture is not a name of an arithmetic): refused, pointing to the instruction presets.
 _REFUSED = {"sm_120", "sm120", "rtx_blackwell", "rtx-blackwell", "rtx5070ti", "rtx_5070_ti"}
+_ALIAS_NOTE = ("; 'blackwell' names the B200's mma.sync instruction, not what Blackwell GEMMs run: B200/GB200 "
+               "GEMMs use tcgen05.mma (preset 'tcgen05_f8f6f4'), RTX 50-series FP8 mma.sync is 'sm120_mma_sync'")
+_REFUSED_MESSAGE = (
+    "preset {name!r} is refused: it names a GPU, not a tensor-core instruction. RTX 50-series (sm_120) FP8 "
+    "mma.sync is modelled, experimentally, by preset 'sm120_mma_sync' (profile 'sm120-mma-sync-experimental'); "
+    "B200/GB200 tcgen05.mma by 'tcgen05_f8f6f4' (profile 'tcgen05-f8f6f4-experimental'); known presets: {known}"
+)
 
 _warned_lock = threading.Lock()
 _warned = set()
 
 
-def list_presets():
-    """Names of the registered presets, aliases excluded: ['ada', 'b200_mma_sync', 'hopper']."""
-    return sorted(_REGISTRY)
+def list_presets(*, with_maturity: bool = False):
+    """Names of the registered presets, sorted, aliases excluded: ['ada', 'b200_mma_sync', 'hopper',
+    'sm120_mma_sync', 'tcgen05_f8f6f4']; with ``with_maturity=True`` a dict {name: maturity} in that order."""
+    names = sorted(_REGISTRY)
+    if with_maturity:
+        return {name: _REGISTRY[name].maturity for name in names}
+    return names
 
 
 def is_registered(preset: Preset) -> bool:
-    """True for the three shipped preset objects themselves (custom copies with the same name are not)."""
+    """True for the shipped preset objects themselves (custom copies with the same name are not)."""
     return _REGISTRY.get(preset.name) is preset
+
+
+def _is_reserved(name: str) -> bool:
+    key = name.strip().lower()
+    return key in _REGISTRY or key in _ALIASES or key in _REFUSED
 
 
 def get_preset(name_or_preset, *, warn=True) -> Preset:
@@ -139,10 +197,7 @@ def get_preset(name_or_preset, *, warn=True) -> Preset:
     elif isinstance(name_or_preset, str):
         key = name_or_preset.strip().lower()
         if key in _REFUSED:
-            raise KeyError(
-                f"preset {name_or_preset!r} is refused: RTX 50-series (sm_120) tensor cores are not modelled; "
-                f"known presets: {list_presets()}"
-            )
+            raise KeyError(_REFUSED_MESSAGE.format(name=name_or_preset, known=list_presets()))
         alias = key in _ALIASES
         key = _ALIASES.get(key, key)
         if key not in _REGISTRY:
@@ -151,7 +206,7 @@ def get_preset(name_or_preset, *, warn=True) -> Preset:
     else:
         raise TypeError(f"preset must be a name or a mmaemu.Preset, got {type(name_or_preset).__name__}")
     if warn:
-        warn_if_not_validated(preset, every_time=alias)
+        warn_if_not_validated(preset, every_time=alias, note=_ALIAS_NOTE if alias else "")
     return preset
 
 
@@ -161,14 +216,18 @@ def maturity_message(preset: Preset) -> Optional[str]:
         return None
     label = "experimental" if preset.maturity == "experimental" else "custom (not validated)"
     scope = f" ({preset.validated_scope})" if preset.validated_scope else ""
-    return f"mmaemu preset {preset.name!r} is {label}{scope}: its bits are not validated against hardware GEMMs"
+    evidence = f"; evidence: {'; '.join(preset.evidence)}" if preset.evidence else ""
+    return (f"mmaemu preset {preset.name!r} is {label}{scope}: its bits are not validated against hardware GEMMs"
+            f"{evidence}")
 
 
-def warn_if_not_validated(preset: Preset, *, every_time=False, stacklevel=3):
-    """Emit ExperimentalPresetWarning once per process per preset name (every time if asked)."""
+def warn_if_not_validated(preset: Preset, *, every_time=False, stacklevel=3, note=""):
+    """Emit ExperimentalPresetWarning once per process per preset name (every time if asked); ``note`` is appended
+    to the message."""
     message = maturity_message(preset)
     if message is None:
         return
+    message += note
     with _warned_lock:
         first = preset.name not in _warned
         _warned.add(preset.name)

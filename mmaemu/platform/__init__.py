@@ -20,6 +20,7 @@ _EXPORTS = {
     "RejectRule": "profiles",
     "get_profile": "profiles",
     "list_profiles": "profiles",
+    "profile_from_preset": "profiles",
     "warn_profile_maturity": "profiles",
     "profile_maturity_messages": "profiles",
     "SplitK": "splitk",

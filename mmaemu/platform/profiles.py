@@ -23,6 +23,8 @@ __all__ = [
     "RejectRule",
     "get_profile",
     "list_profiles",
+    "profile_from_preset",
+    "PresetProfile",
     "profile_maturity_messages",
     "warn_profile_maturity",
     "reset_maturity_warnings",
@@ -230,14 +232,18 @@ _PROFILES = (
             splitk_maturity="validated", **_H100),
     Profile("hopper-experimental", "hopper", capability=(9, 0), caller=_TORCH, **_NO_PLATFORM),
     Profile("b200-mma-sync-experimental", "b200_mma_sync", capability=(10, 0), caller=_TORCH, **_NO_PLATFORM),
+    # Blackwell GEMM instructions as MMA-Sim models them (mmaemu.model.presets): no recorded platform yet.
+    Profile("tcgen05-f8f6f4-experimental", "tcgen05_f8f6f4", capability=(10, 0), caller=_TORCH, **_NO_PLATFORM),
+    Profile("sm120-mma-sync-experimental", "sm120_mma_sync", capability=(12, 0), caller=_TORCH, **_NO_PLATFORM),
 )
 _BY_NAME = {p.name: p for p in _PROFILES}
 
 
 def list_profiles() -> list:
     """Profile names in the documented order: ada, ada-te, ada-ws0, hopper, hopper-te, hopper-ws0,
-    hopper-experimental, b200-mma-sync-experimental; then the recorded profiles added by
-    ``mmaemu.load_profile`` or found on ``$MMAEMU_PROFILE_PATH``, in the order they were added."""
+    hopper-experimental, b200-mma-sync-experimental, tcgen05-f8f6f4-experimental, sm120-mma-sync-experimental;
+    then the recorded profiles added by ``mmaemu.load_profile`` or found on ``$MMAEMU_PROFILE_PATH``, in the order
+    they were added."""
     return [p.name for p in _PROFILES] + list(_recorded_profiles())
 
 
@@ -252,12 +258,63 @@ def get_profile(name_or_profile=None) -> Profile:
     if name_or_profile is None:
         name_or_profile = os.environ.get("MMAEMU_PROFILE") or DEFAULT_PROFILE
     if not isinstance(name_or_profile, str):
-        raise TypeError(f"profile must be a name, a mmaemu.Profile or None, got {type(name_or_profile).__name__}")
+        hint = ""
+        if type(name_or_profile).__name__ == "Preset":
+            hint = ("; a Preset is a tensor-core design, not a platform: build a profile from it with "
+                    "mmaemu.profile_from_preset(preset, base='hopper')")
+        raise TypeError(f"profile must be a name, a mmaemu.Profile or None, got {type(name_or_profile).__name__}"
+                        + hint)
     try:
         return _BY_NAME.get(name_or_profile) or _recorded_profiles()[name_or_profile]
     except KeyError:
         raise KeyError(f"unknown profile {name_or_profile!r}; known profiles: {list_profiles()}"
                        + _bundle_refusals_text()) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class PresetProfile(Profile):
+    """A profile made by :func:`profile_from_preset`: the platform of the profile ``base`` with another preset.
+
+    ``base_description`` is the base profile's description, kept for this one's.
+    """
+
+    base: str = ""
+    base_description: str = ""
+
+    @property
+    def description(self) -> str:
+        return (f"preset {self.preset_name} on the platform of profile {self.base!r} ({self.base_description}); "
+                f"{self.maturity} profile")
+
+
+def profile_from_preset(preset, base="hopper", *, name: Optional[str] = None) -> Profile:
+    """A profile that computes with ``preset`` on the platform of ``base``: one call from a tensor-core design to
+    ``scaled_mm`` / ``accumulate`` / ``explain`` / ``EmulatedFP8Linear`` / ``patch``.
+
+    ``preset``: a :class:`mmaemu.Preset` (e.g. ``get_preset("hopper").variant("frac16", frac=16, frac_out=16)``)
+    or a preset name. ``base``: a profile (name or Profile) whose GPU facts, cuBLASLt workspace, split-K table and
+    rejections the new profile keeps — cuBLASLt's split decision depends on the shape and the platform, not on the
+    tensor core's arithmetic, so "what if this GPU's tensor core were different" keeps the GPU's decisions. The
+    preset's own rules still apply: a preset without GEMM level refuses slow accumulation and split-K, and a
+    custom preset accepts every split scheme. ``name`` defaults to ``"<preset>@<base>"``.
+
+    The profile is "validated" only when ``preset`` is the base's own preset; otherwise it is "custom" (or the
+    preset's "experimental"), and using it warns (ExperimentalPresetWarning) like the preset does.
+    """
+    base_profile = get_profile(base)
+    design = _presets().get_preset(preset, warn=False)
+    own = design is _presets().get_preset(base_profile.preset, warn=False)
+    if own:
+        maturity = base_profile.maturity
+    else:
+        maturity = "experimental" if design.maturity == "experimental" else "custom"
+    if name is None:
+        name = f"{design.name}@{base_profile.name}"
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"profile_from_preset: name must be a non-empty string, got {name!r}")
+    platform = {field.name: getattr(base_profile, field.name) for field in dataclasses.fields(Profile)}
+    platform.update(name=name, preset=design, maturity=maturity)
+    return PresetProfile(**platform, base=base_profile.name, base_description=base_profile.description)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,103 @@
+"""The CUDA kernels on the Blackwell presets and on prototyped designs, without a GPU (numba's CUDA simulator).
+
+Every GEMM kernel either computes a preset bit for bit like the CPU reference, or declines it by design with a
+reason (``mmaemu.cuda.schedule_skip``), in which case the dispatcher hands the call to the next kernel: the
+25-fraction-bit Blackwell presets need int64 block sums, which the ``lanes`` (int32 lanes) and ``biased`` (a 24-bit
+fp32 window) kernels decline, so ``tiled`` and ``simple`` compute them. The prototype designs of the guide (16 kept
+bits; 64-product blocks) are run too. Tiny shapes, adversarial data with NaN/Inf rows, ragged K; the simulator
+must be enabled before numba.cuda is imported, so the worker runs in a subprocess (this file run as a script).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+KERNELS = ("simple", "tiled", "lanes", "biased")
+
+
+def _designs():
+    from mmaemu.model import presets
+
+    hopper = presets.HOPPER
+    return [presets.TCGEN05_F8F6F4, presets.SM120_MMA_SYNC,
+            hopper.variant("hopper-frac16", frac=16, frac_out=16), hopper.variant("hopper-blocks64", nfma=64)]
+
+
+def _worker():
+    import numpy as np
+    from numba.core import config
+
+    assert config.ENABLE_CUDASIM, "the worker needs NUMBA_ENABLE_CUDASIM=1"
+    sys.path.insert(0, str(ROOT / "tests"))
+    from instruction_cases import instruction_cases
+
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.cuda import engine, schedule_skip
+
+    runs = []
+    for index, preset in enumerate(_designs()):
+        for fa, fb, K in (("e4m3", "e4m3", 96), ("e5m2", "e4m3", 70)):
+            # one row of each kind of instruction_cases: one-huge, boundary, subnormal, NaN/Inf (A); gaussian,
+            # cancel, NaN/Inf (B)
+            a = instruction_cases(fa, fb, K, 11, preset.frac, seed=90 + index)[0][[4, 6, 2, 10]]
+            b = instruction_cases(fa, fb, K, 11, preset.frac, seed=95 + index)[1][[1, 5, 10]]
+            want = accumulate_codes(a, b, fa, fb, preset, True, reference=True)
+            for kernel in KERNELS:
+                entry = {"preset": preset.name, "formats": [fa, fb], "K": K, "kernel": kernel}
+                skip = schedule_skip(kernel, preset, fa, fb, True)
+                if skip is not None:
+                    runs.append({**entry, "declined": skip})
+                    continue
+                got = engine.accumulate_numpy(kernel, a, b, fa, fb, preset, True)
+                got_bits, want_bits = got.view(np.uint32).ravel(), want.view(np.uint32).ravel()
+                bad = np.flatnonzero(got_bits != want_bits)
+                runs.append({**entry, "mismatches": int(bad.size),
+                             "nonfinite": int(np.count_nonzero(~np.isfinite(want))),
+                             "first": [f"{int(got_bits[i]):08X} != {int(want_bits[i]):08X}" for i in bad[:3]]})
+    print(json.dumps(runs))
+
+
+@pytest.fixture(scope="module")
+def runs():
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, cwd=str(ROOT),
+                          timeout=600)
+    if proc.returncode != 0:
+        tail = proc.stderr[-3000:]
+        if "numba.cuda" in tail and ("No module" in tail or "cannot import" in tail):
+            pytest.skip(f"numba's CUDA simulator is unavailable: {tail[-300:]}")
+        pytest.fail(f"simulator worker failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_kernel_computes_or_declines_with_a_reason(runs):
+    assert len(runs) == len(_designs()) * 2 * len(KERNELS)
+    computed = [r for r in runs if "mismatches" in r]
+    bad = [r for r in computed if r["mismatches"]]
+    assert not bad, bad
+    assert all(r["declined"].strip() for r in runs if "declined" in r)
+    assert any(r["nonfinite"] for r in computed)  # the NaN/Inf rule ran on the device side too
+
+
+def test_who_computes_what(runs):
+    by = {(r["preset"], r["kernel"]): r for r in runs if r["formats"] == ["e4m3", "e4m3"]}
+    for name in ("tcgen05_f8f6f4", "sm120_mma_sync"):
+        assert "mismatches" in by[name, "simple"] and "mismatches" in by[name, "tiled"]
+        assert "int64" in by[name, "lanes"]["declined"]
+        assert "24-bit" in by[name, "biased"]["declined"]
+    assert "mismatches" in by["hopper-frac16", "lanes"]         # 16 bits still fit the int32 lanes
+    assert "24-bit" in by["hopper-frac16", "biased"]["declined"]
+    assert "mismatches" in by["hopper-blocks64", "lanes"] and "mismatches" in by["hopper-blocks64", "tiled"]
+    assert "nfma=64" in by["hopper-blocks64", "biased"]["declined"]
+
+
+if __name__ == "__main__":
+    _worker()
