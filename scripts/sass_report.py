@@ -50,11 +50,11 @@ def _tool(name: str) -> str:
 
 
 def compile_ptx(names, cc):
-    """{name: (PTX text, register cap or None)} of the kernels of mmaemu.cuda.kernels.signatures() for compute
+    """{name: (PTX text, register cap or None)} of the kernels of mmaemu.cuda.launch.signatures() for compute
     capability ``cc`` (the cap is the kernel's ``max_registers`` option, which ptxas applies at load time)."""
-    from mmaemu.cuda import kernels, offline
+    from mmaemu.cuda import launch, offline
 
-    signatures = kernels.signatures()
+    signatures = launch.signatures()
     out = {}
     for name in names:
         kernel, signature = signatures[name]
@@ -108,7 +108,7 @@ def loops(sass: str):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", default="biased,biased_split,lanes",
-                        help="names of mmaemu.cuda.kernels.signatures()")
+                        help="names of mmaemu.cuda.launch.signatures()")
     parser.add_argument("--cc", default="9.0", help="compute capability, e.g. 9.0")
     args = parser.parse_args(argv)
     cc = tuple(int(v) for v in args.cc.split("."))

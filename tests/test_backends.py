@@ -186,8 +186,8 @@ def fake_device(monkeypatch):
         details = [{"case": "stub", "mismatches": 0 if outcome else 3, "first": []}]
         return outcome, details
 
-    monkeypatch.setattr(cuda_backend, "_probe", probe)
-    monkeypatch.setattr(cuda_backend, "_run_on_device", run)
+    monkeypatch.setattr(cuda_backend.gating, "_probe", probe)
+    monkeypatch.setattr(cuda_backend.gating, "_run_on_device", run)
     return state
 
 

@@ -39,7 +39,7 @@ def _sim_worker():
 
     assert config.ENABLE_CUDASIM, "the simulator worker needs NUMBA_ENABLE_CUDASIM=1"
     from mmaemu.cpu import accumulate_codes
-    from mmaemu.cuda import engine, kernels, schedule_skip, selftest
+    from mmaemu.cuda import engine, kernels, launch, schedule_skip, selftest
     from mmaemu.model.presets import get_preset
 
     report = {"gemm": [], "skipped": [], "epilogue": None, "implementation": None}
@@ -109,8 +109,8 @@ def _sim_worker():
     # The biased kernel with operands cut into several decoded panels each way and a decode grid smaller than K
     # (its limits shrunk so that tiny shapes reach them).
     panels = []
-    limits = (biased_kernel.MAX_GRID_Y, biased_kernel.PANEL_BYTES)
-    biased_kernel.MAX_GRID_Y, biased_kernel.PANEL_BYTES = 2, 12 * 224 * 32
+    limits = (launch.MAX_GRID_Y, launch.PANEL_BYTES)
+    launch.MAX_GRID_Y, launch.PANEL_BYTES = 2, 12 * 224 * 32
     try:
         for fast, splits, scheme in ((True, 1, "none"), (False, 2, "contiguous")):
             case = selftest.GemmCase("biased panels", "hopper", "e4m3", "e5m2", fast, splits, scheme, 40, 70, 200,
@@ -120,17 +120,17 @@ def _sim_worker():
             want = accumulate_codes(a, b, "e4m3", "e5m2", preset, fast, splits, scheme, reference=True)
             got = engine.accumulate_numpy("biased", a, b, "e4m3", "e5m2", preset, fast, splits, scheme)
             panels.append({"fast": fast, "splits": splits, "mismatches": selftest.compare_bits(got, want)[0],
-                           "rows_a": biased_kernel._panel_rows(200, biased_kernel.BIASED_M),
-                           "rows_b": biased_kernel._panel_rows(200, biased_kernel.BIASED_N)})
+                           "rows_a": launch._panel_rows(200, biased_kernel.BIASED_M),
+                           "rows_b": launch._panel_rows(200, biased_kernel.BIASED_N)})
     finally:
-        biased_kernel.MAX_GRID_Y, biased_kernel.PANEL_BYTES = limits
+        launch.MAX_GRID_Y, launch.PANEL_BYTES = limits
     report["biased_panels"] = panels
     # The schedule-length guard of the tiled kernel and an unknown kernel name fail loudly.
     errors = {}
     for kernel, schedule in (("tiled", (64, 1, 0, 0, 0)), ("nope", (64, 1, 0, 0, 0, 0))):
         try:
             z = np.zeros((1, 64), np.int8)
-            kernels.launch_gemm(kernel, z, z.astype(np.int16), z, z.astype(np.int16), schedule, (32,) + (0,) * 6,
+            launch.launch_gemm(kernel, z, z.astype(np.int16), z, z.astype(np.int16), schedule, (32,) + (0,) * 6,
                                 np.zeros((1, 1), np.float32))
             errors[kernel] = None
         except Exception as exc:
@@ -138,7 +138,7 @@ def _sim_worker():
     # The lanes kernel refuses a split schedule (the dispatcher never gives it one).
     try:
         z = np.zeros((1, 256), np.uint8)
-        kernels.launch_lanes(z, z, "e4m3", "e4m3", (128, 2, 0, 0, 0, 1), (32, 7, 0, 13, 13, -132, 0),
+        launch.launch_lanes(z, z, "e4m3", "e4m3", (128, 2, 0, 0, 0, 1), (32, 7, 0, 13, 13, -132, 0),
                              np.zeros((1, 1), np.float32))
         errors["lanes"] = None
     except Exception as exc:
@@ -146,7 +146,7 @@ def _sim_worker():
     # The biased kernel refuses a late-accumulator preset (b200_mma_sync's parameters).
     try:
         z = np.zeros((1, 256), np.uint8)
-        kernels.launch_codes("biased", z, z, "e4m3", "e4m3", (256, 1, 0, 0, 0, 0), (32, 19, 0, 25, 23, -133, 1),
+        launch.launch_codes("biased", z, z, "e4m3", "e4m3", (256, 1, 0, 0, 0, 0), (32, 19, 0, 25, 23, -133, 1),
                              np.zeros((1, 1), np.float32))
         errors["biased"] = None
     except Exception as exc:
@@ -164,7 +164,7 @@ def _ptx_worker():
         print(json.dumps(report))
         return
 
-    from mmaemu.cuda import kernels, offline, shim
+    from mmaemu.cuda import launch, offline, shim
 
     implementation = shim.cuda_implementation()
     report["implementation"] = implementation
@@ -177,7 +177,7 @@ def _ptx_worker():
     report["ptxas"] = ptxas
     for cc in ((8, 9), (9, 0), (12, 0)):
         target = {}
-        for name, (kernel, signature) in kernels.signatures().items():
+        for name, (kernel, signature) in launch.signatures().items():
             try:
                 ptx = offline.compile_ptx(kernel, signature, cc)
             except Exception as exc:

@@ -25,10 +25,8 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from ..arith import biased as _biased
-from ..arith import tile as _tile
 from . import shim
-from .kernels import (chain_range, chain_range_count, chain_tiles_of, combine, combine_step, quiet_launches,
-                      split_chains)
+from .kernels import chain_range, chain_range_count, chain_tiles_of, combine, combine_step, split_chains
 
 shim.install_fma_toward_zero()
 
@@ -45,14 +43,10 @@ BIASED_M = BIASED_TY * BIASED_ROWS
 BIASED_N = BIASED_TX * BIASED_COLS
 BIASED_K = 32
 DECODE_BLOCK = (32, 8)  # decode kernel: 32 rows x 8 k per thread block
-MAX_GRID_Y = 65535
 # Register caps (ptxas for sm_90 fits the kernels in them without spills; uncapped it takes 128 and 168, which
 # halves the thread blocks an SM holds).
 UNSPLIT_REGISTERS = 96
 SPLIT_REGISTERS = 128
-# Decoded operand panels are kept below this size (rows of A or B per launch).
-PANEL_BYTES = 256 * 2**20
-DECODED_BYTES = 12  # pos, neg (fp32) and exp (int32) per operand element
 
 
 def biased_decline(schedule, params):
@@ -223,63 +217,3 @@ def gemm_biased_split(a_pos, a_neg, a_exp, a_cols, b_pos, b_neg, b_exp, b_cols, 
             for j in range(BIASED_COLS):
                 acc[r, j], slot[r, j] = combine(acc[r, j], slot[r, j], partial[r, j], target, flush)
     _write(out, acc)
-
-
-def _round_up(x: int, step: int) -> int:
-    return (x + step - 1) // step * step
-
-
-def _panel_rows(K: int, block_rows: int) -> int:
-    """Rows of an operand decoded at a time: whole thread blocks, at most PANEL_BYTES (at least one block)."""
-    rows = PANEL_BYTES // (DECODED_BYTES * _round_up(max(K, 1), BIASED_K))
-    return max(block_rows, min(rows, MAX_GRID_Y * BIASED_M) // block_rows * block_rows)
-
-
-def _decode_panel(codes, fmt, row0, rows, K, alloc, stream):
-    """Decoded (pos, neg, exp) arrays [Kp, rows] of codes[row0:row0 + rows] (padded with absent terms), flat, and
-    their number of columns."""
-    Kp = _round_up(max(K, 1), BIASED_K)
-    pos, neg = alloc((Kp, rows), np.float32), alloc((Kp, rows), np.float32)
-    exp = alloc((Kp, rows), np.int32)
-    grid = ((rows + DECODE_BLOCK[0] - 1) // DECODE_BLOCK[0],
-            min((Kp + DECODE_BLOCK[1] - 1) // DECODE_BLOCK[1], MAX_GRID_Y))
-    decode_operand[grid, DECODE_BLOCK, stream](codes, fmt, row0, pos, neg, exp)
-    return pos.reshape(-1), neg.reshape(-1), exp.reshape(-1), rows
-
-
-def launch_biased(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):
-    """out [M, N] (fp32) = accumulators of A [M, K] and B [N, K] given as uint8 FP8 codes of formats fmt_a, fmt_b
-    (names of mmaemu.arith.tile.TILE_FORMATS), with the biased kernel. RuntimeError if it declines the call.
-
-    ``alloc(shape, dtype)`` gives the work arrays of the decoded panels (default ``cuda.device_array``; the torch
-    path passes torch's caching allocator). Operands are decoded in panels of rows (:func:`_panel_rows`).
-    """
-    M, N = out.shape
-    K = a_codes.shape[1]
-    if M == 0 or N == 0:
-        return
-    schedule = tuple(int(v) for v in schedule)
-    params = tuple(int(v) for v in params)
-    why = biased_decline(schedule, params)
-    if why is None and _round_up(K, BIASED_K) * max(BIASED_M, BIASED_N) >= 2**32:
-        why = f"indexes a decoded panel with 32-bit integers, K = {K} is too long for one"
-    if why is not None:
-        raise RuntimeError(f"the biased kernel {why}")
-    if alloc is None:
-        def alloc(shape, dtype):
-            return cuda.device_array(shape, dtype, stream=stream)
-    fa = tuple(int(v) for v in _tile.TILE_FORMATS[fmt_a])
-    fb = tuple(int(v) for v in _tile.TILE_FORMATS[fmt_b])
-    rows_a, rows_b = _panel_rows(K, BIASED_M), _panel_rows(K, BIASED_N)
-    with quiet_launches():
-        # A in one panel is decoded once; in several, once per panel of B (a panel of each at a time).
-        whole_a = _decode_panel(a_codes, fa, 0, _round_up(M, BIASED_M), K, alloc, stream) if M <= rows_a else None
-        for n0 in range(0, N, rows_b):
-            n1 = min(N, n0 + rows_b)
-            b = _decode_panel(b_codes, fb, n0, _round_up(n1 - n0, BIASED_N), K, alloc, stream)
-            for m0 in range(0, M, rows_a):
-                m1 = min(M, m0 + rows_a)
-                a = whole_a or _decode_panel(a_codes, fa, m0, _round_up(m1 - m0, BIASED_M), K, alloc, stream)
-                grid = ((n1 - n0 + BIASED_N - 1) // BIASED_N, (m1 - m0 + BIASED_M - 1) // BIASED_M)
-                kernel = gemm_biased if schedule[1] == 1 else gemm_biased_split
-                kernel[grid, (BIASED_TX, BIASED_TY), stream](*a, *b, K, schedule, params, out[m0:m1, n0:n1])

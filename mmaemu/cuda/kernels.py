@@ -27,17 +27,15 @@ biased and lanes kernels decode the uint8 codes themselves):
   (:func:`lanes_decline`); the dispatcher gives other calls to the next kernel;
 * ``gemm_biased`` / ``gemm_biased_split`` (:mod:`mmaemu.cuda.biased_kernel`) - the formulation of
   :mod:`mmaemu.arith.biased` (each product one fp32 fused multiply-add rounding toward zero), every schedule;
-  the codes kernels (biased, lanes) are launched through :func:`launch_codes`;
+  the codes kernels (biased, lanes) are launched through :func:`mmaemu.cuda.launch.launch_codes`;
 * :func:`override_nonfinite` - the NaN/Inf rule on every output whose row of A or of B holds a non-finite code;
 * :func:`epilogue` - the scaled_mm epilogue (semantics.md (e)) from the fp32 accumulators and the scales' bits.
 
-Importing this module imports ``numba.cuda`` (no driver call); launching compiles on first use.
+Importing this module imports ``numba.cuda`` (no driver call); :mod:`.launch` launches them, which compiles
+them on first use.
 """
 
 from __future__ import annotations
-
-import contextlib
-import warnings
 
 import numpy as np
 from numba import cuda, float32, int8, int16, int32
@@ -50,8 +48,9 @@ from ..arith import schedule as _schedule
 from ..arith import special as _special
 from ..arith import tile as _tile
 from ..arith.block import NO_LEAD
-from . import CODES_KERNELS, shim
+from . import shim
 
+shim.restore_numpy_row_stack()  # before numba-cuda compiles anything (see shim)
 shim.install_builtin_minmax()
 
 accumulate_one = shim.device(_schedule.accumulate_one)
@@ -380,177 +379,3 @@ def epilogue(acc, scale_bits, has_scale_result, out_code, width, out_bits):
             scale_result = value_of_bits(np.int64(scale_bits[2]) & 0xFFFFFFFF, FLOAT32)
         bits = epilogue_one(acc[i], alpha, out_code, scale_result, has_scale_result != 0)
         out_bits[i] = _signed(bits, width)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Launchers (numba device arrays or objects with __cuda_array_interface__; stream: a numba stream or 0)
-
-GEMM_KERNELS = ("biased", "lanes", "tiled", "simple")
-
-
-def codes_kernel_decline(kernel, schedule, params):
-    """Why a codes kernel does not compute this schedule and preset (None if it does)."""
-    if kernel == "biased":
-        from .biased_kernel import biased_decline
-
-        return biased_decline(schedule, params)
-    return lanes_decline(schedule, params)
-
-
-def launch_codes(kernel, a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, chunk=None,
-                 alloc=None):
-    """Launch a codes kernel (:data:`CODES_KERNELS`); ``chunk``: lanes kernel only; ``alloc(shape, dtype)``: the
-    work arrays of the biased kernel (the lanes kernel needs none)."""
-    if kernel == "biased":
-        from .biased_kernel import launch_biased
-
-        if chunk is not None:
-            raise ValueError("the biased kernel stages a fixed number of k; chunk is for the lanes kernel")
-        launch_biased(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream, alloc=alloc)
-    elif kernel == "lanes":
-        launch_lanes(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream, chunk=chunk)
-    else:
-        raise ValueError(f"unknown codes kernel {kernel!r}; expected one of {CODES_KERNELS}")
-
-
-@contextlib.contextmanager
-def quiet_launches():
-    """Silence numba's low-occupancy performance warnings for tiny launches (self-tests, tests)."""
-    with warnings.catch_warnings():
-        try:
-            from numba.core.errors import NumbaPerformanceWarning
-
-            warnings.simplefilter("ignore", NumbaPerformanceWarning)
-        except ImportError:  # pragma: no cover
-            pass
-        yield
-
-
-def launch_gemm(kernel, sa, ea, sb, eb, schedule, params, out, stream=0, *, chunk=None):
-    """out [M, N] (fp32) = accumulators of the decoded A [M, K] and B [N, K] with the named kernel.
-
-    ``chunk`` (tiled kernel, tests only): k per stage, a multiple of nfma up to CHUNK (default the largest).
-    """
-    M, N = out.shape
-    if M == 0 or N == 0:
-        return
-    schedule = tuple(int(v) for v in schedule)
-    params = tuple(int(v) for v in params)
-    if kernel == "tiled":
-        if len(schedule) != len(SCHEDULE_FIELDS):
-            raise RuntimeError(f"the tiled kernel walks schedules of {len(SCHEDULE_FIELDS)} fields "
-                               f"{SCHEDULE_FIELDS}, the arithmetic gives {len(schedule)}")
-        nfma = params[0]
-        if chunk is None:
-            chunk = tiled_chunk(nfma)
-        if chunk < 1 or chunk > CHUNK or chunk % nfma:
-            raise RuntimeError(f"the tiled kernel stages at most {CHUNK} k at a time, a multiple of nfma: "
-                               f"nfma={nfma}, chunk={chunk} does not fit")
-        rows = TILE_M
-    elif kernel == "simple":
-        rows = BLOCK
-    elif kernel in CODES_KERNELS:
-        raise ValueError(f"the {kernel} kernel takes FP8 codes: use launch_codes")
-    else:
-        raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {GEMM_KERNELS}")
-    step = MAX_GRID_Y * rows
-    with quiet_launches():
-        for r0 in range(0, M, step):
-            r1 = min(M, r0 + step)
-            grid = ((N + rows - 1) // rows, (r1 - r0 + rows - 1) // rows)
-            a_s, a_e, o = (sa, ea, out) if (r0, r1) == (0, M) else (sa[r0:r1], ea[r0:r1], out[r0:r1])
-            if kernel == "tiled":
-                gemm_tiled[grid, (TILE_N, TILE_M), stream](a_s, a_e, sb, eb, schedule, params, chunk, o)
-            else:
-                gemm_simple[grid, (BLOCK, BLOCK), stream](a_s, a_e, sb, eb, schedule, params, o)
-
-
-def launch_lanes(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, chunk=None):
-    """out [M, N] (fp32) = accumulators of A [M, K] and B [N, K] given as uint8 FP8 codes of formats fmt_a, fmt_b
-    (names of mmaemu.arith.tile.TILE_FORMATS), with the lanes kernel. RuntimeError if it declines the schedule
-    (:func:`lanes_decline`). ``chunk`` (tests only): k per stage, a multiple of nfma up to CHUNK."""
-    M, N = out.shape
-    if M == 0 or N == 0:
-        return
-    schedule = tuple(int(v) for v in schedule)
-    params = tuple(int(v) for v in params)
-    if len(schedule) != len(SCHEDULE_FIELDS):
-        raise RuntimeError(f"the lanes kernel walks schedules of {len(SCHEDULE_FIELDS)} fields "
-                           f"{SCHEDULE_FIELDS}, the arithmetic gives {len(schedule)}")
-    why = lanes_decline(schedule, params)
-    if why is not None:
-        raise RuntimeError(f"the lanes kernel {why}")
-    nfma = params[0]
-    if chunk is None:
-        chunk = tiled_chunk(nfma)
-    if chunk < 1 or chunk > CHUNK or chunk % nfma:
-        raise RuntimeError(f"the lanes kernel stages at most {CHUNK} k at a time, a multiple of nfma: "
-                           f"nfma={nfma}, chunk={chunk} does not fit")
-    fa = tuple(int(v) for v in _tile.TILE_FORMATS[fmt_a])
-    fb = tuple(int(v) for v in _tile.TILE_FORMATS[fmt_b])
-    step = MAX_GRID_Y * LANES_M
-    with quiet_launches():
-        for r0 in range(0, M, step):
-            r1 = min(M, r0 + step)
-            grid = ((N + LANES_N - 1) // LANES_N, (r1 - r0 + LANES_M - 1) // LANES_M)
-            a, o = (a_codes, out) if (r0, r1) == (0, M) else (a_codes[r0:r1], out[r0:r1])
-            gemm_lanes[grid, (LANES_TX, LANES_TY), stream](a, b_codes, fa, fb, schedule, params, chunk, o)
-
-
-def launch_override(a_codes, a_flags, a_table, b_codes, b_flags, b_table, out_bits, stream=0):
-    """Apply the NaN/Inf rule in place to out_bits (int32 view of the fp32 accumulators)."""
-    M, N = out_bits.shape
-    if M == 0 or N == 0:
-        return
-    step = MAX_GRID_Y * BLOCK
-    with quiet_launches():
-        for r0 in range(0, M, step):
-            r1 = min(M, r0 + step)
-            grid = ((N + BLOCK - 1) // BLOCK, (r1 - r0 + BLOCK - 1) // BLOCK)
-            if (r0, r1) == (0, M):
-                override_nonfinite[grid, (BLOCK, BLOCK), stream](a_codes, a_flags, a_table, b_codes, b_flags,
-                                                                 b_table, out_bits)
-            else:
-                override_nonfinite[grid, (BLOCK, BLOCK), stream](a_codes[r0:r1], a_flags[r0:r1], a_table, b_codes,
-                                                                 b_flags, b_table, out_bits[r0:r1])
-
-
-def launch_epilogue(acc_flat, scale_bits, has_scale_result, out_code, width, out_bits_flat, stream=0):
-    """out_bits_flat[i] = epilogue bits of acc_flat[i] (flat arrays of the same length)."""
-    size = acc_flat.shape[0]
-    if size == 0:
-        return
-    with quiet_launches():
-        grid = (size + EPILOGUE_THREADS - 1) // EPILOGUE_THREADS
-        epilogue[grid, EPILOGUE_THREADS, stream](acc_flat, scale_bits, int(has_scale_result), int(out_code),
-                                                 int(width), out_bits_flat)
-
-
-def signatures():
-    """``{name: (kernel, argument types)}`` of every kernel for C-contiguous operands (PTX checks, warm-up)."""
-    import numba
-    from numba import types
-
-    from ..arith.params import preset_params, schedule_params
-    from ..model.presets import HOPPER
-
-    a8, a16, f32 = types.int8[:, ::1], types.int16[:, ::1], types.float32[:, ::1]
-    fmt = numba.typeof(tuple(int(v) for v in TILE_FORMATS_E4M3))
-    schedule = numba.typeof(schedule_params(HOPPER, 256, False, 2, "contiguous"))
-    params = numba.typeof(preset_params(HOPPER, "e4m3", "e4m3"))
-    i64 = types.int64
-    codes, flags, table = types.uint8[:, ::1], types.uint8[::1], types.float64[::1]
-    from .biased_kernel import decode_operand, gemm_biased, gemm_biased_split
-
-    biased_args = (types.float32[::1], types.float32[::1], types.int32[::1], i64) * 2 + (i64, schedule, params, f32)
-
-    return {
-        "biased": (gemm_biased, biased_args),
-        "biased_split": (gemm_biased_split, biased_args),
-        "decode": (decode_operand, (types.uint8[:, ::1], fmt, i64, f32, f32, types.int32[:, ::1])),
-        "simple": (gemm_simple, (a8, a16, a8, a16, schedule, params, f32)),
-        "lanes": (gemm_lanes, (types.uint8[:, ::1], types.uint8[:, ::1], fmt, fmt, schedule, params, i64, f32)),
-        "tiled": (gemm_tiled, (a8, a16, a8, a16, schedule, params, i64, f32)),
-        "override": (override_nonfinite, (codes, flags, table, codes, flags, table, types.int32[:, ::1])),
-        "epilogue": (epilogue, (types.float32[::1], types.int32[::1], i64, i64, i64, types.int16[::1])),
-    }
