@@ -30,6 +30,11 @@ class KernelInfo:
 KERNELS: Dict[str, KernelInfo] = {
     k.name: k
     for k in (
+        KernelInfo("offset", "gemm", 50, "128x64 outputs per thread block, an 8x4 register tile per thread; FP8 codes "
+                   "packed once into k-major panels (value, exponent, lowest-bit and sign bytes), staged 32 k at a "
+                   "time; the formulation of mmaemu.arith.offset (each product one fp32 fused multiply-add rounding "
+                   "toward zero into an offset accumulator, plus an exact count of the products it floors too far); "
+                   "every schedule of hopper/ada-like presets (others go to the next kernel)"),
         KernelInfo("biased", "gemm", 40, "32x64 outputs per thread block, a 4x4 register tile per thread; operands "
                    "decoded once into sign-split fp32 panels, staged 32 k at a time; the formulation of "
                    "mmaemu.arith.biased (each product one fp32 fused multiply-add rounding toward zero into a biased "
@@ -87,4 +92,4 @@ class Selection:
 
 
 # Kernels that take the FP8 codes and decode them themselves, and decline schedules they do not walk.
-CODES_KERNELS = ("biased", "lanes")
+CODES_KERNELS = ("offset", "biased", "lanes")

@@ -12,9 +12,11 @@ import warnings
 import numpy as np
 from numba import cuda
 
+from ..arith import offset as _offset
 from ..arith import tile as _tile
 from .biased_kernel import (BIASED_K, BIASED_M, BIASED_N, BIASED_TX, BIASED_TY, DECODE_BLOCK, biased_decline,
                             decode_operand, gemm_biased, gemm_biased_split)
+from . import offset_kernel
 from .catalog import CODES_KERNELS
 from .kernels import (BLOCK, CHUNK, EPILOGUE_THREADS, LANES_M, LANES_N, LANES_TX, LANES_TY, MAX_GRID_Y,
                       SCHEDULE_FIELDS, TILE_FORMATS_E4M3, TILE_M, TILE_N, epilogue, gemm_lanes, gemm_simple,
@@ -23,13 +25,16 @@ from .kernels import (BLOCK, CHUNK, EPILOGUE_THREADS, LANES_M, LANES_N, LANES_TX
 # Decoded operand panels of the biased kernel are kept below this size (rows of A or B per launch).
 PANEL_BYTES = 256 * 2**20
 DECODED_BYTES = 12  # pos, neg (fp32) and exp (int32) per operand element
+PACKED_BYTES = 8  # offset kernel: value (fp32), half an exponent word, a low byte and a sign byte per element
 
 
-GEMM_KERNELS = ("biased", "lanes", "tiled", "simple")
+GEMM_KERNELS = ("offset", "biased", "lanes", "tiled", "simple")
 
 
 def codes_kernel_decline(kernel, schedule, params):
     """Why a codes kernel does not compute this schedule and preset (None if it does)."""
+    if kernel == "offset":
+        return offset_kernel.offset_decline(schedule, params)
     if kernel == "biased":
         return biased_decline(schedule, params)
     return lanes_decline(schedule, params)
@@ -39,7 +44,11 @@ def launch_codes(kernel, a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, 
                  alloc=None):
     """Launch a codes kernel (:data:`CODES_KERNELS`); ``chunk``: lanes kernel only; ``alloc(shape, dtype)``: the
     work arrays of the biased kernel (the lanes kernel needs none)."""
-    if kernel == "biased":
+    if kernel == "offset":
+        if chunk is not None:
+            raise ValueError("the offset kernel stages a fixed number of k; chunk is for the lanes kernel")
+        launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream, alloc=alloc)
+    elif kernel == "biased":
         if chunk is not None:
             raise ValueError("the biased kernel stages a fixed number of k; chunk is for the lanes kernel")
         launch_biased(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream, alloc=alloc)
@@ -177,11 +186,18 @@ def signatures():
     i64 = types.int64
     codes, flags, table = types.uint8[:, ::1], types.uint8[::1], types.float64[::1]
     biased_args = (types.float32[::1], types.float32[::1], types.int32[::1], i64) * 2 + (i64, schedule, params, f32)
+    u32 = types.uint32[::1]
+    offset_args = (types.float32[::1], u32, u32, u32, i64) * 2 + (
+        i64, schedule, numba.typeof(_offset.offset_params(preset_params(HOPPER, "e4m3", "e4m3"), "e4m3", "e4m3")), f32)
+    tables = numba.typeof(tuple(_offset.offset_tables("e4m3")))
 
     return {
         "biased": (gemm_biased, biased_args),
         "biased_split": (gemm_biased_split, biased_args),
         "decode": (decode_operand, (types.uint8[:, ::1], fmt, i64, f32, f32, types.int32[:, ::1])),
+        "offset": (offset_kernel.gemm_offset, offset_args),
+        "offset_decode": (offset_kernel.decode_operand, (types.uint8[:, ::1], tables, i64, f32, types.uint32[:, ::1],
+                                                         types.uint32[:, ::1], types.uint32[:, ::1])),
         "simple": (gemm_simple, (a8, a16, a8, a16, schedule, params, f32)),
         "lanes": (gemm_lanes, (types.uint8[:, ::1], types.uint8[:, ::1], fmt, fmt, schedule, params, i64, f32)),
         "tiled": (gemm_tiled, (a8, a16, a8, a16, schedule, params, i64, f32)),
@@ -194,10 +210,11 @@ def _round_up(x: int, step: int) -> int:
     return (x + step - 1) // step * step
 
 
-def _panel_rows(K: int, block_rows: int) -> int:
+def _panel_rows(K: int, block_rows: int, element_bytes: int = None, stage: int = None) -> int:
     """Rows of an operand decoded at a time: whole thread blocks, at most PANEL_BYTES (at least one block)."""
-    rows = PANEL_BYTES // (DECODED_BYTES * _round_up(max(K, 1), BIASED_K))
-    return max(block_rows, min(rows, MAX_GRID_Y * BIASED_M) // block_rows * block_rows)
+    element_bytes = element_bytes or DECODED_BYTES
+    rows = PANEL_BYTES // (element_bytes * _round_up(max(K, 1), stage or BIASED_K))
+    return max(block_rows, min(rows, MAX_GRID_Y * block_rows) // block_rows * block_rows)
 
 
 def _decode_panel(codes, fmt, row0, rows, K, alloc, stream):
@@ -248,3 +265,59 @@ def launch_biased(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
                 grid = ((n1 - n0 + BIASED_N - 1) // BIASED_N, (m1 - m0 + BIASED_M - 1) // BIASED_M)
                 kernel = gemm_biased if schedule[1] == 1 else gemm_biased_split
                 kernel[grid, (BIASED_TX, BIASED_TY), stream](*a, *b, K, schedule, params, out[m0:m1, n0:n1])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The offset kernel
+
+
+def _packed_panel(codes, fmt, row0, rows, K, alloc, stream):
+    """Packed (val, exp, low, sign) arrays of codes[row0:row0 + rows] (zero codes past the rows and past K, to
+    whole stages), flat, and their number of columns."""
+    Kp = _round_up(max(K, 1), offset_kernel.STAGE_K)
+    val = alloc((Kp, rows), np.float32)
+    exp = alloc((Kp // 2, rows), np.uint32)
+    low, sign = alloc((Kp // 4, rows), np.uint32), alloc((Kp // 4, rows), np.uint32)
+    tables = tuple(cuda.to_device(t, stream=stream) for t in _offset.offset_tables(fmt))
+    block = offset_kernel.DECODE_BLOCK
+    grid = ((rows + block[0] - 1) // block[0], min((Kp // 4 + block[1] - 1) // block[1], MAX_GRID_Y))
+    offset_kernel.decode_operand[grid, block, stream](codes, tables, row0, val, exp, low, sign)
+    return val.reshape(-1), exp.reshape(-1), low.reshape(-1), sign.reshape(-1), rows
+
+
+def launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):
+    """out [M, N] (fp32) = accumulators of A [M, K] and B [N, K] given as uint8 FP8 codes of formats fmt_a, fmt_b,
+    with the offset kernel. RuntimeError if it declines the call. ``alloc(shape, dtype)`` gives the packed panels'
+    arrays (default ``cuda.device_array``; the torch path passes torch's caching allocator); operands are packed
+    in panels of at most PANEL_BYTES."""
+    M, N = out.shape
+    K = a_codes.shape[1]
+    if M == 0 or N == 0:
+        return
+    schedule = tuple(int(v) for v in schedule)
+    params = tuple(int(v) for v in params)
+    why = offset_kernel.offset_decline(schedule, params)
+    block_rows = max(offset_kernel.BLOCK_M, offset_kernel.BLOCK_N)
+    if why is None and _round_up(K, offset_kernel.STAGE_K) * block_rows >= 2**32:
+        why = f"indexes a packed panel with 32-bit integers, K = {K} is too long for one"
+    if why is not None:
+        raise RuntimeError(f"the offset kernel {why}")
+    if alloc is None:
+        def alloc(shape, dtype):
+            return cuda.device_array(shape, dtype, stream=stream)
+    block_params = _offset.offset_params(params, fmt_a, fmt_b)
+    bm, bn = offset_kernel.BLOCK_M, offset_kernel.BLOCK_N
+    rows_a = _panel_rows(K, bm, PACKED_BYTES, offset_kernel.STAGE_K)
+    rows_b = _panel_rows(K, bn, PACKED_BYTES, offset_kernel.STAGE_K)
+    with quiet_launches():
+        # A in one panel is packed once; in several, once per panel of B (a panel of each at a time).
+        whole_a = _packed_panel(a_codes, fmt_a, 0, _round_up(M, bm), K, alloc, stream) if M <= rows_a else None
+        for n0 in range(0, N, rows_b):
+            n1 = min(N, n0 + rows_b)
+            b = _packed_panel(b_codes, fmt_b, n0, _round_up(n1 - n0, bn), K, alloc, stream)
+            for m0 in range(0, M, rows_a):
+                m1 = min(M, m0 + rows_a)
+                a = whole_a or _packed_panel(a_codes, fmt_a, m0, _round_up(m1 - m0, bm), K, alloc, stream)
+                grid = ((n1 - n0 + bn - 1) // bn, (m1 - m0 + bm - 1) // bm)
+                offset_kernel.gemm_offset[grid, (offset_kernel.TX, offset_kernel.TY), stream](
+                    *a, *b, K, schedule, block_params, out[m0:m1, n0:n1])
