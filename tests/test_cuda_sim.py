@@ -46,9 +46,10 @@ def _sim_worker():
     from mmaemu.cuda import shim
 
     report["implementation"] = shim.cuda_implementation()
-    from mmaemu.cuda import biased_kernel
+    from mmaemu.cuda import biased_kernel, offset_kernel
 
     report["lanes_geometry"] = [kernels.LANES_M, kernels.LANES_N, kernels.LANES_ROWS, kernels.LANES_COLS]
+    report["offset_block_m"] = offset_kernel.BLOCK_M
     report["biased_geometry"] = [biased_kernel.BIASED_M, biased_kernel.BIASED_N, biased_kernel.BIASED_ROWS,
                                  biased_kernel.BIASED_COLS, biased_kernel.BIASED_K]
     cases = [c.shrunk() for c in selftest.GEMM_CASES]
@@ -67,7 +68,10 @@ def _sim_worker():
                   # The same for the biased kernel's larger blocks, with NaN/Inf codes on the way.
                   selftest.GemmCase("biased multi-block ragged ada fast", "ada", "e4m3", "e4m3", True, 1,
                                     "none", biased_kernel.BIASED_M + 3, biased_kernel.BIASED_N + 5, 40, "adversarial",
-                                    105)]
+                                    105),
+                  # The offset kernel across two thread blocks of BLOCK_M rows, ragged N and K, two stages.
+                  selftest.GemmCase("offset multi-block ragged hopper slow", "hopper", "e5m2", "e4m3", False, 1,
+                                    "none", offset_kernel.BLOCK_M + 2, 5, 40, "adversarial", 107)]
     cases += lanes_only
     seen = set()
     for case in cases:
@@ -83,7 +87,7 @@ def _sim_worker():
             runs = [("tiled", None)]
         runs = [] if case in lanes_only else runs
         runs += [("lanes", preset.nfma)] + ([("lanes", None)] if case.M > 4 or case in lanes_only else [])
-        runs += [("biased", None)]
+        runs += [("biased", None), ("offset", None)]
         for kernel, chunk in runs:
             skip = schedule_skip(kernel, preset, case.fmt_a, case.fmt_b, case.fast, case.splits, case.scheme)
             if skip is not None:
@@ -269,7 +273,17 @@ def test_simulated_kernels_equal_cpu_reference(workers):
     # What was covered: every preset, fast / slow / each split scheme, mixed formats, NaN/Inf outputs, both
     # kernels, the tiled kernel's chunk carry and a multi-block launch.
     assert {r["preset"] for r in runs} == {"hopper", "ada", "b200_mma_sync"}
-    assert {r["kernel"] for r in runs} == {"simple", "tiled", "lanes", "biased"}
+    assert {r["kernel"] for r in runs} == {"simple", "tiled", "lanes", "biased", "offset"}
+    # The offset kernel: hopper and ada, fast, slow and every split scheme, every format pair, NaN/Inf outputs,
+    # several thread blocks; b200_mma_sync declined by design.
+    offset_runs = [r for r in runs if r["kernel"] == "offset"]
+    assert {(r["preset"], r["fast"]) for r in offset_runs} == {("hopper", True), ("hopper", False), ("ada", True),
+                                                               ("ada", False)}
+    assert {r["scheme"] for r in offset_runs} == {"none", "contiguous", "serial", "pairwise"}
+    assert {tuple(r["formats"]) for r in offset_runs} == {("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"),
+                                                          ("e5m2", "e5m2")}
+    assert any(r["nonfinite_outputs"] for r in offset_runs)
+    assert any(r["shape"][0] > report["offset_block_m"] for r in offset_runs)
     lanes = [r for r in runs if r["kernel"] == "lanes"]
     # The lanes kernel: hopper and ada, fast and slow (chains restarting across stages), every format pair,
     # NaN/Inf outputs, several stages and a multi-block launch; split-K and b200_mma_sync skipped by design.
@@ -297,10 +311,10 @@ def test_simulated_kernels_equal_cpu_reference(workers):
     assert any(r["shape"][0] > block_m and r["shape"][1] > block_n and r["shape"][0] % rows
                and r["shape"][1] % cols and r["shape"][2] % stage for r in biased)
     skipped = report["skipped"]
-    assert skipped and {s["kernel"] for s in skipped} == {"lanes", "biased"}
+    assert skipped and {s["kernel"] for s in skipped} == {"lanes", "biased", "offset"}
     assert {s["preset"] for s in skipped if s["splits"] == 1} == {"b200_mma_sync"}
     assert all(s["splits"] > 1 or s["preset"] == "b200_mma_sync" for s in skipped)
-    assert {s["preset"] for s in skipped if s["kernel"] == "biased"} == {"b200_mma_sync"}
+    assert {s["preset"] for s in skipped if s["kernel"] in ("biased", "offset")} == {"b200_mma_sync"}
     assert {r["scheme"] for r in runs} == {"none", "contiguous", "serial", "pairwise"}
     assert {r["fast"] for r in runs} == {True, False}
     assert {tuple(r["formats"]) for r in runs} >= {("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"),
@@ -337,15 +351,16 @@ def test_ptx_for_sm89_sm90_sm120_without_a_device(workers):
         pytest.skip(report["skipped"])
     assert set(report["targets"]) == {"sm_89", "sm_90", "sm_120"}
     for sm, kernels in report["targets"].items():
-        assert set(kernels) == {"biased", "biased_split", "decode", "lanes", "simple", "tiled", "override",
-                                "epilogue"}
-        # The biased kernels run the GPU's own fma.rz, not the float64 emulation of fma_toward_zero.
-        for name in ("biased", "biased_split"):
+        assert set(kernels) == {"offset", "offset_decode", "biased", "biased_split", "decode", "lanes", "simple",
+                                "tiled", "override", "epilogue"}
+        # The biased and offset kernels run the GPU's own fma.rz, not the float64 emulation of fma_toward_zero.
+        for name in ("biased", "biased_split", "offset"):
             assert kernels[name]["fma_rz"] >= 4 and kernels[name]["f64"] == 0, (name, kernels[name])
         for name, entry in kernels.items():
             assert entry["target"] == [sm], (sm, name, entry["target"])
             assert entry["fma"] == 0, f"{name} {sm}: fused multiply-add (a contraction) in the PTX"
-            assert name.startswith("biased") or entry["fma_rz"] == 0, f"{name} {sm}: fma.rz outside the biased kernels"
+            assert name.startswith(("biased", "offset")) or entry["fma_rz"] == 0, \
+                f"{name} {sm}: fma.rz outside the biased and offset kernels"
             assert entry["ftz"] == 0, f"{name} {sm}: flush-to-zero in the PTX"
             assert entry["approx"] == 0, f"{name} {sm}: approximate instruction in the PTX"
             if report.get("ptxas"):

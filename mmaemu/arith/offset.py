@@ -48,7 +48,8 @@ both sides of its bound in ``tests/test_offset.py``):
    subtraction and ``M + trunc(c/u) * u`` are exact (Sterbenz; a multiple of u inside the binade).
 4. *Bytes never carry.* Low bytes lie in ``[0, r]`` (r = 17 for E4M3, 31 for E5M2), zero codes read ZERO_LOW, T in
    ``[THRESHOLD_TOP - R - 1, THRESHOLD_TOP]``: every byte sum is at most ``2 * ZERO_LOW + THRESHOLD_TOP`` = 254
-   < 256, so no carry reaches the next k's byte, and bit 7 is set iff ``low_a + low_b >= clamp(...)``.
+   < 256, so no carry reaches the next k's byte, and bit 7 is set iff ``low_a + low_b >= clamp(...)``. (From
+   ZERO_LOW = 65 up, two zero terms under a threshold near 128 carry into the next byte and flip its test.)
 5. *Zero terms never count.* Their sign byte is 0 and their low byte ``ZERO_LOW >= R + 1`` (63 for E5M2 x E5M2)
    reads exact whatever T is; with the clamp, thresholds at or below 0 mean "always exact", above R "never".
 6. *Exponent words stay in the fp16 domain of max_u16x2 below sm_90* (:mod:`.packed`): sums of two halves lie in
