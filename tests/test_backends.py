@@ -145,9 +145,9 @@ def test_cuda_device_without_cuda_warns_once_and_raises_for_explicit():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_status_and_selftest_on_a_cpu_machine():
     status = backends.backends_status()
-    assert list(status) == ["cuda:biased", "cuda:lanes", "cuda:tiled", "cuda:simple", "cuda:epilogue", "cpu",
+    assert list(status) == ["cuda:offset", "cuda:biased", "cuda:lanes", "cuda:tiled", "cuda:simple", "cuda:epilogue", "cpu",
                             "reference"]
-    for name in ("cuda:biased", "cuda:lanes", "cuda:tiled", "cuda:simple", "cuda:epilogue"):
+    for name in ("cuda:offset", "cuda:biased", "cuda:lanes", "cuda:tiled", "cuda:simple", "cuda:epilogue"):
         assert not status[name].available and not status[name].validated_here
         assert status[name].reason == "unavailable: no CUDA device visible to torch"
     for name in ("cpu", "reference"):
