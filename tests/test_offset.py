@@ -58,6 +58,77 @@ def test_max_u16x2_and_replicate_byte_twins():
         assert int(packed.replicate_byte_exact(np.uint32(x))) == (x & 0xFF) * 0x01010101
 
 
+def test_add_u16x2_and_swap_halves_twins():
+    rng = np.random.default_rng(4)
+    a, b = _words(rng, 400), _words(rng, 400)[::-1]
+    for x, y in zip(a, b):
+        want = ((x + y) & 0xFFFF) | ((((x >> 16) + (y >> 16)) & 0xFFFF) << 16)
+        assert int(packed.add_u16x2_exact(np.uint32(x), np.uint32(y))) == want
+        assert int(packed.swap_halves(np.uint32(x))) == (x >> 16) | ((x & 0xFFFF) << 16)
+
+
+def test_32_bit_add_equals_the_packed_one_exactly_without_carries():
+    """add.u32 (the stand-in below sm_90) = add.u16x2 while the low halves' sum stays below 2**16, and not
+    beyond (a high half-sum of 2**16 or more falls off the top in both)."""
+    rng = np.random.default_rng(5)
+    halves = rng.integers(0, 0x8000, (2000, 4))
+    for h in np.concatenate([halves, [[0x7FFF, 0x7FFF, 0x8000, 0x8000], [0xFFFF, 0, 0, 0xFFFF]]]):
+        x, y = int(h[0]) | (int(h[1]) << 16), int(h[2]) | (int(h[3]) << 16)
+        assert packed.add_u32_model(x, y) == int(packed.add_u16x2_exact(np.uint32(x), np.uint32(y)))
+    # A low half-sum of 2**16 or more carries into the high half.
+    for x, y in ((0x0000_8000, 0x0000_8000), (0x0001_FFFF, 0x0000_0001)):
+        assert packed.add_u32_model(x, y) != int(packed.add_u16x2_exact(np.uint32(x), np.uint32(y)))
+    # Every exponent half of the formulation keeps its sums below 2**16 (condition 6).
+    assert 2 * (offset.EXP_BIAS + 15) < 0x10000
+
+
+def _exponent_sums(fa, fb):
+    """{sum of two exponent halves: True if both are real} over every pair of codes of a format pair."""
+    from mmaemu import formats
+
+    out = {}
+    halves_a, halves_b = offset.offset_tables(fa)[1], offset.offset_tables(fb)[1]
+    real_a = np.isfinite(formats.values(fa)) & (np.array(formats.values(fa)) != 0)
+    real_b = np.isfinite(formats.values(fb)) & (np.array(formats.values(fb)) != 0)
+    for x in range(256):
+        for y in range(256):
+            out[int(halves_a[x]) + int(halves_b[y])] = bool(real_a[x] and real_b[y])
+    return out
+
+
+def exponent_patterns_disagree():
+    """Condition 9 for every exponent sum of every format pair: a real sum's P is the pattern of 2**e, and a sum
+    with an absent half gives a P below the floor (int32 order). Returns the number of disagreements."""
+    bad = 0
+    for fa, fb in PAIRS:
+        params = offset.offset_params((32, 0, 0, 13, 13, -132, 0), fa, fb)
+        p_shift, floor_bits = params[2], params[3]
+        for total, real in _exponent_sums(fa, fb).items():
+            pattern = int(np.array(((total << 23) + p_shift) % 2**32, np.uint32).view(np.int32))
+            if real:
+                bad += pattern != (total - 2 * offset.EXP_BIAS + 127) << 23
+            else:
+                bad += pattern >= floor_bits
+            # The halves meet the stand-ins' domains (condition 6).
+            bad += not packed.F16_NORMAL_MIN <= total <= packed.F16_NORMAL_MAX
+    return bad
+
+
+def test_exponent_patterns_of_every_sum():
+    assert exponent_patterns_disagree() == 0
+
+
+@pytest.mark.parametrize("name,value", [("EXP_ABSENT", offset.EXP_BIAS - 256), ("EXP_ABSENT", offset.EXP_BIAS - 40),
+                                        ("EXP_BIAS", 0x200)])
+def test_exponent_pattern_bounds(monkeypatch, name, value):
+    """EXP_ABSENT = EXP_BIAS - 256 reads two absent halves as E = 0; EXP_BIAS - 40 puts a sum with one absent
+    half above small real ones; EXP_BIAS = 0x200 takes the absent sums below the fp16 stand-in's domain."""
+    monkeypatch.setattr(offset, name, value)
+    if name == "EXP_BIAS":
+        monkeypatch.setattr(offset, "EXP_ABSENT", value - 128)
+    assert exponent_patterns_disagree() > 0
+
+
 def test_fp16_maximum_equals_the_unsigned_one_exactly_on_its_domain():
     """max.f16x2 (the stand-in below sm_90) = max.u16x2 on positive normal fp16 patterns, and not beyond them."""
     rng = np.random.default_rng(3)
@@ -107,11 +178,11 @@ def test_tables_against_the_formats():
 
 
 def packed_operand(codes, fmt, K):
-    """Staged (val, exp, low, sign) arrays of the codes, k-major, K padded to whole passes (offset_pack_rows)."""
+    """Staged (val, exp, byte words) arrays of the codes, k-major, K padded to whole passes (offset_pack_rows)."""
     Kp = max(offset.K_PASS, -(-K // offset.K_PASS) * offset.K_PASS)
     rows = codes.shape[0]
     arrays = (np.zeros((Kp, rows), np.float32), np.zeros((Kp // 2, rows), np.uint32),
-              np.zeros((Kp // 4, rows), np.uint32), np.zeros((Kp // 4, rows), np.uint32))
+              np.zeros((Kp // 4, 2 * rows), np.uint32))
     offset.offset_pack_rows(codes, tuple(offset.offset_tables(fmt)), *arrays)
     return arrays
 
@@ -128,13 +199,13 @@ def offset_accumulate(a, b, fmt_a, fmt_b, preset, fast, c=None):
     A, B = packed_operand(a, fmt_a, K), packed_operand(b, fmt_b, K)
     c_val = np.zeros((M, N), np.float32) if c is None else np.array(c, np.float32)
     partial = np.zeros((M, N), np.float32)
-    work = (np.full((M, N), 0x04000400, np.uint32), np.zeros((M, N), np.float32), np.zeros((M, N), np.uint32),
+    work = (np.zeros((M, N), np.uint32), np.zeros((M, N), np.float32), np.zeros((M, N), np.uint32),
             np.zeros((M, N), np.uint32))
     value = np.vectorize(lambda x: offset.offset_chain_value(np.float32(x), preset.frac_out), otypes=[np.float32])
     for kb in range(0, K, preset.nfma):
         if not fast and kb and kb % preset.slow_chunk == 0:
             partial, c_val = (partial + value(c_val)).astype(np.float32), np.zeros((M, N), np.float32)
-        offset.offset_block(*A[:4], 0, *B[:4], 0, kb, min(kb + preset.nfma, K), params, c_val, work)
+        offset.offset_block(*A, 0, *B, 0, kb, min(kb + preset.nfma, K), params, c_val, work)
     return (np.float32(0.0) + (partial + value(c_val))).astype(np.float32)
 
 
@@ -205,9 +276,21 @@ def test_decline_rules():
 # Mutations: each bound of the docstring, broken on purpose, must make the comparison fail
 
 
+def absent_block_operands(fmt_a, fmt_b):
+    """Rows of small products, then a block of zero codes, then more small products: the zero block's exponent
+    comes from the accumulator alone (a wrong reading of absent terms raises E and truncates it)."""
+    K = 3 * HOPPER.nfma
+    a = np.full((2, K), EXTREMES[fmt_a][2] | 0x01, np.uint8)  # the smallest normal exponent, odd significand
+    b = np.full((3, K), 0x03, np.uint8)  # a subnormal of two bits: sums with bits far below 2**-13
+    a[:, HOPPER.nfma:2 * HOPPER.nfma] = 0
+    b[1, ::2] |= 0x80
+    b[2, HOPPER.nfma:2 * HOPPER.nfma] = 0x80
+    return a, b
+
+
 def _mutated_cases():
     rng = np.random.default_rng(99)
-    cases = []
+    cases = [(*absent_block_operands(fa, fb), fa, fb) for fa, fb in PAIRS]
     for fa, fb in PAIRS:
         a, b = spread_codes(rng, fa, (6, 200)), spread_codes(rng, fb, (7, 200))
         a[:, ::5] = 0  # zero terms next to negative products
@@ -250,10 +333,12 @@ def count_flags_disagree():
         lo_a = np.where(fin_a, ta[2].astype(np.int64) + la_a, 10**6)
         lo_b = np.where(fin_b, tb[2].astype(np.int64) + la_b, 10**6)
         neg = (np.sign(va)[:, None] * np.sign(vb)[None, :]) < 0
-        params = offset.offset_params((32, 0, 0, 13, 13, -132, 0), fa, fb)
-        for e in range(params[3] - 3, params[4] + params[5] + 4):
-            tau = min(max(e - params[4], 0), params[5])
-            t4 = np.uint32((params[6] - tau) * 0x01010101)
+        nfma, frac_out, p_shift, floor_bits, m_add, tau_add, tau_max, top4, _ = offset.offset_params(
+            (32, 0, 0, 13, 13, -132, 0), fa, fb)
+        e_floor = (floor_bits >> 23) - 127
+        for e in range(e_floor - 3, 13 + la_a + la_b + tau_max + 4):  # both clamps and beyond
+            shift = min(max(e + 127 + tau_add, 0), tau_max)  # as offset_block_start computes it
+            t4 = np.uint32((top4 - shift * 0x01010101) % 2**32)
             inexact = (lo_a[:, None] + lo_b[None, :]) < e - 13
             want = neg & inexact & fin_a[:, None] & fin_b[None, :]
             for shift in (0, 8, 16, 24):
@@ -288,6 +373,7 @@ def test_zero_byte_bounds(monkeypatch, value):
     ("SIGN_BYTE", 0x40),  # the sign in the wrong bit: nothing is ever corrected
     ("OFFSET_MANTISSA", 0),  # M at the bottom of its binade: negative sums leave it
     ("EXP_ABSENT", offset.EXP_BIAS),  # an absent term reads as exponent 0: it sets E above small products
+    ("EXP_ABSENT", offset.EXP_BIAS - 256),  # two absent halves read as E = 0 (condition 9)
 ])
 def test_mutations_are_caught(monkeypatch, name, value):
     assert _fails(monkeypatch, offset, name, value), f"{name} = {value} went unnoticed"

@@ -21,11 +21,14 @@ For one output and one block with alignment exponent E (b.1 step 2) and grid ``u
   :func:`~.packed.dp4a` with 0x01010101 adds 128 per such product to a per-output count. At the block end
   ``count / 128`` is added to S's bit pattern (an integer add on an fp32 pattern inside one binade adds units of
   its ulp, u), and ``d = S - M`` is the block sum, exact.
-* **Exponent pass.** E is the maximum of the exponent sums of the block's nonzero products and of c's exponent.
-  Each element carries ``ex + EXP_BIAS`` (:data:`EXP_ABSENT` for zero, NaN and Inf codes) as a 16-bit half, two k
-  per word; the sum of an A word and a B word holds two exponent sums, and :func:`~.packed.max_u16x2` keeps the
-  running maxima of even and odd k per output. E is the larger half minus ``2 * EXP_BIAS``, raised to c's
-  exponent (-127 for c = +0) and to ``e_floor = max(min_exp, lo)``.
+* **Exponent pass.** Each element carries an *exponent half* ``ex + EXP_BIAS`` (:data:`EXP_ABSENT` for zero, NaN
+  and Inf codes), two k per word; :func:`~.packed.add_u16x2` of an A word and a B word gives two exponent sums and
+  :func:`~.packed.max_u16x2` keeps the running maxima of even and odd k per output (on sm_90 the pair is one
+  ``VIADDMNMX.U16x2``). At the block start :func:`~.packed.swap_halves` and one more maximum put the block's
+  largest sum ``s`` in the low half, and ``P = s * 2**23 + P_SHIFT`` (32-bit arithmetic: only the low 9 bits of
+  s reach the exponent field and the sign bit) is the fp32 pattern of ``2**E_prod`` (condition 9). E is the
+  exponent field of ``max(P, 2**e_floor, |c|)`` over int32 patterns (positive fp32 numbers are ordered as their
+  patterns), ``e_floor = max(min_exp, lo)``: the block exponent of b.1 step 2 raised to lo (condition 2).
 * **Deferred truncation.** b.1 step 6 (truncation of the block result to frac_out + 1 significant bits) is applied
   once, at the end of a chain (:func:`offset_chain_value`), not after every block: the next block truncates its
   accumulator toward zero onto ``2**(E' - frac)`` with ``E' >= lead(d)``, and when ``frac_out >= frac`` that grid
@@ -52,36 +55,50 @@ both sides of its bound in ``tests/test_offset.py``):
    ZERO_LOW = 65 up, two zero terms under a threshold near 128 carry into the next byte and flip its test.)
 5. *Zero terms never count.* Their sign byte is 0 and their low byte ``ZERO_LOW >= R + 1`` (63 for E5M2 x E5M2)
    reads exact whatever T is; with the clamp, thresholds at or below 0 mean "always exact", above R "never".
-6. *Exponent words stay in the fp16 domain of max_u16x2 below sm_90* (:mod:`.packed`): sums of two halves lie in
-   ``[2 * EXP_ABSENT, 2 * (EXP_BIAS + 15)]`` = [0x0400, 0x061E], and a sum with an absent half is below every real
-   exponent sum (``EXP_ABSENT + EXP_BIAS + 15 < 2 * (EXP_BIAS - 14)``), so absent terms never set E.
+6. *Exponent words stay in the domain of the stand-ins below sm_90* (:mod:`.packed`): halves are at most
+   ``EXP_BIAS + 15``, so no half-sum reaches 2**16 (the 32-bit add carries nothing); sums of two halves lie in
+   ``[2 * EXP_ABSENT, 2 * (EXP_BIAS + 15)]`` = [0x0500, 0x061E], positive normal fp16 patterns (the fp16
+   maximum is the unsigned one); a sum with an absent half is below every real exponent sum
+   (``EXP_ABSENT + EXP_BIAS + 15 < 2 * (EXP_BIAS - 14)``), so absent terms never win against a real product.
 7. *The count fits.* At most nfma products per block, ``128 * nfma < 2**32``; the pattern add stays in the binade
    because the corrected sum is the block sum, bounded by 1.
 8. *Deferral* needs ``frac_out >= frac`` (see above). A zero block sum gives ``S - M = +0`` (b.1 step 5); the chain
    value is the pattern with its low ``23 - frac_out`` bits cleared (:func:`~.fp32.truncate_significand`): every
    nonzero value is at least ``2**-72``, normal.
+9. *The exponent pattern.* ``s * 2**23`` keeps ``s mod 512`` in bits 23-31, and ``P_SHIFT = (127 - 2 * EXP_BIAS)
+   mod 512`` in the same bits makes them ``(s - 2 * EXP_BIAS + 127) mod 512``. For a real sum ``s = 2 * EXP_BIAS +
+   e``, e in [-28, 30], that is ``e + 127`` in [99, 157]: sign bit clear, P = the pattern of 2**e. With no real
+   product in the block, s is ``EXP_ABSENT + EXP_BIAS + ex`` (ex in [-14, 15]) or ``2 * EXP_ABSENT``, and the
+   field is ``(ex - 1) mod 512`` or 383 (EXP_ABSENT = EXP_BIAS - 128): either the sign bit is set (a negative
+   int32) or the field is at most 14, below the floor's ``e_floor + 127 >= 95``; so such a P never sets E.
+   (With EXP_ABSENT = EXP_BIAS - 256, two absent halves read as E = 0.) |c| is finite, its pattern non-negative;
+   c = +-0 and subnormal c read an exponent field of 0, below the floor (subnormal c are below ``2**lo``, which
+   condition 2 makes irrelevant).
 
 Operand layout of a staged block (k-major; ``r0``/``j0`` are the tile's first row of A / column of B):
 ``*_val[k, row]`` fp32 values (0 for zero, NaN and Inf codes), ``*_exp[k // 2, row]`` uint32 exponent words,
-``*_low[k // 4, row]`` and ``*_sign[k // 4, row]`` uint32 byte words; a block starts at a multiple of 4 and whole
-words are read, 8 k per pass (elements past K are zero codes). :func:`offset_tables` gives the per-code values and
-:func:`offset_pack` packs four k of a row.
+``*_bytes[k // 4, 2 * row]`` the low-byte word and ``*_bytes[k // 4, 2 * row + 1]`` the sign-byte word of four k
+(interleaved, so that a tile's rows read both with vector loads and a stage copies one array); a block starts at
+a multiple of 8 and whole words are read, 8 k per pass (elements past K are zero codes). :func:`offset_tables`
+gives the per-code values and :func:`offset_pack` packs four k of a row.
 """
 
 import numpy as np
 
 from .. import formats
 from .._jit import arithmetic
-from .fp32 import float32_bits, float32_exponent, float32_from_bits, fma_toward_zero, truncate_significand
-from .packed import BYTE_ONES, dp4a, max_u16x2, replicate_byte
+from .fp32 import float32_bits, float32_from_bits, fma_toward_zero, truncate_significand
+from .packed import BYTE_ONES, add_u16x2, dp4a, max_u16x2, swap_halves
 
-EXP_BIAS = 0x0300  # exponent half-word of a finite nonzero element: ex + EXP_BIAS (ex in [-14, 15])
-EXP_ABSENT = 0x0200  # exponent half-word of zero, NaN and Inf codes (condition 6)
+EXP_BIAS = 0x0300  # exponent half of a finite nonzero element: ex + EXP_BIAS (ex in [-14, 15])
+EXP_ABSENT = EXP_BIAS - 128  # exponent half of zero, NaN and Inf codes (conditions 6, 9)
 ZERO_LOW = 63  # low byte of zero, NaN and Inf codes (conditions 4, 5)
 SIGN_BYTE = 0x80  # sign byte of a negative value
 THRESHOLD_TOP = 128  # T for "every product exact" (bit 7 of a byte)
 OFFSET_MANTISSA = 0x400000  # M = 1.5 * 2**f: the middle of its binade (condition 1)
 FP32_FRACTION_BITS = 23
+FP32_EXPONENT_BIAS = 127
+EXPONENT_FIELD = 0xFF800000  # sign and exponent bits of an fp32 pattern
 WINDOW = 2**22  # half the width of M's binade, in units of u (condition 1)
 K_GROUP = 4  # k per byte word
 K_PASS = 8  # k per pass of the block loops (two words of each kind); blocks start on multiples of it
@@ -115,14 +132,28 @@ def offset_decline(nfma: int, frac: int, frac_out: int, late_c: int):
 
 
 def offset_params(params, fmt_a: str, fmt_b: str):
-    """``(nfma, frac, frac_out, e_floor, tau_base, tau_max, threshold_top, offset_mantissa)``: a preset (as
-    :func:`~.params.preset_params` gives it) and a format pair as the block step takes them (``tau = E - tau_base``
-    clamped to [0, tau_max]; T = top - tau)."""
+    """The block step's constants for a preset (as :func:`~.params.preset_params` gives it) and a format pair:
+    ``(nfma, frac_out, p_shift, floor_bits, m_add, tau_add, tau_max, top4, mantissa)``, int32 values (module
+    docstring):
+
+    * ``p_shift``: P_SHIFT of condition 9, in bits 23-31;
+    * ``floor_bits``: the fp32 pattern of ``2**e_floor``, ``e_floor = max(min_exp, lo)``;
+    * ``m_add``: M's pattern is ``E_field * 2**23 + m_add`` (``E_field = E + 127``);
+    * ``tau_add``, ``tau_max``: the threshold's shift is ``clamp(E_field + tau_add, 0, tau_max)``;
+    * ``top4``: THRESHOLD_TOP in each byte (T in each byte is ``top4 - shift * 0x01010101``);
+    * ``mantissa``: OFFSET_MANTISSA, M's mantissa field.
+    """
     nfma, lshift, rshift, frac, frac_out, min_exp, late_c = (int(v) for v in params)
     la_a, ra = format_low_range(fmt_a)
     la_b, rb = format_low_range(fmt_b)
     lo = la_a + la_b
-    return (nfma, frac, frac_out, max(min_exp, lo), frac + lo, ra + rb + 1, THRESHOLD_TOP, OFFSET_MANTISSA)
+    e_floor = max(min_exp, lo)
+    bias = FP32_EXPONENT_BIAS
+    p_shift = ((bias - 2 * EXP_BIAS) % 512) << FP32_FRACTION_BITS
+    m_add = ((FP32_FRACTION_BITS - frac) << FP32_FRACTION_BITS) + OFFSET_MANTISSA
+    return tuple(int(np.array(v % 2**32, np.uint32).view(np.int32)) for v in (
+        nfma, frac_out, p_shift, (e_floor + bias) << FP32_FRACTION_BITS, m_add, -(bias + frac + lo), ra + rb + 1,
+        THRESHOLD_TOP * BYTE_ONES, OFFSET_MANTISSA))
 
 
 def offset_tables(fmt: str):
@@ -163,112 +194,129 @@ def offset_pack(codes, row, k4, tables):
 
 
 @arithmetic
+def exponent_sums(a_exp, ra, b_exp, jb, w):
+    """The two exponent sums (even and odd k) of word w of row ra of A and column jb of B."""
+    return add_u16x2(np.uint32(a_exp[w, ra]), np.uint32(b_exp[w, jb]))
+
+
+@arithmetic
 def offset_exponent_pass(a_exp, r0, b_exp, j0, w0, w1, e_pair):
-    """b.1 steps 1-2 over the exponent words w in [w0, w1) (an even count): ``e_pair[r, j]`` = per-half maxima of
-    ``a_exp[w, r0 + r] + b_exp[w, j0 + j]``; two words per pass, a three-way maximum on GPUs that have one."""
+    """b.1 steps 1-2 over the exponent words w in [w0, w1) (an even count, at least 2): ``e_pair[r, j]`` = per-half
+    maxima of ``a_exp[w, r0 + r] + b_exp[w, j0 + j]`` (the first pass writes it: nothing is read on entry)."""
     rows, lanes = e_pair.shape
-    u = np.uint64
-    w = u(w0)
-    while w < u(w1):
+    u = np.uint32
+    for r in range(rows):
+        for j in range(lanes):
+            first = exponent_sums(a_exp, r0 + u(r), b_exp, j0 + u(j), w0)
+            e_pair[r, j] = max_u16x2(first, exponent_sums(a_exp, r0 + u(r), b_exp, j0 + u(j), w0 + u(1)))
+    w = w0 + u(2)
+    while w < w1:
         for r in range(rows):
-            ea = np.uint32(a_exp[w, r0 + r])
-            ea1 = np.uint32(a_exp[w + u(1), r0 + r])
             for j in range(lanes):
-                first = np.uint32(ea + np.uint32(b_exp[w, j0 + j]))
-                second = np.uint32(ea1 + np.uint32(b_exp[w + u(1), j0 + j]))
-                e_pair[r, j] = max_u16x2(max_u16x2(e_pair[r, j], first), second)
+                pair = max_u16x2(e_pair[r, j], exponent_sums(a_exp, r0 + u(r), b_exp, j0 + u(j), w))
+                e_pair[r, j] = max_u16x2(pair, exponent_sums(a_exp, r0 + u(r), b_exp, j0 + u(j), w + u(1)))
         w += u(2)
 
 
 @arithmetic
 def offset_block_start(params, c_val, e_pair, acc, thresh, count):
-    """b.1 steps 2-3 and the accumulator's term of step 4: E per output from its exponent maxima and c; the offset
-    sum ``acc = M + trunc(c / u) * u``, the threshold word ``thresh`` (four copies of T) and ``count = 0``."""
-    i32 = np.int32
-    frac = i32(params[1])
-    e_floor = i32(params[3])
-    tau_base = i32(params[4])
-    tau_max = i32(params[5])
-    top = np.uint32(params[6])
-    m_low = i32(params[7] + ((FP32_FRACTION_BITS + 127) << 23))  # M's pattern is (E - frac) << 23 plus this
+    """b.1 steps 2-3 and the accumulator's term of step 4: E per output from its exponent maxima, c and the floor;
+    the offset sum ``acc = M + trunc(c / u) * u``, the threshold word ``thresh`` (four copies of T) and
+    ``count = 0``."""
+    i32, u32 = np.int32, np.uint32
+    p_shift, floor_bits, m_add = i32(params[2]), i32(params[3]), i32(params[4])
+    tau_add, tau_max, top4 = i32(params[5]), i32(params[6]), u32(params[7])
     rows, lanes = c_val.shape
     for r in range(rows):
         for j in range(lanes):
             pair = e_pair[r, j]
-            e_pair[r, j] = np.uint32(0x04000400)  # 2 * EXP_ABSENT in both halves: no term yet
-            e = i32(i32(max(pair & np.uint32(0xFFFF), pair >> np.uint32(16))) - i32(2 * EXP_BIAS))
+            largest = max_u16x2(pair, swap_halves(pair))  # the block's largest exponent sum, in both halves
+            product_bits = i32(i32(largest << u32(FP32_FRACTION_BITS)) + p_shift)  # 2**E_prod (condition 9)
             c = c_val[r, j]
-            e = max(e, float32_exponent(c), e_floor)
-            m = float32_from_bits(i32(i32(i32(e - frac) << i32(23)) + m_low))
-            signed_m = float32_from_bits(i32(float32_bits(m) | (float32_bits(c) & i32(-0x80000000))))
+            c_bits = float32_bits(c)
+            top = max(max(product_bits, floor_bits), i32(c_bits & i32(0x7FFFFFFF)))
+            e_field = i32(top >> i32(FP32_FRACTION_BITS))  # E + 127
+            m_bits = i32(i32(e_field << i32(FP32_FRACTION_BITS)) + m_add)
+            m = float32_from_bits(m_bits)
+            signed_m = float32_from_bits(i32(m_bits | (c_bits & i32(-0x80000000))))
             acc[r, j] = np.float32(m + np.float32(fma_toward_zero(c, np.float32(1.0), signed_m) - signed_m))
-            byte = np.uint32(top - np.uint32(min(max(i32(e - tau_base), i32(0)), tau_max)))
-            thresh[r, j] = replicate_byte(byte)
-            count[r, j] = np.uint32(0)
+            shift = u32(min(max(i32(e_field + tau_add), i32(0)), tau_max))
+            thresh[r, j] = u32(top4 - shift * u32(BYTE_ONES))
+            count[r, j] = u32(0)
 
 
 @arithmetic
-def offset_group(a_val, a_low, a_sign, r0, b_val, b_low, b_sign, j0, g, acc, thresh, count):
+def offset_group(a_val, a_bytes, r0, b_val, b_bytes, j0, g, acc, thresh, count):
     """Four k (group g) of :func:`offset_products`."""
     rows, lanes = acc.shape
-    u = np.uint64
+    u = np.uint32
     k = g * u(4)
     for r in range(rows):
-        low_a = np.uint32(a_low[g, r0 + r])
-        sign_a = np.uint32(a_sign[g, r0 + r])
-        a0 = a_val[k, r0 + r]
-        a1 = a_val[k + u(1), r0 + r]
-        a2 = a_val[k + u(2), r0 + r]
-        a3 = a_val[k + u(3), r0 + r]
+        low_a = u(a_bytes[g, u(2) * (r0 + u(r))])
+        sign_a = u(a_bytes[g, u(2) * (r0 + u(r)) + u(1)])
+        a0 = a_val[k, r0 + u(r)]
+        a1 = a_val[k + u(1), r0 + u(r)]
+        a2 = a_val[k + u(2), r0 + u(r)]
+        a3 = a_val[k + u(3), r0 + u(r)]
         for j in range(lanes):
             s = acc[r, j]
-            s = fma_toward_zero(a0, b_val[k, j0 + j], s)
-            s = fma_toward_zero(a1, b_val[k + u(1), j0 + j], s)
-            s = fma_toward_zero(a2, b_val[k + u(2), j0 + j], s)
-            acc[r, j] = fma_toward_zero(a3, b_val[k + u(3), j0 + j], s)
-            exact = np.uint32(np.uint32(low_a + np.uint32(b_low[g, j0 + j])) + thresh[r, j])
-            flags = np.uint32(~exact & np.uint32(sign_a ^ np.uint32(b_sign[g, j0 + j])))
-            count[r, j] = dp4a(flags, np.uint32(BYTE_ONES), count[r, j])
+            s = fma_toward_zero(a0, b_val[k, j0 + u(j)], s)
+            s = fma_toward_zero(a1, b_val[k + u(1), j0 + u(j)], s)
+            s = fma_toward_zero(a2, b_val[k + u(2), j0 + u(j)], s)
+            acc[r, j] = fma_toward_zero(a3, b_val[k + u(3), j0 + u(j)], s)
+            exact = u(u(low_a + u(b_bytes[g, u(2) * (j0 + u(j))])) + thresh[r, j])
+            flags = u(~exact & u(sign_a ^ u(b_bytes[g, u(2) * (j0 + u(j)) + u(1)])))
+            count[r, j] = dp4a(flags, u(BYTE_ONES), count[r, j])
 
 
 @arithmetic
-def offset_products(a_val, a_low, a_sign, r0, b_val, b_low, b_sign, j0, g0, g1, acc, thresh, count):
+def offset_products(a_val, a_bytes, r0, b_val, b_bytes, j0, g0, g1, acc, thresh, count):
     """b.1 step 4 over the 4-k groups g in [g0, g1) (an even count): every product into ``acc`` by one fused
     multiply-add rounding toward zero, and the count of those floored one unit too far (module docstring)."""
-    u = np.uint64
-    g = u(g0)
-    while g < u(g1):
-        offset_group(a_val, a_low, a_sign, r0, b_val, b_low, b_sign, j0, g, acc, thresh, count)
-        offset_group(a_val, a_low, a_sign, r0, b_val, b_low, b_sign, j0, g + u(1), acc, thresh, count)
-        g += u(2)
+    g = g0
+    while g < g1:
+        offset_group(a_val, a_bytes, r0, b_val, b_bytes, j0, g, acc, thresh, count)
+        offset_group(a_val, a_bytes, r0, b_val, b_bytes, j0, g + np.uint32(1), acc, thresh, count)
+        g += np.uint32(2)
 
 
 @arithmetic
 def offset_block_end(params, acc, count, c_val):
     """The block sum ``c = S + count/128 units - M`` (exact; +0 when zero); its truncation is deferred. M is read
-    back from S's exponent (S stays in M's binade)."""
-    offset_mantissa = np.int32(params[7])
+    back from S's exponent (S stays in M's binade); its mantissa comes from ``params`` (a register operand, so
+    that one logic instruction rebuilds M)."""
+    mantissa = np.int32(params[8])
     rows, lanes = acc.shape
     for r in range(rows):
         for j in range(lanes):
             bits = np.int32(float32_bits(acc[r, j]) + np.int32(count[r, j] >> np.uint32(7)))
-            m = float32_from_bits(np.int32((bits & np.int32(-0x00800000)) | offset_mantissa))
+            m = float32_from_bits(np.int32((bits & np.int32(EXPONENT_FIELD - 2**32)) | mantissa))
             c_val[r, j] = np.float32(float32_from_bits(bits) - m)
 
 
 @arithmetic
-def offset_block(a_val, a_exp, a_low, a_sign, r0, b_val, b_exp, b_low, b_sign, j0, kb, ke, params, c_val, work):
+def offset_block(a_val, a_exp, a_bytes, r0, b_val, b_exp, b_bytes, j0, kb, ke, params, c_val, work):
     """One early-accumulator block step (b.1, result truncation deferred) over k in [kb, ke) for the tile of rows
-    r0 ... of A and columns j0 ... of B; updates ``c_val`` in place. kb is a multiple of 8 and the staged operands
-    hold zero codes from ke up to the next multiple of 8 (past K), which are read as whole words: the loops then
-    have no ragged end. ``work`` = (e_pair, acc, thresh, count), arrays of the tile's shape (uint32, float32,
-    uint32, uint32); ``e_pair`` must hold 0x04000400 on entry (as :func:`offset_block_start` leaves it)."""
+    r0 ... of A and columns j0 ... of B; updates ``c_val`` in place. kb is a multiple of 8, ke > kb, and the staged
+    operands hold zero codes from ke up to the next multiple of 8 (past K), which are read as whole words: the loops
+    then have no ragged end (a block without products is :func:`offset_empty_block`). ``work`` = (e_pair, acc,
+    thresh, count), arrays of the tile's shape (uint32, float32, uint32, uint32) that need no content on entry."""
     e_pair, acc, thresh, count = work
-    span = (ke - kb + K_PASS - 1) // K_PASS * K_PASS
-    offset_exponent_pass(a_exp, r0, b_exp, j0, kb // 2, (kb + span) // 2, e_pair)
+    u = np.uint32
+    first, end = u(kb), u(u(u(ke) + u(K_PASS - 1)) & u(~(K_PASS - 1) & 0xFFFFFFFF))
+    offset_exponent_pass(a_exp, r0, b_exp, j0, first >> u(1), end >> u(1), e_pair)
     offset_block_start(params, c_val, e_pair, acc, thresh, count)
-    offset_products(a_val, a_low, a_sign, r0, b_val, b_low, b_sign, j0, kb // 4, (kb + span) // 4, acc, thresh,
-                    count)
+    offset_products(a_val, a_bytes, r0, b_val, b_bytes, j0, first >> u(2), end >> u(2), acc, thresh, count)
+    offset_block_end(params, acc, count, c_val)
+
+
+@arithmetic
+def offset_empty_block(params, c_val, work):
+    """A block without products (zero padding past K in a split tile): ``c_val`` truncated toward zero onto the
+    grid of ``E = max(exponent of c, e_floor)``, the block step on the accumulator alone (b.1 with no term)."""
+    e_pair, acc, thresh, count = work
+    e_pair[:, :] = np.uint32(2 * EXP_ABSENT * 0x00010001)  # no product: E from c and the floor alone
+    offset_block_start(params, c_val, e_pair, acc, thresh, count)
     offset_block_end(params, acc, count, c_val)
 
 
@@ -279,23 +327,20 @@ def offset_chain_value(c, frac_out):
 
 
 @arithmetic
-def offset_pack_rows(codes, tables, val, exp, low, sign):
+def offset_pack_rows(codes, tables, val, exp, byte_words):
     """Every row of ``codes`` [rows, K] packed into k-major staged arrays (``val[Kp, rows]``, ``exp[Kp // 2, rows]``,
-    ``low``/``sign[Kp // 4, rows]``, Kp a multiple of 4 at least K; rows and k past the codes are zero codes)."""
-    for g in range(low.shape[0]):
+    ``byte_words[Kp // 4, 2 * rows]``, Kp a multiple of 4 at least K; rows and k past the codes are zero codes)."""
+    for g in range(byte_words.shape[0]):
         for row in range(val.shape[1]):
             if row < codes.shape[0]:
                 v0, v1, v2, v3, e01, e23, lw, sg = offset_pack(codes, row, g, tables)
             else:
-                v0, v1, v2, v3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
-                e01 = e23 = np.uint32(EXP_ABSENT | (EXP_ABSENT << 16))
-                lw = np.uint32(ZERO_LOW * BYTE_ONES)
-                sg = np.uint32(0)
+                v0, v1, v2, v3, e01, e23, lw, sg = offset_pack(codes, 0, codes.shape[1], tables)  # zero codes
             val[4 * g, row] = v0
             val[4 * g + 1, row] = v1
             val[4 * g + 2, row] = v2
             val[4 * g + 3, row] = v3
             exp[2 * g, row] = e01
             exp[2 * g + 1, row] = e23
-            low[g, row] = lw
-            sign[g, row] = sg
+            byte_words[g, 2 * row] = lw
+            byte_words[g, 2 * row + 1] = sg

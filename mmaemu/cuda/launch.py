@@ -187,8 +187,9 @@ def signatures():
     codes, flags, table = types.uint8[:, ::1], types.uint8[::1], types.float64[::1]
     biased_args = (types.float32[::1], types.float32[::1], types.int32[::1], i64) * 2 + (i64, schedule, params, f32)
     u32 = types.uint32[::1]
-    offset_args = (types.float32[::1], u32, u32, u32, i64) * 2 + (
-        i64, schedule, numba.typeof(_offset.offset_params(preset_params(HOPPER, "e4m3", "e4m3"), "e4m3", "e4m3")), f32)
+    offset_args = (types.float32[::1], u32, u32, i64) * 2 + (
+        i64, schedule, numba.typeof(_offset.offset_params(preset_params(HOPPER, "e4m3", "e4m3"), "e4m3", "e4m3")),
+        types.float32[:, :], types.float32[:, :])
     tables = numba.typeof(tuple(_offset.offset_tables("e4m3")))
 
     return {
@@ -197,7 +198,7 @@ def signatures():
         "decode": (decode_operand, (types.uint8[:, ::1], fmt, i64, f32, f32, types.int32[:, ::1])),
         "offset": (offset_kernel.gemm_offset, offset_args),
         "offset_decode": (offset_kernel.decode_operand, (types.uint8[:, ::1], tables, i64, f32, types.uint32[:, ::1],
-                                                         types.uint32[:, ::1], types.uint32[:, ::1])),
+                                                         types.uint32[:, ::1])),
         "simple": (gemm_simple, (a8, a16, a8, a16, schedule, params, f32)),
         "lanes": (gemm_lanes, (types.uint8[:, ::1], types.uint8[:, ::1], fmt, fmt, schedule, params, i64, f32)),
         "tiled": (gemm_tiled, (a8, a16, a8, a16, schedule, params, i64, f32)),
@@ -272,17 +273,21 @@ def launch_biased(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
 
 
 def _packed_panel(codes, fmt, row0, rows, K, alloc, stream):
-    """Packed (val, exp, low, sign) arrays of codes[row0:row0 + rows] (zero codes past the rows and past K, to
-    whole stages), flat, and their number of columns."""
+    """Packed (val, exp, byte words) arrays of codes[row0:row0 + rows] (zero codes past the rows and past K, to
+    whole stages), flat, and their number of columns. The kernel reads them 16 bytes at a time: RuntimeError if
+    an allocation does not start on a 16-byte boundary."""
     Kp = _round_up(max(K, 1), offset_kernel.STAGE_K)
-    val = alloc((Kp, rows), np.float32)
-    exp = alloc((Kp // 2, rows), np.uint32)
-    low, sign = alloc((Kp // 4, rows), np.uint32), alloc((Kp // 4, rows), np.uint32)
+    arrays = (alloc((Kp, rows), np.float32), alloc((Kp // 2, rows), np.uint32), alloc((Kp // 4, 2 * rows), np.uint32))
+    for array in arrays:
+        interface = getattr(array, "__cuda_array_interface__", None)
+        if interface is not None and interface["data"][0] % 16:
+            raise RuntimeError("the offset kernel reads its packed operands 16 bytes at a time; the allocator gave "
+                               f"an address {interface['data'][0]:#x} that is not a multiple of 16")
     tables = tuple(cuda.to_device(t, stream=stream) for t in _offset.offset_tables(fmt))
     block = offset_kernel.DECODE_BLOCK
     grid = ((rows + block[0] - 1) // block[0], min((Kp // 4 + block[1] - 1) // block[1], MAX_GRID_Y))
-    offset_kernel.decode_operand[grid, block, stream](codes, tables, row0, val, exp, low, sign)
-    return val.reshape(-1), exp.reshape(-1), low.reshape(-1), sign.reshape(-1), rows
+    offset_kernel.decode_operand[grid, block, stream](codes, tables, row0, *arrays)
+    return tuple(array.reshape(-1) for array in arrays) + (rows,)
 
 
 def launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):
@@ -309,6 +314,8 @@ def launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
     bm, bn = offset_kernel.BLOCK_M, offset_kernel.BLOCK_N
     rows_a = _panel_rows(K, bm, PACKED_BYTES, offset_kernel.STAGE_K)
     rows_b = _panel_rows(K, bn, PACKED_BYTES, offset_kernel.STAGE_K)
+    # The pairwise scheme's slot per output (gemm_offset); other schedules never touch it.
+    slot = alloc((M, N) if schedule[1] > 1 and schedule[4] else (1, 1), np.float32)
     with quiet_launches():
         # A in one panel is packed once; in several, once per panel of B (a panel of each at a time).
         whole_a = _packed_panel(a_codes, fmt_a, 0, _round_up(M, bm), K, alloc, stream) if M <= rows_a else None
@@ -320,4 +327,5 @@ def launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
                 a = whole_a or _packed_panel(a_codes, fmt_a, m0, _round_up(m1 - m0, bm), K, alloc, stream)
                 grid = ((n1 - n0 + bn - 1) // bn, (m1 - m0 + bm - 1) // bm)
                 offset_kernel.gemm_offset[grid, (offset_kernel.TX, offset_kernel.TY), stream](
-                    *a, *b, K, schedule, block_params, out[m0:m1, n0:n1])
+                    *a, *b, K, schedule, block_params, out[m0:m1, n0:n1], slot if slot.shape[0] == 1 else
+                    slot[m0:m1, n0:n1])

@@ -5,14 +5,14 @@ Every product is one fp32 fused multiply-add rounding toward zero into an offset
 a packed 16-bit add and maximum per two products. Two kernels:
 
 * :func:`decode_operand` packs the FP8 codes of a panel of rows once (:func:`mmaemu.arith.offset.offset_pack`)
-  into k-major arrays: fp32 values ``val[k, r]``, exponent words ``exp[k // 2, r]``, low-byte and sign-byte words
-  ``low[k // 4, r]``, ``sign[k // 4, r]``; padded with zero codes to whole stages and thread blocks, so the GEMM
-  kernel stages them with plain copies;
+  into k-major arrays: fp32 values ``val[k, r]``, exponent words ``exp[k // 2, r]``, and the low-byte and
+  sign-byte words of four k side by side, ``bytes[k // 4, 2 * r]`` and ``bytes[k // 4, 2 * r + 1]``; padded with
+  zero codes to whole stages and thread blocks, so the GEMM kernel stages them with plain 16-byte copies;
 * :func:`gemm_offset`: a TY x TX thread block owns BLOCK_M x BLOCK_N outputs, each thread a ROWS x COLS tile of
   them (rows ``ty * ROWS + r``, columns ``tx * COLS + j``: adjacent words, vector loads). The block copies STAGE_K
-  k of its rows of A and of B into shared memory (48 KiB, the static limit); each thread runs
-  :func:`mmaemu.arith.offset.offset_block` on every block of its chains, state in registers, and ends each chain
-  with :func:`mmaemu.arith.offset.offset_chain_value`.
+  k of its rows of A and of B into shared memory (48 KiB, the static limit), each thread 16 bytes per load
+  (:func:`mmaemu.cuda.ptx.load4`); each thread runs :func:`mmaemu.arith.offset.offset_block` on every block of
+  its chains, state in registers, and ends each chain with :func:`mmaemu.arith.offset.offset_chain_value`.
 
 The schedule (unsplit fast and slow, every split-K scheme) is walked with the functions ``accumulate_one`` uses
 (``combine_step``, ``split_chains``, ``chain_tiles_of``, ``chain_range``); presets are those
@@ -26,12 +26,14 @@ from numba import cuda, float32, uint32
 
 from ..arith import offset as _offset
 from . import ptx, shim
+from .ptx import load4
 from .kernels import chain_range, chain_range_count, chain_tiles_of, combine, combine_step, split_chains
 
 shim.install_fma_toward_zero()
 ptx.install()
 
 offset_block = shim.device(_offset.offset_block)
+offset_empty_block = shim.device(_offset.offset_empty_block)
 offset_chain_value = shim.device(_offset.offset_chain_value)
 offset_pack = shim.device(_offset.offset_pack)
 
@@ -45,7 +47,9 @@ BLOCK_M = TY * ROWS
 BLOCK_N = TX * COLS
 STAGE_K = 32  # a multiple of the shipped presets' nfma (32, 16), so that no block straddles two stages
 STAGE_WORDS2 = STAGE_K // 2  # exponent words per stage (two k each)
-STAGE_WORDS4 = STAGE_K // 4  # byte words per stage (four k each)
+STAGE_WORDS4 = STAGE_K // 4  # byte-word pairs per stage (four k each)
+BYTES_M = 2 * BLOCK_M  # words per staged row of byte words: a low-byte and a sign-byte word per row of A
+BYTES_N = 2 * BLOCK_N
 DECODE_BLOCK = (32, 8)  # decode kernel: 32 rows x 8 groups of 4 k per thread block
 REGISTERS = 255
 
@@ -67,13 +71,13 @@ def offset_decline(schedule, params):
 
 
 @cuda.jit(fastmath=False)
-def decode_operand(codes, tables, row0, val, exp, low, sign):
+def decode_operand(codes, tables, row0, val, exp, byte_words):
     """Pack four k of row ``row0 + r`` per thread (``offset_pack``; zero codes past the rows or past K). Groups
     stride over the grid's y extent, so any K fits the grid."""
     r, g = cuda.grid(2)
     g_step = cuda.gridDim.y * cuda.blockDim.y
     rows = val.shape[1]
-    while g < low.shape[0] and r < rows:
+    while g < byte_words.shape[0] and r < rows:
         row = row0 + r
         if row < codes.shape[0]:
             v0, v1, v2, v3, e01, e23, lw, sg = offset_pack(codes, row, g, tables)
@@ -85,35 +89,41 @@ def decode_operand(codes, tables, row0, val, exp, low, sign):
         val[4 * g + 3, r] = v3
         exp[2 * g, r] = e01
         exp[2 * g + 1, r] = e23
-        low[g, r] = lw
-        sign[g, r] = sg
+        byte_words[g, 2 * r] = lw
+        byte_words[g, 2 * r + 1] = sg
         g += g_step
 
 
 @cuda.jit(device=True, fastmath=False)
-def _copy(source, cols, row0, first, count, rows, target):
-    """``target[i, r] = source[(first + i) * cols + row0 + r]`` for i < count, r < rows (the staged rows of a
-    flat k-major panel): thread t copies row ``t % rows`` at every ``THREADS // rows``-th i, so that a warp copies
-    consecutive words (count * rows is a multiple of THREADS)."""
+def _copy(source, cols, col0, first, target):
+    """``target[i, c] = source[(first + i) * cols + col0 + c]`` for the whole target (the staged part of a flat
+    k-major panel), 16 bytes per load: thread t copies words ``4 * (t % quads) ...`` of every ``THREADS //
+    quads``-th row i (quads = words per row / 4), so that a warp reads consecutive words. The target's size is a
+    multiple of 4 * THREADS words, and cols and col0 are multiples of 4 (16-byte boundaries)."""
+    count, width = target.shape
+    quads = width // 4
     t = np.uint32(cuda.threadIdx.y * TX + cuda.threadIdx.x)
-    r = np.uint32(t % np.uint32(rows))
-    i0 = np.uint32(t // np.uint32(rows))
-    step = THREADS // rows
-    flat = np.uint32(np.uint32(np.uint32(first + i0) * np.uint32(cols)) + np.uint32(row0 + r))
+    c = np.uint32(np.uint32(4) * (t % np.uint32(quads)))
+    i0 = np.uint32(t // np.uint32(quads))
+    step = THREADS // quads
+    flat = np.uint32(np.uint32(np.uint32(first + i0) * np.uint32(cols)) + np.uint32(col0 + c))
     for n in range(count // step):
-        target[np.uint32(i0 + np.uint32(n * step)), r] = source[np.uint32(flat + np.uint32(np.uint32(n * step) *
-                                                                                             np.uint32(cols)))]
+        w0, w1, w2, w3 = load4(source, np.uint32(flat + np.uint32(np.uint32(n * step) * np.uint32(cols))))
+        i = np.uint32(i0 + np.uint32(n * step))
+        target[i, c] = w0
+        target[i, c + np.uint32(1)] = w1
+        target[i, c + np.uint32(2)] = w2
+        target[i, c + np.uint32(3)] = w3
 
 
 @cuda.jit(device=True, fastmath=False)
-def _stage(panel, row0, c0, rows, staged):
-    """Copy k in [c0, c0 + STAGE_K) of ``rows`` packed rows from row0 into shared memory."""
-    val, exp, low, sign, cols = panel
-    sh_val, sh_exp, sh_low, sh_sign = staged
-    _copy(val, cols, row0, c0, STAGE_K, rows, sh_val)
-    _copy(exp, cols, row0, c0 // 2, STAGE_WORDS2, rows, sh_exp)
-    _copy(low, cols, row0, c0 // 4, STAGE_WORDS4, rows, sh_low)
-    _copy(sign, cols, row0, c0 // 4, STAGE_WORDS4, rows, sh_sign)
+def _stage(panel, row0, c0, staged):
+    """Copy k in [c0, c0 + STAGE_K) of the packed rows from row0 on into shared memory."""
+    val, exp, byte_words, cols = panel
+    sh_val, sh_exp, sh_bytes = staged
+    _copy(val, cols, row0, c0, sh_val)
+    _copy(exp, cols, row0, c0 // 2, sh_exp)
+    _copy(byte_words, 2 * cols, 2 * row0, c0 // 4, sh_bytes)
 
 
 @cuda.jit(device=True, fastmath=False)
@@ -122,43 +132,51 @@ def _stages():
     # One allocation per line: numba's simulator tells shared arrays apart by the line that allocates them.
     a_val = cuda.shared.array((STAGE_K, BLOCK_M), float32)
     a_exp = cuda.shared.array((STAGE_WORDS2, BLOCK_M), uint32)
-    a_low = cuda.shared.array((STAGE_WORDS4, BLOCK_M), uint32)
-    a_sign = cuda.shared.array((STAGE_WORDS4, BLOCK_M), uint32)
+    a_bytes = cuda.shared.array((STAGE_WORDS4, BYTES_M), uint32)
     b_val = cuda.shared.array((STAGE_K, BLOCK_N), float32)
     b_exp = cuda.shared.array((STAGE_WORDS2, BLOCK_N), uint32)
-    b_low = cuda.shared.array((STAGE_WORDS4, BLOCK_N), uint32)
-    b_sign = cuda.shared.array((STAGE_WORDS4, BLOCK_N), uint32)
-    return (a_val, a_exp, a_low, a_sign), (b_val, b_exp, b_low, b_sign)
+    b_bytes = cuda.shared.array((STAGE_WORDS4, BYTES_N), uint32)
+    return (a_val, a_exp, a_bytes), (b_val, b_exp, b_bytes)
 
 
 @cuda.jit(device=True, fastmath=False)
 def _chain(a, b, K, first, stride, count, schedule, params, sh_a, sh_b, work, c_val):
     """One chain from +0 over ``count`` k-tiles (``chain_range``), staged STAGE_K k at a time; ``c_val`` ends with
-    its deferred accumulator. Blocks start every nfma k from each range's start; those past K (zero padding of a
-    split tile) run on the accumulator alone, as in the reference."""
-    m0 = np.int32(cuda.blockIdx.y * BLOCK_M)
-    n0 = np.int32(cuda.blockIdx.x * BLOCK_N)
+    its deferred accumulator. Blocks start every nfma k from each range's start (a multiple of STAGE_K, and
+    nfma divides STAGE_K); those past K (zero padding of a split tile) run on the accumulator alone, as in the
+    reference, after the range's staged blocks (they come last in k)."""
+    i32 = np.int32
+    m0 = i32(cuda.blockIdx.y * BLOCK_M)
+    n0 = i32(cuda.blockIdx.x * BLOCK_N)
     r0 = np.uint32(cuda.threadIdx.y * ROWS)
     j0 = np.uint32(cuda.threadIdx.x * COLS)
-    nfma = params[0]
+    nfma = i32(params[0])
     for r in range(ROWS):
         for j in range(COLS):
             c_val[r, j] = np.float32(0.0)
     for i in range(chain_range_count(stride, count)):
         k0, k1 = chain_range(K, first, stride, count, schedule[0], schedule[5], i)
-        for c0 in range(np.int32(k0), np.int32(k1), STAGE_K):
-            if c0 < K:
-                cuda.syncthreads()  # every thread is done with the previous stage
-                _stage(a, m0, c0, BLOCK_M, sh_a)
-                _stage(b, n0, c0, BLOCK_N, sh_b)
-                cuda.syncthreads()
-            # Stage-local block bounds: [kb, ke), empty past K.
-            stop = np.int32(min(STAGE_K, k1 - c0))
-            valid = np.int32(max(min(STAGE_K, K - c0), 0))
-            for kb in range(0, stop, nfma):
-                ke = np.int32(max(min(kb + nfma, valid), kb))
-                offset_block(sh_a[0], sh_a[1], sh_a[2], sh_a[3], r0, sh_b[0], sh_b[1], sh_b[2], sh_b[3], j0,
-                             np.uint32(kb), np.uint32(ke), params, c_val, work)
+        data_end = i32(min(i32(k1), K))
+        c0 = i32(k0)
+        while c0 < data_end:  # the block loop: one stage per pass
+            cuda.syncthreads()  # every thread is done with the previous stage
+            _stage(a, m0, c0, sh_a)
+            _stage(b, n0, c0, sh_b)
+            cuda.syncthreads()
+            stop = i32(min(i32(STAGE_K), i32(data_end - c0)))  # blocks that start before the data's end
+            valid = i32(min(i32(STAGE_K), i32(K - c0)))
+            kb = i32(0)
+            while kb < stop:
+                offset_block(sh_a[0], sh_a[1], sh_a[2], r0, sh_b[0], sh_b[1], sh_b[2], j0, np.uint32(kb),
+                             np.uint32(min(i32(kb + nfma), valid)), params, c_val, work)
+                kb += nfma
+            c0 += i32(STAGE_K)
+        kb = i32(k0)
+        while kb < data_end:
+            kb += nfma
+        while kb < i32(k1):  # blocks past K
+            offset_empty_block(params, c_val, work)
+            kb += nfma
 
 
 @cuda.jit(device=True, fastmath=False)
@@ -168,11 +186,10 @@ def _split_partial(a, b, K, s, schedule, params, sh_a, sh_b, partial):
     work = (cuda.local.array((ROWS, COLS), uint32), cuda.local.array((ROWS, COLS), float32),
             cuda.local.array((ROWS, COLS), uint32), cuda.local.array((ROWS, COLS), uint32))
     c_val = cuda.local.array((ROWS, COLS), float32)
-    frac_out = params[2]
+    frac_out = params[1]
     for r in range(ROWS):
         for j in range(COLS):
             partial[r, j] = np.float32(0.0)
-            work[0][r, j] = np.uint32(0x04000400)  # no exponent term yet (offset_block's entry state)
     for c in range(split_chains(K, s, schedule)):
         first, stride, count = chain_tiles_of(K, s, c, schedule)
         _chain(a, b, K, first, stride, count, schedule, params, sh_a, sh_b, work, c_val)
@@ -182,36 +199,38 @@ def _split_partial(a, b, K, s, schedule, params, sh_a, sh_b, partial):
 
 
 @cuda.jit(device=True, fastmath=False)
-def _write(out, acc):
+def _combine_into(out, slot, partial, first, target, flush):
+    """Enter a split's partial into the thread's outputs as ``combine_step`` says: the accumulator lives in
+    ``out`` (+0 before the first partial) and the pairwise slot in ``slot`` (global memory: the thread's
+    registers hold only the chain state; each thread touches only its own outputs)."""
     m0 = cuda.blockIdx.y * BLOCK_M + cuda.threadIdx.y * ROWS
     n0 = cuda.blockIdx.x * BLOCK_N + cuda.threadIdx.x * COLS
     for r in range(ROWS):
         for j in range(COLS):
-            if m0 + r < out.shape[0] and n0 + j < out.shape[1]:
-                out[m0 + r, n0 + j] = acc[r, j]
+            m, n = m0 + r, n0 + j
+            if m < out.shape[0] and n < out.shape[1]:
+                acc = np.float32(0.0) if first else out[m, n]
+                paired = slot.shape[0] == out.shape[0]
+                held = slot[m, n] if paired else np.float32(0.0)
+                acc, held = combine(acc, held, partial[r, j], target, flush)
+                out[m, n] = acc
+                if paired:
+                    slot[m, n] = held
 
 
 @cuda.jit(fastmath=False, **shim.register_cap(REGISTERS))
-def gemm_offset(a_val, a_exp, a_low, a_sign, a_cols, b_val, b_exp, b_low, b_sign, b_cols, K, schedule, params, out):
+def gemm_offset(a_val, a_exp, a_bytes, a_cols, b_val, b_exp, b_bytes, b_cols, K, schedule, params, out, slot):
     """out[m, n] for a BLOCK_M x BLOCK_N tile per thread block; see the module docstring. The operands are packed
     panels (:func:`decode_operand`) seen flat with a_cols / b_cols rows, K the operands' own length. The split
-    partials are combined in the order of ``combine_step`` (one partial, added to +0, when unsplit); every thread
-    of the block walks the same schedule, so barriers are uniform."""
+    partials are combined in the order of ``combine_step`` (one partial, added to +0, when unsplit); ``slot``
+    (out's shape) holds the pairwise scheme's slot, any other schedule passes a 1 x 1 array. Every thread of the
+    block walks the same schedule, so barriers are uniform."""
     sh_a, sh_b = _stages()
     partial = cuda.local.array((ROWS, COLS), float32)
-    acc = cuda.local.array((ROWS, COLS), float32)
-    slot = cuda.local.array((ROWS, COLS), float32)
-    a = (a_val, a_exp, a_low, a_sign, a_cols)
-    b = (b_val, b_exp, b_low, b_sign, b_cols)
+    a = (a_val, a_exp, a_bytes, a_cols)
+    b = (b_val, b_exp, b_bytes, b_cols)
     splits = schedule[1]
-    for r in range(ROWS):
-        for j in range(COLS):
-            acc[r, j] = np.float32(0.0)
-            slot[r, j] = np.float32(0.0)
     for i in range(splits):
         s, target, flush = combine_step(splits, schedule[4], i)
         _split_partial(a, b, np.int32(K), s, schedule, params, sh_a, sh_b, partial)
-        for r in range(ROWS):
-            for j in range(COLS):
-                acc[r, j], slot[r, j] = combine(acc[r, j], slot[r, j], partial[r, j], target, flush)
-    _write(out, acc)
+        _combine_into(out, slot, partial, i == 0, target, flush)
