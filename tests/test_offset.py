@@ -26,7 +26,7 @@ from vectors import km_cases, spec_vectors
 EDGE = Preset("offset-edge-32x14", nfma=32, frac=14, frac_out=14, min_exp=-132, late_c=False, slow_chunk=128)
 OVER = Preset("offset-over-32x15", nfma=32, frac=15, frac_out=15, min_exp=-132, late_c=False, slow_chunk=128)
 # frac_out above frac: the deferred truncation keeps more bits than each block's grid.
-FINE_OUT = Preset("offset-8x10-out20", nfma=8, frac=10, frac_out=20, min_exp=-132, late_c=False, slow_chunk=128)
+FINE_OUT = Preset("offset-16x10-out20", nfma=16, frac=10, frac_out=20, min_exp=-132, late_c=False, slow_chunk=128)
 # min_exp above every product exponent: E, and so the grid, set by min_exp.
 HIGH_MIN_EXP = Preset("offset-minexp20", nfma=16, frac=13, frac_out=13, min_exp=20, late_c=False, slow_chunk=128)
 PRESETS = [HOPPER, ADA, EDGE, FINE_OUT, HIGH_MIN_EXP]
@@ -268,7 +268,8 @@ def test_decline_rules():
     assert "2**22 units" in _declined(OVER)
     assert "early-accumulator" in offset.offset_decline(32, 25, 23, 1)
     assert "frac_out >= frac" in offset.offset_decline(16, 13, 12, 0)
-    assert "8 k at a time" in offset.offset_decline(12, 13, 13, 0)
+    assert "16 k at a time" in offset.offset_decline(8, 13, 13, 0)
+    assert "16 k at a time" in offset.offset_decline(24, 13, 13, 0)
     assert _declined(HOPPER) is None and _declined(ADA) is None
 
 

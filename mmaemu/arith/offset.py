@@ -79,7 +79,7 @@ Operand layout of a staged block (k-major; ``r0``/``j0`` are the tile's first ro
 ``*_val[k, row]`` fp32 values (0 for zero, NaN and Inf codes), ``*_exp[k // 2, row]`` uint32 exponent words,
 ``*_bytes[k // 4, 2 * row]`` the low-byte word and ``*_bytes[k // 4, 2 * row + 1]`` the sign-byte word of four k
 (interleaved, so that a tile's rows read both with vector loads and a stage copies one array); a block starts at
-a multiple of 8 and whole words are read, 8 k per pass (elements past K are zero codes). :func:`offset_tables`
+a multiple of 16 and whole words are read, 16 k per pass (elements past K are zero codes). :func:`offset_tables`
 gives the per-code values and :func:`offset_pack` packs four k of a row.
 """
 
@@ -101,7 +101,9 @@ FP32_EXPONENT_BIAS = 127
 EXPONENT_FIELD = 0xFF800000  # sign and exponent bits of an fp32 pattern
 WINDOW = 2**22  # half the width of M's binade, in units of u (condition 1)
 K_GROUP = 4  # k per byte word
-K_PASS = 8  # k per pass of the block loops (two words of each kind); blocks start on multiples of it
+K_PASS = 16  # blocks start on multiples of this many k and are read as whole passes of it
+EXPONENT_PASS_WORDS = 4  # exponent words per pass of offset_exponent_pass (the first pass is outside its loop)
+PRODUCT_PASS_GROUPS = 4  # 4-k groups per pass of offset_products
 
 
 def format_low_range(fmt):
@@ -201,21 +203,27 @@ def exponent_sums(a_exp, ra, b_exp, jb, w):
 
 @arithmetic
 def offset_exponent_pass(a_exp, r0, b_exp, j0, w0, w1, e_pair):
-    """b.1 steps 1-2 over the exponent words w in [w0, w1) (an even count, at least 2): ``e_pair[r, j]`` = per-half
-    maxima of ``a_exp[w, r0 + r] + b_exp[w, j0 + j]`` (the first pass writes it: nothing is read on entry)."""
+    """b.1 steps 1-2 over the exponent words w in [w0, w1) (a multiple of 4, at least 4): ``e_pair[r, j]`` =
+    per-half maxima of ``a_exp[w, r0 + r] + b_exp[w, j0 + j]`` (the first pass writes it: nothing is read on
+    entry); four words per pass."""
     rows, lanes = e_pair.shape
     u = np.uint32
     for r in range(rows):
         for j in range(lanes):
-            first = exponent_sums(a_exp, r0 + u(r), b_exp, j0 + u(j), w0)
-            e_pair[r, j] = max_u16x2(first, exponent_sums(a_exp, r0 + u(r), b_exp, j0 + u(j), w0 + u(1)))
-    w = w0 + u(2)
+            ra, jb = r0 + u(r), j0 + u(j)
+            pair = max_u16x2(exponent_sums(a_exp, ra, b_exp, jb, w0), exponent_sums(a_exp, ra, b_exp, jb, w0 + u(1)))
+            pair = max_u16x2(pair, exponent_sums(a_exp, ra, b_exp, jb, w0 + u(2)))
+            e_pair[r, j] = max_u16x2(pair, exponent_sums(a_exp, ra, b_exp, jb, w0 + u(3)))
+    w = w0 + u(4)
     while w < w1:
         for r in range(rows):
             for j in range(lanes):
-                pair = max_u16x2(e_pair[r, j], exponent_sums(a_exp, r0 + u(r), b_exp, j0 + u(j), w))
-                e_pair[r, j] = max_u16x2(pair, exponent_sums(a_exp, r0 + u(r), b_exp, j0 + u(j), w + u(1)))
-        w += u(2)
+                ra, jb = r0 + u(r), j0 + u(j)
+                pair = max_u16x2(e_pair[r, j], exponent_sums(a_exp, ra, b_exp, jb, w))
+                pair = max_u16x2(pair, exponent_sums(a_exp, ra, b_exp, jb, w + u(1)))
+                pair = max_u16x2(pair, exponent_sums(a_exp, ra, b_exp, jb, w + u(2)))
+                e_pair[r, j] = max_u16x2(pair, exponent_sums(a_exp, ra, b_exp, jb, w + u(3)))
+        w += u(4)
 
 
 @arithmetic
@@ -271,13 +279,16 @@ def offset_group(a_val, a_bytes, r0, b_val, b_bytes, j0, g, acc, thresh, count):
 
 @arithmetic
 def offset_products(a_val, a_bytes, r0, b_val, b_bytes, j0, g0, g1, acc, thresh, count):
-    """b.1 step 4 over the 4-k groups g in [g0, g1) (an even count): every product into ``acc`` by one fused
+    """b.1 step 4 over the 4-k groups g in [g0, g1) (a multiple of 4): every product into ``acc`` by one fused
     multiply-add rounding toward zero, and the count of those floored one unit too far (module docstring)."""
+    u = np.uint32
     g = g0
     while g < g1:
         offset_group(a_val, a_bytes, r0, b_val, b_bytes, j0, g, acc, thresh, count)
-        offset_group(a_val, a_bytes, r0, b_val, b_bytes, j0, g + np.uint32(1), acc, thresh, count)
-        g += np.uint32(2)
+        offset_group(a_val, a_bytes, r0, b_val, b_bytes, j0, g + u(1), acc, thresh, count)
+        offset_group(a_val, a_bytes, r0, b_val, b_bytes, j0, g + u(2), acc, thresh, count)
+        offset_group(a_val, a_bytes, r0, b_val, b_bytes, j0, g + u(3), acc, thresh, count)
+        g += u(4)
 
 
 @arithmetic
@@ -297,8 +308,8 @@ def offset_block_end(params, acc, count, c_val):
 @arithmetic
 def offset_block(a_val, a_exp, a_bytes, r0, b_val, b_exp, b_bytes, j0, kb, ke, params, c_val, work):
     """One early-accumulator block step (b.1, result truncation deferred) over k in [kb, ke) for the tile of rows
-    r0 ... of A and columns j0 ... of B; updates ``c_val`` in place. kb is a multiple of 8, ke > kb, and the staged
-    operands hold zero codes from ke up to the next multiple of 8 (past K), which are read as whole words: the loops
+    r0 ... of A and columns j0 ... of B; updates ``c_val`` in place. kb is a multiple of 16, ke > kb, and the staged
+    operands hold zero codes from ke up to the next multiple of 16 (past K), which are read as whole words: the loops
     then have no ragged end (a block without products is :func:`offset_empty_block`). ``work`` = (e_pair, acc,
     thresh, count), arrays of the tile's shape (uint32, float32, uint32, uint32) that need no content on entry."""
     e_pair, acc, thresh, count = work

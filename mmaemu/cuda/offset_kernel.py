@@ -70,6 +70,19 @@ def offset_decline(schedule, params):
     return None
 
 
+def block_loop_trips(nfma: int):
+    """(blocks per stage, passes of the exponent-pass loop per block, passes of the product loop per block) for a
+    preset's nfma: what :func:`mmaemu.cuda.sass.block_loop_cost` weighs the loops by."""
+    words = nfma // 2  # exponent words per block (two k each)
+    return (STAGE_K // nfma, words // _offset.EXPONENT_PASS_WORDS - 1,
+            nfma // (_offset.K_GROUP * _offset.PRODUCT_PASS_GROUPS))
+
+
+def products_per_stage() -> int:
+    """Products one thread computes per stage: its ROWS x COLS outputs times STAGE_K k."""
+    return ROWS * COLS * STAGE_K
+
+
 @cuda.jit(fastmath=False)
 def decode_operand(codes, tables, row0, val, exp, byte_words):
     """Pack four k of row ``row0 + r`` per thread (``offset_pack``; zero codes past the rows or past K). Groups
