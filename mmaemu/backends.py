@@ -13,14 +13,11 @@ that passed its self-test, everything else the ``cpu`` engine. CUDA tensors in g
 
 CUDA kernels (:data:`KERNELS`, tried by descending priority): ``cuda:offset`` (the formulation of
 :mod:`mmaemu.arith.offset`: one fused multiply-add rounding toward zero per product and an exact count of the
-products it floors too far; every schedule of early-accumulator presets), ``cuda:biased`` (the formulation of
-:mod:`mmaemu.arith.biased`, each product one fp32 fused multiply-add rounding toward zero) and ``cuda:lanes`` (that
-of :mod:`mmaemu.arith.tile`), both for unsplit GEMMs of early-accumulator presets - a call they decline by design
-goes to the next kernel, without a warning - ``cuda:tiled`` (operands staged through shared memory) and
-``cuda:simple`` (one thread per output), plus the ``cuda:epilogue`` kernel that keeps scaled_mm's
-epilogue on the device. A kernel that fails its self-test on a device is skipped with one
-:class:`~mmaemu.errors.BackendFallbackWarning` (once per device and message per process) and the next one, finally
-the ``cpu`` engine, computes; an explicitly requested CUDA backend that cannot run raises
+products it floors too far; every schedule of early-accumulator presets - a call it declines by design goes to
+the next kernel, without a warning) and ``cuda:simple`` (one thread per output calls ``accumulate_one``: the GPU
+reference, every preset), plus the ``cuda:epilogue`` kernel that keeps scaled_mm's epilogue on the device. A
+kernel that fails its self-test on a device is skipped with one :class:`~mmaemu.errors.BackendFallbackWarning`
+(once per device and message per process) and the next one, finally the ``cpu`` engine, computes; an explicitly requested CUDA backend that cannot run raises
 :class:`~mmaemu.errors.BackendUnavailableError` with the reasons. ``MMAEMU_DISABLE_CUDA`` (1/true/yes/on) keeps
 every call off CUDA. Importing this module initialises nothing: CUDA is probed only for CUDA tensors,
 :func:`backends_status` and :func:`selftest`.

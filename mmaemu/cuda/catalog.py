@@ -32,21 +32,12 @@ KERNELS: Dict[str, KernelInfo] = {
     for k in (
         KernelInfo("offset", "gemm", 50, "128x64 outputs per thread block, an 8x4 register tile per thread; FP8 codes "
                    "packed once into k-major panels (value, exponent, lowest-bit and sign bytes), staged 32 k at a "
-                   "time; the formulation of mmaemu.arith.offset (each product one fp32 fused multiply-add rounding "
-                   "toward zero into an offset accumulator, plus an exact count of the products it floors too far); "
+                   "time with 16-byte loads; the formulation of mmaemu.arith.offset (each product one fp32 fused "
+                   "multiply-add rounding toward zero into an offset accumulator, plus an exact count of the "
+                   "products it floors too far); "
                    "every schedule of hopper/ada-like presets (others go to the next kernel)"),
-        KernelInfo("biased", "gemm", 40, "32x64 outputs per thread block, a 4x4 register tile per thread; operands "
-                   "decoded once into sign-split fp32 panels, staged 32 k at a time; the formulation of "
-                   "mmaemu.arith.biased (each product one fp32 fused multiply-add rounding toward zero into a biased "
-                   "accumulator); unsplit GEMMs of hopper/ada-like presets only (others go to the next kernel)"),
-        KernelInfo("lanes", "gemm", 30, "32x32 outputs per thread block, a 2x4 register tile per thread; FP8 codes "
-                   "decoded into shared memory (fp32 values, int8 exponents) 128 k at a time; the formulation of "
-                   "mmaemu.arith.tile (exact fp32 products converted to int32 block sums); unsplit GEMMs of "
-                   "hopper/ada-like presets only (others go to the next kernel)"),
-        KernelInfo("tiled", "gemm", 20, "16x16 outputs per thread block; decoded rows of A and B staged through shared "
-                   "memory 128 k at a time; each output walks its schedule with the chain functions of mmaemu.arith"),
         KernelInfo("simple", "gemm", 10, "one thread per output calls mmaemu.arith.schedule.accumulate_one on its rows "
-                   "in global memory"),
+                   "in global memory: the GPU reference, every preset and schedule"),
         KernelInfo("epilogue", "epilogue", 0, "scaled_mm's epilogue (mmaemu.arith.epilogue.epilogue_one) on the "
                    "device, so CUDA results never leave it"),
     )
@@ -92,4 +83,4 @@ class Selection:
 
 
 # Kernels that take the FP8 codes and decode them themselves, and decline schedules they do not walk.
-CODES_KERNELS = ("offset", "biased", "lanes")
+CODES_KERNELS = ("offset",)

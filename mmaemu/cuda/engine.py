@@ -174,8 +174,7 @@ def epilogue_tensors(acc, scale_a, scale_b, scale_result, out_dtype):
 # numpy (numba device arrays; runs on a device or under the simulator)
 
 
-def accumulate_numpy(kernel, a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none", *,
-                     chunk=None):
+def accumulate_numpy(kernel, a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none"):
     """Like :func:`mmaemu.cpu.accumulate_codes`, computed by a CUDA kernel (operands decoded on the host)."""
     cuda = _cuda()
     gemm = codes_gemm(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
@@ -186,12 +185,12 @@ def accumulate_numpy(kernel, a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_ac
     d_out = cuda.to_device(out)
     if kernel in CODES_KERNELS:
         launch.launch_codes(kernel, cuda.to_device(a_codes), cuda.to_device(b_codes), fmt_a, fmt_b, schedule, params,
-                             d_out, chunk=chunk)
+                             d_out)
     else:
         sig_a, exp_a = formats.significands(fmt_a)[a_codes], formats.exponents(fmt_a)[a_codes]
         sig_b, exp_b = formats.significands(fmt_b)[b_codes], formats.exponents(fmt_b)[b_codes]
         launch.launch_gemm(kernel, cuda.to_device(sig_a), cuda.to_device(exp_a), cuda.to_device(sig_b),
-                            cuda.to_device(exp_b), schedule, params, d_out, chunk=chunk)
+                            cuda.to_device(exp_b), schedule, params, d_out)
     a_flags = formats.nonfinite_mask(a_codes, fmt_a).any(axis=1).astype(np.uint8)
     b_flags = formats.nonfinite_mask(b_codes, fmt_b).any(axis=1).astype(np.uint8)
     bits = d_out.view(np.int32) if hasattr(d_out, "view") else d_out

@@ -66,8 +66,6 @@ def _probe(device):
 
 def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
     """Why ``kernel`` cannot compute this preset by design (None if it can). Never a failure, never warned."""
-    if kernel == "tiled" and not 1 <= preset.nfma <= 128:
-        return f"stages 128 k at a time, preset {preset.name!r} has nfma={preset.nfma}"
     if kernel in CODES_KERNELS:
         from ..arith.params import preset_params
         from .launch import codes_kernel_decline
@@ -81,8 +79,7 @@ def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
 
 def schedule_skip(kernel: str, preset, fmt_a: str, fmt_b: str, use_fast_accum, splits=1, scheme="none"):
     """Why ``kernel`` cannot compute this call's schedule by design (None if it can): design_skip, plus what the
-    schedule rules out (the lanes kernel computes unsplit GEMMs only, the biased kernel k-tiles that start on its
-    stages). Never a failure, never warned."""
+    schedule rules out (the offset kernel: k-tiles that start on its stages). Never a failure, never warned."""
     skip = design_skip(kernel, preset, fmt_a, fmt_b)
     if skip is not None or kernel not in CODES_KERNELS:
         return skip

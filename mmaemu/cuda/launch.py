@@ -13,47 +13,29 @@ import numpy as np
 from numba import cuda
 
 from ..arith import offset as _offset
-from ..arith import tile as _tile
-from .biased_kernel import (BIASED_K, BIASED_M, BIASED_N, BIASED_TX, BIASED_TY, DECODE_BLOCK, biased_decline,
-                            decode_operand, gemm_biased, gemm_biased_split)
 from . import offset_kernel
 from .catalog import CODES_KERNELS
-from .kernels import (BLOCK, CHUNK, EPILOGUE_THREADS, LANES_M, LANES_N, LANES_TX, LANES_TY, MAX_GRID_Y,
-                      SCHEDULE_FIELDS, TILE_FORMATS_E4M3, TILE_M, TILE_N, epilogue, gemm_lanes, gemm_simple,
-                      gemm_tiled, lanes_decline, override_nonfinite, tiled_chunk)
+from .kernels import BLOCK, EPILOGUE_THREADS, MAX_GRID_Y, epilogue, gemm_simple, override_nonfinite
 
-# Decoded operand panels of the biased kernel are kept below this size (rows of A or B per launch).
+# Packed operand panels of the offset kernel are kept below this size (rows of A or B per launch).
 PANEL_BYTES = 256 * 2**20
-DECODED_BYTES = 12  # pos, neg (fp32) and exp (int32) per operand element
-PACKED_BYTES = 8  # offset kernel: value (fp32), half an exponent word, a low byte and a sign byte per element
+PACKED_BYTES = 8  # value (fp32), half an exponent word, a low byte and a sign byte per element
 
 
-GEMM_KERNELS = ("offset", "biased", "lanes", "tiled", "simple")
+GEMM_KERNELS = ("offset", "simple")
 
 
 def codes_kernel_decline(kernel, schedule, params):
     """Why a codes kernel does not compute this schedule and preset (None if it does)."""
     if kernel == "offset":
         return offset_kernel.offset_decline(schedule, params)
-    if kernel == "biased":
-        return biased_decline(schedule, params)
-    return lanes_decline(schedule, params)
+    raise ValueError(f"unknown codes kernel {kernel!r}; expected one of {CODES_KERNELS}")
 
 
-def launch_codes(kernel, a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, chunk=None,
-                 alloc=None):
-    """Launch a codes kernel (:data:`CODES_KERNELS`); ``chunk``: lanes kernel only; ``alloc(shape, dtype)``: the
-    work arrays of the biased kernel (the lanes kernel needs none)."""
+def launch_codes(kernel, a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):
+    """Launch a codes kernel (:data:`CODES_KERNELS`); ``alloc(shape, dtype)``: its work arrays."""
     if kernel == "offset":
-        if chunk is not None:
-            raise ValueError("the offset kernel stages a fixed number of k; chunk is for the lanes kernel")
         launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream, alloc=alloc)
-    elif kernel == "biased":
-        if chunk is not None:
-            raise ValueError("the biased kernel stages a fixed number of k; chunk is for the lanes kernel")
-        launch_biased(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream, alloc=alloc)
-    elif kernel == "lanes":
-        launch_lanes(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream, chunk=chunk)
     else:
         raise ValueError(f"unknown codes kernel {kernel!r}; expected one of {CODES_KERNELS}")
 
@@ -71,75 +53,25 @@ def quiet_launches():
         yield
 
 
-def launch_gemm(kernel, sa, ea, sb, eb, schedule, params, out, stream=0, *, chunk=None):
-    """out [M, N] (fp32) = accumulators of the decoded A [M, K] and B [N, K] with the named kernel.
-
-    ``chunk`` (tiled kernel, tests only): k per stage, a multiple of nfma up to CHUNK (default the largest).
-    """
+def launch_gemm(kernel, sa, ea, sb, eb, schedule, params, out, stream=0):
+    """out [M, N] (fp32) = accumulators of the decoded A [M, K] and B [N, K] with the reference kernel
+    (``"simple"``)."""
     M, N = out.shape
     if M == 0 or N == 0:
         return
     schedule = tuple(int(v) for v in schedule)
     params = tuple(int(v) for v in params)
-    if kernel == "tiled":
-        if len(schedule) != len(SCHEDULE_FIELDS):
-            raise RuntimeError(f"the tiled kernel walks schedules of {len(SCHEDULE_FIELDS)} fields "
-                               f"{SCHEDULE_FIELDS}, the arithmetic gives {len(schedule)}")
-        nfma = params[0]
-        if chunk is None:
-            chunk = tiled_chunk(nfma)
-        if chunk < 1 or chunk > CHUNK or chunk % nfma:
-            raise RuntimeError(f"the tiled kernel stages at most {CHUNK} k at a time, a multiple of nfma: "
-                               f"nfma={nfma}, chunk={chunk} does not fit")
-        rows = TILE_M
-    elif kernel == "simple":
-        rows = BLOCK
-    elif kernel in CODES_KERNELS:
+    if kernel in CODES_KERNELS:
         raise ValueError(f"the {kernel} kernel takes FP8 codes: use launch_codes")
-    else:
+    if kernel != "simple":
         raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {GEMM_KERNELS}")
-    step = MAX_GRID_Y * rows
+    step = MAX_GRID_Y * BLOCK
     with quiet_launches():
         for r0 in range(0, M, step):
             r1 = min(M, r0 + step)
-            grid = ((N + rows - 1) // rows, (r1 - r0 + rows - 1) // rows)
+            grid = ((N + BLOCK - 1) // BLOCK, (r1 - r0 + BLOCK - 1) // BLOCK)
             a_s, a_e, o = (sa, ea, out) if (r0, r1) == (0, M) else (sa[r0:r1], ea[r0:r1], out[r0:r1])
-            if kernel == "tiled":
-                gemm_tiled[grid, (TILE_N, TILE_M), stream](a_s, a_e, sb, eb, schedule, params, chunk, o)
-            else:
-                gemm_simple[grid, (BLOCK, BLOCK), stream](a_s, a_e, sb, eb, schedule, params, o)
-
-
-def launch_lanes(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, chunk=None):
-    """out [M, N] (fp32) = accumulators of A [M, K] and B [N, K] given as uint8 FP8 codes of formats fmt_a, fmt_b
-    (names of mmaemu.arith.tile.TILE_FORMATS), with the lanes kernel. RuntimeError if it declines the schedule
-    (:func:`lanes_decline`). ``chunk`` (tests only): k per stage, a multiple of nfma up to CHUNK."""
-    M, N = out.shape
-    if M == 0 or N == 0:
-        return
-    schedule = tuple(int(v) for v in schedule)
-    params = tuple(int(v) for v in params)
-    if len(schedule) != len(SCHEDULE_FIELDS):
-        raise RuntimeError(f"the lanes kernel walks schedules of {len(SCHEDULE_FIELDS)} fields "
-                           f"{SCHEDULE_FIELDS}, the arithmetic gives {len(schedule)}")
-    why = lanes_decline(schedule, params)
-    if why is not None:
-        raise RuntimeError(f"the lanes kernel {why}")
-    nfma = params[0]
-    if chunk is None:
-        chunk = tiled_chunk(nfma)
-    if chunk < 1 or chunk > CHUNK or chunk % nfma:
-        raise RuntimeError(f"the lanes kernel stages at most {CHUNK} k at a time, a multiple of nfma: "
-                           f"nfma={nfma}, chunk={chunk} does not fit")
-    fa = tuple(int(v) for v in _tile.TILE_FORMATS[fmt_a])
-    fb = tuple(int(v) for v in _tile.TILE_FORMATS[fmt_b])
-    step = MAX_GRID_Y * LANES_M
-    with quiet_launches():
-        for r0 in range(0, M, step):
-            r1 = min(M, r0 + step)
-            grid = ((N + LANES_N - 1) // LANES_N, (r1 - r0 + LANES_M - 1) // LANES_M)
-            a, o = (a_codes, out) if (r0, r1) == (0, M) else (a_codes[r0:r1], out[r0:r1])
-            gemm_lanes[grid, (LANES_TX, LANES_TY), stream](a, b_codes, fa, fb, schedule, params, chunk, o)
+            gemm_simple[grid, (BLOCK, BLOCK), stream](a_s, a_e, sb, eb, schedule, params, o)
 
 
 def launch_override(a_codes, a_flags, a_table, b_codes, b_flags, b_table, out_bits, stream=0):
@@ -180,28 +112,20 @@ def signatures():
     from ..model.presets import HOPPER
 
     a8, a16, f32 = types.int8[:, ::1], types.int16[:, ::1], types.float32[:, ::1]
-    fmt = numba.typeof(tuple(int(v) for v in TILE_FORMATS_E4M3))
     schedule = numba.typeof(schedule_params(HOPPER, 256, False, 2, "contiguous"))
     params = numba.typeof(preset_params(HOPPER, "e4m3", "e4m3"))
     i64 = types.int64
     codes, flags, table = types.uint8[:, ::1], types.uint8[::1], types.float64[::1]
-    biased_args = (types.float32[::1], types.float32[::1], types.int32[::1], i64) * 2 + (i64, schedule, params, f32)
     u32 = types.uint32[::1]
-    offset_args = (types.float32[::1], u32, u32, i64) * 2 + (
-        i64, schedule, numba.typeof(_offset.offset_params(preset_params(HOPPER, "e4m3", "e4m3"), "e4m3", "e4m3")),
-        types.float32[:, :], types.float32[:, :])
+    offset_params = numba.typeof(_offset.offset_params(preset_params(HOPPER, "e4m3", "e4m3"), "e4m3", "e4m3"))
+    offset_args = (types.float32[::1], u32, u32, i64) * 2 + (i64, schedule, offset_params, types.float32[:, :],
+                                                              types.float32[:, :])
     tables = numba.typeof(tuple(_offset.offset_tables("e4m3")))
-
     return {
-        "biased": (gemm_biased, biased_args),
-        "biased_split": (gemm_biased_split, biased_args),
-        "decode": (decode_operand, (types.uint8[:, ::1], fmt, i64, f32, f32, types.int32[:, ::1])),
         "offset": (offset_kernel.gemm_offset, offset_args),
         "offset_decode": (offset_kernel.decode_operand, (types.uint8[:, ::1], tables, i64, f32, types.uint32[:, ::1],
                                                          types.uint32[:, ::1])),
         "simple": (gemm_simple, (a8, a16, a8, a16, schedule, params, f32)),
-        "lanes": (gemm_lanes, (types.uint8[:, ::1], types.uint8[:, ::1], fmt, fmt, schedule, params, i64, f32)),
-        "tiled": (gemm_tiled, (a8, a16, a8, a16, schedule, params, i64, f32)),
         "override": (override_nonfinite, (codes, flags, table, codes, flags, table, types.int32[:, ::1])),
         "epilogue": (epilogue, (types.float32[::1], types.int32[::1], i64, i64, i64, types.int16[::1])),
     }
@@ -211,61 +135,10 @@ def _round_up(x: int, step: int) -> int:
     return (x + step - 1) // step * step
 
 
-def _panel_rows(K: int, block_rows: int, element_bytes: int = None, stage: int = None) -> int:
-    """Rows of an operand decoded at a time: whole thread blocks, at most PANEL_BYTES (at least one block)."""
-    element_bytes = element_bytes or DECODED_BYTES
-    rows = PANEL_BYTES // (element_bytes * _round_up(max(K, 1), stage or BIASED_K))
+def _panel_rows(K: int, block_rows: int) -> int:
+    """Rows of an operand packed at a time: whole thread blocks, at most PANEL_BYTES (at least one block)."""
+    rows = PANEL_BYTES // (PACKED_BYTES * _round_up(max(K, 1), offset_kernel.STAGE_K))
     return max(block_rows, min(rows, MAX_GRID_Y * block_rows) // block_rows * block_rows)
-
-
-def _decode_panel(codes, fmt, row0, rows, K, alloc, stream):
-    """Decoded (pos, neg, exp) arrays [Kp, rows] of codes[row0:row0 + rows] (padded with absent terms), flat, and
-    their number of columns."""
-    Kp = _round_up(max(K, 1), BIASED_K)
-    pos, neg = alloc((Kp, rows), np.float32), alloc((Kp, rows), np.float32)
-    exp = alloc((Kp, rows), np.int32)
-    grid = ((rows + DECODE_BLOCK[0] - 1) // DECODE_BLOCK[0],
-            min((Kp + DECODE_BLOCK[1] - 1) // DECODE_BLOCK[1], MAX_GRID_Y))
-    decode_operand[grid, DECODE_BLOCK, stream](codes, fmt, row0, pos, neg, exp)
-    return pos.reshape(-1), neg.reshape(-1), exp.reshape(-1), rows
-
-
-def launch_biased(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):
-    """out [M, N] (fp32) = accumulators of A [M, K] and B [N, K] given as uint8 FP8 codes of formats fmt_a, fmt_b
-    (names of mmaemu.arith.tile.TILE_FORMATS), with the biased kernel. RuntimeError if it declines the call.
-
-    ``alloc(shape, dtype)`` gives the work arrays of the decoded panels (default ``cuda.device_array``; the torch
-    path passes torch's caching allocator). Operands are decoded in panels of rows (:func:`_panel_rows`).
-    """
-    M, N = out.shape
-    K = a_codes.shape[1]
-    if M == 0 or N == 0:
-        return
-    schedule = tuple(int(v) for v in schedule)
-    params = tuple(int(v) for v in params)
-    why = biased_decline(schedule, params)
-    if why is None and _round_up(K, BIASED_K) * max(BIASED_M, BIASED_N) >= 2**32:
-        why = f"indexes a decoded panel with 32-bit integers, K = {K} is too long for one"
-    if why is not None:
-        raise RuntimeError(f"the biased kernel {why}")
-    if alloc is None:
-        def alloc(shape, dtype):
-            return cuda.device_array(shape, dtype, stream=stream)
-    fa = tuple(int(v) for v in _tile.TILE_FORMATS[fmt_a])
-    fb = tuple(int(v) for v in _tile.TILE_FORMATS[fmt_b])
-    rows_a, rows_b = _panel_rows(K, BIASED_M), _panel_rows(K, BIASED_N)
-    with quiet_launches():
-        # A in one panel is decoded once; in several, once per panel of B (a panel of each at a time).
-        whole_a = _decode_panel(a_codes, fa, 0, _round_up(M, BIASED_M), K, alloc, stream) if M <= rows_a else None
-        for n0 in range(0, N, rows_b):
-            n1 = min(N, n0 + rows_b)
-            b = _decode_panel(b_codes, fb, n0, _round_up(n1 - n0, BIASED_N), K, alloc, stream)
-            for m0 in range(0, M, rows_a):
-                m1 = min(M, m0 + rows_a)
-                a = whole_a or _decode_panel(a_codes, fa, m0, _round_up(m1 - m0, BIASED_M), K, alloc, stream)
-                grid = ((n1 - n0 + BIASED_N - 1) // BIASED_N, (m1 - m0 + BIASED_M - 1) // BIASED_M)
-                kernel = gemm_biased if schedule[1] == 1 else gemm_biased_split
-                kernel[grid, (BIASED_TX, BIASED_TY), stream](*a, *b, K, schedule, params, out[m0:m1, n0:n1])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -312,8 +185,7 @@ def launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
             return cuda.device_array(shape, dtype, stream=stream)
     block_params = _offset.offset_params(params, fmt_a, fmt_b)
     bm, bn = offset_kernel.BLOCK_M, offset_kernel.BLOCK_N
-    rows_a = _panel_rows(K, bm, PACKED_BYTES, offset_kernel.STAGE_K)
-    rows_b = _panel_rows(K, bn, PACKED_BYTES, offset_kernel.STAGE_K)
+    rows_a, rows_b = _panel_rows(K, bm), _panel_rows(K, bn)
     # The pairwise scheme's slot per output (gemm_offset); other schedules never touch it.
     slot = alloc((M, N) if schedule[1] > 1 and schedule[4] else (1, 1), np.float32)
     with quiet_launches():
