@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/sass_report.py [--kernels offset,simple] [--cc 9.0,8.9,12.0]
+    python scripts/sass_report.py [--kernels offset,simple] [--cc 9.0,8.9,12.0] [--json]
 
 Numba compiles each kernel to PTX for the target (:func:`mmaemu.cuda.offline.compile_ptx`: a fake current device
 stands in for the missing GPU), ``ptxas -v`` assembles it (registers, spills, stack frame) and ``nvdisasm -c``
@@ -58,11 +58,33 @@ def report(names, cc):
     return lines
 
 
+def offset_costs(cc):
+    """``{"registers", "spills", "per_product": {preset: float}, "parts": {preset: {part: float}}}`` of the offset
+    kernel for one compute capability (what ``--json`` prints, and ``scripts/gpu_check.py`` reads)."""
+    from mmaemu.cuda import launch, offline, offset_kernel, sass
+
+    kernel, signature = launch.signatures()["offset"]
+    assembly = sass.assemble(offline.compile_ptx(kernel, signature, cc), f"sm_{cc[0]}{cc[1]}",
+                             kernel.targetoptions.get("max_registers"))
+    costs = {preset: sass.block_loop_cost(assembly.sass, offset_kernel.block_loop_trips(nfma),
+                                          offset_kernel.products_per_stage()) for preset, nfma in PRESETS.items()}
+    return {"registers": assembly.registers, "spills": assembly.spills,
+            "per_product": {preset: round(cost.per_product, 4) for preset, cost in costs.items()},
+            "parts": {preset: {k: round(v, 4) for k, v in cost.parts().items()} for preset, cost in costs.items()}}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", default="offset", help="names of mmaemu.cuda.launch.signatures()")
     parser.add_argument("--cc", default="9.0,8.9,12.0", help="compute capabilities, e.g. 9.0,8.9")
+    parser.add_argument("--json", action="store_true", help="print the offset kernel's block loop costs as JSON")
     args = parser.parse_args(argv)
+    if args.json:
+        import json
+
+        print(json.dumps({f"sm_{a}{b}": offset_costs((int(a), int(b))) for a, b in
+                          (text.split(".") for text in args.cc.split(","))}))
+        return
     import numba
 
     print(f"# SASS of mmaemu kernels (numba {numba.__version__}, "
