@@ -264,6 +264,33 @@ def test_window_edge_with_maximal_same_sign_products(preset):
                 assert_same(a, b, fmt, fmt, preset, fast)
 
 
+@pytest.mark.parametrize("preset", [HOPPER, ADA, FINE_OUT, HIGH_MIN_EXP], ids=lambda p: p.name)
+def test_empty_block_truncates_the_accumulator_onto_its_grid(preset):
+    """offset_empty_block (a block without products: zero padding of a split tile) = c truncated toward zero onto
+    2**(E - frac), E = max(exponent of c, e_floor), from exact rationals; +0 stays +0."""
+    from fractions import Fraction
+
+    from mmaemu.arith.params import preset_params
+
+    rng = np.random.default_rng(21)
+    for fa, fb in PAIRS:
+        params = offset.offset_params(preset_params(preset, fa, fb), fa, fb)
+        e_floor = (params[3] >> 23) - 127
+        lo = offset.format_low_range(fa)[0] + offset.format_low_range(fb)[0]
+        # accumulators of GEMM chains: +0 or multiples of 2**lo below 2**40, both signs
+        c = np.array([0.0] + [float(np.float32(rng.integers(1, 2**24) * 2.0 ** rng.integers(lo, 17)) *
+                                    rng.choice([-1, 1])) for _ in range(300)], np.float32).reshape(1, -1)
+        got = c.copy()
+        work = tuple(np.zeros(c.shape, t) for t in (np.uint32, np.float32, np.uint32, np.uint32))
+        offset.offset_empty_block(params, got, work)
+        for x, y in zip(c[0], got[0]):
+            grid = Fraction(2) ** (max(int(np.floor(np.log2(abs(float(x))))) if x else -127, e_floor) - preset.frac)
+            q = Fraction(float(x)) / grid
+            want = (q.numerator // q.denominator if q >= 0 else -((-q.numerator) // q.denominator)) * grid
+            assert Fraction(float(y)) == want, (preset.name, fa, fb, x, y)
+            assert want != 0 or not np.signbit(y), (preset.name, fa, fb, x, y)  # a zero block sum is +0
+
+
 def test_decline_rules():
     assert "2**22 units" in _declined(OVER)
     assert "early-accumulator" in offset.offset_decline(32, 25, 23, 1)
