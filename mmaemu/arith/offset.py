@@ -338,20 +338,27 @@ def offset_chain_value(c, frac_out):
 
 
 @arithmetic
+def offset_pack_into(codes, row, g, tables, column, val, exp, byte_words):
+    """Four k (group g) of row ``row`` of ``codes`` (zero codes past its rows or past K) packed into column
+    ``column`` of the k-major staged arrays (:func:`offset_pack`)."""
+    if row < codes.shape[0]:
+        v0, v1, v2, v3, e01, e23, lw, sg = offset_pack(codes, row, g, tables)
+    else:
+        v0, v1, v2, v3, e01, e23, lw, sg = offset_pack(codes, 0, codes.shape[1], tables)  # all zero codes
+    val[4 * g, column] = v0
+    val[4 * g + 1, column] = v1
+    val[4 * g + 2, column] = v2
+    val[4 * g + 3, column] = v3
+    exp[2 * g, column] = e01
+    exp[2 * g + 1, column] = e23
+    byte_words[g, 2 * column] = lw
+    byte_words[g, 2 * column + 1] = sg
+
+
+@arithmetic
 def offset_pack_rows(codes, tables, val, exp, byte_words):
     """Every row of ``codes`` [rows, K] packed into k-major staged arrays (``val[Kp, rows]``, ``exp[Kp // 2, rows]``,
     ``byte_words[Kp // 4, 2 * rows]``, Kp a multiple of 4 at least K; rows and k past the codes are zero codes)."""
     for g in range(byte_words.shape[0]):
         for row in range(val.shape[1]):
-            if row < codes.shape[0]:
-                v0, v1, v2, v3, e01, e23, lw, sg = offset_pack(codes, row, g, tables)
-            else:
-                v0, v1, v2, v3, e01, e23, lw, sg = offset_pack(codes, 0, codes.shape[1], tables)  # zero codes
-            val[4 * g, row] = v0
-            val[4 * g + 1, row] = v1
-            val[4 * g + 2, row] = v2
-            val[4 * g + 3, row] = v3
-            exp[2 * g, row] = e01
-            exp[2 * g + 1, row] = e23
-            byte_words[g, 2 * row] = lw
-            byte_words[g, 2 * row + 1] = sg
+            offset_pack_into(codes, row, g, tables, row, val, exp, byte_words)

@@ -4,7 +4,7 @@ Every product is one fp32 fused multiply-add rounding toward zero into an offset
 ``IDP4A`` and two integer instructions that count the products it floors one unit too far; the block exponent is
 a packed 16-bit add and maximum per two products. Two kernels:
 
-* :func:`decode_operand` packs the FP8 codes of a panel of rows once (:func:`mmaemu.arith.offset.offset_pack`)
+* :func:`decode_operand` packs the FP8 codes of a panel of rows once (:func:`mmaemu.arith.offset.offset_pack_into`)
   into k-major arrays: fp32 values ``val[k, r]``, exponent words ``exp[k // 2, r]``, and the low-byte and
   sign-byte words of four k side by side, ``bytes[k // 4, 2 * r]`` and ``bytes[k // 4, 2 * r + 1]``; padded with
   zero codes to whole stages and thread blocks, so the GEMM kernel stages them with plain 16-byte copies;
@@ -35,7 +35,7 @@ ptx.install()
 offset_block = shim.device(_offset.offset_block)
 offset_empty_block = shim.device(_offset.offset_empty_block)
 offset_chain_value = shim.device(_offset.offset_chain_value)
-offset_pack = shim.device(_offset.offset_pack)
+offset_pack_into = shim.device(_offset.offset_pack_into)
 
 # Geometry: ROWS x COLS outputs per thread (registers: four words per output while a block runs), TY x TX threads.
 ROWS = 8
@@ -85,25 +85,13 @@ def products_per_stage() -> int:
 
 @cuda.jit(fastmath=False)
 def decode_operand(codes, tables, row0, val, exp, byte_words):
-    """Pack four k of row ``row0 + r`` per thread (``offset_pack``; zero codes past the rows or past K). Groups
+    """Pack four k of row ``row0 + r`` per thread (``offset_pack_into``; zero codes past the rows or past K). Groups
     stride over the grid's y extent, so any K fits the grid."""
     r, g = cuda.grid(2)
     g_step = cuda.gridDim.y * cuda.blockDim.y
     rows = val.shape[1]
     while g < byte_words.shape[0] and r < rows:
-        row = row0 + r
-        if row < codes.shape[0]:
-            v0, v1, v2, v3, e01, e23, lw, sg = offset_pack(codes, row, g, tables)
-        else:
-            v0, v1, v2, v3, e01, e23, lw, sg = offset_pack(codes, 0, codes.shape[1], tables)  # all zero codes
-        val[4 * g, r] = v0
-        val[4 * g + 1, r] = v1
-        val[4 * g + 2, r] = v2
-        val[4 * g + 3, r] = v3
-        exp[2 * g, r] = e01
-        exp[2 * g + 1, r] = e23
-        byte_words[g, 2 * r] = lw
-        byte_words[g, 2 * r + 1] = sg
+        offset_pack_into(codes, row0 + r, g, tables, r, val, exp, byte_words)
         g += g_step
 
 
