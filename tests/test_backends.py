@@ -380,8 +380,7 @@ def test_gpu_check_dry_run_on_the_simulator(tmp_path):
     assert result["dry_run"] and result["issue_rate"] == pytest.approx(132 * 128 * 1.98e9)
     cases = result["cases"]
     assert [(c["kernel"], c["case"]) for c in cases] == [("cuda:offset", label) for label in (
-        "hopper fast", "hopper slow", "hopper 4-way split", "ada fast", "hopper e4m3 x e5m2 fast", "hopper fast")]
-    assert len({tuple(c["shape"]) for c in cases}) == 2
+        "hopper fast", "hopper slow", "hopper 4-way split", "ada fast", "hopper e4m3 x e5m2 fast")]
     assert all(c["mismatches"] == 0 and c["checked_rows"] == c["shape"][0] and c["tmac_per_s"] > 0 for c in cases)
     counted = result["sass_per_product"] is not None
     if counted or os.environ.get("MMAEMU_REQUIRE_SASS_GATE"):

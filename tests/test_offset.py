@@ -49,13 +49,12 @@ def test_dp4a_twin_is_the_byte_dot_product():
         assert int(packed.dp4a_exact(np.uint32(x), np.uint32(y), np.uint32(z))) == want
 
 
-def test_max_u16x2_and_replicate_byte_twins():
+def test_max_u16x2_twin():
     rng = np.random.default_rng(2)
     a, b = _words(rng, 400), _words(rng, 400)[::-1]
     for x, y in zip(a, b):
         want = max(x & 0xFFFF, y & 0xFFFF) | (max(x >> 16, y >> 16) << 16)
         assert int(packed.max_u16x2_exact(np.uint32(x), np.uint32(y))) == want
-        assert int(packed.replicate_byte_exact(np.uint32(x))) == (x & 0xFF) * 0x01010101
 
 
 def test_add_u16x2_and_swap_halves_twins():

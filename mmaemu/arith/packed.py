@@ -2,8 +2,6 @@
 
 * :func:`dp4a` - ``c + sum_i a_i * b_i`` over the four unsigned bytes of a and b, modulo 2**32 (PTX
   ``dp4a.u32.u32``, SASS ``IDP4A``): four products' correction flags counted by one instruction.
-* :func:`replicate_byte` - the low byte of a word copied into all four bytes (PTX ``prmt.b32``, SASS ``PRMT``:
-  a threshold byte for four k at once, in a form the compiler does not fold back into a multiply-add).
 * :func:`max_u16x2` - the maximum of each unsigned 16-bit half of a and b (PTX ``max.u16x2`` on sm_90 and newer):
   two outputs' exponent maxima by one instruction.
 * :func:`add_u16x2` - the sum of each unsigned 16-bit half of a and b, modulo 2**16 (PTX ``add.u16x2`` on sm_90
@@ -75,12 +73,6 @@ def swap_halves(x):
     return np.uint32((np.uint32(x) >> np.uint32(16)) | (np.uint32(x) << np.uint32(16)))
 
 
-@arithmetic
-def replicate_byte_exact(x):
-    """The low byte of the uint32 x in all four bytes."""
-    return np.uint32((np.uint32(x) & np.uint32(0xFF)) * np.uint32(BYTE_ONES))
-
-
 def max_f16x2_model(a, b):
     """PTX ``max.f16x2`` of two words on the CPU (numpy float16, IEEE maxNum of each half), as bit patterns."""
     x = np.array([a], np.uint32).view(np.float16)
@@ -108,11 +100,6 @@ def add_u16x2(a, b):
     return add_u16x2_exact(a, b)
 
 
-def replicate_byte(x):
-    """uint32 word whose four bytes are the low byte of x."""
-    return replicate_byte_exact(x)
-
-
 def _words(*args):
     return all(isinstance(arg, types.Integer) for arg in args)
 
@@ -136,10 +123,3 @@ def _add_u16x2_generic(a, b):
     if not _words(a, b):
         return None
     return lambda a, b: add_u16x2_exact(a, b)
-
-
-@overload(replicate_byte, target="generic")
-def _replicate_byte_generic(x):
-    if not _words(x):
-        return None
-    return lambda x: replicate_byte_exact(x)

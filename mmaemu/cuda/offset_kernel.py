@@ -200,10 +200,10 @@ def _split_partial(a, b, K, s, schedule, params, sh_a, sh_b, partial):
 
 
 @cuda.jit(device=True, fastmath=False)
-def _combine_into(out, slot, partial, first, target, flush):
+def _combine_into(out, slot, paired, partial, first, target, flush):
     """Enter a split's partial into the thread's outputs as ``combine_step`` says: the accumulator lives in
-    ``out`` (+0 before the first partial) and the pairwise slot in ``slot`` (global memory: the thread's
-    registers hold only the chain state; each thread touches only its own outputs)."""
+    ``out`` (+0 before the first partial) and, for a pairwise schedule (``paired``), the slot in ``slot`` (global
+    memory: the thread's registers hold only the chain state; each thread touches only its own outputs)."""
     m0 = cuda.blockIdx.y * BLOCK_M + cuda.threadIdx.y * ROWS
     n0 = cuda.blockIdx.x * BLOCK_N + cuda.threadIdx.x * COLS
     for r in range(ROWS):
@@ -211,7 +211,6 @@ def _combine_into(out, slot, partial, first, target, flush):
             m, n = m0 + r, n0 + j
             if m < out.shape[0] and n < out.shape[1]:
                 acc = np.float32(0.0) if first else out[m, n]
-                paired = slot.shape[0] == out.shape[0]
                 held = slot[m, n] if paired else np.float32(0.0)
                 acc, held = combine(acc, held, partial[r, j], target, flush)
                 out[m, n] = acc
@@ -224,14 +223,15 @@ def gemm_offset(a_val, a_exp, a_bytes, a_cols, b_val, b_exp, b_bytes, b_cols, K,
     """out[m, n] for a BLOCK_M x BLOCK_N tile per thread block; see the module docstring. The operands are packed
     panels (:func:`decode_operand`) seen flat with a_cols / b_cols rows, K the operands' own length. The split
     partials are combined in the order of ``combine_step`` (one partial, added to +0, when unsplit); ``slot``
-    (out's shape) holds the pairwise scheme's slot, any other schedule passes a 1 x 1 array. Every thread of the
-    block walks the same schedule, so barriers are uniform."""
+    (out's shape) holds the pairwise scheme's slot, any other schedule passes a 1 x 1 array that is never
+    touched. Every thread of the block walks the same schedule, so barriers are uniform."""
     sh_a, sh_b = _stages()
     partial = cuda.local.array((ROWS, COLS), float32)
     a = (a_val, a_exp, a_bytes, a_cols)
     b = (b_val, b_exp, b_bytes, b_cols)
     splits = schedule[1]
+    paired = splits > 1 and schedule[4] != 0
     for i in range(splits):
         s, target, flush = combine_step(splits, schedule[4], i)
         _split_partial(a, b, np.int32(K), s, schedule, params, sh_a, sh_b, partial)
-        _combine_into(out, slot, partial, i == 0, target, flush)
+        _combine_into(out, slot, paired, partial, i == 0, target, flush)

@@ -5,7 +5,6 @@ simulator; :func:`install` registers them as ``target="cuda"`` overloads, which 
 in kernels, so the arithmetic stays one function for both targets:
 
 * :func:`mmaemu.arith.packed.dp4a` -> ``dp4a.u32.u32`` (SASS ``IDP4A``, sm_61 and newer);
-* :func:`mmaemu.arith.packed.replicate_byte` -> ``prmt.b32`` with selector 0 (SASS ``PRMT``);
 * :func:`mmaemu.arith.packed.max_u16x2` -> ``max.u16x2`` on sm_90 and newer; below, ``max.f16x2``, the same
   maximum on the words the arithmetic gives it (positive normal fp16 patterns, see :mod:`mmaemu.arith.packed`);
 * :func:`mmaemu.arith.packed.add_u16x2` -> ``add.u16x2`` on sm_90 and newer (ptxas fuses it with a following
@@ -122,15 +121,7 @@ def _intrinsics():
 
         return types.UniTuple(array.dtype, 4)(array, index), codegen
 
-    @intrinsic
-    def prmt_replicate(typingctx, x):
-        def codegen(context, builder, signature, args):
-            value = context.cast(builder, args[0], signature.args[0], types.uint32)
-            return builder.asm(ir.FunctionType(word, [word]), "prmt.b32 $0, $1, 0, 0;", "=r,r", [value], False)
-
-        return types.uint32(x), codegen
-
-    return dp4a_u32, max_u16x2_word, add_u16x2_word, prmt_replicate, load4_global
+    return dp4a_u32, max_u16x2_word, add_u16x2_word, load4_global
 
 
 def install():
@@ -143,9 +134,9 @@ def install():
     from numba.core import types
     from numba.core.extending import overload
 
-    from ..arith.packed import add_u16x2, dp4a, max_u16x2, replicate_byte
+    from ..arith.packed import add_u16x2, dp4a, max_u16x2
 
-    dp4a_u32, max_u16x2_word, add_u16x2_word, prmt_replicate, load4_global = _intrinsics()
+    dp4a_u32, max_u16x2_word, add_u16x2_word, load4_global = _intrinsics()
 
     def words(*args):
         return all(isinstance(arg, types.Integer) for arg in args)
@@ -172,12 +163,6 @@ def install():
     def _load4_cuda(array, index):
         if isinstance(array, types.Array) and isinstance(index, types.Integer):
             return lambda array, index: load4_global(array, index)
-        return None
-
-    @overload(replicate_byte, target="cuda")
-    def _replicate_byte_cuda(x):
-        if words(x):
-            return lambda x: prmt_replicate(x)
         return None
 
     _INSTALLED = True
