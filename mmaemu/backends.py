@@ -17,9 +17,9 @@ products it floors too far; every schedule of early-accumulator presets - a call
 the next kernel, without a warning) and ``cuda:simple`` (one thread per output calls ``accumulate_one``: the GPU
 reference, every preset), plus the ``cuda:epilogue`` kernel that keeps scaled_mm's epilogue on the device. A
 kernel that fails its self-test on a device is skipped with one :class:`~mmaemu.errors.BackendFallbackWarning`
-(once per device and message per process) and the next one, finally the ``cpu`` engine, computes; an explicitly requested CUDA backend that cannot run raises
-:class:`~mmaemu.errors.BackendUnavailableError` with the reasons. ``MMAEMU_DISABLE_CUDA`` (1/true/yes/on) keeps
-every call off CUDA. Importing this module initialises nothing: CUDA is probed only for CUDA tensors,
+(once per device and message per process) and the next one, finally the ``cpu`` engine, computes; an explicitly
+requested CUDA backend that cannot run raises :class:`~mmaemu.errors.BackendUnavailableError` with the reasons.
+``MMAEMU_DISABLE_CUDA`` (1/true/yes/on) keeps every call off CUDA. Importing this module initialises nothing: CUDA is probed only for CUDA tensors,
 :func:`backends_status` and :func:`selftest`.
 """
 

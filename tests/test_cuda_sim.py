@@ -217,7 +217,8 @@ def _ptx_worker():
     report["implementation"] = shim.cuda_implementation()
     missing = _tools_missing()
     if missing:
-        report["sass_skipped"] = f"{' and '.join(missing)} not found (a CUDA toolkit; `pip install nvidia-cuda-nvdisasm`)"
+        report["sass_skipped"] = (f"{' and '.join(missing)} not found (a CUDA toolkit; "
+                                  "`pip install nvidia-cuda-nvdisasm`)")
     for cc in TARGETS:
         sm = f"sm_{cc[0]}{cc[1]}"
         target, assembled = {}, {}

@@ -11,9 +11,8 @@
 
 Each is an exact function of its integer arguments. CPUs and numba's CUDA simulator run the plain integer twins
 here (:func:`dp4a_exact`, :func:`max_u16x2_exact`, :func:`add_u16x2_exact`); CUDA kernels get one PTX instruction
-each, registered as
-``target="cuda"`` overloads by :mod:`mmaemu.cuda.ptx` (inline PTX: libdevice has neither). ``tests/test_offset.py``
-checks the twins against Python integers.
+each, registered as ``target="cuda"`` overloads by :mod:`mmaemu.cuda.ptx` (inline PTX: libdevice has none of
+them). ``tests/test_offset.py`` checks the twins against Python integers.
 
 Below sm_90 PTX has neither ``max.u16x2`` nor ``add.u16x2``; :mod:`mmaemu.cuda.ptx` then emits
 

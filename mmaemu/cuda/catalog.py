@@ -34,8 +34,8 @@ KERNELS: Dict[str, KernelInfo] = {
                    "packed once into k-major panels (value, exponent, lowest-bit and sign bytes), staged 32 k at a "
                    "time with 16-byte loads; the formulation of mmaemu.arith.offset (each product one fp32 fused "
                    "multiply-add rounding toward zero into an offset accumulator, plus an exact count of the "
-                   "products it floors too far); "
-                   "every schedule of hopper/ada-like presets (others go to the next kernel)"),
+                   "products it floors too far); every schedule of hopper/ada-like presets (others go to the next "
+                   "kernel)"),
         KernelInfo("simple", "gemm", 10, "one thread per output calls mmaemu.arith.schedule.accumulate_one on its rows "
                    "in global memory: the GPU reference, every preset and schedule"),
         KernelInfo("epilogue", "epilogue", 0, "scaled_mm's epilogue (mmaemu.arith.epilogue.epilogue_one) on the "
