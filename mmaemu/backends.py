@@ -19,8 +19,8 @@ reference, every preset), plus the ``cuda:epilogue`` kernel that keeps scaled_mm
 kernel that fails its self-test on a device is skipped with one :class:`~mmaemu.errors.BackendFallbackWarning`
 (once per device and message per process) and the next one, finally the ``cpu`` engine, computes; an explicitly
 requested CUDA backend that cannot run raises :class:`~mmaemu.errors.BackendUnavailableError` with the reasons.
-``MMAEMU_DISABLE_CUDA`` (1/true/yes/on) keeps every call off CUDA. Importing this module initialises nothing: CUDA is probed only for CUDA tensors,
-:func:`backends_status` and :func:`selftest`.
+``MMAEMU_DISABLE_CUDA`` (1/true/yes/on) keeps every call off CUDA. Importing this module initialises nothing:
+CUDA is probed only for CUDA tensors, :func:`backends_status` and :func:`selftest`.
 """
 
 from __future__ import annotations
