@@ -11,105 +11,31 @@ Every engine returns the bits of the reference path; they differ only in speed a
 ``backend="auto"`` is replaced by ``$MMAEMU_BACKEND`` when set; then CUDA tensors get the first CUDA kernel
 that passed its self-test, everything else the ``cpu`` engine. CUDA tensors in give CUDA tensors out, always.
 
-CUDA kernels (:data:`KERNELS`, tried by descending priority): ``cuda:biased`` (the formulation of
-:mod:`mmaemu.arith.biased`, each product one fp32 fused multiply-add rounding toward zero) and ``cuda:lanes`` (that
-of :mod:`mmaemu.arith.tile`), both for unsplit GEMMs of early-accumulator presets - a call they decline by design
-goes to the next kernel, without a warning - ``cuda:tiled`` (operands staged through shared memory) and
-``cuda:simple`` (one thread per output), plus the ``cuda:epilogue`` kernel that keeps scaled_mm's
-epilogue on the device. A kernel that fails its self-test on a device is skipped with one
-:class:`~mmaemu.errors.BackendFallbackWarning` (once per device and message per process) and the next one, finally
-the ``cpu`` engine, computes; an explicitly requested CUDA backend that cannot run raises
-:class:`~mmaemu.errors.BackendUnavailableError` with the reasons. ``MMAEMU_DISABLE_CUDA`` (1/true/yes/on) keeps
-every call off CUDA. Importing this module initialises nothing: CUDA is probed only for CUDA tensors,
-:func:`backends_status` and :func:`selftest`.
+CUDA kernels (:data:`KERNELS`, tried by descending priority): ``cuda:offset`` (the formulation of
+:mod:`mmaemu.arith.offset`: one fused multiply-add rounding toward zero per product and an exact count of the
+products it floors too far; every schedule of early-accumulator presets - a call it declines by design goes to
+the next kernel, without a warning) and ``cuda:simple`` (one thread per output calls ``accumulate_one``: the GPU
+reference, every preset), plus the ``cuda:epilogue`` kernel that keeps scaled_mm's epilogue on the device. A
+kernel that fails its self-test on a device is skipped with one :class:`~mmaemu.errors.BackendFallbackWarning`
+(once per device and message per process) and the next one, finally the ``cpu`` engine, computes; an explicitly
+requested CUDA backend that cannot run raises :class:`~mmaemu.errors.BackendUnavailableError` with the reasons.
+``MMAEMU_DISABLE_CUDA`` (1/true/yes/on) keeps every call off CUDA. Importing this module initialises nothing:
+CUDA is probed only for CUDA tensors, :func:`backends_status` and :func:`selftest`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
+from .cuda.catalog import KERNELS, BackendStatus, GateResult, KernelInfo, Selection, gemm_kernels
 from .errors import BackendUnavailableError
+
+__all__ = ["KERNELS", "BackendStatus", "GateResult", "KernelInfo", "Selection", "gemm_kernels", "select",
+           "requested_backend", "cuda_disabled", "backends_status", "selftest", "selftest_verdict"]
 
 CPU_ENGINES = ("reference", "cpu")
 TRUTHY = ("1", "true", "yes", "on")
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelInfo:
-    """A CUDA kernel of :mod:`mmaemu.cuda` (metadata only; nothing is compiled here)."""
-
-    name: str
-    kind: str  # "gemm" (computes accumulators) or "epilogue"
-    priority: int  # GEMM kernels are tried from the highest priority down
-    summary: str
-    gated: bool = False  # every kernel here is exact by construction: none needs a hardware-property gate
-    validated_on: Tuple[Tuple[int, int], ...] = ()
-    min_cc: Optional[Tuple[int, int]] = None  # whatever the installed CUDA toolkit compiles for
-
-    @property
-    def backend(self) -> str:
-        return f"cuda:{self.name}"
-
-
-KERNELS: Dict[str, KernelInfo] = {
-    k.name: k
-    for k in (
-        KernelInfo("biased", "gemm", 40, "32x64 outputs per thread block, a 4x4 register tile per thread; operands "
-                   "decoded once into sign-split fp32 panels, staged 32 k at a time; the formulation of "
-                   "mmaemu.arith.biased (each product one fp32 fused multiply-add rounding toward zero into a biased "
-                   "accumulator); unsplit GEMMs of hopper/ada-like presets only (others go to the next kernel)"),
-        KernelInfo("lanes", "gemm", 30, "32x32 outputs per thread block, a 2x4 register tile per thread; FP8 codes "
-                   "decoded into shared memory (fp32 values, int8 exponents) 128 k at a time; the formulation of "
-                   "mmaemu.arith.tile (exact fp32 products converted to int32 block sums); unsplit GEMMs of "
-                   "hopper/ada-like presets only (others go to the next kernel)"),
-        KernelInfo("tiled", "gemm", 20, "16x16 outputs per thread block; decoded rows of A and B staged through shared "
-                   "memory 128 k at a time; each output walks its schedule with the chain functions of mmaemu.arith"),
-        KernelInfo("simple", "gemm", 10, "one thread per output calls mmaemu.arith.schedule.accumulate_one on its rows "
-                   "in global memory"),
-        KernelInfo("epilogue", "epilogue", 0, "scaled_mm's epilogue (mmaemu.arith.epilogue.epilogue_one) on the "
-                   "device, so CUDA results never leave it"),
-    )
-}
-
-
-def gemm_kernels() -> List[KernelInfo]:
-    """The GEMM kernels in the order "auto"/"cuda" try them."""
-    return sorted((k for k in KERNELS.values() if k.kind == "gemm"), key=lambda k: -k.priority)
-
-
-@dataclasses.dataclass(frozen=True)
-class GateResult:
-    """One self-test of a kernel on a device. ``ran`` is False when it could not run (no usable device)."""
-
-    name: str
-    passed: bool
-    reason: str
-    details: object
-    seconds: float
-    cached: bool
-    ran: bool = True
-
-
-@dataclasses.dataclass(frozen=True)
-class BackendStatus:
-    """Whether a backend can compute on a device, and why (see :func:`backends_status`)."""
-
-    name: str
-    available: bool
-    source: Optional[str]
-    validated_here: bool
-    gates: List[GateResult]
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Selection:
-    """The engine chosen for a call, and why the faster ones before it were not used."""
-
-    name: str
-    fallbacks: List[str]
 
 
 def requested_backend(backend) -> str:

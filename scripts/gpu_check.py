@@ -13,16 +13,24 @@ longer fits):
 4. ``compare`` - every GEMM kernel against the CPU reference on more random and adversarial GEMMs for hopper and
    ada (fast, slow, contiguous / serial / pairwise splits, larger shapes), and the full ``mmaemu.scaled_mm`` path
    (device epilogue) against ``backend="cpu"``;
-5. ``timing`` - each kernel on (M, N, K) = (2048, 5760, 1920) (``--shape``) for hopper fast and slow, rows of the
-   result checked against the CPU reference, against native ``torch._scaled_mm`` of the same shape where the GPU
-   has FP8 (sm_89+); and, for information, the agreement of ``mmaemu.scaled_mm(profile="hopper")`` with native
-   ``torch._scaled_mm`` bits on this GPU (not a pass/fail criterion: this GPU need not be the H100 PCIe of the
-   hopper profile, nor run its cuBLASLt).
+5. ``timing`` - the offset kernel (``cuda:offset``) on (M, N, K) = (2048, 5760, 1920) and (64, 5760, 1920)
+   (``--shapes``) for hopper fast, hopper slow, hopper with a 4-way contiguous split, ada fast and hopper
+   E4M3 x E5M2: best of a few runs, rows of each result checked against the CPU path, TMAC/s and the fraction of
+   the instruction-issue bound (the device's SMs x 128 thread instructions per clock x its clock, 33.4e12 per
+   second on an H200, divided by the SASS instructions per product of the kernel's block loop, counted offline by
+   ``scripts/sass_report.py --json`` or given with ``--sass-per-product``); for comparison the reference kernel
+   (``cuda:simple``, the small shape) and native ``torch._scaled_mm`` where the GPU has FP8 (sm_89+); and, for
+   information, the agreement of ``mmaemu.scaled_mm(profile="hopper")`` with native ``torch._scaled_mm`` bits on
+   this GPU (not a pass/fail criterion: this GPU need not be the H100 PCIe of the hopper profile, nor run its
+   cuBLASLt).
 
 Without a usable CUDA device the GPU stages are skipped, saying why, and the run still succeeds (exit 0).
-``--quick`` uses tiny shapes (CI runs it on a CPU-only machine). Exit status: 0 if no stage failed, 1 otherwise.
+``--quick`` uses tiny shapes (CI runs it on a CPU-only machine). ``--dry-run`` runs the timing stage's code on
+numba's CUDA simulator with one tiny shape (it sets ``NUMBA_ENABLE_CUDASIM=1``; the times mean nothing, the checks
+and the report's arithmetic are real; CI runs it). Exit status: 0 if no stage failed, 1 otherwise.
 
-    python scripts/gpu_check.py [--out DIR] [--quick] [--budget SECONDS] [--device N] [--shape M,N,K]
+    python scripts/gpu_check.py [--out DIR] [--quick | --dry-run] [--budget SECONDS] [--device N]
+                                [--shapes M,N,K;M,N,K] [--sass-per-product hopper=3.25,ada=3.89]
 
 ``--out`` defaults to ``$OUT`` if set, else ``./gpu_check_out``. Run it with ``PYTHONUNBUFFERED=1`` (or ``-u``) to
 follow the progress lines live.
@@ -281,85 +289,207 @@ def _time_cuda(function, repeat):
     return times
 
 
+# The offset kernel's timed cases: (label, preset, format of A, format of B, fast, splits, scheme).
+TIMED_CASES = (("hopper fast", "hopper", "e4m3", "e4m3", True, 1, "none"),
+               ("hopper slow", "hopper", "e4m3", "e4m3", False, 1, "none"),
+               ("hopper 4-way split", "hopper", "e4m3", "e4m3", True, 4, "contiguous"),
+               ("ada fast", "ada", "e4m3", "e4m3", True, 1, "none"),
+               ("hopper e4m3 x e5m2 fast", "hopper", "e4m3", "e5m2", True, 1, "none"))
+THREAD_INSTRUCTIONS_PER_SM_CLOCK = 128  # 4 schedulers x 32 lanes (design note, section 1)
+NOMINAL_H200 = (132, 1.98e9)  # SMs, clock (Hz): the dry run's stand-in device
+
+
+def issue_rate(run):
+    """(thread instructions per second, how it was found): SMs x 128 x clock of the device (nominal H200 in a dry
+    run or when the clock cannot be read)."""
+    sms, clock = NOMINAL_H200
+    source = "nominal H200 (132 SMs, 1.98 GHz)"
+    if run.device is not None:
+        try:
+            import torch
+            from numba import cuda
+
+            sms = torch.cuda.get_device_properties(run.device).multi_processor_count
+            with cuda.gpus[run.device.index]:
+                clock = cuda.get_current_device().CLOCK_RATE * 1e3  # kHz
+            source = f"{sms} SMs x {THREAD_INSTRUCTIONS_PER_SM_CLOCK} x {clock / 1e9:.3f} GHz (this device)"
+        except Exception as exc:
+            source += f" (this device's clock unreadable: {type(exc).__name__})"
+    return sms * THREAD_INSTRUCTIONS_PER_SM_CLOCK * clock, source
+
+
+def sass_per_product(run, cc):
+    """{preset: SASS instructions per product of the offset kernel's block loop} for compute capability ``cc``:
+    ``--sass-per-product`` if given, else counted offline by ``scripts/sass_report.py --json`` in a subprocess
+    (it fakes a device inside numba, which must not happen next to real kernels); None if neither works."""
+    if run.args.sass_per_product:
+        return dict(run.args.sass_per_product), "--sass-per-product"
+    import subprocess
+
+    command = [sys.executable, str(ROOT / "scripts" / "sass_report.py"), "--json", "--cc", f"{cc[0]}.{cc[1]}"]
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+        costs = json.loads(done.stdout.strip().splitlines()[-1])[f"sm_{cc[0]}{cc[1]}"]
+        return costs["per_product"], f"scripts/sass_report.py (offline, sm_{cc[0]}{cc[1]})"
+    except Exception as exc:
+        tail = (done.stderr.strip().splitlines() or [""])[-1] if "done" in locals() else ""
+        return None, f"not counted: {type(exc).__name__} {tail}"[:300]
+
+
+class Gemm:
+    """One GEMM's operands, on the device (torch) or for the simulator (numpy): ``compute(kernel, case)`` returns
+    fp32 accumulators on the host, ``timed(kernel, case, repeat)`` their best time in seconds."""
+
+    def __init__(self, run, shape, seed):
+        import numpy as np
+
+        self.run, self.shape = run, shape
+        rng = np.random.default_rng(seed)
+        M, N, K = shape
+        self.codes = {"a": {f: _codes(rng, (M, K), f) for f in ("e4m3", "e5m2")},
+                      "b": {f: _codes(rng, (N, K), f) for f in ("e4m3", "e5m2")}}
+        self.tensors = None
+        if run.device is not None:
+            import torch
+
+            from mmaemu import formats
+
+            self.tensors = {side: {f: torch.from_numpy(c).to(run.device).view(formats.DTYPE_OF[f])
+                                   for f, c in codes.items()} for side, codes in self.codes.items()}
+
+    def _call(self, kernel, case):
+        from mmaemu.cuda import engine
+        from mmaemu.model.presets import get_preset
+
+        label, preset, fmt_a, fmt_b, fast, splits, scheme = case
+        preset = get_preset(preset, warn=False)
+        if self.tensors is None:
+            return lambda: engine.accumulate_numpy(kernel, self.codes["a"][fmt_a], self.codes["b"][fmt_b], fmt_a,
+                                                   fmt_b, preset, fast, splits, scheme)
+        return lambda: engine.accumulate_tensors(kernel, self.tensors["a"][fmt_a], self.tensors["b"][fmt_b], fmt_a,
+                                                 fmt_b, preset, fast, splits, scheme)
+
+    def timed(self, kernel, case, repeat):
+        """(best seconds, accumulators of the last run on the host)."""
+        call = self._call(kernel, case)
+        result = {}
+        if self.tensors is None:
+            times = []
+            for _ in range(repeat):
+                start = time.perf_counter()
+                result["acc"] = call()
+                times.append(time.perf_counter() - start)
+            return min(times), result["acc"]
+        call()  # compiles and warms up
+        times = _time_cuda(lambda: result.__setitem__("acc", call()), repeat)
+        return min(times), result["acc"].cpu().numpy()
+
+
+def _check_rows(acc, gemm, case, rows):
+    """Mismatching bits of the given rows against the CPU path (mmaemu.cpu.accumulate_codes)."""
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.cuda.selftest import compare_bits
+    from mmaemu.model.presets import get_preset
+
+    label, preset, fmt_a, fmt_b, fast, splits, scheme = case
+    want = accumulate_codes(gemm.codes["a"][fmt_a][rows], gemm.codes["b"][fmt_b], fmt_a, fmt_b,
+                            get_preset(preset, warn=False), fast, splits, scheme)
+    return compare_bits(acc[rows], want)
+
+
 def stage_timing(run):
+    import numpy as np
+
+    dry = run.args.dry_run
+    shapes = run.args.shapes if not dry else [[4, 8, 64]]
+    rate, rate_source = issue_rate(run)
+    cc = (9, 0)
+    if run.device is not None:
+        import torch
+
+        cc = torch.cuda.get_device_capability(run.device)
+    counts, counts_source = sass_per_product(run, cc)
+    out = {"dry_run": dry, "issue_rate": rate, "issue_rate_source": rate_source, "sass_per_product": counts,
+           "sass_source": counts_source, "cases": [], "native": {}, "agreement": {}}
+    log(f"issue rate {rate:.3g} thread instructions/s ({rate_source}); SASS per product {counts} ({counts_source})")
+    for index, shape in enumerate(shapes):
+        gemm = Gemm(run, shape, 11 + index)
+        M = shape[0]
+        rows = np.unique(np.r_[np.arange(min(16, M)), np.arange(max(0, M - 16), M)])
+        timed = [("cuda:offset", case) for case in TIMED_CASES]
+        if not dry and M <= 256:
+            timed.append(("cuda:simple", TIMED_CASES[0]))
+        for backend, case in timed:
+            entry = {"kernel": backend, "case": case[0], "shape": list(shape)}
+            out["cases"].append(entry)
+            if run.remaining() < 30 and not dry:
+                entry["skipped"] = "time budget"
+                continue
+            seconds, acc = gemm.timed(backend[len("cuda:"):], case, 1 if dry else 3)
+            count, first = _check_rows(acc, gemm, case, rows)
+            tmacs = float(np.prod(shape)) / seconds / 1e12
+            entry.update({"best_s": round(seconds, 6), "tmac_per_s": _figures(tmacs), "checked_rows": len(rows),
+                          "mismatches": count, "first": first})
+            per_product = (counts or {}).get(case[1]) if backend == "cuda:offset" else None
+            if per_product:
+                bound = rate / per_product / 1e12
+                entry.update({"sass_per_product": per_product, "bound_tmac_per_s": _figures(bound),
+                              "fraction_of_bound": _figures(tmacs / bound)})
+            log(f"timing {backend} {case[0]} {tuple(shape)}: {tmacs:.3f} TMAC/s"
+                + (f" ({entry['fraction_of_bound']:.0%} of the issue bound)" if per_product else "")
+                + f", {count} mismatches in {len(rows)} checked rows")
+    if not dry:
+        _native(run, out, shapes)
+    out["failed"] = any(c.get("mismatches") for c in out["cases"])
+    return out
+
+
+def _figures(x, digits=4):
+    """x to ``digits`` significant figures (a simulator's TMAC/s is tiny, a GPU's is not)."""
+    return float(f"{x:.{digits}g}")
+
+
+def _native(run, out, shapes):
+    """torch._scaled_mm on the same shapes (bf16 out) where the GPU has FP8, and the hopper profile's agreement
+    with its bits (information only)."""
     import numpy as np
     import torch
 
     import mmaemu
-    from mmaemu import backends
-    from mmaemu.cpu import accumulate_codes
-    from mmaemu.cuda import engine, selftest
-    from mmaemu.model.presets import get_preset
 
-    M, N, K = run.args.shape
-    if run.args.quick:
-        M, N, K = 32, 48, 256
-    rng = np.random.default_rng(11)
-    a_codes, b_codes = _codes(rng, (M, K)), _codes(rng, (N, K))
-    a = torch.from_numpy(a_codes).to(run.device).view(torch.float8_e4m3fn)
-    b = torch.from_numpy(b_codes).to(run.device).view(torch.float8_e4m3fn)
-    check_rows = np.unique(np.r_[np.arange(min(16, M)), np.arange(max(0, M - 16), M)])
-    out = {"shape": [M, N, K], "kernels": {}, "native": {}, "agreement": {}}
     cc = torch.cuda.get_device_capability(run.device)
-    for kernel in backends.gemm_kernels():
-        entry = out["kernels"].setdefault(kernel.backend, {})
-        for preset_name, fast in (("hopper", True), ("hopper", False)):
-            label = f"{preset_name} {'fast' if fast else 'slow'}"
-            preset = get_preset(preset_name, warn=False)
-            if run.remaining() < 30:
-                entry[label] = "skipped: time budget"
-                continue
-            # Predict the full run from a slice of rows (compiled already by the self-test) before committing.
-            rows = max(1, min(M, 128))
-            probe_time = min(_time_cuda(lambda: engine.accumulate_tensors(kernel.name, a[:rows], b, "e4m3", "e4m3",
-                                                                          preset, fast), 2))
-            predicted = probe_time * M / rows
-            if predicted * 2 > run.remaining() - 20:
-                entry[label] = f"skipped: predicted {predicted:.1f} s per run exceeds the budget"
-                continue
-            result = {}
-            times = _time_cuda(lambda: result.__setitem__(
-                "acc", engine.accumulate_tensors(kernel.name, a, b, "e4m3", "e4m3", preset, fast)), 2)
-            acc = result["acc"][torch.from_numpy(check_rows).to(run.device)].cpu().numpy()
-            want = accumulate_codes(a_codes[check_rows], b_codes, "e4m3", "e4m3", preset, fast, reference=True)
-            count, first = selftest.compare_bits(acc, want)
-            entry[label] = {"seconds": [round(t, 4) for t in times], "best_s": round(min(times), 4),
-                            "products_per_s": round(M * N * K / min(times)), "checked_rows": len(check_rows),
-                            "mismatches": count, "first": first}
-            log(f"timing {kernel.backend} {label}: best {min(times):.3f} s, {count} mismatches in checked rows")
-    # Native torch._scaled_mm.
-    if cc >= (8, 9) and hasattr(torch, "_scaled_mm"):
-        one = torch.tensor(1.0, device=run.device)
+    if cc < (8, 9) or not hasattr(torch, "_scaled_mm"):
+        out["native"] = f"skipped: sm_{cc[0]}{cc[1]} has no FP8 tensor cores for torch._scaled_mm"
+        return
+    one = torch.tensor(1.0, device=run.device)
+    for index, shape in enumerate(shapes):
+        gemm = Gemm(run, shape, 11 + index)
+        a, b = gemm.tensors["a"]["e4m3"], gemm.tensors["b"]["e4m3"]
         for fast in (True, False):
+            label = f"{tuple(shape)} bf16 {'fast' if fast else 'slow'}"
             try:
                 function = lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
                                                     use_fast_accum=fast)
                 function()
-                times = _time_cuda(function, 10)
-                out["native"][f"bf16 {'fast' if fast else 'slow'}"] = {"best_s": round(min(times), 6),
-                                                                       "products_per_s": round(M * N * K / min(times))}
+                best = min(_time_cuda(function, 10))
+                out["native"][label] = {"best_s": round(best, 6),
+                                        "tmac_per_s": _figures(float(np.prod(shape)) / best / 1e12)}
             except Exception as exc:
-                out["native"][f"bf16 {'fast' if fast else 'slow'}"] = f"{type(exc).__name__}: {exc}"
-        # Information only: the hopper profile's bits against this GPU's native bits.
-        if run.remaining() > 60:
-            for fast in (True, False):
-                try:
-                    native = torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=fast)
-                    emulated = mmaemu.scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=fast,
-                                                profile="hopper")
-                    plan = mmaemu.explain(a, b.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=fast,
-                                          profile="hopper")
-                    equal = (mmaemu.testing.bits(native) == mmaemu.testing.bits(emulated))
-                    out["agreement"][f"bf16 {'fast' if fast else 'slow'}"] = {
-                        "identical_fraction": float(equal.float().mean().item()),
-                        "split": str(plan.split), "backend": plan.backend}
-                except Exception as exc:
-                    out["agreement"][f"bf16 {'fast' if fast else 'slow'}"] = f"{type(exc).__name__}: {exc}"
-    else:
-        out["native"] = f"skipped: sm_{cc[0]}{cc[1]} has no FP8 tensor cores for torch._scaled_mm"
-    out["failed"] = any(isinstance(v, dict) and v.get("mismatches") for e in out["kernels"].values()
-                        for v in e.values())
-    return out
+                out["native"][label] = f"{type(exc).__name__}: {exc}"
+            if index or run.remaining() < 60:
+                continue
+            try:
+                native = torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=fast)
+                emulated = mmaemu.scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=fast,
+                                            profile="hopper")
+                plan = mmaemu.explain(a, b.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=fast,
+                                      profile="hopper")
+                equal = mmaemu.testing.bits(native) == mmaemu.testing.bits(emulated)
+                out["agreement"][label] = {"identical_fraction": float(equal.float().mean().item()),
+                                           "split": str(plan.split), "backend": plan.backend}
+            except Exception as exc:
+                out["agreement"][label] = f"{type(exc).__name__}: {exc}"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -403,23 +533,26 @@ def markdown(report):
                              f"{'identical' if row['identical'] else 'DIFFERENT'} to backend='cpu' "
                              f"(result on {row['result_device']})")
         elif s["name"] == "timing":
-            M, N, K = r["shape"]
-            lines += ["", f"## Timing (M, N, K) = ({M}, {N}, {K})", "", "| engine | case | best s | products/s |",
-                      "|---|---|---|---|"]
-            for name, cases in r["kernels"].items():
-                for label, v in cases.items():
-                    if isinstance(v, dict):
-                        lines.append(f"| {name} | {label} | {v['best_s']} | {v['products_per_s']:.3g} |")
-                    else:
-                        lines.append(f"| {name} | {label} | {v} | |")
+            lines += ["", "## Timing" + (" (dry run on the simulator: the times mean nothing)" if r["dry_run"] else ""),
+                      "", f"Issue rate {r['issue_rate']:.3g} thread instructions/s ({r['issue_rate_source']}); "
+                      f"SASS instructions per product of the offset kernel's block loop: {r['sass_per_product']} "
+                      f"({r['sass_source']}).", "",
+                      "| kernel | case | M, N, K | best s | TMAC/s | SASS/product | bound TMAC/s | of bound | "
+                      "mismatches (rows checked) |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
+            for c in r["cases"]:
+                if "skipped" in c:
+                    lines.append(f"| {c['kernel']} | {c['case']} | {c['shape']} | skipped: {c['skipped']} | | | | | |")
+                    continue
+                bound = (f"{c['sass_per_product']} | {c['bound_tmac_per_s']} | {c['fraction_of_bound']:.0%}"
+                         if "fraction_of_bound" in c else " | | ")
+                lines.append(f"| {c['kernel']} | {c['case']} | {c['shape']} | {c['best_s']} | {c['tmac_per_s']} | "
+                             f"{bound} | {c['mismatches']} ({c['checked_rows']}) |")
             if isinstance(r["native"], dict):
                 for label, v in r["native"].items():
-                    if isinstance(v, dict):
-                        lines.append(f"| torch._scaled_mm | {label} | {v['best_s']} | {v['products_per_s']:.3g} |")
-                    else:
-                        lines.append(f"| torch._scaled_mm | {label} | {v} | |")
-            else:
-                lines.append(f"| torch._scaled_mm | - | {r['native']} | |")
+                    value = f"{v['best_s']} s, {v['tmac_per_s']} TMAC/s" if isinstance(v, dict) else v
+                    lines.append(f"\ntorch._scaled_mm {label}: {value}")
+            elif r["native"]:
+                lines.append(f"\ntorch._scaled_mm: {r['native']}")
             for label, v in r.get("agreement", {}).items():
                 lines.append(f"\nhopper profile vs this GPU's native bits ({label}, information only): {v}")
     return "\n".join(lines) + "\n"
@@ -432,21 +565,40 @@ def parse_shape(text):
     return parts
 
 
+def parse_shapes(text):
+    return [parse_shape(part) for part in text.split(";")]
+
+
+def parse_counts(text):
+    try:
+        return {name: float(value) for name, value in (item.split("=") for item in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected preset=count pairs, e.g. hopper=3.25,ada=3.89") from None
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out", help="report folder")
     parser.add_argument("--quick", action="store_true", help="tiny shapes (CPU-only CI)")
     parser.add_argument("--budget", type=float, default=450.0, help="global time budget in seconds (default 450)")
     parser.add_argument("--device", type=int, default=None, help="CUDA device ordinal (default: current)")
-    parser.add_argument("--shape", type=parse_shape, default=[2048, 5760, 1920], help="timing shape M,N,K")
+    parser.add_argument("--shapes", type=parse_shapes, default=[[2048, 5760, 1920], [64, 5760, 1920]],
+                        help="timing shapes M,N,K;M,N,K")
+    parser.add_argument("--dry-run", action="store_true", help="the timing stage on numba's CUDA simulator, tiny")
+    parser.add_argument("--sass-per-product", type=parse_counts, default=None,
+                        help="SASS instructions per product of the offset kernel, e.g. hopper=3.25,ada=3.89 "
+                             "(default: counted offline by scripts/sass_report.py)")
     args = parser.parse_args(argv)
+    if args.dry_run:
+        args.quick = True
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # before numba is imported (no stage has imported it yet)
     run = Run(args)
     log(f"mmaemu GPU check: out={run.out}, budget={args.budget:.0f} s, quick={args.quick}")
     run.stage("environment", lambda: stage_environment(run), min_seconds=0)
     run.stage("cpu_reference", lambda: stage_cpu_reference(run), min_seconds=2)
     run.stage("selftest", lambda: stage_selftest(run), needs_device=True, min_seconds=60)
     run.stage("compare", lambda: stage_compare(run), needs_device=True, min_seconds=30)
-    run.stage("timing", lambda: stage_timing(run), needs_device=True, min_seconds=30)
+    run.stage("timing", lambda: stage_timing(run), needs_device=not args.dry_run, min_seconds=30)
     run.write()
     statuses = [s["status"] for s in run.report["stages"]]
     summary = ", ".join(f"{s['name']}={s['status']}" for s in run.report["stages"])

@@ -1,140 +1,106 @@
-"""Static instruction counts of mmaemu's CUDA kernels, without a GPU: PTX -> ptxas -> SASS, loop by loop.
+"""Static instruction counts of mmaemu's CUDA kernels, without a GPU: PTX -> ptxas -> nvdisasm, loop by loop.
 
 Usage::
 
-    python scripts/sass_report.py [--kernels biased,lanes] [--cc 9.0]
+    python scripts/sass_report.py [--kernels offset,simple] [--cc 9.0,8.9,12.0] [--json]
 
 Numba compiles each kernel to PTX for the target (:func:`mmaemu.cuda.offline.compile_ptx`: a fake current device
-stands in for the missing GPU), ``ptxas`` assembles it (registers, spills, shared memory) and ``cuobjdump -sass``
-disassembles it. Every loop of the SASS (a backward branch) is listed innermost first with its instruction count
-and most frequent opcodes, so that the cost of a kernel's inner loops per product can be read off: these are
-static counts of one loop iteration, not measurements; how fast a GPU runs them is for ``scripts/gpu_check.py``.
+stands in for the missing GPU), ``ptxas -v`` assembles it (registers, spills, stack frame) and ``nvdisasm -c``
+disassembles it (:mod:`mmaemu.cuda.sass`). Every loop of the SASS (a backward branch) is listed with its
+instruction count and most frequent opcodes; for the offset kernel the block loop's SASS instructions per product
+are weighed per preset (hopper: one 32-product block per stage, ada: two of 16), part by part, against the budget
+of ``tests/test_cuda_sim.py``. These are static counts, not measurements; how fast a GPU runs them is for
+``scripts/gpu_check.py``.
 
-Needs libNVVM (a CUDA toolkit, or the ``nvidia-nvvm`` wheel with numba-cuda), ``ptxas`` (``$CUDA_HOME/bin`` or
-PATH) and ``cuobjdump`` (PATH, or the ``nvidia-cuda-cuobjdump`` wheel).
+Needs libNVVM and ptxas (a CUDA toolkit: ``$CUDA_HOME`` or ``/usr/local/cuda``) and nvdisasm (the toolkit or
+``pip install nvidia-cuda-nvdisasm``).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import os
 import pathlib
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SASS_LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*);")
+PRESETS = {"hopper": 32, "ada": 16}  # nfma of the shipped early-accumulator presets
 
 
-def _tool(name: str) -> str:
-    """Path of a CUDA tool: $CUDA_HOME/bin, PATH, then the nvidia-* wheels' bin folders."""
-    home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
-    for candidate in (pathlib.Path(home) / "bin" / name, shutil.which(name)):
-        if candidate and pathlib.Path(candidate).is_file():
-            return str(candidate)
-    try:
-        import nvidia
+def report(names, cc):
+    """Lines of the report for one compute capability."""
+    from mmaemu.cuda import launch, offline, offset_kernel, sass
 
-        for base in nvidia.__path__:
-            for found in pathlib.Path(base).glob(f"*/bin/{name}"):
-                return str(found)
-    except ImportError:
-        pass
-    raise SystemExit(f"{name} not found: install a CUDA toolkit or the nvidia-cuda-{name} wheel")
-
-
-def compile_ptx(names, cc):
-    """{name: (PTX text, register cap or None)} of the kernels of mmaemu.cuda.kernels.signatures() for compute
-    capability ``cc`` (the cap is the kernel's ``max_registers`` option, which ptxas applies at load time)."""
-    from mmaemu.cuda import kernels, offline
-
-    signatures = kernels.signatures()
-    out = {}
+    sm = f"sm_{cc[0]}{cc[1]}"
+    lines = []
+    signatures = launch.signatures()
     for name in names:
         kernel, signature = signatures[name]
         cap = getattr(kernel, "targetoptions", {}).get("max_registers")
-        out[name] = (offline.compile_ptx(kernel, signature, cc), cap)
-    return out
+        assembly = sass.assemble(offline.compile_ptx(kernel, signature, cc), sm, cap)
+        lines += [f"## {name} ({sm}): {assembly.registers} registers, {assembly.spill_stores} bytes spill stores, "
+                  f"{assembly.spill_loads} bytes spill loads, {assembly.stack_bytes} bytes stack frame", "",
+                  "| loop | instructions | most frequent opcodes |", "|---|---:|---|"]
+        for loop in sorted(sass.loops(assembly.sass), key=lambda loop: loop.size):
+            mix = ", ".join(f"{op} {n}" for op, n in loop.opcodes().most_common(8))
+            lines.append(f"| {loop.start:#07x}-{loop.end:#07x} | {loop.size} | {mix} |")
+        lines.append("")
+        if name == "offset":
+            lines += ["| preset | per product | " + " | ".join(sass.BlockLoopCost.PART_NAMES) + " |",
+                      "|---|---:|" + "---:|" * len(sass.BlockLoopCost.PART_NAMES)]
+            for preset, nfma in PRESETS.items():
+                cost = sass.block_loop_cost(assembly.sass, offset_kernel.block_loop_trips(nfma),
+                                            offset_kernel.products_per_stage())
+                parts = " | ".join(f"{v:.3f}" for v in cost.parts().values())
+                lines.append(f"| {preset} | **{cost.per_product:.3f}** | {parts} |")
+            lines.append("")
+    return lines
 
 
-def assemble(ptx: str, sm: str, folder: pathlib.Path, name: str, cap=None):
-    """(ptxas resource lines, SASS text) of one PTX module (``cap``: registers per thread, as the driver applies a
-    kernel's max_registers)."""
-    ptx_path = folder / f"{name}.ptx"
-    # ptxas accepts PTX up to its own ISA version; NVVM may label the module with a newer one.
-    version = re.search(r"^\.version (\d+)\.(\d+)", ptx, re.M)
-    ptx_path.write_text(ptx)
-    cubin = folder / f"{name}.cubin"
-    command = [_tool("ptxas"), f"-arch={sm}", "-v", str(ptx_path), "-o", str(cubin)]
-    if cap:
-        command.append(f"-maxrregcount={cap}")
-    run = subprocess.run(command, capture_output=True, text=True)
-    if run.returncode and version and "Unsupported .version" in run.stderr:
-        supported = re.search(r"current version is '(\d+\.\d+)'", run.stderr)
-        if supported:
-            ptx_path.write_text(ptx.replace(version.group(0), f".version {supported.group(1)}", 1))
-            run = subprocess.run(command, capture_output=True, text=True)
-    if run.returncode:
-        raise SystemExit(f"ptxas failed for {name}: {run.stderr[-2000:]}")
-    resources = [ln.split("info    :")[-1].strip() for ln in run.stderr.splitlines()
-                 if "Used" in ln or "spill" in ln]
-    sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True)
-    return resources, sass.stdout
+def offset_costs(cc):
+    """``{"registers", "spills", "per_product": {preset: float}, "parts": {preset: {part: float}}}`` of the offset
+    kernel for one compute capability (what ``--json`` prints, and ``scripts/gpu_check.py`` reads)."""
+    from mmaemu.cuda import launch, offline, offset_kernel, sass
 
-
-def loops(sass: str):
-    """[(start, end, count, Counter of opcodes)] of every loop (backward branch), innermost first."""
-    instructions = []
-    for line in sass.splitlines():
-        match = SASS_LINE.match(line)
-        if match:
-            instructions.append((int(match.group(1), 16), match.group(3).split(".")[0], match.group(4)))
-    found = []
-    for address, opcode, args in instructions:
-        target = re.search(r"0x([0-9a-f]+)", args) if opcode == "BRA" else None
-        if target and int(target.group(1), 16) < address:
-            start = int(target.group(1), 16)
-            body = [op for a, op, _ in instructions if start <= a <= address]
-            found.append((start, address, len(body), collections.Counter(body)))
-    return sorted(found, key=lambda loop: loop[2]), len(instructions)
+    kernel, signature = launch.signatures()["offset"]
+    assembly = sass.assemble(offline.compile_ptx(kernel, signature, cc), f"sm_{cc[0]}{cc[1]}",
+                             kernel.targetoptions.get("max_registers"))
+    costs = {preset: sass.block_loop_cost(assembly.sass, offset_kernel.block_loop_trips(nfma),
+                                          offset_kernel.products_per_stage()) for preset, nfma in PRESETS.items()}
+    return {"registers": assembly.registers, "spills": assembly.spills,
+            "per_product": {preset: round(cost.per_product, 4) for preset, cost in costs.items()},
+            "parts": {preset: {k: round(v, 4) for k, v in cost.parts().items()} for preset, cost in costs.items()}}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernels", default="biased,biased_split,lanes",
-                        help="names of mmaemu.cuda.kernels.signatures()")
-    parser.add_argument("--cc", default="9.0", help="compute capability, e.g. 9.0")
+    parser.add_argument("--kernels", default="offset", help="names of mmaemu.cuda.launch.signatures()")
+    parser.add_argument("--cc", default="9.0,8.9,12.0", help="compute capabilities, e.g. 9.0,8.9")
+    parser.add_argument("--json", action="store_true", help="print the offset kernel's block loop costs as JSON")
     args = parser.parse_args(argv)
-    cc = tuple(int(v) for v in args.cc.split("."))
-    sm = f"sm_{cc[0]}{cc[1]}"
+    if args.json:
+        import json
+
+        print(json.dumps({f"sm_{a}{b}": offset_costs((int(a), int(b))) for a, b in
+                          (text.split(".") for text in args.cc.split(","))}))
+        return
     import numba
 
+    print(f"# SASS of mmaemu kernels (numba {numba.__version__}, "
+          f"{'built-in CUDA target' if not _numba_cuda() else 'numba-cuda ' + _numba_cuda()})\n")
+    for text in args.cc.split(","):
+        cc = tuple(int(v) for v in text.split("."))
+        print("\n".join(report(args.kernels.split(","), cc)))
+
+
+def _numba_cuda():
     try:
         from importlib.metadata import version
 
-        numba_cuda = version("numba-cuda")
+        return version("numba-cuda")
     except Exception:
-        numba_cuda = None
-    print(f"# SASS of mmaemu kernels for {sm} (numba {numba.__version__}"
-          f"{', numba-cuda ' + numba_cuda if numba_cuda else ', built-in CUDA target'})\n")
-    ptx = compile_ptx(args.kernels.split(","), cc)
-    with tempfile.TemporaryDirectory() as folder:
-        for name, (text, cap) in ptx.items():
-            resources, sass = assemble(text, sm, pathlib.Path(folder), name, cap)
-            found, total = loops(sass)
-            print(f"## {name}: {total} instructions; " + "; ".join(resources) + "\n")
-            print("| loop | instructions | most frequent opcodes |")
-            print("|---|---|---|")
-            for start, end, count, ops in found:
-                mix = ", ".join(f"{op} {n}" for op, n in ops.most_common(8))
-                print(f"| {start:#06x}-{end:#06x} | {count} | {mix} |")
-            print()
+        return None
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def test_cpu_tensors_select_cpu_engines_and_refuse_cuda():
         assert backends.select(CPU, "cpu", "e4m3", "e5m2", HOPPER) == backends.Selection("cpu", [])
         assert backends.select(CPU, "reference", "e5m2", "e5m2", HOPPER) == backends.Selection("reference", [])
     assert not caught  # design skips never warn
-    for name in ("cuda", "cuda:lanes", "cuda:tiled", "cuda:simple"):
+    for name in ("cuda", "cuda:offset", "cuda:simple"):
         with pytest.raises(BackendUnavailableError, match="tensors on cpu"):
             backends.select(CPU, name, "e4m3", "e4m3", HOPPER)
 
@@ -100,7 +100,7 @@ def test_disable_cuda_env(monkeypatch):
         backends.select(CUDA0, "cuda:simple", "e4m3", "e4m3", HOPPER)
     status = backends.backends_status()
     assert all(not status[k].available and "MMAEMU_DISABLE_CUDA" in status[k].reason
-               for k in ("cuda:lanes", "cuda:tiled", "cuda:simple", "cuda:epilogue"))
+               for k in ("cuda:offset", "cuda:simple", "cuda:epilogue"))
     results = backends.selftest()
     assert backends.selftest_verdict(results)[0] == "UNAVAILABLE"
 
@@ -114,7 +114,7 @@ def test_api_on_cpu_tensors():
     assert plan.validation == "ok", plan.validation
     assert (plan.backend, plan.fallbacks) == ("cpu", ["cuda: tensors on cpu"])
     with pytest.raises(BackendUnavailableError):
-        mmaemu.scaled_mm(a, w.t(), one, one, splitk=1, backend="cuda:tiled")
+        mmaemu.scaled_mm(a, w.t(), one, one, splitk=1, backend="cuda:simple")
     with pytest.raises(BackendUnavailableError):
         mmaemu.accumulate(a, w, use_fast_accum=True, splitk=1, backend="cuda")
 
@@ -145,19 +145,18 @@ def test_cuda_device_without_cuda_warns_once_and_raises_for_explicit():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_status_and_selftest_on_a_cpu_machine():
     status = backends.backends_status()
-    assert list(status) == ["cuda:biased", "cuda:lanes", "cuda:tiled", "cuda:simple", "cuda:epilogue", "cpu",
-                            "reference"]
-    for name in ("cuda:biased", "cuda:lanes", "cuda:tiled", "cuda:simple", "cuda:epilogue"):
+    assert list(status) == ["cuda:offset", "cuda:simple", "cuda:epilogue", "cpu", "reference"]
+    for name in ("cuda:offset", "cuda:simple", "cuda:epilogue"):
         assert not status[name].available and not status[name].validated_here
         assert status[name].reason == "unavailable: no CUDA device visible to torch"
     for name in ("cpu", "reference"):
         assert status[name].available and status[name].validated_here
     results = backends.selftest()
-    assert list(results) == ["cuda:biased", "cuda:lanes", "cuda:tiled", "cuda:simple", "cuda:epilogue"]
+    assert list(results) == ["cuda:offset", "cuda:simple", "cuda:epilogue"]
     assert all(len(g) == 1 and not g[0].ran and not g[0].passed for g in results.values())
     verdict, reason = backends.selftest_verdict(results)
     assert verdict == "UNAVAILABLE" and reason.startswith("no CUDA device visible to torch")
-    assert list(backends.selftest(kernels="cuda:simple,tiled")) == ["cuda:simple", "cuda:tiled"]
+    assert list(backends.selftest(kernels="cuda:simple,offset")) == ["cuda:simple", "cuda:offset"]
     with pytest.raises(ValueError, match="unknown CUDA kernel"):
         backends.selftest(kernels="v4")
 
@@ -186,52 +185,49 @@ def fake_device(monkeypatch):
         details = [{"case": "stub", "mismatches": 0 if outcome else 3, "first": []}]
         return outcome, details
 
-    monkeypatch.setattr(cuda_backend, "_probe", probe)
-    monkeypatch.setattr(cuda_backend, "_run_on_device", run)
+    monkeypatch.setattr(cuda_backend.gating, "_probe", probe)
+    monkeypatch.setattr(cuda_backend.gating, "_run_on_device", run)
     return state
 
 
 def test_all_kernels_pass_auto_takes_the_first(fake_device):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER) == backends.Selection("cuda:biased", [])
-        assert backends.select(CUDA0, "cuda", "e4m3", "e4m3", HOPPER).name == "cuda:biased"
-        assert backends.select(CUDA0, "cuda:lanes", "e4m3", "e4m3", HOPPER).name == "cuda:lanes"
-        assert backends.select(CUDA0, "cuda:tiled", "e4m3", "e4m3", HOPPER).name == "cuda:tiled"
+        assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER) == backends.Selection("cuda:offset", [])
+        assert backends.select(CUDA0, "cuda", "e4m3", "e4m3", HOPPER).name == "cuda:offset"
+        assert backends.select(CUDA0, "cuda:offset", "e4m3", "e4m3", HOPPER).name == "cuda:offset"
         assert backends.select(CUDA0, "cuda:simple", "e4m3", "e4m3", HOPPER).name == "cuda:simple"
     assert not caught
-    assert fake_device["runs"] == ["biased", "lanes", "tiled", "simple"]  # each self-test ran once
+    assert fake_device["runs"] == ["offset", "simple"]  # each self-test ran once
 
 
 def test_failing_kernel_falls_back_with_one_warning(fake_device):
-    fake_device["outcomes"].update(biased=False, lanes=False, tiled=False)
+    fake_device["outcomes"].update(offset=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sel = backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER)
         again = backends.select(CUDA0, "auto", "e5m2", "e4m3", HOPPER)
     assert sel.name == again.name == "cuda:simple"
-    assert len(sel.fallbacks) == 3 and sel.fallbacks[0].startswith("cuda:biased: 1 of 1 cases differ")
-    assert sel.fallbacks[1].startswith("cuda:lanes: 1 of 1 cases differ")
-    assert sel.fallbacks[2].startswith("cuda:tiled: 1 of 1 cases differ")
+    assert len(sel.fallbacks) == 1 and sel.fallbacks[0].startswith("cuda:offset: 1 of 1 cases differ")
     msgs = [str(w.message) for w in caught if issubclass(w.category, BackendFallbackWarning)]
-    assert len(msgs) == 1 and "cuda:tiled" in msgs[0] and "cuda:simple computes instead" in msgs[0]
-    with pytest.raises(BackendUnavailableError, match="cuda:tiled: 1 of 1 cases differ"):
-        backends.select(CUDA0, "cuda:tiled", "e4m3", "e4m3", HOPPER)
+    assert len(msgs) == 1 and "cuda:offset" in msgs[0] and "cuda:simple computes instead" in msgs[0]
+    with pytest.raises(BackendUnavailableError, match="cuda:offset: 1 of 1 cases differ"):
+        backends.select(CUDA0, "cuda:offset", "e4m3", "e4m3", HOPPER)
 
 
 def test_every_kernel_failing_ends_on_cpu_or_raises(fake_device):
-    fake_device["outcomes"].update(biased=False, lanes=False, tiled=False, simple=RuntimeError("ptxas exploded"))
+    fake_device["outcomes"].update(offset=False, simple=RuntimeError("ptxas exploded"))
     with pytest.warns(BackendFallbackWarning, match="cpu computes instead"):
         sel = backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER)
-    assert sel.name == "cpu" and len(sel.fallbacks) == 4
-    assert "self-test raised RuntimeError: ptxas exploded" in sel.fallbacks[3]
+    assert sel.name == "cpu" and len(sel.fallbacks) == 2
+    assert "self-test raised RuntimeError: ptxas exploded" in sel.fallbacks[1]
     with pytest.raises(BackendUnavailableError) as info:
         backends.select(CUDA0, "cuda", "e4m3", "e4m3", HOPPER)
-    assert "cuda:tiled" in str(info.value) and "ptxas exploded" in str(info.value)
+    assert "cuda:offset" in str(info.value) and "ptxas exploded" in str(info.value)
 
 
 def test_force_fail_env_and_design_skips(fake_device, monkeypatch):
-    monkeypatch.setenv("MMAEMU_TEST_FORCE_FAIL", "biased,lanes,tiled")
+    monkeypatch.setenv("MMAEMU_TEST_FORCE_FAIL", "offset")
     with pytest.warns(BackendFallbackWarning, match="forced to fail"):
         assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER).name == "cuda:simple"
     monkeypatch.delenv("MMAEMU_TEST_FORCE_FAIL")
@@ -240,54 +236,47 @@ def test_force_fail_env_and_design_skips(fake_device, monkeypatch):
         warnings.simplefilter("always")
         sel = backends.select(CUDA0, "auto", "e4m3", "e4m3", wide)
         late = backends.select(CUDA0, "auto", "e4m3", "e4m3", get_preset("b200_mma_sync", warn=False))
-    assert sel.name == "cuda:simple" and len(sel.fallbacks) == 3
-    assert all("nfma=256" in f for f in sel.fallbacks)
-    # b200_mma_sync: the biased and lanes kernels decline it by design (late add of c); no warning.
-    assert late.name == "cuda:tiled" and late.fallbacks[0].startswith("cuda:biased: computes the early")
-    assert late.fallbacks[1].startswith("cuda:lanes: computes the early")
+    assert sel.name == "cuda:simple" and len(sel.fallbacks) == 1 and "nfma=256" in sel.fallbacks[0]
+    # b200_mma_sync: the offset kernel declines it by design (late add of c); no warning.
+    assert late.name == "cuda:simple" and late.fallbacks == [
+        "cuda:offset: computes the early-accumulator presets (hopper, ada) only, this preset adds c late "
+        "(preset 'b200_mma_sync')"]
     assert not [w for w in caught if issubclass(w.category, BackendFallbackWarning)]
 
 
-def test_lanes_kernel_declines_split_schedules_to_the_next_kernel(fake_device, monkeypatch):
+def test_offset_kernel_takes_split_schedules_and_declines_to_the_next_kernel(fake_device, monkeypatch):
+    """Every schedule of hopper/ada on the offset kernel; what it declines by design (a late accumulator, a block
+    sum its window cannot hold, k-tiles that do not start on its stages) goes to the reference kernel without a
+    warning, and its self-test is not run for it."""
     import mmaemu.cuda as cuda_backend
     from mmaemu.cuda import engine
-
-    assert cuda_backend.schedule_skip("lanes", HOPPER, "e4m3", "e5m2", True) is None
-    assert cuda_backend.schedule_skip("lanes", HOPPER, "e5m2", "e5m2", False) is None
-    assert cuda_backend.schedule_skip("lanes", get_preset("ada", warn=False), "e4m3", "e4m3", False) is None
-    assert "split-K S=2" in cuda_backend.schedule_skip("lanes", HOPPER, "e4m3", "e4m3", False, 2, "contiguous")
-    assert cuda_backend.schedule_skip("tiled", HOPPER, "e4m3", "e4m3", False, 2, "contiguous") is None
-    calls = []
-    monkeypatch.setattr(engine, "accumulate_tensors", lambda kernel, *args: calls.append(kernel) or torch.zeros(1))
-    a = torch.zeros(2, 64).to(torch.float8_e4m3fn)
-    cuda_backend.accumulate("cuda:lanes", a, a, "e4m3", "e4m3", HOPPER, True)
-    cuda_backend.accumulate("cuda:lanes", a, a, "e4m3", "e4m3", HOPPER, True, 2, "contiguous")
-    assert fake_device["runs"] == ["tiled"]  # the next kernel's self-test, not the lanes kernel's
-    monkeypatch.setenv("MMAEMU_TEST_FORCE_FAIL", "tiled")
-    cuda_backend.accumulate("cuda:lanes", a, a, "e4m3", "e4m3", HOPPER, False, 3, "serial")
-    assert calls == ["lanes", "tiled", "simple"]
-    assert fake_device["runs"] == ["tiled", "simple"]
-
-
-def test_biased_kernel_takes_split_schedules_and_declines_what_its_window_cannot_hold(fake_device):
-    import mmaemu.cuda as cuda_backend
 
     ada = get_preset("ada", warn=False)
     for preset, fast, splits, scheme in ((HOPPER, True, 1, "none"), (HOPPER, False, 1, "none"),
                                          (HOPPER, False, 3, "contiguous"), (ada, True, 4, "serial"),
                                          (ada, False, 5, "pairwise")):
-        assert cuda_backend.schedule_skip("biased", preset, "e4m3", "e5m2", fast, splits, scheme) is None
-    late = cuda_backend.schedule_skip("biased", get_preset("b200_mma_sync", warn=False), "e4m3", "e4m3", True)
+        assert cuda_backend.schedule_skip("offset", preset, "e4m3", "e5m2", fast, splits, scheme) is None
+    late = cuda_backend.schedule_skip("offset", get_preset("b200_mma_sync", warn=False), "e4m3", "e4m3", True)
     assert late.startswith("computes the early-accumulator presets")
-    wide = Preset("wide-window", nfma=32, frac=20, frac_out=13, min_exp=-132, late_c=False, slow_chunk=128)
-    assert "24-bit significand" in cuda_backend.design_skip("biased", wide, "e4m3", "e4m3")
+    wide = Preset("wide-window", nfma=32, frac=20, frac_out=20, min_exp=-132, late_c=False, slow_chunk=128)
+    assert "2**22 units" in cuda_backend.design_skip("offset", wide, "e4m3", "e4m3")
     odd = Preset("odd-slow", nfma=16, frac=13, frac_out=13, min_exp=-132, late_c=False, slow_chunk=80)
-    assert cuda_backend.schedule_skip("biased", odd, "e4m3", "e4m3", True) is None
-    assert "80 wide" in cuda_backend.schedule_skip("biased", odd, "e4m3", "e4m3", False)
+    assert cuda_backend.schedule_skip("offset", odd, "e4m3", "e4m3", True) is None
+    assert "80 wide" in cuda_backend.schedule_skip("offset", odd, "e4m3", "e4m3", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert backends.select(CUDA0, "auto", "e4m3", "e4m3", wide).name == "cuda:lanes"
+        assert backends.select(CUDA0, "auto", "e4m3", "e4m3", wide).name == "cuda:simple"
     assert not [w for w in caught if issubclass(w.category, BackendFallbackWarning)]
+    assert fake_device["runs"] == ["simple"]  # the next kernel's self-test, not the offset kernel's
+    calls = []
+    monkeypatch.setattr(engine, "accumulate_tensors", lambda kernel, *args: calls.append(kernel) or torch.zeros(1))
+    a = torch.zeros(2, 96).to(torch.float8_e4m3fn)
+    cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, True)
+    cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, False)
+    assert calls == ["offset", "simple"]
+    monkeypatch.setenv("MMAEMU_TEST_FORCE_FAIL", "simple")
+    assert cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, False).device.type == "cpu"
+    assert calls == ["offset", "simple"]  # no kernel left: the cpu engine computed
 
 
 def test_verdicts_are_cached_on_disk_by_device_and_sources(fake_device, tmp_path):
@@ -296,11 +285,10 @@ def test_verdicts_are_cached_on_disk_by_device_and_sources(fake_device, tmp_path
 
     fake_device["outcomes"]["simple"] = RuntimeError("transient")
     results = backends.selftest(CUDA0)
-    assert {k: g[0].passed for k, g in results.items()} == {"cuda:biased": True, "cuda:lanes": True,
-                                                            "cuda:tiled": True, "cuda:simple": False,
+    assert {k: g[0].passed for k, g in results.items()} == {"cuda:offset": True, "cuda:simple": False,
                                                             "cuda:epilogue": True}
     files = sorted((tmp_path / "cache" / "verdicts").glob("*.json"))
-    assert len(files) == 4  # the self-test that raised is not written
+    assert len(files) == 2  # the self-test that raised is not written
     record = json.loads(files[0].read_text())
     assert record["key"]["device"]["uuid"] == "GPU-1234" and record["key"]["sources"] == selftest.sources_hash()
     assert record["key"]["mmaemu"] == mmaemu.__version__
@@ -309,28 +297,28 @@ def test_verdicts_are_cached_on_disk_by_device_and_sources(fake_device, tmp_path
     fake_device["runs"].clear()
     fake_device["outcomes"]["simple"] = True
     again = backends.selftest(CUDA0)
-    assert again["cuda:tiled"][0].cached and again["cuda:epilogue"][0].cached
+    assert again["cuda:offset"][0].cached and again["cuda:epilogue"][0].cached
     assert not again["cuda:simple"][0].cached and again["cuda:simple"][0].passed
     assert fake_device["runs"] == ["simple"]
     # force=True reruns; another device identity has its own verdicts.
-    backends.selftest(CUDA0, kernels="tiled", force=True)
-    assert fake_device["runs"] == ["simple", "tiled"]
+    backends.selftest(CUDA0, kernels="offset", force=True)
+    assert fake_device["runs"] == ["simple", "offset"]
     fake_device["info"] = fake_device["info"].__class__(**{**fake_device["info"].__dict__, "uuid": "GPU-5678"})
-    backends.selftest(CUDA0, kernels=["cuda:tiled"])
-    assert fake_device["runs"] == ["simple", "tiled", "tiled"]
+    backends.selftest(CUDA0, kernels=["cuda:offset"])
+    assert fake_device["runs"] == ["simple", "offset", "offset"]
 
 
 def test_status_with_a_device(fake_device):
     fake_device["outcomes"]["simple"] = False
     status = backends.backends_status(CUDA0)
-    assert status["cuda:tiled"].available and not status["cuda:tiled"].validated_here
-    assert "not validated yet" in status["cuda:tiled"].reason and fake_device["runs"] == []  # status runs nothing
+    assert status["cuda:offset"].available and not status["cuda:offset"].validated_here
+    assert "not validated yet" in status["cuda:offset"].reason and fake_device["runs"] == []  # status runs nothing
     results = backends.selftest(CUDA0)
     assert backends.selftest_verdict(results) == ("FAIL", "failed: cuda:simple")
     status = backends.backends_status(CUDA0)
-    assert status["cuda:tiled"].validated_here and status["cuda:tiled"].reason.startswith("validated on cuda:0")
+    assert status["cuda:offset"].validated_here and status["cuda:offset"].reason.startswith("validated on cuda:0")
     assert not status["cuda:simple"].available and "self-test failed" in status["cuda:simple"].reason
-    assert backends.selftest_verdict(backends.selftest(CUDA0, kernels="tiled")) == ("PASS", "every kernel passed")
+    assert backends.selftest_verdict(backends.selftest(CUDA0, kernels="offset")) == ("PASS", "every kernel passed")
 
 
 def test_epilogue_stays_on_cpu_for_accumulators_not_made_by_a_kernel(fake_device):
@@ -344,8 +332,7 @@ def test_epilogue_stays_on_cpu_for_accumulators_not_made_by_a_kernel(fake_device
 def test_kernel_metadata_for_the_cli():
     import mmaemu.cuda as cuda_backend
 
-    assert [k.backend for k in backends.gemm_kernels()] == ["cuda:biased", "cuda:lanes", "cuda:tiled",
-                                                            "cuda:simple"]
+    assert [k.backend for k in backends.gemm_kernels()] == ["cuda:offset", "cuda:simple"]
     for k in cuda_backend.KERNELS.values():
         assert (k.gated, k.validated_on, k.min_cc) == (False, (), None)
 
@@ -371,21 +358,37 @@ def test_selftest_cases_cover_the_contract():
 # scripts/gpu_check.py on a CPU-only machine
 
 
-def test_gpu_check_quick_runs_without_a_gpu(tmp_path):
+def test_gpu_check_dry_run_on_the_simulator(tmp_path):
+    """scripts/gpu_check.py --dry-run on a machine without a GPU: the device stages are skipped, saying why, and
+    the timing stage runs its code on numba's CUDA simulator with tiny shapes - every timed case of the offset
+    kernel checked against the CPU path, TMAC/s and the fraction of the instruction-issue bound computed."""
     out = tmp_path / "report"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
     env.pop("OUT", None)
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--quick", "--out", str(out),
-                          "--budget", "120"], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--out", str(out),
+                          "--budget", "240"], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=400)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads((out / "gpu_check.json").read_text())
     stages = {s["name"]: s for s in report["stages"]}
     assert list(stages) == ["environment", "cpu_reference", "selftest", "compare", "timing"]
     assert stages["environment"]["status"] == "ok" and stages["cpu_reference"]["status"] == "ok"
-    if not torch.cuda.is_available():
-        for name in ("selftest", "compare", "timing"):
-            assert stages[name]["status"] == "skipped"
-            assert stages[name]["error"].startswith("no usable CUDA device")
+    for name in ("selftest", "compare"):
+        assert stages[name]["status"] == "skipped" and stages[name]["error"].startswith("no usable CUDA device")
+    timing = stages["timing"]
+    assert timing["status"] == "ok", timing
+    result = timing["result"]
+    assert result["dry_run"] and result["issue_rate"] == pytest.approx(132 * 128 * 1.98e9)
+    cases = result["cases"]
+    assert [(c["kernel"], c["case"]) for c in cases] == [("cuda:offset", label) for label in (
+        "hopper fast", "hopper slow", "hopper 4-way split", "ada fast", "hopper e4m3 x e5m2 fast")]
+    assert all(c["mismatches"] == 0 and c["checked_rows"] == c["shape"][0] and c["tmac_per_s"] > 0 for c in cases)
+    counted = result["sass_per_product"] is not None
+    if counted or os.environ.get("MMAEMU_REQUIRE_SASS_GATE"):
+        assert counted, result["sass_source"]
+        for c in cases:
+            bound = result["issue_rate"] / result["sass_per_product"][c["case"].split()[0]] / 1e12
+            assert c["bound_tmac_per_s"] == pytest.approx(bound, rel=1e-3)
+            assert c["fraction_of_bound"] == pytest.approx(c["tmac_per_s"] / bound, rel=1e-2)
     markdown = (out / "gpu_check.md").read_text()
-    assert "| selftest | skipped |" in markdown or torch.cuda.is_available()
+    assert "| selftest | skipped |" in markdown and "dry run on the simulator" in markdown
     assert "[gpu_check" in run.stdout and "stage timing" in run.stdout

@@ -599,16 +599,16 @@ def test_info_device_section_on_a_simulated_gpu(monkeypatch):
 
 def test_selftest_kernels_that_did_not_run(fake_device):
     _set_selftest(fake_device, lambda device=None, *, kernels="all", force=False: {
-        "cuda:tiled": [Gate("selftest", False, "not run: the device is busy", ran=False)],
+        "cuda:offset": [Gate("selftest", False, "not run: the device is busy", ran=False)],
         "cuda:simple": [Gate("selftest", False, "not run: the device is busy", ran=False)]})
     result = invoke("selftest")
     assert result.exit_code == 4
-    assert "cuda:tiled: NOT RUN (required: no kernel metadata, every kernel counts)" in result.stdout or \
-        "cuda:tiled: NOT RUN (required: not gated" in result.stdout
+    assert "cuda:offset: NOT RUN (required: no kernel metadata, every kernel counts)" in result.stdout or \
+        "cuda:offset: NOT RUN (required: not gated" in result.stdout
     assert "  selftest: not run; the device is busy" in result.stdout
     assert result.stdout.endswith("verdict: UNAVAILABLE - the device is busy: the CPU backend is used\n")
     _set_selftest(fake_device, lambda device=None, *, kernels="all", force=False: {
-        "cuda:tiled": [Gate("selftest", True)],
+        "cuda:offset": [Gate("selftest", True)],
         "cuda:simple": [Gate("selftest", False, "not run: no memory", ran=False)]})
     result = invoke("selftest")
     assert result.exit_code == 0

@@ -2,14 +2,19 @@
 
 * Simulator: the kernels of mmaemu.cuda run under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, which must be
   set before numba.cuda is imported, so they run in a subprocess) on tiny shapes and must equal the CPU reference
-  bit for bit: hopper / ada / b200_mma_sync, fast, slow and split-K, mixed formats, NaN/Inf codes, the tiled
-  kernel's chunk-to-chunk carry and multi-block launches, and the epilogue kernel for every output dtype.
+  bit for bit: the offset kernel on hopper / ada, fast, slow and every split scheme (padding tiles and splits that
+  own none), mixed formats, NaN/Inf codes, several thread blocks and several packed panels; the reference kernel
+  (``simple``) on every self-test case including b200_mma_sync; the epilogue kernel for every output dtype.
 * PTX: every kernel is compiled to PTX for sm_89, sm_90 and sm_120 without a device, and the PTX must hold no fused
-  multiply-add other than the round-toward-zero ones the biased kernel asks for (``fma.rz``: present there, and no
-  float64 emulation of them), no flush-to-zero and no approximate instruction; ptxas (if installed) assembles it.
-  The worker compiles through :func:`mmaemu.cuda.offline.compile_ptx` (a fake current device of the target
-  capability - in this test's subprocess only). It needs
-  libNVVM (a CUDA toolkit) and, with numba-cuda, NVRTC; without them the test is skipped with the reason.
+  multiply-add other than the round-toward-zero ones the offset kernel asks for (``fma.rz``: present there, and no
+  float64 emulation of them), no flush-to-zero and no approximate instruction. The worker compiles through
+  :func:`mmaemu.cuda.offline.compile_ptx` (a fake current device of the target capability - in this test's
+  subprocess only); it needs libNVVM (a CUDA toolkit) and, with numba-cuda, NVRTC.
+* SASS gate: ``ptxas -v`` assembles every kernel for each target (no kernel may spill) and ``nvdisasm -c``
+  disassembles the offset kernel, whose block loop must stay within :data:`BUDGETS` SASS instructions per product
+  (:func:`mmaemu.cuda.sass.block_loop_cost`, hopper's 32-product blocks). A mutated loop and a mutated budget
+  must fail the gate. Without ptxas or nvdisasm these tests skip and say which tool is missing; with
+  ``MMAEMU_REQUIRE_SASS_GATE=1`` (set by ``.ci/run``) they fail instead.
 
 Both workers start at once (this file run as a script) and the tests read their JSON reports.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -27,136 +33,178 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIMEOUT_S = 600
+TARGETS = ((8, 9), (9, 0), (12, 0))
+# SASS instructions per product of the offset kernel's block loop, hopper (the issue's budget on sm_90; sm_89 and
+# sm_120 lack the fused packed add-maximum, their exponent pass costs twice as much: a regression bound there).
+BUDGETS = {"sm_90": 3.6, "sm_89": 4.0, "sm_120": 4.0}
+PRESET_NFMA = {"hopper": 32, "ada": 16}
+REQUIRE_SASS_ENV = "MMAEMU_REQUIRE_SASS_GATE"
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Workers (run as: python tests/test_cuda_sim.py sim|ptx)
 
 
-def _sim_worker():
+# The self-test cases the offset kernel runs under the simulator (256 simulated threads per block make each run take
+# seconds): both presets fast and slow, every split scheme with an empty split and a padding tile, every format
+# pair, adversarial operands, NaN/Inf codes. The reference kernel runs all of them.
+OFFSET_CASES = ("random hopper fast", "random ada fast, ragged K", "adversarial ada slow",
+                "hopper contiguous S=4 fast, empty split",
+                "hopper contiguous S=3 slow e4m3 x e5m2", "ada serial S=3 fast, padding tile",
+                "ada pairwise S=5 slow e5m2 x e4m3", "hopper slow e5m2 x e5m2", "NaN/Inf e5m2 x e4m3 hopper slow",
+                "NaN/Inf e4m3 x e5m2 ada serial S=2", "b200_mma_sync fast")
+
+
+def _gemm_cases():
+    """(case, kernels) pairs of the simulator run: every self-test case shrunk on the reference kernel, those of
+    OFFSET_CASES on the offset kernel too, and one single-row split GEMM on the offset kernel."""
+    from mmaemu.cuda import selftest
+
+    cases = [(c.shrunk(), ("simple", "offset") if c.label in OFFSET_CASES else ("simple",))
+             for c in selftest.GEMM_CASES]
+    # One row of outputs with a split that is not pairwise: the split combination must not touch the slot array.
+    return cases + [(selftest.GemmCase("offset one row, hopper contiguous S=2 fast", "hopper", "e4m3", "e4m3", True,
+                                       2, "contiguous", 1, 3, 64, "random", 108), ("offset",))]
+
+
+def _run_gemm(kernel, case, report):
     import numpy as np
+
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.cuda import engine, schedule_skip, selftest
+    from mmaemu.model.presets import get_preset
+
+    preset = get_preset(case.preset, warn=False)
+    skip = schedule_skip(kernel, preset, case.fmt_a, case.fmt_b, case.fast, case.splits, case.scheme)
+    if skip is not None:
+        report["skipped"].append({"case": case.label, "kernel": kernel, "preset": case.preset,
+                                  "splits": case.splits, "reason": skip})
+        return
+    a, b = selftest.gemm_operands(case)
+    want = accumulate_codes(a, b, case.fmt_a, case.fmt_b, preset, case.fast, case.splits, case.scheme,
+                            reference=True)
+    start = time.perf_counter()
+    got = engine.accumulate_numpy(kernel, a, b, case.fmt_a, case.fmt_b, preset, case.fast, case.splits, case.scheme)
+    count, first = selftest.compare_bits(got, want)
+    report["gemm"].append({"case": case.label, "kernel": kernel, "shape": [case.M, case.N, case.K],
+                           "preset": case.preset, "fast": case.fast, "splits": case.splits, "scheme": case.scheme,
+                           "formats": [case.fmt_a, case.fmt_b], "data": case.data,
+                           "nonfinite_outputs": int(np.count_nonzero(~np.isfinite(want))),
+                           "mismatches": count, "first": first, "seconds": round(time.perf_counter() - start, 2)})
+
+
+def _panels(report):
+    """The offset kernel on several thread blocks each way, with operands cut into several packed panels each way
+    and a packing grid smaller than K (the launcher's limits shrunk so that small shapes reach them); pairwise
+    split-K, so that the slot array is cut into panels too."""
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.cuda import engine, launch, offset_kernel, selftest
+    from mmaemu.model.presets import get_preset
+
+    limits = (launch.MAX_GRID_Y, launch.PANEL_BYTES)
+    K = 72  # 18 groups of four k: more than MAX_GRID_Y x DECODE_BLOCK[1] = 16, ragged in its last stage
+    launch.MAX_GRID_Y, launch.PANEL_BYTES = 2, launch.PACKED_BYTES * 96 * 64  # panels of 64 rows (Kp = 96)
+    try:
+        case = selftest.GemmCase("offset panels, pairwise S=2 hopper slow", "hopper", "e4m3", "e5m2", False, 2,
+                                 "pairwise", offset_kernel.BLOCK_M + 3, offset_kernel.BLOCK_N + 5, K, "adversarial",
+                                 106)
+        a, b = selftest.gemm_operands(case)
+        preset = get_preset("hopper", warn=False)
+        want = accumulate_codes(a, b, "e4m3", "e5m2", preset, False, 2, "pairwise", reference=True)
+        start = time.perf_counter()
+        got = engine.accumulate_numpy("offset", a, b, "e4m3", "e5m2", preset, False, 2, "pairwise")
+        report["panels"] = {"shape": [case.M, case.N, K], "mismatches": selftest.compare_bits(got, want)[0],
+                            "rows": [launch._panel_rows(K, offset_kernel.BLOCK_M),
+                                     launch._panel_rows(K, offset_kernel.BLOCK_N)],
+                            "groups": -(-K // 4), "grid_groups": launch.MAX_GRID_Y * offset_kernel.DECODE_BLOCK[1],
+                            "seconds": round(time.perf_counter() - start, 2)}
+    finally:
+        launch.MAX_GRID_Y, launch.PANEL_BYTES = limits
+
+
+def _launch_errors():
+    """Exception names of launches that must fail loudly: an unknown kernel, codes to the decoded-operand launcher,
+    and a preset the offset kernel declines."""
+    import numpy as np
+
+    from mmaemu.cuda import launch
+
+    attempts = {
+        "unknown": lambda z: launch.launch_gemm("nope", z, z, z, z, (64, 1, 0, 0, 0, 0), (32,) + (0,) * 6,
+                                                np.zeros((1, 1), np.float32)),
+        "codes to launch_gemm": lambda z: launch.launch_gemm("offset", z, z, z, z, (64, 1, 0, 0, 0, 0),
+                                                             (32,) + (0,) * 6, np.zeros((1, 1), np.float32)),
+        "late accumulator": lambda z: launch.launch_codes("offset", z.view(np.uint8), z.view(np.uint8), "e4m3",
+                                                          "e4m3", (256, 1, 0, 0, 0, 0), (32, 19, 0, 25, 23, -133, 1),
+                                                          np.zeros((1, 1), np.float32)),
+    }
+    errors = {}
+    for name, attempt in attempts.items():
+        try:
+            attempt(np.zeros((1, 64), np.int8))
+            errors[name] = None
+        except Exception as exc:
+            errors[name] = type(exc).__name__
+    return errors
+
+
+def _sim_worker():
     from numba.core import config
 
     assert config.ENABLE_CUDASIM, "the simulator worker needs NUMBA_ENABLE_CUDASIM=1"
-    from mmaemu.cpu import accumulate_codes
-    from mmaemu.cuda import engine, kernels, schedule_skip, selftest
-    from mmaemu.model.presets import get_preset
+    from mmaemu.cuda import engine, offset_kernel, selftest, shim
 
-    report = {"gemm": [], "skipped": [], "epilogue": None, "implementation": None}
-    from mmaemu.cuda import shim
-
-    report["implementation"] = shim.cuda_implementation()
-    from mmaemu.cuda import biased_kernel
-
-    report["lanes_geometry"] = [kernels.LANES_M, kernels.LANES_N, kernels.LANES_ROWS, kernels.LANES_COLS]
-    report["biased_geometry"] = [biased_kernel.BIASED_M, biased_kernel.BIASED_N, biased_kernel.BIASED_ROWS,
-                                 biased_kernel.BIASED_COLS, biased_kernel.BIASED_K]
-    cases = [c.shrunk() for c in selftest.GEMM_CASES]
-    # The tiled kernel across several thread blocks (M, N > 16), and a K that needs several chunks.
-    cases.append(selftest.GemmCase("multi-block tiled hopper slow", "hopper", "e4m3", "e5m2", False, 1, "none",
-                                   18, 20, 40, "random", 101))
-    # The lanes kernel's slow chains restarting every 128 k, across its stages (K beyond the tiny cases' 96).
-    lanes_only = [selftest.GemmCase("lanes hopper slow, chain restarts", "hopper", "e4m3", "e5m2", False, 1, "none",
-                                    3, 2, 300, "adversarial", 102),
-                  selftest.GemmCase("lanes ada slow, chain restarts", "ada", "e5m2", "e4m3", False, 1, "none",
-                                    2, 3, 270, "random", 103),
-                  # Several thread blocks of LANES_M x LANES_N outputs each way, M and N not multiples of the
-                  # per-thread register tile (LANES_ROWS x LANES_COLS) nor of the block's, K not of nfma.
-                  selftest.GemmCase("lanes multi-block ragged hopper fast", "hopper", "e5m2", "e4m3", True, 1,
-                                    "none", kernels.LANES_M + 3, kernels.LANES_N + 5, 72, "random", 104),
-                  # The same for the biased kernel's larger blocks, with NaN/Inf codes on the way.
-                  selftest.GemmCase("biased multi-block ragged ada fast", "ada", "e4m3", "e4m3", True, 1,
-                                    "none", biased_kernel.BIASED_M + 3, biased_kernel.BIASED_N + 5, 40, "adversarial",
-                                    105)]
-    cases += lanes_only
-    seen = set()
-    for case in cases:
-        if case in seen:
-            continue
-        seen.add(case)
-        a, b = selftest.gemm_operands(case)
-        preset = get_preset(case.preset, warn=False)
-        want = accumulate_codes(a, b, case.fmt_a, case.fmt_b, preset, case.fast, case.splits, case.scheme,
-                                reference=True)
-        runs = [("simple", None), ("tiled", None), ("tiled", preset.nfma)]  # chunk = nfma: every block a stage
-        if case.M > 4:
-            runs = [("tiled", None)]
-        runs = [] if case in lanes_only else runs
-        runs += [("lanes", preset.nfma)] + ([("lanes", None)] if case.M > 4 or case in lanes_only else [])
-        runs += [("biased", None)]
-        for kernel, chunk in runs:
-            skip = schedule_skip(kernel, preset, case.fmt_a, case.fmt_b, case.fast, case.splits, case.scheme)
-            if skip is not None:
-                report["skipped"].append({"case": case.label, "kernel": kernel, "preset": case.preset,
-                                          "splits": case.splits, "reason": skip})
-                continue
-            start = time.perf_counter()
-            got = engine.accumulate_numpy(kernel, a, b, case.fmt_a, case.fmt_b, preset, case.fast, case.splits,
-                                          case.scheme, chunk=chunk)
-            count, first = selftest.compare_bits(got, want)
-            report["gemm"].append({"case": case.label, "kernel": kernel, "chunk": chunk,
-                                   "shape": [case.M, case.N, case.K], "preset": case.preset,
-                                   "fast": case.fast, "splits": case.splits, "scheme": case.scheme,
-                                   "formats": [case.fmt_a, case.fmt_b], "data": case.data,
-                                   "nonfinite_outputs": int(np.count_nonzero(~np.isfinite(want))),
-                                   "mismatches": count, "first": first,
-                                   "seconds": round(time.perf_counter() - start, 2)})
+    report = {"gemm": [], "skipped": [], "implementation": shim.cuda_implementation(),
+              "offset_block": [offset_kernel.BLOCK_M, offset_kernel.BLOCK_N]}
+    for case, kernels in _gemm_cases():
+        for kernel in kernels:
+            _run_gemm(kernel, case, report)
     start = time.perf_counter()
     passed, details = selftest.run_epilogue_cases(engine.epilogue_numpy, size="tiny")
-    report["epilogue"] = {"passed": passed, "cases": len(details),
-                          "bad": [d for d in details if d["mismatches"]][:3],
+    report["epilogue"] = {"passed": passed, "cases": len(details), "bad": [d for d in details if d["mismatches"]][:3],
                           "seconds": round(time.perf_counter() - start, 2)}
-    # The biased kernel with operands cut into several decoded panels each way and a decode grid smaller than K
-    # (its limits shrunk so that tiny shapes reach them).
-    panels = []
-    limits = (biased_kernel.MAX_GRID_Y, biased_kernel.PANEL_BYTES)
-    biased_kernel.MAX_GRID_Y, biased_kernel.PANEL_BYTES = 2, 12 * 224 * 32
-    try:
-        for fast, splits, scheme in ((True, 1, "none"), (False, 2, "contiguous")):
-            case = selftest.GemmCase("biased panels", "hopper", "e4m3", "e5m2", fast, splits, scheme, 40, 70, 200,
-                                     "random", 106)
-            a, b = selftest.gemm_operands(case)
-            preset = get_preset("hopper", warn=False)
-            want = accumulate_codes(a, b, "e4m3", "e5m2", preset, fast, splits, scheme, reference=True)
-            got = engine.accumulate_numpy("biased", a, b, "e4m3", "e5m2", preset, fast, splits, scheme)
-            panels.append({"fast": fast, "splits": splits, "mismatches": selftest.compare_bits(got, want)[0],
-                           "rows_a": biased_kernel._panel_rows(200, biased_kernel.BIASED_M),
-                           "rows_b": biased_kernel._panel_rows(200, biased_kernel.BIASED_N)})
-    finally:
-        biased_kernel.MAX_GRID_Y, biased_kernel.PANEL_BYTES = limits
-    report["biased_panels"] = panels
-    # The schedule-length guard of the tiled kernel and an unknown kernel name fail loudly.
-    errors = {}
-    for kernel, schedule in (("tiled", (64, 1, 0, 0, 0)), ("nope", (64, 1, 0, 0, 0, 0))):
-        try:
-            z = np.zeros((1, 64), np.int8)
-            kernels.launch_gemm(kernel, z, z.astype(np.int16), z, z.astype(np.int16), schedule, (32,) + (0,) * 6,
-                                np.zeros((1, 1), np.float32))
-            errors[kernel] = None
-        except Exception as exc:
-            errors[kernel] = type(exc).__name__
-    # The lanes kernel refuses a split schedule (the dispatcher never gives it one).
-    try:
-        z = np.zeros((1, 256), np.uint8)
-        kernels.launch_lanes(z, z, "e4m3", "e4m3", (128, 2, 0, 0, 0, 1), (32, 7, 0, 13, 13, -132, 0),
-                             np.zeros((1, 1), np.float32))
-        errors["lanes"] = None
-    except Exception as exc:
-        errors["lanes"] = type(exc).__name__
-    # The biased kernel refuses a late-accumulator preset (b200_mma_sync's parameters).
-    try:
-        z = np.zeros((1, 256), np.uint8)
-        kernels.launch_codes("biased", z, z, "e4m3", "e4m3", (256, 1, 0, 0, 0, 0), (32, 19, 0, 25, 23, -133, 1),
-                             np.zeros((1, 1), np.float32))
-        errors["biased"] = None
-    except Exception as exc:
-        errors["biased"] = type(exc).__name__
-    report["errors"] = errors
+    _panels(report)
+    report["errors"] = _launch_errors()
     print(json.dumps(report))
 
 
+def _tools_missing():
+    from mmaemu.cuda import sass
+
+    return [name for name in ("ptxas", "nvdisasm") if sass.find_tool(name) is None]
+
+
+def _ptx_entry(ptx, sm):
+    lines = [ln for ln in ptx.splitlines() if not ln.lstrip().startswith("//")]
+    return {
+        "bytes": len(ptx),
+        "target": [ln.split()[1] for ln in lines if ln.startswith(".target")],
+        # fma.rz: the explicit round-toward-zero ones of the offset formulation (fma_toward_zero); any other fma
+        # would be a contraction of a multiply and an add.
+        "fma": sum(1 for ln in lines if "fma." in ln and "fma.rz." not in ln),
+        "fma_rz": sum(1 for ln in lines if "fma.rz.f32" in ln),
+        "f64": sum(1 for ln in lines if ".f64" in ln),
+        "ftz": sum(1 for ln in lines if ".ftz" in ln),
+        "approx": sum(1 for ln in lines if ".approx" in ln),
+    }
+
+
+def _sass_entry(kernel, ptx, sm):
+    """ptxas's resources of one kernel and, for the offset kernel, its block loop's cost per preset and its SASS."""
+    from mmaemu.cuda import offset_kernel, sass
+
+    assembly = sass.assemble(ptx, sm, getattr(kernel, "targetoptions", {}).get("max_registers"))
+    entry = {"registers": assembly.registers, "spills": assembly.spills, "stack": assembly.stack_bytes}
+    if kernel is offset_kernel.gemm_offset:
+        entry["sass"] = "\n".join(line.rstrip() for line in assembly.sass.splitlines())
+        entry["per_product"] = {name: sass.block_loop_cost(assembly.sass, offset_kernel.block_loop_trips(nfma),
+                                                           offset_kernel.products_per_stage()).per_product
+                                for name, nfma in PRESET_NFMA.items()}
+    return entry
+
+
 def _ptx_worker():
-    report = {"skipped": None, "targets": {}}
+    report = {"skipped": None, "targets": {}, "sass": {}, "sass_skipped": None}
     try:
         import numba.cuda  # noqa: F401
     except Exception as exc:
@@ -164,20 +212,17 @@ def _ptx_worker():
         print(json.dumps(report))
         return
 
-    from mmaemu.cuda import kernels, offline, shim
+    from mmaemu.cuda import launch, offline, shim
 
-    implementation = shim.cuda_implementation()
-    report["implementation"] = implementation
-    ptxas = None
-    for candidate in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
-        path = pathlib.Path(candidate or "/nonexistent") / "bin" / "ptxas"
-        if path.is_file():
-            ptxas = str(path)
-            break
-    report["ptxas"] = ptxas
-    for cc in ((8, 9), (9, 0), (12, 0)):
-        target = {}
-        for name, (kernel, signature) in kernels.signatures().items():
+    report["implementation"] = shim.cuda_implementation()
+    missing = _tools_missing()
+    if missing:
+        report["sass_skipped"] = (f"{' and '.join(missing)} not found (a CUDA toolkit; "
+                                  "`pip install nvidia-cuda-nvdisasm`)")
+    for cc in TARGETS:
+        sm = f"sm_{cc[0]}{cc[1]}"
+        target, assembled = {}, {}
+        for name, (kernel, signature) in launch.signatures().items():
             try:
                 ptx = offline.compile_ptx(kernel, signature, cc)
             except Exception as exc:
@@ -188,30 +233,11 @@ def _ptx_worker():
                     print(json.dumps(report))
                     return
                 raise
-            lines = ptx.splitlines()
-            entry = {
-                "bytes": len(ptx),
-                "target": [ln.split()[1] for ln in lines if ln.startswith(".target")],
-                # fma.rz: the explicit round-toward-zero ones of the biased formulation (fma_toward_zero);
-                # any other fma would be a contraction of a multiply and an add.
-                "fma": sum(1 for ln in lines if "fma." in ln and "fma.rz." not in ln
-                           and not ln.lstrip().startswith("//")),
-                "fma_rz": sum(1 for ln in lines if "fma.rz.f32" in ln and not ln.lstrip().startswith("//")),
-                "f64": sum(1 for ln in lines if ".f64" in ln and not ln.lstrip().startswith("//")),
-                "ftz": sum(1 for ln in lines if ".ftz" in ln and not ln.lstrip().startswith("//")),
-                "approx": sum(1 for ln in lines if ".approx" in ln and not ln.lstrip().startswith("//")),
-            }
-            if ptxas:
-                sm = f"sm_{cc[0]}{cc[1]}"
-                path = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"mmaemu-{os.getpid()}-{name}-{sm}.ptx"
-                path.write_text(ptx)
-                run = subprocess.run([ptxas, f"-arch={sm}", str(path), "-o", os.devnull], capture_output=True,
-                                     text=True)
-                path.unlink()
-                entry["ptxas"] = run.returncode
-                entry["ptxas_error"] = run.stderr[-300:] if run.returncode else ""
-            target[name] = entry
-        report["targets"][f"sm_{cc[0]}{cc[1]}"] = target
+            target[name] = _ptx_entry(ptx, sm)
+            if not missing:
+                assembled[name] = _sass_entry(kernel, ptx, sm)
+        report["targets"][sm] = target
+        report["sass"][sm] = assembled
     print(json.dumps(report))
 
 
@@ -261,95 +287,137 @@ def workers():
             proc.communicate()
 
 
+FORMAT_PAIRS = {("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"), ("e5m2", "e5m2")}
+
+
 def test_simulated_kernels_equal_cpu_reference(workers):
     report = workers("sim")
     bad = [r for r in report["gemm"] if r["mismatches"]]
     assert not bad, json.dumps(bad[:5], indent=1)
     runs = report["gemm"]
-    # What was covered: every preset, fast / slow / each split scheme, mixed formats, NaN/Inf outputs, both
-    # kernels, the tiled kernel's chunk carry and a multi-block launch.
-    assert {r["preset"] for r in runs} == {"hopper", "ada", "b200_mma_sync"}
-    assert {r["kernel"] for r in runs} == {"simple", "tiled", "lanes", "biased"}
-    lanes = [r for r in runs if r["kernel"] == "lanes"]
-    # The lanes kernel: hopper and ada, fast and slow (chains restarting across stages), every format pair,
-    # NaN/Inf outputs, several stages and a multi-block launch; split-K and b200_mma_sync skipped by design.
-    assert {(r["preset"], r["fast"]) for r in lanes} == {("hopper", True), ("hopper", False), ("ada", True),
-                                                         ("ada", False)}
-    assert {tuple(r["formats"]) for r in lanes} == {("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"),
-                                                    ("e5m2", "e5m2")}
-    assert any(r["nonfinite_outputs"] for r in lanes)
-    assert any(not r["fast"] and r["shape"][2] > 256 and r["chunk"] is None for r in lanes)
-    assert any(r["shape"][0] > 16 and r["shape"][1] > 16 for r in lanes)
-    # Several thread blocks each way, M and N not multiples of the per-thread register tile.
-    block_m, block_n, rows, cols = report["lanes_geometry"]
-    assert any(r["shape"][0] > block_m and r["shape"][1] > block_n and r["shape"][0] % rows
-               and r["shape"][1] % cols for r in lanes)
-    # The biased kernel: the same coverage, several stages of BIASED_K and several thread blocks each way.
-    biased = [r for r in runs if r["kernel"] == "biased"]
-    assert {(r["preset"], r["fast"]) for r in biased} == {("hopper", True), ("hopper", False), ("ada", True),
+    assert {r["kernel"] for r in runs} == {"simple", "offset"}
+    # The reference kernel: every self-test case, every preset, scheme and format pair, NaN/Inf outputs.
+    simple = [r for r in runs if r["kernel"] == "simple"]
+    assert {r["preset"] for r in simple} == {"hopper", "ada", "b200_mma_sync"}
+    assert {r["scheme"] for r in simple} == {"none", "contiguous", "serial", "pairwise"}
+    assert {tuple(r["formats"]) for r in simple} == FORMAT_PAIRS and any(r["nonfinite_outputs"] for r in simple)
+    # The offset kernel: hopper and ada, fast, slow and every split scheme (a split that owns no tile, a padding
+    # tile), every format pair, adversarial operands, NaN/Inf outputs; b200_mma_sync declined by design.
+    offset = [r for r in runs if r["kernel"] == "offset"]
+    assert {(r["preset"], r["fast"]) for r in offset} == {("hopper", True), ("hopper", False), ("ada", True),
                                                           ("ada", False)}
-    assert {r["scheme"] for r in biased} == {"none", "contiguous", "serial", "pairwise"}
-    assert {tuple(r["formats"]) for r in biased} == {("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"),
-                                                     ("e5m2", "e5m2")}
-    assert any(r["nonfinite_outputs"] for r in biased)
-    block_m, block_n, rows, cols, stage = report["biased_geometry"]
-    assert any(not r["fast"] and r["shape"][2] > 128 for r in biased)
-    assert any(r["shape"][0] > block_m and r["shape"][1] > block_n and r["shape"][0] % rows
-               and r["shape"][1] % cols and r["shape"][2] % stage for r in biased)
-    skipped = report["skipped"]
-    assert skipped and {s["kernel"] for s in skipped} == {"lanes", "biased"}
-    assert {s["preset"] for s in skipped if s["splits"] == 1} == {"b200_mma_sync"}
-    assert all(s["splits"] > 1 or s["preset"] == "b200_mma_sync" for s in skipped)
-    assert {s["preset"] for s in skipped if s["kernel"] == "biased"} == {"b200_mma_sync"}
-    assert {r["scheme"] for r in runs} == {"none", "contiguous", "serial", "pairwise"}
-    assert {r["fast"] for r in runs} == {True, False}
-    assert {tuple(r["formats"]) for r in runs} >= {("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"),
-                                                    ("e5m2", "e5m2")}
-    assert any(r["nonfinite_outputs"] for r in runs)
-    assert any(r["kernel"] == "tiled" and r["chunk"] and r["shape"][2] > r["chunk"] for r in runs)
-    assert any(r["shape"][0] > 16 and r["shape"][1] > 16 for r in runs)
-    assert all(max(r["shape"][:2]) <= 4 and (r["shape"][2] <= 96 or "chain restarts" in r["case"])
-               for r in runs if r["shape"][0] <= 16)
+    assert {r["scheme"] for r in offset} == {"none", "contiguous", "serial", "pairwise"}
+    assert {tuple(r["formats"]) for r in offset} == FORMAT_PAIRS and any(r["nonfinite_outputs"] for r in offset)
+    assert {r["data"] for r in offset} == {"random", "adversarial", "nonfinite"}
+    assert any("empty split" in r["case"] for r in offset) and any("padding tile" in r["case"] for r in offset)
+    assert [(s["kernel"], s["preset"]) for s in report["skipped"]] == [("offset", "b200_mma_sync")]
+    assert all(max(r["shape"][:2]) <= 4 and r["shape"][2] <= 96 for r in runs)
 
 
 def test_simulated_epilogue_equals_cpu(workers):
-    report = workers("sim")
-    epilogue = report["epilogue"]
+    epilogue = workers("sim")["epilogue"]
     assert epilogue["passed"], json.dumps(epilogue["bad"], indent=1)
     assert epilogue["cases"] >= 5 * 5  # five scale settings x five output dtypes
 
 
-def test_simulated_biased_kernel_across_decoded_panels(workers):
-    panels = workers("sim")["biased_panels"]
-    assert len(panels) == 2 and all(p["mismatches"] == 0 for p in panels), panels
-    # 40 rows of A in panels of 32 (a thread block), 70 rows of B in panels of 64: two panels each way.
-    assert {(p["rows_a"], p["rows_b"]) for p in panels} == {(32, 64)}
+def test_simulated_offset_kernel_across_thread_blocks_and_packed_panels(workers):
+    report = workers("sim")
+    panels, (block_m, block_n) = report["panels"], report["offset_block"]
+    assert panels["mismatches"] == 0, panels
+    # 131 x 69 outputs: two thread blocks each way, ragged; A in panels of 128 rows, B in panels of 64, each
+    # packed by a grid of fewer groups of four k than K has.
+    M, N, K = panels["shape"]
+    assert M > block_m and N > block_n and M % 8 and N % 4
+    assert panels["rows"] == [block_m, block_n] and panels["groups"] > panels["grid_groups"]
 
 
 def test_simulated_launch_guards(workers):
-    errors = workers("sim")["errors"]
-    assert errors == {"tiled": "RuntimeError", "nope": "ValueError", "lanes": "RuntimeError", "biased": "RuntimeError"}
+    assert workers("sim")["errors"] == {"unknown": "ValueError", "codes to launch_gemm": "ValueError",
+                                        "late accumulator": "RuntimeError"}
 
 
 def test_ptx_for_sm89_sm90_sm120_without_a_device(workers):
     report = workers("ptx")
     if report["skipped"]:
         pytest.skip(report["skipped"])
-    assert set(report["targets"]) == {"sm_89", "sm_90", "sm_120"}
+    assert set(report["targets"]) == {f"sm_{a}{b}" for a, b in TARGETS}
     for sm, kernels in report["targets"].items():
-        assert set(kernels) == {"biased", "biased_split", "decode", "lanes", "simple", "tiled", "override",
-                                "epilogue"}
-        # The biased kernels run the GPU's own fma.rz, not the float64 emulation of fma_toward_zero.
-        for name in ("biased", "biased_split"):
-            assert kernels[name]["fma_rz"] >= 4 and kernels[name]["f64"] == 0, (name, kernels[name])
+        assert set(kernels) == {"offset", "offset_decode", "simple", "override", "epilogue"}
+        # The offset kernel runs the GPU's own fma.rz, not the float64 emulation of fma_toward_zero.
+        assert kernels["offset"]["fma_rz"] >= 4 and kernels["offset"]["f64"] == 0, kernels["offset"]
         for name, entry in kernels.items():
             assert entry["target"] == [sm], (sm, name, entry["target"])
             assert entry["fma"] == 0, f"{name} {sm}: fused multiply-add (a contraction) in the PTX"
-            assert name.startswith("biased") or entry["fma_rz"] == 0, f"{name} {sm}: fma.rz outside the biased kernels"
+            assert name == "offset" or entry["fma_rz"] == 0, f"{name} {sm}: fma.rz outside the offset kernel"
             assert entry["ftz"] == 0, f"{name} {sm}: flush-to-zero in the PTX"
             assert entry["approx"] == 0, f"{name} {sm}: approximate instruction in the PTX"
-            if report.get("ptxas"):
-                assert entry["ptxas"] == 0, f"ptxas rejected {name} for {sm}: {entry['ptxas_error']}"
+
+
+def _sass_report(workers):
+    report = workers("ptx")
+    reason = report["skipped"] or report["sass_skipped"]
+    if reason:
+        if os.environ.get(REQUIRE_SASS_ENV):
+            pytest.fail(f"the SASS gate cannot run ({reason}) and {REQUIRE_SASS_ENV} requires it")
+        pytest.skip(f"SASS gate not run: {reason}")
+    return report["sass"]
+
+
+def budget_failures(entry, sm, budget):
+    """Why one target's offset kernel fails the gate (empty if it passes)."""
+    failures = [f"{sm}: {entry['spills']} bytes of spills"] if entry["spills"] else []
+    cost = entry["per_product"]["hopper"]
+    if cost > budget:
+        failures.append(f"{sm}: {cost:.3f} SASS instructions per product in the block loop (budget {budget})")
+    return failures
+
+
+def test_offset_block_loop_within_budget_and_no_spills(workers):
+    """The CI gate: SASS instructions per product of the offset kernel's block loop (hopper) within BUDGETS, and
+    no kernel spills registers, on every target."""
+    sass = _sass_report(workers)
+    assert set(sass) == set(BUDGETS)
+    failures = []
+    for sm, kernels in sass.items():
+        failures += budget_failures(kernels["offset"], sm, BUDGETS[sm])
+        failures += [f"{sm} {name}: {entry['spills']} bytes of spills" for name, entry in kernels.items()
+                     if entry["spills"]]
+    assert not failures, failures
+    # ada runs two blocks per stage: its block start and end weigh twice as much, the loops the same.
+    for sm, kernels in sass.items():
+        per_product = kernels["offset"]["per_product"]
+        assert per_product["hopper"] < per_product["ada"] < per_product["hopper"] + 1.0, (sm, per_product)
+
+
+def _with_longer_product_loop(text, extra):
+    """The SASS with ``extra`` more FFMA lines inside the product loop (copies of its first one)."""
+    from mmaemu.cuda import sass
+
+    product = sass.block_loop_nest(text)[3]
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        match = sass.INSTRUCTION.match(line)
+        if match and int(match.group(1), 16) >= product.start and match.group(3).startswith("FFMA"):
+            return "\n".join(lines[:i] + [line] * extra + lines[i:])
+    raise AssertionError("no FFMA in the product loop")
+
+
+def test_gate_fails_a_longer_loop_and_a_lower_budget(workers):
+    """The gate is not vacuous: a product loop made longer until the count passes the budget, a budget just below
+    the measured count, or a spill fails it; the lengthened SASS is weighed as the loop trips say."""
+    from mmaemu.cuda import offset_kernel
+    from mmaemu.cuda import sass as sass_module
+
+    entry = _sass_report(workers)["sm_90"]["offset"]
+    measured, budget = entry["per_product"]["hopper"], BUDGETS["sm_90"]
+    assert not budget_failures(entry, "sm_90", budget)
+    assert budget_failures(entry, "sm_90", round(measured - 0.01, 2))
+    assert budget_failures(dict(entry, spills=8), "sm_90", budget)
+    trips, products = offset_kernel.block_loop_trips(PRESET_NFMA["hopper"]), offset_kernel.products_per_stage()
+    extra = int((budget - measured) * products / trips[2]) + 32  # FFMAs per pass that take it past the budget
+    longer = sass_module.block_loop_cost(_with_longer_product_loop(entry["sass"], extra), trips, products)
+    assert longer.per_product == pytest.approx(measured + extra * trips[2] / products)
+    assert budget_failures(dict(entry, per_product={"hopper": longer.per_product}), "sm_90", budget)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ The same functions run in the parallel CPU loops (:mod:`mmaemu.cpu`) and inside 
 * :mod:`.schedule` - slow restarts, split-K partials and their combination orders (c.2, d);
 * :mod:`.tile` - the same block, chain and schedule arithmetic for a tile of outputs at once (the fast CPU path;
   ``schedule.accumulate_one`` stays the reference it is tested against);
-* :mod:`.biased` - the same block for a register tile with biased fp32 accumulators whose round-toward-zero
-  fused multiply-adds (:mod:`.fp32`) truncate each product (the ``cuda:biased`` kernel's formulation);
+* :mod:`.offset` - the same block with one offset fp32 accumulator per output: one round-toward-zero fused
+  multiply-add (:mod:`.fp32`) per product and an exact count of the products floored too far (the
+  ``cuda:offset`` kernel's formulation), over the packed-word primitives of :mod:`.packed`;
 * :mod:`.special` - the NaN/Inf rule (c.4);
 * :mod:`.rounding`, :mod:`.epilogue` - exact IEEE rounding and the scaled_mm epilogue (e);
 * :mod:`.params` - presets and splits as the integer tuples the compiled code takes.

@@ -1,4 +1,4 @@
-"""Exact fp32 primitives of the biased formulation (:mod:`.biased`): bit casts and a fused multiply-add that
+"""Exact fp32 primitives of the offset formulation (:mod:`.offset`): bit casts and a fused multiply-add that
 rounds toward zero.
 
 * :func:`float32_bits` / :func:`float32_from_bits` reinterpret an fp32 and an int32 (LLVM ``bitcast``: no
@@ -8,7 +8,7 @@ rounds toward zero.
   the standard and does not depend on the GPU. On CUDA devices it is the hardware instruction
   (``fma.rz.f32`` through libdevice's ``__nv_fmaf_rz``, registered by :mod:`mmaemu.cuda.shim`); everywhere
   else (CPU loops, the CUDA simulator) :func:`fma_toward_zero_exact` computes the same bits with float64
-  arithmetic. ``tests/test_biased.py`` checks the emulation against exact rational arithmetic.
+  arithmetic. ``tests/test_fp32.py`` checks the emulation against exact rational arithmetic.
 
 Domain of the emulation: finite a, b, c whose result does not overflow fp32 (every use in mmaemu stays far
 below 2**127). A zero result takes the sign IEEE gives round-toward-zero: ``x + (-x) = +0``.
@@ -40,18 +40,6 @@ def _bitcast(source, target, doc):
 
 float32_bits = _bitcast(types.float32, types.int32, "The int32 holding the bits of the float32 x.")
 float32_from_bits = _bitcast(types.int32, types.float32, "The float32 whose bits are the int32 ``bits``.")
-
-
-@arithmetic
-def float32_exponent(x):
-    """``floor(log2|x|)`` of a normal float32 from its exponent field; -127 for +-0 (and subnormals)."""
-    return np.int32(((float32_bits(x) >> 23) & 0xFF) - 127)
-
-
-@arithmetic
-def pow2_from_exponent(n):
-    """Exactly 2**n as float32 for n in the normal range [-126, 127] (the caller guarantees it)."""
-    return float32_from_bits(np.int32((n + 127) << 23))
 
 
 @arithmetic

@@ -3,10 +3,10 @@
 :mod:`.block`, :mod:`.chain` and :mod:`.schedule` walk ONE output's chains with integer significands; they are the
 reference (``accumulate_one``). The functions here compute the same bits for a tile of ``rows x lanes`` outputs
 (rows m0 .. m0+rows-1 of A, the ``lanes`` columns of one panel of B) so that the innermost loops run over the
-lanes with no data-dependent branch: LLVM turns them into AVX-512/AVX2 code on CPUs, and on a GPU the same
-functions run with a tile of one output. Every step is one of the steps of b.1/b.2 written for many outputs;
-where the formulation differs from the reference (products aligned by an fp32 power-of-two multiplier instead
-of integer shifts, a clamped multiplier, int32/int16 lanes, branch-free shifts) it is proven exact below.
+lanes with no data-dependent branch: LLVM turns them into AVX-512/AVX2 code on CPUs. Every step is one of the
+steps of b.1/b.2 written for many outputs; where the formulation differs from the reference (products aligned by
+an fp32 power-of-two multiplier instead of integer shifts, a clamped multiplier, int32/int16 lanes, branch-free
+shifts) it is proven exact below.
 
 Operand layout (built by :mod:`mmaemu.cpu.engine`):
 
@@ -60,7 +60,7 @@ import numpy as np
 
 from .._jit import arithmetic
 from .block import NO_LEAD, RESULT_EXP_FLOOR
-from .chain import chain_range, chain_range_count, exact_to_float32
+from .chain import chain_range, chain_range_count
 from .schedule import chain_tiles_of, combine, combine_step, split_chains
 
 # Exponent of zero, NaN and Inf codes in the tile layout (int8); see the module docstring.
@@ -386,91 +386,3 @@ def tile_accumulate(a_val, a_exp, b_val, b_exp, m0, rows, K, schedule, params, w
         for r in range(rows):
             for j in range(lanes):
                 acc[r, j], slot[r, j] = combine(acc[r, j], slot[r, j], partial[r, j], target, flush)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Chain start and chain value of one tile, for callers that walk the blocks themselves (the CUDA lanes kernel,
-# which stages k in chunks and calls tile_block_early / tile_block_late on each block with a tile of one output).
-
-
-@arithmetic
-def tile_chain_reset(c_sig, c_lead, c_val):
-    """Start a chain from +0: the state of :func:`tile_chain_over_tiles` before its first block."""
-    rows, lanes = c_sig.shape
-    for r in range(rows):
-        for j in range(lanes):
-            c_sig[r, j] = 0
-            c_lead[r, j] = NO_LEAD
-            c_val[r, j] = np.float32(0.0)
-
-
-@arithmetic
-def tile_chain_value(c_sig, c_lead, c_val, r, j, frac_out, late_c):
-    """The fp32 result of a chain for output (r, j) of the tile, as :func:`tile_chain_over_tiles` returns it:
-    ``c_val`` for the late preset, else the exact ``c_sig * 2**(max(c_lead, -126) - frac_out)`` (docstring (4)).
-
-    The early value is formed by :func:`~.chain.exact_to_float32` (an exact ldexp, as the reference's chains end)
-    rather than by an fp32 multiply: a caller that adds it to a running fp32 sum then holds no multiply-add pair
-    that a GPU compiler could fuse (the product would be exact, so a fused result would be the same, but the
-    kernels' PTX is kept free of fused multiply-adds)."""
-    if late_c:
-        return c_val[r, j]
-    return exact_to_float32(c_sig[r, j], max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# A register tile per GPU thread (the CUDA lanes kernel): the block step of tile_block_early with k outermost, so
-# that each staged a[r, k] and b[k, j] is read once per k for the whole rows x lanes tile (tile_block_early walks
-# the rows one after the other and reads B again for each). Same bits: E is a maximum and the block sum an integer
-# sum of the same terms (docstring (3): no partial sum overflows T, and integer addition is associative), so the
-# order in which k and the outputs are visited does not matter.
-
-
-@arithmetic
-def tile_block_early_kmajor(a_val, a_exp, b_val, b_exp, kb, ke, params, c_sig, c_lead, e_max, scale, total):
-    """:func:`tile_block_early` for the whole tile, k outermost: output (r, j) of the tile is row r of
-    ``a_val``/``a_exp`` (``[rows, k]``) times column j of ``b_val``/``b_exp`` (``[k, lanes]``)."""
-    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
-    T = total.dtype.type
-    cap = lane_cap(T)
-    rows = total.shape[0]
-    lanes = total.shape[1]
-    u = np.uint64
-    for r in range(rows):
-        for j in range(lanes):
-            e_max[r, j] = max(c_lead[r, j], EMAX_NONE)  # the accumulator takes part in the alignment (step 2)
-    k = u(kb)
-    end = u(ke)
-    while k < end:
-        for r in range(rows):
-            e0 = a_exp[r, k]
-            for j in range(lanes):
-                e_max[r, j] = max(e_max[r, j], np.int16(e0 + b_exp[k, j]))
-        k += u(1)
-    for r in range(rows):
-        for j in range(lanes):
-            e = np.int32(max(e_max[r, j], min_exp))
-            e_max[r, j] = e
-            scale[r, j] = pow2_scale(np.int32(frac - e))
-            shift = np.int32(max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out - e + frac)
-            total[r, j] = lane_shift_toward_zero(c_sig[r, j], shift, T, cap)
-    k = u(kb)
-    while k < end:
-        for r in range(rows):
-            a0 = a_val[r, k]
-            for j in range(lanes):
-                total[r, j] = T(total[r, j] + T((a0 * scale[r, j]) * b_val[k, j]))
-        k += u(1)
-    for r in range(rows):
-        tile_normalize(total, e_max, r, frac, frac_out, c_sig, c_lead)
-
-
-@arithmetic
-def tile_chain_flush(c_sig, c_lead, c_val, frac_out, late_c, partial):
-    """End the tile's chains: ``partial[r, j] = fp32(partial[r, j] + chain value)`` (:func:`tile_chain_value`),
-    then start new chains from +0 (:func:`tile_chain_reset`)."""
-    rows, lanes = c_sig.shape
-    for r in range(rows):
-        for j in range(lanes):
-            partial[r, j] = np.float32(partial[r, j] + tile_chain_value(c_sig, c_lead, c_val, r, j, frac_out, late_c))
-    tile_chain_reset(c_sig, c_lead, c_val)

@@ -15,7 +15,8 @@ import numpy as np
 from .. import formats
 from ..arith.epilogue import OUT_CODES
 from ..arith.params import codes_gemm, preset_params, schedule_params
-from . import kernels
+from . import launch
+from .catalog import CODES_KERNELS
 
 # Output dtype name -> (bit width, signed integer view used by the kernel).
 OUT_WIDTH = {"float32": 32, "bfloat16": 16, "float16": 16, "float8_e4m3fn": 8, "float8_e5m2": 8}
@@ -125,7 +126,7 @@ def accumulate_tensors(kernel, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, 
             return out
         a_codes = a.detach().contiguous().view(torch.uint8)
         b_codes = b_rows.detach().contiguous().view(torch.uint8)
-        if kernel in kernels.CODES_KERNELS:  # decodes the codes itself
+        if kernel in CODES_KERNELS:  # decodes the codes itself
             a_flags = _nonfinite_flags(a_codes, fmt_a)
             b_flags = _nonfinite_flags(b_codes, fmt_b)
             work = []  # torch's caching allocator, stream-ordered; kept alive until every launch is queued
@@ -134,15 +135,15 @@ def accumulate_tensors(kernel, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, 
                 work.append(torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name), device=on.torch_device))
                 return _nb(work[-1])
 
-            kernels.launch_codes(kernel, _nb(a_codes), _nb(b_codes), fmt_a, fmt_b, schedule, params, _nb(out),
+            launch.launch_codes(kernel, _nb(a_codes), _nb(b_codes), fmt_a, fmt_b, schedule, params, _nb(out),
                                  on.stream, alloc=alloc)
         else:
             sa, ea, a_flags = decode_tensor(a_codes, fmt_a)
             sb, eb, b_flags = decode_tensor(b_codes, fmt_b)
-            kernels.launch_gemm(kernel, _nb(sa), _nb(ea), _nb(sb), _nb(eb), schedule, params, _nb(out), on.stream)
+            launch.launch_gemm(kernel, _nb(sa), _nb(ea), _nb(sb), _nb(eb), schedule, params, _nb(out), on.stream)
         a_values = _torch_tables(on.torch_device, fmt_a)[2]
         b_values = _torch_tables(on.torch_device, fmt_b)[2]
-        kernels.launch_override(_nb(a_codes), _nb(a_flags), _nb(a_values), _nb(b_codes), _nb(b_flags),
+        launch.launch_override(_nb(a_codes), _nb(a_flags), _nb(a_values), _nb(b_codes), _nb(b_flags),
                                 _nb(b_values), _nb(out.view(torch.int32)), on.stream)
     return out
 
@@ -164,7 +165,7 @@ def epilogue_tensors(acc, scale_a, scale_b, scale_result, out_dtype):
                             for s in scales]).view(torch.int32).contiguous()
         result = torch.empty(acc.shape, dtype=out_dtype, device=on.torch_device)
         flat = acc.detach().contiguous().reshape(-1)
-        kernels.launch_epilogue(_nb(flat), _nb(bits), scale_result is not None, OUT_CODES[name], width,
+        launch.launch_epilogue(_nb(flat), _nb(bits), scale_result is not None, OUT_CODES[name], width,
                                 _nb(result.view(view).reshape(-1)), on.stream)
     return result
 
@@ -173,8 +174,7 @@ def epilogue_tensors(acc, scale_a, scale_b, scale_result, out_dtype):
 # numpy (numba device arrays; runs on a device or under the simulator)
 
 
-def accumulate_numpy(kernel, a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none", *,
-                     chunk=None):
+def accumulate_numpy(kernel, a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none"):
     """Like :func:`mmaemu.cpu.accumulate_codes`, computed by a CUDA kernel (operands decoded on the host)."""
     cuda = _cuda()
     gemm = codes_gemm(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
@@ -183,18 +183,18 @@ def accumulate_numpy(kernel, a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_ac
     if gemm.empty:
         return out
     d_out = cuda.to_device(out)
-    if kernel in kernels.CODES_KERNELS:
-        kernels.launch_codes(kernel, cuda.to_device(a_codes), cuda.to_device(b_codes), fmt_a, fmt_b, schedule, params,
-                             d_out, chunk=chunk)
+    if kernel in CODES_KERNELS:
+        launch.launch_codes(kernel, cuda.to_device(a_codes), cuda.to_device(b_codes), fmt_a, fmt_b, schedule, params,
+                             d_out)
     else:
         sig_a, exp_a = formats.significands(fmt_a)[a_codes], formats.exponents(fmt_a)[a_codes]
         sig_b, exp_b = formats.significands(fmt_b)[b_codes], formats.exponents(fmt_b)[b_codes]
-        kernels.launch_gemm(kernel, cuda.to_device(sig_a), cuda.to_device(exp_a), cuda.to_device(sig_b),
-                            cuda.to_device(exp_b), schedule, params, d_out, chunk=chunk)
+        launch.launch_gemm(kernel, cuda.to_device(sig_a), cuda.to_device(exp_a), cuda.to_device(sig_b),
+                            cuda.to_device(exp_b), schedule, params, d_out)
     a_flags = formats.nonfinite_mask(a_codes, fmt_a).any(axis=1).astype(np.uint8)
     b_flags = formats.nonfinite_mask(b_codes, fmt_b).any(axis=1).astype(np.uint8)
     bits = d_out.view(np.int32) if hasattr(d_out, "view") else d_out
-    kernels.launch_override(cuda.to_device(a_codes), cuda.to_device(a_flags),
+    launch.launch_override(cuda.to_device(a_codes), cuda.to_device(a_flags),
                             cuda.to_device(np.array(formats.values(fmt_a))), cuda.to_device(b_codes),
                             cuda.to_device(b_flags), cuda.to_device(np.array(formats.values(fmt_b))), bits)
     return d_out.copy_to_host()
@@ -208,7 +208,7 @@ def epilogue_numpy(acc, scale_a_bits, scale_b_bits, scale_result_bits, out_dtype
     has_sr = scale_result_bits is not None
     bits = np.array([scale_a_bits, scale_b_bits, scale_result_bits if has_sr else 0], dtype=np.uint32)
     out = cuda.to_device(np.zeros(acc.size, _NP_VIEW[width]))
-    kernels.launch_epilogue(cuda.to_device(acc.reshape(-1)), cuda.to_device(bits.view(np.int32)), has_sr,
+    launch.launch_epilogue(cuda.to_device(acc.reshape(-1)), cuda.to_device(bits.view(np.int32)), has_sr,
                             OUT_CODES[out_dtype_name], width, out)
     unsigned = {32: np.uint32, 16: np.uint16, 8: np.uint8}[width]
     return out.copy_to_host().view(unsigned).reshape(acc.shape)

@@ -3,8 +3,9 @@
 A GEMM kernel is compared, as int32 bit patterns (+0 differs from -0, NaN payloads count), with the CPU reference
 ``mmaemu.cpu.accumulate_codes(..., reference=True)`` on random and adversarial GEMMs: hopper and ada, fast and slow
 accumulation, contiguous, serial and pairwise split-K (ragged K, splits that own no or only padding tiles), mixed
-formats, NaN/Inf codes, and b200_mma_sync fast. Cases a kernel does not compute by design (the lanes kernel:
-split-K and b200_mma_sync, which the dispatcher gives to the next kernel) are listed as skipped, never failed. The epilogue kernel is compared with
+formats, NaN/Inf codes, and b200_mma_sync fast. Cases a kernel does not compute by design (the offset kernel:
+b200_mma_sync, which the dispatcher gives to the next kernel) are listed as skipped, never failed. The epilogue
+kernel is compared with
 ``mmaemu.cpu.epilogue_codes`` on special and random accumulators, scales and every output dtype.
 
 The same cases, shrunk (``size="tiny"``: M, N <= 4, K <= 96), run under numba's CUDA simulator in CI

@@ -41,7 +41,10 @@ def cuda_implementation() -> str:
 
 
 def _unwrap(value):
-    """The numpy array behind a simulator array (inside or outside a kernel); anything else unchanged."""
+    """The numpy array behind a simulator array (inside or outside a kernel), also inside tuples; anything else
+    unchanged."""
+    if isinstance(value, tuple):
+        return tuple(_unwrap(item) for item in value)
     name = type(value).__name__
     if name == "FakeWithinKernelCUDAArray":
         value = value._item

@@ -1,0 +1,337 @@
+"""Gating and dispatch of the CUDA kernels: self-test verdicts per device, the choice of a kernel for a call, and
+the hand-over of a call to the kernel that computes it (platform.md section 4, our own kernels).
+
+Before a kernel is used on a device it must pass its self-test there (:mod:`.selftest`: random and adversarial
+GEMMs against the CPU reference). Verdicts are cached in memory and on disk, keyed by the device, its driver, the
+numba CUDA implementation, the mmaemu version and the sources. Importing this module imports neither numba.cuda
+nor torch: that happens when CUDA tensors are seen (:func:`select`), or a status or self-test is asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+import weakref
+from typing import Dict, List
+
+from ..errors import BackendFallbackWarning, BackendUnavailableError
+from .catalog import CODES_KERNELS, KERNELS, BackendStatus, GateResult, Selection, gemm_kernels
+from .device import DeviceUnavailable
+
+_lock = threading.RLock()
+_VERDICTS: Dict[tuple, GateResult] = {}
+_WARNED = set()
+_SELECTIONS: Dict[tuple, Selection] = {}
+# Accumulators computed by a kernel (id -> tensor, weakly held): their epilogue stays on the device.
+_KERNEL_RESULTS = weakref.WeakValueDictionary()
+FORCE_FAIL_ENV = "MMAEMU_TEST_FORCE_FAIL"
+
+
+def _forced_failures():
+    return {n.strip() for n in os.environ.get(FORCE_FAIL_ENV, "").split(",") if n.strip()}
+
+
+def _caller_stacklevel() -> int:
+    """stacklevel of the first frame outside mmaemu (and torch's wrappers of the API): the user's call, counted
+    from warn's caller."""
+    import sys
+
+    prefixes = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep]
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "__file__", None):
+        prefixes.append(os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+    frame, level = sys._getframe(2), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(tuple(prefixes)):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _warn_once(device_label: str, message: str):
+    """One BackendFallbackWarning per (device, message) per process."""
+    key = (device_label, message)
+    with _lock:
+        if key in _WARNED:
+            return
+        _WARNED.add(key)
+    warnings.warn(message, BackendFallbackWarning, stacklevel=_caller_stacklevel())
+
+
+def _probe(device):
+    from . import device as device_module
+
+    return device_module.probe(device)
+
+
+def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
+    """Why ``kernel`` cannot compute this preset by design (None if it can). Never a failure, never warned."""
+    if kernel in CODES_KERNELS:
+        from ..arith.params import preset_params
+        from .launch import codes_kernel_decline
+
+        # Judged on an unsplit fast schedule: what the preset and formats alone rule out.
+        why = codes_kernel_decline(kernel, (1, 1, 0, 0, 0, 0), preset_params(preset, fmt_a, fmt_b))
+        if why is not None:
+            return f"{why} (preset {preset.name!r})"
+    return None
+
+
+def schedule_skip(kernel: str, preset, fmt_a: str, fmt_b: str, use_fast_accum, splits=1, scheme="none"):
+    """Why ``kernel`` cannot compute this call's schedule by design (None if it can): design_skip, plus what the
+    schedule rules out (the offset kernel: k-tiles that start on its stages). Never a failure, never warned."""
+    skip = design_skip(kernel, preset, fmt_a, fmt_b)
+    if skip is not None or kernel not in CODES_KERNELS:
+        return skip
+    from ..arith.params import preset_params, schedule_params
+    from .launch import codes_kernel_decline
+
+    return codes_kernel_decline(kernel, schedule_params(preset, 1, use_fast_accum, splits, scheme),
+                                preset_params(preset, fmt_a, fmt_b))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Self-tests
+
+
+def _run_on_device(kernel: str, info):
+    """(passed, details) of a kernel's self-test on the device of ``info`` through the torch path."""
+    import numpy as np
+    import torch
+
+    from .. import formats
+    from ..model.presets import get_preset
+    from . import engine, selftest
+
+    dev = torch.device("cuda", info.index)
+    if kernel == "epilogue":
+        views = {32: (torch.int32, np.uint32), 16: (torch.int16, np.uint16), 8: (torch.int8, np.uint8)}
+
+        def scale(bits):
+            return torch.from_numpy(np.array([bits], np.uint32).view(np.float32)).to(dev)
+
+        def compute(acc, sa, sb, sr, out_name):
+            out = engine.epilogue_tensors(torch.from_numpy(acc).to(dev), scale(sa), scale(sb),
+                                          scale(sr) if sr is not None else None, getattr(torch, out_name))
+            signed, unsigned = views[engine.OUT_WIDTH[out_name]]
+            return out.view(signed).cpu().numpy().view(unsigned)
+
+        return selftest.run_epilogue_cases(compute)
+
+    def skip(case):
+        return schedule_skip(kernel, get_preset(case.preset, warn=False), case.fmt_a, case.fmt_b, case.fast,
+                             case.splits, case.scheme)
+
+    def compute(case, a, b):
+        at = torch.from_numpy(a).to(dev).view(formats.DTYPE_OF[case.fmt_a])
+        bt = torch.from_numpy(b).to(dev).view(formats.DTYPE_OF[case.fmt_b])
+        acc = engine.accumulate_tensors(kernel, at, bt, case.fmt_a, case.fmt_b, get_preset(case.preset, warn=False),
+                                        case.fast, case.splits, case.scheme)
+        return acc.cpu().numpy()
+
+    return selftest.run_gemm_cases(compute, selftest.GEMM_CASES, skip=skip)
+
+
+def ensure_verdict(info, kernel: str, *, force: bool = False) -> GateResult:
+    """The self-test verdict of ``kernel`` on the device of ``info``: from memory, from disk, or run now."""
+    from . import selftest
+
+    key = selftest.verdict_key(info.identity(), kernel)
+    memory_key = (selftest.key_digest(key), kernel)
+    if kernel in _forced_failures():
+        return GateResult("selftest", False, f"forced to fail by {FORCE_FAIL_ENV}", {}, 0.0, False)
+    with _lock:
+        if not force and memory_key in _VERDICTS:
+            return _VERDICTS[memory_key]
+        if not force:
+            stored = selftest.load_verdict(key)
+            if stored is not None:
+                result = GateResult("selftest", stored["passed"], stored.get("reason", ""), stored.get("details"),
+                                    float(stored.get("seconds", 0.0)), True)
+                _VERDICTS[memory_key] = result
+                return result
+        start = time.perf_counter()
+        try:
+            passed, details = _run_on_device(kernel, info)
+        except Exception as exc:  # compilation or launch failure: remembered for this process, not on disk
+            text = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+            result = GateResult("selftest", False, f"self-test raised {text}", {"error": text},
+                                time.perf_counter() - start, False)
+            _VERDICTS[memory_key] = result
+            return result
+        seconds = time.perf_counter() - start
+        reason = selftest.summarize(details)
+        selftest.store_verdict(key, passed, reason, details, seconds)
+        result = GateResult("selftest", passed, reason, details, seconds, False)
+        _VERDICTS[memory_key] = result
+        return result
+
+
+def run_selftests(device, names: List[str], *, force: bool = False) -> Dict[str, List[GateResult]]:
+    """{"cuda:<name>": [GateResult]} for the named kernels on ``device`` (see :func:`mmaemu.backends.selftest`)."""
+    try:
+        info = _probe(device)
+    except DeviceUnavailable as exc:
+        return {f"cuda:{n}": [GateResult("selftest", False, f"not run: {exc}", {}, 0.0, False, ran=False)]
+                for n in names}
+    return {f"cuda:{n}": [ensure_verdict(info, n, force=force)] for n in names}
+
+
+def _cached_verdict(info, kernel: str):
+    from . import selftest
+
+    key = selftest.verdict_key(info.identity(), kernel)
+    with _lock:
+        result = _VERDICTS.get((selftest.key_digest(key), kernel))
+    if result is not None:
+        return result
+    stored = selftest.load_verdict(key)
+    if stored is None:
+        return None
+    return GateResult("selftest", stored["passed"], stored.get("reason", ""), stored.get("details"),
+                      float(stored.get("seconds", 0.0)), True)
+
+
+def status(device=None) -> Dict[str, BackendStatus]:
+    """{"cuda:<name>": BackendStatus} of every kernel on ``device``, from cached verdicts (none is run)."""
+    try:
+        info = _probe(device)
+    except DeviceUnavailable as exc:
+        return {k.backend: BackendStatus(k.backend, False, None, False, [], f"unavailable: {exc}")
+                for k in KERNELS.values()}
+    result = {}
+    for k in KERNELS.values():
+        verdict = _cached_verdict(info, k.name)
+        gates = [verdict] if verdict is not None else []
+        if verdict is None:
+            available, reason = True, f"not validated yet on {info.label}: its self-test runs on first use " \
+                                      "(or run mmaemu.selftest())"
+        elif verdict.passed:
+            available, reason = True, f"validated on {info.label}"
+        else:
+            available, reason = False, f"self-test failed on {info.label}: {verdict.reason}"
+        result[k.backend] = BackendStatus(k.backend, available, info.compiler, bool(verdict and verdict.passed),
+                                          gates, reason)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Selection and computation
+
+
+def select(device, name, fmt_a, fmt_b, preset) -> Selection:
+    """The engine for CUDA tensors on ``device`` (platform.md 4.4 with our kernels); runs self-tests on first use."""
+    explicit = name[len("cuda:"):] if name.startswith("cuda:") else None
+    if explicit is not None and (explicit not in KERNELS or KERNELS[explicit].kind != "gemm"):
+        known = ", ".join(f"'cuda:{k.name}'" for k in gemm_kernels())
+        raise BackendUnavailableError(f"backend {name!r} cannot run: no such CUDA GEMM kernel (known: {known})")
+    try:
+        info = _probe(device)
+    except DeviceUnavailable as exc:
+        reason = f"cuda: {exc}"
+        if name == "auto":
+            _warn_once(str(device), f"mmaemu: {reason}; the cpu backend computes and the result is copied back to "
+                       "the device")
+            return Selection("cpu", [reason])
+        raise BackendUnavailableError(f"backend {name!r} cannot run: {reason}; use backend='cpu' or 'auto'") from None
+    cache_key = (info.index, fmt_a, fmt_b, preset, name, os.environ.get(FORCE_FAIL_ENV, ""))
+    with _lock:
+        cached = _SELECTIONS.get(cache_key)
+    if cached is not None:
+        return Selection(cached.name, list(cached.fallbacks))
+    candidates = [KERNELS[explicit]] if explicit is not None else gemm_kernels()
+    fallbacks: List[str] = []
+    failures: List[str] = []
+    chosen = None
+    for kernel in candidates:
+        skip = design_skip(kernel.name, preset, fmt_a, fmt_b)
+        if skip is not None:
+            fallbacks.append(f"{kernel.backend}: {skip}")
+            continue
+        verdict = ensure_verdict(info, kernel.name)
+        if verdict.passed:
+            chosen = kernel.backend
+            break
+        failures.append(f"{kernel.backend}: {verdict.reason}")
+        fallbacks.append(failures[-1])
+    if chosen is None and name != "auto":
+        raise BackendUnavailableError(f"backend {name!r} cannot run on {info.label}: " + "; ".join(fallbacks))
+    selection = Selection(chosen or "cpu", fallbacks)
+    if failures:
+        _warn_once(info.label, f"mmaemu on {info.label}: " + "; ".join(failures)
+                   + f"; {selection.name} computes instead" + (" (result copied back to the device)"
+                                                               if chosen is None else ""))
+    with _lock:
+        _SELECTIONS[cache_key] = selection
+    return Selection(selection.name, list(selection.fallbacks))
+
+
+def accumulate(name, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none"):
+    """fp32 accumulators [M, N] on the tensors' CUDA device, computed by the kernel ``name`` ("cuda:<kernel>")."""
+    from . import engine
+
+    kernel = name[len("cuda:"):] if name.startswith("cuda:") else name
+    if kernel in KERNELS and schedule_skip(kernel, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
+        kernel = _next_kernel(kernel, a.device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme)
+        if kernel is None:  # no other kernel can run here: the cpu engine computes, the result goes back
+            import torch
+
+            from ..cpu import accumulate_codes
+
+            codes = [t.detach().contiguous().view(torch.uint8).cpu().numpy() for t in (a, b_rows)]
+            return torch.from_numpy(accumulate_codes(codes[0], codes[1], fmt_a, fmt_b, preset, use_fast_accum,
+                                                     splits, scheme)).to(a.device)
+    acc = engine.accumulate_tensors(kernel, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
+    _KERNEL_RESULTS[id(acc)] = acc
+    return acc
+
+
+def _next_kernel(declined: str, device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
+    """The GEMM kernel that computes a call the kernel ``declined`` does not support by design (its schedule):
+    the next one below it in priority that can run the schedule and passed its self-test on ``device``; None if
+    none (then the cpu engine computes). A design decline is not a failure: nothing is warned."""
+    try:
+        info = _probe(device)
+    except DeviceUnavailable:
+        return None
+    below = False
+    for kernel in gemm_kernels():
+        if kernel.name == declined:
+            below = True
+            continue
+        if not below or schedule_skip(kernel.name, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
+            continue
+        if ensure_verdict(info, kernel.name).passed:
+            return kernel.name
+    return None
+
+
+def epilogue(acc, scale_a, scale_b, scale_result, out_dtype):
+    """The scaled_mm epilogue on the device of ``acc`` if ``acc`` was computed by a kernel (:func:`accumulate`)
+    and the epilogue kernel passed its self-test there; None otherwise (the caller then runs the CPU epilogue; a
+    failed self-test is warned once)."""
+    if _KERNEL_RESULTS.get(id(acc)) is not acc:
+        return None  # a CPU engine computed it (backend "cpu"/"reference", or a fallback): keep the CPU path
+    try:
+        info = _probe(acc.device)
+    except DeviceUnavailable:
+        return None
+    verdict = ensure_verdict(info, "epilogue")
+    if not verdict.passed:
+        _warn_once(info.label, f"mmaemu on {info.label}: cuda:epilogue: {verdict.reason}; the cpu epilogue computes "
+                   "(result copied back to the device)")
+        return None
+    from . import engine
+
+    return engine.epilogue_tensors(acc, scale_a, scale_b, scale_result, out_dtype)
+
+
+def reset():
+    """Forget verdicts, selections, warnings and probed devices of this process (tests)."""
+    from . import device as device_module
+
+    with _lock:
+        _VERDICTS.clear()
+        _SELECTIONS.clear()
+        _WARNED.clear()
+    device_module.reset()

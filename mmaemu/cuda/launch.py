@@ -1,0 +1,203 @@
+"""Launching the CUDA kernels: grids, work arrays and the calls each kernel declines.
+
+Arguments are numba device arrays or objects with ``__cuda_array_interface__`` (the torch path) or simulator arrays;
+``stream`` is a numba stream or 0. Importing this module imports ``numba.cuda`` (no driver call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import numpy as np
+from numba import cuda
+
+from ..arith import offset as _offset
+from . import offset_kernel
+from .catalog import CODES_KERNELS
+from .kernels import BLOCK, EPILOGUE_THREADS, MAX_GRID_Y, epilogue, gemm_simple, override_nonfinite
+
+# Packed operand panels of the offset kernel are kept below this size (rows of A or B per launch).
+PANEL_BYTES = 256 * 2**20
+PACKED_BYTES = 8  # value (fp32), half an exponent word, a low byte and a sign byte per element
+
+
+GEMM_KERNELS = ("offset", "simple")
+
+
+def codes_kernel_decline(kernel, schedule, params):
+    """Why a codes kernel does not compute this schedule and preset (None if it does)."""
+    if kernel == "offset":
+        return offset_kernel.offset_decline(schedule, params)
+    raise ValueError(f"unknown codes kernel {kernel!r}; expected one of {CODES_KERNELS}")
+
+
+def launch_codes(kernel, a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):
+    """Launch a codes kernel (:data:`CODES_KERNELS`); ``alloc(shape, dtype)``: its work arrays."""
+    if kernel == "offset":
+        launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream, alloc=alloc)
+    else:
+        raise ValueError(f"unknown codes kernel {kernel!r}; expected one of {CODES_KERNELS}")
+
+
+@contextlib.contextmanager
+def quiet_launches():
+    """Silence numba's low-occupancy performance warnings for tiny launches (self-tests, tests)."""
+    with warnings.catch_warnings():
+        try:
+            from numba.core.errors import NumbaPerformanceWarning
+
+            warnings.simplefilter("ignore", NumbaPerformanceWarning)
+        except ImportError:  # pragma: no cover
+            pass
+        yield
+
+
+def launch_gemm(kernel, sa, ea, sb, eb, schedule, params, out, stream=0):
+    """out [M, N] (fp32) = accumulators of the decoded A [M, K] and B [N, K] with the reference kernel
+    (``"simple"``)."""
+    M, N = out.shape
+    if M == 0 or N == 0:
+        return
+    schedule = tuple(int(v) for v in schedule)
+    params = tuple(int(v) for v in params)
+    if kernel in CODES_KERNELS:
+        raise ValueError(f"the {kernel} kernel takes FP8 codes: use launch_codes")
+    if kernel != "simple":
+        raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {GEMM_KERNELS}")
+    step = MAX_GRID_Y * BLOCK
+    with quiet_launches():
+        for r0 in range(0, M, step):
+            r1 = min(M, r0 + step)
+            grid = ((N + BLOCK - 1) // BLOCK, (r1 - r0 + BLOCK - 1) // BLOCK)
+            a_s, a_e, o = (sa, ea, out) if (r0, r1) == (0, M) else (sa[r0:r1], ea[r0:r1], out[r0:r1])
+            gemm_simple[grid, (BLOCK, BLOCK), stream](a_s, a_e, sb, eb, schedule, params, o)
+
+
+def launch_override(a_codes, a_flags, a_table, b_codes, b_flags, b_table, out_bits, stream=0):
+    """Apply the NaN/Inf rule in place to out_bits (int32 view of the fp32 accumulators)."""
+    M, N = out_bits.shape
+    if M == 0 or N == 0:
+        return
+    step = MAX_GRID_Y * BLOCK
+    with quiet_launches():
+        for r0 in range(0, M, step):
+            r1 = min(M, r0 + step)
+            grid = ((N + BLOCK - 1) // BLOCK, (r1 - r0 + BLOCK - 1) // BLOCK)
+            if (r0, r1) == (0, M):
+                override_nonfinite[grid, (BLOCK, BLOCK), stream](a_codes, a_flags, a_table, b_codes, b_flags,
+                                                                 b_table, out_bits)
+            else:
+                override_nonfinite[grid, (BLOCK, BLOCK), stream](a_codes[r0:r1], a_flags[r0:r1], a_table, b_codes,
+                                                                 b_flags, b_table, out_bits[r0:r1])
+
+
+def launch_epilogue(acc_flat, scale_bits, has_scale_result, out_code, width, out_bits_flat, stream=0):
+    """out_bits_flat[i] = epilogue bits of acc_flat[i] (flat arrays of the same length)."""
+    size = acc_flat.shape[0]
+    if size == 0:
+        return
+    with quiet_launches():
+        grid = (size + EPILOGUE_THREADS - 1) // EPILOGUE_THREADS
+        epilogue[grid, EPILOGUE_THREADS, stream](acc_flat, scale_bits, int(has_scale_result), int(out_code),
+                                                 int(width), out_bits_flat)
+
+
+def signatures():
+    """``{name: (kernel, argument types)}`` of every kernel for C-contiguous operands (PTX checks, warm-up)."""
+    import numba
+    from numba import types
+
+    from ..arith.params import preset_params, schedule_params
+    from ..model.presets import HOPPER
+
+    a8, a16, f32 = types.int8[:, ::1], types.int16[:, ::1], types.float32[:, ::1]
+    schedule = numba.typeof(schedule_params(HOPPER, 256, False, 2, "contiguous"))
+    params = numba.typeof(preset_params(HOPPER, "e4m3", "e4m3"))
+    i64 = types.int64
+    codes, flags, table = types.uint8[:, ::1], types.uint8[::1], types.float64[::1]
+    u32 = types.uint32[::1]
+    offset_params = numba.typeof(_offset.offset_params(preset_params(HOPPER, "e4m3", "e4m3"), "e4m3", "e4m3"))
+    offset_args = (types.float32[::1], u32, u32, i64) * 2 + (i64, schedule, offset_params, types.float32[:, :],
+                                                              types.float32[:, :])
+    tables = numba.typeof(tuple(_offset.offset_tables("e4m3")))
+    return {
+        "offset": (offset_kernel.gemm_offset, offset_args),
+        "offset_decode": (offset_kernel.decode_operand, (types.uint8[:, ::1], tables, i64, f32, types.uint32[:, ::1],
+                                                         types.uint32[:, ::1])),
+        "simple": (gemm_simple, (a8, a16, a8, a16, schedule, params, f32)),
+        "override": (override_nonfinite, (codes, flags, table, codes, flags, table, types.int32[:, ::1])),
+        "epilogue": (epilogue, (types.float32[::1], types.int32[::1], i64, i64, i64, types.int16[::1])),
+    }
+
+
+def _round_up(x: int, step: int) -> int:
+    return (x + step - 1) // step * step
+
+
+def _panel_rows(K: int, block_rows: int) -> int:
+    """Rows of an operand packed at a time: whole thread blocks, at most PANEL_BYTES (at least one block)."""
+    rows = PANEL_BYTES // (PACKED_BYTES * _round_up(max(K, 1), offset_kernel.STAGE_K))
+    return max(block_rows, min(rows, MAX_GRID_Y * block_rows) // block_rows * block_rows)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The offset kernel
+
+
+def _packed_panel(codes, fmt, row0, rows, K, alloc, stream):
+    """Packed (val, exp, byte words) arrays of codes[row0:row0 + rows] (zero codes past the rows and past K, to
+    whole stages), flat, and their number of columns. The kernel reads them 16 bytes at a time: RuntimeError if
+    an allocation does not start on a 16-byte boundary."""
+    Kp = _round_up(max(K, 1), offset_kernel.STAGE_K)
+    arrays = (alloc((Kp, rows), np.float32), alloc((Kp // 2, rows), np.uint32), alloc((Kp // 4, 2 * rows), np.uint32))
+    for array in arrays:
+        interface = getattr(array, "__cuda_array_interface__", None)
+        if interface is not None and interface["data"][0] % 16:
+            raise RuntimeError("the offset kernel reads its packed operands 16 bytes at a time; the allocator gave "
+                               f"an address {interface['data'][0]:#x} that is not a multiple of 16")
+    tables = tuple(cuda.to_device(t, stream=stream) for t in _offset.offset_tables(fmt))
+    block = offset_kernel.DECODE_BLOCK
+    grid = ((rows + block[0] - 1) // block[0], min((Kp // 4 + block[1] - 1) // block[1], MAX_GRID_Y))
+    offset_kernel.decode_operand[grid, block, stream](codes, tables, row0, *arrays)
+    return tuple(array.reshape(-1) for array in arrays) + (rows,)
+
+
+def launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):
+    """out [M, N] (fp32) = accumulators of A [M, K] and B [N, K] given as uint8 FP8 codes of formats fmt_a, fmt_b,
+    with the offset kernel. RuntimeError if it declines the call. ``alloc(shape, dtype)`` gives the packed panels'
+    arrays (default ``cuda.device_array``; the torch path passes torch's caching allocator); operands are packed
+    in panels of at most PANEL_BYTES."""
+    M, N = out.shape
+    K = a_codes.shape[1]
+    if M == 0 or N == 0:
+        return
+    schedule = tuple(int(v) for v in schedule)
+    params = tuple(int(v) for v in params)
+    why = offset_kernel.offset_decline(schedule, params)
+    block_rows = max(offset_kernel.BLOCK_M, offset_kernel.BLOCK_N)
+    if why is None and _round_up(K, offset_kernel.STAGE_K) * block_rows >= 2**32:
+        why = f"indexes a packed panel with 32-bit integers, K = {K} is too long for one"
+    if why is not None:
+        raise RuntimeError(f"the offset kernel {why}")
+    if alloc is None:
+        def alloc(shape, dtype):
+            return cuda.device_array(shape, dtype, stream=stream)
+    block_params = _offset.offset_params(params, fmt_a, fmt_b)
+    bm, bn = offset_kernel.BLOCK_M, offset_kernel.BLOCK_N
+    rows_a, rows_b = _panel_rows(K, bm), _panel_rows(K, bn)
+    # The pairwise scheme's slot per output (gemm_offset); other schedules never touch it.
+    slot = alloc((M, N) if schedule[1] > 1 and schedule[4] else (1, 1), np.float32)
+    with quiet_launches():
+        # A in one panel is packed once; in several, once per panel of B (a panel of each at a time).
+        whole_a = _packed_panel(a_codes, fmt_a, 0, _round_up(M, bm), K, alloc, stream) if M <= rows_a else None
+        for n0 in range(0, N, rows_b):
+            n1 = min(N, n0 + rows_b)
+            b = _packed_panel(b_codes, fmt_b, n0, _round_up(n1 - n0, bn), K, alloc, stream)
+            for m0 in range(0, M, rows_a):
+                m1 = min(M, m0 + rows_a)
+                a = whole_a or _packed_panel(a_codes, fmt_a, m0, _round_up(m1 - m0, bm), K, alloc, stream)
+                grid = ((n1 - n0 + bn - 1) // bn, (m1 - m0 + bm - 1) // bm)
+                offset_kernel.gemm_offset[grid, (offset_kernel.TX, offset_kernel.TY), stream](
+                    *a, *b, K, schedule, block_params, out[m0:m1, n0:n1], slot if slot.shape[0] == 1 else
+                    slot[m0:m1, n0:n1])

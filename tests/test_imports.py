@@ -1,0 +1,128 @@
+"""The package's import graph: every module imports, and no two modules import each other, directly or through
+others (data flows one way: formats -> arithmetic -> kernels -> plan -> API -> CLI).
+
+The graph is read statically from every ``import`` statement of every module, at module level or inside a
+function (a deferred import is still a dependency); the implicit import of a submodule's parent package is not an
+edge. A cycle is a strongly connected set of more than one module.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "mmaemu"
+
+
+def module_files():
+    """{dotted name: (path, is_package)} of every module of the package."""
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts = parts[:-1]
+        modules[".".join(parts)] = (path, is_package)
+    return modules
+
+
+def _absolute(module, is_package, level, name):
+    """The dotted target of a relative import ``from <level dots><name> import ...`` written in ``module``."""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[:len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def import_graph(modules):
+    """{module: set of package modules it imports}; ``from x import y`` counts as an import of x.y when x.y is a
+    module, else of x."""
+    graph = {}
+    for module, (path, is_package) in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(module, is_package, node.level, node.module) if node.level else (node.module or "")
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    targets.add(sub if sub in modules else base)
+        graph[module] = {t for t in targets if t in modules and t != module}
+    return graph
+
+
+def cycles(graph):
+    """Strongly connected sets of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles():
+    found = cycles(import_graph(module_files()))
+    assert not found, "modules that import each other: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_graph_sees_deferred_and_relative_imports():
+    graph = import_graph(module_files())
+    # backends reaches the CUDA package only inside functions; the kernels import the launch-free shim.
+    assert "mmaemu.cuda" in graph["mmaemu.backends"]
+    assert "mmaemu.cuda.shim" in graph["mmaemu.cuda.kernels"]
+
+
+def test_every_module_imports():
+    """Each module imports in a fresh interpreter (CUDA kernel modules need numba.cuda, never a GPU)."""
+    names = sorted(n for n in module_files() if not n.endswith("__main__"))
+    code = ("import importlib, json, sys\nbad = {}\nfor name in json.loads(sys.argv[1]):\n"
+            "    try:\n        importlib.import_module(name)\n"
+            "    except Exception as exc:\n        bad[name] = f'{type(exc).__name__}: {exc}'\nprint(json.dumps(bad))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(names)], capture_output=True, text=True, env=env,
+                         cwd=str(ROOT), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {}
