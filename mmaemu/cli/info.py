@@ -119,8 +119,12 @@ def _splitk_tables(tables: List[dict]) -> List[str]:
 def _numba_cache(c: Optional[dict]) -> List[str]:
     if not c:
         return ["  unavailable"]
-    return [f"  {c['path']} ({'exists' if c['exists'] else 'not created yet'}"
-            f"{'' if c['writable'] else ', NOT writable: compiled code is not cached'})"]
+    if c["path"] is None:
+        lines = [f"  none: {c['source']}"]
+    else:
+        lines = [f"  {c['path']} ({c['state']}, {'exists' if c['exists'] else 'created at the first compilation'}"
+                 f"; from {c['source']})"]
+    return lines + [f"  passed over: {p['path']} ({p['reason']})" for p in c["passed_over"]]
 
 
 def _unavailable(components: List[dict]) -> List[str]:
