@@ -16,7 +16,3 @@ def arithmetic(func):
     """Compile ``func`` lazily in nopython mode, without the GIL, with caching; no explicit signature."""
     return _numba_cache.enable(njit(nogil=True)(func))
 
-
-def arithmetic_parallel(func):
-    """A parallel CPU loop (``prange``) over arithmetic functions."""
-    return _numba_cache.enable(njit(parallel=True)(func))
