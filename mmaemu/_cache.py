@@ -46,12 +46,6 @@ def user_cache_folder() -> pathlib.Path:
     return pathlib.Path(platformdirs.user_cache_dir("mmaemu", appauthor=False))
 
 
-def default_cache_root() -> pathlib.Path:
-    """``$MMAEMU_CACHE_DIR`` if set, else :func:`user_cache_folder` (the folder asked for, before any check)."""
-    explicit = os.environ.get(ENV)
-    return pathlib.Path(explicit).expanduser() if explicit else user_cache_folder()
-
-
 def source_hash() -> str:
     """sha256 (first 16 hex digits) of the sources Numba compiles for mmaemu, in a fixed order."""
     digest = hashlib.sha256(__version__.encode())
@@ -75,8 +69,9 @@ def cache_key() -> str:
     return _KEY
 
 
-def numba_cache_dir(root=None) -> pathlib.Path:
-    return pathlib.Path(root or default_cache_root()) / "numba" / cache_key()
+def numba_cache_dir(root: pathlib.Path) -> pathlib.Path:
+    """This build's compiled-code folder inside the cache folder ``root``."""
+    return pathlib.Path(root) / "numba" / cache_key()
 
 
 @dataclasses.dataclass(frozen=True)
