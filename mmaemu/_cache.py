@@ -119,7 +119,7 @@ def _assess(path: pathlib.Path) -> Tuple[Optional[str], str]:
     if os.access(existing, os.W_OK | os.X_OK):
         return "read-write", "writable"
     if existing == numba_cache_dir(path):
-        return "read-only", "not writable, holds this build's compiled code: loaded, nothing is saved"
+        return "read-only", "not writable, holds this build's compiled code"
     if existing == path:
         return None, f"{path} is not writable and holds no compiled code of this build"
     return None, f"{path} does not exist and {existing} is not writable"
@@ -135,10 +135,9 @@ def cache_location() -> CacheLocation:
         except OSError as exc:
             state, why = None, f"cannot be inspected: {exc}"
         if state:
-            return CacheLocation(resolved, state, f"{source} ({why})" if state != "read-write" else source,
-                                 tuple(passed_over))
+            return CacheLocation(resolved, state, source, tuple(passed_over))
         passed_over.append((str(path), f"{source}: {why}"))
-    return CacheLocation(None, "disabled", "no usable folder: compiled code is not cached", tuple(passed_over))
+    return CacheLocation(None, "disabled", "no usable folder", tuple(passed_over))
 
 
 _NUMBA_LOCATION = None

@@ -2,7 +2,7 @@
 
 The subprocess tests copy this session's warm cache (so that nothing is compiled in them) and run a small GEMM in a
 fresh interpreter; the child prints its result, how many compilations of ``mmaemu.cpu.gemm``'s loops missed the
-cache, and its cache folder.
+cache, its cache folder and what ``info`` says about it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ CHILD = r"""
 import json, warnings
 import numpy as np
 warnings.simplefilter("always")
-from mmaemu import _cache
+from mmaemu import _cache, diagnostics
+from mmaemu.cli import info
 from mmaemu.cpu import accumulate_codes, gemm
 from mmaemu.model.presets import HOPPER
 a = np.full((4, 64), 0x38, np.uint8)
@@ -36,7 +37,8 @@ result = float(accumulate_codes(a, a, "e4m3", "e4m3", HOPPER, True)[0, 0])
 loops = [f for f in vars(gemm).values() if hasattr(f, "stats")]
 print(json.dumps({"result": result, "misses": sum(sum(f.stats.cache_misses.values()) for f in loops),
                   "hits": sum(sum(f.stats.cache_hits.values()) for f in loops),
-                  "folder": str(_cache.numba_location().root)}))
+                  "folder": str(_cache.numba_location().root),
+                  "info": info._numba_cache(diagnostics._numba_cache())}))
 """
 CHILD_TIMEOUT_S = 120
 
@@ -94,6 +96,7 @@ def test_damaged_entries_are_recompiled_with_one_warning_then_repaired(warm_copy
     assert report["result"] == 64.0 and report["misses"] == 0 and report["hits"] > 0 and not warnings
 
 
+@pytest.mark.filterwarnings("ignore::mmaemu.errors.CacheWarning")
 def test_checked_cache_file_detects_every_damage(tmp_path):
     """Truncation, a flipped bit, a foreign file: each is refused before anything is unpickled."""
     folder = tmp_path / "entries"
@@ -138,6 +141,9 @@ def test_read_only_populated_cache_is_loaded_not_recompiled(warm_copy):
     report, warnings = run_child_read_only(warm_copy, child_env(warm_copy))
     assert report["result"] == 64.0 and report["misses"] == 0 and report["hits"] > 0
     assert report["folder"] == str(warm_copy.resolve()) and not warnings
+    numba_dir = warm_copy.resolve() / "numba" / _cache.cache_key()
+    assert report["info"] == [f"  {numba_dir} (read-only: compiled code is loaded from it, nothing is saved; from "
+                              f"MMAEMU_CACHE_DIR)"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -117,14 +117,15 @@ def test_fork_while_another_thread_is_inside_a_call():
     """The child of a fork made during a call in another thread computes (before: it hung on the backend's lock)."""
     result = run_script("""
         import os, sys, threading, time
-        inside = threading.Event()
-        def long_call():
-            inside.set()
-            gemm(512, 2048, 8192)
-        thread = threading.Thread(target=long_call)
+        inside, stop = threading.Event(), threading.Event()
+        def calls():  # one call after another: the fork comes during one of them
+            while not stop.is_set():
+                inside.set()
+                gemm(256, 2048, 4096)
+        thread = threading.Thread(target=calls, daemon=True)
         thread.start()
         inside.wait()
-        time.sleep(0.3)
+        time.sleep(0.2)
         pid = os.fork()
         if pid == 0:
             gemm(64, 512, 1024)  # several tasks: the child's own pool of threads
@@ -135,13 +136,14 @@ def test_fork_while_another_thread_is_inside_a_call():
             if done:
                 break
             time.sleep(0.05)
-        else:
+        stop.set()
+        if not done:
             os.kill(pid, 9)
             os.waitpid(pid, 0)
             sys.exit("the forked child hung")
         thread.join()
         sys.exit(os.waitstatus_to_exitcode(status))
-    """, timeout=120)
+    """, timeout=60)
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
 
 

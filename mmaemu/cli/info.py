@@ -120,10 +120,12 @@ def _numba_cache(c: Optional[dict]) -> List[str]:
     if not c:
         return ["  unavailable"]
     if c["path"] is None:
-        lines = [f"  none: {c['source']}"]
+        lines = ["  none: no usable folder, compiled code is not cached (it is compiled in every process)"]
+    elif c["state"] == "read-only":
+        lines = [f"  {c['path']} (read-only: compiled code is loaded from it, nothing is saved; from {c['source']})"]
     else:
-        lines = [f"  {c['path']} ({c['state']}, {'exists' if c['exists'] else 'created at the first compilation'}"
-                 f"; from {c['source']})"]
+        lines = [f"  {c['path']} (read-write, {'exists' if c['exists'] else 'created at the first compilation'}; "
+                 f"from {c['source']})"]
     return lines + [f"  passed over: {p['path']} ({p['reason']})" for p in c["passed_over"]]
 
 
