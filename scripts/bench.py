@@ -5,11 +5,11 @@ For every shape (M, N, K), profile preset (hopper, ada) and accumulation mode (f
 ``mmaemu.cpu.accumulate_codes`` (decode + the fast tile path + the NaN/Inf rule, i.e. everything from FP8
 codes to the fp32 accumulator) and ``np.dot`` of float64 [M, K] x [K, N] (the BLAS NumPy is linked to), each the
 best of a few repetitions, interleaved so that both see the same machine load (mmaemu is timed after a pause
-that lets BLAS's spinning workers fall asleep), and prints GMAC/s and the ratio. Then, on the first shape (hopper,
-fast), what cutting the loops into tasks costs (the default task size against one task per thread, interleaved)
-and how long a SIGINT takes to interrupt a long call (:mod:`mmaemu.cpu.threads`). Last, in a fresh Python process
-with the cache this run has warmed, the import time and the first-call compile/load time of the CPU path (target:
-at most 1 s).
+that lets BLAS's spinning workers fall asleep), and prints GMAC/s and the ratio. Then what cutting the loops into
+tasks costs (hopper fast on the largest shape: the default tasks against the coarsest cut, one task per panel of
+B, interleaved) and how long a SIGINT takes to interrupt a long call (:mod:`mmaemu.cpu.threads`). Last, in a fresh
+Python process with the cache this run has warmed, the import time and the first-call compile/load time of the CPU
+path (target: at most 1 s).
 
     python scripts/bench.py                 # all cores, the four shapes of docs/performance.md
     python scripts/bench.py --threads 1     # one thread for mmaemu and for BLAS
@@ -109,20 +109,25 @@ def first_call_times():
 
 
 def task_cost(a, b, preset, repeats):
-    """(best seconds with the default tasks, with one task per thread): the same call, interleaved."""
-    from mmaemu.cpu import accumulate_codes, threads
+    """{setting: (best seconds, tasks)} of the same call with the default task sizes and with the coarsest cut (one
+    task per panel of B), interleaved."""
+    from mmaemu.cpu import accumulate_codes, engine, threads
 
     default = (threads.TASK_WORK, threads.TASKS_PER_THREAD)
-    best = {"tasks": float("inf"), "one per thread": float("inf")}
+    settings = {"default tasks": default, "one task per panel": (1 << 62, 1)}
+    best = {name: float("inf") for name in settings}
+    tasks = {}
+    (M, K), N = a.shape, b.shape[0]
     try:
         for _ in range(repeats):
-            for name, setting in (("tasks", default), ("one per thread", (1 << 62, 1))):
+            for name, setting in settings.items():
                 threads.TASK_WORK, threads.TASKS_PER_THREAD = setting
-                best[name] = min(best[name], best_of(lambda: accumulate_codes(a, b, "e4m3", "e4m3", preset,
-                                                                                True), 1))
+                tasks[name] = len(engine.fast_path_tasks(M, N, K, threads.num_threads()))
+                best[name] = min(best[name], best_of(lambda: accumulate_codes(a, b, "e4m3", "e4m3", preset, True),
+                                                     1))
     finally:
         threads.TASK_WORK, threads.TASKS_PER_THREAD = default
-    return best["tasks"], best["one per thread"]
+    return {name: (best[name], tasks[name]) for name in settings}
 
 
 def interrupt_latency(preset, after_s=0.3):
@@ -200,9 +205,9 @@ def main(argv=None):
             rows.append((M, N, K, preset.name, "fast" if fast else "slow", gmac / best[(preset, fast)],
                          gmac / best_dot))
     elapsed = time.perf_counter() - warm
-    shape0 = shapes[0]
-    a, b = fp8_codes(rng, "e4m3", (shape0[0], shape0[2])), fp8_codes(rng, "e4m3", (shape0[1], shape0[2]))
-    with_tasks, per_thread = task_cost(a, b, HOPPER, repeats)
+    largest = max(shapes, key=lambda s: s[0] * s[1] * s[2])
+    a, b = fp8_codes(rng, "e4m3", (largest[0], largest[2])), fp8_codes(rng, "e4m3", (largest[1], largest[2]))
+    cuts = task_cost(a, b, HOPPER, repeats)
     latency, products = interrupt_latency(HOPPER)
 
     print("| M | N | K | preset | accumulation | mmaemu GMAC/s | np.dot f64 GMAC/s | ratio |")
@@ -212,10 +217,11 @@ def main(argv=None):
         print(f"| {M} | {N} | {K} | {name} | {mode} | {ours:.2f} | {dot:.2f} | {ratio:.3f} (1/{1 / ratio:.1f}) |")
     worst = min(r[5] / r[6] for r in rows)
     print(f"\n# lowest ratio: {worst:.3f} (1/{1 / worst:.1f}); timed part took {elapsed:.0f} s")
-    print(f"# tasks {shape0} hopper fast: at most {threads.TASK_WORK} products per task "
-          f"{with_tasks * 1e3:.1f} ms, one task per thread {per_thread * 1e3:.1f} ms (best of {repeats}, interleaved): "
-          f"{(with_tasks / per_thread - 1) * 100:+.1f} %")
-    rate = shape0[0] * shape0[1] * shape0[2] / with_tasks
+    (fine, n_fine), (coarse, n_coarse) = cuts.values()
+    print(f"# task sizes, {largest} hopper fast (best of {repeats}, interleaved): {n_fine} tasks of at most "
+          f"{threads.TASK_WORK} products {fine * 1e3:.1f} ms, {n_coarse} tasks (one per panel of B) "
+          f"{coarse * 1e3:.1f} ms: {(fine / coarse - 1) * 100:+.1f} %")
+    rate = largest[0] * largest[1] * largest[2] / fine
     print(f"# Ctrl-C: SIGINT 0.3 s into a call of {products / 1e9:.0f} G products (about {products / rate:.0f} s): "
           + (f"KeyboardInterrupt {latency * 1e3:.0f} ms later" if latency is not None else "NOT interrupted"))
     imp, first, second = first_call_times()

@@ -87,15 +87,22 @@ class DecodedPanels:
                 del self._decoded[panel]
 
 
-def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out):
-    """Run the fast path (:func:`mmaemu.cpu.gemm.accumulate_panel_rows`) into ``out`` [M, N] (finite outputs):
-    one task per panel of B and range of row tiles of A (:func:`mmaemu.cpu.threads.job_ranges`)."""
-    (M, K), N = a_codes.shape, b_codes.shape[0]
+def fast_path_tasks(M: int, N: int, K: int, n_threads: int):
+    """The tasks of the fast path, ``(panel, m_lo, m_hi)``: every panel of B with each range of rows of A from
+    :func:`mmaemu.cpu.threads.job_ranges` (a job: one tile of rows), panel by panel."""
     tile_rows, lanes = tile_shape(M, N, K)
     panels, row_tiles = -(-N // lanes), -(-M // tile_rows)
-    row_ranges = threads.job_ranges(row_tiles, tile_rows * lanes * K, threads.num_threads(), repeats=panels)
-    ranges = [(lo * tile_rows, min(hi * tile_rows, M)) for lo, hi in row_ranges]
-    decoded = DecodedPanels(b_codes, fmt_b, lanes, len(ranges))
+    row_ranges = threads.job_ranges(row_tiles, tile_rows * lanes * K, n_threads, repeats=panels)
+    return [(p, lo * tile_rows, min(hi * tile_rows, M)) for p in range(panels) for lo, hi in row_ranges]
+
+
+def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out):
+    """Run the fast path (:func:`mmaemu.cpu.gemm.accumulate_panel_rows`) into ``out`` [M, N] (finite outputs),
+    one call per task of :func:`fast_path_tasks`."""
+    (M, K), N = a_codes.shape, b_codes.shape[0]
+    tile_rows, lanes = tile_shape(M, N, K)
+    tasks = fast_path_tasks(M, N, K, threads.num_threads())
+    decoded = DecodedPanels(b_codes, fmt_b, lanes, uses=len(tasks) // -(-N // lanes))
     lane_proto = np.empty(0, np.int32 if lane_bits_needed(preset) == 32 else np.int64)
     fmt = TILE_FORMATS[fmt_a]
 
@@ -107,7 +114,7 @@ def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, ou
         finally:
             decoded.release(panel)
 
-    threads.run_tasks(lambda p=p, lo=lo, hi=hi: task(p, lo, hi) for p in range(panels) for lo, hi in ranges)
+    threads.run_tasks(lambda t=t: task(*t) for t in tasks)
 
 
 # NaN and Inf codes are exactly the codes with ``code & mask == pattern`` (E4M3: S.1111.111; E5M2: S.11111.xx).
