@@ -18,9 +18,10 @@ tasks of a call run on a process-wide pool of Python threads (``concurrent.futur
 * idle pool threads sleep on a queue, so they leave the cores to BLAS at once after a call (GNU OpenMP's workers
   spin for a while, which made the next ``np.dot`` about 40 % slower: docs/performance.md).
 
-Task sizes, in products (work units of the fast path, whose one product costs about 0.2 ns of a core here): at most
-TASK_WORK (about 10 ms of a core, so interrupts wait little and dispatch costs about 0.1 %), at least
-MIN_TASK_WORK where there are enough jobs for every thread (TASKS_PER_THREAD each, to even out the load).
+Task sizes, in products of the fast path (one costs about 0.1 ns of a core on the measured machine; the other
+loops state their cost in these units): at most TASK_WORK (about 3.5 ms of a core: the tasks still running when
+an interrupt lands end within that, and handing out a task, a few microseconds, costs about 0.2 %), at least MIN_TASK_WORK (about 0.1 ms) where
+there are enough jobs to give every thread TASKS_PER_THREAD tasks (which evens out the load).
 Measured in docs/performance.md.
 """
 
@@ -33,7 +34,7 @@ import threading
 import numba
 
 TASK_WORK = 1 << 25
-MIN_TASK_WORK = 1 << 18
+MIN_TASK_WORK = 1 << 20
 TASKS_PER_THREAD = 4
 
 _POOL = None
