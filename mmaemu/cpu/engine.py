@@ -145,9 +145,8 @@ def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, spl
         sa, ea = decode_operand(a_codes, fmt_a)
         sb, eb = decode_operand(b_codes, fmt_b)
         jobs = -(-sa.shape[0] // TILE_M) * -(-sb.shape[0] // TILE_N)
-        threads.parallel_for(accumulate_gemm_reference, jobs, REFERENCE_PRODUCT_WORK * TILE_M * TILE_N * sa.shape[1],
-                             sa, ea,
-                             sb, eb, schedule, params, out)
+        job_work = REFERENCE_PRODUCT_WORK * TILE_M * TILE_N * sa.shape[1]
+        threads.parallel_for(accumulate_gemm_reference, jobs, job_work, sa, ea, sb, eb, schedule, params, out)
     else:
         accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out)
     a_flags = nonfinite_flags(a_codes, fmt_a)

@@ -20,9 +20,9 @@ tasks of a call run on a process-wide pool of Python threads (``concurrent.futur
 
 Task sizes, in products of the fast path (one costs about 0.1 ns of a core on the measured machine; the other
 loops state their cost in these units): at most TASK_WORK (about 3.5 ms of a core: the tasks still running when
-an interrupt lands end within that, and handing out a task, a few microseconds, costs about 0.2 %), at least MIN_TASK_WORK (about 0.1 ms) where
-there are enough jobs to give every thread TASKS_PER_THREAD tasks (which evens out the load).
-Measured in docs/performance.md.
+an interrupt lands end within that, and handing out a task, a few microseconds, costs about 0.2 %), at least
+MIN_TASK_WORK (about 0.1 ms) where there are enough jobs to give every thread TASKS_PER_THREAD tasks (which evens
+out the load). Measured in docs/performance.md.
 """
 
 from __future__ import annotations
