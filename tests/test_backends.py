@@ -401,7 +401,7 @@ def test_damaged_or_unprotected_verdicts_are_ignored_and_the_selftest_runs_again
     from mmaemu.errors import CacheWarning
 
     monkeypatch.setattr(_cache, "_WARNED", set())
-    backends.selftest(CUDA0, kernels="tiled")
+    backends.selftest(CUDA0, kernels="simple")
     [path] = (tmp_path / "cache" / "verdicts").glob("*.json")
     good = json.loads(path.read_text())
     with warnings.catch_warnings(record=True) as caught:
@@ -410,8 +410,8 @@ def test_damaged_or_unprotected_verdicts_are_ignored_and_the_selftest_runs_again
             path.write_bytes(damaged)
             cuda_backend.reset()
             fake_device["runs"].clear()
-            result = backends.selftest(CUDA0, kernels="tiled")["cuda:tiled"][0]
-            assert result.passed and not result.cached and fake_device["runs"] == ["tiled"]
+            result = backends.selftest(CUDA0, kernels="simple")["cuda:simple"][0]
+            assert result.passed and not result.cached and fake_device["runs"] == ["simple"]
             assert json.loads(path.read_text())["passed"] is True  # written again
     messages = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
     assert len(messages) == 1 and messages[0].startswith(f"mmaemu ignores the self-test verdict {path}")
@@ -421,5 +421,5 @@ def test_damaged_or_unprotected_verdicts_are_ignored_and_the_selftest_runs_again
     for _ in range(2):
         cuda_backend.reset()
         fake_device["runs"].clear()
-        assert not backends.selftest(CUDA0, kernels="tiled")["cuda:tiled"][0].cached
-        assert fake_device["runs"] == ["tiled"] and path.read_bytes() == before
+        assert not backends.selftest(CUDA0, kernels="simple")["cuda:simple"][0].cached
+        assert fake_device["runs"] == ["simple"] and path.read_bytes() == before
