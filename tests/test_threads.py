@@ -192,3 +192,27 @@ def test_tasks_cover_every_job_once_and_errors_stop_the_rest(monkeypatch):
     with pytest.raises(ValueError, match="task 2"):
         threads.run_tasks([lambda i=i: task(i) for i in range(1000)])
     assert 2 in ran and len(ran) < 1000
+
+
+def test_pool_threads_never_inherit_flush_to_zero_mode():
+    """A new thread copies the floating-point mode of the thread that starts it: a pool started from a thread in
+    flush-to-zero mode must still run its tasks with gradual underflow (the callers' threads are checked by
+    mmaemu.plan.flush; the pool threads are mmaemu's own)."""
+    code = textwrap.dedent("""
+        import threading, torch
+        from mmaemu.cpu import threads
+        from mmaemu.plan.flush import fp32_subnormals_flushed
+
+        seen = {}
+
+        def task():
+            seen[threading.current_thread().name] = fp32_subnormals_flushed()
+
+        torch.set_flush_denormal(True)
+        threads.run_tasks([task] * 8)  # the pool starts here, from a flush-to-zero thread
+        torch.set_flush_denormal(False)
+        assert len(seen) == 2 and not any(seen.values()), seen
+    """)
+    environ = {**os.environ, "NUMBA_NUM_THREADS": "2"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environ)
+    assert proc.returncode == 0, proc.stderr[-2000:]

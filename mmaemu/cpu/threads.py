@@ -57,11 +57,23 @@ def num_threads() -> int:
     return max_threads()
 
 
+def _gradual_underflow():
+    """Start a pool thread in IEEE mode. A new thread inherits the floating-point mode of the thread that starts it
+    (on Linux), so a pool started from a thread in flush-to-zero / denormals-are-zero mode (``torch.
+    set_flush_denormal(True)``, or a library built with ``-ffast-math`` loaded there) would flush subnormals in
+    every later task, where the callers' own threads are checked (:mod:`mmaemu.plan.flush`). The pool threads are
+    mmaemu's own: setting their mode changes nothing of the user's."""
+    import torch
+
+    torch.set_flush_denormal(False)
+
+
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = concurrent.futures.ThreadPoolExecutor(max_threads(), thread_name_prefix="mmaemu-cpu")
+            _POOL = concurrent.futures.ThreadPoolExecutor(max_threads(), thread_name_prefix="mmaemu-cpu",
+                                                          initializer=_gradual_underflow)
         return _POOL
 
 
