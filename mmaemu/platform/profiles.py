@@ -14,13 +14,12 @@ import warnings
 from typing import Optional
 
 from ..errors import ExperimentalPresetWarning
+from . import definitions
 from .definitions import (_BY_NAME, _PROFILES, _RECORDED, DEFAULT_PROFILE, FORMATS, OUT_DTYPES, Profile,
                           RejectRule, builtin_profile_names, fmt_name, out_dtype_name, register_recorded_profile,
                           splitk_maturity_note)
 
 __all__ = [
-    "Profile",
-    "RejectRule",
     "get_profile",
     "list_profiles",
     "profile_from_preset",
@@ -28,14 +27,7 @@ __all__ = [
     "profile_maturity_messages",
     "warn_profile_maturity",
     "reset_maturity_warnings",
-    "splitk_maturity_note",
-    "fmt_name",
-    "out_dtype_name",
-    "builtin_profile_names",
-    "register_recorded_profile",
-    "FORMATS",
-    "OUT_DTYPES",
-    "DEFAULT_PROFILE",
+    *definitions.__all__,  # re-exported: the profile type and vocabulary
 ]
 
 
