@@ -145,15 +145,16 @@ def test_cuda_device_without_cuda_warns_once_and_raises_for_explicit():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_status_and_selftest_on_a_cpu_machine():
     status = backends.backends_status()
-    assert list(status) == ["cuda:biased", "cuda:lanes", "cuda:tiled", "cuda:simple", "cuda:epilogue", "cpu",
-                            "reference"]
-    for name in ("cuda:biased", "cuda:lanes", "cuda:tiled", "cuda:simple", "cuda:epilogue"):
+    assert list(status) == ["cuda:native", "cuda:biased", "cuda:lanes", "cuda:tiled", "cuda:simple", "cuda:epilogue",
+                            "cpu", "reference"]
+    for name in ("cuda:native", "cuda:biased", "cuda:lanes", "cuda:tiled", "cuda:simple", "cuda:epilogue"):
         assert not status[name].available and not status[name].validated_here
         assert status[name].reason == "unavailable: no CUDA device visible to torch"
     for name in ("cpu", "reference"):
         assert status[name].available and status[name].validated_here
     results = backends.selftest()
-    assert list(results) == ["cuda:biased", "cuda:lanes", "cuda:tiled", "cuda:simple", "cuda:epilogue"]
+    assert list(results) == ["cuda:native", "cuda:biased", "cuda:lanes", "cuda:tiled", "cuda:simple",
+                             "cuda:epilogue"]
     assert all(len(g) == 1 and not g[0].ran and not g[0].passed for g in results.values())
     verdict, reason = backends.selftest_verdict(results)
     assert verdict == "UNAVAILABLE" and reason.startswith("no CUDA device visible to torch")
@@ -173,7 +174,8 @@ def fake_device(monkeypatch):
     from mmaemu.cuda.device import DeviceInfo
 
     state = {"outcomes": {}, "runs": [], "info": DeviceInfo(0, "Fake GPU", "GPU-1234", (9, 0), 132,
-                                                            "CUDA driver API 13.0", "test", torch.__version__)}
+                                                            "CUDA driver API 13.0", "numba 0.68 + numba-cuda 0.30",
+                                                            torch.__version__)}
 
     def probe(device=None):
         return state["info"]
@@ -194,25 +196,27 @@ def fake_device(monkeypatch):
 def test_all_kernels_pass_auto_takes_the_first(fake_device):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER) == backends.Selection("cuda:biased", [])
-        assert backends.select(CUDA0, "cuda", "e4m3", "e4m3", HOPPER).name == "cuda:biased"
+        assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER) == backends.Selection("cuda:native", [])
+        assert backends.select(CUDA0, "cuda", "e4m3", "e4m3", HOPPER).name == "cuda:native"
+        assert backends.select(CUDA0, "cuda:biased", "e4m3", "e4m3", HOPPER).name == "cuda:biased"
         assert backends.select(CUDA0, "cuda:lanes", "e4m3", "e4m3", HOPPER).name == "cuda:lanes"
         assert backends.select(CUDA0, "cuda:tiled", "e4m3", "e4m3", HOPPER).name == "cuda:tiled"
         assert backends.select(CUDA0, "cuda:simple", "e4m3", "e4m3", HOPPER).name == "cuda:simple"
     assert not caught
-    assert fake_device["runs"] == ["biased", "lanes", "tiled", "simple"]  # each self-test ran once
+    assert fake_device["runs"] == ["native", "biased", "lanes", "tiled", "simple"]  # each self-test ran once
 
 
 def test_failing_kernel_falls_back_with_one_warning(fake_device):
-    fake_device["outcomes"].update(biased=False, lanes=False, tiled=False)
+    fake_device["outcomes"].update(native=False, biased=False, lanes=False, tiled=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sel = backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER)
         again = backends.select(CUDA0, "auto", "e5m2", "e4m3", HOPPER)
     assert sel.name == again.name == "cuda:simple"
-    assert len(sel.fallbacks) == 3 and sel.fallbacks[0].startswith("cuda:biased: 1 of 1 cases differ")
-    assert sel.fallbacks[1].startswith("cuda:lanes: 1 of 1 cases differ")
-    assert sel.fallbacks[2].startswith("cuda:tiled: 1 of 1 cases differ")
+    assert len(sel.fallbacks) == 4 and sel.fallbacks[0].startswith("cuda:native: 1 of 1 cases differ")
+    assert sel.fallbacks[1].startswith("cuda:biased: 1 of 1 cases differ")
+    assert sel.fallbacks[2].startswith("cuda:lanes: 1 of 1 cases differ")
+    assert sel.fallbacks[3].startswith("cuda:tiled: 1 of 1 cases differ")
     msgs = [str(w.message) for w in caught if issubclass(w.category, BackendFallbackWarning)]
     assert len(msgs) == 1 and "cuda:tiled" in msgs[0] and "cuda:simple computes instead" in msgs[0]
     with pytest.raises(BackendUnavailableError, match="cuda:tiled: 1 of 1 cases differ"):
@@ -220,18 +224,19 @@ def test_failing_kernel_falls_back_with_one_warning(fake_device):
 
 
 def test_every_kernel_failing_ends_on_cpu_or_raises(fake_device):
-    fake_device["outcomes"].update(biased=False, lanes=False, tiled=False, simple=RuntimeError("ptxas exploded"))
+    fake_device["outcomes"].update(native=False, biased=False, lanes=False, tiled=False,
+                                   simple=RuntimeError("ptxas exploded"))
     with pytest.warns(BackendFallbackWarning, match="cpu computes instead"):
         sel = backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER)
-    assert sel.name == "cpu" and len(sel.fallbacks) == 4
-    assert "self-test raised RuntimeError: ptxas exploded" in sel.fallbacks[3]
+    assert sel.name == "cpu" and len(sel.fallbacks) == 5
+    assert "self-test raised RuntimeError: ptxas exploded" in sel.fallbacks[4]
     with pytest.raises(BackendUnavailableError) as info:
         backends.select(CUDA0, "cuda", "e4m3", "e4m3", HOPPER)
     assert "cuda:tiled" in str(info.value) and "ptxas exploded" in str(info.value)
 
 
 def test_force_fail_env_and_design_skips(fake_device, monkeypatch):
-    monkeypatch.setenv("MMAEMU_TEST_FORCE_FAIL", "biased,lanes,tiled")
+    monkeypatch.setenv("MMAEMU_TEST_FORCE_FAIL", "native,biased,lanes,tiled")
     with pytest.warns(BackendFallbackWarning, match="forced to fail"):
         assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER).name == "cuda:simple"
     monkeypatch.delenv("MMAEMU_TEST_FORCE_FAIL")
@@ -240,11 +245,13 @@ def test_force_fail_env_and_design_skips(fake_device, monkeypatch):
         warnings.simplefilter("always")
         sel = backends.select(CUDA0, "auto", "e4m3", "e4m3", wide)
         late = backends.select(CUDA0, "auto", "e4m3", "e4m3", get_preset("b200_mma_sync", warn=False))
-    assert sel.name == "cuda:simple" and len(sel.fallbacks) == 3
-    assert all("nfma=256" in f for f in sel.fallbacks)
-    # b200_mma_sync: the biased and lanes kernels decline it by design (late add of c); no warning.
-    assert late.name == "cuda:tiled" and late.fallbacks[0].startswith("cuda:biased: computes the early")
-    assert late.fallbacks[1].startswith("cuda:lanes: computes the early")
+    assert sel.name == "cuda:simple" and len(sel.fallbacks) == 4
+    assert sel.fallbacks[0].startswith("cuda:native: computes the block of the sm_90 warpgroup MMA")
+    assert all("nfma=256" in f for f in sel.fallbacks[1:])
+    # b200_mma_sync: the native, biased and lanes kernels decline it by design; no warning.
+    assert late.name == "cuda:tiled" and late.fallbacks[0].startswith("cuda:native: computes the block")
+    assert late.fallbacks[1].startswith("cuda:biased: computes the early")
+    assert late.fallbacks[2].startswith("cuda:lanes: computes the early")
     assert not [w for w in caught if issubclass(w.category, BackendFallbackWarning)]
 
 
@@ -296,11 +303,11 @@ def test_verdicts_are_cached_on_disk_by_device_and_sources(fake_device, tmp_path
 
     fake_device["outcomes"]["simple"] = RuntimeError("transient")
     results = backends.selftest(CUDA0)
-    assert {k: g[0].passed for k, g in results.items()} == {"cuda:biased": True, "cuda:lanes": True,
+    assert {k: g[0].passed for k, g in results.items()} == {"cuda:native": True, "cuda:biased": True, "cuda:lanes": True,
                                                             "cuda:tiled": True, "cuda:simple": False,
                                                             "cuda:epilogue": True}
     files = sorted((tmp_path / "cache" / "verdicts").glob("*.json"))
-    assert len(files) == 4  # the self-test that raised is not written
+    assert len(files) == 5  # the self-test that raised is not written
     record = json.loads(files[0].read_text())
     assert record["key"]["device"]["uuid"] == "GPU-1234" and record["key"]["sources"] == selftest.sources_hash()
     assert record["key"]["mmaemu"] == mmaemu.__version__
@@ -344,10 +351,12 @@ def test_epilogue_stays_on_cpu_for_accumulators_not_made_by_a_kernel(fake_device
 def test_kernel_metadata_for_the_cli():
     import mmaemu.cuda as cuda_backend
 
-    assert [k.backend for k in backends.gemm_kernels()] == ["cuda:biased", "cuda:lanes", "cuda:tiled",
+    assert [k.backend for k in backends.gemm_kernels()] == ["cuda:native", "cuda:biased", "cuda:lanes", "cuda:tiled",
                                                             "cuda:simple"]
     for k in cuda_backend.KERNELS.values():
-        assert (k.gated, k.validated_on, k.min_cc) == (False, (), None)
+        # Only the native kernel's bits are the hardware's: it alone is gated by an instruction probe.
+        expected = (True, (), (9, 0)) if k.name == "native" else (False, (), None)
+        assert (k.gated, k.validated_on, k.min_cc) == expected
 
 
 def test_selftest_cases_cover_the_contract():

@@ -18,7 +18,7 @@ class KernelInfo:
     kind: str  # "gemm" (computes accumulators) or "epilogue"
     priority: int  # GEMM kernels are tried from the highest priority down
     summary: str
-    gated: bool = False  # every kernel here is exact by construction: none needs a hardware-property gate
+    gated: bool = False  # True: its bits are the hardware's, so an instruction probe gates it (cuda:native)
     validated_on: Tuple[Tuple[int, int], ...] = ()
     min_cc: Optional[Tuple[int, int]] = None  # whatever the installed CUDA toolkit compiles for
 
@@ -30,6 +30,10 @@ class KernelInfo:
 KERNELS: Dict[str, KernelInfo] = {
     k.name: k
     for k in (
+        KernelInfo("native", "gemm", 50, "the GPU's own FP8 warpgroup MMA (sm_90a wgmma, inline PTX) computes every "
+                   "32-product block of the hopper preset, mmaemu walks the chains, slow restarts and split-K "
+                   "(mmaemu.cuda.native_kernel); sm_90 devices with numba-cuda only, used after the instruction probe "
+                   "and the self-test pass there", gated=True, min_cc=(9, 0)),
         KernelInfo("biased", "gemm", 40, "32x64 outputs per thread block, a 4x4 register tile per thread; operands "
                    "decoded once into sign-split fp32 panels, staged 32 k at a time; the formulation of "
                    "mmaemu.arith.biased (each product one fp32 fused multiply-add rounding toward zero into a biased "
@@ -87,4 +91,4 @@ class Selection:
 
 
 # Kernels that take the FP8 codes and decode them themselves, and decline schedules they do not walk.
-CODES_KERNELS = ("biased", "lanes")
+CODES_KERNELS = ("native", "biased", "lanes")

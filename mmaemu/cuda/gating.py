@@ -79,6 +79,21 @@ def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
     return None
 
 
+def device_skip(kernel: str, info):
+    """Why ``kernel`` cannot run on the device of ``info`` by design (None if it can). ``cuda:native`` issues
+    sm_90a's warpgroup MMA, which only numba-cuda compiles (numba's built-in target cannot target sm_90a) and only
+    an sm_90 device runs; FP8 ``mma.sync`` on sm_90/sm_100 is not a native FP8 instruction (ptxas rewrites it),
+    so it never stands in."""
+    if kernel != "native":
+        return None
+    if tuple(info.capability) != (9, 0):
+        return (f"issues sm_90a's FP8 warpgroup MMA (wgmma), this device is sm_{info.capability[0]}"
+                f"{info.capability[1]}")
+    if "numba-cuda" not in info.compiler:  # see mmaemu.cuda.device.compiler_description
+        return (f"needs numba-cuda to target sm_90a (pip install 'mmaemu[cuda]'); {info.compiler} cannot")
+    return None
+
+
 def schedule_skip(kernel: str, preset, fmt_a: str, fmt_b: str, use_fast_accum, splits=1, scheme="none"):
     """Why ``kernel`` cannot compute this call's schedule by design (None if it can): design_skip, plus what the
     schedule rules out (the lanes kernel computes unsplit GEMMs only, the biased kernel k-tiles that start on its
@@ -125,6 +140,17 @@ def _run_on_device(kernel: str, info):
         return schedule_skip(kernel, get_preset(case.preset, warn=False), case.fmt_a, case.fmt_b, case.fast,
                              case.splits, case.scheme)
 
+    probe_details = []
+    if kernel == "native":  # the hardware computes its blocks: first the instruction itself, then the GEMMs
+        from . import probe
+
+        with engine._OnDevice(dev) as on:
+            passed, details = probe.run_probe(probe.device_runner(on.stream))
+        probe_details = [{"case": "instruction probe", "mismatches": details["failing_tiles"],
+                          "first": details["first"][:2], "probe": details, "reason": probe.summarize(details)}]
+        if not passed:
+            return False, probe_details
+
     def compute(case, a, b):
         at = torch.from_numpy(a).to(dev).view(formats.DTYPE_OF[case.fmt_a])
         bt = torch.from_numpy(b).to(dev).view(formats.DTYPE_OF[case.fmt_b])
@@ -132,7 +158,8 @@ def _run_on_device(kernel: str, info):
                                         case.fast, case.splits, case.scheme)
         return acc.cpu().numpy()
 
-    return selftest.run_gemm_cases(compute, selftest.GEMM_CASES, skip=skip)
+    passed, details = selftest.run_gemm_cases(compute, selftest.GEMM_CASES, skip=skip)
+    return passed, probe_details + details
 
 
 def ensure_verdict(info, kernel: str, *, force: bool = False) -> GateResult:
@@ -143,6 +170,9 @@ def ensure_verdict(info, kernel: str, *, force: bool = False) -> GateResult:
     memory_key = (selftest.key_digest(key), kernel)
     if kernel in _forced_failures():
         return GateResult("selftest", False, f"forced to fail by {FORCE_FAIL_ENV}", {}, 0.0, False)
+    why = device_skip(kernel, info)
+    if why is not None:
+        return GateResult("selftest", False, f"not run: {why}", {}, 0.0, False, ran=False)
     with _lock:
         if not force and memory_key in _VERDICTS:
             return _VERDICTS[memory_key]
@@ -204,9 +234,16 @@ def status(device=None) -> Dict[str, BackendStatus]:
                 for k in KERNELS.values()}
     result = {}
     for k in KERNELS.values():
+        why = device_skip(k.name, info)
+        if why is not None:
+            result[k.backend] = BackendStatus(k.backend, False, info.compiler, False, [], f"unavailable: {why}")
+            continue
         verdict = _cached_verdict(info, k.name)
         gates = [verdict] if verdict is not None else []
-        if verdict is None:
+        if verdict is None and k.gated:
+            available, reason = True, (f"not validated yet on {info.label}: its instruction probe and self-test "
+                                       "run on first use (or run mmaemu.selftest())")
+        elif verdict is None:
             available, reason = True, f"not validated yet on {info.label}: its self-test runs on first use " \
                                       "(or run mmaemu.selftest())"
         elif verdict.passed:
@@ -247,7 +284,7 @@ def select(device, name, fmt_a, fmt_b, preset) -> Selection:
     failures: List[str] = []
     chosen = None
     for kernel in candidates:
-        skip = design_skip(kernel.name, preset, fmt_a, fmt_b)
+        skip = design_skip(kernel.name, preset, fmt_a, fmt_b) or device_skip(kernel.name, info)
         if skip is not None:
             fallbacks.append(f"{kernel.backend}: {skip}")
             continue
@@ -302,7 +339,8 @@ def _next_kernel(declined: str, device, preset, fmt_a, fmt_b, use_fast_accum, sp
         if kernel.name == declined:
             below = True
             continue
-        if not below or schedule_skip(kernel.name, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
+        if not below or schedule_skip(kernel.name, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme) \
+                or device_skip(kernel.name, info):
             continue
         if ensure_verdict(info, kernel.name).passed:
             return kernel.name

@@ -19,19 +19,22 @@ from .catalog import CODES_KERNELS
 from .kernels import (BLOCK, CHUNK, EPILOGUE_THREADS, LANES_M, LANES_N, LANES_TX, LANES_TY, MAX_GRID_Y,
                       SCHEDULE_FIELDS, TILE_FORMATS_E4M3, TILE_M, TILE_N, epilogue, gemm_lanes, gemm_simple,
                       gemm_tiled, lanes_decline, override_nonfinite, tiled_chunk)
+from .native_kernel import launch_native, native_decline
 
 # Decoded operand panels of the biased kernel are kept below this size (rows of A or B per launch).
 PANEL_BYTES = 256 * 2**20
 DECODED_BYTES = 12  # pos, neg (fp32) and exp (int32) per operand element
 
 
-GEMM_KERNELS = ("biased", "lanes", "tiled", "simple")
+GEMM_KERNELS = ("native", "biased", "lanes", "tiled", "simple")
 
 
 def codes_kernel_decline(kernel, schedule, params):
     """Why a codes kernel does not compute this schedule and preset (None if it does)."""
     if kernel == "biased":
         return biased_decline(schedule, params)
+    if kernel == "native":
+        return native_decline(schedule, params)
     return lanes_decline(schedule, params)
 
 
@@ -45,6 +48,8 @@ def launch_codes(kernel, a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, 
         launch_biased(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream, alloc=alloc)
     elif kernel == "lanes":
         launch_lanes(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream, chunk=chunk)
+    elif kernel == "native":
+        launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream, alloc=alloc)
     else:
         raise ValueError(f"unknown codes kernel {kernel!r}; expected one of {CODES_KERNELS}")
 

@@ -79,20 +79,20 @@ def stage_offset(row, chunk):
     return (chunk * (CTA_M // 8) + row // 8) * CORE_BYTES + (row % 8) * CHUNK
 
 
-def native_decline(schedule, params, block_k=MMA_K):
+def native_decline(schedule, params):
     """Why the native kernel does not compute this schedule and preset (None if it does).
 
-    The instruction computes one block of ``block_k`` products with the accumulator inside the alignment; the
-    preset must be that block (hopper's parameters for wgmma), and every chain must start on a stage.
+    The instruction computes one block of the hopper preset (:data:`mmaemu.cuda.wgmma.INSTRUCTION_PRESET`), so the
+    preset must have exactly those block parameters; every chain must start on a stage.
     """
     tile, splits, interleaved, chain_tiles, pairwise, padded = (int(v) for v in schedule)
     nfma, lshift, rshift, frac, frac_out, min_exp, late_c = (int(v) for v in params)
-    if late_c:
-        return "computes early-accumulator presets only, this preset adds c late"
-    if block_k % nfma:
-        return f"issues {block_k}-product MMA instructions, which blocks of nfma={nfma} do not tile"
-    if frac < frac_out:
-        return f"skips the zero blocks past K, which re-truncate c when frac={frac} < frac_out={frac_out}"
+    block = (nfma, frac, frac_out, min_exp, late_c)
+    instruction = wgmma.INSTRUCTION_PRESET
+    wanted = (instruction.nfma, instruction.frac, instruction.frac_out, instruction.min_exp, int(instruction.late_c))
+    if block != wanted:
+        return (f"computes the block of the sm_90 warpgroup MMA ({instruction.name}: nfma={wanted[0]}, "
+                f"frac={wanted[1]}, frac_out={wanted[2]}, early accumulator) only; this preset's block differs")
     if (splits > 1 or chain_tiles) and tile % STAGE_K:
         return f"starts chains on its {STAGE_K}-wide stages, the schedule's k-tiles are {tile} wide"
     return None
@@ -240,54 +240,57 @@ def padded_shape(rows, K, row_multiple):
     return -(-max(rows, 1) // row_multiple) * row_multiple, -(-max(K, 1) // STAGE_K) * STAGE_K
 
 
-def launch_native(a_padded, b_padded, M, N, K, fmt_a, fmt_b, schedule, params, partials, out, plan, counts,
-                  stream=0):
-    """Accumulators of A [M, K] x B [N, K]^T into ``out`` (fp32 [M, N]) with the native kernel.
+@cuda.jit(fastmath=False)
+def pad_codes(codes, padded):
+    """padded[r, k] = codes[r, k] inside codes, zero codes (+0) elsewhere."""
+    k, r = cuda.grid(2)
+    if r < padded.shape[0] and k < padded.shape[1]:
+        padded[r, k] = codes[r, k] if r < codes.shape[0] and k < codes.shape[1] else 0
 
-    ``a_padded`` / ``b_padded``: flat uint8 codes of the operands padded with zero codes to
-    :func:`padded_shape`; ``plan`` / ``counts``: :func:`stage_plan` on the device; ``partials``: fp32
-    [S, M, N] (``out`` viewed as [1, M, N] when S = 1). RuntimeError if the kernel declines the call.
+
+def _padded(codes, rows_multiple, alloc, stream):
+    """``codes`` [rows, K] (a device array), or a zero-padded copy when its shape is not whole thread blocks and
+    stages; flattened."""
+    rows, K = codes.shape
+    shape = padded_shape(rows, K, rows_multiple)
+    if shape == (rows, K):
+        return codes.reshape(rows * K)
+    padded = alloc(shape, np.uint8)
+    grid = ((shape[1] + 31) // 32, (shape[0] + 7) // 8)
+    pad_codes[grid, (32, 8), stream](codes, padded)
+    return padded.reshape(shape[0] * shape[1])
+
+
+def launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):
+    """out [M, N] (fp32) = accumulators of A [M, K] and B [N, K] (uint8 FP8 codes, device arrays) with the native
+    kernel, before the NaN/Inf rule. ``alloc(shape, dtype)``: device work arrays (padded operands, split
+    partials; default numba's allocator). RuntimeError if the kernel declines the call (:func:`native_decline`).
     """
     why = native_decline(schedule, params)
     if why is not None:
         raise RuntimeError(f"the native kernel {why}")
-    if M == 0 or N == 0:
+    M, K = a_codes.shape
+    N = b_codes.shape[0]
+    if M == 0 or N == 0 or K == 0:
         return
-    splits, pairwise, row_bytes = int(schedule[1]), int(schedule[4]), padded_shape(M, K, CTA_M)[1]
-    kernel = gemm_kernel(fmt_a, fmt_b, int(schedule[3]) != 0)
+    if (M + CTA_M - 1) // CTA_M > MAX_GRID_Y:
+        raise RuntimeError(f"the native kernel launches at most {MAX_GRID_Y * CTA_M} rows of A at once, got {M}")
+    if alloc is None:
+        def alloc(shape, dtype):
+            return cuda.device_array(shape, dtype, stream=stream)
+    schedule = tuple(int(v) for v in schedule)
+    splits, pairwise = schedule[1], schedule[4]
+    plan, counts = stage_plan(K, schedule)
     from .kernels import quiet_launches
 
     with quiet_launches():
-        grid = ((N + CTA_N - 1) // CTA_N, (M + CTA_M - 1) // CTA_M, splits)
-        if grid[1] > MAX_GRID_Y:
-            raise RuntimeError(f"the native kernel launches at most {MAX_GRID_Y * CTA_M} rows of A at once, got {M}")
-        kernel[grid, THREADS, stream](a_padded, b_padded, row_bytes, plan, counts, partials)
+        a = _padded(a_codes, CTA_M, alloc, stream)
+        b = _padded(b_codes, CTA_N, alloc, stream)
+        partials = alloc((splits, M, N), np.float32) if splits > 1 else out.reshape(1, M, N)
+        kernel = gemm_kernel(fmt_a, fmt_b, schedule[3] != 0)
+        kernel[((N + CTA_N - 1) // CTA_N, (M + CTA_M - 1) // CTA_M, splits), THREADS, stream](
+            a, b, padded_shape(M, K, CTA_M)[1], cuda.to_device(plan, stream=stream),
+            cuda.to_device(counts, stream=stream), partials)
         if splits > 1:
-            flat = partials.reshape(splits, M * N)
             combine_partials[(M * N + COMBINE_THREADS - 1) // COMBINE_THREADS, COMBINE_THREADS, stream](
-                flat, splits, pairwise, out.reshape(M * N))
-
-
-def pad_codes(codes, rows_multiple, K):
-    """numpy: uint8 codes [rows, K] padded with zero codes to :func:`padded_shape`, flattened."""
-    rows, row_bytes = padded_shape(codes.shape[0], K, rows_multiple)
-    padded = np.zeros((rows, row_bytes), np.uint8)
-    padded[:codes.shape[0], :K] = codes
-    return padded.reshape(-1)
-
-
-def accumulate_numpy(a_codes, b_codes, fmt_a, fmt_b, schedule, params):
-    """fp32 [M, N] accumulators of numpy codes with the native kernel (device or simulator), before the NaN/Inf
-    rule."""
-    M, K = a_codes.shape
-    N = b_codes.shape[0]
-    out = np.zeros((M, N), np.float32)
-    if M == 0 or N == 0 or K == 0:
-        return out
-    splits = int(schedule[1])
-    plan, counts = stage_plan(K, tuple(int(v) for v in schedule))
-    d_out = cuda.to_device(out)
-    partials = cuda.to_device(np.zeros((splits, M, N), np.float32)) if splits > 1 else d_out.reshape(1, M, N)
-    launch_native(cuda.to_device(pad_codes(a_codes, CTA_M, K)), cuda.to_device(pad_codes(b_codes, CTA_N, K)), M, N,
-                  K, fmt_a, fmt_b, schedule, params, partials, d_out, cuda.to_device(plan), cuda.to_device(counts))
-    return d_out.copy_to_host()
+                partials.reshape(splits, M * N), splits, pairwise, out.reshape(M * N))
