@@ -3,6 +3,7 @@
 Usage::
 
     python scripts/sass_report.py [--kernels biased,lanes] [--cc 9.0]
+    python scripts/sass_report.py --kernels native_fast_e4m3_e4m3,native_slow_e4m3_e4m3 --cc 9.0a
 
 Numba compiles each kernel to PTX for the target (:func:`mmaemu.cuda.offline.compile_ptx`: a fake current device
 stands in for the missing GPU), ``ptxas`` assembles it (registers, spills, shared memory) and ``cuobjdump -sass``
@@ -54,7 +55,11 @@ def compile_ptx(names, cc):
     capability ``cc`` (the cap is the kernel's ``max_registers`` option, which ptxas applies at load time)."""
     from mmaemu.cuda import launch, offline
 
-    signatures = launch.signatures()
+    signatures = dict(launch.signatures())
+    if any(name.startswith("native") for name in names):  # sm_90a only
+        from mmaemu.cuda import native_kernel
+
+        signatures.update(native_kernel.signatures())
     out = {}
     for name in names:
         kernel, signature = signatures[name]
@@ -109,10 +114,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", default="biased,biased_split,lanes",
                         help="names of mmaemu.cuda.launch.signatures()")
-    parser.add_argument("--cc", default="9.0", help="compute capability, e.g. 9.0")
+    parser.add_argument("--cc", default="9.0", help="compute capability, e.g. 9.0 (9.0a for the native kernels)")
     args = parser.parse_args(argv)
-    cc = tuple(int(v) for v in args.cc.split("."))
-    sm = f"sm_{cc[0]}{cc[1]}"
+    major, minor = args.cc.split(".")
+    suffix = minor.lstrip("0123456789")
+    cc = (int(major), int(minor[:len(minor) - len(suffix)])) + ((suffix,) if suffix else ())
+    sm = f"sm_{cc[0]}{cc[1]}{suffix}"
     import numba
 
     try:

@@ -242,10 +242,12 @@ def padded_shape(rows, K, row_multiple):
 
 @cuda.jit(fastmath=False)
 def pad_codes(codes, padded):
-    """padded[r, k] = codes[r, k] inside codes, zero codes (+0) elsewhere."""
-    k, r = cuda.grid(2)
-    if r < padded.shape[0] and k < padded.shape[1]:
-        padded[r, k] = codes[r, k] if r < codes.shape[0] and k < codes.shape[1] else 0
+    """Row r of padded = row r of codes, then zero codes (+0); rows past codes all zero. One thread per row
+    (padding is needed only for shapes that are not whole thread blocks and stages)."""
+    r = cuda.grid(1)
+    if r < padded.shape[0]:
+        for k in range(padded.shape[1]):
+            padded[r, k] = codes[r, k] if r < codes.shape[0] and k < codes.shape[1] else 0
 
 
 def _padded(codes, rows_multiple, alloc, stream):
@@ -256,8 +258,7 @@ def _padded(codes, rows_multiple, alloc, stream):
     if shape == (rows, K):
         return codes.reshape(rows * K)
     padded = alloc(shape, np.uint8)
-    grid = ((shape[1] + 31) // 32, (shape[0] + 7) // 8)
-    pad_codes[grid, (32, 8), stream](codes, padded)
+    pad_codes[(shape[0] + 127) // 128, 128, stream](codes, padded)
     return padded.reshape(shape[0] * shape[1])
 
 
@@ -294,3 +295,23 @@ def launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
         if splits > 1:
             combine_partials[(M * N + COMBINE_THREADS - 1) // COMBINE_THREADS, COMBINE_THREADS, stream](
                 partials.reshape(splits, M * N), splits, pairwise, out.reshape(M * N))
+
+
+def signatures():
+    """``{name: (kernel, argument types)}`` of the native kernels (sm_90a only: ``scripts/sass_report.py --cc 9.0a``,
+    the offline SASS check of tests/test_native_sim.py)."""
+    from numba import types
+
+    from .probe_kernel import probe_kernel
+    from .wgmma import FORMAT_PAIRS
+
+    codes, plan = types.uint8[::1], types.int32[:, :, ::1]
+    gemm_args = (codes, codes, types.int64, plan, types.int32[::1], types.float32[:, :, ::1])
+    out = {}
+    for fmt_a, fmt_b in FORMAT_PAIRS:
+        for multi_chain in (False, True):
+            name = f"native_{'slow' if multi_chain else 'fast'}_{fmt_a}_{fmt_b}"
+            out[name] = (gemm_kernel(fmt_a, fmt_b, multi_chain), gemm_args)
+        out[f"native_probe_{fmt_a}_{fmt_b}"] = (probe_kernel(fmt_a, fmt_b), (
+            codes, codes, types.float32[:, :, ::1], types.int32[::1], types.int64, types.float32[:, :, ::1]))
+    return out

@@ -99,9 +99,12 @@ def descriptor_offset(rows, cols, leading_bytes, stride_bytes):
 
 @arithmetic
 def fragment_coord(thread, i):
-    """(row, column) of D held by accumulator register ``i`` of warpgroup thread ``thread`` (0..127)."""
-    lane = thread % 32
-    return 16 * (thread // 32) + lane // 4 + 8 * ((i % 4) // 2), 8 * (i // 4) + 2 * (lane % 4) + i % 2
+    """(row, column) of D held by accumulator register ``i`` of warpgroup thread ``thread`` (0..127): row
+    ``16 warp + lane // 4 + 8 ((i % 4) // 2)``, column ``8 (i // 4) + 2 (lane % 4) + i % 2`` (shifts and masks:
+    non-negative operands)."""
+    lane = thread & 31
+    row = ((thread >> 5) << 4) + (lane >> 2) + (((i >> 1) & 1) << 3)
+    return row, ((i >> 2) << 3) + ((lane & 3) << 1) + (i & 1)
 
 
 def fragment_coords(thread):
