@@ -23,6 +23,12 @@ Without a usable CUDA device the GPU stages are skipped, saying why, and the run
 ``--quick`` uses tiny shapes (CI runs it on a CPU-only machine). Exit status: 0 if no stage failed, 1 otherwise.
 
     python scripts/gpu_check.py [--out DIR] [--quick] [--budget SECONDS] [--device N] [--shape M,N,K]
+                                [--kernels native,biased] [--native-shapes "M,N,K;M,N,K"]
+
+``cuda:native`` adds two stages: ``native_probe`` (its instruction probe alone, with the first differing cases)
+before the self-tests, and ``native_timing`` (accumulation alone and the whole ``mmaemu.scaled_mm`` with the
+device epilogue, hopper fast and slow, on (2048, 5760, 1920) and (16384, 8192, 8192), next to native
+``torch._scaled_mm``, rows checked against the CPU engine) before the other kernels' timing.
 
 ``--out`` defaults to ``$OUT`` if set, else ``./gpu_check_out``. Run it with ``PYTHONUNBUFFERED=1`` (or ``-u``) to
 follow the progress lines live.
@@ -67,6 +73,17 @@ class Run:
 
     def remaining(self):
         return self.deadline - time.monotonic()
+
+    def gemm_kernels(self):
+        """The GEMM kernels this run checks (``--kernels``; default all), in the dispatcher's order."""
+        from mmaemu import backends
+
+        chosen = self.args.kernels
+        return [k for k in backends.gemm_kernels() if chosen is None or k.name in chosen]
+
+    def kernel_names(self, with_epilogue=False):
+        names = [k.name for k in self.gemm_kernels()]
+        return names + ["epilogue"] if with_epilogue else names
 
     def stage(self, name, function, *, needs_device=False, min_seconds=5.0):
         entry = {"name": name, "status": None, "seconds": 0.0, "result": None, "error": None}
@@ -182,7 +199,7 @@ def stage_cpu_reference(run):
 def stage_selftest(run):
     from mmaemu import backends
 
-    results = backends.selftest(run.device, force=True)
+    results = backends.selftest(run.device, kernels=run.kernel_names(with_epilogue=True), force=True)
     verdict, reason = backends.selftest_verdict(results)
     out = {"verdict": verdict, "reason": reason, "kernels": {}}
     for name, gates in results.items():
@@ -221,7 +238,7 @@ def stage_compare(run):
     if quick:
         cases = [c.shrunk() for c in cases[:3]]
     out = {"kernels": {}, "scaled_mm": []}
-    for kernel in backends.gemm_kernels():
+    for kernel in run.gemm_kernels():
         if run.remaining() < 20:
             out["kernels"][kernel.backend] = "skipped: time budget"
             continue
@@ -252,7 +269,7 @@ def stage_compare(run):
     x = torch.from_numpy(_codes(rng, (M, K))).view(torch.float8_e4m3fn)
     w = torch.from_numpy(_codes(rng, (N, K))).view(torch.float8_e4m3fn)
     one, half = torch.tensor(1.0), torch.tensor(0.5)
-    for kernel in backends.gemm_kernels():
+    for kernel in run.gemm_kernels():
         for out_dtype, fast in ((torch.bfloat16, True), (torch.float32, False), (torch.float8_e4m3fn, True)):
             kwargs = dict(out_dtype=out_dtype, use_fast_accum=fast, splitk=1)
             want = mmaemu.scaled_mm(x, w.t(), half, one, backend="cpu", **kwargs)
@@ -301,7 +318,7 @@ def stage_timing(run):
     check_rows = np.unique(np.r_[np.arange(min(16, M)), np.arange(max(0, M - 16), M)])
     out = {"shape": [M, N, K], "kernels": {}, "native": {}, "agreement": {}}
     cc = torch.cuda.get_device_capability(run.device)
-    for kernel in backends.gemm_kernels():
+    for kernel in run.gemm_kernels():
         entry = out["kernels"].setdefault(kernel.backend, {})
         for preset_name, fast in (("hopper", True), ("hopper", False)):
             label = f"{preset_name} {'fast' if fast else 'slow'}"
@@ -362,6 +379,93 @@ def stage_timing(run):
     return out
 
 
+def stage_native_probe(run):
+    """cuda:native's instruction probe alone, with its first differences (the self-test runs it too, first)."""
+    from mmaemu.cuda import device as cuda_device
+    from mmaemu.cuda import engine, probe
+
+    from mmaemu.cuda import device_skip
+
+    why = device_skip("native", cuda_device.probe(run.device))
+    if why is not None:
+        raise Skip(f"cuda:native cannot run here: {why}")
+    start = time.monotonic()
+    with engine._OnDevice(run.device) as on:
+        passed, details = probe.run_probe(probe.device_runner(on.stream))
+    details["seconds"] = round(time.monotonic() - start, 2)
+    details["summary"] = probe.summarize(details)
+    details["failed"] = not passed
+    log(details["summary"])
+    return details
+
+
+def stage_native_timing(run):
+    """cuda:native next to native torch._scaled_mm on --native-shapes: the accumulation alone and the whole
+    mmaemu.scaled_mm (NaN/Inf rule and exact epilogue on the device), hopper fast and slow, rows checked against
+    the CPU engine."""
+    import numpy as np
+    import torch
+
+    import mmaemu
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.cuda import device as cuda_device
+    from mmaemu.cuda import engine, selftest
+    from mmaemu.model.presets import get_preset
+
+    from mmaemu.cuda import device_skip
+
+    why = device_skip("native", cuda_device.probe(run.device))
+    if why is not None:
+        raise Skip(f"cuda:native cannot run here: {why}")
+    out = {"shapes": []}
+    hopper = get_preset("hopper", warn=False)
+    one = torch.tensor(1.0, device=run.device)
+    for M, N, K in ([(64, 256, 512)] if run.args.quick else run.args.native_shapes):
+        if run.remaining() < 40:
+            out["shapes"].append({"shape": [M, N, K], "skipped": "time budget"})
+            continue
+        rng = np.random.default_rng(M + N + K)
+        a_codes, b_codes = _codes(rng, (M, K)), _codes(rng, (N, K))
+        a = torch.from_numpy(a_codes).to(run.device).view(torch.float8_e4m3fn)
+        b = torch.from_numpy(b_codes).to(run.device).view(torch.float8_e4m3fn)
+        entry = {"shape": [M, N, K], "macs": M * N * K}
+        rows = np.unique(np.r_[0:4, M // 2:M // 2 + 2, M - 4:M])
+        for fast in (True, False):
+            label = "fast" if fast else "slow"
+            result = {}
+            accumulate = lambda: result.__setitem__("acc", engine.accumulate_tensors(  # noqa: E731
+                "native", a, b, "e4m3", "e4m3", hopper, fast))
+            accumulate()
+            times = _time_cuda(accumulate, 5)
+            want = accumulate_codes(a_codes[rows], b_codes, "e4m3", "e4m3", hopper, fast)
+            count, first = selftest.compare_bits(result["acc"][torch.from_numpy(rows).to(run.device)].cpu().numpy(),
+                                                 want)
+            full = lambda: mmaemu.scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
+                                            use_fast_accum=fast, profile="hopper", splitk=1, backend="cuda:native")
+            full()
+            full_times = _time_cuda(full, 5)
+            native = lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
+                                              use_fast_accum=fast)
+            native()
+            native_times = _time_cuda(native, 10)
+            entry[label] = {"accumulate_best_s": round(min(times), 6),
+                            "accumulate_tmacs": round(M * N * K / min(times) / 1e12, 1),
+                            "scaled_mm_best_s": round(min(full_times), 6),
+                            "scaled_mm_tmacs": round(M * N * K / min(full_times) / 1e12, 1),
+                            "torch_scaled_mm_best_s": round(min(native_times), 6),
+                            "torch_scaled_mm_tmacs": round(M * N * K / min(native_times) / 1e12, 1),
+                            "checked_rows": len(rows), "mismatches": count, "first": first}
+            log(f"native {M}x{N}x{K} {label}: {entry[label]['scaled_mm_tmacs']} TMAC/s with the epilogue "
+                f"({entry[label]['accumulate_tmacs']} accumulation alone), torch._scaled_mm "
+                f"{entry[label]['torch_scaled_mm_tmacs']}; {count} mismatches in checked rows")
+        if isinstance(entry.get("slow"), dict) and isinstance(entry.get("fast"), dict):
+            entry["slow_over_fast_time"] = round(entry["slow"]["scaled_mm_best_s"] / entry["fast"]["scaled_mm_best_s"], 3)
+        out["shapes"].append(entry)
+    out["failed"] = any(isinstance(e.get(k), dict) and e[k]["mismatches"] for e in out["shapes"]
+                        for k in ("fast", "slow"))
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Report
 
@@ -402,6 +506,23 @@ def markdown(report):
                 lines.append(f"* scaled_mm {row['kernel']} {row['out']} fast={row['fast']}: "
                              f"{'identical' if row['identical'] else 'DIFFERENT'} to backend='cpu' "
                              f"(result on {row['result_device']})")
+        elif s["name"] == "native_probe":
+            lines += ["", f"## cuda:native instruction probe: {r['summary']} ({r['seconds']} s)", ""]
+            lines += [f"* {json.dumps(d)}" for d in r.get("first", [])]
+        elif s["name"] == "native_timing":
+            lines += ["", "## cuda:native timing (TMAC/s)", "",
+                      "| shape | case | scaled_mm (with epilogue) | accumulation alone | torch._scaled_mm | mismatches |",
+                      "|---|---|---|---|---|---|"]
+            for e in r["shapes"]:
+                for label in ("fast", "slow"):
+                    v = e.get(label)
+                    if isinstance(v, dict):
+                        lines.append(f"| {e['shape']} | {label} | {v['scaled_mm_tmacs']} | {v['accumulate_tmacs']} | "
+                                     f"{v['torch_scaled_mm_tmacs']} | {v['mismatches']} |")
+                if "slow_over_fast_time" in e:
+                    lines.append(f"| {e['shape']} | slow / fast time | {e['slow_over_fast_time']} | | | |")
+                if "skipped" in e:
+                    lines.append(f"| {e['shape']} | skipped: {e['skipped']} | | | | |")
         elif s["name"] == "timing":
             M, N, K = r["shape"]
             lines += ["", f"## Timing (M, N, K) = ({M}, {N}, {K})", "", "| engine | case | best s | products/s |",
@@ -439,13 +560,22 @@ def main(argv=None):
     parser.add_argument("--budget", type=float, default=450.0, help="global time budget in seconds (default 450)")
     parser.add_argument("--device", type=int, default=None, help="CUDA device ordinal (default: current)")
     parser.add_argument("--shape", type=parse_shape, default=[2048, 5760, 1920], help="timing shape M,N,K")
+    parser.add_argument("--kernels", type=lambda t: [k.strip().replace("cuda:", "") for k in t.split(",")],
+                        default=None, help="GEMM kernels to check, e.g. native (default: all)")
+    parser.add_argument("--native-shapes", type=lambda t: [parse_shape(p) for p in t.split(";")],
+                        default=[[2048, 5760, 1920], [16384, 8192, 8192]],
+                        help="cuda:native timing shapes, 'M,N,K;M,N,K'")
     args = parser.parse_args(argv)
     run = Run(args)
     log(f"mmaemu GPU check: out={run.out}, budget={args.budget:.0f} s, quick={args.quick}")
     run.stage("environment", lambda: stage_environment(run), min_seconds=0)
     run.stage("cpu_reference", lambda: stage_cpu_reference(run), min_seconds=2)
+    if args.kernels is None or "native" in args.kernels:
+        run.stage("native_probe", lambda: stage_native_probe(run), needs_device=True, min_seconds=30)
     run.stage("selftest", lambda: stage_selftest(run), needs_device=True, min_seconds=60)
     run.stage("compare", lambda: stage_compare(run), needs_device=True, min_seconds=30)
+    if args.kernels is None or "native" in args.kernels:
+        run.stage("native_timing", lambda: stage_native_timing(run), needs_device=True, min_seconds=40)
     run.stage("timing", lambda: stage_timing(run), needs_device=True, min_seconds=30)
     run.write()
     statuses = [s["status"] for s in run.report["stages"]]
