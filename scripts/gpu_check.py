@@ -215,7 +215,7 @@ def stage_compare(run):
     import torch
 
     import mmaemu
-    from mmaemu import backends, formats
+    from mmaemu import formats
     from mmaemu.cuda import engine, selftest
     from mmaemu.model.presets import get_preset
 
@@ -303,7 +303,6 @@ def stage_timing(run):
     import torch
 
     import mmaemu
-    from mmaemu import backends
     from mmaemu.cpu import accumulate_codes
     from mmaemu.cuda import engine, selftest
     from mmaemu.model.presets import get_preset

@@ -206,7 +206,7 @@ def test_sass_for_sm90a_holds_qgmma_and_no_other_float_instruction(workers):
         fmt_a, fmt_b = name.split("_")[-2:]
         assert entry["target"] == ["sm_90a"], name
         assert entry["gmma"] in ([f"QGMMA.64x128x32.F32.{fmt_a.upper()}.{fmt_b.upper()}"],
-                                 [f"HGMMA.64x8x16.F16", f"QGMMA.64x128x32.F32.{fmt_a.upper()}.{fmt_b.upper()}"]), \
+                                 ["HGMMA.64x8x16.F16", f"QGMMA.64x128x32.F32.{fmt_a.upper()}.{fmt_b.upper()}"]), \
             (name, entry["gmma"])
         # ptxas closes an empty wgmma group with an HGMMA that reads and writes nothing (RZ): never a result.
         assert entry["dummy_gmma"] == ("HGMMA.64x8x16.F16" in entry["gmma"]), (name, entry)

@@ -70,7 +70,6 @@ PLAN_END = 2
 PLAN_STEPS_SHIFT = 2
 MAX_GRID_Y = 65535
 COMBINE_THREADS = 256
-PRESET_FIELDS = ("nfma", "lshift", "rshift", "frac", "frac_out", "min_exp", "late_c")
 
 
 @arithmetic
@@ -289,9 +288,11 @@ def launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
         b = _padded(b_codes, CTA_N, alloc, stream)
         partials = alloc((splits, M, N), np.float32) if splits > 1 else out.reshape(1, M, N)
         kernel = gemm_kernel(fmt_a, fmt_b, schedule[3] != 0)
+        plan_d, counts_d = alloc(plan.shape, np.int32), alloc(counts.shape, np.int32)
+        plan_d.copy_to_device(plan, stream=stream)
+        counts_d.copy_to_device(counts, stream=stream)
         kernel[((N + CTA_N - 1) // CTA_N, (M + CTA_M - 1) // CTA_M, splits), THREADS, stream](
-            a, b, padded_shape(M, K, CTA_M)[1], cuda.to_device(plan, stream=stream),
-            cuda.to_device(counts, stream=stream), partials)
+            a, b, padded_shape(M, K, CTA_M)[1], plan_d, counts_d, partials)
         if splits > 1:
             combine_partials[(M * N + COMBINE_THREADS - 1) // COMBINE_THREADS, COMBINE_THREADS, stream](
                 partials.reshape(splits, M * N), splits, pairwise, out.reshape(M * N))

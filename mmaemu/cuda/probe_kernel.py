@@ -97,6 +97,8 @@ def run_tiles(tiles, stream=0):
                 cuda.to_device(a, stream=stream), cuda.to_device(b, stream=stream), cuda.to_device(c, stream=stream),
                 cuda.to_device(use_c, stream=stream), steps, out)
             host = out.copy_to_host(stream=stream)
+            if hasattr(stream, "synchronize"):
+                stream.synchronize()
             for j, i in enumerate(members):
                 results[i] = host[j]
     return results
