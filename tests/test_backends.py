@@ -389,10 +389,11 @@ def test_gpu_check_quick_runs_without_a_gpu(tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads((out / "gpu_check.json").read_text())
     stages = {s["name"]: s for s in report["stages"]}
-    assert list(stages) == ["environment", "cpu_reference", "selftest", "compare", "timing"]
+    assert list(stages) == ["environment", "cpu_reference", "native_probe", "selftest", "compare", "native_timing",
+                            "timing"]
     assert stages["environment"]["status"] == "ok" and stages["cpu_reference"]["status"] == "ok"
     if not torch.cuda.is_available():
-        for name in ("selftest", "compare", "timing"):
+        for name in ("native_probe", "selftest", "compare", "native_timing", "timing"):
             assert stages[name]["status"] == "skipped"
             assert stages[name]["error"].startswith("no usable CUDA device")
     markdown = (out / "gpu_check.md").read_text()
