@@ -57,9 +57,7 @@ def compile_ptx(names, cc):
 
     signatures = dict(launch.signatures())
     if any(name.startswith("native") for name in names):  # sm_90a only
-        from mmaemu.cuda import native_kernel
-
-        signatures.update(native_kernel.signatures())
+        signatures.update(launch.native_signatures())
     out = {}
     for name in names:
         kernel, signature = signatures[name]

@@ -225,7 +225,7 @@ def test_native_declines_every_block_but_the_instructions():
 
 
 def test_device_requirements_of_the_native_kernel():
-    import mmaemu.cuda as cuda_backend
+    from mmaemu.cuda import gating as cuda_backend
     from mmaemu.cuda.device import DeviceInfo
 
     def info(capability, compiler):

@@ -84,7 +84,7 @@ def _sim_worker():
 def _sass_worker():
     report = {"skipped": None, "kernels": {}}
     try:
-        from mmaemu.cuda import native_kernel, offline, shim
+        from mmaemu.cuda import launch, offline, shim
     except Exception as exc:  # pragma: no cover - numba.cuda missing
         report["skipped"] = f"numba.cuda cannot be imported: {exc}"
         print(json.dumps(report))
@@ -107,7 +107,7 @@ def _sass_worker():
         print(json.dumps(report))
         return
     with tempfile.TemporaryDirectory() as folder:
-        for name, (kernel, signature) in native_kernel.signatures().items():
+        for name, (kernel, signature) in launch.native_signatures().items():
             try:
                 ptx = offline.compile_ptx(kernel, signature, (9, 0, "a"))
             except Exception as exc:

@@ -19,7 +19,9 @@ from .catalog import CODES_KERNELS
 from .kernels import (BLOCK, CHUNK, EPILOGUE_THREADS, LANES_M, LANES_N, LANES_TX, LANES_TY, MAX_GRID_Y,
                       SCHEDULE_FIELDS, TILE_FORMATS_E4M3, TILE_M, TILE_N, epilogue, gemm_lanes, gemm_simple,
                       gemm_tiled, lanes_decline, override_nonfinite, tiled_chunk)
-from .native_kernel import launch_native, native_decline
+from .native_kernel import (CTA_M, CTA_N, COMBINE_THREADS, THREADS, combine_partials, gemm_kernel, native_decline,
+                            pad_codes, padded_shape, stage_plan)
+from .probe_kernel import probe_kernel
 
 # Decoded operand panels of the biased kernel are kept below this size (rows of A or B per launch).
 PANEL_BYTES = 256 * 2**20
@@ -253,3 +255,101 @@ def launch_biased(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
                 grid = ((n1 - n0 + BIASED_N - 1) // BIASED_N, (m1 - m0 + BIASED_M - 1) // BIASED_M)
                 kernel = gemm_biased if schedule[1] == 1 else gemm_biased_split
                 kernel[grid, (BIASED_TX, BIASED_TY), stream](*a, *b, K, schedule, params, out[m0:m1, n0:n1])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# cuda:native
+
+
+def _padded(codes, rows_multiple, alloc, stream):
+    """``codes`` [rows, K] (a device array), or a zero-padded copy when its shape is not whole thread blocks and
+    stages; flattened."""
+    rows, K = codes.shape
+    shape = padded_shape(rows, K, rows_multiple)
+    if shape == (rows, K):
+        return codes.reshape(rows * K)
+    padded = alloc(shape, np.uint8)
+    pad_codes[(shape[0] + 127) // 128, 128, stream](codes, padded)
+    return padded.reshape(shape[0] * shape[1])
+
+
+def launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):
+    """out [M, N] (fp32) = accumulators of A [M, K] and B [N, K] (uint8 FP8 codes, device arrays) with the native
+    kernel, before the NaN/Inf rule. ``alloc(shape, dtype)``: device work arrays (padded operands, stage plan,
+    split partials; default numba's allocator). RuntimeError if the kernel declines the call
+    (:func:`~mmaemu.cuda.native_kernel.native_decline`).
+    """
+    why = native_decline(schedule, params)
+    if why is not None:
+        raise RuntimeError(f"the native kernel {why}")
+    M, K = a_codes.shape
+    N = b_codes.shape[0]
+    if M == 0 or N == 0 or K == 0:
+        return
+    if (M + CTA_M - 1) // CTA_M > MAX_GRID_Y:
+        raise RuntimeError(f"the native kernel launches at most {MAX_GRID_Y * CTA_M} rows of A at once, got {M}")
+    if alloc is None:
+        def alloc(shape, dtype):
+            return cuda.device_array(shape, dtype, stream=stream)
+    schedule = tuple(int(v) for v in schedule)
+    splits, pairwise = schedule[1], schedule[4]
+    plan, counts = stage_plan(K, schedule)
+    with quiet_launches():
+        a = _padded(a_codes, CTA_M, alloc, stream)
+        b = _padded(b_codes, CTA_N, alloc, stream)
+        partials = alloc((splits, M, N), np.float32) if splits > 1 else out.reshape(1, M, N)
+        kernel = gemm_kernel(fmt_a, fmt_b, schedule[3] != 0)
+        plan_d, counts_d = alloc(plan.shape, np.int32), alloc(counts.shape, np.int32)
+        plan_d.copy_to_device(plan, stream=stream)
+        counts_d.copy_to_device(counts, stream=stream)
+        kernel[((N + CTA_N - 1) // CTA_N, (M + CTA_M - 1) // CTA_M, splits), THREADS, stream](
+            a, b, padded_shape(M, K, CTA_M)[1], plan_d, counts_d, partials)
+        if splits > 1:
+            combine_partials[(M * N + COMBINE_THREADS - 1) // COMBINE_THREADS, COMBINE_THREADS, stream](
+                partials.reshape(splits, M * N), splits, pairwise, out.reshape(M * N))
+
+
+def launch_probe(tiles, stream=0):
+    """fp32 [64, 128] results of every instruction-probe tile (:class:`mmaemu.cuda.probe.ProbeTile`; one launch of
+    :func:`~mmaemu.cuda.probe_kernel.probe_kernel` per format pair and step count)."""
+    from .wgmma import MMA_M, MMA_N, WARPGROUP
+
+    results = [None] * len(tiles)
+    groups = {}
+    for i, tile in enumerate(tiles):
+        groups.setdefault((tile.fmt_a, tile.fmt_b, tile.steps), []).append(i)
+    with quiet_launches():
+        for (fmt_a, fmt_b, steps), members in groups.items():
+            a = np.ascontiguousarray(np.stack([tiles[i].a for i in members]), np.uint8).reshape(-1)
+            b = np.ascontiguousarray(np.stack([tiles[i].b for i in members]), np.uint8).reshape(-1)
+            c = np.ascontiguousarray(np.stack([tiles[i].c for i in members]), np.float32)
+            use_c = np.array([int(tiles[i].use_c) for i in members], np.int32)
+            out = cuda.device_array((len(members), MMA_M, MMA_N), np.float32, stream=stream)
+            probe_kernel(fmt_a, fmt_b)[len(members), WARPGROUP, stream](
+                cuda.to_device(a, stream=stream), cuda.to_device(b, stream=stream), cuda.to_device(c, stream=stream),
+                cuda.to_device(use_c, stream=stream), steps, out)
+            host = out.copy_to_host(stream=stream)
+            if hasattr(stream, "synchronize"):
+                stream.synchronize()
+            for j, i in enumerate(members):
+                results[i] = host[j]
+    return results
+
+
+def native_signatures():
+    """``{name: (kernel, argument types)}`` of the native kernels (sm_90a only, so apart from :func:`signatures`:
+    ``scripts/sass_report.py --cc 9.0a``, the offline SASS check of tests/test_native_sim.py)."""
+    from numba import types
+
+    from .wgmma import FORMAT_PAIRS
+
+    codes, plan = types.uint8[::1], types.int32[:, :, ::1]
+    gemm_args = (codes, codes, types.int64, plan, types.int32[::1], types.float32[:, :, ::1])
+    out = {}
+    for fmt_a, fmt_b in FORMAT_PAIRS:
+        for multi_chain in (False, True):
+            name = f"native_{'slow' if multi_chain else 'fast'}_{fmt_a}_{fmt_b}"
+            out[name] = (gemm_kernel(fmt_a, fmt_b, multi_chain), gemm_args)
+        out[f"native_probe_{fmt_a}_{fmt_b}"] = (probe_kernel(fmt_a, fmt_b), (
+            codes, codes, types.float32[:, :, ::1], types.int32[::1], types.int64, types.float32[:, :, ::1]))
+    return out

@@ -68,7 +68,6 @@ DESCRIPTOR_STEP = np.uint64(2 * LEADING_BYTES >> 4)
 PLAN_START = 1
 PLAN_END = 2
 PLAN_STEPS_SHIFT = 2
-MAX_GRID_Y = 65535
 COMBINE_THREADS = 256
 
 
@@ -230,10 +229,6 @@ def combine_partials(partials, splits, pairwise, out):
         out[i] = acc
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Launch
-
-
 def padded_shape(rows, K, row_multiple):
     """(rows, row bytes) of an operand padded to whole thread blocks and stages."""
     return -(-max(rows, 1) // row_multiple) * row_multiple, -(-max(K, 1) // STAGE_K) * STAGE_K
@@ -247,72 +242,3 @@ def pad_codes(codes, padded):
     if r < padded.shape[0]:
         for k in range(padded.shape[1]):
             padded[r, k] = codes[r, k] if r < codes.shape[0] and k < codes.shape[1] else 0
-
-
-def _padded(codes, rows_multiple, alloc, stream):
-    """``codes`` [rows, K] (a device array), or a zero-padded copy when its shape is not whole thread blocks and
-    stages; flattened."""
-    rows, K = codes.shape
-    shape = padded_shape(rows, K, rows_multiple)
-    if shape == (rows, K):
-        return codes.reshape(rows * K)
-    padded = alloc(shape, np.uint8)
-    pad_codes[(shape[0] + 127) // 128, 128, stream](codes, padded)
-    return padded.reshape(shape[0] * shape[1])
-
-
-def launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):
-    """out [M, N] (fp32) = accumulators of A [M, K] and B [N, K] (uint8 FP8 codes, device arrays) with the native
-    kernel, before the NaN/Inf rule. ``alloc(shape, dtype)``: device work arrays (padded operands, split
-    partials; default numba's allocator). RuntimeError if the kernel declines the call (:func:`native_decline`).
-    """
-    why = native_decline(schedule, params)
-    if why is not None:
-        raise RuntimeError(f"the native kernel {why}")
-    M, K = a_codes.shape
-    N = b_codes.shape[0]
-    if M == 0 or N == 0 or K == 0:
-        return
-    if (M + CTA_M - 1) // CTA_M > MAX_GRID_Y:
-        raise RuntimeError(f"the native kernel launches at most {MAX_GRID_Y * CTA_M} rows of A at once, got {M}")
-    if alloc is None:
-        def alloc(shape, dtype):
-            return cuda.device_array(shape, dtype, stream=stream)
-    schedule = tuple(int(v) for v in schedule)
-    splits, pairwise = schedule[1], schedule[4]
-    plan, counts = stage_plan(K, schedule)
-    from .kernels import quiet_launches
-
-    with quiet_launches():
-        a = _padded(a_codes, CTA_M, alloc, stream)
-        b = _padded(b_codes, CTA_N, alloc, stream)
-        partials = alloc((splits, M, N), np.float32) if splits > 1 else out.reshape(1, M, N)
-        kernel = gemm_kernel(fmt_a, fmt_b, schedule[3] != 0)
-        plan_d, counts_d = alloc(plan.shape, np.int32), alloc(counts.shape, np.int32)
-        plan_d.copy_to_device(plan, stream=stream)
-        counts_d.copy_to_device(counts, stream=stream)
-        kernel[((N + CTA_N - 1) // CTA_N, (M + CTA_M - 1) // CTA_M, splits), THREADS, stream](
-            a, b, padded_shape(M, K, CTA_M)[1], plan_d, counts_d, partials)
-        if splits > 1:
-            combine_partials[(M * N + COMBINE_THREADS - 1) // COMBINE_THREADS, COMBINE_THREADS, stream](
-                partials.reshape(splits, M * N), splits, pairwise, out.reshape(M * N))
-
-
-def signatures():
-    """``{name: (kernel, argument types)}`` of the native kernels (sm_90a only: ``scripts/sass_report.py --cc 9.0a``,
-    the offline SASS check of tests/test_native_sim.py)."""
-    from numba import types
-
-    from .probe_kernel import probe_kernel
-    from .wgmma import FORMAT_PAIRS
-
-    codes, plan = types.uint8[::1], types.int32[:, :, ::1]
-    gemm_args = (codes, codes, types.int64, plan, types.int32[::1], types.float32[:, :, ::1])
-    out = {}
-    for fmt_a, fmt_b in FORMAT_PAIRS:
-        for multi_chain in (False, True):
-            name = f"native_{'slow' if multi_chain else 'fast'}_{fmt_a}_{fmt_b}"
-            out[name] = (gemm_kernel(fmt_a, fmt_b, multi_chain), gemm_args)
-        out[f"native_probe_{fmt_a}_{fmt_b}"] = (probe_kernel(fmt_a, fmt_b), (
-            codes, codes, types.float32[:, :, ::1], types.int32[::1], types.int64, types.float32[:, :, ::1]))
-    return out

@@ -275,9 +275,9 @@ def summarize(details) -> str:
 
 def device_runner(stream=0):
     """``compute(tiles)`` for :func:`run_probe` that launches the probe kernel (a device, or the simulator)."""
-    from . import probe_kernel
+    from .launch import launch_probe
 
     def compute(tiles):
-        return probe_kernel.run_tiles(tiles, stream)
+        return launch_probe(tiles, stream)
 
     return compute

@@ -76,29 +76,3 @@ def probe_kernel(fmt_a, fmt_b):
     if (fmt_a, fmt_b) not in _PROBES:
         _PROBES[(fmt_a, fmt_b)] = _make_probe(fmt_a, fmt_b)
     return _PROBES[(fmt_a, fmt_b)]
-
-
-def run_tiles(tiles, stream=0):
-    """fp32 [64, 128] results of every probe tile (one launch per format pair and step count)."""
-    from .kernels import quiet_launches
-
-    results = [None] * len(tiles)
-    groups = {}
-    for i, tile in enumerate(tiles):
-        groups.setdefault((tile.fmt_a, tile.fmt_b, tile.steps), []).append(i)
-    with quiet_launches():
-        for (fmt_a, fmt_b, steps), members in groups.items():
-            a = np.ascontiguousarray(np.stack([tiles[i].a for i in members]), np.uint8).reshape(-1)
-            b = np.ascontiguousarray(np.stack([tiles[i].b for i in members]), np.uint8).reshape(-1)
-            c = np.ascontiguousarray(np.stack([tiles[i].c for i in members]), np.float32)
-            use_c = np.array([int(tiles[i].use_c) for i in members], np.int32)
-            out = cuda.device_array((len(members), MMA_M, MMA_N), np.float32, stream=stream)
-            probe_kernel(fmt_a, fmt_b)[len(members), WARPGROUP, stream](
-                cuda.to_device(a, stream=stream), cuda.to_device(b, stream=stream), cuda.to_device(c, stream=stream),
-                cuda.to_device(use_c, stream=stream), steps, out)
-            host = out.copy_to_host(stream=stream)
-            if hasattr(stream, "synchronize"):
-                stream.synchronize()
-            for j, i in enumerate(members):
-                results[i] = host[j]
-    return results
