@@ -11,8 +11,9 @@ Every engine returns the bits of the reference path; they differ only in speed a
 ``backend="auto"`` is replaced by ``$MMAEMU_BACKEND`` when set; then CUDA tensors get the first CUDA kernel
 that passed its self-test, everything else the ``cpu`` engine. CUDA tensors in give CUDA tensors out, always.
 
-CUDA kernels (:data:`KERNELS`, tried by descending priority): ``cuda:native`` (the GPU's own FP8 warpgroup MMA
-on sm_90, hopper preset only; gated by an instruction-level probe, :mod:`mmaemu.cuda.probe`), ``cuda:biased`` (the formulation of
+CUDA kernels (:data:`KERNELS`, tried by descending priority): ``cuda:native`` (the GPU's own FP8 tensor-core
+instruction: sm_90's warpgroup MMA for the hopper preset, sm_89's mma.sync for ada; gated by an instruction-level
+probe, :mod:`mmaemu.cuda.probe`), ``cuda:biased`` (the formulation of
 :mod:`mmaemu.arith.biased`, each product one fp32 fused multiply-add rounding toward zero) and ``cuda:lanes`` (that
 of :mod:`mmaemu.arith.tile`), both for unsplit GEMMs of early-accumulator presets - a call they decline by design
 goes to the next kernel, without a warning - ``cuda:tiled`` (operands staged through shared memory) and

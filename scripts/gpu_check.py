@@ -24,11 +24,16 @@ Without a usable CUDA device the GPU stages are skipped, saying why, and the run
 
     python scripts/gpu_check.py [--out DIR] [--quick] [--budget SECONDS] [--device N] [--shape M,N,K]
                                 [--kernels native,biased] [--native-shapes "M,N,K;M,N,K"]
+                                [--simulator wgmma,mma_sync]
 
-``cuda:native`` adds two stages: ``native_probe`` (its instruction probe alone, with the first differing cases)
-before the self-tests, and ``native_timing`` (accumulation alone and the whole ``mmaemu.scaled_mm`` with the
-device epilogue, hopper fast and slow, on (2048, 5760, 1920) and (16384, 8192, 8192), next to native
-``torch._scaled_mm``, rows checked against the CPU engine) before the other kernels' timing.
+``cuda:native`` adds two stages for the device's own instruction (sm_90: the warpgroup MMA, hopper preset; sm_89:
+mma.sync, ada preset): ``native_probe`` (its instruction probe alone, with the first differing cases) before the
+self-tests, and ``native_timing`` right after them (accumulation alone and the whole ``mmaemu.scaled_mm`` with the
+device epilogue, fast and slow, on (2048, 5760, 1920) and (16384, 8192, 8192), next to native
+``torch._scaled_mm``, rows checked against the CPU engine). ``--kernels native --budget 240`` runs just these and
+cuda:native's self-test, comparison and timing: about four minutes on an H200 (kernel compilation included).
+``--simulator`` is a dry run of the two native stages under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``):
+two probe tiles and an 8 x 8 x 160 GEMM per instruction, every output checked (CI runs it).
 
 ``--out`` defaults to ``$OUT`` if set, else ``./gpu_check_out``. Run it with ``PYTHONUNBUFFERED=1`` (or ``-u``) to
 follow the progress lines live.
@@ -251,10 +256,13 @@ def stage_compare(run):
                                              case.scheme).cpu().numpy()
 
         def skip(case, kernel=kernel.name):
-            from mmaemu.cuda import schedule_skip
+            from mmaemu.cuda import device as cuda_device
+            from mmaemu.cuda import gating
 
-            return schedule_skip(kernel, get_preset(case.preset, warn=False), case.fmt_a, case.fmt_b, case.fast,
-                                 case.splits, case.scheme)
+            preset = get_preset(case.preset, warn=False)
+            info = cuda_device.probe(run.device)
+            return (gating.schedule_skip(kernel, preset, case.fmt_a, case.fmt_b, case.fast, case.splits, case.scheme)
+                    or gating.device_skip(kernel, info, preset))
 
         start = time.monotonic()
         passed, details = selftest.run_gemm_cases(compute, cases, skip=skip)
@@ -304,7 +312,8 @@ def stage_timing(run):
 
     import mmaemu
     from mmaemu.cpu import accumulate_codes
-    from mmaemu.cuda import engine, selftest
+    from mmaemu.cuda import device as cuda_device
+    from mmaemu.cuda import engine, gating, selftest
     from mmaemu.model.presets import get_preset
 
     M, N, K = run.args.shape
@@ -322,6 +331,10 @@ def stage_timing(run):
         for preset_name, fast in (("hopper", True), ("hopper", False)):
             label = f"{preset_name} {'fast' if fast else 'slow'}"
             preset = get_preset(preset_name, warn=False)
+            why = gating.device_skip(kernel.name, cuda_device.probe(run.device), preset)
+            if why is not None:
+                entry[label] = f"skipped: {why}"
+                continue
             if run.remaining() < 30:
                 entry[label] = "skipped: time budget"
                 continue
@@ -378,90 +391,137 @@ def stage_timing(run):
     return out
 
 
-def stage_native_probe(run):
-    """cuda:native's instruction probe alone, with its first differences (the self-test runs it too, first)."""
+def _native_targets(run):
+    """[(instruction name, preset)] the cuda:native stages check: the device's own instruction (Skip, saying why,
+    where cuda:native cannot run), or under numba's CUDA simulator (``--simulator``) the instructions named."""
+    from mmaemu.cuda import native_kernel
+
+    if run.args.simulator:
+        return [(name, native_kernel.INSTRUCTIONS[name].PRESET) for name in run.args.simulator]
+    if run.device is None:
+        raise Skip(f"no usable CUDA device: {run.device_reason}")
     from mmaemu.cuda import device as cuda_device
-    from mmaemu.cuda import engine, probe
+    from mmaemu.cuda import gating
+    from mmaemu.cuda.catalog import NATIVE_INSTRUCTIONS
+    from mmaemu.model.presets import get_preset
 
-    from mmaemu.cuda import device_skip
-
-    why = device_skip("native", cuda_device.probe(run.device))
+    info = cuda_device.probe(run.device)
+    why = gating.device_skip("native", info)
     if why is not None:
         raise Skip(f"cuda:native cannot run here: {why}")
-    start = time.monotonic()
-    with engine._OnDevice(run.device) as on:
-        passed, details = probe.run_probe(probe.device_runner(on.stream))
-    details["seconds"] = round(time.monotonic() - start, 2)
-    details["summary"] = probe.summarize(details)
-    details["failed"] = not passed
-    log(details["summary"])
-    return details
+    name, preset_name, _ = NATIVE_INSTRUCTIONS[tuple(info.capability)]
+    return [(name, get_preset(preset_name, warn=False))]
+
+
+def stage_native_probe(run):
+    """cuda:native's instruction probe alone, with its first differences (the self-test runs it too, first)."""
+    from mmaemu.cuda import probe
+
+    out = {}
+    for instruction, preset in _native_targets(run):
+        start = time.monotonic()
+        if run.args.simulator:  # two tiles of one format pair: the plumbing, not the hardware
+            passed, details = probe.run_probe(probe.device_runner(instruction), preset,
+                                              probe.probe_tiles(preset, pairs=(("e4m3", "e5m2"),))[-3:-1])
+        else:
+            from mmaemu.cuda import engine
+
+            with engine._OnDevice(run.device) as on:
+                passed, details = probe.run_probe(probe.device_runner(instruction, on.stream), preset)
+        details.update(seconds=round(time.monotonic() - start, 2), summary=probe.summarize(details), passed=passed)
+        out[instruction] = details
+        log(f"{instruction}: {details['summary']}")
+    out["failed"] = not all(d["passed"] for d in out.values())
+    return out
+
+
+def _native_run(run, a_codes, b_codes, rows, preset, fast, repeat):
+    """(rows ``rows`` of cuda:native's fp32 accumulators as numpy, best seconds of ``repeat`` timed runs, the
+    operands as device tensors or None): on the device through torch, or under the simulator through numpy (one
+    run)."""
+    from mmaemu.cuda import engine
+
+    if run.args.simulator:
+        start = time.perf_counter()
+        acc = engine.accumulate_numpy("native", a_codes, b_codes, "e4m3", "e4m3", preset, fast)
+        return acc[rows], time.perf_counter() - start, None
+    import torch
+
+    a = torch.from_numpy(a_codes).to(run.device).view(torch.float8_e4m3fn)
+    b = torch.from_numpy(b_codes).to(run.device).view(torch.float8_e4m3fn)
+    result = {}
+
+    def accumulate():
+        result["acc"] = engine.accumulate_tensors("native", a, b, "e4m3", "e4m3", preset, fast)
+
+    accumulate()
+    times = _time_cuda(accumulate, repeat)
+    return result["acc"][torch.from_numpy(rows).to(run.device)].cpu().numpy(), min(times), (a, b)
 
 
 def stage_native_timing(run):
     """cuda:native next to native torch._scaled_mm on --native-shapes: the accumulation alone and the whole
-    mmaemu.scaled_mm (NaN/Inf rule and exact epilogue on the device), hopper fast and slow, rows checked against
-    the CPU engine."""
+    mmaemu.scaled_mm (NaN/Inf rule and exact epilogue on the device), fast and slow accumulation of the device's
+    preset, rows checked against the CPU engine. Under the simulator: a tiny shape, every output checked, nothing
+    timed that means anything."""
     import numpy as np
+
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.cuda import selftest
+
+    out = {"shapes": []}
+    for instruction, preset in _native_targets(run):
+        shapes = [(8, 8, 160)] if run.args.simulator else [(64, 256, 512)] if run.args.quick else \
+            run.args.native_shapes
+        for M, N, K in shapes:
+            if run.remaining() < 40:
+                out["shapes"].append({"instruction": instruction, "shape": [M, N, K], "skipped": "time budget"})
+                continue
+            rng = np.random.default_rng(M + N + K)
+            a_codes, b_codes = _codes(rng, (M, K)), _codes(rng, (N, K))
+            entry = {"instruction": instruction, "preset": preset.name, "shape": [M, N, K], "macs": M * N * K}
+            rows = np.unique(np.r_[0:4, M // 2:M // 2 + 2, M - 4:M]) if not run.args.simulator else np.arange(M)
+            for fast in (True, False):
+                label = "fast" if fast else "slow"
+                got, best, operands = _native_run(run, a_codes, b_codes, rows, preset, fast, 5)
+                count, first = selftest.compare_bits(got, accumulate_codes(a_codes[rows], b_codes, "e4m3", "e4m3",
+                                                                           preset, fast))
+                entry[label] = {"accumulate_best_s": round(best, 6),
+                                "accumulate_tmacs": round(M * N * K / best / 1e12, 1), "checked_rows": len(rows),
+                                "mismatches": count, "first": first}
+                if operands is not None:
+                    entry[label].update(_scaled_mm_times(run, *operands, preset, fast))
+                log(f"native {instruction} {M}x{N}x{K} {label}: " + ", ".join(
+                    f"{k} {v}" for k, v in entry[label].items() if k.endswith("tmacs")) + f"; {count} mismatches")
+            if "scaled_mm_best_s" in entry.get("fast", {}) and "scaled_mm_best_s" in entry.get("slow", {}):
+                entry["slow_over_fast_time"] = round(entry["slow"]["scaled_mm_best_s"]
+                                                     / entry["fast"]["scaled_mm_best_s"], 3)
+            out["shapes"].append(entry)
+    out["failed"] = any(isinstance(e.get(k), dict) and e[k]["mismatches"] for e in out["shapes"]
+                        for k in ("fast", "slow"))
+    return out
+
+
+def _scaled_mm_times(run, a, b, preset, fast):
+    """Best seconds and TMAC/s of mmaemu.scaled_mm through cuda:native (with the device epilogue) and of native
+    torch._scaled_mm on the same operands (bf16 out)."""
     import torch
 
     import mmaemu
-    from mmaemu.cpu import accumulate_codes
-    from mmaemu.cuda import device as cuda_device
-    from mmaemu.cuda import engine, selftest
-    from mmaemu.model.presets import get_preset
 
-    from mmaemu.cuda import device_skip
-
-    why = device_skip("native", cuda_device.probe(run.device))
-    if why is not None:
-        raise Skip(f"cuda:native cannot run here: {why}")
-    out = {"shapes": []}
-    hopper = get_preset("hopper", warn=False)
+    M, K = a.shape
+    N = b.shape[0]
     one = torch.tensor(1.0, device=run.device)
-    for M, N, K in ([(64, 256, 512)] if run.args.quick else run.args.native_shapes):
-        if run.remaining() < 40:
-            out["shapes"].append({"shape": [M, N, K], "skipped": "time budget"})
-            continue
-        rng = np.random.default_rng(M + N + K)
-        a_codes, b_codes = _codes(rng, (M, K)), _codes(rng, (N, K))
-        a = torch.from_numpy(a_codes).to(run.device).view(torch.float8_e4m3fn)
-        b = torch.from_numpy(b_codes).to(run.device).view(torch.float8_e4m3fn)
-        entry = {"shape": [M, N, K], "macs": M * N * K}
-        rows = np.unique(np.r_[0:4, M // 2:M // 2 + 2, M - 4:M])
-        for fast in (True, False):
-            label = "fast" if fast else "slow"
-            result = {}
-            accumulate = lambda: result.__setitem__("acc", engine.accumulate_tensors(  # noqa: E731
-                "native", a, b, "e4m3", "e4m3", hopper, fast))
-            accumulate()
-            times = _time_cuda(accumulate, 5)
-            want = accumulate_codes(a_codes[rows], b_codes, "e4m3", "e4m3", hopper, fast)
-            count, first = selftest.compare_bits(result["acc"][torch.from_numpy(rows).to(run.device)].cpu().numpy(),
-                                                 want)
-            full = lambda: mmaemu.scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
-                                            use_fast_accum=fast, profile="hopper", splitk=1, backend="cuda:native")
-            full()
-            full_times = _time_cuda(full, 5)
-            native = lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
-                                              use_fast_accum=fast)
-            native()
-            native_times = _time_cuda(native, 10)
-            entry[label] = {"accumulate_best_s": round(min(times), 6),
-                            "accumulate_tmacs": round(M * N * K / min(times) / 1e12, 1),
-                            "scaled_mm_best_s": round(min(full_times), 6),
-                            "scaled_mm_tmacs": round(M * N * K / min(full_times) / 1e12, 1),
-                            "torch_scaled_mm_best_s": round(min(native_times), 6),
-                            "torch_scaled_mm_tmacs": round(M * N * K / min(native_times) / 1e12, 1),
-                            "checked_rows": len(rows), "mismatches": count, "first": first}
-            log(f"native {M}x{N}x{K} {label}: {entry[label]['scaled_mm_tmacs']} TMAC/s with the epilogue "
-                f"({entry[label]['accumulate_tmacs']} accumulation alone), torch._scaled_mm "
-                f"{entry[label]['torch_scaled_mm_tmacs']}; {count} mismatches in checked rows")
-        if isinstance(entry.get("slow"), dict) and isinstance(entry.get("fast"), dict):
-            entry["slow_over_fast_time"] = round(entry["slow"]["scaled_mm_best_s"] / entry["fast"]["scaled_mm_best_s"], 3)
-        out["shapes"].append(entry)
-    out["failed"] = any(isinstance(e.get(k), dict) and e[k]["mismatches"] for e in out["shapes"]
-                        for k in ("fast", "slow"))
+    full = lambda: mmaemu.scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
+                                    use_fast_accum=fast, profile=preset.name, splitk=1, backend="cuda:native")
+    native = lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
+                                      use_fast_accum=fast)
+    out = {}
+    for name, function, repeat in (("scaled_mm", full, 5), ("torch_scaled_mm", native, 10)):
+        function()
+        best = min(_time_cuda(function, repeat))
+        out[f"{name}_best_s"] = round(best, 6)
+        out[f"{name}_tmacs"] = round(M * N * K / best / 1e12, 1)
     return out
 
 
@@ -506,8 +566,10 @@ def markdown(report):
                              f"{'identical' if row['identical'] else 'DIFFERENT'} to backend='cpu' "
                              f"(result on {row['result_device']})")
         elif s["name"] == "native_probe":
-            lines += ["", f"## cuda:native instruction probe: {r['summary']} ({r['seconds']} s)", ""]
-            lines += [f"* {json.dumps(d)}" for d in r.get("first", [])]
+            for instruction, d in r.items():
+                if isinstance(d, dict):
+                    lines += ["", f"## cuda:native instruction probe ({instruction}): {d['summary']} "
+                              f"({d['seconds']} s)", ""] + [f"* {json.dumps(f)}" for f in d.get("first", [])]
         elif s["name"] == "native_timing":
             lines += ["", "## cuda:native timing (TMAC/s)", "",
                       "| shape | case | scaled_mm (with epilogue) | accumulation alone | torch._scaled_mm | mismatches |",
@@ -516,8 +578,9 @@ def markdown(report):
                 for label in ("fast", "slow"):
                     v = e.get(label)
                     if isinstance(v, dict):
-                        lines.append(f"| {e['shape']} | {label} | {v['scaled_mm_tmacs']} | {v['accumulate_tmacs']} | "
-                                     f"{v['torch_scaled_mm_tmacs']} | {v['mismatches']} |")
+                        lines.append(f"| {e['shape']} | {e['instruction']} {e.get('preset')} {label} | "
+                                     f"{v.get('scaled_mm_tmacs', '-')} | {v['accumulate_tmacs']} | "
+                                     f"{v.get('torch_scaled_mm_tmacs', '-')} | {v['mismatches']} |")
                 if "slow_over_fast_time" in e:
                     lines.append(f"| {e['shape']} | slow / fast time | {e['slow_over_fast_time']} | | | |")
                 if "skipped" in e:
@@ -564,17 +627,30 @@ def main(argv=None):
     parser.add_argument("--native-shapes", type=lambda t: [parse_shape(p) for p in t.split(";")],
                         default=[[2048, 5760, 1920], [16384, 8192, 8192]],
                         help="cuda:native timing shapes, 'M,N,K;M,N,K'")
+    parser.add_argument("--simulator", type=lambda t: [i.strip() for i in t.split(",")], default=None,
+                        metavar="wgmma,mma_sync", help="dry run of the cuda:native stages under numba's CUDA "
+                        "simulator (NUMBA_ENABLE_CUDASIM=1) for these instructions, tiny shapes (CI)")
     args = parser.parse_args(argv)
+    if args.simulator:
+        from mmaemu.cuda import native_kernel, shim
+
+        if not shim.simulator_enabled():
+            parser.error("--simulator needs NUMBA_ENABLE_CUDASIM=1 in the environment")
+        unknown = set(args.simulator) - set(native_kernel.INSTRUCTIONS)
+        if unknown:
+            parser.error(f"--simulator: unknown instructions {sorted(unknown)}; known: "
+                         f"{list(native_kernel.INSTRUCTIONS)}")
     run = Run(args)
     log(f"mmaemu GPU check: out={run.out}, budget={args.budget:.0f} s, quick={args.quick}")
     run.stage("environment", lambda: stage_environment(run), min_seconds=0)
     run.stage("cpu_reference", lambda: stage_cpu_reference(run), min_seconds=2)
-    if args.kernels is None or "native" in args.kernels:
-        run.stage("native_probe", lambda: stage_native_probe(run), needs_device=True, min_seconds=30)
+    native = args.kernels is None or "native" in args.kernels
+    if native:  # its own stages: ahead of the others, whose budget they would otherwise share
+        run.stage("native_probe", lambda: stage_native_probe(run), min_seconds=30)
     run.stage("selftest", lambda: stage_selftest(run), needs_device=True, min_seconds=60)
+    if native:
+        run.stage("native_timing", lambda: stage_native_timing(run), min_seconds=40)
     run.stage("compare", lambda: stage_compare(run), needs_device=True, min_seconds=30)
-    if args.kernels is None or "native" in args.kernels:
-        run.stage("native_timing", lambda: stage_native_timing(run), needs_device=True, min_seconds=40)
     run.stage("timing", lambda: stage_timing(run), needs_device=True, min_seconds=30)
     run.write()
     statuses = [s["status"] for s in run.report["stages"]]

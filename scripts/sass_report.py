@@ -3,16 +3,17 @@
 Usage::
 
     python scripts/sass_report.py [--kernels biased,lanes] [--cc 9.0]
-    python scripts/sass_report.py --kernels native_fast_e4m3_e4m3,native_slow_e4m3_e4m3 --cc 9.0a
+    python scripts/sass_report.py --kernels wgmma_fast_e4m3_e4m3,wgmma_slow_e4m3_e4m3 --cc 9.0a
+    python scripts/sass_report.py --kernels mma_sync_fast_e4m3_e4m3,mma_sync_slow_e4m3_e4m3 --cc 8.9
 
 Numba compiles each kernel to PTX for the target (:func:`mmaemu.cuda.offline.compile_ptx`: a fake current device
-stands in for the missing GPU), ``ptxas`` assembles it (registers, spills, shared memory) and ``cuobjdump -sass``
-disassembles it. Every loop of the SASS (a backward branch) is listed innermost first with its instruction count
+stands in for the missing GPU), ``ptxas`` assembles it (registers, spills, shared memory) and ``nvdisasm -c``
+disassembles the cubin. Every loop of the SASS (a backward branch) is listed innermost first with its instruction count
 and most frequent opcodes, so that the cost of a kernel's inner loops per product can be read off: these are
 static counts of one loop iteration, not measurements; how fast a GPU runs them is for ``scripts/gpu_check.py``.
 
 Needs libNVVM (a CUDA toolkit, or the ``nvidia-nvvm`` wheel with numba-cuda), ``ptxas`` (``$CUDA_HOME/bin`` or
-PATH) and ``cuobjdump`` (PATH, or the ``nvidia-cuda-cuobjdump`` wheel).
+PATH) and ``nvdisasm`` (PATH, or the ``nvidia-cuda-nvdisasm`` wheel).
 """
 
 from __future__ import annotations
@@ -53,11 +54,12 @@ def _tool(name: str) -> str:
 def compile_ptx(names, cc):
     """{name: (PTX text, register cap or None)} of the kernels of mmaemu.cuda.launch.signatures() for compute
     capability ``cc`` (the cap is the kernel's ``max_registers`` option, which ptxas applies at load time)."""
-    from mmaemu.cuda import launch, offline
+    from mmaemu.cuda import launch, native_kernel, offline
 
     signatures = dict(launch.signatures())
-    if any(name.startswith("native") for name in names):  # sm_90a only
-        signatures.update(launch.native_signatures())
+    for instruction in native_kernel.INSTRUCTIONS:  # the native kernels, for their own target only
+        if any(name.startswith(instruction + "_") for name in names):
+            signatures.update(launch.native_signatures(instruction))
     out = {}
     for name in names:
         kernel, signature = signatures[name]
@@ -87,8 +89,24 @@ def assemble(ptx: str, sm: str, folder: pathlib.Path, name: str, cap=None):
         raise SystemExit(f"ptxas failed for {name}: {run.stderr[-2000:]}")
     resources = [ln.split("info    :")[-1].strip() for ln in run.stderr.splitlines()
                  if "Used" in ln or "spill" in ln]
-    sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True)
-    return resources, sass.stdout
+    return resources, disassemble(cubin)
+
+
+def disassemble(cubin: pathlib.Path) -> str:
+    """SASS text of a cubin (``nvdisasm -c``: code sections only), with branch-target labels replaced by the
+    address they label, as ``(0x0430)``."""
+    sass = subprocess.run([_tool("nvdisasm"), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    addresses, pending = {}, []
+    for line in sass.splitlines():
+        label = re.match(r"^(\.L_x_\d+):", line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        match = SASS_LINE.match(line)
+        if match:
+            addresses.update((name, match.group(1)) for name in pending)
+            pending = []
+    return re.sub(r"`?\((\.L_x_\d+)\)", lambda m: f"(0x{addresses.get(m.group(1), m.group(1))})", sass)
 
 
 def loops(sass: str):
@@ -112,7 +130,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernels", default="biased,biased_split,lanes",
                         help="names of mmaemu.cuda.launch.signatures()")
-    parser.add_argument("--cc", default="9.0", help="compute capability, e.g. 9.0 (9.0a for the native kernels)")
+    parser.add_argument("--cc", default="9.0",
+                        help="compute capability, e.g. 9.0 (9.0a for cuda:native's wgmma kernels, 8.9 for mma_sync)")
     args = parser.parse_args(argv)
     major, minor = args.cc.split(".")
     suffix = minor.lstrip("0123456789")

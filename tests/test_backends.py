@@ -246,10 +246,10 @@ def test_force_fail_env_and_design_skips(fake_device, monkeypatch):
         sel = backends.select(CUDA0, "auto", "e4m3", "e4m3", wide)
         late = backends.select(CUDA0, "auto", "e4m3", "e4m3", get_preset("b200_mma_sync", warn=False))
     assert sel.name == "cuda:simple" and len(sel.fallbacks) == 4
-    assert sel.fallbacks[0].startswith("cuda:native: computes the block of the sm_90 warpgroup MMA")
+    assert sel.fallbacks[0].startswith("cuda:native: computes the blocks of the FP8 MMA instructions it issues")
     assert all("nfma=256" in f for f in sel.fallbacks[1:])
     # b200_mma_sync: the native, biased and lanes kernels decline it by design; no warning.
-    assert late.name == "cuda:tiled" and late.fallbacks[0].startswith("cuda:native: computes the block")
+    assert late.name == "cuda:tiled" and late.fallbacks[0].startswith("cuda:native: computes the blocks")
     assert late.fallbacks[1].startswith("cuda:biased: computes the early")
     assert late.fallbacks[2].startswith("cuda:lanes: computes the early")
     assert not [w for w in caught if issubclass(w.category, BackendFallbackWarning)]
@@ -303,7 +303,8 @@ def test_verdicts_are_cached_on_disk_by_device_and_sources(fake_device, tmp_path
 
     fake_device["outcomes"]["simple"] = RuntimeError("transient")
     results = backends.selftest(CUDA0)
-    assert {k: g[0].passed for k, g in results.items()} == {"cuda:native": True, "cuda:biased": True, "cuda:lanes": True,
+    assert {k: g[0].passed for k, g in results.items()} == {"cuda:native": True, "cuda:biased": True,
+                                                            "cuda:lanes": True,
                                                             "cuda:tiled": True, "cuda:simple": False,
                                                             "cuda:epilogue": True}
     files = sorted((tmp_path / "cache" / "verdicts").glob("*.json"))
@@ -340,6 +341,38 @@ def test_status_with_a_device(fake_device):
     assert backends.selftest_verdict(backends.selftest(CUDA0, kernels="tiled")) == ("PASS", "every kernel passed")
 
 
+def test_native_kernel_runs_each_devices_own_instruction_for_its_preset_only(fake_device):
+    """sm_90 (numba-cuda): the warpgroup MMA for hopper; sm_89 (any numba): mma.sync for ada; the other preset, or
+    another GPU, goes to the next kernel without a warning (never FP8 mma.sync for hopper)."""
+    import dataclasses
+
+    import mmaemu.cuda as cuda_backend
+    from mmaemu.cuda.device import DeviceInfo
+
+    ada = get_preset("ada", warn=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ada_on_h100 = backends.select(CUDA0, "auto", "e4m3", "e4m3", ada)
+        fake_device["info"] = DeviceInfo(0, "Fake Ada", "GPU-89", (8, 9), 24, "CUDA driver API 13.0",
+                                         "numba 0.68 (built-in CUDA target)", torch.__version__)
+        cuda_backend.reset()
+        ada_on_ada = backends.select(CUDA0, "auto", "e4m3", "e5m2", ada)
+        hopper_on_ada = backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER)
+        fake_device["info"] = dataclasses.replace(fake_device["info"], capability=(12, 0))
+        cuda_backend.reset()
+        on_sm120 = backends.select(CUDA0, "auto", "e4m3", "e4m3", ada)
+    assert not [w for w in caught if issubclass(w.category, BackendFallbackWarning)]
+    assert ada_on_h100.name == "cuda:biased" and ada_on_h100.fallbacks == [
+        "cuda:native: computes the hopper preset's block on sm_90 (wgmma), preset 'ada' has another"]
+    assert ada_on_ada == backends.Selection("cuda:native", [])
+    assert hopper_on_ada.name == "cuda:biased" and hopper_on_ada.fallbacks[0].startswith(
+        "cuda:native: computes the ada preset's block on sm_89 (mma_sync)")
+    assert on_sm120.name == "cuda:biased" and "this device is sm_120" in on_sm120.fallbacks[0]
+    assert fake_device["runs"].count("native") == 1  # only sm_89 ran its self-test (on its probe-and-GEMM gate)
+    with pytest.raises(BackendUnavailableError, match="cuda:native: issues the native FP8 MMA of sm_90a"):
+        backends.select(CUDA0, "cuda:native", "e4m3", "e4m3", ada)
+
+
 def test_epilogue_stays_on_cpu_for_accumulators_not_made_by_a_kernel(fake_device):
     import mmaemu.cuda as cuda_backend
 
@@ -355,7 +388,7 @@ def test_kernel_metadata_for_the_cli():
                                                             "cuda:simple"]
     for k in cuda_backend.KERNELS.values():
         # Only the native kernel's bits are the hardware's: it alone is gated by an instruction probe.
-        expected = (True, (), (9, 0)) if k.name == "native" else (False, (), None)
+        expected = (True, (), (8, 9)) if k.name == "native" else (False, (), None)
         assert (k.gated, k.validated_on, k.min_cc) == expected
 
 
@@ -389,7 +422,7 @@ def test_gpu_check_quick_runs_without_a_gpu(tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads((out / "gpu_check.json").read_text())
     stages = {s["name"]: s for s in report["stages"]}
-    assert list(stages) == ["environment", "cpu_reference", "native_probe", "selftest", "compare", "native_timing",
+    assert list(stages) == ["environment", "cpu_reference", "native_probe", "selftest", "native_timing", "compare",
                             "timing"]
     assert stages["environment"]["status"] == "ok" and stages["cpu_reference"]["status"] == "ok"
     if not torch.cuda.is_available():

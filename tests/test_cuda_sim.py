@@ -24,9 +24,9 @@ import sys
 import time
 
 import pytest
+from subprocess_workers import workers_fixture
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TIMEOUT_S = 600
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -219,46 +219,7 @@ def _ptx_worker():
 # Tests
 
 
-def _spawn(mode, extra_env):
-    env = dict(os.environ)
-    env.update(extra_env)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return subprocess.Popen([sys.executable, __file__, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=str(ROOT))
-
-
-def _collect(proc):
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"worker timed out after {TIMEOUT_S} s; stderr tail: {err[-2000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"worker failed (exit {proc.returncode}); stderr tail:\n{err[-4000:]}")
-    return json.loads(out.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def workers():
-    """Start both workers at once (two cores), return their reports lazily."""
-    procs = {
-        "sim": _spawn("sim", {"NUMBA_ENABLE_CUDASIM": "1"}),
-        "ptx": _spawn("ptx", {"NUMBA_ENABLE_CUDASIM": "0"}),
-    }
-    reports = {}
-
-    def get(mode):
-        if mode not in reports:
-            reports[mode] = _collect(procs[mode])
-        return reports[mode]
-
-    yield get
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+workers = workers_fixture(__file__, {"sim": {"NUMBA_ENABLE_CUDASIM": "1"}, "ptx": {"NUMBA_ENABLE_CUDASIM": "0"}})
 
 
 def test_simulated_kernels_equal_cpu_reference(workers):

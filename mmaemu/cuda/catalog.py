@@ -30,10 +30,10 @@ class KernelInfo:
 KERNELS: Dict[str, KernelInfo] = {
     k.name: k
     for k in (
-        KernelInfo("native", "gemm", 50, "the GPU's own FP8 warpgroup MMA (sm_90a wgmma, inline PTX) computes every "
-                   "32-product block of the hopper preset, mmaemu walks the chains, slow restarts and split-K "
-                   "(mmaemu.cuda.native_kernel); sm_90 devices with numba-cuda only, used after the instruction probe "
-                   "and the self-test pass there", gated=True, min_cc=(9, 0)),
+        KernelInfo("native", "gemm", 50, "the GPU's own FP8 tensor-core instruction computes every block (sm_90: the "
+                   "warpgroup MMA, hopper preset, with numba-cuda; sm_89: mma.sync m16n8k32, ada preset; inline PTX), "
+                   "mmaemu walks the chains, slow restarts and split-K (mmaemu.cuda.native_kernel); used after the "
+                   "instruction probe and the self-test pass on the device", gated=True, min_cc=(8, 9)),
         KernelInfo("biased", "gemm", 40, "32x64 outputs per thread block, a 4x4 register tile per thread; operands "
                    "decoded once into sign-split fp32 panels, staged 32 k at a time; the formulation of "
                    "mmaemu.arith.biased (each product one fp32 fused multiply-add rounding toward zero into a biased "
@@ -89,6 +89,12 @@ class Selection:
     name: str
     fallbacks: List[str]
 
+
+# cuda:native: the FP8 MMA instruction each compute capability runs natively, the preset whose block it computes
+# (the instruction probe checks that on each device) and the target it is compiled for (an architecture-specific
+# one, sm_90a, needs numba-cuda). Nowhere else: FP8 mma.sync on sm_90/sm_100 is rewritten by ptxas with fp16 MMAs
+# (other numerics), and no recording says what sm_120's computes. The instructions: mmaemu.cuda.wgmma, .mma_sync.
+NATIVE_INSTRUCTIONS = {(9, 0): ("wgmma", "hopper", "sm_90a"), (8, 9): ("mma_sync", "ada", "sm_89")}
 
 # Kernels that take the FP8 codes and decode them themselves, and decline schedules they do not walk.
 CODES_KERNELS = ("native", "biased", "lanes")

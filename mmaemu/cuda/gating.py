@@ -17,7 +17,7 @@ import weakref
 from typing import Dict, List
 
 from ..errors import BackendFallbackWarning, BackendUnavailableError
-from .catalog import CODES_KERNELS, KERNELS, BackendStatus, GateResult, Selection, gemm_kernels
+from .catalog import CODES_KERNELS, KERNELS, NATIVE_INSTRUCTIONS, BackendStatus, GateResult, Selection, gemm_kernels
 from .device import DeviceUnavailable
 
 _lock = threading.RLock()
@@ -79,18 +79,35 @@ def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
     return None
 
 
-def device_skip(kernel: str, info):
-    """Why ``kernel`` cannot run on the device of ``info`` by design (None if it can). ``cuda:native`` issues
-    sm_90a's warpgroup MMA, which only numba-cuda compiles (numba's built-in target cannot target sm_90a) and only
-    an sm_90 device runs; FP8 ``mma.sync`` on sm_90/sm_100 is not a native FP8 instruction (ptxas rewrites it),
-    so it never stands in."""
+def _block(preset):
+    return preset.nfma, preset.frac, preset.frac_out, preset.min_exp, preset.late_c
+
+
+def device_skip(kernel: str, info, preset=None):
+    """Why ``kernel`` cannot run on the device of ``info`` (for ``preset``, when given) by design (None if it can).
+
+    ``cuda:native`` issues the FP8 MMA instruction its device runs natively (:data:`NATIVE_INSTRUCTIONS`: sm_90's
+    warpgroup MMA, which only numba-cuda compiles, its target being sm_90a; sm_89's mma.sync) and computes that
+    instruction's preset only. FP8 ``mma.sync`` on sm_90/sm_100 is not a native FP8 instruction (ptxas rewrites
+    it), so it never stands in for the warpgroup MMA.
+    """
     if kernel != "native":
         return None
-    if tuple(info.capability) != (9, 0):
-        return (f"issues sm_90a's FP8 warpgroup MMA (wgmma), this device is sm_{info.capability[0]}"
-                f"{info.capability[1]}")
-    if "numba-cuda" not in info.compiler:  # see mmaemu.cuda.device.compiler_description
-        return (f"needs numba-cuda to target sm_90a (pip install 'mmaemu[cuda]'); {info.compiler} cannot")
+    sm = f"sm_{info.capability[0]}{info.capability[1]}"
+    entry = NATIVE_INSTRUCTIONS.get(tuple(info.capability))
+    if entry is None:
+        known = ", ".join(f"{target} ({name}, {preset_name} preset)"
+                          for name, preset_name, target in NATIVE_INSTRUCTIONS.values())
+        return f"issues the native FP8 MMA of {known} only, this device is {sm}"
+    instruction, preset_name, target = entry
+    if target[-1].isalpha() and "numba-cuda" not in info.compiler:  # see mmaemu.cuda.device.compiler_description
+        return f"needs numba-cuda to target {target} (pip install 'mmaemu[cuda]'); {info.compiler} cannot"
+    if preset is not None:
+        from ..model.presets import get_preset
+
+        if _block(preset) != _block(get_preset(preset_name, warn=False)):
+            return (f"computes the {preset_name} preset's block on {sm} ({instruction}), preset {preset.name!r} has "
+                    "another")
     return None
 
 
@@ -137,15 +154,18 @@ def _run_on_device(kernel: str, info):
         return selftest.run_epilogue_cases(compute)
 
     def skip(case):
-        return schedule_skip(kernel, get_preset(case.preset, warn=False), case.fmt_a, case.fmt_b, case.fast,
-                             case.splits, case.scheme)
+        preset = get_preset(case.preset, warn=False)
+        return schedule_skip(kernel, preset, case.fmt_a, case.fmt_b, case.fast, case.splits, case.scheme) or \
+            device_skip(kernel, info, preset)
 
     probe_details = []
     if kernel == "native":  # the hardware computes its blocks: first the instruction itself, then the GEMMs
         from . import probe
 
+        instruction, preset_name, _ = NATIVE_INSTRUCTIONS[tuple(info.capability)]
         with engine._OnDevice(dev) as on:
-            passed, details = probe.run_probe(probe.device_runner(on.stream))
+            passed, details = probe.run_probe(probe.device_runner(instruction, on.stream),
+                                              get_preset(preset_name, warn=False))
         probe_details = [{"case": "instruction probe", "mismatches": details["failing_tiles"],
                           "first": details["first"][:2], "probe": details, "reason": probe.summarize(details)}]
         if not passed:
@@ -284,7 +304,7 @@ def select(device, name, fmt_a, fmt_b, preset) -> Selection:
     failures: List[str] = []
     chosen = None
     for kernel in candidates:
-        skip = design_skip(kernel.name, preset, fmt_a, fmt_b) or device_skip(kernel.name, info)
+        skip = design_skip(kernel.name, preset, fmt_a, fmt_b) or device_skip(kernel.name, info, preset)
         if skip is not None:
             fallbacks.append(f"{kernel.backend}: {skip}")
             continue
@@ -340,7 +360,7 @@ def _next_kernel(declined: str, device, preset, fmt_a, fmt_b, use_fast_accum, sp
             below = True
             continue
         if not below or schedule_skip(kernel.name, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme) \
-                or device_skip(kernel.name, info):
+                or device_skip(kernel.name, info, preset):
             continue
         if ensure_verdict(info, kernel.name).passed:
             return kernel.name

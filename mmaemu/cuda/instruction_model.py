@@ -21,6 +21,9 @@ from ..arith.block import NO_LEAD
 from ..arith.chain import chain_early, exact_to_float32
 from ..arith.params import preset_params
 
+# The operand formats of the FP8 MMA instructions (A, B): every pair.
+FORMAT_PAIRS = (("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"), ("e5m2", "e5m2"))
+
 
 @arithmetic
 def _chains(sa, ea, sb, eb, c_sig, c_exp, c_lead, params, out):

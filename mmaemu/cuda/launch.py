@@ -19,8 +19,8 @@ from .catalog import CODES_KERNELS
 from .kernels import (BLOCK, CHUNK, EPILOGUE_THREADS, LANES_M, LANES_N, LANES_TX, LANES_TY, MAX_GRID_Y,
                       SCHEDULE_FIELDS, TILE_FORMATS_E4M3, TILE_M, TILE_N, epilogue, gemm_lanes, gemm_simple,
                       gemm_tiled, lanes_decline, override_nonfinite, tiled_chunk)
-from .native_kernel import (CTA_M, CTA_N, COMBINE_THREADS, THREADS, combine_partials, gemm_kernel, native_decline,
-                            pad_codes, padded_shape, stage_plan)
+from .native_kernel import (CTA_M, CTA_N, COMBINE_THREADS, GROUP_THREADS, INSTRUCTIONS, THREADS, combine_partials,
+                            gemm_kernel, instruction_of, native_decline, pad_codes, padded_shape, stage_plan)
 from .probe_kernel import probe_kernel
 
 # Decoded operand panels of the biased kernel are kept below this size (rows of A or B per launch).
@@ -273,15 +273,32 @@ def _padded(codes, rows_multiple, alloc, stream):
     return padded.reshape(shape[0] * shape[1])
 
 
+def _check_native_device(instruction):
+    """RuntimeError unless the current device is the one ``instruction`` computes its preset's block on (never FP8
+    mma.sync on sm_90/sm_100, where ptxas rewrites it with fp16 MMAs; never an instruction on another GPU)."""
+    from .shim import simulator_enabled
+
+    if simulator_enabled():
+        return
+    capability = tuple(cuda.get_current_device().compute_capability)
+    if capability != tuple(instruction.TARGET[:2]):
+        raise RuntimeError(f"the native kernel issues {instruction.NAME} for the {instruction.PRESET.name} preset on "
+                           f"sm_{instruction.TARGET[0]}{instruction.TARGET[1]} only; this device is "
+                           f"sm_{capability[0]}{capability[1]}")
+
+
 def launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):
     """out [M, N] (fp32) = accumulators of A [M, K] and B [N, K] (uint8 FP8 codes, device arrays) with the native
-    kernel, before the NaN/Inf rule. ``alloc(shape, dtype)``: device work arrays (padded operands, stage plan,
-    split partials; default numba's allocator). RuntimeError if the kernel declines the call
-    (:func:`~mmaemu.cuda.native_kernel.native_decline`).
+    kernel, before the NaN/Inf rule; the instruction is the one whose block is the preset's
+    (:func:`~mmaemu.cuda.native_kernel.instruction_of`), and the current device must be the one it runs on.
+    ``alloc(shape, dtype)``: device work arrays (padded operands, stage plan, split partials; default numba's
+    allocator). RuntimeError if the kernel declines the call (:func:`~mmaemu.cuda.native_kernel.native_decline`).
     """
     why = native_decline(schedule, params)
     if why is not None:
         raise RuntimeError(f"the native kernel {why}")
+    instruction = instruction_of(params)
+    _check_native_device(instruction)
     M, K = a_codes.shape
     N = b_codes.shape[0]
     if M == 0 or N == 0 or K == 0:
@@ -298,7 +315,7 @@ def launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
         a = _padded(a_codes, CTA_M, alloc, stream)
         b = _padded(b_codes, CTA_N, alloc, stream)
         partials = alloc((splits, M, N), np.float32) if splits > 1 else out.reshape(1, M, N)
-        kernel = gemm_kernel(fmt_a, fmt_b, schedule[3] != 0)
+        kernel = gemm_kernel(instruction.NAME, fmt_a, fmt_b, schedule[3] != 0)
         plan_d, counts_d = alloc(plan.shape, np.int32), alloc(counts.shape, np.int32)
         plan_d.copy_to_device(plan, stream=stream)
         counts_d.copy_to_device(counts, stream=stream)
@@ -309,11 +326,13 @@ def launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
                 partials.reshape(splits, M * N), splits, pairwise, out.reshape(M * N))
 
 
-def launch_probe(tiles, stream=0):
-    """fp32 [64, 128] results of every instruction-probe tile (:class:`mmaemu.cuda.probe.ProbeTile`; one launch of
-    :func:`~mmaemu.cuda.probe_kernel.probe_kernel` per format pair and step count)."""
-    from .wgmma import MMA_M, MMA_N, WARPGROUP
-
+def launch_probe(tiles, instruction, stream=0, *, leading_bytes=None):
+    """fp32 [64, 128] results of every instruction-probe tile (:class:`mmaemu.cuda.probe.ProbeTile`) through
+    ``instruction`` (a name of :data:`~mmaemu.cuda.native_kernel.INSTRUCTIONS`; one launch of
+    :func:`~mmaemu.cuda.probe_kernel.probe_kernel` per format pair and step count). ``leading_bytes`` (tests): a
+    K distance between core matrices other than the staging's, to show the probe catches a layout bug."""
+    _check_native_device(INSTRUCTIONS[instruction])
+    options = {} if leading_bytes is None else {"leading_bytes": leading_bytes}
     results = [None] * len(tiles)
     groups = {}
     for i, tile in enumerate(tiles):
@@ -324,8 +343,8 @@ def launch_probe(tiles, stream=0):
             b = np.ascontiguousarray(np.stack([tiles[i].b for i in members]), np.uint8).reshape(-1)
             c = np.ascontiguousarray(np.stack([tiles[i].c for i in members]), np.float32)
             use_c = np.array([int(tiles[i].use_c) for i in members], np.int32)
-            out = cuda.device_array((len(members), MMA_M, MMA_N), np.float32, stream=stream)
-            probe_kernel(fmt_a, fmt_b)[len(members), WARPGROUP, stream](
+            out = cuda.device_array((len(members),) + tiles[members[0]].c.shape, np.float32, stream=stream)
+            probe_kernel(instruction, fmt_a, fmt_b, **options)[len(members), GROUP_THREADS, stream](
                 cuda.to_device(a, stream=stream), cuda.to_device(b, stream=stream), cuda.to_device(c, stream=stream),
                 cuda.to_device(use_c, stream=stream), steps, out)
             host = out.copy_to_host(stream=stream)
@@ -336,20 +355,22 @@ def launch_probe(tiles, stream=0):
     return results
 
 
-def native_signatures():
-    """``{name: (kernel, argument types)}`` of the native kernels (sm_90a only, so apart from :func:`signatures`:
-    ``scripts/sass_report.py --cc 9.0a``, the offline SASS check of tests/test_native_sim.py)."""
+def native_signatures(instruction):
+    """``{name: (kernel, argument types)}`` of the native kernels of ``instruction`` (a name of
+    :data:`~mmaemu.cuda.native_kernel.INSTRUCTIONS`), for its target ``INSTRUCTIONS[instruction].TARGET`` only (so
+    apart from :func:`signatures`: ``scripts/sass_report.py``, the offline SASS check of tests/test_native_sim.py).
+    """
     from numba import types
 
-    from .wgmma import FORMAT_PAIRS
+    from .instruction_model import FORMAT_PAIRS
 
     codes, plan = types.uint8[::1], types.int32[:, :, ::1]
     gemm_args = (codes, codes, types.int64, plan, types.int32[::1], types.float32[:, :, ::1])
     out = {}
     for fmt_a, fmt_b in FORMAT_PAIRS:
         for multi_chain in (False, True):
-            name = f"native_{'slow' if multi_chain else 'fast'}_{fmt_a}_{fmt_b}"
-            out[name] = (gemm_kernel(fmt_a, fmt_b, multi_chain), gemm_args)
-        out[f"native_probe_{fmt_a}_{fmt_b}"] = (probe_kernel(fmt_a, fmt_b), (
+            name = f"{instruction}_{'slow' if multi_chain else 'fast'}_{fmt_a}_{fmt_b}"
+            out[name] = (gemm_kernel(instruction, fmt_a, fmt_b, multi_chain), gemm_args)
+        out[f"{instruction}_probe_{fmt_a}_{fmt_b}"] = (probe_kernel(instruction, fmt_a, fmt_b), (
             codes, codes, types.float32[:, :, ::1], types.int32[::1], types.int64, types.float32[:, :, ::1]))
     return out

@@ -1,27 +1,35 @@
-"""``cuda:native`` on sm_90: the GPU's own FP8 warpgroup MMA computes every block, mmaemu walks the chains.
+"""``cuda:native``: the GPU's own FP8 tensor-core instruction computes every block, mmaemu walks the chains.
 
 On an sm_90 GPU ``wgmma.mma_async ... m64nNk32.f32.e4m3/e5m2`` computes one 32-product block per output with the
-fp32 accumulator inside the alignment: the hopper preset's block step (semantics.md b.1), if the device's probe
-(:mod:`mmaemu.cuda.probe`) says so. What differs between GPUs is the structure around the blocks, and that stays
-here, walked with the same schedule functions as every other backend:
+fp32 accumulator inside the alignment: the hopper preset's block step (semantics.md b.1); on an sm_89 GPU
+``mma.sync ... m16n8k32`` computes two 16-product blocks of the ada preset in k order. That holds on a device if
+its probe (:mod:`mmaemu.cuda.probe`) says so. What differs between GPUs is the structure around the blocks, and
+that stays here, walked with the same schedule functions as every other backend:
 
 * the k-stages each split computes come from :func:`stage_plan`, built on the host with
   :func:`mmaemu.arith.schedule.split_chains`, :func:`~mmaemu.arith.schedule.chain_tiles_of`,
   :func:`mmaemu.arith.chain.chain_range_count` and :func:`~mmaemu.arith.chain.chain_range` (the walk of
   ``accumulate_one``): fast accumulation = one MMA accumulator over the split's K; slow = the accumulator restarts
-  (``scale-d = 0``) with every chain (128 k) and each chain's result is added into fp32 registers in K order;
+  from +0 (``scale-d = 0``) with every chain (128 k) and each chain's result is added into fp32 registers in K
+  order;
 * a split's partial is written to ``partials[s]``; with S > 1 :func:`combine_partials` adds them in the order of
   :func:`mmaemu.arith.schedule.combine_step` / :func:`~mmaemu.arith.schedule.combine` (fp32 adds);
 * the NaN/Inf rule and the epilogue are the other kernels' (``override_nonfinite``, ``cuda:epilogue``).
 
-Blocks past K are not issued: a block of zero products leaves an accumulator of at most 14 significant bits
-unchanged when frac >= frac_out, which :func:`native_decline` requires. The ragged end of the last stage reads
-zero codes (the operands are padded on the host to whole thread blocks and stages when their shape needs it).
+Blocks past K are not issued (or are, in the 16-product half of a last mma.sync step, as zero products): a block of
+zero products leaves an accumulator of at most 14 significant bits unchanged when frac >= frac_out, which both
+instructions' presets have (:func:`native_decline` accepts exactly their blocks). The ragged end of the last stage
+reads zero codes (the operands are padded on the device to whole thread blocks and stages when their shape needs
+it).
 
-Geometry: a thread block of two warpgroups (256 threads) owns 128 x 128 outputs, each warpgroup 64 rows of them
-(one ``m64n128k32`` per 32 k). Operands are staged 64 k at a time with ``cp.async`` (16 bytes per copy) into two
-shared-memory buffers (the next stage loads while the tensor cores work on this one), K-major in 8 x 16-byte core
-matrices without swizzle (:func:`stage_offset`). Instructions and their simulator twins: :mod:`mmaemu.cuda.wgmma`.
+Geometry: a thread block of 256 threads owns 128 x 128 outputs, two groups of 128 threads 64 rows each (a group is
+one warpgroup issuing one ``m64n128k32`` per 32 k, or four warps issuing 16 ``m16n8k32`` each), 64 fp32
+accumulators per thread either way (:mod:`mmaemu.cuda.fragment`). Operands are staged 64 k at a time with
+``cp.async`` (16 bytes per copy, :mod:`mmaemu.cuda.cp_async`) into two shared-memory buffers (the next stage loads
+while the tensor cores work on this one), K-major in 8 x 16-byte core matrices without swizzle
+(:func:`stage_offset`): the layout wgmma's descriptors read, and one mma.sync's fragment loads read without bank
+conflicts. The instructions and their simulator twins: :mod:`mmaemu.cuda.wgmma`, :mod:`mmaemu.cuda.mma_sync`
+(:data:`INSTRUCTIONS`); each kernel is made for one of them.
 """
 
 from __future__ import annotations
@@ -32,21 +40,25 @@ from numba import cuda, float32, uint8
 from .._jit import arithmetic
 from ..arith import chain as _chain
 from ..arith import schedule as _schedule
-from . import shim, wgmma
-from .wgmma import (FRAGMENT, MMA_K, MMA_M, WARPGROUP, copies_commit, copies_wait_one, copy16, fragment_add,
-                    fragment_to_array, fragment_zero, shared_address, wgmma_commit, wgmma_fence, wgmma_wait_all)
+from . import mma_sync, shim, wgmma
+from .cp_async import copies_commit, copy16, shared_address
+from .fragment import FRAGMENT, fragment_add, fragment_to_array, fragment_zero
 
 shim.install_builtin_minmax()
 
-matrix_descriptor = shim.device(wgmma.matrix_descriptor)
-fragment_coord = shim.device(wgmma.fragment_coord)
 combine_step = shim.device(_schedule.combine_step)
 combine = shim.device(_schedule.combine)
+
+# The instructions, by name (each module offers the same names; see mmaemu.cuda.wgmma's docstring).
+INSTRUCTIONS = {wgmma.NAME: wgmma, mma_sync.NAME: mma_sync}
+GROUP_THREADS = 128  # threads that compute one instruction group's 64 x 128 outputs
+GROUP_M, GROUP_N, MMA_K = 64, 128, 32
+assert all((i.GROUP_M, i.GROUP_N, i.MMA_K) == (GROUP_M, GROUP_N, MMA_K) for i in INSTRUCTIONS.values())
 
 # Geometry (see the module docstring).
 CTA_M = 128
 CTA_N = 128
-THREADS = 2 * WARPGROUP
+THREADS = 2 * GROUP_THREADS
 STAGE_K = 64
 STAGES = 2
 CHUNK = 16  # bytes per cp.async
@@ -57,13 +69,11 @@ STAGE_BYTES = 2 * OPERAND_STAGE_BYTES
 ALIGN = 128
 SMEM_BYTES = STAGES * STAGE_BYTES + ALIGN
 # Core matrix (8-row group g, 16-byte k chunk j) of a staged operand lies at (j * CTA_M // 8 + g) * 128: the
-# descriptors' leading byte offset (K-adjacent core matrices) and stride byte offset (row-adjacent ones).
+# distance between core matrices adjacent in K ("leading") and between those adjacent in rows ("stride").
 LEADING_BYTES = CTA_M // 8 * CORE_BYTES
 STRIDE_BYTES = CORE_BYTES
 STEPS_PER_STAGE = STAGE_K // MMA_K
-# The second step's descriptor: its start address 2 * LEADING_BYTES on (the address field counts 16-byte units;
-# a stage never crosses the 256 KiB the 14-bit field spans, so the addition does not carry out of it).
-DESCRIPTOR_STEP = np.uint64(2 * LEADING_BYTES >> 4)
+STEP_BYTES = 2 * LEADING_BYTES  # a 32-k step covers two 16-byte k chunks
 # Stage plan flags: the stage starts a chain, ends one; the number of 32-k steps it issues sits above them.
 PLAN_START = 1
 PLAN_END = 2
@@ -77,20 +87,30 @@ def stage_offset(row, chunk):
     return (chunk * (CTA_M // 8) + row // 8) * CORE_BYTES + (row % 8) * CHUNK
 
 
+def instruction_of(params):
+    """The instruction module (:data:`INSTRUCTIONS`) whose block is the preset's (``preset_params``), or None."""
+    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = (int(v) for v in params)
+    for instruction in INSTRUCTIONS.values():
+        p = instruction.PRESET
+        if (nfma, frac, frac_out, min_exp, late_c) == (p.nfma, p.frac, p.frac_out, p.min_exp, int(p.late_c)):
+            return instruction
+    return None
+
+
 def native_decline(schedule, params):
     """Why the native kernel does not compute this schedule and preset (None if it does).
 
-    The instruction computes one block of the hopper preset (:data:`mmaemu.cuda.wgmma.INSTRUCTION_PRESET`), so the
-    preset must have exactly those block parameters; every chain must start on a stage.
+    Each instruction computes the block of one preset (``PRESET`` of :mod:`~mmaemu.cuda.wgmma`: hopper's,
+    :mod:`~mmaemu.cuda.mma_sync`: ada's), so the preset must have exactly one of those blocks; every chain must
+    start on a stage. Which device runs which instruction is the gate's business (:func:`mmaemu.cuda.gating.
+    device_skip`).
     """
     tile, splits, interleaved, chain_tiles, pairwise, padded = (int(v) for v in schedule)
-    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = (int(v) for v in params)
-    block = (nfma, frac, frac_out, min_exp, late_c)
-    instruction = wgmma.INSTRUCTION_PRESET
-    wanted = (instruction.nfma, instruction.frac, instruction.frac_out, instruction.min_exp, int(instruction.late_c))
-    if block != wanted:
-        return (f"computes the block of the sm_90 warpgroup MMA ({instruction.name}: nfma={wanted[0]}, "
-                f"frac={wanted[1]}, frac_out={wanted[2]}, early accumulator) only; this preset's block differs")
+    if instruction_of(params) is None:
+        blocks = "; ".join(f"{i.PRESET.name}'s on sm_{i.TARGET[0]}{i.TARGET[1]} (nfma={i.PRESET.nfma}, "
+                           f"frac={i.PRESET.frac}, frac_out={i.PRESET.frac_out})" for i in INSTRUCTIONS.values())
+        return (f"computes the blocks of the FP8 MMA instructions it issues only ({blocks}, early accumulator); "
+                "this preset's block differs")
     if (splits > 1 or chain_tiles) and tile % STAGE_K:
         return f"starts chains on its {STAGE_K}-wide stages, the schedule's k-tiles are {tile} wide"
     return None
@@ -146,16 +166,20 @@ def _stage(a, b, row_bytes, k, m0, n0, buffer, smem, t):
                (n0 + row) * row_bytes + k + chunk * CHUNK)
 
 
-def _make_gemm(fmt_a, fmt_b, multi_chain):
-    """The GEMM kernel for one format pair; ``multi_chain``: a split has several chains (slow accumulation), whose
-    results are added into fp32 registers; otherwise the MMA accumulator is the split's partial."""
-    mma = wgmma.WGMMA[(fmt_a, fmt_b)]
+def _make_gemm(instruction, fmt_a, fmt_b, multi_chain):
+    """The GEMM kernel of one instruction (a module of :data:`INSTRUCTIONS`) and format pair; ``multi_chain``: a
+    split has several chains (slow accumulation), whose results are added into fp32 registers; otherwise the MMA
+    accumulator is the split's partial."""
+    step = instruction.make_step(fmt_a, fmt_b, LEADING_BYTES, STRIDE_BYTES)
+    begin, end, copies_wait_one = instruction.begin, instruction.end, instruction.copies_wait_one
+    fragment_coord = shim.device(instruction.fragment_coord)
 
     @cuda.jit(fastmath=False)
     def gemm_native(a, b, row_bytes, plan, counts, partials):
         smem = cuda.shared.array(SMEM_BYTES, uint8)
         t = cuda.threadIdx.x
-        group = t // WARPGROUP
+        group = t // GROUP_THREADS
+        thread = t % GROUP_THREADS
         m0 = cuda.blockIdx.y * CTA_M
         n0 = cuda.blockIdx.x * CTA_N
         s = cuda.blockIdx.z
@@ -175,29 +199,24 @@ def _make_gemm(fmt_a, fmt_b, multi_chain):
             copies_wait_one()
             cuda.syncthreads()
             flags = plan[s, n, 1]
-            a_start = first + (n % STAGES) * STAGE_BYTES + group * (MMA_M // 8) * CORE_BYTES
+            a_start = first + (n % STAGES) * STAGE_BYTES + group * (GROUP_M // 8) * CORE_BYTES
             b_start = first + (n % STAGES) * STAGE_BYTES + OPERAND_STAGE_BYTES
-            # A stage issues one or two 32-k steps; a chain's first step ignores the accumulator (scale-d = 0: the
-            # chain starts from +0). A step covers two 16-byte k chunks: the second step's core matrices start
-            # 2 * LEADING_BYTES further on. The fence comes after every operand is computed (ptxas then needs no
-            # warpgroup.arrive of its own).
-            desc_a = matrix_descriptor(a_start, LEADING_BYTES, STRIDE_BYTES)
-            desc_b = matrix_descriptor(b_start, LEADING_BYTES, STRIDE_BYTES)
+            # A stage issues one or two 32-k steps; a chain's first step starts from +0 (scale-d = 0). The second
+            # step's core matrices start STEP_BYTES further on.
             scale_d = np.int32((flags & PLAN_START) == 0)
-            acc = wgmma_fence(acc)
-            acc = mma(acc, desc_a, desc_b, scale_d, smem, t)
+            acc = begin(acc)
+            acc = step(acc, a_start, b_start, scale_d, smem, thread)
             if (flags >> PLAN_STEPS_SHIFT) > 1:
-                acc = mma(acc, desc_a + DESCRIPTOR_STEP, desc_b + DESCRIPTOR_STEP, np.int32(1), smem, t)
-            wgmma_commit()
-            acc = wgmma_wait_all(acc)
+                acc = step(acc, a_start + STEP_BYTES, b_start + STEP_BYTES, np.int32(1), smem, thread)
+            acc = end(acc)
             if multi_chain and (flags & PLAN_END) != 0:
                 partial = fragment_add(partial, acc)  # the chain's result, in k order, onto the split's partial
-            cuda.syncthreads()  # every warpgroup is done with this buffer before it is refilled
+            cuda.syncthreads()  # every group is done with this buffer before it is refilled
         result = cuda.local.array(FRAGMENT, float32)
         fragment_to_array(partial if multi_chain else acc, result)
         for i in range(FRAGMENT):
-            row, col = fragment_coord(t % WARPGROUP, i)
-            m = m0 + group * MMA_M + row
+            row, col = fragment_coord(thread, i)
+            m = m0 + group * GROUP_M + row
             n = n0 + col
             if m < partials.shape[1] and n < partials.shape[2]:
                 partials[s, m, n] = result[i]
@@ -208,11 +227,11 @@ def _make_gemm(fmt_a, fmt_b, multi_chain):
 _GEMMS = {}
 
 
-def gemm_kernel(fmt_a, fmt_b, multi_chain):
-    """The (cached) GEMM kernel of a format pair and chain structure."""
-    key = (fmt_a, fmt_b, bool(multi_chain))
+def gemm_kernel(instruction, fmt_a, fmt_b, multi_chain):
+    """The (cached) GEMM kernel of an instruction (its name), format pair and chain structure."""
+    key = (instruction, fmt_a, fmt_b, bool(multi_chain))
     if key not in _GEMMS:
-        _GEMMS[key] = _make_gemm(*key)
+        _GEMMS[key] = _make_gemm(INSTRUCTIONS[instruction], fmt_a, fmt_b, multi_chain)
     return _GEMMS[key]
 
 
@@ -239,6 +258,10 @@ def pad_codes(codes, padded):
     """Row r of padded = row r of codes, then zero codes (+0); rows past codes all zero. One thread per row
     (padding is needed only for shapes that are not whole thread blocks and stages)."""
     r = cuda.grid(1)
-    if r < padded.shape[0]:
-        for k in range(padded.shape[1]):
-            padded[r, k] = codes[r, k] if r < codes.shape[0] and k < codes.shape[1] else 0
+    rows, K = codes.shape
+    if r < rows:
+        for k in range(K):
+            padded[r, k] = codes[r, k]
+        padded[r, K:] = 0
+    elif r < padded.shape[0]:
+        padded[r, :] = 0

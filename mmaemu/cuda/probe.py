@@ -3,9 +3,11 @@
 The native kernel's results are whatever the tensor cores compute, so before it is used on a device the device's
 own instruction is compared bit for bit with mmaemu's block step (:mod:`mmaemu.cuda.instruction_model`, i.e.
 :func:`mmaemu.arith.chain.chain_early`) on crafted tiles, through the very instruction forms the kernel issues
-(``wgmma ... m64n128k32`` with scale-d 0 and 1, the fence/commit/wait sequence, cp.async staging, the descriptor
-layout and the fragment layout of :mod:`mmaemu.cuda.wgmma`). Any difference rejects the device for the kernel;
-the report names the first differing case.
+(on sm_90 ``wgmma ... m64n128k32`` with scale-d 0 and 1, the fence/commit/wait sequence and the descriptor layout
+of :mod:`mmaemu.cuda.wgmma`; on sm_89 the sixteen ``mma.sync ... m16n8k32`` per warp and the register fragments of
+:mod:`mmaemu.cuda.mma_sync`; the cp.async staging and the accumulator layout of each). The expected side is the
+block step of the instruction's preset (hopper's for wgmma, ada's for mma.sync). Any difference rejects the device
+for the kernel; the report names the first differing case.
 
 Families of tiles (:func:`probe_tiles`; every format pair; every one of the 64 x 128 outputs of a tile is
 compared, a row of A against a column of B):
@@ -13,7 +15,8 @@ compared, a row of A against a column of B):
 * ``small next to large``, ``truncation toward zero`` (a large product of either sign with small products of
   either sign whose low bits fall below the block's grid), ``exponent-sum alignment`` (significands near 2, so a
   product lies a binade above its exponent sum), ``14-bit result`` (same-sign sums that carry past 2^(E+1)),
-  ``block length`` (small products in the first half of the 32, the large one in the second), ``accumulator
+  ``block length`` (small products in the first half of the 32, the large one in the second: one block for
+  hopper, two for ada), ``accumulator
   inside the alignment`` (crafted accumulators of up to 14 significant bits, as chains produce, above and below
   the products), ``+0 results`` (exact cancellations, and sums that IEEE would make a tiny negative number),
   ``exponent gaps`` (two terms 0..40 binades apart, random significands; accumulator against product where the
@@ -36,10 +39,13 @@ from typing import Callable, List
 import numpy as np
 
 from .. import formats
-from .instruction_model import instruction_outputs
-from .wgmma import FORMAT_PAIRS, INSTRUCTION_PRESET, MMA_K, MMA_M, MMA_N
+from .instruction_model import FORMAT_PAIRS, instruction_outputs
 
-PROBE_VERSION = 1
+# A probe tile: the outputs of one group of 128 threads (rows of A x columns of B) per 32-k step of either
+# instruction (mmaemu.cuda.wgmma, mmaemu.cuda.mma_sync).
+MMA_M, MMA_N, MMA_K = 64, 128, 32
+
+PROBE_VERSION = 2
 CHAIN_STEPS = 4
 BIAS = {"e4m3": 7, "e5m2": 15}
 TOP_FIELD = {"e4m3": 15, "e5m2": 30}  # largest exponent field of a finite code (e4m3: mantissa 7 there is NaN)
@@ -182,8 +188,9 @@ def _tile(label, fmt_a, fmt_b, a, b, c=None):
     return ProbeTile(f"{label} ({fmt_a} x {fmt_b})", fmt_a, fmt_b, a, b, c, use_c, compared)
 
 
-def probe_tiles(pairs=FORMAT_PAIRS, seed=20261201) -> List[ProbeTile]:
-    """Every probe tile for the format pairs (deterministic)."""
+def probe_tiles(preset, pairs=FORMAT_PAIRS, seed=20261201) -> List[ProbeTile]:
+    """Every probe tile for the format pairs (deterministic), for an instruction that computes ``preset``'s block
+    (the cancelling accumulators are computed with it)."""
     tiles = []
     for fmt_a, fmt_b in pairs:
         rng = np.random.default_rng([seed, formats.FORMATS.index(fmt_a), formats.FORMATS.index(fmt_b)])
@@ -202,7 +209,7 @@ def probe_tiles(pairs=FORMAT_PAIRS, seed=20261201) -> List[ProbeTile]:
         a = _rows("+0 results", rng, fmt_a)[None]
         c = _accumulators(rng, (MMA_M, MMA_N))
         c[:, 0] = -instruction_outputs(a[0], np.repeat(b[0][:1], MMA_M, 0), np.zeros(MMA_M, np.float32), fmt_a,
-                                       fmt_b, INSTRUCTION_PRESET)
+                                       fmt_b, preset)
         tiles.append(_tile("+0 results, accumulator", fmt_a, fmt_b, a, b, c))
         # Chains: four steps of different families, from scale-d = 0 and from crafted accumulators.
         a = np.stack([_rows(SINGLE_STEP[(i * 3 + 1) % len(SINGLE_STEP)], rng, fmt_a) for i in range(CHAIN_STEPS)])
@@ -224,14 +231,15 @@ def probe_tiles(pairs=FORMAT_PAIRS, seed=20261201) -> List[ProbeTile]:
 # CPU side and comparison
 
 
-def expected(tile: ProbeTile) -> np.ndarray:
-    """fp32 [64, 128]: what the instruction computes per mmaemu's preset (all steps chained), output by output."""
+def expected(tile: ProbeTile, preset) -> np.ndarray:
+    """fp32 [64, 128]: what an instruction computing ``preset``'s block makes of the tile (all steps chained),
+    output by output."""
     rows = np.repeat(np.arange(MMA_M), MMA_N)
     cols = np.tile(np.arange(MMA_N), MMA_M)
     a = tile.a.transpose(1, 0, 2).reshape(MMA_M, -1)[rows]
     b = tile.b.transpose(1, 0, 2).reshape(MMA_N, -1)[cols]
     c = tile.c.reshape(-1) if tile.use_c else np.zeros(MMA_M * MMA_N, np.float32)
-    return instruction_outputs(a, b, c, tile.fmt_a, tile.fmt_b, INSTRUCTION_PRESET).reshape(MMA_M, MMA_N)
+    return instruction_outputs(a, b, c, tile.fmt_a, tile.fmt_b, preset).reshape(MMA_M, MMA_N)
 
 
 def first_difference(tile: ProbeTile, got, want):
@@ -248,17 +256,18 @@ def first_difference(tile: ProbeTile, got, want):
             "c": f"{int(tile.c.view(np.uint32)[r, n]):#010x}" if tile.use_c else "scale-d = 0"}
 
 
-def run_probe(compute: Callable, tiles=None):
-    """(passed, details): ``compute(tiles) -> [fp32 [64, 128]]`` (the device's results) against :func:`expected`;
-    details hold the tile count and the first difference of each failing tile (at most 5)."""
-    tiles = probe_tiles() if tiles is None else tiles
+def run_probe(compute: Callable, preset, tiles=None):
+    """(passed, details): ``compute(tiles) -> [fp32 [64, 128]]`` (the device's results) against :func:`expected`
+    with ``preset``'s block; details hold the tile count and the first difference of each failing tile (at most
+    5)."""
+    tiles = probe_tiles(preset) if tiles is None else tiles
     results = compute(tiles)
     failures = []
     for tile, got in zip(tiles, results):
-        diff = first_difference(tile, got, expected(tile))
+        diff = first_difference(tile, got, expected(tile, preset))
         if diff is not None:
             failures.append(diff)
-    details = {"probe_version": PROBE_VERSION, "tiles": len(tiles),
+    details = {"probe_version": PROBE_VERSION, "preset": preset.name, "tiles": len(tiles),
                "outputs_compared": int(sum(t.compared.sum() for t in tiles)), "failing_tiles": len(failures),
                "first": failures[:5]}
     return not failures, details
@@ -273,11 +282,12 @@ def summarize(details) -> str:
             f"(a {first['a_codes']}, b {first['b_codes']}, c {first['c']})")
 
 
-def device_runner(stream=0):
-    """``compute(tiles)`` for :func:`run_probe` that launches the probe kernel (a device, or the simulator)."""
+def device_runner(instruction, stream=0):
+    """``compute(tiles)`` for :func:`run_probe` that launches the probe kernel of ``instruction`` (a name of
+    :data:`mmaemu.cuda.native_kernel.INSTRUCTIONS`) on a device, or under the simulator."""
     from .launch import launch_probe
 
     def compute(tiles):
-        return launch_probe(tiles, stream)
+        return launch_probe(tiles, instruction, stream)
 
     return compute
