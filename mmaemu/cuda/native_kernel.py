@@ -153,6 +153,13 @@ _stage_offset = shim.device(stage_offset)
 
 
 @cuda.jit(device=True, fastmath=False)
+def aligned_start(smem):
+    """The first ALIGN-byte aligned shared address in the shared buffer ``smem`` (SMEM_BYTES leave room for it)."""
+    base = shared_address(smem)
+    return base + (ALIGN - base % ALIGN) % ALIGN
+
+
+@cuda.jit(device=True, fastmath=False)
 def _stage(a, b, row_bytes, k, m0, n0, buffer, smem, t):
     """Issue the cp.async copies of k in [k, k + STAGE_K) of the block's CTA_M rows of A and CTA_N rows of B into
     the stage at shared address ``buffer`` (A, then B)."""
@@ -183,8 +190,7 @@ def _make_gemm(instruction, fmt_a, fmt_b, multi_chain):
         m0 = cuda.blockIdx.y * CTA_M
         n0 = cuda.blockIdx.x * CTA_N
         s = cuda.blockIdx.z
-        base = shared_address(smem)
-        first = base + (ALIGN - base % ALIGN) % ALIGN
+        first = aligned_start(smem)
         count = counts[s]
         acc = fragment_zero()
         partial = fragment_zero()

@@ -11,10 +11,10 @@ import numpy as np
 from numba import cuda, float32, uint8
 
 from . import shim
-from .cp_async import copies_commit, copy16, shared_address
+from .cp_async import copies_commit, copy16
 from .fragment import FRAGMENT, fragment_from_array, fragment_to_array
 from .native_kernel import (ALIGN, GROUP_M, GROUP_N, GROUP_THREADS, INSTRUCTIONS, LEADING_BYTES, MMA_K,
-                            OPERAND_STAGE_BYTES, STRIDE_BYTES, stage_offset)
+                            OPERAND_STAGE_BYTES, STRIDE_BYTES, aligned_start, stage_offset)
 
 _stage_offset = shim.device(stage_offset)
 SMEM_BYTES = 2 * OPERAND_STAGE_BYTES + ALIGN
@@ -34,8 +34,7 @@ def _make_probe(instruction, fmt_a, fmt_b, leading_bytes):
         registers = cuda.local.array(FRAGMENT, float32)
         t = cuda.threadIdx.x
         tile = cuda.blockIdx.x
-        base = shared_address(smem)
-        first = base + (ALIGN - base % ALIGN) % ALIGN
+        first = aligned_start(smem)
         for i in range(FRAGMENT):
             row, col = fragment_coord(t, i)
             registers[i] = c[tile, row, col]
