@@ -11,11 +11,11 @@ Architecture-specific targets (``sm_90a``, for ``cuda:native``'s warpgroup MMA):
 directly. Numba's built-in target knows no suffixes, so :func:`compile_ptx` compiles for the base capability and
 names the suffixed target in the module's ``.target`` line (:func:`suffixed_target`). That gives the same code:
 NVVM generates the same PTX for sm_90 and sm_90a (the suffix lets ptxas accept the architecture-specific
-instructions; mmaemu emits those as inline assembly, which NVVM passes through as text). Checked: the PTX of every
-native kernel differed only in its symbol names, the ``.target`` line and seven unused globals of the built-in
-target's error reporting, and ptxas made byte-identical SASS of both (numba 0.68.1 built-in target and
-numba-cuda 0.30.4, libNVVM and ptxas of CUDA 13.0); the SASS check of tests/test_native_sim.py repeats the
-comparison wherever numba-cuda is installed.
+instructions; mmaemu emits those as inline assembly, which NVVM passes through as text). Checked with numba
+0.68.1's built-in target against numba-cuda 0.30.4 (libNVVM and ptxas of CUDA 13.0): the PTX of a native kernel
+differed only in its symbol names, the ``.target`` line and seven unused globals of the built-in target's error
+reporting, and the SASS of all 12 sm_90a kernels was the same instruction for instruction; the SASS check of
+tests/test_native_sim.py repeats the comparison wherever numba-cuda is installed.
 """
 
 from __future__ import annotations

@@ -31,8 +31,9 @@ MMA-Sim's sm_90 test kernels (an independent tensor-core model: they store a 64 
 between the two 16-byte K halves and SBO = 256 between 8-row groups, and read the accumulator with the row/column
 formula above); TensorRT-LLM's ``gmma_impl.cuh`` (the ``m64nNk32.f32.e4m3.e4m3`` operand list with an immediate
 scale-d) and CUTLASS's ``GmmaDescriptor`` (the same bit fields). Numba specifics: the fragment is a
-``UniTuple(float32, 64)`` (an LLVM ``[64 x float]`` value that stays in registers); the intrinsics compile with
-numba-cuda, which targets ``sm_90a`` on a CC 9.0 device (numba's built-in target cannot).
+``UniTuple(float32, 64)`` (an LLVM ``[64 x float]`` value that stays in registers); on a device the intrinsics
+compile with numba-cuda, which targets ``sm_90a`` on a CC 9.0 device (numba's built-in target cannot name it;
+offline, :func:`mmaemu.cuda.offline.compile_ptx` renames its sm_90 target).
 
 The twins (selected when ``NUMBA_ENABLE_CUDASIM=1``) compute what the instruction computes for the calling
 thread: a wgmma twin decodes the descriptors, reads the two tiles from the kernel's shared buffer, and returns
