@@ -30,7 +30,7 @@ class KernelInfo:
 KERNELS: Dict[str, KernelInfo] = {
     k.name: k
     for k in (
-        KernelInfo("native", "gemm", 50, "the GPU's own FP8 tensor-core instruction computes every block (sm_90: the "
+        KernelInfo("native", "gemm", 60, "the GPU's own FP8 tensor-core instruction computes every block (sm_90: the "
                    "warpgroup MMA, hopper preset, with numba-cuda; sm_89: mma.sync m16n8k32, ada preset; inline PTX), "
                    "mmaemu walks the chains, slow restarts and split-K (mmaemu.cuda.native_kernel); used after the "
                    "instruction probe and the self-test pass on the device", gated=True, min_cc=(8, 9)),
