@@ -43,7 +43,7 @@ MMA_OPS = {"HMMA", "HGMMA", "QMMA", "QGMMA", "IMMA", "IGMMA", "BMMA", "BGMMA", "
 EMPTY_HGMMA = ("HGMMA.64x8x16.F16", "RZ, gdesc[URZ], RZ, !UPT, gsb0")
 MMAS_PER_STEP = {"wgmma": 1, "mma_sync": 16}  # a group's 64 x 128 outputs per 32 k: one m64n128k32, 16 m16n8k32
 STEPS = {"fast": 2, "slow": 2, "probe": 1}  # a stage of 64 k in the GEMM kernels, one 32-k step in the probe
-PROBE_FAMILIES = ("chained", "chained from an accumulator", "+0 results, accumulator", "subnormals", "NaN/Inf")
+PROBE_FAMILIES = ("chained", "chained from an accumulator", "NaN/Inf")
 
 
 def instructions(sass):
