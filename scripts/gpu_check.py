@@ -7,13 +7,19 @@ longer fits):
 1. ``environment`` - versions (python, torch, numba, numba-cuda, mmaemu), the device, the driver, how numba
    compiles for it, and why the kernels cannot run if they cannot;
 2. ``cpu_reference`` - the CPU engine against the reference loop on a small GEMM (sanity of this install);
-3. ``selftest`` - every kernel's self-test on the device (``mmaemu.selftest(force=True)``: random and adversarial
+3. ``native_probe`` - ``cuda:native``'s instruction probe alone, for the device's own instruction (sm_90: the
+   warpgroup MMA, hopper preset; sm_89: mma.sync, ada preset), with the first differing cases (the self-test runs
+   it too, first);
+4. ``selftest`` - every kernel's self-test on the device (``mmaemu.selftest(force=True)``: random and adversarial
    GEMMs against the CPU reference, hopper and ada, fast, slow and split-K, mixed formats, NaN/Inf; the epilogue
    for every output dtype);
-4. ``compare`` - every GEMM kernel against the CPU reference on more random and adversarial GEMMs for hopper and
+5. ``native_timing`` - ``cuda:native`` next to native ``torch._scaled_mm`` on ``--native-shapes`` ((2048, 5760,
+   1920) and (16384, 8192, 8192)): the accumulation alone and the whole ``mmaemu.scaled_mm`` with the device
+   epilogue, fast and slow, rows checked against the CPU engine;
+6. ``compare`` - every GEMM kernel against the CPU reference on more random and adversarial GEMMs for hopper and
    ada (fast, slow, contiguous / serial / pairwise splits, larger shapes), and the full ``mmaemu.scaled_mm`` path
    (device epilogue) against ``backend="cpu"``;
-5. ``timing`` - the offset kernel (``cuda:offset``) on (M, N, K) = (2048, 5760, 1920) and (64, 5760, 1920)
+7. ``timing`` - the offset kernel (``cuda:offset``) on (M, N, K) = (2048, 5760, 1920) and (64, 5760, 1920)
    (``--shapes``) for hopper fast, hopper slow, hopper with a 4-way contiguous split, ada fast and hopper
    E4M3 x E5M2: best of a few runs, rows of each result checked against the CPU path, TMAC/s and the fraction of
    the instruction-issue bound (the device's SMs x 128 thread instructions per clock x its clock, 33.4e12 per
@@ -25,12 +31,17 @@ longer fits):
    cuBLASLt).
 
 Without a usable CUDA device the GPU stages are skipped, saying why, and the run still succeeds (exit 0).
-``--quick`` uses tiny shapes (CI runs it on a CPU-only machine). ``--dry-run`` runs the timing stage's code on
-numba's CUDA simulator with one tiny shape (it sets ``NUMBA_ENABLE_CUDASIM=1``; the times mean nothing, the checks
-and the report's arithmetic are real; CI runs it). Exit status: 0 if no stage failed, 1 otherwise.
+``--quick`` uses tiny shapes. ``--dry-run`` runs the code of the timing and cuda:native stages on numba's CUDA
+simulator (it sets ``NUMBA_ENABLE_CUDASIM=1``): the offset kernel's timed cases on one tiny shape, and for both
+native instructions (with their CPU twins) two probe tiles and an 8 x 8 x 160 GEMM, fast and slow, every output
+checked; the times mean nothing, the checks and the report's arithmetic are real (CI runs it). ``--kernels``
+restricts the run to some GEMM kernels: ``--kernels native --budget 240`` runs cuda:native's probe, self-test,
+timing and comparison (and the epilogue's self-test), about four minutes on an H200 with kernel compilation;
+``--kernels offset`` the offset kernel's. Exit status: 0 if no stage failed, 1 otherwise.
 
     python scripts/gpu_check.py [--out DIR] [--quick | --dry-run] [--budget SECONDS] [--device N]
-                                [--shapes M,N,K;M,N,K] [--sass-per-product hopper=3.25,ada=3.89]
+                                [--kernels native,offset,simple] [--shapes M,N,K;M,N,K]
+                                [--native-shapes M,N,K;M,N,K] [--sass-per-product hopper=3.25,ada=3.89]
 
 ``--out`` defaults to ``$OUT`` if set, else ``./gpu_check_out``. Run it with ``PYTHONUNBUFFERED=1`` (or ``-u``) to
 follow the progress lines live.
@@ -75,6 +86,16 @@ class Run:
 
     def remaining(self):
         return self.deadline - time.monotonic()
+
+    def checks(self, kernel):
+        """Whether this run checks GEMM kernel ``kernel`` (``--kernels``; default all)."""
+        return self.args.kernels is None or kernel in self.args.kernels
+
+    def gemm_kernels(self):
+        """The GEMM kernels this run checks, in the dispatcher's order."""
+        from mmaemu import backends
+
+        return [k for k in backends.gemm_kernels() if self.checks(k.name)]
 
     def stage(self, name, function, *, needs_device=False, min_seconds=5.0):
         entry = {"name": name, "status": None, "seconds": 0.0, "result": None, "error": None}
@@ -190,7 +211,7 @@ def stage_cpu_reference(run):
 def stage_selftest(run):
     from mmaemu import backends
 
-    results = backends.selftest(run.device, force=True)
+    results = backends.selftest(run.device, kernels=[k.name for k in run.gemm_kernels()] + ["epilogue"], force=True)
     verdict, reason = backends.selftest_verdict(results)
     out = {"verdict": verdict, "reason": reason, "kernels": {}}
     for name, gates in results.items():
@@ -206,8 +227,9 @@ def stage_compare(run):
     import torch
 
     import mmaemu
-    from mmaemu import backends, formats
-    from mmaemu.cuda import engine, selftest
+    from mmaemu import formats
+    from mmaemu.cuda import device as cuda_device
+    from mmaemu.cuda import engine, gating, selftest
     from mmaemu.model.presets import get_preset
 
     quick = run.args.quick
@@ -229,7 +251,8 @@ def stage_compare(run):
     if quick:
         cases = [c.shrunk() for c in cases[:3]]
     out = {"kernels": {}, "scaled_mm": []}
-    for kernel in backends.gemm_kernels():
+    info = cuda_device.probe(run.device)
+    for kernel in run.gemm_kernels():
         if run.remaining() < 20:
             out["kernels"][kernel.backend] = "skipped: time budget"
             continue
@@ -242,10 +265,9 @@ def stage_compare(run):
                                              case.scheme).cpu().numpy()
 
         def skip(case, kernel=kernel.name):
-            from mmaemu.cuda import schedule_skip
-
-            return schedule_skip(kernel, get_preset(case.preset, warn=False), case.fmt_a, case.fmt_b, case.fast,
-                                 case.splits, case.scheme)
+            preset = get_preset(case.preset, warn=False)
+            return (gating.schedule_skip(kernel, preset, case.fmt_a, case.fmt_b, case.fast, case.splits, case.scheme)
+                    or gating.device_skip(kernel, info, preset))
 
         start = time.monotonic()
         passed, details = selftest.run_gemm_cases(compute, cases, skip=skip)
@@ -260,7 +282,9 @@ def stage_compare(run):
     x = torch.from_numpy(_codes(rng, (M, K))).view(torch.float8_e4m3fn)
     w = torch.from_numpy(_codes(rng, (N, K))).view(torch.float8_e4m3fn)
     one, half = torch.tensor(1.0), torch.tensor(0.5)
-    for kernel in backends.gemm_kernels():
+    for kernel in run.gemm_kernels():
+        if gating.device_skip(kernel.name, info, get_preset("hopper", warn=False)):
+            continue  # cuda:native on a device whose instruction is not the hopper preset's block
         for out_dtype, fast in ((torch.bfloat16, True), (torch.float32, False), (torch.float8_e4m3fn, True)):
             kwargs = dict(out_dtype=out_dtype, use_fast_accum=fast, splitk=1)
             want = mmaemu.scaled_mm(x, w.t(), half, one, backend="cpu", **kwargs)
@@ -417,8 +441,8 @@ def stage_timing(run):
         gemm = Gemm(run, shape, 11 + index)
         M = shape[0]
         rows = np.unique(np.r_[np.arange(min(16, M)), np.arange(max(0, M - 16), M)])
-        timed = [("cuda:offset", case) for case in TIMED_CASES]
-        if not dry and M <= 256:
+        timed = [("cuda:offset", case) for case in TIMED_CASES] if run.checks("offset") else []
+        if not dry and M <= 256 and run.checks("simple"):
             timed.append(("cuda:simple", TIMED_CASES[0]))
         for backend, case in timed:
             entry = {"kernel": backend, "case": case[0], "shape": list(shape)}
@@ -492,6 +516,140 @@ def _native(run, out, shapes):
                 out["agreement"][label] = f"{type(exc).__name__}: {exc}"
 
 
+def _native_targets(run):
+    """[(instruction name, preset)] the cuda:native stages check: the device's own instruction (Skip, saying why,
+    where cuda:native cannot run), or in a dry run (numba's CUDA simulator) every instruction."""
+    from mmaemu.cuda import native_kernel
+
+    if run.args.dry_run:
+        return [(name, module.PRESET) for name, module in native_kernel.INSTRUCTIONS.items()]
+    if run.device is None:
+        raise Skip(f"no usable CUDA device: {run.device_reason}")
+    from mmaemu.cuda import device as cuda_device
+    from mmaemu.cuda import gating
+    from mmaemu.cuda.catalog import NATIVE_INSTRUCTIONS
+    from mmaemu.model.presets import get_preset
+
+    info = cuda_device.probe(run.device)
+    why = gating.device_skip("native", info)
+    if why is not None:
+        raise Skip(f"cuda:native cannot run here: {why}")
+    name, preset_name, _ = NATIVE_INSTRUCTIONS[tuple(info.capability)]
+    return [(name, get_preset(preset_name, warn=False))]
+
+
+def stage_native_probe(run):
+    """cuda:native's instruction probe alone, with its first differences (the self-test runs it too, first)."""
+    from mmaemu.cuda import probe
+
+    out = {}
+    for instruction, preset in _native_targets(run):
+        start = time.monotonic()
+        if run.args.dry_run:  # two tiles of one format pair: the plumbing, not the hardware
+            passed, details = probe.run_probe(probe.device_runner(instruction), preset,
+                                              probe.probe_tiles(preset, pairs=(("e4m3", "e5m2"),))[-3:-1])
+        else:
+            from mmaemu.cuda import engine
+
+            with engine._OnDevice(run.device) as on:
+                passed, details = probe.run_probe(probe.device_runner(instruction, on.stream), preset)
+        details.update(seconds=round(time.monotonic() - start, 2), summary=probe.summarize(details), passed=passed)
+        out[instruction] = details
+        log(f"{instruction}: {details['summary']}")
+    out["failed"] = not all(d["passed"] for d in out.values())
+    return out
+
+
+def _native_run(run, a_codes, b_codes, rows, preset, fast, repeat):
+    """(rows ``rows`` of cuda:native's fp32 accumulators as numpy, best seconds of ``repeat`` timed runs, the
+    operands as device tensors or None): on the device through torch, or under the simulator through numpy (one
+    run)."""
+    from mmaemu.cuda import engine
+
+    if run.args.dry_run:
+        start = time.perf_counter()
+        acc = engine.accumulate_numpy("native", a_codes, b_codes, "e4m3", "e4m3", preset, fast)
+        return acc[rows], time.perf_counter() - start, None
+    import torch
+
+    a = torch.from_numpy(a_codes).to(run.device).view(torch.float8_e4m3fn)
+    b = torch.from_numpy(b_codes).to(run.device).view(torch.float8_e4m3fn)
+    result = {}
+
+    def accumulate():
+        result["acc"] = engine.accumulate_tensors("native", a, b, "e4m3", "e4m3", preset, fast)
+
+    accumulate()
+    times = _time_cuda(accumulate, repeat)
+    return result["acc"][torch.from_numpy(rows).to(run.device)].cpu().numpy(), min(times), (a, b)
+
+
+def stage_native_timing(run):
+    """cuda:native next to native torch._scaled_mm on --native-shapes: the accumulation alone and the whole
+    mmaemu.scaled_mm (NaN/Inf rule and exact epilogue on the device), fast and slow accumulation of the device's
+    preset, rows checked against the CPU engine. Under the simulator: a tiny shape, every output checked, nothing
+    timed that means anything."""
+    import numpy as np
+
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.cuda import selftest
+
+    out = {"shapes": []}
+    for instruction, preset in _native_targets(run):
+        shapes = [(8, 8, 160)] if run.args.dry_run else [(64, 256, 512)] if run.args.quick else \
+            run.args.native_shapes
+        for M, N, K in shapes:
+            if run.remaining() < 40:
+                out["shapes"].append({"instruction": instruction, "shape": [M, N, K], "skipped": "time budget"})
+                continue
+            rng = np.random.default_rng(M + N + K)
+            a_codes, b_codes = _codes(rng, (M, K)), _codes(rng, (N, K))
+            entry = {"instruction": instruction, "preset": preset.name, "shape": [M, N, K], "macs": M * N * K}
+            rows = np.unique(np.r_[0:4, M // 2:M // 2 + 2, M - 4:M]) if not run.args.dry_run else np.arange(M)
+            for fast in (True, False):
+                label = "fast" if fast else "slow"
+                got, best, operands = _native_run(run, a_codes, b_codes, rows, preset, fast, 5)
+                count, first = selftest.compare_bits(got, accumulate_codes(a_codes[rows], b_codes, "e4m3", "e4m3",
+                                                                           preset, fast))
+                entry[label] = {"accumulate_best_s": round(best, 6),
+                                "accumulate_tmacs": round(M * N * K / best / 1e12, 1), "checked_rows": len(rows),
+                                "mismatches": count, "first": first}
+                if operands is not None:
+                    entry[label].update(_scaled_mm_times(run, *operands, preset, fast))
+                log(f"native {instruction} {M}x{N}x{K} {label}: " + ", ".join(
+                    f"{k} {v}" for k, v in entry[label].items() if k.endswith("tmacs")) + f"; {count} mismatches")
+            if "scaled_mm_best_s" in entry.get("fast", {}) and "scaled_mm_best_s" in entry.get("slow", {}):
+                entry["slow_over_fast_time"] = round(entry["slow"]["scaled_mm_best_s"]
+                                                     / entry["fast"]["scaled_mm_best_s"], 3)
+            out["shapes"].append(entry)
+    out["failed"] = any(isinstance(e.get(k), dict) and e[k]["mismatches"] for e in out["shapes"]
+                        for k in ("fast", "slow"))
+    return out
+
+
+def _scaled_mm_times(run, a, b, preset, fast):
+    """Best seconds and TMAC/s of mmaemu.scaled_mm through cuda:native (with the device epilogue) and of native
+    torch._scaled_mm on the same operands (bf16 out)."""
+    import torch
+
+    import mmaemu
+
+    M, K = a.shape
+    N = b.shape[0]
+    one = torch.tensor(1.0, device=run.device)
+    full = lambda: mmaemu.scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
+                                    use_fast_accum=fast, profile=preset.name, splitk=1, backend="cuda:native")
+    native = lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
+                                      use_fast_accum=fast)
+    out = {}
+    for name, function, repeat in (("scaled_mm", full, 5), ("torch_scaled_mm", native, 10)):
+        function()
+        best = min(_time_cuda(function, repeat))
+        out[f"{name}_best_s"] = round(best, 6)
+        out[f"{name}_tmacs"] = round(M * N * K / best / 1e12, 1)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Report
 
@@ -555,6 +713,46 @@ def markdown(report):
                 lines.append(f"\ntorch._scaled_mm: {r['native']}")
             for label, v in r.get("agreement", {}).items():
                 lines.append(f"\nhopper profile vs this GPU's native bits ({label}, information only): {v}")
+        elif s["name"] == "native_probe":
+            for instruction, d in r.items():
+                if isinstance(d, dict):
+                    lines += ["", f"## cuda:native instruction probe ({instruction}): {d['summary']} "
+                              f"({d['seconds']} s)", ""] + [f"* {json.dumps(f)}" for f in d.get("first", [])]
+        elif s["name"] == "native_timing":
+            lines += ["", "## cuda:native timing (TMAC/s)", "",
+                      "| shape | case | scaled_mm (with epilogue) | accumulation alone | torch._scaled_mm | mismatches |",
+                      "|---|---|---|---|---|---|"]
+            for e in r["shapes"]:
+                for label in ("fast", "slow"):
+                    v = e.get(label)
+                    if isinstance(v, dict):
+                        lines.append(f"| {e['shape']} | {e['instruction']} {e.get('preset')} {label} | "
+                                     f"{v.get('scaled_mm_tmacs', '-')} | {v['accumulate_tmacs']} | "
+                                     f"{v.get('torch_scaled_mm_tmacs', '-')} | {v['mismatches']} |")
+                if "slow_over_fast_time" in e:
+                    lines.append(f"| {e['shape']} | slow / fast time | {e['slow_over_fast_time']} | | | |")
+                if "skipped" in e:
+                    lines.append(f"| {e['shape']} | skipped: {e['skipped']} | | | | |")
+        elif s["name"] == "timing":
+            M, N, K = r["shape"]
+            lines += ["", f"## Timing (M, N, K) = ({M}, {N}, {K})", "", "| engine | case | best s | products/s |",
+                      "|---|---|---|---|"]
+            for name, cases in r["kernels"].items():
+                for label, v in cases.items():
+                    if isinstance(v, dict):
+                        lines.append(f"| {name} | {label} | {v['best_s']} | {v['products_per_s']:.3g} |")
+                    else:
+                        lines.append(f"| {name} | {label} | {v} | |")
+            if isinstance(r["native"], dict):
+                for label, v in r["native"].items():
+                    if isinstance(v, dict):
+                        lines.append(f"| torch._scaled_mm | {label} | {v['best_s']} | {v['products_per_s']:.3g} |")
+                    else:
+                        lines.append(f"| torch._scaled_mm | {label} | {v} | |")
+            else:
+                lines.append(f"| torch._scaled_mm | - | {r['native']} | |")
+            for label, v in r.get("agreement", {}).items():
+                lines.append(f"\nhopper profile vs this GPU's native bits ({label}, information only): {v}")
     return "\n".join(lines) + "\n"
 
 
@@ -584,7 +782,12 @@ def main(argv=None):
     parser.add_argument("--device", type=int, default=None, help="CUDA device ordinal (default: current)")
     parser.add_argument("--shapes", type=parse_shapes, default=[[2048, 5760, 1920], [64, 5760, 1920]],
                         help="timing shapes M,N,K;M,N,K")
-    parser.add_argument("--dry-run", action="store_true", help="the timing stage on numba's CUDA simulator, tiny")
+    parser.add_argument("--native-shapes", type=parse_shapes, default=[[2048, 5760, 1920], [16384, 8192, 8192]],
+                        help="cuda:native timing shapes M,N,K;M,N,K")
+    parser.add_argument("--kernels", type=lambda t: [k.strip().replace("cuda:", "") for k in t.split(",")],
+                        default=None, help="GEMM kernels to check, e.g. native (default: all)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="the timing and cuda:native stages on numba's CUDA simulator, tiny shapes")
     parser.add_argument("--sass-per-product", type=parse_counts, default=None,
                         help="SASS instructions per product of the offset kernel, e.g. hopper=3.25,ada=3.89 "
                              "(default: counted offline by scripts/sass_report.py)")
@@ -592,13 +795,24 @@ def main(argv=None):
     if args.dry_run:
         args.quick = True
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # before numba is imported (no stage has imported it yet)
+    if args.kernels is not None:
+        from mmaemu.cuda.catalog import gemm_kernels
+
+        unknown = sorted(set(args.kernels) - {k.name for k in gemm_kernels()})
+        if unknown:
+            parser.error(f"--kernels: unknown {unknown}; known: {[k.name for k in gemm_kernels()]}")
     run = Run(args)
     log(f"mmaemu GPU check: out={run.out}, budget={args.budget:.0f} s, quick={args.quick}")
     run.stage("environment", lambda: stage_environment(run), min_seconds=0)
     run.stage("cpu_reference", lambda: stage_cpu_reference(run), min_seconds=2)
+    if run.checks("native"):  # its own stages: ahead of the others, whose budget they would otherwise share
+        run.stage("native_probe", lambda: stage_native_probe(run), min_seconds=30)
     run.stage("selftest", lambda: stage_selftest(run), needs_device=True, min_seconds=60)
+    if run.checks("native"):
+        run.stage("native_timing", lambda: stage_native_timing(run), min_seconds=40)
     run.stage("compare", lambda: stage_compare(run), needs_device=True, min_seconds=30)
-    run.stage("timing", lambda: stage_timing(run), needs_device=not args.dry_run, min_seconds=30)
+    if run.checks("offset") or run.checks("simple"):
+        run.stage("timing", lambda: stage_timing(run), needs_device=not args.dry_run, min_seconds=30)
     run.write()
     statuses = [s["status"] for s in run.report["stages"]]
     summary = ", ".join(f"{s['name']}={s['status']}" for s in run.report["stages"])
