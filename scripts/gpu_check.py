@@ -362,25 +362,34 @@ def sass_per_product(run, cc):
 
 
 class Gemm:
-    """One GEMM's operands, on the device (torch) or for the simulator (numpy): ``compute(kernel, case)`` returns
-    fp32 accumulators on the host, ``timed(kernel, case, repeat)`` their best time in seconds."""
+    """One GEMM's operands, on the device (torch) or for the simulator (numpy), made on first use per side and
+    format: ``timed(kernel, case, repeat, rows)`` returns the best time in seconds and rows of the fp32 accumulators
+    on the host."""
 
     def __init__(self, run, shape, seed):
+        self.run, self.shape, self.seed = run, shape, seed
+        self._codes, self._tensors = {}, {}
+
+    def codes(self, side, fmt):
+        """uint8 codes [M, K] of A (``side`` "a") or [N, K] of B, format ``fmt``."""
         import numpy as np
 
-        self.run, self.shape = run, shape
-        rng = np.random.default_rng(seed)
-        M, N, K = shape
-        self.codes = {"a": {f: _codes(rng, (M, K), f) for f in ("e4m3", "e5m2")},
-                      "b": {f: _codes(rng, (N, K), f) for f in ("e4m3", "e5m2")}}
-        self.tensors = None
-        if run.device is not None:
+        if (side, fmt) not in self._codes:
+            M, N, K = self.shape
+            rng = np.random.default_rng([self.seed, side == "b", fmt == "e5m2"])
+            self._codes[side, fmt] = _codes(rng, (M if side == "a" else N, K), fmt)
+        return self._codes[side, fmt]
+
+    def tensor(self, side, fmt):
+        """:meth:`codes` as a torch FP8 tensor on the device."""
+        if (side, fmt) not in self._tensors:
             import torch
 
             from mmaemu import formats
 
-            self.tensors = {side: {f: torch.from_numpy(c).to(run.device).view(formats.DTYPE_OF[f])
-                                   for f, c in codes.items()} for side, codes in self.codes.items()}
+            self._tensors[side, fmt] = torch.from_numpy(self.codes(side, fmt)).to(self.run.device).view(
+                formats.DTYPE_OF[fmt])
+        return self._tensors[side, fmt]
 
     def _call(self, kernel, case):
         from mmaemu.cuda import engine
@@ -388,38 +397,40 @@ class Gemm:
 
         label, preset, fmt_a, fmt_b, fast, splits, scheme = case
         preset = get_preset(preset, warn=False)
-        if self.tensors is None:
-            return lambda: engine.accumulate_numpy(kernel, self.codes["a"][fmt_a], self.codes["b"][fmt_b], fmt_a,
-                                                   fmt_b, preset, fast, splits, scheme)
-        return lambda: engine.accumulate_tensors(kernel, self.tensors["a"][fmt_a], self.tensors["b"][fmt_b], fmt_a,
-                                                 fmt_b, preset, fast, splits, scheme)
+        if self.run.device is None:
+            a, b = self.codes("a", fmt_a), self.codes("b", fmt_b)
+            return lambda: engine.accumulate_numpy(kernel, a, b, fmt_a, fmt_b, preset, fast, splits, scheme)
+        a, b = self.tensor("a", fmt_a), self.tensor("b", fmt_b)
+        return lambda: engine.accumulate_tensors(kernel, a, b, fmt_a, fmt_b, preset, fast, splits, scheme)
 
-    def timed(self, kernel, case, repeat):
-        """(best seconds, accumulators of the last run on the host)."""
+    def timed(self, kernel, case, repeat, rows):
+        """(best seconds, rows ``rows`` of the accumulators of the last run, on the host)."""
         call = self._call(kernel, case)
         result = {}
-        if self.tensors is None:
+        if self.run.device is None:
             times = []
             for _ in range(repeat):
                 start = time.perf_counter()
                 result["acc"] = call()
                 times.append(time.perf_counter() - start)
-            return min(times), result["acc"]
+            return min(times), result["acc"][rows]
+        import torch
+
         call()  # compiles and warms up
         times = _time_cuda(lambda: result.__setitem__("acc", call()), repeat)
-        return min(times), result["acc"].cpu().numpy()
+        return min(times), result["acc"][torch.from_numpy(rows).to(self.run.device)].cpu().numpy()
 
 
-def _check_rows(acc, gemm, case, rows):
-    """Mismatching bits of the given rows against the CPU path (mmaemu.cpu.accumulate_codes)."""
+def _check_rows(acc_rows, gemm, case, rows):
+    """Mismatching bits of the accumulators of the given rows against the CPU path (mmaemu.cpu.accumulate_codes)."""
     from mmaemu.cpu import accumulate_codes
     from mmaemu.cuda.selftest import compare_bits
     from mmaemu.model.presets import get_preset
 
     label, preset, fmt_a, fmt_b, fast, splits, scheme = case
-    want = accumulate_codes(gemm.codes["a"][fmt_a][rows], gemm.codes["b"][fmt_b], fmt_a, fmt_b,
+    want = accumulate_codes(gemm.codes("a", fmt_a)[rows], gemm.codes("b", fmt_b), fmt_a, fmt_b,
                             get_preset(preset, warn=False), fast, splits, scheme)
-    return compare_bits(acc[rows], want)
+    return compare_bits(acc_rows, want)
 
 
 def stage_timing(run):
@@ -450,7 +461,7 @@ def stage_timing(run):
             if run.remaining() < 30 and not dry:
                 entry["skipped"] = "time budget"
                 continue
-            seconds, acc = gemm.timed(backend[len("cuda:"):], case, 1 if dry else 3)
+            seconds, acc = gemm.timed(backend[len("cuda:"):], case, 1 if dry else 3, rows)
             count, first = _check_rows(acc, gemm, case, rows)
             tmacs = float(np.prod(shape)) / seconds / 1e12
             entry.update({"best_s": round(seconds, 6), "tmac_per_s": _figures(tmacs), "checked_rows": len(rows),
@@ -489,7 +500,7 @@ def _native(run, out, shapes):
     one = torch.tensor(1.0, device=run.device)
     for index, shape in enumerate(shapes):
         gemm = Gemm(run, shape, 11 + index)
-        a, b = gemm.tensors["a"]["e4m3"], gemm.tensors["b"]["e4m3"]
+        a, b = gemm.tensor("a", "e4m3"), gemm.tensor("b", "e4m3")
         for fast in (True, False):
             label = f"{tuple(shape)} bf16 {'fast' if fast else 'slow'}"
             try:
@@ -560,30 +571,6 @@ def stage_native_probe(run):
     return out
 
 
-def _native_run(run, a_codes, b_codes, rows, preset, fast, repeat):
-    """(rows ``rows`` of cuda:native's fp32 accumulators as numpy, best seconds of ``repeat`` timed runs, the
-    operands as device tensors or None): on the device through torch, or under the simulator through numpy (one
-    run)."""
-    from mmaemu.cuda import engine
-
-    if run.args.dry_run:
-        start = time.perf_counter()
-        acc = engine.accumulate_numpy("native", a_codes, b_codes, "e4m3", "e4m3", preset, fast)
-        return acc[rows], time.perf_counter() - start, None
-    import torch
-
-    a = torch.from_numpy(a_codes).to(run.device).view(torch.float8_e4m3fn)
-    b = torch.from_numpy(b_codes).to(run.device).view(torch.float8_e4m3fn)
-    result = {}
-
-    def accumulate():
-        result["acc"] = engine.accumulate_tensors("native", a, b, "e4m3", "e4m3", preset, fast)
-
-    accumulate()
-    times = _time_cuda(accumulate, repeat)
-    return result["acc"][torch.from_numpy(rows).to(run.device)].cpu().numpy(), min(times), (a, b)
-
-
 def stage_native_timing(run):
     """cuda:native next to native torch._scaled_mm on --native-shapes: the accumulation alone and the whole
     mmaemu.scaled_mm (NaN/Inf rule and exact epilogue on the device), fast and slow accumulation of the device's
@@ -591,31 +578,28 @@ def stage_native_timing(run):
     timed that means anything."""
     import numpy as np
 
-    from mmaemu.cpu import accumulate_codes
-    from mmaemu.cuda import selftest
-
+    dry = run.args.dry_run
     out = {"shapes": []}
     for instruction, preset in _native_targets(run):
-        shapes = [(8, 8, 160)] if run.args.dry_run else [(64, 256, 512)] if run.args.quick else \
-            run.args.native_shapes
+        shapes = [(8, 8, 160)] if dry else [(64, 256, 512)] if run.args.quick else run.args.native_shapes
         for M, N, K in shapes:
             if run.remaining() < 40:
                 out["shapes"].append({"instruction": instruction, "shape": [M, N, K], "skipped": "time budget"})
                 continue
-            rng = np.random.default_rng(M + N + K)
-            a_codes, b_codes = _codes(rng, (M, K)), _codes(rng, (N, K))
+            gemm = Gemm(run, (M, N, K), M + N + K)
             entry = {"instruction": instruction, "preset": preset.name, "shape": [M, N, K], "macs": M * N * K}
-            rows = np.unique(np.r_[0:4, M // 2:M // 2 + 2, M - 4:M]) if not run.args.dry_run else np.arange(M)
+            rows = np.arange(M) if dry else np.unique(np.r_[0:4, M // 2:M // 2 + 2, M - 4:M])
             for fast in (True, False):
                 label = "fast" if fast else "slow"
-                got, best, operands = _native_run(run, a_codes, b_codes, rows, preset, fast, 5)
-                count, first = selftest.compare_bits(got, accumulate_codes(a_codes[rows], b_codes, "e4m3", "e4m3",
-                                                                           preset, fast))
+                case = (label, preset.name, "e4m3", "e4m3", fast, 1, "none")
+                best, acc = gemm.timed("native", case, 1 if dry else 5, rows)
+                count, first = _check_rows(acc, gemm, case, rows)
                 entry[label] = {"accumulate_best_s": round(best, 6),
                                 "accumulate_tmacs": round(M * N * K / best / 1e12, 1), "checked_rows": len(rows),
                                 "mismatches": count, "first": first}
-                if operands is not None:
-                    entry[label].update(_scaled_mm_times(run, *operands, preset, fast))
+                if run.device is not None:
+                    entry[label].update(_scaled_mm_times(run, gemm.tensor("a", "e4m3"), gemm.tensor("b", "e4m3"),
+                                                         preset, fast))
                 log(f"native {instruction} {M}x{N}x{K} {label}: " + ", ".join(
                     f"{k} {v}" for k, v in entry[label].items() if k.endswith("tmacs")) + f"; {count} mismatches")
             if "scaled_mm_best_s" in entry.get("fast", {}) and "scaled_mm_best_s" in entry.get("slow", {}):
@@ -733,26 +717,6 @@ def markdown(report):
                     lines.append(f"| {e['shape']} | slow / fast time | {e['slow_over_fast_time']} | | | |")
                 if "skipped" in e:
                     lines.append(f"| {e['shape']} | skipped: {e['skipped']} | | | | |")
-        elif s["name"] == "timing":
-            M, N, K = r["shape"]
-            lines += ["", f"## Timing (M, N, K) = ({M}, {N}, {K})", "", "| engine | case | best s | products/s |",
-                      "|---|---|---|---|"]
-            for name, cases in r["kernels"].items():
-                for label, v in cases.items():
-                    if isinstance(v, dict):
-                        lines.append(f"| {name} | {label} | {v['best_s']} | {v['products_per_s']:.3g} |")
-                    else:
-                        lines.append(f"| {name} | {label} | {v} | |")
-            if isinstance(r["native"], dict):
-                for label, v in r["native"].items():
-                    if isinstance(v, dict):
-                        lines.append(f"| torch._scaled_mm | {label} | {v['best_s']} | {v['products_per_s']:.3g} |")
-                    else:
-                        lines.append(f"| torch._scaled_mm | {label} | {v} | |")
-            else:
-                lines.append(f"| torch._scaled_mm | - | {r['native']} | |")
-            for label, v in r.get("agreement", {}).items():
-                lines.append(f"\nhopper profile vs this GPU's native bits ({label}, information only): {v}")
     return "\n".join(lines) + "\n"
 
 

@@ -83,3 +83,32 @@ def skip_sass(reason):
     if sass_required():
         pytest.fail(f"{REQUIRE_SASS_ENV}=1 but the SASS check cannot run: {reason}")
     pytest.skip(f"SASS check not run: {reason}")
+
+
+# What an offline compilation raises where libNVVM, NVRTC or libdevice (a CUDA toolkit) is missing.
+COMPILER_MISSING = ("NVVM", "nvvm", "nvrtc", "NVRTC", "libdevice", "CUDA_HOME", "cudadevrt", "Failure finding")
+
+
+def offline_ptx(kernel, signature, cc, report):
+    """:func:`mmaemu.cuda.offline.compile_ptx` in a worker; None, with the reason in ``report["skipped"]``, where
+    the CUDA compiler libraries are missing (other errors propagate)."""
+    from mmaemu.cuda import offline
+
+    try:
+        return offline.compile_ptx(kernel, signature, cc)
+    except Exception as exc:
+        text = " ".join(str(exc).split())
+        if not any(s in text for s in COMPILER_MISSING):
+            raise
+        report["skipped"] = f"no CUDA compiler libraries: {type(exc).__name__}: {text[:300]}"
+        return None
+
+
+def sass_tools_missing():
+    """Why SASS cannot be made here (ptxas or nvdisasm not found, :func:`mmaemu.cuda.sass.find_tool`), or None."""
+    from mmaemu.cuda import sass
+
+    missing = [name for name in ("ptxas", "nvdisasm") if sass.find_tool(name) is None]
+    if not missing:
+        return None
+    return f"{' and '.join(missing)} not found (a CUDA toolkit; `pip install nvidia-cuda-nvdisasm`)"

@@ -27,7 +27,7 @@ import sys
 import time
 
 import pytest
-from subprocess_workers import skip_sass, workers_fixture
+from subprocess_workers import offline_ptx, sass_tools_missing, skip_sass, workers_fixture
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TARGETS = ((8, 9), (9, 0), (12, 0))
@@ -164,12 +164,6 @@ def _sim_worker():
     print(json.dumps(report))
 
 
-def _tools_missing():
-    from mmaemu.cuda import sass
-
-    return [name for name in ("ptxas", "nvdisasm") if sass.find_tool(name) is None]
-
-
 def _ptx_entry(ptx, sm):
     lines = [ln for ln in ptx.splitlines() if not ln.lstrip().startswith("//")]
     return {
@@ -208,29 +202,20 @@ def _ptx_worker():
         print(json.dumps(report))
         return
 
-    from mmaemu.cuda import launch, offline, shim
+    from mmaemu.cuda import launch, shim
 
     report["implementation"] = shim.cuda_implementation()
-    missing = _tools_missing()
-    if missing:
-        report["sass_skipped"] = (f"{' and '.join(missing)} not found (a CUDA toolkit; "
-                                  "`pip install nvidia-cuda-nvdisasm`)")
+    report["sass_skipped"] = sass_tools_missing()
     for cc in TARGETS:
         sm = f"sm_{cc[0]}{cc[1]}"
         target, assembled = {}, {}
         for name, (kernel, signature) in launch.signatures().items():
-            try:
-                ptx = offline.compile_ptx(kernel, signature, cc)
-            except Exception as exc:
-                text = " ".join(str(exc).split())
-                if any(s in text for s in ("NVVM", "libnvvm", "nvrtc", "NVRTC", "libdevice", "CUDA_HOME",
-                                           "cudadevrt", "Failure finding")):
-                    report["skipped"] = f"no CUDA compiler libraries: {type(exc).__name__}: {text[:300]}"
-                    print(json.dumps(report))
-                    return
-                raise
+            ptx = offline_ptx(kernel, signature, cc, report)
+            if ptx is None:
+                print(json.dumps(report))
+                return
             target[name] = _ptx_entry(ptx, sm)
-            if not missing:
+            if not report["sass_skipped"]:
                 assembled[name] = _sass_entry(kernel, ptx, sm)
         report["targets"][sm] = target
         report["sass"][sm] = assembled

@@ -27,7 +27,7 @@ import re
 import sys
 
 import pytest
-from subprocess_workers import skip_sass, workers_fixture
+from subprocess_workers import offline_ptx, sass_tools_missing, skip_sass, workers_fixture
 
 # Opcodes that compute with floating-point values (SASS of sm_89/sm_90); the MMA ones are counted apart.
 FLOAT_OPS = {"FADD", "FFMA", "FMUL", "FMNMX", "FSET", "FSETP", "FSEL", "FCHK", "FRND", "FSWZADD", "F2F", "F2FP",
@@ -156,11 +156,10 @@ def _assemble(ptx, sm):
 
 def _sass_worker():
     report = {"skipped": None, "kernels": {}, "mma_sync_on_sm90": None, "numba_cuda_same_sass": None}
-    from mmaemu.cuda import launch, native_kernel, offline, sass, shim
+    from mmaemu.cuda import launch, native_kernel, offline, shim
 
-    missing = [name for name in ("ptxas", "nvdisasm") if sass.find_tool(name) is None]
-    if missing:
-        report["skipped"] = f"{' and '.join(missing)} not found (a CUDA toolkit; `pip install nvidia-cuda-nvdisasm`)"
+    report["skipped"] = sass_tools_missing()
+    if report["skipped"]:
         print(json.dumps(report))
         return
     report["implementation"] = shim.cuda_implementation()
@@ -168,15 +167,10 @@ def _sass_worker():
         target = module.TARGET
         sm = "sm_{}{}{}".format(*target, *([""] if len(target) == 2 else []))
         for name, (kernel, signature) in launch.native_signatures(instruction).items():
-            try:
-                ptx = offline.compile_ptx(kernel, signature, target)
-            except Exception as exc:
-                text = " ".join(str(exc).split())
-                if any(s in text for s in ("NVVM", "nvvm", "nvrtc", "NVRTC", "libdevice", "Failure finding")):
-                    report["skipped"] = f"no CUDA compiler libraries: {type(exc).__name__}: {text[:300]}"
-                    print(json.dumps(report))
-                    return
-                raise
+            ptx = offline_ptx(kernel, signature, target, report)
+            if ptx is None:
+                print(json.dumps(report))
+                return
             report["kernels"][name] = _assemble(ptx, sm)
     # FP8 mma.sync is not a native FP8 instruction on sm_90: what ptxas makes of it there.
     kernel, signature = launch.native_signatures("mma_sync")["mma_sync_fast_e4m3_e4m3"]

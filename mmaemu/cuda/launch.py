@@ -138,6 +138,15 @@ def signatures():
     }
 
 
+def _numba_allocator(stream):
+    """``alloc(shape, dtype)`` of work arrays from numba's allocator on ``stream`` (when the caller gives none)."""
+
+    def alloc(shape, dtype):
+        return cuda.device_array(shape, dtype, stream=stream)
+
+    return alloc
+
+
 def _round_up(x: int, step: int) -> int:
     return (x + step - 1) // step * step
 
@@ -187,9 +196,7 @@ def launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
         why = f"indexes a packed panel with 32-bit integers, K = {K} is too long for one"
     if why is not None:
         raise RuntimeError(f"the offset kernel {why}")
-    if alloc is None:
-        def alloc(shape, dtype):
-            return cuda.device_array(shape, dtype, stream=stream)
+    alloc = alloc or _numba_allocator(stream)
     block_params = _offset.offset_params(params, fmt_a, fmt_b)
     bm, bn = offset_kernel.BLOCK_M, offset_kernel.BLOCK_N
     rows_a, rows_b = _panel_rows(K, bm), _panel_rows(K, bn)
@@ -258,9 +265,7 @@ def launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
         return
     if (M + CTA_M - 1) // CTA_M > MAX_GRID_Y:
         raise RuntimeError(f"the native kernel launches at most {MAX_GRID_Y * CTA_M} rows of A at once, got {M}")
-    if alloc is None:
-        def alloc(shape, dtype):
-            return cuda.device_array(shape, dtype, stream=stream)
+    alloc = alloc or _numba_allocator(stream)
     schedule = tuple(int(v) for v in schedule)
     splits, pairwise = schedule[1], schedule[4]
     plan, counts = stage_plan(K, schedule)
