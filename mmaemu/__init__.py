@@ -40,6 +40,7 @@ _EXPORTS = {
     "UnverifiedSplitWarning": "errors",
     "UnvalidatedEnvelopeWarning": "errors",
     "BackendFallbackWarning": "errors",
+    "CacheWarning": "errors",
 }
 _SUBMODULES = ("model", "platform", "backends", "testing", "formats", "api", "errors", "nn", "quantize", "patching",
                "cpu", "cuda", "arith", "plan")

@@ -1,38 +1,49 @@
-"""Where compiled kernels are cached: ``$MMAEMU_CACHE_DIR/numba/<version>-<source hash>/``.
+"""Where compiled kernels and self-test verdicts are cached, and why there.
 
-The directory is keyed by the package version and a hash of the sources of every module that Numba compiles
-for us (:mod:`mmaemu.arith`, :mod:`mmaemu.cpu`), so a cache written by other code can never be loaded: a stale
-cache cannot change a result. Numba additionally keys each entry by the function's source file contents.
+The cache folder is ``$MMAEMU_CACHE_DIR`` when that is set, else the per-user cache folder of the platform
+(``platformdirs.user_cache_dir("mmaemu")``: ``${XDG_CACHE_HOME:-~/.cache}/mmaemu`` on Linux). Compiled code lives in
+``<folder>/numba/<version>-<source hash>/``, verdicts in ``<folder>/verdicts/``. The numba folder is keyed by the
+package version and a hash of the sources of every module that Numba compiles for us (:mod:`mmaemu.arith`,
+:mod:`mmaemu.cpu`), so a cache written by other code is never loaded: a stale cache cannot change a result.
 
-``MMAEMU_CACHE_DIR`` moves the cache (default ``${XDG_CACHE_HOME:-~/.cache}/mmaemu``). When that location is
-not writable the cache falls back to a per-user folder in the temporary directory, then to Numba's own
-locations; if no location is writable the functions are compiled without caching. A call never fails
+The folder holds executable content (unpickling an entry runs code), so a folder is used only if it keeps the rules
+of :mod:`mmaemu._private` (owned by the caller or root, not writable by group or others, nor replaceable through a
+folder above it). A folder is
+
+* ``read-write`` when it keeps the rules and the caller can write it (missing folders are created 0700);
+* ``read-only`` when it keeps the rules, the caller cannot write it, and it already holds this build's compiled
+  code: entries are loaded from it, nothing is saved;
+* passed over otherwise (a regular file in its place, not writable and empty, refused by the rules).
+
+If ``$MMAEMU_CACHE_DIR`` is passed over, the per-user folder is tried next (never a shared temporary folder); if
+both are, nothing is cached and functions are compiled in every process. Each passed-over folder is reported once
+per process with a :class:`~mmaemu.errors.CacheWarning`, and by ``python -m mmaemu info``. A call never fails
 because of the cache.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import pathlib
-import tempfile
+import warnings
+from typing import Optional, Tuple
 
-from numba.core import caching
-
+from . import _private
 from ._version import __version__
 
 _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 _COMPILED_PACKAGES = ("arith", "cpu")
-_COMPILED_MODULES = ("_jit.py", "_cache.py", "_version.py")
+_COMPILED_MODULES = ("_jit.py", "_cache.py", "_numba_cache.py", "_private.py", "_version.py")
+ENV = "MMAEMU_CACHE_DIR"
 
 
-def default_cache_root() -> pathlib.Path:
-    """``$MMAEMU_CACHE_DIR``, else ``${XDG_CACHE_HOME:-~/.cache}/mmaemu`` (read at call time)."""
-    explicit = os.environ.get("MMAEMU_CACHE_DIR")
-    if explicit:
-        return pathlib.Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(xdg) / "mmaemu"
+def user_cache_folder() -> pathlib.Path:
+    """The platform's per-user cache folder for mmaemu (``platformdirs``; XDG rules on Linux)."""
+    import platformdirs
+
+    return pathlib.Path(platformdirs.user_cache_dir("mmaemu", appauthor=False))
 
 
 def source_hash() -> str:
@@ -58,42 +69,103 @@ def cache_key() -> str:
     return _KEY
 
 
-def numba_cache_dir(root=None) -> pathlib.Path:
-    return pathlib.Path(root or default_cache_root()) / "numba" / cache_key()
+def numba_cache_dir(root: pathlib.Path) -> pathlib.Path:
+    """This build's compiled-code folder inside the cache folder ``root``."""
+    return pathlib.Path(root) / "numba" / cache_key()
 
 
-class _MmaemuCacheLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
-    """Numba cache locator for functions defined inside the mmaemu package."""
+@dataclasses.dataclass(frozen=True)
+class CacheLocation:
+    """The cache folder this process uses: ``root`` (None: nothing is cached), ``state`` ("read-write",
+    "read-only" or "disabled"), ``source`` (which setting named it), ``passed_over`` ((folder, why) of the
+    folders tried before it)."""
 
-    roots = (default_cache_root, lambda: pathlib.Path(tempfile.gettempdir()) / f"mmaemu-{os.getuid()}")
+    root: Optional[pathlib.Path]
+    state: str
+    source: str
+    passed_over: Tuple[Tuple[str, str], ...] = ()
 
-    def __init__(self, py_func, py_file, root):
-        self._py_file = py_file
-        self._lineno = py_func.__code__.co_firstlineno
-        sub = pathlib.Path(py_file).resolve().relative_to(_PACKAGE_DIR).with_suffix("")
-        self._cache_path = str(numba_cache_dir(root) / sub)
+    @property
+    def writable(self) -> bool:
+        return self.state == "read-write"
 
-    def get_cache_path(self):
-        return self._cache_path
+    @property
+    def numba_dir(self) -> Optional[pathlib.Path]:
+        return None if self.root is None else numba_cache_dir(self.root)
 
-    @classmethod
-    def from_function(cls, py_func, py_file):
-        try:
-            pathlib.Path(py_file).resolve().relative_to(_PACKAGE_DIR)
-        except ValueError:
+    def subfolder(self, name: str) -> Optional[pathlib.Path]:
+        """``root/name`` if it keeps the rules of :mod:`mmaemu._private` (it may not exist yet), else None."""
+        if self.root is None:
             return None
-        for root in cls.roots:
-            try:
-                locator = cls(py_func, py_file, root())
-                locator.ensure_cache_path()
-                return locator
-            except OSError:
-                continue
-        return None
+        folder = self.root / name
+        return None if _private.tree_problem(self.root, folder) else folder
 
 
-def install():
-    """Put our locator first for mmaemu functions; other functions keep Numba's locators."""
-    classes = caching.CacheImpl._locator_classes
-    if _MmaemuCacheLocator not in classes:
-        classes.insert(0, _MmaemuCacheLocator)
+def _candidates():
+    explicit = os.environ.get(ENV)
+    if explicit:
+        yield pathlib.Path(explicit).expanduser(), ENV
+    yield user_cache_folder(), "the per-user cache folder"
+
+
+def _assess(path: pathlib.Path) -> Tuple[Optional[str], str]:
+    """(state or None, why) of a candidate folder (absolute, without symbolic links)."""
+    if path.exists() and not path.is_dir():
+        return None, f"{path} is not a directory"
+    problem = _private.ancestors_problem(path) or _private.tree_problem(path, numba_cache_dir(path))
+    if problem:
+        return None, f"refused: {problem}"
+    existing = next(p for p in (numba_cache_dir(path), path, *path.parents) if p.exists())
+    if os.access(existing, os.W_OK | os.X_OK):
+        return "read-write", "writable"
+    if existing == numba_cache_dir(path):
+        return "read-only", "not writable, holds this build's compiled code"
+    if existing == path:
+        return None, f"{path} is not writable and holds no compiled code of this build"
+    return None, f"{path} does not exist and {existing} is not writable"
+
+
+def cache_location() -> CacheLocation:
+    """The folder used now (see the module docstring); never raises."""
+    passed_over = []
+    for path, source in _candidates():
+        try:
+            resolved = pathlib.Path(os.path.realpath(path))
+            state, why = _assess(resolved)
+        except OSError as exc:
+            state, why = None, f"cannot be inspected: {exc}"
+        if state:
+            return CacheLocation(resolved, state, source, tuple(passed_over))
+        passed_over.append((str(path), f"{source}: {why}"))
+    return CacheLocation(None, "disabled", "no usable folder", tuple(passed_over))
+
+
+_NUMBA_LOCATION = None
+
+
+def numba_location() -> CacheLocation:
+    """The folder of this process's compiled code: :func:`cache_location` at the first compilation, kept for the
+    life of the process (every function of one build is cached in one place). Warns once per folder passed
+    over."""
+    global _NUMBA_LOCATION
+    if _NUMBA_LOCATION is None:
+        location = cache_location()
+        for folder, why in location.passed_over:
+            where = f"cached in {location.root}" if location.root else "not cached (compiled in every process)"
+            warn_once(("passed over", folder), f"mmaemu does not use the cache folder {folder} ({why}); "
+                                               f"compiled code is {where}")
+        _NUMBA_LOCATION = location
+    return _NUMBA_LOCATION
+
+
+_WARNED = set()
+
+
+def warn_once(key, message: str) -> None:
+    """A CacheWarning, once per process per ``key``."""
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    from .errors import CacheWarning
+
+    warnings.warn(message, CacheWarning, stacklevel=3)

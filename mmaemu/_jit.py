@@ -1,30 +1,18 @@
-"""The one decorator of mmaemu's arithmetic: a plain Numba ``njit`` with on-disk caching.
+"""The one decorator of mmaemu's arithmetic: a plain Numba ``njit`` that releases the GIL, cached on disk.
 
 Every arithmetic function is compiled from the same Python source for the CPU loops (:mod:`mmaemu.cpu`) and,
-when called from a ``@cuda.jit`` kernel, for the GPU (:mod:`mmaemu.cuda`). The cache location is chosen by
-:mod:`mmaemu._cache` (keyed by the package version and a hash of the arithmetic's sources).
+when called from a ``@cuda.jit`` kernel, for the GPU (:mod:`mmaemu.cuda`). The CPU loops run on mmaemu's own
+threads (:mod:`mmaemu.cpu.threads`), hence ``nogil``. The cache folder is chosen by :mod:`mmaemu._cache` (keyed
+by the package version and a hash of the arithmetic's sources) and its entries are read and written by
+:mod:`mmaemu._numba_cache`, so that a damaged or foreign cache never fails a call.
 """
 
 from numba import njit
 
-from . import _cache
-
-_cache.install()
-
-
-def _compile(func, **options):
-    try:
-        return njit(cache=True, **options)(func)
-    except RuntimeError:
-        # No writable cache location anywhere: compile in memory rather than fail.
-        return njit(**options)(func)
+from . import _numba_cache
 
 
 def arithmetic(func):
-    """Compile ``func`` lazily in nopython mode with caching; no explicit signature."""
-    return _compile(func)
+    """Compile ``func`` lazily in nopython mode, without the GIL, with caching; no explicit signature."""
+    return _numba_cache.enable(njit(nogil=True)(func))
 
-
-def arithmetic_parallel(func):
-    """A parallel CPU loop (``prange``) over arithmetic functions."""
-    return _compile(func, parallel=True)

@@ -443,14 +443,15 @@ def _describe_file(data, file_name: str) -> dict:
 
 
 def _numba_cache() -> dict:
+    """The cache folder this process uses (mmaemu._cache.cache_location): its numba folder, state and why, and
+    the folders passed over with the reason."""
     from . import _cache
 
-    path = _cache.numba_cache_dir()
-    root = _cache.default_cache_root()
-    probe = path if path.exists() else root
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    return {"path": str(path), "exists": path.exists(), "writable": os.access(probe, os.W_OK)}
+    location = _cache.cache_location()
+    path = location.numba_dir
+    return {"path": None if path is None else str(path), "exists": bool(path and path.is_dir()),
+            "writable": location.writable, "state": location.state, "source": location.source,
+            "passed_over": [{"path": folder, "reason": why} for folder, why in location.passed_over]}
 
 
 # ================================================================================================================

@@ -14,6 +14,7 @@ __all__ = [
     "UnverifiedSplitWarning",
     "UnvalidatedEnvelopeWarning",
     "BackendFallbackWarning",
+    "CacheWarning",
 ]
 
 
@@ -51,3 +52,8 @@ class UnvalidatedEnvelopeWarning(UnverifiedSplitWarning):
 
 class BackendFallbackWarning(RuntimeWarning):
     """A faster backend failed its checks and a slower one computes instead."""
+
+
+class CacheWarning(RuntimeWarning):
+    """A cache folder or entry mmaemu does not use (damaged, not private, not writable): the code is compiled
+    instead, the result is unchanged."""

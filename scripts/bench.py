@@ -5,9 +5,11 @@ For every shape (M, N, K), profile preset (hopper, ada) and accumulation mode (f
 ``mmaemu.cpu.accumulate_codes`` (decode + the fast tile path + the NaN/Inf rule, i.e. everything from FP8
 codes to the fp32 accumulator) and ``np.dot`` of float64 [M, K] x [K, N] (the BLAS NumPy is linked to), each the
 best of a few repetitions, interleaved so that both see the same machine load (mmaemu is timed after a pause
-that lets BLAS's spinning workers fall asleep), and prints GMAC/s and the ratio. It then measures, in a fresh
-Python process with the cache this run has warmed, the import time and the first-call compile/load time of the
-CPU path (target: at most 1 s).
+that lets BLAS's spinning workers fall asleep), and prints GMAC/s and the ratio. Then what cutting the loops into
+tasks costs (hopper fast on the largest shape: the default tasks against the coarsest cut, one task per panel of
+B, interleaved) and how long a SIGINT takes to interrupt a long call (:mod:`mmaemu.cpu.threads`). Last, in a fresh
+Python process with the cache this run has warmed, the import time and the first-call compile/load time of the CPU
+path (target: at most 1 s).
 
     python scripts/bench.py                 # all cores, the four shapes of docs/performance.md
     python scripts/bench.py --threads 1     # one thread for mmaemu and for BLAS
@@ -106,6 +108,58 @@ def first_call_times():
     return tuple(float(x) for x in out.stdout.split())
 
 
+def task_cost(a, b, preset, repeats):
+    """{setting: (best seconds, tasks)} of the same call with the default task sizes and with the coarsest cut (one
+    task per panel of B), interleaved."""
+    from mmaemu.cpu import accumulate_codes, engine, threads
+
+    default = (threads.TASK_WORK, threads.TASKS_PER_THREAD)
+    settings = {"default tasks": default, "one task per panel": (1 << 62, 1)}
+    best = {name: float("inf") for name in settings}
+    tasks = {}
+    (M, K), N = a.shape, b.shape[0]
+    try:
+        for _ in range(repeats):
+            for name, setting in settings.items():
+                threads.TASK_WORK, threads.TASKS_PER_THREAD = setting
+                tasks[name] = len(engine.fast_path_tasks(M, N, K, threads.num_threads()))
+                best[name] = min(best[name], best_of(lambda: accumulate_codes(a, b, "e4m3", "e4m3", preset, True),
+                                                     1))
+    finally:
+        threads.TASK_WORK, threads.TASKS_PER_THREAD = default
+    return {name: (best[name], tasks[name]) for name in settings}
+
+
+def interrupt_latency(preset, after_s=0.3):
+    """(seconds from SIGINT to KeyboardInterrupt or None, products of the call) for a SIGINT sent ``after_s``
+    into a long call (1024 x 4096 x 16384)."""
+    import signal
+    import threading
+
+    import numpy as np
+
+    from mmaemu.cpu import accumulate_codes
+
+    M, N, K = 1024, 4096, 16384
+    a, b = np.full((M, K), 0x38, np.uint8), np.full((N, K), 0x38, np.uint8)
+    sent = []
+
+    def interrupt():
+        sent.append(time.perf_counter())
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    timer = threading.Timer(after_s, interrupt)
+    timer.start()
+    try:
+        accumulate_codes(a, b, "e4m3", "e4m3", preset, True)
+        caught = None
+    except KeyboardInterrupt:
+        caught = time.perf_counter()
+    timer.join()
+    time.sleep(0.5)  # the tasks already running end by themselves
+    return (None if caught is None else caught - sent[0]), M * N * K
+
+
 def main(argv=None):
     args = parse_args(argv)
     _set_thread_env(args.threads)
@@ -119,8 +173,10 @@ def main(argv=None):
     repeats = args.repeats or (2 if args.quick else 5)
     rng = np.random.default_rng(args.seed)
     print(f"# mmaemu {mmaemu.__version__} CPU path vs float64 np.dot - {time.strftime('%Y-%m-%d %H:%M:%S %Z')}")
-    print(f"# CPU: {cpu_model()}, {os.cpu_count()} logical CPUs; threads: {args.threads} "
-          f"(Numba threading layer requested: {threads.threading_layer()})")
+    import numba
+
+    print(f"# CPU: {cpu_model()}, {os.cpu_count()} logical CPUs; threads: {threads.num_threads()} "
+          f"(mmaemu's own pool; Numba's threading layer, untouched: {numba.config.THREADING_LAYER})")
     print(f"# NumPy {np.__version__}; each figure is the best of {repeats} timed runs after a warm-up\n")
 
     rows = []
@@ -148,8 +204,11 @@ def main(argv=None):
         for preset, fast in configs:
             rows.append((M, N, K, preset.name, "fast" if fast else "slow", gmac / best[(preset, fast)],
                          gmac / best_dot))
-    layer = threads.threading_layer()
     elapsed = time.perf_counter() - warm
+    largest = max(shapes, key=lambda s: s[0] * s[1] * s[2])
+    a, b = fp8_codes(rng, "e4m3", (largest[0], largest[2])), fp8_codes(rng, "e4m3", (largest[1], largest[2]))
+    cuts = task_cost(a, b, HOPPER, repeats)
+    latency, products = interrupt_latency(HOPPER)
 
     print("| M | N | K | preset | accumulation | mmaemu GMAC/s | np.dot f64 GMAC/s | ratio |")
     print("|---:|---:|---:|---|---|---:|---:|---:|")
@@ -157,8 +216,14 @@ def main(argv=None):
         ratio = ours / dot
         print(f"| {M} | {N} | {K} | {name} | {mode} | {ours:.2f} | {dot:.2f} | {ratio:.3f} (1/{1 / ratio:.1f}) |")
     worst = min(r[5] / r[6] for r in rows)
-    print(f"\n# lowest ratio: {worst:.3f} (1/{1 / worst:.1f}); Numba threading layer in use: {layer}; "
-          f"timed part took {elapsed:.0f} s")
+    print(f"\n# lowest ratio: {worst:.3f} (1/{1 / worst:.1f}); timed part took {elapsed:.0f} s")
+    (fine, n_fine), (coarse, n_coarse) = cuts.values()
+    print(f"# task sizes, {largest} hopper fast (best of {repeats}, interleaved): {n_fine} tasks of at most "
+          f"{threads.TASK_WORK} products {fine * 1e3:.1f} ms, {n_coarse} tasks (one per panel of B) "
+          f"{coarse * 1e3:.1f} ms: {(fine / coarse - 1) * 100:+.1f} %")
+    rate = largest[0] * largest[1] * largest[2] / fine
+    print(f"# Ctrl-C: SIGINT 0.3 s into a call of {products / 1e9:.0f} G products (about {products / rate:.0f} s): "
+          + (f"KeyboardInterrupt {latency * 1e3:.0f} ms later" if latency is not None else "NOT interrupted"))
     imp, first, second = first_call_times()
     print(f"# fresh process, warm cache: import {imp:.2f} s, first call (hopper fast) {first:.2f} s, "
           f"first call of another schedule (ada slow, 2 pairwise splits) {second:.2f} s")

@@ -148,19 +148,24 @@ def test_extra_memory_is_linear_in_inputs_and_outputs():
     assert peak < M * N * K  # far below one byte per product
 
 
-def test_cache_directory_is_keyed_and_unwritable_location_falls_back(tmp_path):
-    code = ("import mmaemu, torch; a = torch.ones(2, 32).to(torch.float8_e4m3fn); "
-            "print(float(mmaemu.accumulate(a, a, use_fast_accum=True, splitk=1)[0, 0]))")
-    env = dict(os.environ, MMAEMU_CACHE_DIR=str(tmp_path / "cache"))
-    assert subprocess.check_output([sys.executable, "-c", code], env=env, text=True).strip() == "32.0"
+def test_cache_directory_is_keyed_and_unusable_location_falls_back_to_the_per_user_folder(tmp_path):
+    code = ("import mmaemu, torch; from mmaemu import _cache; a = torch.ones(2, 32).to(torch.float8_e4m3fn); "
+            "print(float(mmaemu.accumulate(a, a, use_fast_accum=True, splitk=1)[0, 0]), "
+            "_cache.numba_location().root)")
+    per_user = tmp_path / "xdg" / "mmaemu"
+    env = dict(os.environ, MMAEMU_CACHE_DIR=str(per_user), XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    assert subprocess.check_output([sys.executable, "-c", code], env=env, text=True).split() == [
+        "32.0", str(per_user.resolve())]
     from mmaemu import _cache
 
-    keyed = tmp_path / "cache" / "numba" / _cache.cache_key()
+    keyed = per_user / "numba" / _cache.cache_key()
     assert keyed.is_dir() and any(keyed.rglob("*.nbi"))
     blocked = tmp_path / "blocked"
     blocked.write_text("a file where the cache directory should be")
-    env = dict(os.environ, MMAEMU_CACHE_DIR=str(blocked))
-    assert subprocess.check_output([sys.executable, "-c", code], env=env, text=True).strip() == "32.0"
+    env["MMAEMU_CACHE_DIR"] = str(blocked)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, text=True, capture_output=True, check=True)
+    assert proc.stdout.split() == ["32.0", str(per_user.resolve())]  # the per-user folder, already warm
+    assert f"does not use the cache folder {blocked}" in proc.stderr and "is not a directory" in proc.stderr
 
 
 def test_planning_warnings_point_at_the_callers_line():

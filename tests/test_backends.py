@@ -447,3 +447,34 @@ def test_gpu_check_dry_run_on_the_simulator(tmp_path):
     assert "| selftest | skipped |" in markdown and "dry run on the simulator" in markdown
     assert "| [8, 8, 160] | mma_sync ada slow |" in markdown
     assert "[gpu_check" in run.stdout and "stage timing" in run.stdout and "stage native_probe" in run.stdout
+
+
+def test_damaged_or_unprotected_verdicts_are_ignored_and_the_selftest_runs_again(fake_device, tmp_path,
+                                                                                 monkeypatch):
+    import mmaemu.cuda as cuda_backend
+    from mmaemu import _cache
+    from mmaemu.errors import CacheWarning
+
+    monkeypatch.setattr(_cache, "_WARNED", set())
+    backends.selftest(CUDA0, kernels="simple")
+    [path] = (tmp_path / "cache" / "verdicts").glob("*.json")
+    good = json.loads(path.read_text())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for damaged in (b"\xff\xfe not json", b"[" * 100_000, json.dumps({**good, "seconds": "soon"}).encode()):
+            path.write_bytes(damaged)
+            cuda_backend.reset()
+            fake_device["runs"].clear()
+            result = backends.selftest(CUDA0, kernels="simple")["cuda:simple"][0]
+            assert result.passed and not result.cached and fake_device["runs"] == ["simple"]
+            assert json.loads(path.read_text())["passed"] is True  # written again
+    messages = [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    assert len(messages) == 1 and messages[0].startswith(f"mmaemu ignores the self-test verdict {path}")
+    # A verdicts folder others could write is neither read nor written.
+    path.parent.chmod(0o777)
+    before = path.read_bytes()
+    for _ in range(2):
+        cuda_backend.reset()
+        fake_device["runs"].clear()
+        assert not backends.selftest(CUDA0, kernels="simple")["cuda:simple"][0].cached
+        assert fake_device["runs"] == ["simple"] and path.read_bytes() == before

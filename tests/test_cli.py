@@ -341,12 +341,12 @@ def test_selftest_without_cuda_is_unavailable(tmp_path):
 
 def test_selftest_with_cuda_disabled_is_unavailable(monkeypatch):
     monkeypatch.setenv("MMAEMU_DISABLE_CUDA", "yes")
-    result = invoke("selftest", "--kernels", "tiled,simple", "--force")
+    result = invoke("selftest", "--kernels", "offset,simple", "--force")
     assert result.exit_code == 4
     assert result.stdout.startswith("verdict: UNAVAILABLE - CUDA disabled by MMAEMU_DISABLE_CUDA=yes")
 
 
-@pytest.mark.parametrize("kernels", [",", "h1,,h4", "", "nope", "tiled,nope"])
+@pytest.mark.parametrize("kernels", [",", "h1,,h4", "", "nope", "offset,nope"])
 def test_selftest_malformed_kernels_is_a_usage_error(kernels):
     result = invoke("selftest", "--kernels", kernels)  # also on a machine without CUDA: checked first
     assert result.exit_code == 2 and "--kernels" in result.stderr

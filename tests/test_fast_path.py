@@ -177,10 +177,10 @@ def test_nonfinite_patterns():
 
 
 def test_tile_shapes():
-    assert engine.tile_shape(64, 5760, 1920, 2) == (4, 8, 128)
-    assert engine.tile_shape(16, 16, 65536, 2) == (4, 1, 16)
-    assert engine.tile_shape(1, 1, 5, 2) == (1, 1, 16)
-    assert engine.tile_shape(9, 300, 1 << 20, 1) == (4, 1, 128)
+    assert engine.tile_shape(64, 5760, 1920) == (4, 128)
+    assert engine.tile_shape(16, 16, 65536) == (4, 16)
+    assert engine.tile_shape(1, 1, 5) == (1, 16)
+    assert engine.tile_shape(9, 300, 1 << 20) == (4, 128)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -307,15 +307,24 @@ def test_nonfinite_codes(fmt_a, fmt_b):
         assert_same(a, b, fmt_a, fmt_b, preset, fast, S, scheme)
 
 
-def test_threads_and_tile_rows_do_not_change_bits(monkeypatch):
-    """The result does not depend on the tile shape (rows per job, lanes per panel) or the job order."""
+def test_threads_tasks_and_tile_rows_do_not_change_bits(monkeypatch):
+    """The result does not depend on the tile shape (rows per tile, lanes per panel), on how the loops are cut
+    into tasks (one row tile per task, panels shared by several tasks) or on the thread count."""
+    from mmaemu.cpu import threads
+
     rng = np.random.default_rng(2)
     a, b = random_codes(rng, "e4m3", (9, 300)), random_codes(rng, "e4m3", (70, 300))
     ref = accumulate_codes(a, b, "e4m3", "e4m3", ADA, False, 3, "serial", reference=True)
-    for shape in [(1, 1, 16), (2, 3, 32), (4, 1, 64), (4, 2, 128), (3, 9, 16)]:
-        monkeypatch.setattr(engine, "tile_shape", lambda M, N, K, t, shape=shape: shape)
-        got = accumulate_codes(a, b, "e4m3", "e4m3", ADA, False, 3, "serial")
-        assert np.array_equal(_bits(ref), _bits(got)), shape
+    for task_work, n_threads in [(1 << 25, 2), (1, 2), (1, 1), (1, 3)]:
+        monkeypatch.setattr(threads, "TASK_WORK", task_work)
+        monkeypatch.setattr(threads, "MIN_TASK_WORK", min(task_work, threads.MIN_TASK_WORK))
+        monkeypatch.setattr(threads, "num_threads", lambda n=n_threads: n)
+        for shape in [(1, 16), (2, 32), (4, 64), (4, 128), (3, 16)]:
+            monkeypatch.setattr(engine, "tile_shape", lambda M, N, K, shape=shape: shape)
+            got = accumulate_codes(a, b, "e4m3", "e4m3", ADA, False, 3, "serial")
+            assert np.array_equal(_bits(ref), _bits(got)), (shape, task_work, n_threads)
+        assert np.array_equal(_bits(ref), _bits(accumulate_codes(a, b, "e4m3", "e4m3", ADA, False, 3, "serial",
+                                                                 reference=True)))
 
 
 def test_gemm_level_errors_unchanged():

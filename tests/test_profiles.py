@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from mmaemu.errors import ExperimentalPresetWarning
-from mmaemu.platform import cublaslt
+from mmaemu.platform import cublaslt, heuristic
 from mmaemu.platform.profiles import (
     Profile, RejectRule, get_profile, list_profiles, profile_maturity_messages, reset_maturity_warnings,
     warn_profile_maturity)
@@ -319,4 +319,4 @@ def test_no_driver_here_means_no_match(monkeypatch):
 
 
 def test_live_heuristic_gives_no_answer_without_the_library():
-    assert cublaslt.live_heuristic(get_profile("hopper"), 16, 256, 4096, "e4m3", "e4m3", "float32", False) is None
+    assert heuristic.live_heuristic(get_profile("hopper"), 16, 256, 4096, "e4m3", "e4m3", "float32", False) is None

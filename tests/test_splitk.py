@@ -706,7 +706,7 @@ def on_reference_gpu(monkeypatch):
     state = {"api": answering()}
     monkeypatch.setattr(Profile, "matches_device", lambda self, device=None: True)
     monkeypatch.setattr(heuristic, "nvmath_api", lambda: state["api"])
-    monkeypatch.setattr(cublaslt, "device_scale_pointer", lambda: 0x1000)
+    monkeypatch.setattr(heuristic, "device_scale_pointer", lambda: 0x1000)
     return state
 
 

@@ -134,8 +134,14 @@ def _splitk_tables(tables: List[dict]) -> List[str]:
 def _numba_cache(c: Optional[dict]) -> List[str]:
     if not c:
         return ["  unavailable"]
-    return [f"  {c['path']} ({'exists' if c['exists'] else 'not created yet'}"
-            f"{'' if c['writable'] else ', NOT writable: compiled code is not cached'})"]
+    if c["path"] is None:
+        lines = ["  none: no usable folder, compiled code is not cached (it is compiled in every process)"]
+    elif c["state"] == "read-only":
+        lines = [f"  {c['path']} (read-only: compiled code is loaded from it, nothing is saved; from {c['source']})"]
+    else:
+        lines = [f"  {c['path']} (read-write, {'exists' if c['exists'] else 'created at the first compilation'}; "
+                 f"from {c['source']})"]
+    return lines + [f"  passed over: {p['path']} ({p['reason']})" for p in c["passed_over"]]
 
 
 def _unavailable(components: List[dict]) -> List[str]:

@@ -1,6 +1,9 @@
-"""NumPy-level entry points of the CPU backend: decode, schedule, run the compiled loops."""
+"""NumPy-level entry points of the CPU backend: decode, schedule, cut the loops into tasks, run them on the CPU
+backend's threads (:mod:`mmaemu.cpu.threads`)."""
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
@@ -10,8 +13,8 @@ from ..arith.params import codes_gemm
 from ..arith.rounding import FLOAT32, value_of_bits
 from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_decode
 from . import threads
-from .gemm import (accumulate_gemm, accumulate_gemm_reference, epilogue_gemm, nonfinite_rows,
-                   override_nonfinite)
+from .gemm import (TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, decode_panel, epilogue_gemm,
+                   nonfinite_rows, override_nonfinite)
 
 _OUT_VIEW = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16,
              "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
@@ -35,36 +38,83 @@ def tile_tables(fmt: str):
 
 
 _TILE_TABLES = {}
-# A job is TILE_ROWS rows of A against one panel of up to MAX_LANES columns: a tile of 4 x 128 outputs keeps a
+# A tile is TILE_ROWS rows of A against one panel of up to MAX_LANES columns: a tile of 4 x 128 outputs keeps a
 # block of B (nfma x 128 x 5 bytes) in the L1 cache while its 4 rows use it, and every lane loop runs whole
-# AVX-512 vectors. Panels are decoded a group at a time: PANELS_PER_THREAD panels per thread, at most
-# GROUP_BYTES of decoded operands (but at least one panel).
+# AVX-512 vectors.
 TILE_ROWS = 4
 MAX_LANES = 128
-PANELS_PER_THREAD = 4
-GROUP_BYTES = 64 << 20
+# Costs in products of the fast path (task sizes of mmaemu.cpu.threads), measured here on one core: a product of
+# the reference path costs about 25 (0.45 against 10 GMAC/s, docs/performance.md), the epilogue of one output
+# about 250 (26 ns against 0.104 ns).
+REFERENCE_PRODUCT_WORK = 25
+EPILOGUE_WORK = 256
 
 
-def tile_shape(M: int, N: int, K: int, n_threads: int):
-    """``(tile_rows, group, lanes)`` of the fast path: panels as wide as N needs (16 .. 128 lanes), tiles of up
-    to TILE_ROWS rows, groups of up to PANELS_PER_THREAD panels per thread within GROUP_BYTES."""
+def tile_shape(M: int, N: int, K: int):
+    """``(tile_rows, lanes)`` of the fast path: panels as wide as N needs (16 .. 128 lanes), tiles of up to
+    TILE_ROWS rows."""
     lanes = 16
     while lanes < MAX_LANES and lanes < N:
         lanes *= 2
-    panels = -(-N // lanes)
-    group = min(panels, PANELS_PER_THREAD * n_threads, max(1, GROUP_BYTES // (5 * K * lanes)))
-    return min(TILE_ROWS, M), group, lanes
+    return min(TILE_ROWS, M), lanes
+
+
+class DecodedPanels:
+    """The panels of B in the tile layout (:func:`mmaemu.cpu.gemm.decode_panel`), each decoded by the first task
+    that needs it and dropped after the last one (``uses`` tasks per panel): tasks are handed out panel by panel,
+    so about one panel per thread is held at a time."""
+
+    def __init__(self, b_codes, fmt_b: str, lanes: int, uses: int):
+        self._codes, self._tables, self._lanes = b_codes, tile_tables(fmt_b), lanes
+        panels = -(-b_codes.shape[0] // lanes)
+        self._locks = [threading.Lock() for _ in range(panels)]
+        self._left = [uses] * panels
+        self._decoded = {}
+
+    def acquire(self, panel: int):
+        with self._locks[panel]:
+            if panel not in self._decoded:
+                K = self._codes.shape[1]
+                val, exp = np.empty((K, self._lanes), np.float32), np.empty((K, self._lanes), np.int8)
+                decode_panel(self._codes, panel * self._lanes, self._tables[0], self._tables[1], val, exp)
+                self._decoded[panel] = val, exp
+            return self._decoded[panel]
+
+    def release(self, panel: int):
+        with self._locks[panel]:
+            self._left[panel] -= 1
+            if not self._left[panel]:
+                del self._decoded[panel]
+
+
+def fast_path_tasks(M: int, N: int, K: int, n_threads: int):
+    """The tasks of the fast path, ``(panel, m_lo, m_hi)``: every panel of B with each range of rows of A from
+    :func:`mmaemu.cpu.threads.job_ranges` (a job: one tile of rows), panel by panel."""
+    tile_rows, lanes = tile_shape(M, N, K)
+    panels, row_tiles = -(-N // lanes), -(-M // tile_rows)
+    row_ranges = threads.job_ranges(row_tiles, tile_rows * lanes * K, n_threads, repeats=panels)
+    return [(p, lo * tile_rows, min(hi * tile_rows, M)) for p in range(panels) for lo, hi in row_ranges]
 
 
 def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out):
-    """Run the fast path (:func:`mmaemu.cpu.gemm.accumulate_gemm`) into ``out`` [M, N] (finite outputs)."""
+    """Run the fast path (:func:`mmaemu.cpu.gemm.accumulate_panel_rows`) into ``out`` [M, N] (finite outputs),
+    one call per task of :func:`fast_path_tasks`."""
     (M, K), N = a_codes.shape, b_codes.shape[0]
-    n_threads = threads.num_threads()
-    tile_rows, group, lanes = tile_shape(M, N, K, n_threads)
+    tile_rows, lanes = tile_shape(M, N, K)
+    tasks = fast_path_tasks(M, N, K, threads.num_threads())
+    decoded = DecodedPanels(b_codes, fmt_b, lanes, uses=len(tasks) // -(-N // lanes))
     lane_proto = np.empty(0, np.int32 if lane_bits_needed(preset) == 32 else np.int64)
-    with threads.parallel_region():
-        accumulate_gemm(a_codes, b_codes, TILE_FORMATS[fmt_a], tile_tables(fmt_b), schedule, params, tile_rows,
-                        group, lanes, lane_proto, threads.max_threads(), out)
+    fmt = TILE_FORMATS[fmt_a]
+
+    def task(panel, m_lo, m_hi):
+        b_val, b_exp = decoded.acquire(panel)
+        try:
+            accumulate_panel_rows(m_lo, m_hi, a_codes, fmt, b_val, b_exp, panel * lanes, schedule, params,
+                                  tile_rows, lane_proto, out)
+        finally:
+            decoded.release(panel)
+
+    threads.run_tasks(lambda t=t: task(*t) for t in tasks)
 
 
 # NaN and Inf codes are exactly the codes with ``code & mask == pattern`` (E4M3: S.1111.111; E5M2: S.11111.xx).
@@ -74,8 +124,8 @@ NONFINITE_PATTERN = {"e4m3": (0x7F, 0x7F), "e5m2": (0x7C, 0x7C)}
 def nonfinite_flags(codes, fmt: str):
     """Per row of ``codes``: True if it holds a NaN or Inf code (formats.nonfinite_mask(...).any(axis=1))."""
     flags = np.empty(codes.shape[0], np.bool_)
-    with threads.parallel_region():
-        nonfinite_rows(codes, *NONFINITE_PATTERN[fmt], flags)
+    threads.parallel_for(nonfinite_rows, codes.shape[0], max(1, codes.shape[1]), codes, *NONFINITE_PATTERN[fmt],
+                         flags)
     return flags
 
 
@@ -94,16 +144,16 @@ def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, spl
     if reference:
         sa, ea = decode_operand(a_codes, fmt_a)
         sb, eb = decode_operand(b_codes, fmt_b)
-        with threads.parallel_region():
-            accumulate_gemm_reference(sa, ea, sb, eb, schedule, params, out)
+        jobs = -(-sa.shape[0] // TILE_M) * -(-sb.shape[0] // TILE_N)
+        job_work = REFERENCE_PRODUCT_WORK * TILE_M * TILE_N * sa.shape[1]
+        threads.parallel_for(accumulate_gemm_reference, jobs, job_work, sa, ea, sb, eb, schedule, params, out)
     else:
         accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out)
     a_flags = nonfinite_flags(a_codes, fmt_a)
     b_flags = nonfinite_flags(b_codes, fmt_b)
     if a_flags.any() or b_flags.any():
-        with threads.parallel_region():
-            override_nonfinite(a_codes, a_flags, formats.values(fmt_a), b_codes, b_flags, formats.values(fmt_b),
-                               out.view(np.int32))
+        threads.parallel_for(override_nonfinite, out.shape[0], out.shape[1], a_codes, a_flags,
+                             formats.values(fmt_a), b_codes, b_flags, formats.values(fmt_b), out.view(np.int32))
     return out
 
 
@@ -122,6 +172,6 @@ def epilogue_codes(acc, scale_a_bits, scale_b_bits, scale_result_bits, out_dtype
     has_sr = scale_result_bits is not None
     scale_result = float32_value(scale_result_bits) if has_sr else 1.0
     out = np.empty(acc.size, _OUT_VIEW[out_dtype_name])
-    with threads.parallel_region():
-        epilogue_gemm(acc.reshape(-1), alpha, OUT_CODES[out_dtype_name], scale_result, has_sr, out)
+    threads.parallel_for(epilogue_gemm, acc.size, EPILOGUE_WORK, acc.reshape(-1), alpha, OUT_CODES[out_dtype_name],
+                         scale_result, has_sr, out)
     return out.reshape(acc.shape)

@@ -1,26 +1,23 @@
-"""Parallel CPU loops (``prange``) over the compiled arithmetic.
+"""CPU loops over the compiled arithmetic, each on a range of jobs ``[lo, hi)`` (a task of
+:mod:`mmaemu.cpu.threads`, which runs the tasks of a call on its threads; the loops release the GIL).
 
-* :func:`accumulate_gemm` - the fast path. B is cut into *panels* of ``lanes`` rows (columns of the product),
-  taken a *group* of panels at a time: the group's panels are decoded in parallel into the tile layout of
-  :mod:`mmaemu.arith.tile` ([K, lanes]: fp32 value and int8 exponent per code, :func:`decode_panel`), then every
-  job of the group - one panel and ``tile_rows`` rows of A - runs in parallel: decode its rows of A
-  (:func:`decode_rows`) and run :func:`mmaemu.arith.tile.tile_accumulate`, whose innermost loops run over the
-  lanes and vectorise. Every panel is decoded once, every row of A once per panel.
+* :func:`accumulate_panel_rows` - the fast path. B is cut into *panels* of ``lanes`` rows (columns of the
+  product), each decoded once into the tile layout of :mod:`mmaemu.arith.tile` ([K, lanes]: fp32 value and int8
+  exponent per code, :func:`decode_panel`); a task is one decoded panel and a range of rows of A, ``tile_rows`` at
+  a time: decode them (:func:`decode_rows`) and run :func:`mmaemu.arith.tile.tile_accumulate`, whose innermost
+  loops run over the lanes and vectorise. Every row of A is decoded once per panel.
 * :func:`accumulate_gemm_reference` - the straightforward loop: every output walks its chains alone with
   :func:`mmaemu.arith.schedule.accumulate_one`, the reference every fast path is tested against.
 
-Extra memory of the fast path: the [M, N] output, the decoded group (group x K x lanes x 5 bytes; the engine
-keeps it near 4 panels per thread and under GROUP_BYTES) and, per thread, the decoded rows (tile_rows x K x 5
-bytes) and nine tile_rows x lanes work arrays of 2 to 8 bytes: O(M*N + threads * K * (lanes + tile_rows)).
-Nothing is decoded for the whole of A or B.
-
-Threading: the loops run on the Numba threading layer chosen in :mod:`mmaemu.cpu.threads`.
+Extra memory of the fast path: the [M, N] output, the decoded panels in use (K x lanes x 5 bytes each, about one
+per thread: :class:`mmaemu.cpu.engine.DecodedPanels`) and, per task, the decoded rows (tile_rows x K x 5 bytes)
+and nine tile_rows x lanes work arrays of 2 to 8 bytes: O(M*N + threads * K * (lanes + tile_rows)). Nothing is
+decoded for the whole of A or B.
 """
 
 import numpy as np
-from numba import get_thread_id, prange
 
-from .._jit import arithmetic, arithmetic_parallel
+from .._jit import arithmetic
 from ..arith.epilogue import epilogue_one
 from ..arith.schedule import accumulate_one
 from ..arith.special import FINITE, nonfinite_accumulator
@@ -30,17 +27,17 @@ TILE_M = 16
 TILE_N = 16
 
 
-@arithmetic_parallel
-def accumulate_gemm_reference(sa, ea, sb, eb, schedule, params, out):
-    """out[m, n] = fp32 accumulator of row m of A and row n of B (finite codes; semantics.md (c), (d)).
+@arithmetic
+def accumulate_gemm_reference(lo, hi, sa, ea, sb, eb, schedule, params, out):
+    """out[m, n] = fp32 accumulator of row m of A and row n of B (finite codes; semantics.md (c), (d)), for the
+    outputs of jobs lo .. hi-1 (a job: a tile of TILE_M x TILE_N outputs, row-major over the tiles).
 
     ``sa``/``ea``, ``sb``/``eb``: int8 significands and int16 exponents (:func:`mmaemu.cpu.engine.decode_operand`).
     """
     M, K = sa.shape
     N = sb.shape[0]
-    tiles_m = (M + TILE_M - 1) // TILE_M
     tiles_n = (N + TILE_N - 1) // TILE_N
-    for job in prange(tiles_m * tiles_n):
+    for job in range(lo, hi):
         m0 = (job // tiles_n) * TILE_M
         n0 = (job % tiles_n) * TILE_N
         for m in range(m0, min(m0 + TILE_M, M)):
@@ -102,72 +99,60 @@ def decode_panel(codes, n0, val_table, exp_table, val, exp):
         j += 1
 
 
-@arithmetic_parallel
-def accumulate_gemm(a_codes, b_codes, fmt_a, b_tables, schedule, params, tile_rows, group, lanes, lane_proto,
-                    max_threads, out):
-    """The fast path: out[m, n] = fp32 accumulator of row m of A and row n of B, bit-identical to
-    :func:`accumulate_gemm_reference` (finite codes; semantics.md (c), (d)).
+@arithmetic
+def accumulate_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, n0, schedule, params, tile_rows, lane_proto,
+                          out):
+    """The fast path: out[m, n0:n0+lanes] = fp32 accumulators of rows m_lo .. m_hi-1 of A and of one panel of B,
+    bit-identical to :func:`accumulate_gemm_reference` (finite codes; semantics.md (c), (d)).
 
-    ``a_codes`` [M, K], ``b_codes`` [N, K]: uint8 FP8 codes; ``fmt_a``: A's :data:`mmaemu.arith.tile.TILE_FORMATS`
-    entry; ``b_tables``: (fp32 value, int8 exponent) of B's 256 codes (engine.tile_tables). B is cut into panels
-    of ``lanes`` rows (columns of the product), taken ``group`` panels at a time: the group's panels are decoded
-    in parallel, then every (panel, ``tile_rows`` rows of A) job of the group runs in parallel, panel by panel.
-    ``lane_proto``: an empty array whose dtype (int32 or int64) is the lane integer type of the block sums
-    (mmaemu.arith.tile.lane_bits_needed). Each of the ``max_threads`` (NUMBA_NUM_THREADS) threads has its own
-    rows and work arrays, allocated once per call.
+    ``a_codes`` [M, K]: uint8 FP8 codes; ``fmt_a``: A's :data:`mmaemu.arith.tile.TILE_FORMATS` entry;
+    ``b_val``/``b_exp`` [K, lanes]: the panel of B that starts at row ``n0`` of B, decoded by :func:`decode_panel`.
+    Rows are taken ``tile_rows`` at a time from m_lo (m_lo is a multiple of tile_rows). ``lane_proto``: an empty
+    array whose dtype (int32 or int64) is the lane integer type of the block sums
+    (mmaemu.arith.tile.lane_bits_needed). The work arrays are the task's own.
     """
-    M, K = a_codes.shape
-    N = b_codes.shape[0]
-    panels = (N + lanes - 1) // lanes
-    row_tiles = (M + tile_rows - 1) // tile_rows
-    b_val = np.empty((group, K, lanes), np.float32)
-    b_exp = np.empty((group, K, lanes), np.int8)
-    shape = (max_threads, tile_rows, lanes)
-    a_val = np.empty((max_threads, tile_rows, K), np.float32)
-    a_exp = np.empty((max_threads, tile_rows, K), np.int8)
+    K = a_codes.shape[1]
+    N = out.shape[1]
+    lanes = b_val.shape[1]
+    shape = (tile_rows, lanes)
+    a_val = np.empty((tile_rows, K), np.float32)
+    a_exp = np.empty((tile_rows, K), np.int8)
     c_sig, total = np.empty(shape, lane_proto.dtype), np.empty(shape, lane_proto.dtype)
     c_lead, e_max, scale = np.empty(shape, np.int32), np.empty(shape, np.int16), np.empty(shape, np.float32)
     result, partial, slot, acc = (np.empty(shape, np.float32), np.empty(shape, np.float32),
                                   np.empty(shape, np.float32), np.empty(shape, np.float32))
-    for g0 in range(0, panels, group):
-        in_group = min(group, panels - g0)
-        for i in prange(in_group):
-            decode_panel(b_codes, (g0 + i) * lanes, b_tables[0], b_tables[1], b_val[i], b_exp[i])
-        for job in prange(in_group * row_tiles):
-            t = get_thread_id()
-            i = job // row_tiles
-            n0 = (g0 + i) * lanes
-            m0 = (job % row_tiles) * tile_rows
-            rows = min(tile_rows, M - m0)
-            decode_rows(a_codes, m0, rows, fmt_a, a_val[t], a_exp[t])
-            tile_accumulate(a_val[t], a_exp[t], b_val[i], b_exp[i], 0, rows, K, schedule, params,
-                            (c_sig[t], c_lead[t], e_max[t], scale[t], total[t]), (result[t], partial[t], slot[t]),
-                            acc[t])
-            for r in range(rows):
-                for j in range(min(lanes, N - n0)):
-                    out[m0 + r, n0 + j] = acc[t, r, j]
+    for m0 in range(m_lo, m_hi, tile_rows):
+        rows = min(tile_rows, m_hi - m0)
+        decode_rows(a_codes, m0, rows, fmt_a, a_val, a_exp)
+        tile_accumulate(a_val, a_exp, b_val, b_exp, 0, rows, K, schedule, params,
+                        (c_sig, c_lead, e_max, scale, total), (result, partial, slot), acc)
+        for r in range(rows):
+            for j in range(min(lanes, N - n0)):
+                out[m0 + r, n0 + j] = acc[r, j]
 
 
-@arithmetic_parallel
-def nonfinite_rows(codes, mask, pattern, flags):
-    """flags[r] = some code of row r is NaN or Inf, i.e. ``code & mask == pattern`` (engine.NONFINITE_PATTERN)."""
-    R, K = codes.shape
-    for r in prange(R):
+@arithmetic
+def nonfinite_rows(lo, hi, codes, mask, pattern, flags):
+    """flags[r] = some code of row r is NaN or Inf, i.e. ``code & mask == pattern`` (engine.NONFINITE_PATTERN),
+    for rows lo .. hi-1."""
+    K = codes.shape[1]
+    for r in range(lo, hi):
         hit = 0
         for k in range(K):
             hit |= (codes[r, k] & mask) == pattern
         flags[r] = hit != 0
 
 
-@arithmetic_parallel
-def override_nonfinite(a_codes, a_flags, a_table, b_codes, b_flags, b_table, out_bits):
-    """Apply the NaN/Inf rule (c.4) to every output whose row of A or row of B holds a non-finite code.
+@arithmetic
+def override_nonfinite(lo, hi, a_codes, a_flags, a_table, b_codes, b_flags, b_table, out_bits):
+    """Apply the NaN/Inf rule (c.4) to every output of rows lo .. hi-1 whose row of A or row of B holds a
+    non-finite code.
 
     ``a_flags``/``b_flags``: per row, True if it holds a non-finite code. ``out_bits``: int32 view of the fp32
     accumulator [M, N].
     """
-    M, N = out_bits.shape
-    for m in prange(M):
+    N = out_bits.shape[1]
+    for m in range(lo, hi):
         for n in range(N):
             if a_flags[m] or b_flags[n]:
                 bits = nonfinite_accumulator(a_codes[m], b_codes[n], a_table, b_table)
@@ -175,8 +160,8 @@ def override_nonfinite(a_codes, a_flags, a_table, b_codes, b_flags, b_table, out
                     out_bits[m, n] = bits
 
 
-@arithmetic_parallel
-def epilogue_gemm(acc, alpha, out_code, scale_result, has_scale_result, out_bits):
-    """out_bits[i] = output bits of acc[i] (semantics.md (e)); acc and out_bits are flat."""
-    for i in prange(acc.shape[0]):
+@arithmetic
+def epilogue_gemm(lo, hi, acc, alpha, out_code, scale_result, has_scale_result, out_bits):
+    """out_bits[i] = output bits of acc[i] (semantics.md (e)) for i in lo .. hi-1; acc and out_bits are flat."""
+    for i in range(lo, hi):
         out_bits[i] = epilogue_one(acc[i], alpha, out_code, scale_result, has_scale_result)

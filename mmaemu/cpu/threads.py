@@ -1,73 +1,137 @@
-"""Threads of the CPU backend: Numba's threading layer, thread count and work distribution.
+"""Threads of the CPU backend: mmaemu's own pool of threads, the thread count, and how a loop is cut into tasks.
 
-Threading layer. Unless the user chose one (``NUMBA_THREADING_LAYER`` or ``numba.config.THREADING_LAYER``
-set to anything but the default), importing :mod:`mmaemu.cpu` asks Numba for the ``workqueue`` layer when
-the first parallel loop starts. Reasons, measured in ``docs/performance.md``:
+mmaemu does not use Numba's threading layer and never changes it (``NUMBA_THREADING_LAYER``,
+``numba.config.THREADING_LAYER`` and the layer Numba picks stay the user's). Its loops are plain compiled
+functions that release the GIL (``nogil``, :mod:`mmaemu._jit`), each called on a range of jobs (a *task*); the
+tasks of a call run on a process-wide pool of Python threads (``concurrent.futures``), at most
+:func:`num_threads` of them at a time. Why, rather than ``prange`` on some Numba layer:
 
-* its idle workers sleep instead of spinning, so right after an mmaemu call they leave the cores to BLAS
-  (NumPy's OpenBLAS, torch's OpenMP pool). GNU OpenMP (Numba's ``omp`` layer; TBB is not installed here) keeps
-  idle workers spinning after every parallel region (``GOMP_SPINCOUNT``): on the measured 2-core machine a
-  float64 ``np.dot`` issued right after an ``omp``-layer mmaemu call took 24.5 ms instead of 17 ms, after a
-  ``workqueue`` call 17-18 ms;
-* it is fork-safe (GNU OpenMP is not: a forked child that runs an OpenMP region can hang).
+* other Numba code in the process is safe whatever layer it uses: mmaemu never enters a Numba parallel region, so
+  it can neither nest nor overlap one (with the ``workqueue`` layer, two parallel regions at once abort the
+  process);
+* calls from several threads at once are safe: their tasks share the pool;
+* ``fork`` is safe: no lock is held across a call, and a child process drops the parent's pool
+  (``os.register_at_fork``) and starts its own on its first call (GNU OpenMP, Numba's ``omp`` layer, is not
+  fork-safe);
+* Ctrl-C lands at once: the calling thread only waits for the tasks, and an interrupt stops handing them out
+  (the running ones, each at most about TASK_WORK products, end by themselves within milliseconds);
+* idle pool threads sleep on a queue, so they leave the cores to BLAS at once after a call (GNU OpenMP's workers
+  spin for a while, which made the next ``np.dot`` about 40 % slower: docs/performance.md).
 
-The other direction is BLAS's business: OpenBLAS workers spin for about 0.1 s after each call and slow down an
-mmaemu call made in that window on either layer (63 ms became 115-128 ms in the same test); setting
-``OPENBLAS_THREAD_TIMEOUT=4`` before NumPy is imported makes them sleep at once (the call then took 62-64 ms).
-
-Its limit: one parallel region at a time per process. Two Python threads calling mmaemu at once would make
-Numba abort, so :func:`parallel_region` serialises the CPU backend's parallel loops with a lock (each one
-already uses every core).
-
-Work distribution: Numba's default static split of each ``prange`` (equal shares per thread); the fast path
-makes many more jobs than threads (see :func:`mmaemu.cpu.engine.tile_shape`). Handing jobs out in chunks
-(``numba.set_parallel_chunksize``) changed nothing measurable, even with a core taken by another process.
+Task sizes, in products of the fast path (one costs about 0.1 ns of a core on the measured machine; the other
+loops state their cost in these units): at most TASK_WORK (about 3.5 ms of a core: the tasks still running when
+an interrupt lands end within that, and handing out a task, a few microseconds, costs about 0.2 %), at least
+MIN_TASK_WORK (about 0.1 ms) where there are enough jobs to give every thread TASKS_PER_THREAD tasks (which evens
+out the load). Measured in docs/performance.md.
 """
 
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures
 import os
 import threading
 
 import numba
 
-PREFERRED_LAYER = "workqueue"
-_LOCK = threading.RLock()
+TASK_WORK = 1 << 25
+MIN_TASK_WORK = 1 << 20
+TASKS_PER_THREAD = 4
 
-
-def _choose_layer():
-    """Select PREFERRED_LAYER unless the user set one (environment or numba.config) before us."""
-    if os.environ.get("NUMBA_THREADING_LAYER"):
-        return
-    if numba.config.THREADING_LAYER != "default":
-        return
-    numba.config.THREADING_LAYER = PREFERRED_LAYER
-
-
-_choose_layer()
-
-
-def num_threads() -> int:
-    """Threads the parallel loops use (``numba.set_num_threads`` / ``NUMBA_NUM_THREADS``)."""
-    return numba.get_num_threads()
+_POOL = None
+_POOL_LOCK = threading.Lock()
 
 
 def max_threads() -> int:
-    """Size of Numba's thread pool (NUMBA_NUM_THREADS): every thread id of a parallel loop is below it."""
+    """Size of the pool: ``NUMBA_NUM_THREADS`` (every core by default)."""
     return numba.config.NUMBA_NUM_THREADS
 
 
-def threading_layer() -> str:
-    """The layer Numba runs on ("workqueue", "omp", "tbb"), or the configured one before the first launch."""
+def num_threads() -> int:
+    """Threads a call uses: ``numba.get_num_threads()`` of the calling thread (``numba.set_num_threads``) where
+    Numba's thread pool is already running, else ``NUMBA_NUM_THREADS`` (reading the former would start Numba's
+    threading layer, which then can no longer be chosen by the user)."""
+    from numba.np.ufunc import parallel
+
+    if getattr(parallel, "_is_initialized", False):
+        return numba.get_num_threads()
+    return max_threads()
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = concurrent.futures.ThreadPoolExecutor(max_threads(), thread_name_prefix="mmaemu-cpu")
+        return _POOL
+
+
+def _forget_pool_in_child():
+    """After fork: the parent's pool threads do not exist here; the next call starts a new pool."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
+def jobs_per_task(n_jobs: int, job_work: int, n_threads: int, repeats: int = 1) -> int:
+    """Jobs per task for ``repeats`` loops of ``n_jobs`` jobs each: as many as fit in TASK_WORK, fewer to give every
+    thread TASKS_PER_THREAD tasks, but not under MIN_TASK_WORK (at least one job)."""
+    most = max(1, TASK_WORK // max(1, job_work))
+    spread = (n_jobs * repeats) // (TASKS_PER_THREAD * n_threads)
+    least = -(-MIN_TASK_WORK // max(1, job_work))
+    return max(1, min(most, max(spread, least)))
+
+
+def job_ranges(n_jobs: int, job_work: int, n_threads: int, repeats: int = 1):
+    """[lo, hi) ranges of :func:`jobs_per_task` jobs covering range(n_jobs)."""
+    step = jobs_per_task(n_jobs, job_work, n_threads, repeats)
+    return [(lo, min(lo + step, n_jobs)) for lo in range(0, n_jobs, step)]
+
+
+def run_tasks(tasks) -> None:
+    """Call every callable of ``tasks`` once, on at most :func:`num_threads` threads of the pool; return when all
+    have run. The first exception of a task, or an interrupt of the calling thread, stops handing out the rest
+    and is raised (tasks already running finish by themselves)."""
+    tasks = list(tasks)
+    n_threads = min(num_threads(), len(tasks))
+    if n_threads <= 1:
+        for task in tasks:
+            task()
+        return
+    handout = iter(tasks)
+    handout_lock = threading.Lock()
+    stop = threading.Event()
+
+    def worker():
+        while not stop.is_set():
+            with handout_lock:
+                task = next(handout, None)
+            if task is None:
+                return
+            try:
+                task()
+            except BaseException:
+                stop.set()
+                raise
+
+    futures = []
     try:
-        return numba.threading_layer()
-    except ValueError:  # no parallel loop has run yet
-        return numba.config.THREADING_LAYER
+        for _ in range(n_threads):
+            futures.append(_pool().submit(worker))
+    except RuntimeError:  # the interpreter is shutting down (no new threads): this thread takes part
+        worker()
+    try:
+        for future in futures:
+            future.result()
+    except BaseException:
+        stop.set()
+        raise
 
 
-@contextlib.contextmanager
-def parallel_region():
-    """Serialise the CPU backend's parallel loops (the workqueue layer runs one parallel region at a time)."""
-    with _LOCK:
-        yield
+def parallel_for(kernel, n_jobs: int, job_work: int, *args) -> None:
+    """``kernel(lo, hi, *args)`` for [lo, hi) ranges covering range(n_jobs), in parallel (see the module
+    docstring). ``job_work``: the cost of one job in products of the fast path."""
+    ranges = job_ranges(n_jobs, job_work, num_threads())
+    run_tasks(lambda lo=lo, hi=hi: kernel(lo, hi, *args) for lo, hi in ranges)

@@ -11,11 +11,12 @@ kernel is compared with
 The same cases, shrunk (``size="tiny"``: M, N <= 4, K <= 96), run under numba's CUDA simulator in CI
 (``tests/test_cuda_sim.py``).
 
-Verdicts are kept in memory and in ``$MMAEMU_CACHE_DIR/verdicts/<sha256>.json``, the sha256 of a key made of the
-device identity (name, uuid, capability, driver, numba CUDA implementation, torch), the mmaemu version, the
-sources (:func:`mmaemu._cache.source_hash` and the sources of :mod:`mmaemu.cuda`), the kernel and the self-test
-version. A self-test that raises (compilation or launch error) is not written to disk, so it is retried by the
-next process.
+Verdicts are kept in memory and in ``verdicts/<sha256>.json`` of the cache folder (:mod:`mmaemu._cache`), the
+sha256 of a key made of the device identity (name, uuid, capability, driver, numba CUDA implementation, torch), the
+mmaemu version, the sources (:func:`mmaemu._cache.source_hash` and the sources of :mod:`mmaemu.cuda`), the kernel
+and the self-test version. They are read only from a private folder (:mod:`mmaemu._private`: a planted "pass"
+would put a wrong kernel to work); a damaged file makes the self-test run again. A self-test that raises
+(compilation or launch error) is not written to disk, so it is retried by the next process.
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import pathlib
-import tempfile
 import time
 from typing import Callable, List, Optional
 
@@ -338,38 +337,53 @@ def key_digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
-def verdict_dir() -> pathlib.Path:
+def verdict_dir(location=None) -> Optional[pathlib.Path]:
+    """``verdicts/`` of the cache folder in use (mmaemu._cache.cache_location), None if there is none or the
+    folder breaks the rules of mmaemu._private (a planted "pass" could put a wrong kernel to work)."""
     from .. import _cache
 
-    return _cache.default_cache_root() / "verdicts"
+    return (location or _cache.cache_location()).subfolder("verdicts")
 
 
 def load_verdict(key: dict) -> Optional[dict]:
-    """The stored verdict of a key, or None (missing, unreadable, or written for another key)."""
-    path = verdict_dir() / f"{key_digest(key)}.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    """The stored verdict of a key, or None (missing, not private, damaged, or written for another key). A file
+    that cannot be read or parsed is reported once per process (CacheWarning) and the self-test runs again."""
+    from .. import _cache, _private
+
+    directory = verdict_dir()
+    if directory is None:
         return None
-    if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("passed"), bool):
+    path = directory / f"{key_digest(key)}.json"
+    try:
+        blob = _private.read_private_file(path)
+        data = None if blob is None else json.loads(blob)
+    except (OSError, ValueError, RecursionError) as exc:
+        _cache.warn_once("verdict", f"mmaemu ignores the self-test verdict {path} ({type(exc).__name__}: {exc}); "
+                                    f"the self-test runs again")
+        return None
+    if not (isinstance(data, dict) and data.get("key") == key and isinstance(data.get("passed"), bool)
+            and isinstance(data.get("reason", ""), str) and isinstance(data.get("seconds", 0.0), (int, float))):
         return None
     return data
 
 
 def store_verdict(key: dict, passed: bool, reason: str, details, seconds: float) -> Optional[pathlib.Path]:
-    """Write a verdict atomically; None if the cache directory is not writable (never raises)."""
-    directory = verdict_dir()
+    """Write a verdict (0600, atomically) into a private folder; None if the cache is not writable (never
+    raises)."""
+    from .. import _cache, _private
+
+    location = _cache.cache_location()
+    directory = verdict_dir(location)
+    if directory is None or not location.writable:
+        return None
     record = {"key": key, "passed": passed, "reason": reason, "details": details, "seconds": round(seconds, 3),
               "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".verdict-", suffix=".json")
-        with os.fdopen(fd, "w") as handle:
-            json.dump(record, handle, indent=1, default=str)
+        _private.make_private_folder(location.root, directory)
         path = directory / f"{key_digest(key)}.json"
-        os.replace(tmp, path)
+        _private.write_private_file(path, json.dumps(record, indent=1, default=str).encode())
         return path
-    except OSError:
+    except (OSError, ValueError):
         return None
 
 

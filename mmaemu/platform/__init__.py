@@ -1,6 +1,7 @@
 """The platform layer: reference profiles and split-K decisions (platform.md sections 1-3).
 
-* :mod:`.profiles` — ``Profile``, ``RejectRule``, ``get_profile``, ``list_profiles``, maturity warnings;
+* :mod:`.definitions` — ``Profile``, ``RejectRule``, the built-in profiles, the format and output names;
+* :mod:`.profiles` — ``get_profile``, ``list_profiles``, ``profile_from_preset``, maturity warnings;
 * :mod:`.tables` — the recorded cuBLASLt heuristic tables shipped as package data;
 * :mod:`.splitk` — ``SplitK``, ``SplitDecision``, ``resolve_splitk``, ``check_scheme_for_preset``;
 * :mod:`.cublaslt` — device matching and the live heuristic query on the reference GPU;
@@ -33,7 +34,7 @@ _EXPORTS = {
     "BundleError": "bundles",
 }
 
-_SUBMODULES = ("profiles", "tables", "splitk", "cublaslt", "heuristic", "bundles", "table_format")
+_SUBMODULES = ("definitions", "profiles", "tables", "splitk", "cublaslt", "heuristic", "bundles", "table_format")
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
 

@@ -41,8 +41,8 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ..errors import MmaemuError
-from .profiles import (FORMATS, OUT_DTYPES, Profile, RejectRule, builtin_profile_names,
-                       register_recorded_profile)
+from .definitions import (FORMATS, OUT_DTYPES, Profile, RejectRule, builtin_profile_names,
+                          register_recorded_profile)
 from .table_format import COLUMN_DTYPES, TABLE_FORMAT, TableFormatError, build_index, check_columns
 
 __all__ = ["BundleError", "Bundle", "load_profile", "read_bundle", "write_bundle", "load_profile_path",
@@ -294,7 +294,7 @@ def load_profile(path) -> List[Profile]:
 
 
 def _register(bundle: Bundle) -> Bundle:
-    from .profiles import _RECORDED
+    from .definitions import _RECORDED
     from .tables import SplitTableError, register_table
 
     previous = _loaded.get(bundle.name)
@@ -371,13 +371,13 @@ def loaded_bundles() -> List[Bundle]:
 def forget_loaded_bundles() -> None:
     """Unregister every loaded bundle's profiles and tables and forget the path (tests only)."""
     global _path_seen
-    from . import profiles, tables
+    from . import definitions, tables
 
     with _lock:
         for bundle in _loaded.values():
             for profile in bundle.profiles:
-                profiles._RECORDED.pop(profile.name, None)
-                profiles._SPLITK_MATURITY_NOTES.pop(profile.name, None)
+                definitions._RECORDED.pop(profile.name, None)
+                definitions._SPLITK_MATURITY_NOTES.pop(profile.name, None)
             tables._registered.pop(bundle.table.table_id, None)
             tables._tables.pop(bundle.table.table_id, None)
         _loaded.clear()

@@ -24,7 +24,6 @@ from ..errors import BackendUnavailableError
 
 __all__ = [
     "CublasLtError",
-    "live_heuristic",
     "profile_matches_device",
     "load_cublaslt",
     "loaded_cublaslt_version",
@@ -47,37 +46,6 @@ class CublasLtError(BackendUnavailableError):
 def _check(status, what: str) -> None:
     if status != 0:
         raise CublasLtError(f"{what} returned cuBLAS status {status}")
-
-
-def live_heuristic(profile, M: int, N: int, K: int, fmt_a: str, fmt_b: str, out: str, fast: bool):
-    """The reference GPU's own answer (a HeuristicAnswer) for this key with the profile's workspace and alignment,
-    or None.
-
-    Only meaningful after ``profile.matches_device()``; every failure (bindings missing, scale buffer, status)
-    gives None so that the caller falls through to the envelope.
-    """
-    from . import heuristic  # lazy: numpy and NVIDIA's bindings are only needed on the reference GPU
-
-    try:
-        query = heuristic.build_query(M, N, K, fmt_a, fmt_b, out, fast, profile.workspace_bytes, profile.align)
-        return heuristic.query_heuristic(heuristic.nvmath_api(), query, device_scale_pointer())
-    except Exception:  # a probe: any error means "no live answer"
-        return None
-
-
-_scale_lock = threading.Lock()
-_scale_buffers = {}
-
-
-def device_scale_pointer() -> int:
-    """Address of a 1-element fp32 buffer on torch's current CUDA device (kept for the process)."""
-    import torch  # only reached on the reference GPU
-
-    index = torch.cuda.current_device()
-    with _scale_lock:
-        if index not in _scale_buffers:
-            _scale_buffers[index] = torch.ones(1, dtype=torch.float32, device=f"cuda:{index}")
-        return _scale_buffers[index].data_ptr()
 
 
 # ----------------------------------------------------------------------------------------------------------------

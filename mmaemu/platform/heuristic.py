@@ -21,6 +21,7 @@ refuses to run when two different libcublasLt files are mapped.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -37,6 +38,8 @@ __all__ = [
     "query_heuristic",
     "nvmath_api",
     "INSTALL_HINT",
+    "live_heuristic",
+    "device_scale_pointer",
 ]
 
 INSTALL_HINT = "install NVIDIA's bindings: pip install 'mmaemu[record]' (nvmath-python)"
@@ -302,3 +305,36 @@ def query_heuristic(api: LtApi, query: HeuristicQuery, scale_pointer: int) -> Op
     """One query: the first algorithm's configuration, or None when the status is nonzero or none returns."""
     with HeuristicSession(api, scale_pointer) as session:
         return session.ask(query)[1]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The live query of platform.md 3.5 on the reference GPU
+
+
+def live_heuristic(profile, M: int, N: int, K: int, fmt_a: str, fmt_b: str, out: str, fast: bool):
+    """The reference GPU's own answer (a HeuristicAnswer) for this key with the profile's workspace and alignment,
+    or None.
+
+    Only meaningful after ``profile.matches_device()``; every failure (bindings missing, scale buffer, status)
+    gives None so that the caller falls through to the envelope.
+    """
+    try:
+        query = build_query(M, N, K, fmt_a, fmt_b, out, fast, profile.workspace_bytes, profile.align)
+        return query_heuristic(nvmath_api(), query, device_scale_pointer())
+    except Exception:  # a probe: any error means "no live answer"
+        return None
+
+
+_scale_lock = threading.Lock()
+_scale_buffers = {}
+
+
+def device_scale_pointer() -> int:
+    """Address of a 1-element fp32 buffer on torch's current CUDA device (kept for the process)."""
+    import torch  # only reached on the reference GPU
+
+    index = torch.cuda.current_device()
+    with _scale_lock:
+        if index not in _scale_buffers:
+            _scale_buffers[index] = torch.ones(1, dtype=torch.float32, device=f"cuda:{index}")
+        return _scale_buffers[index].data_ptr()

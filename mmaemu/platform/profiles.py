@@ -1,12 +1,9 @@
-"""Profiles: one reference platform each (platform.md section 1).
+"""Profiles by name: the built-in reference platforms and the recorded ones (platform.md section 1).
 
-A profile names the GPU (model, SM count), the cuBLASLt version, the caller (torch._scaled_mm or Transformer
-Engine) with its cuBLASLt workspace and alignment preference, the split-K table recorded there, the calls its
-cuBLASLt rejects, and the numerics preset. The values below are the recorded facts listed in platform.md section 1
-(drivers: RTX 4060 572.16 under WSL2, H100 PCIe 570.148.08).
-
-This module also owns the small vocabulary shared by profiles and split-K keys: format names ("e4m3"/"e5m2") and
-output dtype names ("float32" ... "float8_e5m2"), accepted as torch dtypes or strings without importing torch.
+``get_profile`` and ``list_profiles`` find the built-in profiles of :mod:`.definitions` and the recorded bundles
+of :mod:`.bundles` (loaded when first needed); ``profile_from_preset`` builds a profile for a prototyped preset;
+maturity warnings. The profile type and the format/output vocabulary live in :mod:`.definitions` and are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -14,9 +11,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from typing import Optional, Tuple
+from typing import Optional
 
 from ..errors import ExperimentalPresetWarning
+from .definitions import (_BY_NAME, _PROFILES, _RECORDED, DEFAULT_PROFILE, FORMATS, OUT_DTYPES, Profile,
+                          RejectRule, builtin_profile_names, fmt_name, out_dtype_name, register_recorded_profile,
+                          splitk_maturity_note)
 
 __all__ = [
     "Profile",
@@ -31,212 +31,13 @@ __all__ = [
     "splitk_maturity_note",
     "fmt_name",
     "out_dtype_name",
+    "builtin_profile_names",
+    "register_recorded_profile",
     "FORMATS",
     "OUT_DTYPES",
     "DEFAULT_PROFILE",
 ]
 
-FORMATS = ("e4m3", "e5m2")
-OUT_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
-DEFAULT_PROFILE = "hopper"
-
-_FMT_ALIASES = {"e4m3": "e4m3", "float8_e4m3fn": "e4m3", "e5m2": "e5m2", "float8_e5m2": "e5m2"}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Names of formats and dtypes (torch dtypes are recognised by their str(), so torch is never imported here)
-
-
-def _dtype_text(x) -> Optional[str]:
-    """'float8_e4m3fn' for torch.float8_e4m3fn or 'torch.float8_e4m3fn' or 'float8_e4m3fn'; None otherwise."""
-    if isinstance(x, str):
-        text = x
-    elif type(x).__name__ == "dtype" and type(x).__module__ == "torch":
-        text = str(x)
-    else:
-        return None
-    return text[len("torch."):] if text.startswith("torch.") else text
-
-
-def fmt_name(x) -> str:
-    """The FP8 format name "e4m3"/"e5m2" of a float8 torch dtype or of a name ("e4m3", "float8_e5m2", ...).
-
-    The fnuz variants are refused by name: cuBLASLt on sm_89/sm_90 uses the OCP formats only.
-    """
-    text = _dtype_text(x)
-    if text is not None and text in _FMT_ALIASES:
-        return _FMT_ALIASES[text]
-    if text is not None and text.endswith("fnuz"):
-        raise TypeError(f"{text} is not supported: the reference GPUs use float8_e4m3fn / float8_e5m2")
-    raise TypeError(f"expected torch.float8_e4m3fn, torch.float8_e5m2, 'e4m3' or 'e5m2', got {x!r}")
-
-
-def out_dtype_name(x) -> str:
-    """The output dtype name (one of OUT_DTYPES) of a torch dtype or its name; anything else is a TypeError."""
-    text = _dtype_text(x)
-    if text in OUT_DTYPES:
-        return text
-    raise TypeError(f"output dtype must be one of {', '.join(OUT_DTYPES)} (a torch dtype or its name), got {x!r}")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Rejections
-
-
-@dataclasses.dataclass(frozen=True)
-class RejectRule:
-    """A call the profile's cuBLASLt refuses: None fields match anything (platform.md section 1).
-
-    ``fmt_a``/``fmt_b`` are the formats of mat1/mat2 ("e4m3"/"e5m2"), ``out_dtype`` a torch dtype name such as
-    "float8_e5m2".
-    """
-
-    fmt_a: Optional[str]
-    fmt_b: Optional[str]
-    out_dtype: Optional[str]
-    message: str
-
-    def matches(self, fmt_a: str, fmt_b: str, out_dtype: str) -> bool:
-        return all(rule is None or rule == value
-                   for rule, value in ((self.fmt_a, fmt_a), (self.fmt_b, fmt_b), (self.out_dtype, out_dtype)))
-
-
-def _e4m3_e5m2_out_rule(platform: str) -> RejectRule:
-    # Recorded on every queried shape (status 15) and every live H100 call (platform.md section 1, semantics.md f.5).
-    return RejectRule(
-        "e4m3", "e4m3", "float8_e5m2",
-        f"cuBLASLt 12.8.3.14 on {platform} rejects E4M3 x E4M3 -> float8_e5m2 "
-        "(CUBLAS_STATUS_NOT_SUPPORTED, status 15); mixed E4M3/E5M2 inputs may produce float8_e5m2",
-    )
-
-
-_H100_REJECTS = (_e4m3_e5m2_out_rule("the H100 (sm_90, NVIDIA H100 PCIe)"),)
-_RTX4060_REJECTS = (_e4m3_e5m2_out_rule("sm_89 (NVIDIA GeForce RTX 4060)"),)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Profile
-
-
-@dataclasses.dataclass(frozen=True)
-class Profile:
-    """One reference platform (platform.md section 1). Fields as in the table there.
-
-    ``workspace_bytes`` is the caller's cuBLASLt workspace (MAX_WORKSPACE_BYTES of the heuristic query), ``align``
-    the MIN_ALIGNMENT_*_BYTES preference (Transformer Engine: 256; torch: None), ``splitk_table`` the table id of
-    the recorded heuristic. ``maturity`` qualifies the profile, ``splitk_maturity`` its split decisions.
-    """
-
-    name: str
-    preset: object  # a preset name (str) or a mmaemu.model.Preset
-    gpu_name: Optional[str]
-    capability: Tuple[int, int]
-    sm_count: Optional[int]
-    cublaslt_version: Optional[str]
-    caller: str
-    torch_version: Optional[str]
-    workspace_bytes: Optional[int]
-    align: Optional[int]
-    splitk_table: Optional[str]
-    rejects: Tuple[RejectRule, ...]
-    maturity: str
-    splitk_maturity: str
-
-    def __post_init__(self):
-        object.__setattr__(self, "capability", tuple(self.capability))
-        object.__setattr__(self, "rejects", tuple(self.rejects))
-
-    @property
-    def preset_name(self) -> str:
-        return self.preset if isinstance(self.preset, str) else self.preset.name
-
-    @property
-    def description(self) -> str:
-        """Free text: the platform, the caller and its workspace, the table, and maturity remarks."""
-        if self.gpu_name is None:
-            major, minor = self.capability
-            return (f"the {self.preset_name} preset on an unspecified GPU of compute capability {major}.{minor}: "
-                    "no reference platform and no split-K table (state split-K explicitly); "
-                    f"{self.maturity} profile")
-        text = (f"{self.gpu_name} (sm_{self.capability[0]}{self.capability[1]}, {self.sm_count} SMs), "
-                f"cuBLASLt {self.cublaslt_version}, torch {self.torch_version}, {self.caller} with "
-                f"{_bytes_text(self.workspace_bytes)} cuBLASLt workspace"
-                + (f" and {self.align}-byte alignment preference" if self.align is not None else "")
-                + f"; split-K table {self.splitk_table}")
-        note = _SPLITK_MATURITY_NOTES.get(self.name)
-        if self.splitk_maturity != "validated" and note:
-            text += f"; split-K decisions with S > 1 are {self.splitk_maturity}: {note}"
-        return text
-
-    def rejection(self, fmt_a, fmt_b, out_dtype) -> Optional[RejectRule]:
-        """The first RejectRule matching (mat1 format, mat2 format, output dtype), or None."""
-        fa, fb, out = fmt_name(fmt_a), fmt_name(fmt_b), out_dtype_name(out_dtype)
-        return next((rule for rule in self.rejects if rule.matches(fa, fb, out)), None)
-
-    def matches_device(self, device=None) -> bool:
-        """Whether ``device`` (default: the current CUDA device) is this profile's reference GPU (section 3.6).
-
-        Never the compute capability alone: device name, SM count and the loaded cuBLASLt version must match.
-        False on any probe error, and without touching CUDA when MMAEMU_DISABLE_CUDA=1.
-        """
-        from . import cublaslt  # lazy: ctypes probing is only needed here
-
-        return cublaslt.profile_matches_device(self, device)
-
-
-def _bytes_text(n: Optional[int]) -> str:
-    if n is None:
-        return "an unspecified"
-    if n == 0:
-        return "no (0-byte)"
-    if n % (1 << 20) == 0:
-        return f"a {n >> 20} MiB"
-    return f"a {n}-byte"
-
-
-# Why the Transformer Engine profiles' S > 1 decisions are experimental (platform.md section 1).
-_SPLITK_MATURITY_NOTES = {
-    "hopper-te": "no split call ran through Transformer Engine's own GEMM on the H100",
-    "ada-te": "46 Transformer Engine split outputs had their reduction scheme filled from the table",
-}
-
-def splitk_maturity_note(profile: Profile) -> str:
-    """Why the profile's S > 1 decisions are not validated ("" when they are, or when no note is recorded)."""
-    if profile.splitk_maturity == "validated":
-        return ""
-    return _SPLITK_MATURITY_NOTES.get(profile.name, "")
-
-
-_H100 = dict(gpu_name="NVIDIA H100 PCIe", capability=(9, 0), sm_count=114, cublaslt_version="12.8.3.14",
-             torch_version="2.7.1+cu128", splitk_table="heur_h100pcie_lt12.8.3.14", rejects=_H100_REJECTS)
-_RTX4060 = dict(gpu_name="NVIDIA GeForce RTX 4060", capability=(8, 9), sm_count=24, cublaslt_version="12.8.3.14",
-                torch_version="2.7.1+cu128", splitk_table="heur_rtx4060_lt12.8.3.14", rejects=_RTX4060_REJECTS)
-_NO_PLATFORM = dict(gpu_name=None, sm_count=None, cublaslt_version=None, torch_version=None, workspace_bytes=None,
-                    align=None, splitk_table=None, rejects=(), maturity="experimental", splitk_maturity="none")
-_TORCH, _TE = "torch._scaled_mm", "transformer_engine"
-_MiB = 1 << 20
-
-# In the listing order of list_profiles() (platform.md section 1).
-_PROFILES = (
-    Profile("ada", "ada", caller=_TORCH, workspace_bytes=1 * _MiB, align=None, maturity="validated",
-            splitk_maturity="validated", **_RTX4060),
-    Profile("ada-te", "ada", caller=_TE, workspace_bytes=4 * _MiB, align=256, maturity="validated",
-            splitk_maturity="experimental", **_RTX4060),
-    Profile("ada-ws0", "ada", caller=_TORCH, workspace_bytes=0, align=None, maturity="validated",
-            splitk_maturity="validated", **_RTX4060),
-    Profile("hopper", "hopper", caller=_TORCH, workspace_bytes=1 * _MiB, align=None, maturity="validated",
-            splitk_maturity="validated", **_H100),
-    Profile("hopper-te", "hopper", caller=_TE, workspace_bytes=32 * _MiB, align=256, maturity="validated",
-            splitk_maturity="experimental", **_H100),
-    Profile("hopper-ws0", "hopper", caller=_TORCH, workspace_bytes=0, align=None, maturity="validated",
-            splitk_maturity="validated", **_H100),
-    Profile("hopper-experimental", "hopper", capability=(9, 0), caller=_TORCH, **_NO_PLATFORM),
-    Profile("b200-mma-sync-experimental", "b200_mma_sync", capability=(10, 0), caller=_TORCH, **_NO_PLATFORM),
-    # Blackwell GEMM instructions as MMA-Sim models them (mmaemu.model.presets): no recorded platform yet.
-    Profile("tcgen05-f8f6f4-experimental", "tcgen05_f8f6f4", capability=(10, 0), caller=_TORCH, **_NO_PLATFORM),
-    Profile("sm120-mma-sync-experimental", "sm120_mma_sync", capability=(12, 0), caller=_TORCH, **_NO_PLATFORM),
-)
-_BY_NAME = {p.name: p for p in _PROFILES}
 
 
 def list_profiles() -> list:
@@ -378,23 +179,6 @@ def reset_maturity_warnings() -> None:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Recorded profiles (``mmaemu record`` bundles), registered by mmaemu.platform.bundles
-
-_RECORDED = {}  # name -> Profile, in the order they were added
-
-
-def builtin_profile_names() -> list:
-    """The names of the profiles defined in this module (a recorded bundle may not reuse them)."""
-    return [p.name for p in _PROFILES]
-
-
-def register_recorded_profile(profile: Profile, splitk_note: str = "") -> None:
-    """Add a recorded profile (called by :mod:`mmaemu.platform.bundles`, which checks the names first)."""
-    if profile.name in _BY_NAME:
-        raise ValueError(f"profile name {profile.name!r} is a built-in profile")
-    _RECORDED[profile.name] = profile
-    if splitk_note:
-        _SPLITK_MATURITY_NOTES[profile.name] = splitk_note
-
 
 def _recorded_profiles() -> dict:
     from . import bundles  # on use: the bundles on $MMAEMU_PROFILE_PATH are loaded when first needed

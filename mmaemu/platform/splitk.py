@@ -317,9 +317,9 @@ def _live_answer(call: _Call, table, pending: _Pending) -> Optional[SplitDecisio
     """3.5: ask the loaded cuBLASLt, only when the current device is the profile's reference GPU (3.6)."""
     if not call.profile.matches_device():
         return None
-    from . import cublaslt  # lazy: ctypes and the CUDA libraries are only needed on the reference GPU
+    from . import heuristic  # lazy: numpy and NVIDIA's bindings are only needed on the reference GPU
 
-    answer = cublaslt.live_heuristic(call.profile, call.M, call.N, call.K, call.fa, call.fb, call.out, call.fast)
+    answer = heuristic.live_heuristic(call.profile, call.M, call.N, call.K, call.fa, call.fb, call.out, call.fast)
     if answer is None:
         return None
     note = (f"live cuBLASLt query on {call.profile.gpu_name}: algo {answer.algo}, tile {answer.tile}, "

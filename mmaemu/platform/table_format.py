@@ -20,7 +20,7 @@ import zipfile
 import numpy as np
 
 from ..errors import MmaemuError
-from .profiles import FORMATS, OUT_DTYPES
+from .definitions import FORMATS, OUT_DTYPES
 from .tables import INDEX_FORMAT, N_SETTING_CODES, N_WS_CODES, SHAPE_BITS, setting_code, shape_key
 
 __all__ = ["TableFormatError", "KEY_COLUMNS", "VALUE_COLUMNS", "COLUMN_DTYPES", "TABLE_FORMAT", "check_columns",

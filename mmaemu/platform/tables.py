@@ -29,7 +29,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..errors import MmaemuError
-from .profiles import FORMATS, OUT_DTYPES
+from .definitions import FORMATS, OUT_DTYPES
 
 __all__ = [
     "INDEX_FORMAT",

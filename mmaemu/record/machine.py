@@ -89,7 +89,7 @@ def cuda_machine(device=None) -> Machine:
                 "cublaslt": ".".join(str(x) for x in cublaslt.loaded_cublaslt_version()),
                 "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
                 "cublaslt_path": (cublaslt.mapped_cublaslt_paths() or [None])[0], "bindings": api.source}
-    return Machine(platform, api, cublaslt.device_scale_pointer(),
+    return Machine(platform, api, heuristic.device_scale_pointer(),
                    lambda: probe.run_probe(dev.index), replay.torch_gemm(dev), te_workspace(capability),
                    str(dev))
 

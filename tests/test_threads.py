@@ -1,0 +1,194 @@
+"""The CPU backend inside other people's processes: Numba's threading layer left alone, other Numba parallel code
+next to mmaemu calls, calls from several threads, fork during a call, Ctrl-C during a long call.
+
+The process-level cases run in a subprocess with a timeout (an abort or a deadlock must fail the test, not the
+test run). They use the warm cache of this session (the first test compiles into it if needed).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from mmaemu.cpu import accumulate_codes, threads
+from mmaemu.model.presets import ADA, HOPPER
+
+PRELUDE = """
+import numpy as np
+from mmaemu.cpu import accumulate_codes
+from mmaemu.model.presets import HOPPER
+
+def gemm(M, N, K):
+    a, b = np.full((M, K), 0x38, np.uint8), np.full((N, K), 0x38, np.uint8)
+    out = accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True)
+    assert out[0, 0] == K and out[-1, -1] == K, out
+    return out
+
+gemm(64, 512, 1024)  # loaded from the cache, outside what is measured
+"""
+
+
+def run_script(body: str, timeout: float, **env):
+    """PRELUDE + body in a fresh interpreter; ``env``: variables to set (None: to remove)."""
+    code = PRELUDE + textwrap.dedent(body)
+    environ = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env=environ)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_cache():
+    """Compile (or load) the loops the scripts use, so that no script compiles them."""
+    a = np.full((64, 1024), 0x38, np.uint8)
+    accumulate_codes(a, np.full((512, 1024), 0x38, np.uint8), "e4m3", "e4m3", HOPPER, True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Numba's threading layer and other Numba code in the process
+
+
+@pytest.mark.parametrize("layer", [None, "workqueue"])
+def test_users_parallel_numba_code_runs_next_to_mmaemu_calls(layer):
+    """A user's own @njit(parallel=True) function, in a thread of its own, while mmaemu computes, on the
+    ``workqueue`` layer (where two overlapping parallel regions abort the process), chosen before mmaemu was
+    imported or after it ran: mmaemu neither changes Numba's threading layer nor starts it."""
+    result = run_script("""
+        import os, threading, time
+        import numba
+        from numba import njit, prange
+
+        chosen = os.environ.get("NUMBA_THREADING_LAYER", "default")
+        assert numba.config.THREADING_LAYER == chosen, numba.config.THREADING_LAYER
+
+        @njit(parallel=True)
+        def users_sum(x):
+            total = 0.0
+            for i in prange(x.shape[0]):
+                total += x[i] * 0.5
+            return total
+
+        x = np.ones(1 << 20)
+        if chosen == "default":  # mmaemu has run, yet the user may still pick the layer
+            numba.config.THREADING_LAYER = "workqueue"
+        assert users_sum(x) == x.size * 0.5
+        stop = time.time() + 1.5
+        def user_thread():
+            while time.time() < stop:
+                assert users_sum(x) == x.size * 0.5
+        thread = threading.Thread(target=user_thread)
+        thread.start()
+        calls = 0
+        while time.time() < stop:
+            gemm(64, 512, 1024)
+            calls += 1
+        thread.join()
+        print(numba.threading_layer(), calls)
+    """, timeout=120, NUMBA_THREADING_LAYER=layer)
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    used, calls = result.stdout.split()
+    assert used == "workqueue" and int(calls) > 1
+
+
+def test_calls_from_several_threads_at_once_give_the_same_bits():
+    rng = np.random.default_rng(5)
+    cases = [(rng.integers(0, 0x7E, (37, 300), dtype=np.uint8), rng.integers(0, 0x7E, (150, 300), dtype=np.uint8),
+              preset, fast) for preset in (HOPPER, ADA) for fast in (True, False)]
+    expected = [accumulate_codes(a, b, "e4m3", "e4m3", p, f).view(np.uint32) for a, b, p, f in cases]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            got = list(pool.map(lambda c: accumulate_codes(c[0], c[1], "e4m3", "e4m3", c[2], c[3]), cases))
+            assert all(np.array_equal(g.view(np.uint32), e) for g, e in zip(got, expected))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fork and Ctrl-C
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_fork_while_another_thread_is_inside_a_call():
+    """The child of a fork made during a call in another thread computes (before: it hung on the backend's lock)."""
+    result = run_script("""
+        import os, sys, threading, time
+        inside, stop = threading.Event(), threading.Event()
+        def calls():  # one call after another: the fork comes during one of them
+            while not stop.is_set():
+                inside.set()
+                gemm(256, 2048, 4096)
+        thread = threading.Thread(target=calls, daemon=True)
+        thread.start()
+        inside.wait()
+        time.sleep(0.2)
+        pid = os.fork()
+        if pid == 0:
+            gemm(64, 512, 1024)  # several tasks: the child's own pool of threads
+            os._exit(0)
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        stop.set()
+        if not done:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            sys.exit("the forked child hung")
+        thread.join()
+        sys.exit(os.waitstatus_to_exitcode(status))
+    """, timeout=60)
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+
+
+def test_ctrl_c_interrupts_a_long_call_within_a_second():
+    """SIGINT during a call that takes several seconds (about 69 G products) raises KeyboardInterrupt at once."""
+    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + "print('start', flush=True)\ngemm(1024, 4096, 16384)\n"
+                             "print('finished', flush=True)\n"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "start\n"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        sent = time.perf_counter()
+        stdout, stderr = proc.communicate(timeout=5)
+        latency = time.perf_counter() - sent
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "KeyboardInterrupt" in stderr and "finished" not in stdout, stderr[-3000:]
+    assert latency < 1.5, latency
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# How loops are cut into tasks
+
+
+def test_tasks_cover_every_job_once_and_errors_stop_the_rest(monkeypatch):
+    for n_jobs, job_work, n_threads in [(1, 1, 2), (10, 1 << 30, 2), (1000, 3, 4), (45, 1 << 20, 2), (7, 1, 1)]:
+        ranges = threads.job_ranges(n_jobs, job_work, n_threads)
+        assert ranges[0][0] == 0 and ranges[-1][1] == n_jobs
+        assert all(hi == lo for (_, hi), (lo, _) in zip(ranges, ranges[1:]))
+        step = threads.jobs_per_task(n_jobs, job_work, n_threads)
+        assert step == 1 or step * job_work <= max(threads.TASK_WORK, threads.MIN_TASK_WORK)
+    assert threads.jobs_per_task(16, 1 << 20, 2) == 2  # 8 tasks: 4 for each of 2 threads
+    seen = []
+    monkeypatch.setattr(threads, "num_threads", lambda: 3)
+    threads.parallel_for(lambda lo, hi, out: out.extend(range(lo, hi)), 1000, 1 << 16, seen)
+    assert sorted(seen) == list(range(1000))
+    ran = []
+
+    def task(i):
+        ran.append(i)
+        if i == 2:
+            raise ValueError("task 2")
+
+    with pytest.raises(ValueError, match="task 2"):
+        threads.run_tasks([lambda i=i: task(i) for i in range(1000)])
+    assert 2 in ran and len(ran) < 1000
