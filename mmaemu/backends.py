@@ -11,16 +11,18 @@ Every engine returns the bits of the reference path; they differ only in speed a
 ``backend="auto"`` is replaced by ``$MMAEMU_BACKEND`` when set; then CUDA tensors get the first CUDA kernel
 that passed its self-test, everything else the ``cpu`` engine. CUDA tensors in give CUDA tensors out, always.
 
-CUDA kernels (:data:`KERNELS`, tried by descending priority): ``cuda:offset`` (the formulation of
-:mod:`mmaemu.arith.offset`: one fused multiply-add rounding toward zero per product and an exact count of the
-products it floors too far; every schedule of early-accumulator presets - a call it declines by design goes to
-the next kernel, without a warning) and ``cuda:simple`` (one thread per output calls ``accumulate_one``: the GPU
-reference, every preset), plus the ``cuda:epilogue`` kernel that keeps scaled_mm's epilogue on the device. A
-kernel that fails its self-test on a device is skipped with one :class:`~mmaemu.errors.BackendFallbackWarning`
-(once per device and message per process) and the next one, finally the ``cpu`` engine, computes; an explicitly
-requested CUDA backend that cannot run raises :class:`~mmaemu.errors.BackendUnavailableError` with the reasons.
-``MMAEMU_DISABLE_CUDA`` (1/true/yes/on) keeps every call off CUDA. Importing this module initialises nothing:
-CUDA is probed only for CUDA tensors, :func:`backends_status` and :func:`selftest`.
+CUDA kernels (:data:`KERNELS`, tried by descending priority): ``cuda:native`` (the GPU's own FP8 tensor-core
+instruction: sm_90's warpgroup MMA for the hopper preset, sm_89's mma.sync for ada; gated by an instruction-level
+probe, :mod:`mmaemu.cuda.probe`), ``cuda:offset`` (the formulation of :mod:`mmaemu.arith.offset`: one fused
+multiply-add rounding toward zero per product and an exact count of the products it floors too far; every schedule
+of early-accumulator presets - a call either declines by design goes to the next kernel, without a warning) and
+``cuda:simple`` (one thread per output calls ``accumulate_one``: the GPU reference, every preset), plus the
+``cuda:epilogue`` kernel that keeps scaled_mm's epilogue on the device. A kernel that fails its self-test on a
+device is skipped with one :class:`~mmaemu.errors.BackendFallbackWarning` (once per device and message per
+process) and the next one, finally the ``cpu`` engine, computes; an explicitly requested CUDA backend that cannot
+run raises :class:`~mmaemu.errors.BackendUnavailableError` with the reasons. ``MMAEMU_DISABLE_CUDA``
+(1/true/yes/on) keeps every call off CUDA. Importing this module initialises nothing: CUDA is probed only for CUDA
+tensors, :func:`backends_status` and :func:`selftest`.
 """
 
 from __future__ import annotations

@@ -107,6 +107,7 @@ def _versions() -> dict:
         except Exception as exc:
             out[name] = None
             out.setdefault("_errors", {})[name] = error_text(exc)
+    out["numba_cuda"] = _dist_version("numba-cuda")  # the [cuda] extra (cuda:native needs it)
     return out
 
 

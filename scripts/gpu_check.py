@@ -7,13 +7,19 @@ longer fits):
 1. ``environment`` - versions (python, torch, numba, numba-cuda, mmaemu), the device, the driver, how numba
    compiles for it, and why the kernels cannot run if they cannot;
 2. ``cpu_reference`` - the CPU engine against the reference loop on a small GEMM (sanity of this install);
-3. ``selftest`` - every kernel's self-test on the device (``mmaemu.selftest(force=True)``: random and adversarial
+3. ``native_probe`` - ``cuda:native``'s instruction probe alone, for the device's own instruction (sm_90: the
+   warpgroup MMA, hopper preset; sm_89: mma.sync, ada preset), with the first differing cases (the self-test runs
+   it too, first);
+4. ``selftest`` - every kernel's self-test on the device (``mmaemu.selftest(force=True)``: random and adversarial
    GEMMs against the CPU reference, hopper and ada, fast, slow and split-K, mixed formats, NaN/Inf; the epilogue
    for every output dtype);
-4. ``compare`` - every GEMM kernel against the CPU reference on more random and adversarial GEMMs for hopper and
+5. ``native_timing`` - ``cuda:native`` next to native ``torch._scaled_mm`` on ``--native-shapes`` ((2048, 5760,
+   1920) and (16384, 8192, 8192)): the accumulation alone and the whole ``mmaemu.scaled_mm`` with the device
+   epilogue, fast and slow, rows checked against the CPU engine;
+6. ``compare`` - every GEMM kernel against the CPU reference on more random and adversarial GEMMs for hopper and
    ada (fast, slow, contiguous / serial / pairwise splits, larger shapes), and the full ``mmaemu.scaled_mm`` path
    (device epilogue) against ``backend="cpu"``;
-5. ``timing`` - the offset kernel (``cuda:offset``) on (M, N, K) = (2048, 5760, 1920) and (64, 5760, 1920)
+7. ``timing`` - the offset kernel (``cuda:offset``) on (M, N, K) = (2048, 5760, 1920) and (64, 5760, 1920)
    (``--shapes``) for hopper fast, hopper slow, hopper with a 4-way contiguous split, ada fast and hopper
    E4M3 x E5M2: best of a few runs, rows of each result checked against the CPU path, TMAC/s and the fraction of
    the instruction-issue bound (the device's SMs x 128 thread instructions per clock x its clock, 33.4e12 per
@@ -25,12 +31,17 @@ longer fits):
    cuBLASLt).
 
 Without a usable CUDA device the GPU stages are skipped, saying why, and the run still succeeds (exit 0).
-``--quick`` uses tiny shapes (CI runs it on a CPU-only machine). ``--dry-run`` runs the timing stage's code on
-numba's CUDA simulator with one tiny shape (it sets ``NUMBA_ENABLE_CUDASIM=1``; the times mean nothing, the checks
-and the report's arithmetic are real; CI runs it). Exit status: 0 if no stage failed, 1 otherwise.
+``--quick`` uses tiny shapes. ``--dry-run`` runs the code of the timing and cuda:native stages on numba's CUDA
+simulator (it sets ``NUMBA_ENABLE_CUDASIM=1``): the offset kernel's timed cases on one tiny shape, and for both
+native instructions (with their CPU twins) two probe tiles and an 8 x 8 x 160 GEMM, fast and slow, every output
+checked; the times mean nothing, the checks and the report's arithmetic are real (CI runs it). ``--kernels``
+restricts the run to some GEMM kernels: ``--kernels native --budget 240`` runs cuda:native's probe, self-test,
+timing and comparison (and the epilogue's self-test), about four minutes on an H200 with kernel compilation;
+``--kernels offset`` the offset kernel's. Exit status: 0 if no stage failed, 1 otherwise.
 
     python scripts/gpu_check.py [--out DIR] [--quick | --dry-run] [--budget SECONDS] [--device N]
-                                [--shapes M,N,K;M,N,K] [--sass-per-product hopper=3.25,ada=3.89]
+                                [--kernels native,offset,simple] [--shapes M,N,K;M,N,K]
+                                [--native-shapes M,N,K;M,N,K] [--sass-per-product hopper=3.25,ada=3.89]
 
 ``--out`` defaults to ``$OUT`` if set, else ``./gpu_check_out``. Run it with ``PYTHONUNBUFFERED=1`` (or ``-u``) to
 follow the progress lines live.
@@ -75,6 +86,16 @@ class Run:
 
     def remaining(self):
         return self.deadline - time.monotonic()
+
+    def checks(self, kernel):
+        """Whether this run checks GEMM kernel ``kernel`` (``--kernels``; default all)."""
+        return self.args.kernels is None or kernel in self.args.kernels
+
+    def gemm_kernels(self):
+        """The GEMM kernels this run checks, in the dispatcher's order."""
+        from mmaemu import backends
+
+        return [k for k in backends.gemm_kernels() if self.checks(k.name)]
 
     def stage(self, name, function, *, needs_device=False, min_seconds=5.0):
         entry = {"name": name, "status": None, "seconds": 0.0, "result": None, "error": None}
@@ -190,7 +211,7 @@ def stage_cpu_reference(run):
 def stage_selftest(run):
     from mmaemu import backends
 
-    results = backends.selftest(run.device, force=True)
+    results = backends.selftest(run.device, kernels=[k.name for k in run.gemm_kernels()] + ["epilogue"], force=True)
     verdict, reason = backends.selftest_verdict(results)
     out = {"verdict": verdict, "reason": reason, "kernels": {}}
     for name, gates in results.items():
@@ -206,8 +227,9 @@ def stage_compare(run):
     import torch
 
     import mmaemu
-    from mmaemu import backends, formats
-    from mmaemu.cuda import engine, selftest
+    from mmaemu import formats
+    from mmaemu.cuda import device as cuda_device
+    from mmaemu.cuda import engine, gating, selftest
     from mmaemu.model.presets import get_preset
 
     quick = run.args.quick
@@ -229,7 +251,8 @@ def stage_compare(run):
     if quick:
         cases = [c.shrunk() for c in cases[:3]]
     out = {"kernels": {}, "scaled_mm": []}
-    for kernel in backends.gemm_kernels():
+    info = cuda_device.probe(run.device)
+    for kernel in run.gemm_kernels():
         if run.remaining() < 20:
             out["kernels"][kernel.backend] = "skipped: time budget"
             continue
@@ -242,10 +265,9 @@ def stage_compare(run):
                                              case.scheme).cpu().numpy()
 
         def skip(case, kernel=kernel.name):
-            from mmaemu.cuda import schedule_skip
-
-            return schedule_skip(kernel, get_preset(case.preset, warn=False), case.fmt_a, case.fmt_b, case.fast,
-                                 case.splits, case.scheme)
+            preset = get_preset(case.preset, warn=False)
+            return (gating.schedule_skip(kernel, preset, case.fmt_a, case.fmt_b, case.fast, case.splits, case.scheme)
+                    or gating.device_skip(kernel, info, preset))
 
         start = time.monotonic()
         passed, details = selftest.run_gemm_cases(compute, cases, skip=skip)
@@ -260,7 +282,9 @@ def stage_compare(run):
     x = torch.from_numpy(_codes(rng, (M, K))).view(torch.float8_e4m3fn)
     w = torch.from_numpy(_codes(rng, (N, K))).view(torch.float8_e4m3fn)
     one, half = torch.tensor(1.0), torch.tensor(0.5)
-    for kernel in backends.gemm_kernels():
+    for kernel in run.gemm_kernels():
+        if gating.device_skip(kernel.name, info, get_preset("hopper", warn=False)):
+            continue  # cuda:native on a device whose instruction is not the hopper preset's block
         for out_dtype, fast in ((torch.bfloat16, True), (torch.float32, False), (torch.float8_e4m3fn, True)):
             kwargs = dict(out_dtype=out_dtype, use_fast_accum=fast, splitk=1)
             want = mmaemu.scaled_mm(x, w.t(), half, one, backend="cpu", **kwargs)
@@ -338,25 +362,34 @@ def sass_per_product(run, cc):
 
 
 class Gemm:
-    """One GEMM's operands, on the device (torch) or for the simulator (numpy): ``compute(kernel, case)`` returns
-    fp32 accumulators on the host, ``timed(kernel, case, repeat)`` their best time in seconds."""
+    """One GEMM's operands, on the device (torch) or for the simulator (numpy), made on first use per side and
+    format: ``timed(kernel, case, repeat, rows)`` returns the best time in seconds and rows of the fp32 accumulators
+    on the host."""
 
     def __init__(self, run, shape, seed):
+        self.run, self.shape, self.seed = run, shape, seed
+        self._codes, self._tensors = {}, {}
+
+    def codes(self, side, fmt):
+        """uint8 codes [M, K] of A (``side`` "a") or [N, K] of B, format ``fmt``."""
         import numpy as np
 
-        self.run, self.shape = run, shape
-        rng = np.random.default_rng(seed)
-        M, N, K = shape
-        self.codes = {"a": {f: _codes(rng, (M, K), f) for f in ("e4m3", "e5m2")},
-                      "b": {f: _codes(rng, (N, K), f) for f in ("e4m3", "e5m2")}}
-        self.tensors = None
-        if run.device is not None:
+        if (side, fmt) not in self._codes:
+            M, N, K = self.shape
+            rng = np.random.default_rng([self.seed, side == "b", fmt == "e5m2"])
+            self._codes[side, fmt] = _codes(rng, (M if side == "a" else N, K), fmt)
+        return self._codes[side, fmt]
+
+    def tensor(self, side, fmt):
+        """:meth:`codes` as a torch FP8 tensor on the device."""
+        if (side, fmt) not in self._tensors:
             import torch
 
             from mmaemu import formats
 
-            self.tensors = {side: {f: torch.from_numpy(c).to(run.device).view(formats.DTYPE_OF[f])
-                                   for f, c in codes.items()} for side, codes in self.codes.items()}
+            self._tensors[side, fmt] = torch.from_numpy(self.codes(side, fmt)).to(self.run.device).view(
+                formats.DTYPE_OF[fmt])
+        return self._tensors[side, fmt]
 
     def _call(self, kernel, case):
         from mmaemu.cuda import engine
@@ -364,38 +397,40 @@ class Gemm:
 
         label, preset, fmt_a, fmt_b, fast, splits, scheme = case
         preset = get_preset(preset, warn=False)
-        if self.tensors is None:
-            return lambda: engine.accumulate_numpy(kernel, self.codes["a"][fmt_a], self.codes["b"][fmt_b], fmt_a,
-                                                   fmt_b, preset, fast, splits, scheme)
-        return lambda: engine.accumulate_tensors(kernel, self.tensors["a"][fmt_a], self.tensors["b"][fmt_b], fmt_a,
-                                                 fmt_b, preset, fast, splits, scheme)
+        if self.run.device is None:
+            a, b = self.codes("a", fmt_a), self.codes("b", fmt_b)
+            return lambda: engine.accumulate_numpy(kernel, a, b, fmt_a, fmt_b, preset, fast, splits, scheme)
+        a, b = self.tensor("a", fmt_a), self.tensor("b", fmt_b)
+        return lambda: engine.accumulate_tensors(kernel, a, b, fmt_a, fmt_b, preset, fast, splits, scheme)
 
-    def timed(self, kernel, case, repeat):
-        """(best seconds, accumulators of the last run on the host)."""
+    def timed(self, kernel, case, repeat, rows):
+        """(best seconds, rows ``rows`` of the accumulators of the last run, on the host)."""
         call = self._call(kernel, case)
         result = {}
-        if self.tensors is None:
+        if self.run.device is None:
             times = []
             for _ in range(repeat):
                 start = time.perf_counter()
                 result["acc"] = call()
                 times.append(time.perf_counter() - start)
-            return min(times), result["acc"]
+            return min(times), result["acc"][rows]
+        import torch
+
         call()  # compiles and warms up
         times = _time_cuda(lambda: result.__setitem__("acc", call()), repeat)
-        return min(times), result["acc"].cpu().numpy()
+        return min(times), result["acc"][torch.from_numpy(rows).to(self.run.device)].cpu().numpy()
 
 
-def _check_rows(acc, gemm, case, rows):
-    """Mismatching bits of the given rows against the CPU path (mmaemu.cpu.accumulate_codes)."""
+def _check_rows(acc_rows, gemm, case, rows):
+    """Mismatching bits of the accumulators of the given rows against the CPU path (mmaemu.cpu.accumulate_codes)."""
     from mmaemu.cpu import accumulate_codes
     from mmaemu.cuda.selftest import compare_bits
     from mmaemu.model.presets import get_preset
 
     label, preset, fmt_a, fmt_b, fast, splits, scheme = case
-    want = accumulate_codes(gemm.codes["a"][fmt_a][rows], gemm.codes["b"][fmt_b], fmt_a, fmt_b,
+    want = accumulate_codes(gemm.codes("a", fmt_a)[rows], gemm.codes("b", fmt_b), fmt_a, fmt_b,
                             get_preset(preset, warn=False), fast, splits, scheme)
-    return compare_bits(acc[rows], want)
+    return compare_bits(acc_rows, want)
 
 
 def stage_timing(run):
@@ -417,8 +452,8 @@ def stage_timing(run):
         gemm = Gemm(run, shape, 11 + index)
         M = shape[0]
         rows = np.unique(np.r_[np.arange(min(16, M)), np.arange(max(0, M - 16), M)])
-        timed = [("cuda:offset", case) for case in TIMED_CASES]
-        if not dry and M <= 256:
+        timed = [("cuda:offset", case) for case in TIMED_CASES] if run.checks("offset") else []
+        if not dry and M <= 256 and run.checks("simple"):
             timed.append(("cuda:simple", TIMED_CASES[0]))
         for backend, case in timed:
             entry = {"kernel": backend, "case": case[0], "shape": list(shape)}
@@ -426,7 +461,7 @@ def stage_timing(run):
             if run.remaining() < 30 and not dry:
                 entry["skipped"] = "time budget"
                 continue
-            seconds, acc = gemm.timed(backend[len("cuda:"):], case, 1 if dry else 3)
+            seconds, acc = gemm.timed(backend[len("cuda:"):], case, 1 if dry else 3, rows)
             count, first = _check_rows(acc, gemm, case, rows)
             tmacs = float(np.prod(shape)) / seconds / 1e12
             entry.update({"best_s": round(seconds, 6), "tmac_per_s": _figures(tmacs), "checked_rows": len(rows),
@@ -465,7 +500,7 @@ def _native(run, out, shapes):
     one = torch.tensor(1.0, device=run.device)
     for index, shape in enumerate(shapes):
         gemm = Gemm(run, shape, 11 + index)
-        a, b = gemm.tensors["a"]["e4m3"], gemm.tensors["b"]["e4m3"]
+        a, b = gemm.tensor("a", "e4m3"), gemm.tensor("b", "e4m3")
         for fast in (True, False):
             label = f"{tuple(shape)} bf16 {'fast' if fast else 'slow'}"
             try:
@@ -490,6 +525,113 @@ def _native(run, out, shapes):
                                            "split": str(plan.split), "backend": plan.backend}
             except Exception as exc:
                 out["agreement"][label] = f"{type(exc).__name__}: {exc}"
+
+
+def _native_targets(run):
+    """[(instruction name, preset)] the cuda:native stages check: the device's own instruction (Skip, saying why,
+    where cuda:native cannot run), or in a dry run (numba's CUDA simulator) every instruction."""
+    from mmaemu.cuda import native_kernel
+
+    if run.args.dry_run:
+        return [(name, module.PRESET) for name, module in native_kernel.INSTRUCTIONS.items()]
+    if run.device is None:
+        raise Skip(f"no usable CUDA device: {run.device_reason}")
+    from mmaemu.cuda import device as cuda_device
+    from mmaemu.cuda import gating
+    from mmaemu.cuda.catalog import NATIVE_INSTRUCTIONS
+    from mmaemu.model.presets import get_preset
+
+    info = cuda_device.probe(run.device)
+    why = gating.device_skip("native", info)
+    if why is not None:
+        raise Skip(f"cuda:native cannot run here: {why}")
+    name, preset_name, _ = NATIVE_INSTRUCTIONS[tuple(info.capability)]
+    return [(name, get_preset(preset_name, warn=False))]
+
+
+def stage_native_probe(run):
+    """cuda:native's instruction probe alone, with its first differences (the self-test runs it too, first)."""
+    from mmaemu.cuda import probe
+
+    out = {}
+    for instruction, preset in _native_targets(run):
+        start = time.monotonic()
+        if run.args.dry_run:  # two tiles of one format pair: the plumbing, not the hardware
+            passed, details = probe.run_probe(probe.device_runner(instruction), preset,
+                                              probe.probe_tiles(preset, pairs=(("e4m3", "e5m2"),))[-3:-1])
+        else:
+            from mmaemu.cuda import engine
+
+            with engine._OnDevice(run.device) as on:
+                passed, details = probe.run_probe(probe.device_runner(instruction, on.stream), preset)
+        details.update(seconds=round(time.monotonic() - start, 2), summary=probe.summarize(details), passed=passed)
+        out[instruction] = details
+        log(f"{instruction}: {details['summary']}")
+    out["failed"] = not all(d["passed"] for d in out.values())
+    return out
+
+
+def stage_native_timing(run):
+    """cuda:native next to native torch._scaled_mm on --native-shapes: the accumulation alone and the whole
+    mmaemu.scaled_mm (NaN/Inf rule and exact epilogue on the device), fast and slow accumulation of the device's
+    preset, rows checked against the CPU engine. Under the simulator: a tiny shape, every output checked, nothing
+    timed that means anything."""
+    import numpy as np
+
+    dry = run.args.dry_run
+    out = {"shapes": []}
+    for instruction, preset in _native_targets(run):
+        shapes = [(8, 8, 160)] if dry else [(64, 256, 512)] if run.args.quick else run.args.native_shapes
+        for M, N, K in shapes:
+            if run.remaining() < 40:
+                out["shapes"].append({"instruction": instruction, "shape": [M, N, K], "skipped": "time budget"})
+                continue
+            gemm = Gemm(run, (M, N, K), M + N + K)
+            entry = {"instruction": instruction, "preset": preset.name, "shape": [M, N, K], "macs": M * N * K}
+            rows = np.arange(M) if dry else np.unique(np.r_[0:4, M // 2:M // 2 + 2, M - 4:M])
+            for fast in (True, False):
+                label = "fast" if fast else "slow"
+                case = (label, preset.name, "e4m3", "e4m3", fast, 1, "none")
+                best, acc = gemm.timed("native", case, 1 if dry else 5, rows)
+                count, first = _check_rows(acc, gemm, case, rows)
+                entry[label] = {"accumulate_best_s": round(best, 6),
+                                "accumulate_tmacs": round(M * N * K / best / 1e12, 1), "checked_rows": len(rows),
+                                "mismatches": count, "first": first}
+                if run.device is not None:
+                    entry[label].update(_scaled_mm_times(run, gemm.tensor("a", "e4m3"), gemm.tensor("b", "e4m3"),
+                                                         preset, fast))
+                log(f"native {instruction} {M}x{N}x{K} {label}: " + ", ".join(
+                    f"{k} {v}" for k, v in entry[label].items() if k.endswith("tmacs")) + f"; {count} mismatches")
+            if "scaled_mm_best_s" in entry.get("fast", {}) and "scaled_mm_best_s" in entry.get("slow", {}):
+                entry["slow_over_fast_time"] = round(entry["slow"]["scaled_mm_best_s"]
+                                                     / entry["fast"]["scaled_mm_best_s"], 3)
+            out["shapes"].append(entry)
+    out["failed"] = any(isinstance(e.get(k), dict) and e[k]["mismatches"] for e in out["shapes"]
+                        for k in ("fast", "slow"))
+    return out
+
+
+def _scaled_mm_times(run, a, b, preset, fast):
+    """Best seconds and TMAC/s of mmaemu.scaled_mm through cuda:native (with the device epilogue) and of native
+    torch._scaled_mm on the same operands (bf16 out)."""
+    import torch
+
+    import mmaemu
+
+    M, K = a.shape
+    N = b.shape[0]
+    one = torch.tensor(1.0, device=run.device)
+    full = lambda: mmaemu.scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
+                                    use_fast_accum=fast, profile=preset.name, splitk=1, backend="cuda:native")
+    native = lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
+                                      use_fast_accum=fast)
+    out = {}
+    for name, function, repeat in (("scaled_mm", full, 5), ("torch_scaled_mm", native, 10)):
+        function()
+        best = min(_time_cuda(function, repeat))
+        out[f"{name}_best_s"] = round(best, 6)
+        out[f"{name}_tmacs"] = round(M * N * K / best / 1e12, 1)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -555,6 +697,26 @@ def markdown(report):
                 lines.append(f"\ntorch._scaled_mm: {r['native']}")
             for label, v in r.get("agreement", {}).items():
                 lines.append(f"\nhopper profile vs this GPU's native bits ({label}, information only): {v}")
+        elif s["name"] == "native_probe":
+            for instruction, d in r.items():
+                if isinstance(d, dict):
+                    lines += ["", f"## cuda:native instruction probe ({instruction}): {d['summary']} "
+                              f"({d['seconds']} s)", ""] + [f"* {json.dumps(f)}" for f in d.get("first", [])]
+        elif s["name"] == "native_timing":
+            lines += ["", "## cuda:native timing (TMAC/s)", "",
+                      "| shape | case | scaled_mm (with epilogue) | accumulation alone | torch._scaled_mm | mismatches |",
+                      "|---|---|---|---|---|---|"]
+            for e in r["shapes"]:
+                for label in ("fast", "slow"):
+                    v = e.get(label)
+                    if isinstance(v, dict):
+                        lines.append(f"| {e['shape']} | {e['instruction']} {e.get('preset')} {label} | "
+                                     f"{v.get('scaled_mm_tmacs', '-')} | {v['accumulate_tmacs']} | "
+                                     f"{v.get('torch_scaled_mm_tmacs', '-')} | {v['mismatches']} |")
+                if "slow_over_fast_time" in e:
+                    lines.append(f"| {e['shape']} | slow / fast time | {e['slow_over_fast_time']} | | | |")
+                if "skipped" in e:
+                    lines.append(f"| {e['shape']} | skipped: {e['skipped']} | | | | |")
     return "\n".join(lines) + "\n"
 
 
@@ -584,7 +746,12 @@ def main(argv=None):
     parser.add_argument("--device", type=int, default=None, help="CUDA device ordinal (default: current)")
     parser.add_argument("--shapes", type=parse_shapes, default=[[2048, 5760, 1920], [64, 5760, 1920]],
                         help="timing shapes M,N,K;M,N,K")
-    parser.add_argument("--dry-run", action="store_true", help="the timing stage on numba's CUDA simulator, tiny")
+    parser.add_argument("--native-shapes", type=parse_shapes, default=[[2048, 5760, 1920], [16384, 8192, 8192]],
+                        help="cuda:native timing shapes M,N,K;M,N,K")
+    parser.add_argument("--kernels", type=lambda t: [k.strip().replace("cuda:", "") for k in t.split(",")],
+                        default=None, help="GEMM kernels to check, e.g. native (default: all)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="the timing and cuda:native stages on numba's CUDA simulator, tiny shapes")
     parser.add_argument("--sass-per-product", type=parse_counts, default=None,
                         help="SASS instructions per product of the offset kernel, e.g. hopper=3.25,ada=3.89 "
                              "(default: counted offline by scripts/sass_report.py)")
@@ -592,13 +759,24 @@ def main(argv=None):
     if args.dry_run:
         args.quick = True
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # before numba is imported (no stage has imported it yet)
+    if args.kernels is not None:
+        from mmaemu.cuda.catalog import gemm_kernels
+
+        unknown = sorted(set(args.kernels) - {k.name for k in gemm_kernels()})
+        if unknown:
+            parser.error(f"--kernels: unknown {unknown}; known: {[k.name for k in gemm_kernels()]}")
     run = Run(args)
     log(f"mmaemu GPU check: out={run.out}, budget={args.budget:.0f} s, quick={args.quick}")
     run.stage("environment", lambda: stage_environment(run), min_seconds=0)
     run.stage("cpu_reference", lambda: stage_cpu_reference(run), min_seconds=2)
+    if run.checks("native"):  # its own stages: ahead of the others, whose budget they would otherwise share
+        run.stage("native_probe", lambda: stage_native_probe(run), min_seconds=30)
     run.stage("selftest", lambda: stage_selftest(run), needs_device=True, min_seconds=60)
+    if run.checks("native"):
+        run.stage("native_timing", lambda: stage_native_timing(run), min_seconds=40)
     run.stage("compare", lambda: stage_compare(run), needs_device=True, min_seconds=30)
-    run.stage("timing", lambda: stage_timing(run), needs_device=not args.dry_run, min_seconds=30)
+    if run.checks("offset") or run.checks("simple"):
+        run.stage("timing", lambda: stage_timing(run), needs_device=not args.dry_run, min_seconds=30)
     run.write()
     statuses = [s["status"] for s in run.report["stages"]]
     summary = ", ".join(f"{s['name']}={s['status']}" for s in run.report["stages"])

@@ -3,13 +3,17 @@
 Usage::
 
     python scripts/sass_report.py [--kernels offset,simple] [--cc 9.0,8.9,12.0] [--json]
+    python scripts/sass_report.py --kernels wgmma_fast_e4m3_e4m3,wgmma_slow_e4m3_e4m3 --cc 9.0a
+    python scripts/sass_report.py --kernels mma_sync_fast_e4m3_e4m3,mma_sync_slow_e4m3_e4m3 --cc 8.9
 
 Numba compiles each kernel to PTX for the target (:func:`mmaemu.cuda.offline.compile_ptx`: a fake current device
 stands in for the missing GPU), ``ptxas -v`` assembles it (registers, spills, stack frame) and ``nvdisasm -c``
 disassembles it (:mod:`mmaemu.cuda.sass`). Every loop of the SASS (a backward branch) is listed with its
 instruction count and most frequent opcodes; for the offset kernel the block loop's SASS instructions per product
 are weighed per preset (hopper: one 32-product block per stage, ada: two of 16), part by part, against the budget
-of ``tests/test_cuda_sim.py``. These are static counts, not measurements; how fast a GPU runs them is for
+of ``tests/test_cuda_sim.py``. The kernels of ``cuda:native`` (``<instruction>_<fast|slow|probe>_<fmt_a>_<fmt_b>``,
+:func:`mmaemu.cuda.launch.native_signatures`) compile for their instruction's own target only: ``--cc 9.0a`` for
+the warpgroup MMA (``wgmma_*``), ``--cc 8.9`` for mma.sync (``mma_sync_*``). These are static counts, not measurements; how fast a GPU runs them is for
 ``scripts/gpu_check.py``.
 
 Needs libNVVM and ptxas (a CUDA toolkit: ``$CUDA_HOME`` or ``/usr/local/cuda``) and nvdisasm (the toolkit or
@@ -28,15 +32,38 @@ sys.path.insert(0, str(ROOT))
 PRESETS = {"hopper": 32, "ada": 16}  # nfma of the shipped early-accumulator presets
 
 
+def parse_cc(text):
+    """``"9.0"`` -> (9, 0); ``"9.0a"`` -> (9, 0, "a") (an architecture-specific target)."""
+    major, minor = text.strip().split(".")
+    suffix = minor.lstrip("0123456789")
+    return (int(major), int(minor[:len(minor) - len(suffix)])) + ((suffix,) if suffix else ())
+
+
+def sm_name(cc):
+    return "sm_{}{}{}".format(cc[0], cc[1], cc[2] if len(cc) > 2 else "")
+
+
+def signatures(names):
+    """``{name: (kernel, argument types)}``: :func:`mmaemu.cuda.launch.signatures`, plus the native kernels of
+    every instruction that one of ``names`` belongs to."""
+    from mmaemu.cuda import launch, native_kernel
+
+    found = dict(launch.signatures())
+    for instruction in native_kernel.INSTRUCTIONS:
+        if any(name.startswith(instruction + "_") for name in names):
+            found.update(launch.native_signatures(instruction))
+    return found
+
+
 def report(names, cc):
     """Lines of the report for one compute capability."""
-    from mmaemu.cuda import launch, offline, offset_kernel, sass
+    from mmaemu.cuda import offline, offset_kernel, sass
 
-    sm = f"sm_{cc[0]}{cc[1]}"
+    sm = sm_name(cc)
     lines = []
-    signatures = launch.signatures()
+    kernels = signatures(names)
     for name in names:
-        kernel, signature = signatures[name]
+        kernel, signature = kernels[name]
         cap = getattr(kernel, "targetoptions", {}).get("max_registers")
         assembly = sass.assemble(offline.compile_ptx(kernel, signature, cc), sm, cap)
         lines += [f"## {name} ({sm}): {assembly.registers} registers, {assembly.spill_stores} bytes spill stores, "
@@ -75,8 +102,9 @@ def offset_costs(cc):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernels", default="offset", help="names of mmaemu.cuda.launch.signatures()")
-    parser.add_argument("--cc", default="9.0,8.9,12.0", help="compute capabilities, e.g. 9.0,8.9")
+    parser.add_argument("--kernels", default="offset", help="names of mmaemu.cuda.launch.signatures() or "
+                        ".native_signatures(instruction)")
+    parser.add_argument("--cc", default="9.0,8.9,12.0", help="compute capabilities, e.g. 9.0,8.9 (9.0a: sm_90a)")
     parser.add_argument("--json", action="store_true", help="print the offset kernel's block loop costs as JSON")
     args = parser.parse_args(argv)
     if args.json:
@@ -90,8 +118,7 @@ def main(argv=None):
     print(f"# SASS of mmaemu kernels (numba {numba.__version__}, "
           f"{'built-in CUDA target' if not _numba_cuda() else 'numba-cuda ' + _numba_cuda()})\n")
     for text in args.cc.split(","):
-        cc = tuple(int(v) for v in text.split("."))
-        print("\n".join(report(args.kernels.split(","), cc)))
+        print("\n".join(report(args.kernels.split(","), parse_cc(text))))
 
 
 def _numba_cuda():

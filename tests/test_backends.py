@@ -145,14 +145,14 @@ def test_cuda_device_without_cuda_warns_once_and_raises_for_explicit():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_status_and_selftest_on_a_cpu_machine():
     status = backends.backends_status()
-    assert list(status) == ["cuda:offset", "cuda:simple", "cuda:epilogue", "cpu", "reference"]
-    for name in ("cuda:offset", "cuda:simple", "cuda:epilogue"):
+    assert list(status) == ["cuda:native", "cuda:offset", "cuda:simple", "cuda:epilogue", "cpu", "reference"]
+    for name in ("cuda:native", "cuda:offset", "cuda:simple", "cuda:epilogue"):
         assert not status[name].available and not status[name].validated_here
         assert status[name].reason == "unavailable: no CUDA device visible to torch"
     for name in ("cpu", "reference"):
         assert status[name].available and status[name].validated_here
     results = backends.selftest()
-    assert list(results) == ["cuda:offset", "cuda:simple", "cuda:epilogue"]
+    assert list(results) == ["cuda:native", "cuda:offset", "cuda:simple", "cuda:epilogue"]
     assert all(len(g) == 1 and not g[0].ran and not g[0].passed for g in results.values())
     verdict, reason = backends.selftest_verdict(results)
     assert verdict == "UNAVAILABLE" and reason.startswith("no CUDA device visible to torch")
@@ -172,7 +172,8 @@ def fake_device(monkeypatch):
     from mmaemu.cuda.device import DeviceInfo
 
     state = {"outcomes": {}, "runs": [], "info": DeviceInfo(0, "Fake GPU", "GPU-1234", (9, 0), 132,
-                                                            "CUDA driver API 13.0", "test", torch.__version__)}
+                                                            "CUDA driver API 13.0", "numba 0.68 + numba-cuda 0.30",
+                                                            torch.__version__)}
 
     def probe(device=None):
         return state["info"]
@@ -193,41 +194,43 @@ def fake_device(monkeypatch):
 def test_all_kernels_pass_auto_takes_the_first(fake_device):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER) == backends.Selection("cuda:offset", [])
-        assert backends.select(CUDA0, "cuda", "e4m3", "e4m3", HOPPER).name == "cuda:offset"
+        assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER) == backends.Selection("cuda:native", [])
+        assert backends.select(CUDA0, "cuda", "e4m3", "e4m3", HOPPER).name == "cuda:native"
         assert backends.select(CUDA0, "cuda:offset", "e4m3", "e4m3", HOPPER).name == "cuda:offset"
         assert backends.select(CUDA0, "cuda:simple", "e4m3", "e4m3", HOPPER).name == "cuda:simple"
     assert not caught
-    assert fake_device["runs"] == ["offset", "simple"]  # each self-test ran once
+    assert fake_device["runs"] == ["native", "offset", "simple"]  # each self-test ran once
 
 
 def test_failing_kernel_falls_back_with_one_warning(fake_device):
-    fake_device["outcomes"].update(offset=False)
+    fake_device["outcomes"].update(native=False, offset=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sel = backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER)
         again = backends.select(CUDA0, "auto", "e5m2", "e4m3", HOPPER)
     assert sel.name == again.name == "cuda:simple"
-    assert len(sel.fallbacks) == 1 and sel.fallbacks[0].startswith("cuda:offset: 1 of 1 cases differ")
+    assert len(sel.fallbacks) == 2 and sel.fallbacks[0].startswith("cuda:native: 1 of 1 cases differ")
+    assert sel.fallbacks[1].startswith("cuda:offset: 1 of 1 cases differ")
     msgs = [str(w.message) for w in caught if issubclass(w.category, BackendFallbackWarning)]
-    assert len(msgs) == 1 and "cuda:offset" in msgs[0] and "cuda:simple computes instead" in msgs[0]
+    assert len(msgs) == 1 and "cuda:simple computes instead" in msgs[0]
+    assert "cuda:native" in msgs[0] and "cuda:offset" in msgs[0]
     with pytest.raises(BackendUnavailableError, match="cuda:offset: 1 of 1 cases differ"):
         backends.select(CUDA0, "cuda:offset", "e4m3", "e4m3", HOPPER)
 
 
 def test_every_kernel_failing_ends_on_cpu_or_raises(fake_device):
-    fake_device["outcomes"].update(offset=False, simple=RuntimeError("ptxas exploded"))
+    fake_device["outcomes"].update(native=False, offset=False, simple=RuntimeError("ptxas exploded"))
     with pytest.warns(BackendFallbackWarning, match="cpu computes instead"):
         sel = backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER)
-    assert sel.name == "cpu" and len(sel.fallbacks) == 2
-    assert "self-test raised RuntimeError: ptxas exploded" in sel.fallbacks[1]
+    assert sel.name == "cpu" and len(sel.fallbacks) == 3
+    assert "self-test raised RuntimeError: ptxas exploded" in sel.fallbacks[2]
     with pytest.raises(BackendUnavailableError) as info:
         backends.select(CUDA0, "cuda", "e4m3", "e4m3", HOPPER)
     assert "cuda:offset" in str(info.value) and "ptxas exploded" in str(info.value)
 
 
 def test_force_fail_env_and_design_skips(fake_device, monkeypatch):
-    monkeypatch.setenv("MMAEMU_TEST_FORCE_FAIL", "offset")
+    monkeypatch.setenv("MMAEMU_TEST_FORCE_FAIL", "native,offset")
     with pytest.warns(BackendFallbackWarning, match="forced to fail"):
         assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER).name == "cuda:simple"
     monkeypatch.delenv("MMAEMU_TEST_FORCE_FAIL")
@@ -236,9 +239,12 @@ def test_force_fail_env_and_design_skips(fake_device, monkeypatch):
         warnings.simplefilter("always")
         sel = backends.select(CUDA0, "auto", "e4m3", "e4m3", wide)
         late = backends.select(CUDA0, "auto", "e4m3", "e4m3", get_preset("b200_mma_sync", warn=False))
-    assert sel.name == "cuda:simple" and len(sel.fallbacks) == 1 and "nfma=256" in sel.fallbacks[0]
-    # b200_mma_sync: the offset kernel declines it by design (late add of c); no warning.
-    assert late.name == "cuda:simple" and late.fallbacks == [
+    assert sel.name == "cuda:simple" and len(sel.fallbacks) == 2
+    assert sel.fallbacks[0].startswith("cuda:native: computes the blocks of the FP8 MMA instructions it issues")
+    assert "nfma=256" in sel.fallbacks[1]
+    # b200_mma_sync: the native and offset kernels decline it by design (late add of c); no warning.
+    assert late.name == "cuda:simple" and late.fallbacks[0].startswith("cuda:native: computes the blocks")
+    assert late.fallbacks[1:] == [
         "cuda:offset: computes the early-accumulator presets (hopper, ada) only, this preset adds c late "
         "(preset 'b200_mma_sync')"]
     assert not [w for w in caught if issubclass(w.category, BackendFallbackWarning)]
@@ -285,10 +291,10 @@ def test_verdicts_are_cached_on_disk_by_device_and_sources(fake_device, tmp_path
 
     fake_device["outcomes"]["simple"] = RuntimeError("transient")
     results = backends.selftest(CUDA0)
-    assert {k: g[0].passed for k, g in results.items()} == {"cuda:offset": True, "cuda:simple": False,
-                                                            "cuda:epilogue": True}
+    assert {k: g[0].passed for k, g in results.items()} == {"cuda:native": True, "cuda:offset": True,
+                                                            "cuda:simple": False, "cuda:epilogue": True}
     files = sorted((tmp_path / "cache" / "verdicts").glob("*.json"))
-    assert len(files) == 2  # the self-test that raised is not written
+    assert len(files) == 3  # the self-test that raised is not written
     record = json.loads(files[0].read_text())
     assert record["key"]["device"]["uuid"] == "GPU-1234" and record["key"]["sources"] == selftest.sources_hash()
     assert record["key"]["mmaemu"] == mmaemu.__version__
@@ -321,6 +327,38 @@ def test_status_with_a_device(fake_device):
     assert backends.selftest_verdict(backends.selftest(CUDA0, kernels="offset")) == ("PASS", "every kernel passed")
 
 
+def test_native_kernel_runs_each_devices_own_instruction_for_its_preset_only(fake_device):
+    """sm_90 (numba-cuda): the warpgroup MMA for hopper; sm_89 (any numba): mma.sync for ada; the other preset, or
+    another GPU, goes to the next kernel without a warning (never FP8 mma.sync for hopper)."""
+    import dataclasses
+
+    import mmaemu.cuda as cuda_backend
+    from mmaemu.cuda.device import DeviceInfo
+
+    ada = get_preset("ada", warn=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ada_on_h100 = backends.select(CUDA0, "auto", "e4m3", "e4m3", ada)
+        fake_device["info"] = DeviceInfo(0, "Fake Ada", "GPU-89", (8, 9), 24, "CUDA driver API 13.0",
+                                         "numba 0.68 (built-in CUDA target)", torch.__version__)
+        cuda_backend.reset()
+        ada_on_ada = backends.select(CUDA0, "auto", "e4m3", "e5m2", ada)
+        hopper_on_ada = backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER)
+        fake_device["info"] = dataclasses.replace(fake_device["info"], capability=(12, 0))
+        cuda_backend.reset()
+        on_sm120 = backends.select(CUDA0, "auto", "e4m3", "e4m3", ada)
+    assert not [w for w in caught if issubclass(w.category, BackendFallbackWarning)]
+    assert ada_on_h100.name == "cuda:offset" and ada_on_h100.fallbacks == [
+        "cuda:native: computes the hopper preset's block on sm_90 (wgmma), preset 'ada' has another"]
+    assert ada_on_ada == backends.Selection("cuda:native", [])
+    assert hopper_on_ada.name == "cuda:offset" and hopper_on_ada.fallbacks[0].startswith(
+        "cuda:native: computes the ada preset's block on sm_89 (mma_sync)")
+    assert on_sm120.name == "cuda:offset" and "this device is sm_120" in on_sm120.fallbacks[0]
+    assert fake_device["runs"].count("native") == 1  # only sm_89 ran its self-test (on its probe-and-GEMM gate)
+    with pytest.raises(BackendUnavailableError, match="cuda:native: issues the native FP8 MMA of sm_90a"):
+        backends.select(CUDA0, "cuda:native", "e4m3", "e4m3", ada)
+
+
 def test_epilogue_stays_on_cpu_for_accumulators_not_made_by_a_kernel(fake_device):
     import mmaemu.cuda as cuda_backend
 
@@ -332,9 +370,11 @@ def test_epilogue_stays_on_cpu_for_accumulators_not_made_by_a_kernel(fake_device
 def test_kernel_metadata_for_the_cli():
     import mmaemu.cuda as cuda_backend
 
-    assert [k.backend for k in backends.gemm_kernels()] == ["cuda:offset", "cuda:simple"]
+    assert [k.backend for k in backends.gemm_kernels()] == ["cuda:native", "cuda:offset", "cuda:simple"]
     for k in cuda_backend.KERNELS.values():
-        assert (k.gated, k.validated_on, k.min_cc) == (False, (), None)
+        # Only the native kernel's bits are the hardware's: it alone is gated by an instruction probe.
+        expected = (True, (), (8, 9)) if k.name == "native" else (False, (), None)
+        assert (k.gated, k.validated_on, k.min_cc) == expected
 
 
 def test_selftest_cases_cover_the_contract():
@@ -360,8 +400,12 @@ def test_selftest_cases_cover_the_contract():
 
 def test_gpu_check_dry_run_on_the_simulator(tmp_path):
     """scripts/gpu_check.py --dry-run on a machine without a GPU: the device stages are skipped, saying why, and
-    the timing stage runs its code on numba's CUDA simulator with tiny shapes - every timed case of the offset
-    kernel checked against the CPU path, TMAC/s and the fraction of the instruction-issue bound computed."""
+    the code of the timing and cuda:native stages runs on numba's CUDA simulator with tiny shapes - every timed case
+    of the offset kernel checked against the CPU path, TMAC/s and the fraction of the instruction-issue bound
+    computed; both native instructions (with their CPU twins) through the probe and an 8 x 8 x 160 GEMM, fast and
+    slow, every output checked."""
+    from subprocess_workers import sass_required
+
     out = tmp_path / "report"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
     env.pop("OUT", None)
@@ -370,10 +414,12 @@ def test_gpu_check_dry_run_on_the_simulator(tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.loads((out / "gpu_check.json").read_text())
     stages = {s["name"]: s for s in report["stages"]}
-    assert list(stages) == ["environment", "cpu_reference", "selftest", "compare", "timing"]
+    assert list(stages) == ["environment", "cpu_reference", "native_probe", "selftest", "native_timing", "compare",
+                            "timing"]
     assert stages["environment"]["status"] == "ok" and stages["cpu_reference"]["status"] == "ok"
     for name in ("selftest", "compare"):
         assert stages[name]["status"] == "skipped" and stages[name]["error"].startswith("no usable CUDA device")
+    # The offset kernel's timing stage.
     timing = stages["timing"]
     assert timing["status"] == "ok", timing
     result = timing["result"]
@@ -383,15 +429,24 @@ def test_gpu_check_dry_run_on_the_simulator(tmp_path):
         "hopper fast", "hopper slow", "hopper 4-way split", "ada fast", "hopper e4m3 x e5m2 fast")]
     assert all(c["mismatches"] == 0 and c["checked_rows"] == c["shape"][0] and c["tmac_per_s"] > 0 for c in cases)
     counted = result["sass_per_product"] is not None
-    if counted or os.environ.get("MMAEMU_REQUIRE_SASS_GATE"):
+    if counted or sass_required():
         assert counted, result["sass_source"]
         for c in cases:
             bound = result["issue_rate"] / result["sass_per_product"][c["case"].split()[0]] / 1e12
             assert c["bound_tmac_per_s"] == pytest.approx(bound, rel=1e-3)
             assert c["fraction_of_bound"] == pytest.approx(c["tmac_per_s"] / bound, rel=1e-2)
+    # cuda:native's stages: its probe (two tiles) and timing for both instructions.
+    assert stages["native_probe"]["status"] == stages["native_timing"]["status"] == "ok"
+    probe_result = stages["native_probe"]["result"]
+    assert {k for k in probe_result if k != "failed"} == {"wgmma", "mma_sync"}
+    assert all(probe_result[i]["passed"] and probe_result[i]["tiles"] == 2 for i in ("wgmma", "mma_sync"))
+    shapes = stages["native_timing"]["result"]["shapes"]
+    assert [(e["instruction"], e["preset"]) for e in shapes] == [("wgmma", "hopper"), ("mma_sync", "ada")]
+    assert all(e[mode]["mismatches"] == 0 and e[mode]["checked_rows"] == 8 for e in shapes for mode in ("fast", "slow"))
     markdown = (out / "gpu_check.md").read_text()
     assert "| selftest | skipped |" in markdown and "dry run on the simulator" in markdown
-    assert "[gpu_check" in run.stdout and "stage timing" in run.stdout
+    assert "| [8, 8, 160] | mma_sync ada slow |" in markdown
+    assert "[gpu_check" in run.stdout and "stage timing" in run.stdout and "stage native_probe" in run.stdout
 
 
 def test_damaged_or_unprotected_verdicts_are_ignored_and_the_selftest_runs_again(fake_device, tmp_path,

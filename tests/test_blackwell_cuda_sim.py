@@ -2,8 +2,9 @@
 
 Every GEMM kernel either computes a preset bit for bit like the CPU reference, or declines it by design with a
 reason (``mmaemu.cuda.schedule_skip``), in which case the dispatcher hands the call to the next kernel: the
-25-fraction-bit Blackwell presets need block sums wider than the one fp32 binade the ``offset`` kernel sums a block
-in, so the reference kernel ``simple`` computes them. The prototype designs of the guide (16 kept bits; 64-product
+``native`` kernel issues the instructions whose blocks are hopper's and ada's only; the 25-fraction-bit Blackwell
+presets need block sums wider than the one fp32 binade the ``offset`` kernel sums a block in, so the reference
+kernel ``simple`` computes them. The prototype designs of the guide (16 kept bits; 64-product
 blocks) are run too. Tiny shapes, adversarial data with NaN/Inf rows, ragged K; the simulator
 must be enabled before numba.cuda is imported, so the worker runs in a subprocess (this file run as a script).
 """
@@ -11,15 +12,13 @@ must be enabled before numba.cuda is imported, so the worker runs in a subproces
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import subprocess
 import sys
 
-import pytest
+from subprocess_workers import workers_fixture
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-KERNELS = ("simple", "offset")
+KERNELS = ("simple", "offset", "native")
 
 
 def _designs():
@@ -64,21 +63,11 @@ def _worker():
     print(json.dumps(runs))
 
 
-@pytest.fixture(scope="module")
-def runs():
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
-    proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, env=env, cwd=str(ROOT),
-                          timeout=600)
-    if proc.returncode != 0:
-        tail = proc.stderr[-3000:]
-        if "numba.cuda" in tail and ("No module" in tail or "cannot import" in tail):
-            pytest.skip(f"numba's CUDA simulator is unavailable: {tail[-300:]}")
-        pytest.fail(f"simulator worker failed (exit {proc.returncode}):\n{tail}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+workers = workers_fixture(__file__, {"sim": {"NUMBA_ENABLE_CUDASIM": "1"}})
 
 
-def test_every_kernel_computes_or_declines_with_a_reason(runs):
+def test_every_kernel_computes_or_declines_with_a_reason(workers):
+    runs = workers("sim")
     assert len(runs) == len(_designs()) * 2 * len(KERNELS)
     computed = [r for r in runs if "mismatches" in r]
     bad = [r for r in computed if r["mismatches"]]
@@ -87,14 +76,16 @@ def test_every_kernel_computes_or_declines_with_a_reason(runs):
     assert any(r["nonfinite"] for r in computed)  # the NaN/Inf rule ran on the device side too
 
 
-def test_who_computes_what(runs):
-    by = {(r["preset"], r["kernel"]): r for r in runs if r["formats"] == ["e4m3", "e4m3"]}
+def test_who_computes_what(workers):
+    by = {(r["preset"], r["kernel"]): r for r in workers("sim") if r["formats"] == ["e4m3", "e4m3"]}
     for name in ("tcgen05_f8f6f4", "sm120_mma_sync", "hopper-frac16", "hopper-blocks64"):
         assert "mismatches" in by[name, "simple"]
     for name in ("tcgen05_f8f6f4", "sm120_mma_sync", "hopper-frac16"):
         assert "binade" in by[name, "offset"]["declined"]        # 16 bits already outgrow the fp32 window
     assert "nfma=64" in by["hopper-blocks64", "offset"]["declined"]
+    for name in ("tcgen05_f8f6f4", "sm120_mma_sync", "hopper-frac16", "hopper-blocks64"):
+        assert by[name, "native"]["declined"].startswith("computes the blocks of the FP8 MMA instructions")
 
 
 if __name__ == "__main__":
-    _worker()
+    {"sim": _worker}[sys.argv[1]]()

@@ -14,7 +14,7 @@
   disassembles the offset kernel, whose block loop must stay within :data:`BUDGETS` SASS instructions per product
   (:func:`mmaemu.cuda.sass.block_loop_cost`, hopper's 32-product blocks). A mutated loop and a mutated budget
   must fail the gate. Without ptxas or nvdisasm these tests skip and say which tool is missing; with
-  ``MMAEMU_REQUIRE_SASS_GATE=1`` (set by ``.ci/run``) they fail instead.
+  ``MMAEMU_TEST_REQUIRE_SASS=1`` (set by ``.ci/run``) they fail instead.
 
 Both workers start at once (this file run as a script) and the tests read their JSON reports.
 """
@@ -22,23 +22,19 @@ Both workers start at once (this file run as a script) and the tests read their 
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import re
-import subprocess
 import sys
 import time
 
 import pytest
+from subprocess_workers import offline_ptx, sass_tools_missing, skip_sass, workers_fixture
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TIMEOUT_S = 600
 TARGETS = ((8, 9), (9, 0), (12, 0))
 # SASS instructions per product of the offset kernel's block loop, hopper (the issue's budget on sm_90; sm_89 and
 # sm_120 lack the fused packed add-maximum, their exponent pass costs twice as much: a regression bound there).
 BUDGETS = {"sm_90": 3.6, "sm_89": 4.0, "sm_120": 4.0}
 PRESET_NFMA = {"hopper": 32, "ada": 16}
-REQUIRE_SASS_ENV = "MMAEMU_REQUIRE_SASS_GATE"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -168,12 +164,6 @@ def _sim_worker():
     print(json.dumps(report))
 
 
-def _tools_missing():
-    from mmaemu.cuda import sass
-
-    return [name for name in ("ptxas", "nvdisasm") if sass.find_tool(name) is None]
-
-
 def _ptx_entry(ptx, sm):
     lines = [ln for ln in ptx.splitlines() if not ln.lstrip().startswith("//")]
     return {
@@ -212,29 +202,20 @@ def _ptx_worker():
         print(json.dumps(report))
         return
 
-    from mmaemu.cuda import launch, offline, shim
+    from mmaemu.cuda import launch, shim
 
     report["implementation"] = shim.cuda_implementation()
-    missing = _tools_missing()
-    if missing:
-        report["sass_skipped"] = (f"{' and '.join(missing)} not found (a CUDA toolkit; "
-                                  "`pip install nvidia-cuda-nvdisasm`)")
+    report["sass_skipped"] = sass_tools_missing()
     for cc in TARGETS:
         sm = f"sm_{cc[0]}{cc[1]}"
         target, assembled = {}, {}
         for name, (kernel, signature) in launch.signatures().items():
-            try:
-                ptx = offline.compile_ptx(kernel, signature, cc)
-            except Exception as exc:
-                text = " ".join(str(exc).split())
-                if any(s in text for s in ("NVVM", "libnvvm", "nvrtc", "NVRTC", "libdevice", "CUDA_HOME",
-                                           "cudadevrt", "Failure finding")):
-                    report["skipped"] = f"no CUDA compiler libraries: {type(exc).__name__}: {text[:300]}"
-                    print(json.dumps(report))
-                    return
-                raise
+            ptx = offline_ptx(kernel, signature, cc, report)
+            if ptx is None:
+                print(json.dumps(report))
+                return
             target[name] = _ptx_entry(ptx, sm)
-            if not missing:
+            if not report["sass_skipped"]:
                 assembled[name] = _sass_entry(kernel, ptx, sm)
         report["targets"][sm] = target
         report["sass"][sm] = assembled
@@ -245,46 +226,7 @@ def _ptx_worker():
 # Tests
 
 
-def _spawn(mode, extra_env):
-    env = dict(os.environ)
-    env.update(extra_env)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return subprocess.Popen([sys.executable, __file__, mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=str(ROOT))
-
-
-def _collect(proc):
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"worker timed out after {TIMEOUT_S} s; stderr tail: {err[-2000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"worker failed (exit {proc.returncode}); stderr tail:\n{err[-4000:]}")
-    return json.loads(out.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def workers():
-    """Start both workers at once (two cores), return their reports lazily."""
-    procs = {
-        "sim": _spawn("sim", {"NUMBA_ENABLE_CUDASIM": "1"}),
-        "ptx": _spawn("ptx", {"NUMBA_ENABLE_CUDASIM": "0"}),
-    }
-    reports = {}
-
-    def get(mode):
-        if mode not in reports:
-            reports[mode] = _collect(procs[mode])
-        return reports[mode]
-
-    yield get
-    for proc in procs.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+workers = workers_fixture(__file__, {"sim": {"NUMBA_ENABLE_CUDASIM": "1"}, "ptx": {"NUMBA_ENABLE_CUDASIM": "0"}})
 
 
 FORMAT_PAIRS = {("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"), ("e5m2", "e5m2")}
@@ -357,9 +299,7 @@ def _sass_report(workers):
     report = workers("ptx")
     reason = report["skipped"] or report["sass_skipped"]
     if reason:
-        if os.environ.get(REQUIRE_SASS_ENV):
-            pytest.fail(f"the SASS gate cannot run ({reason}) and {REQUIRE_SASS_ENV} requires it")
-        pytest.skip(f"SASS gate not run: {reason}")
+        skip_sass(reason)
     return report["sass"]
 
 

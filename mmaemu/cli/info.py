@@ -42,7 +42,10 @@ def _header(report: dict) -> List[str]:
     v = report["versions"]
     return [f"mmaemu {report['mmaemu']['version']} ({report['mmaemu']['location']})",
             "python {}, torch {}, numba {}, numpy {}, click {}".format(
-                *(v.get(k) or "unavailable" for k in ("python", "torch", "numba", "numpy", "click")))]
+                *(v.get(k) or "unavailable" for k in ("python", "torch", "numba", "numpy", "click"))),
+            f"numba-cuda {v['numba_cuda']}" if v.get("numba_cuda") else
+            "numba-cuda not installed (pip install 'mmaemu[cuda]': the CUDA kernels' preferred compiler; cuda:native "
+            "needs it to target sm_90a)"]
 
 
 def _environment(report: dict) -> List[str]:

@@ -17,7 +17,7 @@ import weakref
 from typing import Dict, List
 
 from ..errors import BackendFallbackWarning, BackendUnavailableError
-from .catalog import CODES_KERNELS, KERNELS, BackendStatus, GateResult, Selection, gemm_kernels
+from .catalog import CODES_KERNELS, KERNELS, NATIVE_INSTRUCTIONS, BackendStatus, GateResult, Selection, gemm_kernels
 from .device import DeviceUnavailable
 
 _lock = threading.RLock()
@@ -77,6 +77,38 @@ def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
     return None
 
 
+def _block(preset):
+    return preset.nfma, preset.frac, preset.frac_out, preset.min_exp, preset.late_c
+
+
+def device_skip(kernel: str, info, preset=None):
+    """Why ``kernel`` cannot run on the device of ``info`` (for ``preset``, when given) by design (None if it can).
+
+    ``cuda:native`` issues the FP8 MMA instruction its device runs natively (:data:`NATIVE_INSTRUCTIONS`: sm_90's
+    warpgroup MMA, which only numba-cuda compiles, its target being sm_90a; sm_89's mma.sync) and computes that
+    instruction's preset only. FP8 ``mma.sync`` on sm_90/sm_100 is not a native FP8 instruction (ptxas rewrites
+    it), so it never stands in for the warpgroup MMA.
+    """
+    if kernel != "native":
+        return None
+    sm = f"sm_{info.capability[0]}{info.capability[1]}"
+    entry = NATIVE_INSTRUCTIONS.get(tuple(info.capability))
+    if entry is None:
+        known = ", ".join(f"{target} ({name}, {preset_name} preset)"
+                          for name, preset_name, target in NATIVE_INSTRUCTIONS.values())
+        return f"issues the native FP8 MMA of {known} only, this device is {sm}"
+    instruction, preset_name, target = entry
+    if target[-1].isalpha() and "numba-cuda" not in info.compiler:  # see mmaemu.cuda.device.compiler_description
+        return f"needs numba-cuda to target {target} (pip install 'mmaemu[cuda]'); {info.compiler} cannot"
+    if preset is not None:
+        from ..model.presets import get_preset
+
+        if _block(preset) != _block(get_preset(preset_name, warn=False)):
+            return (f"computes the {preset_name} preset's block on {sm} ({instruction}), preset {preset.name!r} has "
+                    "another")
+    return None
+
+
 def schedule_skip(kernel: str, preset, fmt_a: str, fmt_b: str, use_fast_accum, splits=1, scheme="none"):
     """Why ``kernel`` cannot compute this call's schedule by design (None if it can): design_skip, plus what the
     schedule rules out (the offset kernel: k-tiles that start on its stages). Never a failure, never warned."""
@@ -119,8 +151,22 @@ def _run_on_device(kernel: str, info):
         return selftest.run_epilogue_cases(compute)
 
     def skip(case):
-        return schedule_skip(kernel, get_preset(case.preset, warn=False), case.fmt_a, case.fmt_b, case.fast,
-                             case.splits, case.scheme)
+        preset = get_preset(case.preset, warn=False)
+        return schedule_skip(kernel, preset, case.fmt_a, case.fmt_b, case.fast, case.splits, case.scheme) or \
+            device_skip(kernel, info, preset)
+
+    probe_details = []
+    if kernel == "native":  # the hardware computes its blocks: first the instruction itself, then the GEMMs
+        from . import probe
+
+        instruction, preset_name, _ = NATIVE_INSTRUCTIONS[tuple(info.capability)]
+        with engine._OnDevice(dev) as on:
+            passed, details = probe.run_probe(probe.device_runner(instruction, on.stream),
+                                              get_preset(preset_name, warn=False))
+        probe_details = [{"case": "instruction probe", "mismatches": details["failing_tiles"],
+                          "first": details["first"][:2], "probe": details, "reason": probe.summarize(details)}]
+        if not passed:
+            return False, probe_details
 
     def compute(case, a, b):
         at = torch.from_numpy(a).to(dev).view(formats.DTYPE_OF[case.fmt_a])
@@ -129,7 +175,8 @@ def _run_on_device(kernel: str, info):
                                         case.fast, case.splits, case.scheme)
         return acc.cpu().numpy()
 
-    return selftest.run_gemm_cases(compute, selftest.GEMM_CASES, skip=skip)
+    passed, details = selftest.run_gemm_cases(compute, selftest.GEMM_CASES, skip=skip)
+    return passed, probe_details + details
 
 
 def ensure_verdict(info, kernel: str, *, force: bool = False) -> GateResult:
@@ -140,6 +187,9 @@ def ensure_verdict(info, kernel: str, *, force: bool = False) -> GateResult:
     memory_key = (selftest.key_digest(key), kernel)
     if kernel in _forced_failures():
         return GateResult("selftest", False, f"forced to fail by {FORCE_FAIL_ENV}", {}, 0.0, False)
+    why = device_skip(kernel, info)
+    if why is not None:
+        return GateResult("selftest", False, f"not run: {why}", {}, 0.0, False, ran=False)
     with _lock:
         if not force and memory_key in _VERDICTS:
             return _VERDICTS[memory_key]
@@ -201,9 +251,16 @@ def status(device=None) -> Dict[str, BackendStatus]:
                 for k in KERNELS.values()}
     result = {}
     for k in KERNELS.values():
+        why = device_skip(k.name, info)
+        if why is not None:
+            result[k.backend] = BackendStatus(k.backend, False, info.compiler, False, [], f"unavailable: {why}")
+            continue
         verdict = _cached_verdict(info, k.name)
         gates = [verdict] if verdict is not None else []
-        if verdict is None:
+        if verdict is None and k.gated:
+            available, reason = True, (f"not validated yet on {info.label}: its instruction probe and self-test "
+                                       "run on first use (or run mmaemu.selftest())")
+        elif verdict is None:
             available, reason = True, f"not validated yet on {info.label}: its self-test runs on first use " \
                                       "(or run mmaemu.selftest())"
         elif verdict.passed:
@@ -244,7 +301,7 @@ def select(device, name, fmt_a, fmt_b, preset) -> Selection:
     failures: List[str] = []
     chosen = None
     for kernel in candidates:
-        skip = design_skip(kernel.name, preset, fmt_a, fmt_b)
+        skip = design_skip(kernel.name, preset, fmt_a, fmt_b) or device_skip(kernel.name, info, preset)
         if skip is not None:
             fallbacks.append(f"{kernel.backend}: {skip}")
             continue
@@ -299,7 +356,8 @@ def _next_kernel(declined: str, device, preset, fmt_a, fmt_b, use_fast_accum, sp
         if kernel.name == declined:
             below = True
             continue
-        if not below or schedule_skip(kernel.name, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
+        if not below or schedule_skip(kernel.name, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme) \
+                or device_skip(kernel.name, info, preset):
             continue
         if ensure_verdict(info, kernel.name).passed:
             return kernel.name

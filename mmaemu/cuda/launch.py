@@ -16,17 +16,22 @@ from ..arith import offset as _offset
 from . import offset_kernel
 from .catalog import CODES_KERNELS
 from .kernels import BLOCK, EPILOGUE_THREADS, MAX_GRID_Y, epilogue, gemm_simple, override_nonfinite
+from .native_kernel import (CTA_M, CTA_N, COMBINE_THREADS, GROUP_THREADS, INSTRUCTIONS, THREADS, combine_partials,
+                            gemm_kernel, instruction_of, native_decline, pad_codes, padded_shape, stage_plan)
+from .probe_kernel import probe_kernel
 
 # Packed operand panels of the offset kernel are kept below this size (rows of A or B per launch).
 PANEL_BYTES = 256 * 2**20
 PACKED_BYTES = 8  # value (fp32), half an exponent word, a low byte and a sign byte per element
 
 
-GEMM_KERNELS = ("offset", "simple")
+GEMM_KERNELS = ("native", "offset", "simple")
 
 
 def codes_kernel_decline(kernel, schedule, params):
     """Why a codes kernel does not compute this schedule and preset (None if it does)."""
+    if kernel == "native":
+        return native_decline(schedule, params)
     if kernel == "offset":
         return offset_kernel.offset_decline(schedule, params)
     raise ValueError(f"unknown codes kernel {kernel!r}; expected one of {CODES_KERNELS}")
@@ -34,7 +39,9 @@ def codes_kernel_decline(kernel, schedule, params):
 
 def launch_codes(kernel, a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):
     """Launch a codes kernel (:data:`CODES_KERNELS`); ``alloc(shape, dtype)``: its work arrays."""
-    if kernel == "offset":
+    if kernel == "native":
+        launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream, alloc=alloc)
+    elif kernel == "offset":
         launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream, alloc=alloc)
     else:
         raise ValueError(f"unknown codes kernel {kernel!r}; expected one of {CODES_KERNELS}")
@@ -131,6 +138,15 @@ def signatures():
     }
 
 
+def _numba_allocator(stream):
+    """``alloc(shape, dtype)`` of work arrays from numba's allocator on ``stream`` (when the caller gives none)."""
+
+    def alloc(shape, dtype):
+        return cuda.device_array(shape, dtype, stream=stream)
+
+    return alloc
+
+
 def _round_up(x: int, step: int) -> int:
     return (x + step - 1) // step * step
 
@@ -180,9 +196,7 @@ def launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
         why = f"indexes a packed panel with 32-bit integers, K = {K} is too long for one"
     if why is not None:
         raise RuntimeError(f"the offset kernel {why}")
-    if alloc is None:
-        def alloc(shape, dtype):
-            return cuda.device_array(shape, dtype, stream=stream)
+    alloc = alloc or _numba_allocator(stream)
     block_params = _offset.offset_params(params, fmt_a, fmt_b)
     bm, bn = offset_kernel.BLOCK_M, offset_kernel.BLOCK_N
     rows_a, rows_b = _panel_rows(K, bm), _panel_rows(K, bn)
@@ -201,3 +215,120 @@ def launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
                 offset_kernel.gemm_offset[grid, (offset_kernel.TX, offset_kernel.TY), stream](
                     *a, *b, K, schedule, block_params, out[m0:m1, n0:n1], slot if slot.shape[0] == 1 else
                     slot[m0:m1, n0:n1])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# cuda:native
+
+
+def _padded(codes, rows_multiple, alloc, stream):
+    """``codes`` [rows, K] (a device array), or a zero-padded copy when its shape is not whole thread blocks and
+    stages; flattened."""
+    rows, K = codes.shape
+    shape = padded_shape(rows, K, rows_multiple)
+    if shape == (rows, K):
+        return codes.reshape(rows * K)
+    padded = alloc(shape, np.uint8)
+    pad_codes[(shape[0] + 127) // 128, 128, stream](codes, padded)
+    return padded.reshape(shape[0] * shape[1])
+
+
+def _check_native_device(instruction):
+    """RuntimeError unless the current device is the one ``instruction`` computes its preset's block on (never FP8
+    mma.sync on sm_90/sm_100, where ptxas rewrites it with fp16 MMAs; never an instruction on another GPU)."""
+    from .shim import simulator_enabled
+
+    if simulator_enabled():
+        return
+    capability = tuple(cuda.get_current_device().compute_capability)
+    if capability != tuple(instruction.TARGET[:2]):
+        raise RuntimeError(f"the native kernel issues {instruction.NAME} for the {instruction.PRESET.name} preset on "
+                           f"sm_{instruction.TARGET[0]}{instruction.TARGET[1]} only; this device is "
+                           f"sm_{capability[0]}{capability[1]}")
+
+
+def launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):
+    """out [M, N] (fp32) = accumulators of A [M, K] and B [N, K] (uint8 FP8 codes, device arrays) with the native
+    kernel, before the NaN/Inf rule; the instruction is the one whose block is the preset's
+    (:func:`~mmaemu.cuda.native_kernel.instruction_of`), and the current device must be the one it runs on.
+    ``alloc(shape, dtype)``: device work arrays (padded operands, stage plan, split partials; default numba's
+    allocator). RuntimeError if the kernel declines the call (:func:`~mmaemu.cuda.native_kernel.native_decline`).
+    """
+    why = native_decline(schedule, params)
+    if why is not None:
+        raise RuntimeError(f"the native kernel {why}")
+    instruction = instruction_of(params)
+    _check_native_device(instruction)
+    M, K = a_codes.shape
+    N = b_codes.shape[0]
+    if M == 0 or N == 0 or K == 0:
+        return
+    if (M + CTA_M - 1) // CTA_M > MAX_GRID_Y:
+        raise RuntimeError(f"the native kernel launches at most {MAX_GRID_Y * CTA_M} rows of A at once, got {M}")
+    alloc = alloc or _numba_allocator(stream)
+    schedule = tuple(int(v) for v in schedule)
+    splits, pairwise = schedule[1], schedule[4]
+    plan, counts = stage_plan(K, schedule)
+    with quiet_launches():
+        a = _padded(a_codes, CTA_M, alloc, stream)
+        b = _padded(b_codes, CTA_N, alloc, stream)
+        partials = alloc((splits, M, N), np.float32) if splits > 1 else out.reshape(1, M, N)
+        kernel = gemm_kernel(instruction.NAME, fmt_a, fmt_b, schedule[3] != 0)
+        plan_d, counts_d = alloc(plan.shape, np.int32), alloc(counts.shape, np.int32)
+        plan_d.copy_to_device(plan, stream=stream)
+        counts_d.copy_to_device(counts, stream=stream)
+        kernel[((N + CTA_N - 1) // CTA_N, (M + CTA_M - 1) // CTA_M, splits), THREADS, stream](
+            a, b, padded_shape(M, K, CTA_M)[1], plan_d, counts_d, partials)
+        if splits > 1:
+            combine_partials[(M * N + COMBINE_THREADS - 1) // COMBINE_THREADS, COMBINE_THREADS, stream](
+                partials.reshape(splits, M * N), splits, pairwise, out.reshape(M * N))
+
+
+def launch_probe(tiles, instruction, stream=0, *, leading_bytes=None):
+    """fp32 [64, 128] results of every instruction-probe tile (:class:`mmaemu.cuda.probe.ProbeTile`) through
+    ``instruction`` (a name of :data:`~mmaemu.cuda.native_kernel.INSTRUCTIONS`; one launch of
+    :func:`~mmaemu.cuda.probe_kernel.probe_kernel` per format pair and step count). ``leading_bytes`` (tests): a
+    K distance between core matrices other than the staging's, to show the probe catches a layout bug."""
+    _check_native_device(INSTRUCTIONS[instruction])
+    options = {} if leading_bytes is None else {"leading_bytes": leading_bytes}
+    results = [None] * len(tiles)
+    groups = {}
+    for i, tile in enumerate(tiles):
+        groups.setdefault((tile.fmt_a, tile.fmt_b, tile.steps), []).append(i)
+    with quiet_launches():
+        for (fmt_a, fmt_b, steps), members in groups.items():
+            a = np.ascontiguousarray(np.stack([tiles[i].a for i in members]), np.uint8).reshape(-1)
+            b = np.ascontiguousarray(np.stack([tiles[i].b for i in members]), np.uint8).reshape(-1)
+            c = np.ascontiguousarray(np.stack([tiles[i].c for i in members]), np.float32)
+            use_c = np.array([int(tiles[i].use_c) for i in members], np.int32)
+            out = cuda.device_array((len(members),) + tiles[members[0]].c.shape, np.float32, stream=stream)
+            probe_kernel(instruction, fmt_a, fmt_b, **options)[len(members), GROUP_THREADS, stream](
+                cuda.to_device(a, stream=stream), cuda.to_device(b, stream=stream), cuda.to_device(c, stream=stream),
+                cuda.to_device(use_c, stream=stream), steps, out)
+            host = out.copy_to_host(stream=stream)
+            if hasattr(stream, "synchronize"):
+                stream.synchronize()
+            for j, i in enumerate(members):
+                results[i] = host[j]
+    return results
+
+
+def native_signatures(instruction):
+    """``{name: (kernel, argument types)}`` of the native kernels of ``instruction`` (a name of
+    :data:`~mmaemu.cuda.native_kernel.INSTRUCTIONS`), for its target ``INSTRUCTIONS[instruction].TARGET`` only (so
+    apart from :func:`signatures`: ``scripts/sass_report.py``, the offline SASS check of tests/test_native_sim.py).
+    """
+    from numba import types
+
+    from .instruction_model import FORMAT_PAIRS
+
+    codes, plan = types.uint8[::1], types.int32[:, :, ::1]
+    gemm_args = (codes, codes, types.int64, plan, types.int32[::1], types.float32[:, :, ::1])
+    out = {}
+    for fmt_a, fmt_b in FORMAT_PAIRS:
+        for multi_chain in (False, True):
+            name = f"{instruction}_{'slow' if multi_chain else 'fast'}_{fmt_a}_{fmt_b}"
+            out[name] = (gemm_kernel(instruction, fmt_a, fmt_b, multi_chain), gemm_args)
+        out[f"{instruction}_probe_{fmt_a}_{fmt_b}"] = (probe_kernel(instruction, fmt_a, fmt_b), (
+            codes, codes, types.float32[:, :, ::1], types.int32[::1], types.int64, types.float32[:, :, ::1]))
+    return out

@@ -29,7 +29,9 @@ import subprocess
 import tempfile
 from typing import Dict, List, Optional, Tuple
 
-INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)([^;]*);")
+# An instruction line of ``nvdisasm -c``: address, predicate, opcode with its modifiers (which may hold lower case:
+# ``QGMMA.64x128x32.F32.E4M3.E4M3``, ``VIADDMNMX.U16x2``), operands.
+INSTRUCTION = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_]+(?:\.[0-9A-Za-z_]+)*)([^;]*);")
 LABEL = re.compile(r"^(\.L_x_\d+):")
 BRANCH_TARGET = re.compile(r"`\(\s*(\.L_x_\d+)\s*\)")
 SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -116,8 +118,8 @@ def assemble(ptx: str, sm: str, register_cap: Optional[int] = None) -> Assembly:
 @dataclasses.dataclass(frozen=True)
 class Instruction:
     address: int
-    opcode: str  # e.g. "FFMA.RZ"
-    operands: str
+    opcode: str  # with its modifiers, e.g. "FFMA.RZ"
+    operands: str  # e.g. "R1, R2, R3, R4"
 
     @property
     def base(self) -> str:
@@ -138,7 +140,7 @@ def instructions(sass: str) -> Tuple[List[Instruction], Dict[str, int]]:
             address = int(match.group(1), 16)
             labels.update((name, address) for name in pending)
             pending = []
-            found.append(Instruction(address, match.group(3), match.group(4)))
+            found.append(Instruction(address, match.group(3), match.group(4).strip()))
     return found, labels
 
 

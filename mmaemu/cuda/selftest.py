@@ -395,5 +395,7 @@ def summarize(details: List[dict]) -> str:
         return f"{ran} cases bit-identical to the CPU reference" + (
             f" ({len(skipped)} skipped by design)" if skipped else "")
     first = bad[0]
+    if first.get("reason"):  # a gate with its own summary (the native kernel's instruction probe)
+        return first["reason"]
     return (f"{len(bad)} of {len(details)} cases differ from the CPU reference; first: {first['case']}: "
             f"{first['mismatches']} outputs, e.g. {first['first'][:2]}")
