@@ -204,12 +204,14 @@ def test_pool_threads_never_inherit_flush_to_zero_mode():
         from mmaemu.plan.flush import fp32_subnormals_flushed
 
         seen = {}
+        both = threading.Barrier(2, timeout=60)  # each of the two tasks waits for the other: two pool threads
 
         def task():
             seen[threading.current_thread().name] = fp32_subnormals_flushed()
+            both.wait()
 
         torch.set_flush_denormal(True)
-        threads.run_tasks([task] * 8)  # the pool starts here, from a flush-to-zero thread
+        threads.run_tasks([task] * 2)  # the pool starts here, from a flush-to-zero thread
         torch.set_flush_denormal(False)
         assert len(seen) == 2 and not any(seen.values()), seen
     """)
