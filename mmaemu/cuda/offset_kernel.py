@@ -33,6 +33,7 @@ shim.install_fma_toward_zero()
 ptx.install()
 
 offset_block = shim.device(_offset.offset_block)
+power_offset_block = shim.device(_offset.power_offset_block)
 offset_empty_block = shim.device(_offset.offset_empty_block)
 offset_chain_value = shim.device(_offset.offset_chain_value)
 offset_pack_into = shim.device(_offset.offset_pack_into)
@@ -84,14 +85,14 @@ def products_per_stage() -> int:
 
 
 @cuda.jit(fastmath=False)
-def decode_operand(codes, tables, row0, val, exp, byte_words):
-    """Pack four k of row ``row0 + r`` per thread (``offset_pack_into``; zero codes past the rows or past K). Groups
-    stride over the grid's y extent, so any K fits the grid."""
+def decode_operand(codes, tables, row0, val, exp, byte_words, paired):
+    """Pack four k of row ``row0 + r`` per thread (``offset_pack_into``; zero codes past the rows or past K; row0
+    even; ``paired``: power words). Groups stride over the grid's y extent, so any K fits the grid."""
     r, g = cuda.grid(2)
     g_step = cuda.gridDim.y * cuda.blockDim.y
     rows = val.shape[1]
     while g < byte_words.shape[0] and r < rows:
-        offset_pack_into(codes, row0 + r, g, tables, r, val, exp, byte_words)
+        offset_pack_into(codes, row0 + r, g, tables, r, val, exp, byte_words, paired)
         g += g_step
 
 
@@ -141,65 +142,6 @@ def _stages():
 
 
 @cuda.jit(device=True, fastmath=False)
-def _chain(a, b, K, first, stride, count, schedule, params, sh_a, sh_b, work, c_val):
-    """One chain from +0 over ``count`` k-tiles (``chain_range``), staged STAGE_K k at a time; ``c_val`` ends with
-    its deferred accumulator. Blocks start every nfma k from each range's start (a multiple of STAGE_K, and
-    nfma divides STAGE_K); those past K (zero padding of a split tile) run on the accumulator alone, as in the
-    reference, after the range's staged blocks (they come last in k)."""
-    i32 = np.int32
-    m0 = i32(cuda.blockIdx.y * BLOCK_M)
-    n0 = i32(cuda.blockIdx.x * BLOCK_N)
-    r0 = np.uint32(cuda.threadIdx.y * ROWS)
-    j0 = np.uint32(cuda.threadIdx.x * COLS)
-    nfma = i32(params[0])
-    for r in range(ROWS):
-        for j in range(COLS):
-            c_val[r, j] = np.float32(0.0)
-    for i in range(chain_range_count(stride, count)):
-        k0, k1 = chain_range(K, first, stride, count, schedule[0], schedule[5], i)
-        data_end = i32(min(i32(k1), K))
-        c0 = i32(k0)
-        while c0 < data_end:  # the block loop: one stage per pass
-            cuda.syncthreads()  # every thread is done with the previous stage
-            _stage(a, m0, c0, sh_a)
-            _stage(b, n0, c0, sh_b)
-            cuda.syncthreads()
-            stop = i32(min(i32(STAGE_K), i32(data_end - c0)))  # blocks that start before the data's end
-            valid = i32(min(i32(STAGE_K), i32(K - c0)))
-            kb = i32(0)
-            while kb < stop:
-                offset_block(sh_a[0], sh_a[1], sh_a[2], r0, sh_b[0], sh_b[1], sh_b[2], j0, np.uint32(kb),
-                             np.uint32(min(i32(kb + nfma), valid)), params, c_val, work)
-                kb += nfma
-            c0 += i32(STAGE_K)
-        kb = i32(k0)
-        while kb < data_end:
-            kb += nfma
-        while kb < i32(k1):  # blocks past K
-            offset_empty_block(params, c_val, work)
-            kb += nfma
-
-
-@cuda.jit(device=True, fastmath=False)
-def _split_partial(a, b, K, s, schedule, params, sh_a, sh_b, partial):
-    """``partial`` = the fp32 sum, in increasing k, of the chains of split s from +0 (``split_partial``); the
-    thread's block state lives here (local arrays are handed down to callees, never returned)."""
-    work = (cuda.local.array((ROWS, COLS), uint32), cuda.local.array((ROWS, COLS), float32),
-            cuda.local.array((ROWS, COLS), uint32), cuda.local.array((ROWS, COLS), uint32))
-    c_val = cuda.local.array((ROWS, COLS), float32)
-    frac_out = params[1]
-    for r in range(ROWS):
-        for j in range(COLS):
-            partial[r, j] = np.float32(0.0)
-    for c in range(split_chains(K, s, schedule)):
-        first, stride, count = chain_tiles_of(K, s, c, schedule)
-        _chain(a, b, K, first, stride, count, schedule, params, sh_a, sh_b, work, c_val)
-        for r in range(ROWS):
-            for j in range(COLS):
-                partial[r, j] = np.float32(partial[r, j] + offset_chain_value(c_val[r, j], frac_out))
-
-
-@cuda.jit(device=True, fastmath=False)
 def _combine_into(out, slot, paired, partial, first, target, flush):
     """Enter a split's partial into the thread's outputs as ``combine_step`` says: the accumulator lives in
     ``out`` (+0 before the first partial) and, for a pairwise schedule (``paired``), the slot in ``slot`` (global
@@ -218,20 +160,90 @@ def _combine_into(out, slot, paired, partial, first, target, flush):
                     slot[m, n] = held
 
 
-@cuda.jit(fastmath=False, **shim.register_cap(REGISTERS))
-def gemm_offset(a_val, a_exp, a_bytes, a_cols, b_val, b_exp, b_bytes, b_cols, K, schedule, params, out, slot):
-    """out[m, n] for a BLOCK_M x BLOCK_N tile per thread block; see the module docstring. The operands are packed
-    panels (:func:`decode_operand`) seen flat with a_cols / b_cols rows, K the operands' own length. The split
-    partials are combined in the order of ``combine_step`` (one partial, added to +0, when unsplit); ``slot``
-    (out's shape) holds the pairwise scheme's slot, any other schedule passes a 1 x 1 array that is never
-    touched. Every thread of the block walks the same schedule, so barriers are uniform."""
-    sh_a, sh_b = _stages()
-    partial = cuda.local.array((ROWS, COLS), float32)
-    a = (a_val, a_exp, a_bytes, a_cols)
-    b = (b_val, b_exp, b_bytes, b_cols)
-    splits = schedule[1]
-    paired = splits > 1 and schedule[4] != 0
-    for i in range(splits):
-        s, target, flush = combine_step(splits, schedule[4], i)
-        _split_partial(a, b, np.int32(K), s, schedule, params, sh_a, sh_b, partial)
-        _combine_into(out, slot, paired, partial, i == 0, target, flush)
+def _gemm_kernel(block_step):
+    """The GEMM kernel whose threads run ``block_step`` (:func:`mmaemu.arith.offset.offset_block` or
+    :func:`~mmaemu.arith.offset.power_offset_block`) on every block: one source, one compiled kernel per exponent
+    pass."""
+
+    @cuda.jit(device=True, fastmath=False)
+    def chain(a, b, K, first, stride, count, schedule, params, sh_a, sh_b, work, c_val):
+        """One chain from +0 over ``count`` k-tiles (``chain_range``), staged STAGE_K k at a time; ``c_val`` ends with
+        its deferred accumulator. Blocks start every nfma k from each range's start (a multiple of STAGE_K, and
+        nfma divides STAGE_K); those past K (zero padding of a split tile) run on the accumulator alone, as in the
+        reference, after the range's staged blocks (they come last in k)."""
+        i32 = np.int32
+        m0 = i32(cuda.blockIdx.y * BLOCK_M)
+        n0 = i32(cuda.blockIdx.x * BLOCK_N)
+        r0 = np.uint32(cuda.threadIdx.y * ROWS)
+        j0 = np.uint32(cuda.threadIdx.x * COLS)
+        nfma = i32(params[0])
+        for r in range(ROWS):
+            for j in range(COLS):
+                c_val[r, j] = np.float32(0.0)
+        for i in range(chain_range_count(stride, count)):
+            k0, k1 = chain_range(K, first, stride, count, schedule[0], schedule[5], i)
+            data_end = i32(min(i32(k1), K))
+            c0 = i32(k0)
+            while c0 < data_end:  # the block loop: one stage per pass
+                cuda.syncthreads()  # every thread is done with the previous stage
+                _stage(a, m0, c0, sh_a)
+                _stage(b, n0, c0, sh_b)
+                cuda.syncthreads()
+                stop = i32(min(i32(STAGE_K), i32(data_end - c0)))  # blocks that start before the data's end
+                valid = i32(min(i32(STAGE_K), i32(K - c0)))
+                kb = i32(0)
+                while kb < stop:
+                    block_step(sh_a[0], sh_a[1], sh_a[2], r0, sh_b[0], sh_b[1], sh_b[2], j0, np.uint32(kb),
+                                 np.uint32(min(i32(kb + nfma), valid)), params, c_val, work)
+                    kb += nfma
+                c0 += i32(STAGE_K)
+            kb = i32(k0)
+            while kb < data_end:
+                kb += nfma
+            while kb < i32(k1):  # blocks past K
+                offset_empty_block(params, c_val, work)
+                kb += nfma
+
+
+    @cuda.jit(device=True, fastmath=False)
+    def split_partial(a, b, K, s, schedule, params, sh_a, sh_b, partial):
+        """``partial`` = the fp32 sum, in increasing k, of the chains of split s from +0 (``split_partial``); the
+        thread's block state lives here (local arrays are handed down to callees, never returned)."""
+        work = (cuda.local.array((ROWS, COLS), uint32), cuda.local.array((ROWS, COLS), float32),
+                cuda.local.array((ROWS, COLS), uint32), cuda.local.array((ROWS, COLS), uint32))
+        c_val = cuda.local.array((ROWS, COLS), float32)
+        frac_out = params[1]
+        for r in range(ROWS):
+            for j in range(COLS):
+                partial[r, j] = np.float32(0.0)
+        for c in range(split_chains(K, s, schedule)):
+            first, stride, count = chain_tiles_of(K, s, c, schedule)
+            chain(a, b, K, first, stride, count, schedule, params, sh_a, sh_b, work, c_val)
+            for r in range(ROWS):
+                for j in range(COLS):
+                    partial[r, j] = np.float32(partial[r, j] + offset_chain_value(c_val[r, j], frac_out))
+
+
+    @cuda.jit(fastmath=False, **shim.register_cap(REGISTERS))
+    def gemm(a_val, a_exp, a_bytes, a_cols, b_val, b_exp, b_bytes, b_cols, K, schedule, params, out, slot):
+        """out[m, n] for a BLOCK_M x BLOCK_N tile per thread block; see the module docstring. The operands are packed
+        panels (:func:`decode_operand`) seen flat with a_cols / b_cols rows, K the operands' own length. The split
+        partials are combined in the order of ``combine_step`` (one partial, added to +0, when unsplit); ``slot``
+        (out's shape) holds the pairwise scheme's slot, any other schedule passes a 1 x 1 array that is never
+        touched. Every thread of the block walks the same schedule, so barriers are uniform."""
+        sh_a, sh_b = _stages()
+        partial = cuda.local.array((ROWS, COLS), float32)
+        a = (a_val, a_exp, a_bytes, a_cols)
+        b = (b_val, b_exp, b_bytes, b_cols)
+        splits = schedule[1]
+        paired = splits > 1 and schedule[4] != 0
+        for i in range(splits):
+            s, target, flush = combine_step(splits, schedule[4], i)
+            split_partial(a, b, np.int32(K), s, schedule, params, sh_a, sh_b, partial)
+            _combine_into(out, slot, paired, partial, i == 0, target, flush)
+
+    return gemm
+
+
+gemm_offset = _gemm_kernel(offset_block)
+gemm_offset_powers = _gemm_kernel(power_offset_block)
