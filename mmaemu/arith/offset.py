@@ -94,6 +94,7 @@ from .packed import BYTE_ONES, add_u16x2, dp4a, load_words4, max_u16x2, swap_hal
 EXP_BIAS = 0x0300  # exponent half of a finite nonzero element: ex + EXP_BIAS (ex in [-14, 15])
 EXP_ABSENT = EXP_BIAS - 128  # exponent half of zero, NaN and Inf codes (conditions 6, 9)
 ZERO_LOW = 63  # low byte of zero, NaN and Inf codes (conditions 4, 5)
+POWER_ZERO_LOW = 35  # the same in the power-sum tables (E4M3 x E4M3, no lower clamp: condition 14)
 SIGN_BYTE = 0x80  # sign byte of a negative value
 THRESHOLD_TOP = 128  # T for "every product exact" (bit 7 of a byte)
 OFFSET_MANTISSA = 0x400000  # M = 1.5 * 2**f: the middle of its binade (condition 1)
@@ -206,7 +207,7 @@ def offset_tables(fmt: str, method: str = ADD_MAX):
     else:
         exponent_words = np.where(finite, exps + EXP_BIAS, EXP_ABSENT)
     return (np.where(finite, values, 0.0).astype(np.float32), exponent_words.astype(np.uint32),
-            np.where(finite, low, ZERO_LOW).astype(np.uint32),
+            np.where(finite, low, POWER_ZERO_LOW if method == POWER_SUMS else ZERO_LOW).astype(np.uint32),
             np.where(finite & (values < 0), SIGN_BYTE, 0).astype(np.uint32))
 
 
@@ -337,22 +338,27 @@ def power_exponent_pass(params, a_exp, r0, b_exp, j0, w0, w1, e_pair):
 
 
 @arithmetic
-def offset_start(params, product_bits, c):
+def offset_start(params, product_bits, c, clamp_low):
     """b.1 steps 2-3 and the accumulator's term of step 4 for one output: E from ``product_bits`` (the int32
-    pattern of 2**E_prod, or any int32 below the floor's pattern when the block has no product), c and the floor;
-    returns the offset sum ``M + trunc(c / u) * u`` and the threshold word (four copies of T)."""
+    pattern of 2**E_prod, or a pattern below the floor's when the block has no product), c and the floor; returns
+    the offset sum ``M + trunc(c / u) * u`` and the threshold word (four copies of T). ``clamp_low``: clamp the
+    threshold's shift at 0 (the power sums' tables do without, condition 14)."""
     i32, u32 = np.int32, np.uint32
     floor_bits, m_add = i32(params[3]), i32(params[4])
     tau_add, tau_max, top4 = i32(params[5]), i32(params[6]), u32(params[7])
     c_bits = float32_bits(c)
-    top = max(max(i32(product_bits), floor_bits), i32(c_bits & i32(0x7FFFFFFF)))
+    # the largest of 2**E_prod, 2**e_floor and |c|, as fp32 numbers (conditions 9, 13)
+    top = float32_bits(max(max(float32_from_bits(i32(product_bits)), float32_from_bits(floor_bits)), abs(c)))
     e_field = i32(top >> i32(FP32_FRACTION_BITS))  # E + 127
     m_bits = i32(i32(e_field << i32(FP32_FRACTION_BITS)) + m_add)
     m = float32_from_bits(m_bits)
     signed_m = float32_from_bits(i32(m_bits | (c_bits & i32(-0x80000000))))
     acc = np.float32(m + np.float32(fma_toward_zero(c, np.float32(1.0), signed_m) - signed_m))
-    shift = u32(min(max(i32(e_field + tau_add), i32(0)), tau_max))
-    return acc, u32(top4 - shift * u32(BYTE_ONES))
+    shift = i32(e_field + tau_add)
+    if clamp_low:
+        shift = max(shift, i32(0))
+    shift = min(shift, tau_max)
+    return acc, u32(top4 - u32(shift) * u32(BYTE_ONES))
 
 
 @arithmetic
@@ -367,7 +373,7 @@ def offset_block_start(params, c_val, e_pair, acc, thresh, count):
             pair = e_pair[r, j]
             largest = max_u16x2(pair, swap_halves(pair))  # the block's largest exponent sum, in both halves
             product_bits = i32(i32(largest << u32(FP32_FRACTION_BITS)) + p_shift)  # 2**E_prod (condition 9)
-            acc[r, j], thresh[r, j] = offset_start(params, product_bits, c_val[r, j])
+            acc[r, j], thresh[r, j] = offset_start(params, product_bits, c_val[r, j], True)
             count[r, j] = u32(0)
 
 
@@ -390,7 +396,7 @@ def power_block_start(params, c_val, e_pair, acc, thresh, count):
     for r in range(rows):
         for j in range(lanes):
             product_bits = power_product_bits(e_pair[r >> 1, j], r & 1, power_add)
-            acc[r, j], thresh[r, j] = offset_start(params, product_bits, c_val[r, j])
+            acc[r, j], thresh[r, j] = offset_start(params, product_bits, c_val[r, j], False)
             count[r, j] = np.uint32(0)
 
 
@@ -491,7 +497,7 @@ def offset_empty_block(params, c_val, work):
     rows, lanes = c_val.shape
     for r in range(rows):
         for j in range(lanes):
-            acc[r, j], thresh[r, j] = offset_start(params, floor_bits, c_val[r, j])
+            acc[r, j], thresh[r, j] = offset_start(params, floor_bits, c_val[r, j], True)
             count[r, j] = np.uint32(0)
     offset_block_end(params, acc, count, c_val)
 
