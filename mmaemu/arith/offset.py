@@ -379,12 +379,12 @@ def offset_block_start(params, c_val, e_pair, acc, thresh, count):
 
 @arithmetic
 def power_product_bits(sums, high, power_add):
-    """The int32 pattern of 2**E_prod of the output in the high (``high`` = 1) or low half of a power-sum word:
-    the half's sign and the top five bits of its exponent field, ``x = half >> 10`` (arithmetic), and
-    ``(x << 23) + power_add`` (condition 13)."""
+    """An int32 in the binade of 2**E_prod (an fp32 pattern with E_prod + 127 in its exponent field), for the output
+    in the high (``high`` = 1) or low half of a power-sum word: the half moved to the top 16 bits, shifted right by
+    3 (arithmetic), plus ``power_add`` (condition 13)."""
     i32, u32 = np.int32, np.uint32
     half = i32(u32(sums) << u32(16 - 16 * high))  # the output's half in the top 16 bits
-    return i32(i32(i32(half >> i32(16 + POWER_FIELD_SHIFT)) << i32(FP32_FRACTION_BITS)) + power_add)
+    return i32(i32(half >> i32(POWER_FIELD_SHIFT - FP32_FRACTION_BITS + 16)) + power_add)
 
 
 @arithmetic
