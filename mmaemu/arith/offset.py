@@ -21,14 +21,16 @@ For one output and one block with alignment exponent E (b.1 step 2) and grid ``u
   :func:`~.packed.dp4a` with 0x01010101 adds 128 per such product to a per-output count. At the block end
   ``count / 128`` is added to S's bit pattern (an integer add on an fp32 pattern inside one binade adds units of
   its ulp, u), and ``d = S - M`` is the block sum, exact.
-* **Exponent pass.** Each element carries an *exponent half* ``ex + EXP_BIAS`` (:data:`EXP_ABSENT` for zero, NaN
-  and Inf codes), two k per word; :func:`~.packed.add_u16x2` of an A word and a B word gives two exponent sums and
-  :func:`~.packed.max_u16x2` keeps the running maxima of even and odd k per output (on sm_90 the pair is one
-  ``VIADDMNMX.U16x2``). At the block start :func:`~.packed.swap_halves` and one more maximum put the block's
+* **Exponent pass.** E4M3 x E4M3 (from sm_80) by bf16 *power sums* (:mod:`.power_sums`, conditions 10-13): one
+  ``fma.rn.bf16x2`` per product and two outputs, an fp32 pattern ``P`` in the binade of ``2**E_prod`` per output.
+  Other pairs by *add-max*: each element carries an *exponent half* ``ex + EXP_BIAS`` (:data:`EXP_ABSENT` for
+  zero, NaN and Inf codes), two k per word; :func:`~.packed.add_u16x2` of an A word and a B word gives two exponent
+  sums and :func:`~.packed.max_u16x2` keeps the running maxima of even and odd k per output (on sm_90 the pair is
+  one ``VIADDMNMX.U16x2``). At the block start :func:`~.packed.swap_halves` and one more maximum put the block's
   largest sum ``s`` in the low half, and ``P = s * 2**23 + P_SHIFT`` (32-bit arithmetic: only the low 9 bits of
-  s reach the exponent field and the sign bit) is the fp32 pattern of ``2**E_prod`` (condition 9). E is the
-  exponent field of ``max(P, 2**e_floor, |c|)`` over int32 patterns (positive fp32 numbers are ordered as their
-  patterns), ``e_floor = max(min_exp, lo)``: the block exponent of b.1 step 2 raised to lo (condition 2).
+  s reach the exponent field and the sign bit) is the fp32 pattern of ``2**E_prod`` (condition 9). Either way E is
+  the exponent field of ``max(P, 2**e_floor, |c|)`` (fp32 maxima; :func:`offset_start`), ``e_floor = max(min_exp,
+  lo)``: the block exponent of b.1 step 2 raised to lo (condition 2).
 * **Deferred truncation.** b.1 step 6 (truncation of the block result to frac_out + 1 significant bits) is applied
   once, at the end of a chain (:func:`offset_chain_value`), not after every block: the next block truncates its
   accumulator toward zero onto ``2**(E' - frac)`` with ``E' >= lead(d)``, and when ``frac_out >= frac`` that grid
@@ -71,25 +73,38 @@ both sides of its bound in ``tests/test_offset.py``):
    product in the block, s is ``EXP_ABSENT + EXP_BIAS + ex`` (ex in [-14, 15]) or ``2 * EXP_ABSENT``, and the
    field is ``(ex - 1) mod 512`` or 383 (EXP_ABSENT = EXP_BIAS - 128): either the sign bit is set (a negative
    int32) or the field is at most 14, below the floor's ``e_floor + 127 >= 95``; so such a P never sets E.
-   (With EXP_ABSENT = EXP_BIAS - 256, two absent halves read as E = 0.) |c| is finite, its pattern non-negative;
-   c = +-0 and subnormal c read an exponent field of 0, below the floor (subnormal c are below ``2**lo``, which
-   condition 2 makes irrelevant).
+   (With EXP_ABSENT = EXP_BIAS - 256, two absent halves read as E = 0.) As an fp32 number such a P is negative (a
+   normal number or, with field 511, -Inf: its low 23 bits are 0, never a NaN), so the fp32 maximum passes over it;
+   among positive fp32 numbers, and +0, the maximum is the largest pattern. |c| is finite; c = +-0 and subnormal c
+   read an exponent field of 0, below the floor (subnormal c are below ``2**lo``, which condition 2 makes
+   irrelevant).
+10-13. The power sums: :mod:`.power_sums`.
+14. *Power sums need no lower clamp of the threshold.* Their tables give zero codes the low byte
+   :data:`POWER_ZERO_LOW` = 35 = R + 1 (E4M3 x E4M3: R = 34), which reads exact at the upper clamp (condition 5),
+   and the shift ``E - frac - lo`` goes below 0 only down to ``e_floor - frac - lo >= -frac >= -15`` (condition 1
+   with nfma >= 16 gives frac <= 15): T at most 143, two zero terms sum to at most ``70 + 143 < 256`` (no carry),
+   and a T above 128 sets bit 7 for every product (all exact, as they are when ``E - frac <= lo``). One
+   instruction less per output and block; E5M2 pairs need ``ZERO_LOW >= 63``, whose two zero terms would carry.
 
-Operand layout of a staged block (k-major; ``r0``/``j0`` are the tile's first row of A / column of B):
-``*_val[k, row]`` fp32 values (0 for zero, NaN and Inf codes), ``*_exp[k // 2, row]`` uint32 exponent words,
-``*_bytes[k // 4, 2 * row]`` the low-byte word and ``*_bytes[k // 4, 2 * row + 1]`` the sign-byte word of four k
-(interleaved, so that a tile's rows read both with vector loads and a stage copies one array); a block starts at
-a multiple of 16 and whole words are read, 16 k per pass (elements past K are zero codes). :func:`offset_tables`
-gives the per-code values and :func:`offset_pack` packs four k of a row.
+Operand layout of a staged block (k-major; ``r0``/``j0`` are the tile's first row of A / column of B, multiples of
+4, as are the tile's rows and columns): ``*_val[k, row]`` fp32 values (0 for zero, NaN and Inf codes),
+``*_exp[k // 2, row]`` uint32 exponent words (add-max: the row's halves of two k; power sums, *paired*: the powers
+of rows ``row - row % 2`` and ``row - row % 2 + 1`` at ``k = 2 * (k // 2) + row % 2``), ``*_bytes[k // 4, 2 *
+row]`` the low-byte word and ``*_bytes[k // 4, 2 * row + 1]`` the sign-byte word of four k (interleaved, so that a
+tile's rows read both with vector loads and a stage copies one array); a block starts at a multiple of 16 and whole
+words are read, 16 k per pass (elements past K are zero codes). :func:`offset_tables` gives the per-code values
+and :func:`offset_pack` packs four k of a row.
 """
 
 import numpy as np
 
 from .. import formats
 from .._jit import arithmetic
-from .bf16 import fma_bf16x2, high_halves, low_halves
-from .fp32 import float32_bits, float32_from_bits, fma_toward_zero, truncate_significand
+from .fp32 import (FP32_EXPONENT_BIAS, FP32_FRACTION_BITS, float32_bits, float32_from_bits, fma_toward_zero,
+                   truncate_significand)
 from .packed import BYTE_ONES, add_u16x2, dp4a, load_words4, max_u16x2, swap_halves
+from .power_sums import (POWER_FORMATS, POWER_START, POWER_TERMS, power_add, power_bits, power_exponent_pass,
+                         power_product_bits)
 
 EXP_BIAS = 0x0300  # exponent half of a finite nonzero element: ex + EXP_BIAS (ex in [-14, 15])
 EXP_ABSENT = EXP_BIAS - 128  # exponent half of zero, NaN and Inf codes (conditions 6, 9)
@@ -98,21 +113,13 @@ POWER_ZERO_LOW = 35  # the same in the power-sum tables (E4M3 x E4M3, no lower c
 SIGN_BYTE = 0x80  # sign byte of a negative value
 THRESHOLD_TOP = 128  # T for "every product exact" (bit 7 of a byte)
 OFFSET_MANTISSA = 0x400000  # M = 1.5 * 2**f: the middle of its binade (condition 1)
-FP32_FRACTION_BITS = 23
-FP32_EXPONENT_BIAS = 127
 EXPONENT_FIELD = 0xFF800000  # sign and exponent bits of an fp32 pattern
 WINDOW = 2**22  # half the width of M's binade, in units of u (condition 1)
 K_GROUP = 4  # k per byte word
 K_PASS = 16  # blocks start on multiples of this many k and are read as whole passes of it
 EXPONENT_PASS_WORDS = 4  # exponent words per pass of offset_exponent_pass (the first pass is outside its loop)
 PRODUCT_PASS_GROUPS = 4  # 4-k groups per pass of offset_products
-ADD_MAX, POWER_SUMS = "add-max", "power sums"  # the two exponent passes
-POWER_SPACING = 8  # the power of an exponent e is 2**(POWER_SPACING * e + POWER_OFFSET) (conditions 10-11)
-POWER_OFFSET = -7
-POWER_FIELD_SHIFT = 10  # half >> 10: the sign and exponent field // POWER_SPACING of a bf16 half (condition 13)
-POWER_START = 0x8080  # -2**-126, the bf16 each power sum starts from (condition 12)
-POWER_TERMS = 127  # at most this many products per block for the power sums (condition 11)
-POWER_FORMATS = ("e4m3", "e4m3")  # the pair whose exponent range the power sums hold (condition 10)
+ADD_MAX, POWER_SUMS = "add-max", "power sums"  # the two exponent passes (module docstring)
 
 
 def format_low_range(fmt):
@@ -156,7 +163,8 @@ def offset_params(params, fmt_a: str, fmt_b: str, method: str = ADD_MAX):
     * ``p_add``: P_SHIFT of condition 9 (add-max), or the power sums' ``(127 - q0) * 2**23`` of condition 13;
     * ``floor_bits``: the fp32 pattern of ``2**e_floor``, ``e_floor = max(min_exp, lo)``;
     * ``m_add``: M's pattern is ``E_field * 2**23 + m_add`` (``E_field = E + 127``);
-    * ``tau_add``, ``tau_max``: the threshold's shift is ``clamp(E_field + tau_add, 0, tau_max)``;
+    * ``tau_add``, ``tau_max``: the threshold's shift is ``clamp(E_field + tau_add, 0, tau_max)`` (power sums:
+      ``min(E_field + tau_add, tau_max)``, condition 14);
     * ``top4``: THRESHOLD_TOP in each byte (T in each byte is ``top4 - shift * 0x01010101``);
     * ``mantissa``: OFFSET_MANTISSA, M's mantissa field;
     * ``start``: POWER_START in both halves (the power sums' first word).
@@ -171,20 +179,13 @@ def offset_params(params, fmt_a: str, fmt_b: str, method: str = ADD_MAX):
         if exponent_method(fmt_a, fmt_b, nfma) != POWER_SUMS:
             raise ValueError(f"power sums compute E4M3 x E4M3 blocks of at most {POWER_TERMS} products, not "
                              f"{fmt_a} x {fmt_b} with nfma={nfma}")
-        p_add = (bias - power_field_quotient(0)) << FP32_FRACTION_BITS
+        p_add = power_add()
     else:
         p_add = ((bias - 2 * EXP_BIAS) % 512) << FP32_FRACTION_BITS
     m_add = ((FP32_FRACTION_BITS - frac) << FP32_FRACTION_BITS) + OFFSET_MANTISSA
     return tuple(int(np.array(v % 2**32, np.uint32).view(np.int32)) for v in (
         nfma, frac_out, p_add, (e_floor + bias) << FP32_FRACTION_BITS, m_add, -(bias + frac + lo), ra + rb + 1,
         THRESHOLD_TOP * BYTE_ONES, OFFSET_MANTISSA, POWER_START * 0x00010001))
-
-
-def power_field_quotient(exponent_sum: int) -> int:
-    """``field >> 3`` of the bf16 exponent field of the product of the powers of two exponents summing to
-    ``exponent_sum`` (condition 11: every sum of such products has the same quotient)."""
-    field = POWER_SPACING * exponent_sum + 2 * POWER_OFFSET + FP32_EXPONENT_BIAS
-    return field >> (POWER_FIELD_SHIFT - 7)
 
 
 def offset_tables(fmt: str, method: str = ADD_MAX):
@@ -203,20 +204,14 @@ def offset_tables(fmt: str, method: str = ADD_MAX):
         trailing += (finite & (magnitude % (1 << bit) == 0)).astype(np.int64)
     low = exps - mbits + trailing - la_min
     if method == POWER_SUMS:
+        if fmt != POWER_FORMATS[0]:
+            raise ValueError(f"power sums take {POWER_FORMATS[0]} operands, not {fmt}")
         exponent_words = np.where(finite, power_bits(np.where(finite, exps, 0)), 0)
     else:
         exponent_words = np.where(finite, exps + EXP_BIAS, EXP_ABSENT)
     return (np.where(finite, values, 0.0).astype(np.float32), exponent_words.astype(np.uint32),
             np.where(finite, low, POWER_ZERO_LOW if method == POWER_SUMS else ZERO_LOW).astype(np.uint32),
             np.where(finite & (values < 0), SIGN_BYTE, 0).astype(np.uint32))
-
-
-def power_bits(exponents):
-    """The bf16 patterns of the powers ``2**(POWER_SPACING * e + POWER_OFFSET)`` of exponents e (condition 10)."""
-    field = POWER_SPACING * np.asarray(exponents, np.int64) + POWER_OFFSET + FP32_EXPONENT_BIAS
-    if np.any((field < 1) | (field > 254)):
-        raise ValueError("a power outside the normal bf16 range")
-    return field << 7
 
 
 @arithmetic
@@ -228,12 +223,24 @@ def code_at(codes, row, k):
 
 
 @arithmetic
+def exponent_word(codes, row, k, exps):
+    """Exponents (halves or powers) of the codes at (row, k) and (row, k + 1) in the low and high half."""
+    return np.uint32(exps[code_at(codes, row, k)] | (exps[code_at(codes, row, k + 1)] << 16))
+
+
+@arithmetic
+def paired_word(codes, row, k, exps):
+    """Powers of the codes at (row, k) and (row + 1, k) in the low and high half."""
+    return np.uint32(exps[code_at(codes, row, k)] | (exps[code_at(codes, row + 1, k)] << 16))
+
+
+@arithmetic
 def offset_pack(codes, row, k4, tables, odd, paired):
     """Four k of a row of codes (k = 4 * k4 ...; zero codes past the rows or past K) in the staged layout:
-    ``(v0, v1, v2, v3, exp_lo, exp_hi, low, sign)``, values fp32 and words uint32. The exponent words are the
-    row's halves of k = 4 * k4 ... + 3 (add-max), or, ``paired``, the power words of its column: the halves of
-    rows ``row - odd`` and ``row - odd + 1`` at k = 4 * k4 + odd and 4 * k4 + 2 + odd (``odd``: the column's
-    parity)."""
+    ``(v0, v1, v2, v3, exp_lo, exp_hi, low, sign)``, values fp32 and words uint32. The exponent words hold the
+    row's halves of k = 4 * k4, 4 * k4 + 1 and of 4 * k4 + 2, 4 * k4 + 3 (add-max), or, ``paired``, the powers of
+    rows ``row - odd`` and ``row - odd + 1`` at k = 4 * k4 + odd and at 4 * k4 + 2 + odd (``odd``: the parity of
+    the row's column in the staged arrays)."""
     values, exps, lows, signs = tables
     k = 4 * k4
     c0, c1 = code_at(codes, row, k), code_at(codes, row, k + 1)
@@ -241,13 +248,10 @@ def offset_pack(codes, row, k4, tables, odd, paired):
     low = np.uint32(lows[c0] | (lows[c1] << 8) | (lows[c2] << 16) | (lows[c3] << 24))
     sign = np.uint32(signs[c0] | (signs[c1] << 8) | (signs[c2] << 16) | (signs[c3] << 24))
     if paired:
-        first = row - odd
-        e = np.uint32(exps[code_at(codes, first, k + odd)] | (exps[code_at(codes, first + 1, k + odd)] << 16))
-        e_hi = np.uint32(exps[code_at(codes, first, k + 2 + odd)] | (exps[code_at(codes, first + 1, k + 2 + odd)] << 16))
+        e_lo, e_hi = paired_word(codes, row - odd, k + odd, exps), paired_word(codes, row - odd, k + 2 + odd, exps)
     else:
-        e = np.uint32(exps[c0] | (exps[c1] << 16))
-        e_hi = np.uint32(exps[c2] | (exps[c3] << 16))
-    return values[c0], values[c1], values[c2], values[c3], e, e_hi, low, sign
+        e_lo, e_hi = exponent_word(codes, row, k, exps), exponent_word(codes, row, k + 2, exps)
+    return values[c0], values[c1], values[c2], values[c3], e_lo, e_hi, low, sign
 
 
 @arithmetic
@@ -282,58 +286,6 @@ def offset_exponent_pass(a_exp, r0, b_exp, j0, w0, w1, e_pair):
         add_max_word(a_exp, r0, b_exp, j0, u(w + u(1)), e_pair, False)
         add_max_word(a_exp, r0, b_exp, j0, u(w + u(2)), e_pair, False)
         add_max_word(a_exp, r0, b_exp, j0, u(w + u(3)), e_pair, False)
-        w = u(w + u(4))
-
-
-@arithmetic
-def power_products(sums, a_even, a_odd, b_even, b_odd, high):
-    """``sums`` plus the products of one exponent word (k = 2w, 2w + 1) for two outputs: a row pair's power words
-    at the even and odd k (rows in the halves) times the half ``high`` of its column pair's words, broadcast."""
-    if high:
-        b_even, b_odd = high_halves(b_even), high_halves(b_odd)
-    else:
-        b_even, b_odd = low_halves(b_even), low_halves(b_odd)
-    return fma_bf16x2(a_odd, b_odd, fma_bf16x2(a_even, b_even, sums))
-
-
-@arithmetic
-def power_word(a_exp, r0, b_exp, j0, w, e_pair, first, start):
-    """Word w (k = 2w, 2w + 1) into the power sums of the tile: ``e_pair[p, j]`` holds those of the outputs
-    (r0 + 2p, j0 + j) and (r0 + 2p + 1, j0 + j), ``start`` before the first word (``first``)."""
-    rows, lanes = e_pair.shape
-    u = np.uint32
-    for r in range(0, rows, 4):
-        # row pairs r / 2 (words a0 at k = 2w, a1 at 2w + 1) and r / 2 + 1 (a2, a3)
-        a0, a1, a2, a3 = load_words4(a_exp, w, r0 + u(r))
-        p = r >> 1
-        for j in range(0, lanes, 4):
-            b0, b1, b2, b3 = load_words4(b_exp, w, j0 + u(j))  # column pairs j / 2 (b0, b1) and j / 2 + 1 (b2, b3)
-            for c in range(4):
-                b_even, b_odd = (b0, b1) if c < 2 else (b2, b3)
-                low = start if first else e_pair[p, j + c]
-                high = start if first else e_pair[p + 1, j + c]
-                e_pair[p, j + c] = power_products(low, a0, a1, b_even, b_odd, c & 1)
-                e_pair[p + 1, j + c] = power_products(high, a2, a3, b_even, b_odd, c & 1)
-
-
-@arithmetic
-def power_exponent_pass(params, a_exp, r0, b_exp, j0, w0, w1, e_pair):
-    """b.1 steps 1-2 by power sums over the words w in [w0, w1) (a multiple of 4, at least 4): ``e_pair[p, j]``
-    (p < rows / 2) = the bf16 sums, from ``params[9]`` (two copies of POWER_START), of the products of the powers
-    of the outputs (r0 + 2p, j0 + j) (low half) and (r0 + 2p + 1, j0 + j) (high half); nothing is read on entry.
-    Four words per pass; rows, lanes, r0 and j0 multiples of 4."""
-    u = np.uint32
-    start = u(params[9])
-    power_word(a_exp, r0, b_exp, j0, w0, e_pair, True, start)
-    power_word(a_exp, r0, b_exp, j0, u(w0 + u(1)), e_pair, False, start)
-    power_word(a_exp, r0, b_exp, j0, u(w0 + u(2)), e_pair, False, start)
-    power_word(a_exp, r0, b_exp, j0, u(w0 + u(3)), e_pair, False, start)
-    w = u(w0 + u(4))
-    while w < w1:
-        power_word(a_exp, r0, b_exp, j0, w, e_pair, False, start)
-        power_word(a_exp, r0, b_exp, j0, u(w + u(1)), e_pair, False, start)
-        power_word(a_exp, r0, b_exp, j0, u(w + u(2)), e_pair, False, start)
-        power_word(a_exp, r0, b_exp, j0, u(w + u(3)), e_pair, False, start)
         w = u(w + u(4))
 
 
@@ -378,24 +330,14 @@ def offset_block_start(params, c_val, e_pair, acc, thresh, count):
 
 
 @arithmetic
-def power_product_bits(sums, high, power_add):
-    """An int32 in the binade of 2**E_prod (an fp32 pattern with E_prod + 127 in its exponent field), for the output
-    in the high (``high`` = 1) or low half of a power-sum word: the half moved to the top 16 bits, shifted right by
-    3 (arithmetic), plus ``power_add`` (condition 13)."""
-    i32, u32 = np.int32, np.uint32
-    half = i32(u32(sums) << u32(16 - 16 * high))  # the output's half in the top 16 bits
-    return i32(i32(half >> i32(POWER_FIELD_SHIFT - FP32_FRACTION_BITS + 16)) + power_add)
-
-
-@arithmetic
 def power_block_start(params, c_val, e_pair, acc, thresh, count):
     """:func:`offset_start` for every output, E_prod from the power sums ``e_pair[r // 2, j]`` (the half ``r % 2``;
     power-sum pass), and ``count = 0``."""
-    power_add = np.int32(params[2])
+    add = np.int32(params[2])
     rows, lanes = c_val.shape
     for r in range(rows):
         for j in range(lanes):
-            product_bits = power_product_bits(e_pair[r >> 1, j], r & 1, power_add)
+            product_bits = power_product_bits(e_pair[r >> 1, j], r & 1, add)
             acc[r, j], thresh[r, j] = offset_start(params, product_bits, c_val[r, j], False)
             count[r, j] = np.uint32(0)
 
@@ -474,7 +416,8 @@ def power_offset_block(a_val, a_exp, a_bytes, r0, b_val, b_exp, b_bytes, j0, kb,
     """:func:`offset_block` with E by power sums (E4M3 x E4M3, paired exponent words; r0 and j0 even)."""
     e_pair, acc, thresh, count = work
     first, end = block_range(kb, ke)
-    power_exponent_pass(params, a_exp, r0, b_exp, j0, first >> np.uint32(1), end >> np.uint32(1), e_pair)
+    power_exponent_pass(a_exp, r0, b_exp, j0, first >> np.uint32(1), end >> np.uint32(1), np.uint32(params[9]),
+                        e_pair)
     power_block_start(params, c_val, e_pair, acc, thresh, count)
     offset_products(a_val, a_bytes, r0, b_val, b_bytes, j0, first >> np.uint32(2), end >> np.uint32(2), acc, thresh,
                     count)

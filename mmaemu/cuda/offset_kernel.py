@@ -1,18 +1,21 @@
 """The ``cuda:offset`` GEMM kernel: the formulation of :mod:`mmaemu.arith.offset` on a register tile per thread.
 
 Every product is one fp32 fused multiply-add rounding toward zero into an offset accumulator, plus a quarter of an
-``IDP4A`` and two integer instructions that count the products it floors one unit too far; the block exponent is
-a packed 16-bit add and maximum per two products. Two kernels:
+``IDP4A`` and two integer instructions that count the products it floors one unit too far; the block exponent
+costs half an instruction per product: a bf16x2 power-sum fma (E4M3 x E4M3, from sm_80) or a packed 16-bit add
+and maximum (other pairs; one instruction on sm_90, two below). Two kernels, the GEMM one compiled once per
+exponent pass:
 
 * :func:`decode_operand` packs the FP8 codes of a panel of rows once (:func:`mmaemu.arith.offset.offset_pack_into`)
   into k-major arrays: fp32 values ``val[k, r]``, exponent words ``exp[k // 2, r]``, and the low-byte and
   sign-byte words of four k side by side, ``bytes[k // 4, 2 * r]`` and ``bytes[k // 4, 2 * r + 1]``; padded with
   zero codes to whole stages and thread blocks, so the GEMM kernel stages them with plain 16-byte copies;
-* :func:`gemm_offset`: a TY x TX thread block owns BLOCK_M x BLOCK_N outputs, each thread a ROWS x COLS tile of
+* :func:`gemm_offset` (add-max) and :func:`gemm_offset_powers` (power sums): a TY x TX thread block owns BLOCK_M x BLOCK_N outputs, each thread a ROWS x COLS tile of
   them (rows ``ty * ROWS + r``, columns ``tx * COLS + j``: adjacent words, vector loads). The block copies STAGE_K
   k of its rows of A and of B into shared memory (48 KiB, the static limit), each thread 16 bytes per load
-  (:func:`mmaemu.cuda.ptx.load4`); each thread runs :func:`mmaemu.arith.offset.offset_block` on every block of
-  its chains, state in registers, and ends each chain with :func:`mmaemu.arith.offset.offset_chain_value`.
+  (:func:`mmaemu.cuda.ptx.load4`); each thread runs :func:`mmaemu.arith.offset.offset_block` (or
+  :func:`~mmaemu.arith.offset.power_offset_block`) on every block of its chains, state in registers, and ends
+  each chain with :func:`mmaemu.arith.offset.offset_chain_value`.
 
 The schedule (unsplit fast and slow, every split-K scheme) is walked with the functions ``accumulate_one`` uses
 (``combine_step``, ``split_chains``, ``chain_tiles_of``, ``chain_range``); presets are those
@@ -162,15 +165,14 @@ def _combine_into(out, slot, paired, partial, first, target, flush):
 
 def _gemm_kernel(block_step):
     """The GEMM kernel whose threads run ``block_step`` (:func:`mmaemu.arith.offset.offset_block` or
-    :func:`~mmaemu.arith.offset.power_offset_block`) on every block: one source, one compiled kernel per exponent
-    pass."""
+    :func:`~mmaemu.arith.offset.power_offset_block`) on every block: one source, one kernel per exponent pass."""
 
     @cuda.jit(device=True, fastmath=False)
     def chain(a, b, K, first, stride, count, schedule, params, sh_a, sh_b, work, c_val):
-        """One chain from +0 over ``count`` k-tiles (``chain_range``), staged STAGE_K k at a time; ``c_val`` ends with
-        its deferred accumulator. Blocks start every nfma k from each range's start (a multiple of STAGE_K, and
-        nfma divides STAGE_K); those past K (zero padding of a split tile) run on the accumulator alone, as in the
-        reference, after the range's staged blocks (they come last in k)."""
+        """One chain from +0 over ``count`` k-tiles (``chain_range``), staged STAGE_K k at a time; ``c_val`` ends
+        with its deferred accumulator. Blocks start every nfma k from each range's start (a multiple of STAGE_K,
+        and nfma divides STAGE_K); those past K (zero padding of a split tile) run on the accumulator alone, as in
+        the reference, after the range's staged blocks (they come last in k)."""
         i32 = np.int32
         m0 = i32(cuda.blockIdx.y * BLOCK_M)
         n0 = i32(cuda.blockIdx.x * BLOCK_N)
@@ -194,7 +196,7 @@ def _gemm_kernel(block_step):
                 kb = i32(0)
                 while kb < stop:
                     block_step(sh_a[0], sh_a[1], sh_a[2], r0, sh_b[0], sh_b[1], sh_b[2], j0, np.uint32(kb),
-                                 np.uint32(min(i32(kb + nfma), valid)), params, c_val, work)
+                               np.uint32(min(i32(kb + nfma), valid)), params, c_val, work)
                     kb += nfma
                 c0 += i32(STAGE_K)
             kb = i32(k0)
@@ -203,7 +205,6 @@ def _gemm_kernel(block_step):
             while kb < i32(k1):  # blocks past K
                 offset_empty_block(params, c_val, work)
                 kb += nfma
-
 
     @cuda.jit(device=True, fastmath=False)
     def split_partial(a, b, K, s, schedule, params, sh_a, sh_b, partial):
@@ -223,14 +224,13 @@ def _gemm_kernel(block_step):
                 for j in range(COLS):
                     partial[r, j] = np.float32(partial[r, j] + offset_chain_value(c_val[r, j], frac_out))
 
-
     @cuda.jit(fastmath=False, **shim.register_cap(REGISTERS))
     def gemm(a_val, a_exp, a_bytes, a_cols, b_val, b_exp, b_bytes, b_cols, K, schedule, params, out, slot):
-        """out[m, n] for a BLOCK_M x BLOCK_N tile per thread block; see the module docstring. The operands are packed
-        panels (:func:`decode_operand`) seen flat with a_cols / b_cols rows, K the operands' own length. The split
-        partials are combined in the order of ``combine_step`` (one partial, added to +0, when unsplit); ``slot``
-        (out's shape) holds the pairwise scheme's slot, any other schedule passes a 1 x 1 array that is never
-        touched. Every thread of the block walks the same schedule, so barriers are uniform."""
+        """out[m, n] for a BLOCK_M x BLOCK_N tile per thread block; see the module docstring. The operands are
+        packed panels (:func:`decode_operand`) seen flat with a_cols / b_cols rows, K the operands' own length.
+        The split partials are combined in the order of ``combine_step`` (one partial, added to +0, when unsplit);
+        ``slot`` (out's shape) holds the pairwise scheme's slot, any other schedule passes a 1 x 1 array that is
+        never touched. Every thread of the block walks the same schedule, so barriers are uniform."""
         sh_a, sh_b = _stages()
         partial = cuda.local.array((ROWS, COLS), float32)
         a = (a_val, a_exp, a_bytes, a_cols)
@@ -245,5 +245,5 @@ def _gemm_kernel(block_step):
     return gemm
 
 
-gemm_offset = _gemm_kernel(offset_block)
-gemm_offset_powers = _gemm_kernel(power_offset_block)
+gemm_offset = _gemm_kernel(offset_block)  # exponents by add-max: any format pair
+gemm_offset_powers = _gemm_kernel(power_offset_block)  # exponents by power sums: E4M3 x E4M3, sm_80 and newer
