@@ -7,15 +7,16 @@ and maximum (other pairs; one instruction on sm_90, two below). Two kernels, the
 exponent pass:
 
 * :func:`decode_operand` packs the FP8 codes of a panel of rows once (:func:`mmaemu.arith.offset.offset_pack_into`)
-  into k-major arrays: fp32 values ``val[k, r]``, exponent words ``exp[k // 2, r]``, and the low-byte and
-  sign-byte words of four k side by side, ``bytes[k // 4, 2 * r]`` and ``bytes[k // 4, 2 * r + 1]``; padded with
-  zero codes to whole stages and thread blocks, so the GEMM kernel stages them with plain 16-byte copies;
-* :func:`gemm_offset` (add-max) and :func:`gemm_offset_powers` (power sums): a TY x TX thread block owns BLOCK_M x BLOCK_N outputs, each thread a ROWS x COLS tile of
-  them (rows ``ty * ROWS + r``, columns ``tx * COLS + j``: adjacent words, vector loads). The block copies STAGE_K
-  k of its rows of A and of B into shared memory (48 KiB, the static limit), each thread 16 bytes per load
-  (:func:`mmaemu.cuda.ptx.load4`); each thread runs :func:`mmaemu.arith.offset.offset_block` (or
-  :func:`~mmaemu.arith.offset.power_offset_block`) on every block of its chains, state in registers, and ends
-  each chain with :func:`mmaemu.arith.offset.offset_chain_value`.
+  into k-major arrays: fp32 values ``val[k, r]``, exponent words ``exp[k // 2, r]`` (paired for the power sums:
+  rows 2p and 2p + 1 of one k per word), and the low-byte and sign-byte words of four k side by side,
+  ``bytes[k // 4, 2 * r]`` and ``bytes[k // 4, 2 * r + 1]``; padded with zero codes to whole stages and thread
+  blocks, so the GEMM kernel stages them with plain 16-byte copies;
+* :func:`gemm_offset` (add-max) and :func:`gemm_offset_powers` (power sums): a TY x TX thread block owns BLOCK_M x
+  BLOCK_N outputs, each thread a ROWS x COLS tile of them (rows ``ty * ROWS + r``, columns ``tx * COLS + j``:
+  adjacent words, vector loads). The block copies STAGE_K k of its rows of A and of B into shared memory (48 KiB,
+  the static limit), each thread 16 bytes per load (:func:`mmaemu.cuda.ptx.load4`); each thread runs
+  :func:`mmaemu.arith.offset.offset_block` (or :func:`~mmaemu.arith.offset.power_offset_block`) on every block of
+  its chains, state in registers, and ends each chain with :func:`mmaemu.arith.offset.offset_chain_value`.
 
 The schedule (unsplit fast and slow, every split-K scheme) is walked with the functions ``accumulate_one`` uses
 (``combine_step``, ``split_chains``, ``chain_tiles_of``, ``chain_range``); presets are those
