@@ -27,11 +27,10 @@ and NaN or infinite operands give a NaN (the canonical 0x7FFF; mmaemu never pass
 import math
 
 import numpy as np
-from numba import types
-from numba.core.extending import overload
 
 from .._jit import arithmetic
 from .fp32 import float32_bits, float32_from_bits
+from .packed import overload_on_words
 
 BF16_INF = 0x7F80
 BF16_NAN = 0x7FFF
@@ -123,26 +122,6 @@ def high_halves(x):
     return high_halves_exact(x)
 
 
-def _words(*args):
-    return all(isinstance(arg, types.Integer) for arg in args)
-
-
-@overload(fma_bf16x2, target="generic")
-def _fma_bf16x2_generic(a, b, c):
-    if not _words(a, b, c):
-        return None
-    return lambda a, b, c: fma_bf16x2_exact(a, b, c)
-
-
-@overload(low_halves, target="generic")
-def _low_halves_generic(x):
-    if not _words(x):
-        return None
-    return lambda x: low_halves_exact(x)
-
-
-@overload(high_halves, target="generic")
-def _high_halves_generic(x):
-    if not _words(x):
-        return None
-    return lambda x: high_halves_exact(x)
+overload_on_words(fma_bf16x2, fma_bf16x2_exact, "generic")
+overload_on_words(low_halves, low_halves_exact, "generic")
+overload_on_words(high_halves, high_halves_exact, "generic")

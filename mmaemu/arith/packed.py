@@ -108,34 +108,29 @@ def add_u16x2(a, b):
     return add_u16x2_exact(a, b)
 
 
-def _words(*args):
-    return all(isinstance(arg, types.Integer) for arg in args)
+_CALLERS = {1: lambda f: lambda a: f(a), 2: lambda f: lambda a, b: f(a, b), 3: lambda f: lambda a, b, c: f(a, b, c)}
 
 
-@overload(dp4a, target="generic")
-def _dp4a_generic(a, b, c):
-    if not _words(a, b, c):
-        return None
-    return lambda a, b, c: dp4a_exact(a, b, c)
+def overload_on_words(function, implementation, target):
+    """Register ``implementation`` (a jitted function or an intrinsic with ``function``'s arguments) as
+    ``function`` for integer arguments on a numba target: ``"generic"`` (CPU loops and the simulator run the exact
+    twins) or ``"cuda"`` (kernels run the instruction, :mod:`mmaemu.cuda.ptx`)."""
+    call = _CALLERS[function.__code__.co_argcount](implementation)
+
+    @overload(function, target=target, strict=False)
+    def _on_words(*args):
+        return call if all(isinstance(arg, types.Integer) for arg in args) else None
 
 
 @overload(load_words4, target="generic")
 def _load_words4_generic(array, row, column):
-    if not (isinstance(array, types.Array) and array.ndim == 2 and _words(row, column)):
+    if not (isinstance(array, types.Array) and array.ndim == 2 and isinstance(row, types.Integer)
+            and isinstance(column, types.Integer)):
         return None
     return lambda array, row, column: (array[row, column], array[row, column + 1], array[row, column + 2],
                                        array[row, column + 3])
 
 
-@overload(max_u16x2, target="generic")
-def _max_u16x2_generic(a, b):
-    if not _words(a, b):
-        return None
-    return lambda a, b: max_u16x2_exact(a, b)
-
-
-@overload(add_u16x2, target="generic")
-def _add_u16x2_generic(a, b):
-    if not _words(a, b):
-        return None
-    return lambda a, b: add_u16x2_exact(a, b)
+overload_on_words(dp4a, dp4a_exact, "generic")
+overload_on_words(max_u16x2, max_u16x2_exact, "generic")
+overload_on_words(add_u16x2, add_u16x2_exact, "generic")

@@ -185,49 +185,14 @@ def install():
     from numba.core.extending import overload
 
     from ..arith.bf16 import fma_bf16x2, high_halves, low_halves
-    from ..arith.packed import add_u16x2, dp4a, load_words4, max_u16x2
+    from ..arith.packed import add_u16x2, dp4a, load_words4, max_u16x2, overload_on_words
 
     (dp4a_u32, max_u16x2_word, add_u16x2_word, fma_bf16x2_word, low_halves_word, high_halves_word,
      load4_global, load_words4_aligned) = _intrinsics()
-
-    def words(*args):
-        return all(isinstance(arg, types.Integer) for arg in args)
-
-    @overload(dp4a, target="cuda")
-    def _dp4a_cuda(a, b, c):
-        if words(a, b, c):
-            return lambda a, b, c: dp4a_u32(a, b, c)
-        return None
-
-    @overload(max_u16x2, target="cuda")
-    def _max_u16x2_cuda(a, b):
-        if words(a, b):
-            return lambda a, b: max_u16x2_word(a, b)
-        return None
-
-    @overload(add_u16x2, target="cuda")
-    def _add_u16x2_cuda(a, b):
-        if words(a, b):
-            return lambda a, b: add_u16x2_word(a, b)
-        return None
-
-    @overload(fma_bf16x2, target="cuda")
-    def _fma_bf16x2_cuda(a, b, c):
-        if words(a, b, c):
-            return lambda a, b, c: fma_bf16x2_word(a, b, c)
-        return None
-
-    @overload(low_halves, target="cuda")
-    def _low_halves_cuda(x):
-        if words(x):
-            return lambda x: low_halves_word(x)
-        return None
-
-    @overload(high_halves, target="cuda")
-    def _high_halves_cuda(x):
-        if words(x):
-            return lambda x: high_halves_word(x)
-        return None
+    for function, instruction in ((dp4a, dp4a_u32), (max_u16x2, max_u16x2_word), (add_u16x2, add_u16x2_word),
+                                  (fma_bf16x2, fma_bf16x2_word), (low_halves, low_halves_word),
+                                  (high_halves, high_halves_word)):
+        overload_on_words(function, instruction, "cuda")
 
     @overload(load4, target="cuda")
     def _load4_cuda(array, index):
@@ -237,7 +202,7 @@ def install():
 
     @overload(load_words4, target="cuda")
     def _load_words4_cuda(array, row, column):
-        if isinstance(array, types.Array) and words(row, column):
+        if isinstance(array, types.Array) and isinstance(row, types.Integer) and isinstance(column, types.Integer):
             return lambda array, row, column: load_words4_aligned(array, row, column)
         return None
 
