@@ -1,4 +1,4 @@
-"""The packed bf16 fused multiply-add of the power-sum exponent pass (:mod:`.offset`), exactly.
+"""The packed bf16 fused multiply-add of the power-sum exponent pass (:mod:`.power_sums`), exactly.
 
 * :func:`fma_bf16x2` - PTX ``fma.rn.bf16x2`` (sm_80 and newer, SASS ``HFMA2.BF16_V2``): in each 16-bit half of
   the uint32 words, the bf16 ``a * b + c`` rounded once to nearest, ties to even (IEEE fusedMultiplyAdd,

@@ -413,7 +413,7 @@ def offset_block(a_val, a_exp, a_bytes, r0, b_val, b_exp, b_bytes, j0, kb, ke, p
 
 @arithmetic
 def power_offset_block(a_val, a_exp, a_bytes, r0, b_val, b_exp, b_bytes, j0, kb, ke, params, c_val, work):
-    """:func:`offset_block` with E by power sums (E4M3 x E4M3, paired exponent words; r0 and j0 even)."""
+    """:func:`offset_block` with E by power sums (E4M3 x E4M3, paired exponent words; :mod:`.power_sums`)."""
     e_pair, acc, thresh, count = work
     first, end = block_range(kb, ke)
     power_exponent_pass(a_exp, r0, b_exp, j0, first >> np.uint32(1), end >> np.uint32(1), np.uint32(params[9]),
