@@ -35,7 +35,7 @@ Exactness conditions (proven here, each tested on both sides of its bound in ``t
     ``RN(s + 0) = s`` for the nonzero s the sums always hold (``-2**-126`` until the first product, at least T
     after it), so they contribute nothing. A block without products keeps ``s = -2**-126``, the bf16 pattern
     0x8080, whose sign bit is set. (A start of -0 would not do: its first absent term gives ``-0 + +0 = +0``, and
-    +0 reads like a product's sum.)
+    +0 reads as E = -14, above the floor.)
 13. *Reading E.* :func:`power_product_bits` puts the output's half in the top 16 bits of an int32 and shifts it
     right by 3 (arithmetic): bits 23-31 are the half's top six bits x (its sign and ``F >> 3``) sign-extended,
     bits 0-22 lower bits of the half; adding ``power_add() = (127 - 14) * 2**23`` (low 23 bits zero, no carry into
