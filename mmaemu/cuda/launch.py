@@ -13,7 +13,7 @@ import numpy as np
 from numba import cuda
 
 from ..arith import offset as _offset
-from . import offset_kernel
+from . import offset_kernel, shim
 from .catalog import CODES_KERNELS
 from .kernels import BLOCK, EPILOGUE_THREADS, MAX_GRID_Y, epilogue, gemm_simple, override_nonfinite
 
@@ -188,6 +188,9 @@ def launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
     method = _exponent_method(fmt_a, fmt_b, params[0])
     block_params = _offset.offset_params(params, fmt_a, fmt_b, method)
     kernel = offset_kernel.gemm_offset_powers if method == _offset.POWER_SUMS else offset_kernel.gemm_offset
+    if shim.simulator_enabled():
+        offset_kernel.compile_for_simulator(
+            _offset.power_offset_block if method == _offset.POWER_SUMS else _offset.offset_block, block_params)
     bm, bn = offset_kernel.BLOCK_M, offset_kernel.BLOCK_N
     rows_a, rows_b = _panel_rows(K, bm), _panel_rows(K, bn)
     # The pairwise scheme's slot per output (gemm_offset); other schedules never touch it.
@@ -210,10 +213,8 @@ def launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
 def _exponent_method(fmt_a, fmt_b, nfma):
     """The offset kernel's exponent pass for a call (:func:`mmaemu.arith.offset.exponent_method`): the power sums
     need ``fma.rn.bf16x2`` (sm_80 and newer; numba's simulator runs its exact twin)."""
-    from .shim import simulator_enabled
-
     method = _offset.exponent_method(fmt_a, fmt_b, int(nfma))
-    if method == _offset.POWER_SUMS and not simulator_enabled():
+    if method == _offset.POWER_SUMS and not shim.simulator_enabled():
         if tuple(cuda.get_current_device().compute_capability) < BF16X2_CAPABILITY:
             return _offset.ADD_MAX
     return method

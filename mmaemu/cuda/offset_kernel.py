@@ -164,6 +164,30 @@ def _combine_into(out, slot, paired, partial, first, target, flush):
                     slot[m, n] = held
 
 
+_COMPILED_HERE = set()
+
+
+def compile_for_simulator(block_step, params):
+    """Compile ``block_step`` (an arithmetic dispatcher of :mod:`mmaemu.arith.offset`) and the block-end helpers
+    in the calling thread for the types the GEMM kernel's threads call them with (stage arrays, uint32 offsets,
+    ``params``), once per process and block step. Only for numba's simulator: there each thread of a block is a
+    Python thread, and a compilation started inside a block competes with the other 255 threads for the
+    interpreter, taking several times longer than here (the results are the same)."""
+    if (block_step, params) in _COMPILED_HERE:
+        return
+    sh_a = (np.zeros((STAGE_K, BLOCK_M), np.float32), np.zeros((STAGE_WORDS2, BLOCK_M), np.uint32),
+            np.zeros((STAGE_WORDS4, BYTES_M), np.uint32))
+    sh_b = (np.zeros((STAGE_K, BLOCK_N), np.float32), np.zeros((STAGE_WORDS2, BLOCK_N), np.uint32),
+            np.zeros((STAGE_WORDS4, BYTES_N), np.uint32))
+    work = tuple(np.zeros((ROWS, COLS), t) for t in (np.uint32, np.float32, np.uint32, np.uint32))
+    c_val = np.zeros((ROWS, COLS), np.float32)
+    u = np.uint32
+    block_step(*sh_a, u(0), *sh_b, u(0), u(0), u(params[0]), params, c_val, work)
+    _offset.offset_empty_block(params, c_val, work)
+    _offset.offset_chain_value(np.float32(0.0), params[1])
+    _COMPILED_HERE.add((block_step, params))
+
+
 def _gemm_kernel(block_step):
     """The GEMM kernel whose threads run ``block_step`` (:func:`mmaemu.arith.offset.offset_block` or
     :func:`~mmaemu.arith.offset.power_offset_block`) on every block: one source, one kernel per exponent pass."""
