@@ -134,7 +134,9 @@ def _stage(panel, row0, c0, staged):
 
 @cuda.jit(device=True, fastmath=False)
 def _stages():
-    """The block's staged operands in shared memory (one set per kernel: call once per thread)."""
+    """The block's staged operands in shared memory (one set per kernel: call once per thread). Each array is a
+    multiple of 16 bytes, so ptxas, which places them, starts each on a 16-byte boundary (it vectorises the product
+    loop's loads from them itself); the exponent pass's explicit 16-byte loads (``load_words4``) rely on that."""
     # One allocation per line: numba's simulator tells shared arrays apart by the line that allocates them.
     a_val = cuda.shared.array((STAGE_K, BLOCK_M), float32)
     a_exp = cuda.shared.array((STAGE_WORDS2, BLOCK_M), uint32)
