@@ -208,8 +208,8 @@ def bf16_fma_cases(rng):
     one, half_ulp = 0x3F80, 0x3B80  # 1.0 and 2**-8, half its ulp
     for c in range(one, one + 8):  # ties to even (1.0 even, 1 + 2**-7 odd, ...) and just above or below a tie
         cases += [(half_ulp, one, c), (half_ulp, 0xBF80, c), (0x3B81, one, c), (0x3B7F, one, c), (half_ulp, 0x3F81, c)]
-    cases += [(0x7F7F, one, 0x7380), (0x7F7F, one, 0x737F), (0x7F7E, one, 0x7380),  # max + half an ulp: Inf
-              (0xFF7F, one, 0xF380), (0x7F7F, 0x4000, 0), (0x0001, 0x3F00, 0), (0x0001, 0x3F00, 0x0001),
+    cases += [(0x7F7F, one, 0x7B00), (0x7F7F, one, 0x7AFF), (0x7F7E, one, 0x7B00),  # max + half its ulp (2**119)
+              (0xFF7F, one, 0xFB00), (0x7F7F, 0x4000, 0), (0x0001, 0x3F00, 0), (0x0001, 0x3F00, 0x0001),
               (0x0080, 0x3F00, 0), (0x0001, 0x3E80, 0x8000), (0x8001, 0x3F00, 0x8000), (0x0001, 0x0001, 0),
               (0, one, 0x8000), (0x8000, one, 0x8000), (0x3F80, 0x3F80, 0xBF80), (0xBF80, 0x3F80, 0x3F80),
               (0x0001, 0x3F80, 0x8001), (0x8000, 0x8000, 0x8000)]
@@ -224,6 +224,12 @@ def test_fma_bf16_twin_against_exact_rationals():
                           product_negative and bool(c & 0x8000))
         got = int(bf16.fma_bf16_exact(np.uint32(a), np.uint32(b), np.uint32(c)))
         assert got == want, (hex(a), hex(b), hex(c), hex(got), hex(want))
+    # The boundaries on both sides: the largest finite plus half its ulp is a tie that rounds (to even) to Inf, just
+    # below it stays finite; a tie between 1 and 1 + 2**-7 goes to 1, between 1 + 2**-7 and 1 + 2**-6 up.
+    for (a, b, c), want in (((0x7F7F, 0x3F80, 0x7B00), 0x7F80), ((0x7F7F, 0x3F80, 0x7AFF), 0x7F7F),
+                            ((0x7F7E, 0x3F80, 0x7B00), 0x7F7E), ((0x3B80, 0x3F80, 0x3F80), 0x3F80),
+                            ((0x3B80, 0x3F80, 0x3F81), 0x3F82), ((0x3B81, 0x3F80, 0x3F80), 0x3F81)):
+        assert int(bf16.fma_bf16_exact(np.uint32(a), np.uint32(b), np.uint32(c))) == want, (hex(a), hex(c))
 
 
 def test_fma_bf16x2_twin_works_on_each_half_and_broadcasts():
