@@ -2,18 +2,20 @@
 
 Usage::
 
-    python scripts/sass_report.py [--kernels offset,simple] [--cc 9.0,8.9,12.0] [--json]
+    python scripts/sass_report.py [--kernels offset_powers,offset,simple] [--cc 9.0,8.9,12.0] [--json]
     python scripts/sass_report.py --kernels wgmma_fast_e4m3_e4m3,wgmma_slow_e4m3_e4m3 --cc 9.0a
     python scripts/sass_report.py --kernels mma_sync_fast_e4m3_e4m3,mma_sync_slow_e4m3_e4m3 --cc 8.9
 
 Numba compiles each kernel to PTX for the target (:func:`mmaemu.cuda.offline.compile_ptx`: a fake current device
 stands in for the missing GPU), ``ptxas -v`` assembles it (registers, spills, stack frame) and ``nvdisasm -c``
 disassembles it (:mod:`mmaemu.cuda.sass`). Every loop of the SASS (a backward branch) is listed with its
-instruction count and most frequent opcodes; for the offset kernel the block loop's SASS instructions per product
-are weighed per preset (hopper: one 32-product block per stage, ada: two of 16), part by part, against the budget
-of ``tests/test_cuda_sim.py``. The kernels of ``cuda:native`` (``<instruction>_<fast|slow|probe>_<fmt_a>_<fmt_b>``,
+instruction count and most frequent opcodes; for the offset kernels (``offset_powers``: E4M3 x E4M3 by bf16 power
+sums, ``offset``: add-max, the other format pairs) the block loop's SASS instructions per product are weighed per
+preset (hopper: one 32-product block per stage, ada: two of 16), part by part, against the budgets of
+``tests/test_cuda_sim.py``. The kernels of ``cuda:native`` (``<instruction>_<fast|slow|probe>_<fmt_a>_<fmt_b>``,
 :func:`mmaemu.cuda.launch.native_signatures`) compile for their instruction's own target only: ``--cc 9.0a`` for
-the warpgroup MMA (``wgmma_*``), ``--cc 8.9`` for mma.sync (``mma_sync_*``). These are static counts, not measurements; how fast a GPU runs them is for
+the warpgroup MMA (``wgmma_*``), ``--cc 8.9`` for mma.sync (``mma_sync_*``). These are static counts, not
+measurements; how fast a GPU runs them is for
 ``scripts/gpu_check.py``.
 
 Needs libNVVM and ptxas (a CUDA toolkit: ``$CUDA_HOME`` or ``/usr/local/cuda``) and nvdisasm (the toolkit or
@@ -30,6 +32,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PRESETS = {"hopper": 32, "ada": 16}  # nfma of the shipped early-accumulator presets
+OFFSET_KERNELS = {"offset_powers": "", "offset": "/add-max"}  # the offset kernels and their keys' suffix (--json)
 
 
 def parse_cc(text):
@@ -73,7 +76,7 @@ def report(names, cc):
             mix = ", ".join(f"{op} {n}" for op, n in loop.opcodes().most_common(8))
             lines.append(f"| {loop.start:#07x}-{loop.end:#07x} | {loop.size} | {mix} |")
         lines.append("")
-        if name == "offset":
+        if name in OFFSET_KERNELS:
             lines += ["| preset | per product | " + " | ".join(sass.BlockLoopCost.PART_NAMES) + " |",
                       "|---|---:|" + "---:|" * len(sass.BlockLoopCost.PART_NAMES)]
             for preset, nfma in PRESETS.items():
@@ -87,25 +90,32 @@ def report(names, cc):
 
 def offset_costs(cc):
     """``{"registers", "spills", "per_product": {preset: float}, "parts": {preset: {part: float}}}`` of the offset
-    kernel for one compute capability (what ``--json`` prints, and ``scripts/gpu_check.py`` reads)."""
+    kernels for one compute capability (what ``--json`` prints, and ``scripts/gpu_check.py`` reads): presets as
+    ``hopper``, ``ada`` for E4M3 x E4M3 (power sums) and ``hopper/add-max``, ``ada/add-max`` for the other pairs;
+    registers and spills of the kernel that uses more."""
     from mmaemu.cuda import launch, offline, offset_kernel, sass
 
-    kernel, signature = launch.signatures()["offset"]
-    assembly = sass.assemble(offline.compile_ptx(kernel, signature, cc), f"sm_{cc[0]}{cc[1]}",
-                             kernel.targetoptions.get("max_registers"))
-    costs = {preset: sass.block_loop_cost(assembly.sass, offset_kernel.block_loop_trips(nfma),
-                                          offset_kernel.products_per_stage()) for preset, nfma in PRESETS.items()}
-    return {"registers": assembly.registers, "spills": assembly.spills,
-            "per_product": {preset: round(cost.per_product, 4) for preset, cost in costs.items()},
-            "parts": {preset: {k: round(v, 4) for k, v in cost.parts().items()} for preset, cost in costs.items()}}
+    report = {"registers": 0, "spills": 0, "per_product": {}, "parts": {}}
+    for name, suffix in OFFSET_KERNELS.items():
+        kernel, signature = launch.signatures()[name]
+        assembly = sass.assemble(offline.compile_ptx(kernel, signature, cc), f"sm_{cc[0]}{cc[1]}",
+                                 kernel.targetoptions.get("max_registers"))
+        report["registers"] = max(report["registers"], assembly.registers)
+        report["spills"] = max(report["spills"], assembly.spills)
+        for preset, nfma in PRESETS.items():
+            cost = sass.block_loop_cost(assembly.sass, offset_kernel.block_loop_trips(nfma),
+                                        offset_kernel.products_per_stage())
+            report["per_product"][preset + suffix] = round(cost.per_product, 4)
+            report["parts"][preset + suffix] = {k: round(v, 4) for k, v in cost.parts().items()}
+    return report
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernels", default="offset", help="names of mmaemu.cuda.launch.signatures() or "
-                        ".native_signatures(instruction)")
+    parser.add_argument("--kernels", default="offset_powers,offset", help="names of mmaemu.cuda.launch.signatures() "
+                        "or .native_signatures(instruction)")
     parser.add_argument("--cc", default="9.0,8.9,12.0", help="compute capabilities, e.g. 9.0,8.9 (9.0a: sm_90a)")
-    parser.add_argument("--json", action="store_true", help="print the offset kernel's block loop costs as JSON")
+    parser.add_argument("--json", action="store_true", help="print the offset kernels' block loop costs as JSON")
     args = parser.parse_args(argv)
     if args.json:
         import json

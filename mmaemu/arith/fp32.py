@@ -20,6 +20,9 @@ from numba.core.extending import intrinsic, overload
 
 from .._jit import arithmetic
 
+FP32_FRACTION_BITS = 23
+FP32_EXPONENT_BIAS = 127
+
 
 def _bitcast(source, target, doc):
     """An intrinsic that reinterprets the bits of a ``source`` value as a ``target`` value (LLVM ``bitcast``)."""

@@ -21,14 +21,16 @@ For one output and one block with alignment exponent E (b.1 step 2) and grid ``u
   :func:`~.packed.dp4a` with 0x01010101 adds 128 per such product to a per-output count. At the block end
   ``count / 128`` is added to S's bit pattern (an integer add on an fp32 pattern inside one binade adds units of
   its ulp, u), and ``d = S - M`` is the block sum, exact.
-* **Exponent pass.** Each element carries an *exponent half* ``ex + EXP_BIAS`` (:data:`EXP_ABSENT` for zero, NaN
-  and Inf codes), two k per word; :func:`~.packed.add_u16x2` of an A word and a B word gives two exponent sums and
-  :func:`~.packed.max_u16x2` keeps the running maxima of even and odd k per output (on sm_90 the pair is one
-  ``VIADDMNMX.U16x2``). At the block start :func:`~.packed.swap_halves` and one more maximum put the block's
+* **Exponent pass.** E4M3 x E4M3 (from sm_80) by bf16 *power sums* (:mod:`.power_sums`, conditions 10-13): one
+  ``fma.rn.bf16x2`` per product and two outputs, an fp32 pattern ``P`` in the binade of ``2**E_prod`` per output.
+  Other pairs by *add-max*: each element carries an *exponent half* ``ex + EXP_BIAS`` (:data:`EXP_ABSENT` for
+  zero, NaN and Inf codes), two k per word; :func:`~.packed.add_u16x2` of an A word and a B word gives two exponent
+  sums and :func:`~.packed.max_u16x2` keeps the running maxima of even and odd k per output (on sm_90 the pair is
+  one ``VIADDMNMX.U16x2``). At the block start :func:`~.packed.swap_halves` and one more maximum put the block's
   largest sum ``s`` in the low half, and ``P = s * 2**23 + P_SHIFT`` (32-bit arithmetic: only the low 9 bits of
-  s reach the exponent field and the sign bit) is the fp32 pattern of ``2**E_prod`` (condition 9). E is the
-  exponent field of ``max(P, 2**e_floor, |c|)`` over int32 patterns (positive fp32 numbers are ordered as their
-  patterns), ``e_floor = max(min_exp, lo)``: the block exponent of b.1 step 2 raised to lo (condition 2).
+  s reach the exponent field and the sign bit) is the fp32 pattern of ``2**E_prod`` (condition 9). Either way E is
+  the exponent field of ``max(P, 2**e_floor, |c|)`` (fp32 maxima; :func:`offset_start`), ``e_floor = max(min_exp,
+  lo)``: the block exponent of b.1 step 2 raised to lo (condition 2).
 * **Deferred truncation.** b.1 step 6 (truncation of the block result to frac_out + 1 significant bits) is applied
   once, at the end of a chain (:func:`offset_chain_value`), not after every block: the next block truncates its
   accumulator toward zero onto ``2**(E' - frac)`` with ``E' >= lead(d)``, and when ``frac_out >= frac`` that grid
@@ -71,39 +73,53 @@ both sides of its bound in ``tests/test_offset.py``):
    product in the block, s is ``EXP_ABSENT + EXP_BIAS + ex`` (ex in [-14, 15]) or ``2 * EXP_ABSENT``, and the
    field is ``(ex - 1) mod 512`` or 383 (EXP_ABSENT = EXP_BIAS - 128): either the sign bit is set (a negative
    int32) or the field is at most 14, below the floor's ``e_floor + 127 >= 95``; so such a P never sets E.
-   (With EXP_ABSENT = EXP_BIAS - 256, two absent halves read as E = 0.) |c| is finite, its pattern non-negative;
-   c = +-0 and subnormal c read an exponent field of 0, below the floor (subnormal c are below ``2**lo``, which
-   condition 2 makes irrelevant).
+   (With EXP_ABSENT = EXP_BIAS - 256, two absent halves read as E = 0.) As an fp32 number such a P is negative (a
+   normal number or, with field 511, -Inf: its low 23 bits are 0, never a NaN), so the fp32 maximum passes over it;
+   among positive fp32 numbers, and +0, the maximum is the largest pattern. |c| is finite; c = +-0 and subnormal c
+   read an exponent field of 0, below the floor (subnormal c are below ``2**lo``, which condition 2 makes
+   irrelevant).
+10-13. The power sums: :mod:`.power_sums`.
+14. *Power sums need no lower clamp of the threshold.* Their tables give zero codes the low byte
+   :data:`POWER_ZERO_LOW` = 35 = R + 1 (E4M3 x E4M3: R = 34), which reads exact at the upper clamp (condition 5),
+   and the shift ``E - frac - lo`` goes below 0 only down to ``e_floor - frac - lo >= -frac >= -15`` (condition 1
+   with nfma >= 16 gives frac <= 15): T at most 143, two zero terms sum to at most ``70 + 143 < 256`` (no carry),
+   and a T above 128 sets bit 7 for every product (all exact, as they are when ``E - frac <= lo``). One
+   instruction less per output and block; E5M2 pairs need ``ZERO_LOW >= 63``, whose two zero terms would carry.
 
-Operand layout of a staged block (k-major; ``r0``/``j0`` are the tile's first row of A / column of B):
-``*_val[k, row]`` fp32 values (0 for zero, NaN and Inf codes), ``*_exp[k // 2, row]`` uint32 exponent words,
-``*_bytes[k // 4, 2 * row]`` the low-byte word and ``*_bytes[k // 4, 2 * row + 1]`` the sign-byte word of four k
-(interleaved, so that a tile's rows read both with vector loads and a stage copies one array); a block starts at
-a multiple of 16 and whole words are read, 16 k per pass (elements past K are zero codes). :func:`offset_tables`
-gives the per-code values and :func:`offset_pack` packs four k of a row.
+Operand layout of a staged block (k-major; ``r0``/``j0`` are the tile's first row of A / column of B, multiples of
+4, as are the tile's rows and columns): ``*_val[k, row]`` fp32 values (0 for zero, NaN and Inf codes),
+``*_exp[k // 2, row]`` uint32 exponent words (add-max: the row's halves of two k; power sums, *paired*: the powers
+of rows ``row - row % 2`` and ``row - row % 2 + 1`` at ``k = 2 * (k // 2) + row % 2``), ``*_bytes[k // 4, 2 *
+row]`` the low-byte word and ``*_bytes[k // 4, 2 * row + 1]`` the sign-byte word of four k (interleaved, so that a
+tile's rows read both with vector loads and a stage copies one array); a block starts at a multiple of 16 and whole
+words are read, 16 k per pass (elements past K are zero codes). :func:`offset_tables` gives the per-code values
+and :func:`offset_pack` packs four k of a row.
 """
 
 import numpy as np
 
 from .. import formats
 from .._jit import arithmetic
-from .fp32 import float32_bits, float32_from_bits, fma_toward_zero, truncate_significand
-from .packed import BYTE_ONES, add_u16x2, dp4a, max_u16x2, swap_halves
+from .fp32 import (FP32_EXPONENT_BIAS, FP32_FRACTION_BITS, float32_bits, float32_from_bits, fma_toward_zero,
+                   truncate_significand)
+from .packed import BYTE_ONES, add_u16x2, dp4a, load_words4, max_u16x2, swap_halves
+from .power_sums import (POWER_FORMATS, POWER_START, POWER_TERMS, power_add, power_bits, power_exponent_pass,
+                         power_product_bits)
 
 EXP_BIAS = 0x0300  # exponent half of a finite nonzero element: ex + EXP_BIAS (ex in [-14, 15])
 EXP_ABSENT = EXP_BIAS - 128  # exponent half of zero, NaN and Inf codes (conditions 6, 9)
 ZERO_LOW = 63  # low byte of zero, NaN and Inf codes (conditions 4, 5)
+POWER_ZERO_LOW = 35  # the same in the power-sum tables (E4M3 x E4M3, no lower clamp: condition 14)
 SIGN_BYTE = 0x80  # sign byte of a negative value
 THRESHOLD_TOP = 128  # T for "every product exact" (bit 7 of a byte)
 OFFSET_MANTISSA = 0x400000  # M = 1.5 * 2**f: the middle of its binade (condition 1)
-FP32_FRACTION_BITS = 23
-FP32_EXPONENT_BIAS = 127
 EXPONENT_FIELD = 0xFF800000  # sign and exponent bits of an fp32 pattern
 WINDOW = 2**22  # half the width of M's binade, in units of u (condition 1)
 K_GROUP = 4  # k per byte word
 K_PASS = 16  # blocks start on multiples of this many k and are read as whole passes of it
 EXPONENT_PASS_WORDS = 4  # exponent words per pass of offset_exponent_pass (the first pass is outside its loop)
 PRODUCT_PASS_GROUPS = 4  # 4-k groups per pass of offset_products
+ADD_MAX, POWER_SUMS = "add-max", "power sums"  # the two exponent passes (module docstring)
 
 
 def format_low_range(fmt):
@@ -133,17 +149,25 @@ def offset_decline(nfma: int, frac: int, frac_out: int, late_c: int):
     return None
 
 
-def offset_params(params, fmt_a: str, fmt_b: str):
-    """The block step's constants for a preset (as :func:`~.params.preset_params` gives it) and a format pair:
-    ``(nfma, frac_out, p_shift, floor_bits, m_add, tau_add, tau_max, top4, mantissa)``, int32 values (module
-    docstring):
+def exponent_method(fmt_a: str, fmt_b: str, nfma: int) -> str:
+    """The exponent pass of a format pair and block length: POWER_SUMS for E4M3 x E4M3 blocks of at most
+    POWER_TERMS products (conditions 10-11), ADD_MAX otherwise."""
+    return POWER_SUMS if (fmt_a, fmt_b) == POWER_FORMATS and nfma <= POWER_TERMS else ADD_MAX
 
-    * ``p_shift``: P_SHIFT of condition 9, in bits 23-31;
+
+def offset_params(params, fmt_a: str, fmt_b: str, method: str = ADD_MAX):
+    """The block step's constants for a preset (as :func:`~.params.preset_params` gives it), a format pair and an
+    exponent pass: ``(nfma, frac_out, p_add, floor_bits, m_add, tau_add, tau_max, top4, mantissa, start)``, int32
+    values (module docstring):
+
+    * ``p_add``: P_SHIFT of condition 9 (add-max), or the power sums' ``(127 - q0) * 2**23`` of condition 13;
     * ``floor_bits``: the fp32 pattern of ``2**e_floor``, ``e_floor = max(min_exp, lo)``;
     * ``m_add``: M's pattern is ``E_field * 2**23 + m_add`` (``E_field = E + 127``);
-    * ``tau_add``, ``tau_max``: the threshold's shift is ``clamp(E_field + tau_add, 0, tau_max)``;
+    * ``tau_add``, ``tau_max``: the threshold's shift is ``clamp(E_field + tau_add, 0, tau_max)`` (power sums:
+      ``min(E_field + tau_add, tau_max)``, condition 14);
     * ``top4``: THRESHOLD_TOP in each byte (T in each byte is ``top4 - shift * 0x01010101``);
-    * ``mantissa``: OFFSET_MANTISSA, M's mantissa field.
+    * ``mantissa``: OFFSET_MANTISSA, M's mantissa field;
+    * ``start``: POWER_START in both halves (the power sums' first word).
     """
     nfma, lshift, rshift, frac, frac_out, min_exp, late_c = (int(v) for v in params)
     la_a, ra = format_low_range(fmt_a)
@@ -151,16 +175,23 @@ def offset_params(params, fmt_a: str, fmt_b: str):
     lo = la_a + la_b
     e_floor = max(min_exp, lo)
     bias = FP32_EXPONENT_BIAS
-    p_shift = ((bias - 2 * EXP_BIAS) % 512) << FP32_FRACTION_BITS
+    if method == POWER_SUMS:
+        if exponent_method(fmt_a, fmt_b, nfma) != POWER_SUMS:
+            raise ValueError(f"power sums compute E4M3 x E4M3 blocks of at most {POWER_TERMS} products, not "
+                             f"{fmt_a} x {fmt_b} with nfma={nfma}")
+        p_add = power_add()
+    else:
+        p_add = ((bias - 2 * EXP_BIAS) % 512) << FP32_FRACTION_BITS
     m_add = ((FP32_FRACTION_BITS - frac) << FP32_FRACTION_BITS) + OFFSET_MANTISSA
     return tuple(int(np.array(v % 2**32, np.uint32).view(np.int32)) for v in (
-        nfma, frac_out, p_shift, (e_floor + bias) << FP32_FRACTION_BITS, m_add, -(bias + frac + lo), ra + rb + 1,
-        THRESHOLD_TOP * BYTE_ONES, OFFSET_MANTISSA))
+        nfma, frac_out, p_add, (e_floor + bias) << FP32_FRACTION_BITS, m_add, -(bias + frac + lo), ra + rb + 1,
+        THRESHOLD_TOP * BYTE_ONES, OFFSET_MANTISSA, POWER_START * 0x00010001))
 
 
-def offset_tables(fmt: str):
-    """(values float32[256], exponent halves uint32[256], low bytes uint32[256], sign bytes uint32[256]) of the
-    codes of a format (module docstring); zero, NaN and Inf codes are absent terms."""
+def offset_tables(fmt: str, method: str = ADD_MAX):
+    """(values float32[256], exponents uint32[256], low bytes uint32[256], sign bytes uint32[256]) of the codes of
+    a format (module docstring); exponents are the exponent halves (add-max) or the bf16 powers (power sums) of the
+    codes; zero, NaN and Inf codes are absent terms."""
     values = np.array(formats.values(fmt), np.float64)
     exps = np.array(formats.exponents(fmt), np.int64)
     sigs = np.array(formats.significands(fmt), np.int64)
@@ -172,85 +203,143 @@ def offset_tables(fmt: str):
     for bit in range(1, mbits + 2):  # trailing zero bits of the significand (at most mbits + 1 bits)
         trailing += (finite & (magnitude % (1 << bit) == 0)).astype(np.int64)
     low = exps - mbits + trailing - la_min
-    return (np.where(finite, values, 0.0).astype(np.float32),
-            np.where(finite, exps + EXP_BIAS, EXP_ABSENT).astype(np.uint32),
-            np.where(finite, low, ZERO_LOW).astype(np.uint32),
+    if method == POWER_SUMS:
+        if fmt != POWER_FORMATS[0]:
+            raise ValueError(f"power sums take {POWER_FORMATS[0]} operands, not {fmt}")
+        exponent_words = np.where(finite, power_bits(np.where(finite, exps, 0)), 0)
+    else:
+        exponent_words = np.where(finite, exps + EXP_BIAS, EXP_ABSENT)
+    return (np.where(finite, values, 0.0).astype(np.float32), exponent_words.astype(np.uint32),
+            np.where(finite, low, POWER_ZERO_LOW if method == POWER_SUMS else ZERO_LOW).astype(np.uint32),
             np.where(finite & (values < 0), SIGN_BYTE, 0).astype(np.uint32))
 
 
 @arithmetic
-def offset_pack(codes, row, k4, tables):
-    """Four k of a row of codes (k = 4 * k4 ...; zero codes past the row's end) in the staged layout:
-    ``(v0, v1, v2, v3, exp01, exp23, low, sign)``, values fp32 and words uint32."""
-    values, exps, lows, signs = tables
-    K = codes.shape[1]
-    c0 = np.uint8(codes[row, 4 * k4]) if 4 * k4 < K else np.uint8(0)
-    c1 = np.uint8(codes[row, 4 * k4 + 1]) if 4 * k4 + 1 < K else np.uint8(0)
-    c2 = np.uint8(codes[row, 4 * k4 + 2]) if 4 * k4 + 2 < K else np.uint8(0)
-    c3 = np.uint8(codes[row, 4 * k4 + 3]) if 4 * k4 + 3 < K else np.uint8(0)
-    low = np.uint32(lows[c0] | (lows[c1] << 8) | (lows[c2] << 16) | (lows[c3] << 24))
-    sign = np.uint32(signs[c0] | (signs[c1] << 8) | (signs[c2] << 16) | (signs[c3] << 24))
-    e = np.uint32(exps[c0] | (exps[c1] << 16))
-    e_hi = np.uint32(exps[c2] | (exps[c3] << 16))
-    return values[c0], values[c1], values[c2], values[c3], e, e_hi, low, sign
+def code_at(codes, row, k):
+    """The code at (row, k), or the zero code past the rows or past K."""
+    if row < codes.shape[0] and k < codes.shape[1]:
+        return np.uint8(codes[row, k])
+    return np.uint8(0)
 
 
 @arithmetic
-def exponent_sums(a_exp, ra, b_exp, jb, w):
-    """The two exponent sums (even and odd k) of word w of row ra of A and column jb of B."""
-    return add_u16x2(np.uint32(a_exp[w, ra]), np.uint32(b_exp[w, jb]))
+def exponent_word(codes, row, k, exps):
+    """Exponents (halves or powers) of the codes at (row, k) and (row, k + 1) in the low and high half."""
+    return np.uint32(exps[code_at(codes, row, k)] | (exps[code_at(codes, row, k + 1)] << 16))
+
+
+@arithmetic
+def paired_word(codes, row, k, exps):
+    """Powers of the codes at (row, k) and (row + 1, k) in the low and high half."""
+    return np.uint32(exps[code_at(codes, row, k)] | (exps[code_at(codes, row + 1, k)] << 16))
+
+
+@arithmetic
+def offset_pack(codes, row, k4, tables, odd, paired):
+    """Four k of a row of codes (k = 4 * k4 ...; zero codes past the rows or past K) in the staged layout:
+    ``(v0, v1, v2, v3, exp_lo, exp_hi, low, sign)``, values fp32 and words uint32. The exponent words hold the
+    row's halves of k = 4 * k4, 4 * k4 + 1 and of 4 * k4 + 2, 4 * k4 + 3 (add-max), or, ``paired``, the powers of
+    rows ``row - odd`` and ``row - odd + 1`` at k = 4 * k4 + odd and at 4 * k4 + 2 + odd (``odd``: the parity of
+    the row's column in the staged arrays)."""
+    values, exps, lows, signs = tables
+    k = 4 * k4
+    c0, c1 = code_at(codes, row, k), code_at(codes, row, k + 1)
+    c2, c3 = code_at(codes, row, k + 2), code_at(codes, row, k + 3)
+    low = np.uint32(lows[c0] | (lows[c1] << 8) | (lows[c2] << 16) | (lows[c3] << 24))
+    sign = np.uint32(signs[c0] | (signs[c1] << 8) | (signs[c2] << 16) | (signs[c3] << 24))
+    if paired:
+        e_lo, e_hi = paired_word(codes, row - odd, k + odd, exps), paired_word(codes, row - odd, k + 2 + odd, exps)
+    else:
+        e_lo, e_hi = exponent_word(codes, row, k, exps), exponent_word(codes, row, k + 2, exps)
+    return values[c0], values[c1], values[c2], values[c3], e_lo, e_hi, low, sign
+
+
+@arithmetic
+def add_max_word(a_exp, r0, b_exp, j0, w, e_pair, first):
+    """Word w (k = 2w, 2w + 1) into the exponent maxima of the tile: ``e_pair[r, j]`` = the per-half maxima of
+    ``a_exp[w, r0 + r] + b_exp[w, j0 + j]`` and, unless ``first``, its value before."""
+    rows, lanes = e_pair.shape
+    u = np.uint32
+    for r in range(0, rows, 4):
+        a = load_words4(a_exp, w, r0 + u(r))
+        for j in range(0, lanes, 4):
+            b = load_words4(b_exp, w, j0 + u(j))
+            for i in range(4):
+                for c in range(4):
+                    sums = add_u16x2(a[i], b[c])
+                    e_pair[r + i, j + c] = sums if first else max_u16x2(e_pair[r + i, j + c], sums)
 
 
 @arithmetic
 def offset_exponent_pass(a_exp, r0, b_exp, j0, w0, w1, e_pair):
     """b.1 steps 1-2 over the exponent words w in [w0, w1) (a multiple of 4, at least 4): ``e_pair[r, j]`` =
-    per-half maxima of ``a_exp[w, r0 + r] + b_exp[w, j0 + j]`` (the first pass writes it: nothing is read on
-    entry); four words per pass."""
-    rows, lanes = e_pair.shape
+    per-half maxima of ``a_exp[w, r0 + r] + b_exp[w, j0 + j]`` (the first word writes it: nothing is read on
+    entry); four words per pass; rows, lanes, r0 and j0 multiples of 4."""
     u = np.uint32
-    for r in range(rows):
-        for j in range(lanes):
-            ra, jb = r0 + u(r), j0 + u(j)
-            pair = max_u16x2(exponent_sums(a_exp, ra, b_exp, jb, w0), exponent_sums(a_exp, ra, b_exp, jb, w0 + u(1)))
-            pair = max_u16x2(pair, exponent_sums(a_exp, ra, b_exp, jb, w0 + u(2)))
-            e_pair[r, j] = max_u16x2(pair, exponent_sums(a_exp, ra, b_exp, jb, w0 + u(3)))
-    w = w0 + u(4)
+    add_max_word(a_exp, r0, b_exp, j0, w0, e_pair, True)
+    add_max_word(a_exp, r0, b_exp, j0, u(w0 + u(1)), e_pair, False)
+    add_max_word(a_exp, r0, b_exp, j0, u(w0 + u(2)), e_pair, False)
+    add_max_word(a_exp, r0, b_exp, j0, u(w0 + u(3)), e_pair, False)
+    w = u(w0 + u(4))
     while w < w1:
-        for r in range(rows):
-            for j in range(lanes):
-                ra, jb = r0 + u(r), j0 + u(j)
-                pair = max_u16x2(e_pair[r, j], exponent_sums(a_exp, ra, b_exp, jb, w))
-                pair = max_u16x2(pair, exponent_sums(a_exp, ra, b_exp, jb, w + u(1)))
-                pair = max_u16x2(pair, exponent_sums(a_exp, ra, b_exp, jb, w + u(2)))
-                e_pair[r, j] = max_u16x2(pair, exponent_sums(a_exp, ra, b_exp, jb, w + u(3)))
-        w += u(4)
+        add_max_word(a_exp, r0, b_exp, j0, w, e_pair, False)
+        add_max_word(a_exp, r0, b_exp, j0, u(w + u(1)), e_pair, False)
+        add_max_word(a_exp, r0, b_exp, j0, u(w + u(2)), e_pair, False)
+        add_max_word(a_exp, r0, b_exp, j0, u(w + u(3)), e_pair, False)
+        w = u(w + u(4))
+
+
+@arithmetic
+def offset_start(params, product_bits, c, clamp_low):
+    """b.1 steps 2-3 and the accumulator's term of step 4 for one output: E from ``product_bits`` (the int32
+    pattern of 2**E_prod, or a pattern below the floor's when the block has no product), c and the floor; returns
+    the offset sum ``M + trunc(c / u) * u`` and the threshold word (four copies of T). ``clamp_low``: clamp the
+    threshold's shift at 0 (the power sums' tables do without, condition 14)."""
+    i32, u32 = np.int32, np.uint32
+    floor_bits, m_add = i32(params[3]), i32(params[4])
+    tau_add, tau_max, top4 = i32(params[5]), i32(params[6]), u32(params[7])
+    c_bits = float32_bits(c)
+    # the largest of 2**E_prod, 2**e_floor and |c|, as fp32 numbers (conditions 9, 13)
+    top = float32_bits(max(max(float32_from_bits(i32(product_bits)), float32_from_bits(floor_bits)), abs(c)))
+    e_field = i32(top >> i32(FP32_FRACTION_BITS))  # E + 127
+    m_bits = i32(i32(e_field << i32(FP32_FRACTION_BITS)) + m_add)
+    m = float32_from_bits(m_bits)
+    signed_m = float32_from_bits(i32(m_bits | (c_bits & i32(-0x80000000))))
+    acc = np.float32(m + np.float32(fma_toward_zero(c, np.float32(1.0), signed_m) - signed_m))
+    shift = i32(e_field + tau_add)
+    if clamp_low:
+        shift = max(shift, i32(0))
+    shift = min(shift, tau_max)
+    return acc, u32(top4 - u32(shift) * u32(BYTE_ONES))
 
 
 @arithmetic
 def offset_block_start(params, c_val, e_pair, acc, thresh, count):
-    """b.1 steps 2-3 and the accumulator's term of step 4: E per output from its exponent maxima, c and the floor;
-    the offset sum ``acc = M + trunc(c / u) * u``, the threshold word ``thresh`` (four copies of T) and
+    """:func:`offset_start` for every output, E_prod from its exponent maxima ``e_pair[r, j]`` (add-max pass), and
     ``count = 0``."""
     i32, u32 = np.int32, np.uint32
-    p_shift, floor_bits, m_add = i32(params[2]), i32(params[3]), i32(params[4])
-    tau_add, tau_max, top4 = i32(params[5]), i32(params[6]), u32(params[7])
+    p_shift = i32(params[2])
     rows, lanes = c_val.shape
     for r in range(rows):
         for j in range(lanes):
             pair = e_pair[r, j]
             largest = max_u16x2(pair, swap_halves(pair))  # the block's largest exponent sum, in both halves
             product_bits = i32(i32(largest << u32(FP32_FRACTION_BITS)) + p_shift)  # 2**E_prod (condition 9)
-            c = c_val[r, j]
-            c_bits = float32_bits(c)
-            top = max(max(product_bits, floor_bits), i32(c_bits & i32(0x7FFFFFFF)))
-            e_field = i32(top >> i32(FP32_FRACTION_BITS))  # E + 127
-            m_bits = i32(i32(e_field << i32(FP32_FRACTION_BITS)) + m_add)
-            m = float32_from_bits(m_bits)
-            signed_m = float32_from_bits(i32(m_bits | (c_bits & i32(-0x80000000))))
-            acc[r, j] = np.float32(m + np.float32(fma_toward_zero(c, np.float32(1.0), signed_m) - signed_m))
-            shift = u32(min(max(i32(e_field + tau_add), i32(0)), tau_max))
-            thresh[r, j] = u32(top4 - shift * u32(BYTE_ONES))
+            acc[r, j], thresh[r, j] = offset_start(params, product_bits, c_val[r, j], True)
             count[r, j] = u32(0)
+
+
+@arithmetic
+def power_block_start(params, c_val, e_pair, acc, thresh, count):
+    """:func:`offset_start` for every output, E_prod from the power sums ``e_pair[r // 2, j]`` (the half ``r % 2``;
+    power-sum pass), and ``count = 0``."""
+    add = np.int32(params[2])
+    rows, lanes = c_val.shape
+    for r in range(rows):
+        for j in range(lanes):
+            product_bits = power_product_bits(e_pair[r >> 1, j], r & 1, add)
+            acc[r, j], thresh[r, j] = offset_start(params, product_bits, c_val[r, j], False)
+            count[r, j] = np.uint32(0)
 
 
 @arithmetic
@@ -308,17 +397,38 @@ def offset_block_end(params, acc, count, c_val):
 @arithmetic
 def offset_block(a_val, a_exp, a_bytes, r0, b_val, b_exp, b_bytes, j0, kb, ke, params, c_val, work):
     """One early-accumulator block step (b.1, result truncation deferred) over k in [kb, ke) for the tile of rows
-    r0 ... of A and columns j0 ... of B; updates ``c_val`` in place. kb is a multiple of 16, ke > kb, and the staged
-    operands hold zero codes from ke up to the next multiple of 16 (past K), which are read as whole words: the loops
-    then have no ragged end (a block without products is :func:`offset_empty_block`). ``work`` = (e_pair, acc,
-    thresh, count), arrays of the tile's shape (uint32, float32, uint32, uint32) that need no content on entry."""
+    r0 ... of A and columns j0 ... of B, E by the add-max pass; updates ``c_val`` in place. kb is a multiple of 16,
+    ke > kb, and the staged operands hold zero codes from ke up to the next multiple of 16 (past K), which are read
+    as whole words: the loops then have no ragged end (a block without products is :func:`offset_empty_block`).
+    ``work`` = (e_pair, acc, thresh, count), arrays of the tile's shape (uint32, float32, uint32, uint32) that need
+    no content on entry."""
     e_pair, acc, thresh, count = work
-    u = np.uint32
-    first, end = u(kb), u(u(u(ke) + u(K_PASS - 1)) & u(~(K_PASS - 1) & 0xFFFFFFFF))
-    offset_exponent_pass(a_exp, r0, b_exp, j0, first >> u(1), end >> u(1), e_pair)
+    first, end = block_range(kb, ke)
+    offset_exponent_pass(a_exp, r0, b_exp, j0, first >> np.uint32(1), end >> np.uint32(1), e_pair)
     offset_block_start(params, c_val, e_pair, acc, thresh, count)
-    offset_products(a_val, a_bytes, r0, b_val, b_bytes, j0, first >> u(2), end >> u(2), acc, thresh, count)
+    offset_products(a_val, a_bytes, r0, b_val, b_bytes, j0, first >> np.uint32(2), end >> np.uint32(2), acc, thresh,
+                    count)
     offset_block_end(params, acc, count, c_val)
+
+
+@arithmetic
+def power_offset_block(a_val, a_exp, a_bytes, r0, b_val, b_exp, b_bytes, j0, kb, ke, params, c_val, work):
+    """:func:`offset_block` with E by power sums (E4M3 x E4M3, paired exponent words; :mod:`.power_sums`)."""
+    e_pair, acc, thresh, count = work
+    first, end = block_range(kb, ke)
+    power_exponent_pass(a_exp, r0, b_exp, j0, first >> np.uint32(1), end >> np.uint32(1), np.uint32(params[9]),
+                        e_pair)
+    power_block_start(params, c_val, e_pair, acc, thresh, count)
+    offset_products(a_val, a_bytes, r0, b_val, b_bytes, j0, first >> np.uint32(2), end >> np.uint32(2), acc, thresh,
+                    count)
+    offset_block_end(params, acc, count, c_val)
+
+
+@arithmetic
+def block_range(kb, ke):
+    """The k read for a block over [kb, ke): kb and ke rounded up to a multiple of K_PASS, uint32."""
+    u = np.uint32
+    return u(kb), u(u(u(ke) + u(K_PASS - 1)) & u(~(K_PASS - 1) & 0xFFFFFFFF))
 
 
 @arithmetic
@@ -326,8 +436,12 @@ def offset_empty_block(params, c_val, work):
     """A block without products (zero padding past K in a split tile): ``c_val`` truncated toward zero onto the
     grid of ``E = max(exponent of c, e_floor)``, the block step on the accumulator alone (b.1 with no term)."""
     e_pair, acc, thresh, count = work
-    e_pair[:, :] = np.uint32(2 * EXP_ABSENT * 0x00010001)  # no product: E from c and the floor alone
-    offset_block_start(params, c_val, e_pair, acc, thresh, count)
+    floor_bits = np.int32(params[3])  # no product: E from c and the floor alone
+    rows, lanes = c_val.shape
+    for r in range(rows):
+        for j in range(lanes):
+            acc[r, j], thresh[r, j] = offset_start(params, floor_bits, c_val[r, j], True)
+            count[r, j] = np.uint32(0)
     offset_block_end(params, acc, count, c_val)
 
 
@@ -338,13 +452,10 @@ def offset_chain_value(c, frac_out):
 
 
 @arithmetic
-def offset_pack_into(codes, row, g, tables, column, val, exp, byte_words):
+def offset_pack_into(codes, row, g, tables, column, val, exp, byte_words, paired):
     """Four k (group g) of row ``row`` of ``codes`` (zero codes past its rows or past K) packed into column
-    ``column`` of the k-major staged arrays (:func:`offset_pack`)."""
-    if row < codes.shape[0]:
-        v0, v1, v2, v3, e01, e23, lw, sg = offset_pack(codes, row, g, tables)
-    else:
-        v0, v1, v2, v3, e01, e23, lw, sg = offset_pack(codes, 0, codes.shape[1], tables)  # all zero codes
+    ``column`` of the k-major staged arrays (:func:`offset_pack`; ``row - column`` even)."""
+    v0, v1, v2, v3, e01, e23, lw, sg = offset_pack(codes, row, g, tables, column & 1, paired)
     val[4 * g, column] = v0
     val[4 * g + 1, column] = v1
     val[4 * g + 2, column] = v2
@@ -356,9 +467,9 @@ def offset_pack_into(codes, row, g, tables, column, val, exp, byte_words):
 
 
 @arithmetic
-def offset_pack_rows(codes, tables, val, exp, byte_words):
+def offset_pack_rows(codes, tables, val, exp, byte_words, paired):
     """Every row of ``codes`` [rows, K] packed into k-major staged arrays (``val[Kp, rows]``, ``exp[Kp // 2, rows]``,
     ``byte_words[Kp // 4, 2 * rows]``, Kp a multiple of 4 at least K; rows and k past the codes are zero codes)."""
     for g in range(byte_words.shape[0]):
         for row in range(val.shape[1]):
-            offset_pack_into(codes, row, g, tables, row, val, exp, byte_words)
+            offset_pack_into(codes, row, g, tables, row, val, exp, byte_words, paired)

@@ -8,6 +8,9 @@
   and newer). Followed by :func:`max_u16x2`, ptxas fuses the pair into one ``VIADDMNMX.U16x2`` on sm_90: two
   exponent sums and their running maxima per instruction.
 * :func:`swap_halves` - the two 16-bit halves of a word exchanged (plain arithmetic: a rotation, one ``SHF``).
+* :func:`load_words4` - four consecutive 32-bit elements of a row of a 2-D array (in kernels one 16-byte load,
+  ``LDS.128`` from shared memory: the exponent pass reads a tile's words with it, which ptxas does not always
+  vectorise by itself).
 
 Each is an exact function of its integer arguments. CPUs and numba's CUDA simulator run the plain integer twins
 here (:func:`dp4a_exact`, :func:`max_u16x2_exact`, :func:`add_u16x2_exact`); CUDA kernels get one PTX instruction
@@ -84,6 +87,12 @@ def add_u32_model(a, b):
     return (int(a) + int(b)) % 2**32
 
 
+def load_words4(array, row, column):
+    """``array[row, column:column + 4]`` as a tuple (a C-contiguous 2-D array of 32-bit numbers; in kernels the
+    address must be a multiple of 16 bytes: ``column`` and the row length multiples of 4)."""
+    return array[row, column], array[row, column + 1], array[row, column + 2], array[row, column + 3]
+
+
 def dp4a(a, b, c):
     """uint32 ``c + sum_i byte_i(a) * byte_i(b)`` (modulo 2**32)."""
     return dp4a_exact(a, b, c)
@@ -99,26 +108,29 @@ def add_u16x2(a, b):
     return add_u16x2_exact(a, b)
 
 
-def _words(*args):
-    return all(isinstance(arg, types.Integer) for arg in args)
+_CALLERS = {1: lambda f: lambda a: f(a), 2: lambda f: lambda a, b: f(a, b), 3: lambda f: lambda a, b, c: f(a, b, c)}
 
 
-@overload(dp4a, target="generic")
-def _dp4a_generic(a, b, c):
-    if not _words(a, b, c):
+def overload_on_words(function, implementation, target):
+    """Register ``implementation`` (a jitted function or an intrinsic with ``function``'s arguments) as
+    ``function`` for integer arguments on a numba target: ``"generic"`` (CPU loops and the simulator run the exact
+    twins) or ``"cuda"`` (kernels run the instruction, :mod:`mmaemu.cuda.ptx`)."""
+    call = _CALLERS[function.__code__.co_argcount](implementation)
+
+    @overload(function, target=target, strict=False)
+    def _on_words(*args):
+        return call if all(isinstance(arg, types.Integer) for arg in args) else None
+
+
+@overload(load_words4, target="generic")
+def _load_words4_generic(array, row, column):
+    if not (isinstance(array, types.Array) and array.ndim == 2 and isinstance(row, types.Integer)
+            and isinstance(column, types.Integer)):
         return None
-    return lambda a, b, c: dp4a_exact(a, b, c)
+    return lambda array, row, column: (array[row, column], array[row, column + 1], array[row, column + 2],
+                                       array[row, column + 3])
 
 
-@overload(max_u16x2, target="generic")
-def _max_u16x2_generic(a, b):
-    if not _words(a, b):
-        return None
-    return lambda a, b: max_u16x2_exact(a, b)
-
-
-@overload(add_u16x2, target="generic")
-def _add_u16x2_generic(a, b):
-    if not _words(a, b):
-        return None
-    return lambda a, b: add_u16x2_exact(a, b)
+overload_on_words(dp4a, dp4a_exact, "generic")
+overload_on_words(max_u16x2, max_u16x2_exact, "generic")
+overload_on_words(add_u16x2, add_u16x2_exact, "generic")

@@ -13,7 +13,7 @@ import numpy as np
 from numba import cuda
 
 from ..arith import offset as _offset
-from . import offset_kernel
+from . import offset_kernel, shim
 from .catalog import CODES_KERNELS
 from .kernels import BLOCK, EPILOGUE_THREADS, MAX_GRID_Y, epilogue, gemm_simple, override_nonfinite
 from .native_kernel import (CTA_M, CTA_N, COMBINE_THREADS, GROUP_THREADS, INSTRUCTIONS, THREADS, combine_partials,
@@ -23,6 +23,7 @@ from .probe_kernel import probe_kernel
 # Packed operand panels of the offset kernel are kept below this size (rows of A or B per launch).
 PANEL_BYTES = 256 * 2**20
 PACKED_BYTES = 8  # value (fp32), half an exponent word, a low byte and a sign byte per element
+BF16X2_CAPABILITY = (8, 0)  # fma.rn.bf16x2, the power-sum exponent pass of the offset kernel
 
 
 GEMM_KERNELS = ("native", "offset", "simple")
@@ -130,8 +131,9 @@ def signatures():
     tables = numba.typeof(tuple(_offset.offset_tables("e4m3")))
     return {
         "offset": (offset_kernel.gemm_offset, offset_args),
+        "offset_powers": (offset_kernel.gemm_offset_powers, offset_args),
         "offset_decode": (offset_kernel.decode_operand, (types.uint8[:, ::1], tables, i64, f32, types.uint32[:, ::1],
-                                                         types.uint32[:, ::1])),
+                                                         types.uint32[:, ::1], types.boolean)),
         "simple": (gemm_simple, (a8, a16, a8, a16, schedule, params, f32)),
         "override": (override_nonfinite, (codes, flags, table, codes, flags, table, types.int32[:, ::1])),
         "epilogue": (epilogue, (types.float32[::1], types.int32[::1], i64, i64, i64, types.int16[::1])),
@@ -161,10 +163,10 @@ def _panel_rows(K: int, block_rows: int) -> int:
 # The offset kernel
 
 
-def _packed_panel(codes, fmt, row0, rows, K, alloc, stream):
+def _packed_panel(codes, fmt, method, row0, rows, K, alloc, stream):
     """Packed (val, exp, byte words) arrays of codes[row0:row0 + rows] (zero codes past the rows and past K, to
-    whole stages), flat, and their number of columns. The kernel reads them 16 bytes at a time: RuntimeError if
-    an allocation does not start on a 16-byte boundary."""
+    whole stages; exponent words of the exponent pass ``method``), flat, and their number of columns. The kernel
+    reads them 16 bytes at a time: RuntimeError if an allocation does not start on a 16-byte boundary."""
     Kp = _round_up(max(K, 1), offset_kernel.STAGE_K)
     arrays = (alloc((Kp, rows), np.float32), alloc((Kp // 2, rows), np.uint32), alloc((Kp // 4, 2 * rows), np.uint32))
     for array in arrays:
@@ -172,10 +174,10 @@ def _packed_panel(codes, fmt, row0, rows, K, alloc, stream):
         if interface is not None and interface["data"][0] % 16:
             raise RuntimeError("the offset kernel reads its packed operands 16 bytes at a time; the allocator gave "
                                f"an address {interface['data'][0]:#x} that is not a multiple of 16")
-    tables = tuple(cuda.to_device(t, stream=stream) for t in _offset.offset_tables(fmt))
+    tables = tuple(cuda.to_device(t, stream=stream) for t in _offset.offset_tables(fmt, method))
     block = offset_kernel.DECODE_BLOCK
     grid = ((rows + block[0] - 1) // block[0], min((Kp // 4 + block[1] - 1) // block[1], MAX_GRID_Y))
-    offset_kernel.decode_operand[grid, block, stream](codes, tables, row0, *arrays)
+    offset_kernel.decode_operand[grid, block, stream](codes, tables, row0, *arrays, method == _offset.POWER_SUMS)
     return tuple(array.reshape(-1) for array in arrays) + (rows,)
 
 
@@ -197,24 +199,39 @@ def launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
     if why is not None:
         raise RuntimeError(f"the offset kernel {why}")
     alloc = alloc or _numba_allocator(stream)
-    block_params = _offset.offset_params(params, fmt_a, fmt_b)
+    method = _exponent_method(fmt_a, fmt_b, params[0])
+    block_params = _offset.offset_params(params, fmt_a, fmt_b, method)
+    kernel = offset_kernel.gemm_offset_powers if method == _offset.POWER_SUMS else offset_kernel.gemm_offset
+    if shim.simulator_enabled():
+        offset_kernel.compile_for_simulator(
+            _offset.power_offset_block if method == _offset.POWER_SUMS else _offset.offset_block, block_params)
     bm, bn = offset_kernel.BLOCK_M, offset_kernel.BLOCK_N
     rows_a, rows_b = _panel_rows(K, bm), _panel_rows(K, bn)
     # The pairwise scheme's slot per output (gemm_offset); other schedules never touch it.
     slot = alloc((M, N) if schedule[1] > 1 and schedule[4] else (1, 1), np.float32)
     with quiet_launches():
         # A in one panel is packed once; in several, once per panel of B (a panel of each at a time).
-        whole_a = _packed_panel(a_codes, fmt_a, 0, _round_up(M, bm), K, alloc, stream) if M <= rows_a else None
+        whole_a = _packed_panel(a_codes, fmt_a, method, 0, _round_up(M, bm), K, alloc, stream) if M <= rows_a else None
         for n0 in range(0, N, rows_b):
             n1 = min(N, n0 + rows_b)
-            b = _packed_panel(b_codes, fmt_b, n0, _round_up(n1 - n0, bn), K, alloc, stream)
+            b = _packed_panel(b_codes, fmt_b, method, n0, _round_up(n1 - n0, bn), K, alloc, stream)
             for m0 in range(0, M, rows_a):
                 m1 = min(M, m0 + rows_a)
-                a = whole_a or _packed_panel(a_codes, fmt_a, m0, _round_up(m1 - m0, bm), K, alloc, stream)
+                a = whole_a or _packed_panel(a_codes, fmt_a, method, m0, _round_up(m1 - m0, bm), K, alloc, stream)
                 grid = ((n1 - n0 + bn - 1) // bn, (m1 - m0 + bm - 1) // bm)
-                offset_kernel.gemm_offset[grid, (offset_kernel.TX, offset_kernel.TY), stream](
+                kernel[grid, (offset_kernel.TX, offset_kernel.TY), stream](
                     *a, *b, K, schedule, block_params, out[m0:m1, n0:n1], slot if slot.shape[0] == 1 else
                     slot[m0:m1, n0:n1])
+
+
+def _exponent_method(fmt_a, fmt_b, nfma):
+    """The offset kernel's exponent pass for a call (:func:`mmaemu.arith.offset.exponent_method`): the power sums
+    need ``fma.rn.bf16x2`` (sm_80 and newer; numba's simulator runs its exact twin)."""
+    method = _offset.exponent_method(fmt_a, fmt_b, int(nfma))
+    if method == _offset.POWER_SUMS and not shim.simulator_enabled():
+        if tuple(cuda.get_current_device().compute_capability) < BF16X2_CAPABILITY:
+            return _offset.ADD_MAX
+    return method
 
 
 # ----------------------------------------------------------------------------------------------------------------

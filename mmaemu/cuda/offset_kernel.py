@@ -1,17 +1,21 @@
 """The ``cuda:offset`` GEMM kernel: the formulation of :mod:`mmaemu.arith.offset` on a register tile per thread.
 
 Every product is one fp32 fused multiply-add rounding toward zero into an offset accumulator, plus a quarter of an
-``IDP4A`` and two integer instructions that count the products it floors one unit too far; the block exponent is
-a packed 16-bit add and maximum per two products. Two kernels:
+``IDP4A`` and two integer instructions that count the products it floors one unit too far; the block exponent
+costs half an instruction per product: a bf16x2 power-sum fma (E4M3 x E4M3, from sm_80) or a packed 16-bit add
+and maximum (other pairs; one instruction on sm_90, two below). Two kernels, the GEMM one compiled once per
+exponent pass:
 
 * :func:`decode_operand` packs the FP8 codes of a panel of rows once (:func:`mmaemu.arith.offset.offset_pack_into`)
-  into k-major arrays: fp32 values ``val[k, r]``, exponent words ``exp[k // 2, r]``, and the low-byte and
-  sign-byte words of four k side by side, ``bytes[k // 4, 2 * r]`` and ``bytes[k // 4, 2 * r + 1]``; padded with
-  zero codes to whole stages and thread blocks, so the GEMM kernel stages them with plain 16-byte copies;
-* :func:`gemm_offset`: a TY x TX thread block owns BLOCK_M x BLOCK_N outputs, each thread a ROWS x COLS tile of
-  them (rows ``ty * ROWS + r``, columns ``tx * COLS + j``: adjacent words, vector loads). The block copies STAGE_K
-  k of its rows of A and of B into shared memory (48 KiB, the static limit), each thread 16 bytes per load
-  (:func:`mmaemu.cuda.ptx.load4`); each thread runs :func:`mmaemu.arith.offset.offset_block` on every block of
+  into k-major arrays: fp32 values ``val[k, r]``, exponent words ``exp[k // 2, r]`` (paired for the power sums:
+  rows 2p and 2p + 1 of one k per word), and the low-byte and sign-byte words of four k side by side,
+  ``bytes[k // 4, 2 * r]`` and ``bytes[k // 4, 2 * r + 1]``; padded with zero codes to whole stages and thread
+  blocks, so the GEMM kernel stages them with plain 16-byte copies;
+* :func:`gemm_offset` (add-max) and :func:`gemm_offset_powers` (power sums): a TY x TX thread block owns BLOCK_M x
+  BLOCK_N outputs, each thread a ROWS x COLS tile of them (rows ``ty * ROWS + r``, columns ``tx * COLS + j``:
+  adjacent words, vector loads). The block copies STAGE_K k of its rows of A and of B into shared memory (48 KiB,
+  the static limit), each thread 16 bytes per load (:func:`mmaemu.cuda.ptx.load4`); each thread runs
+  :func:`mmaemu.arith.offset.offset_block` (or :func:`~mmaemu.arith.offset.power_offset_block`) on every block of
   its chains, state in registers, and ends each chain with :func:`mmaemu.arith.offset.offset_chain_value`.
 
 The schedule (unsplit fast and slow, every split-K scheme) is walked with the functions ``accumulate_one`` uses
@@ -33,6 +37,7 @@ shim.install_fma_toward_zero()
 ptx.install()
 
 offset_block = shim.device(_offset.offset_block)
+power_offset_block = shim.device(_offset.power_offset_block)
 offset_empty_block = shim.device(_offset.offset_empty_block)
 offset_chain_value = shim.device(_offset.offset_chain_value)
 offset_pack_into = shim.device(_offset.offset_pack_into)
@@ -84,14 +89,14 @@ def products_per_stage() -> int:
 
 
 @cuda.jit(fastmath=False)
-def decode_operand(codes, tables, row0, val, exp, byte_words):
-    """Pack four k of row ``row0 + r`` per thread (``offset_pack_into``; zero codes past the rows or past K). Groups
-    stride over the grid's y extent, so any K fits the grid."""
+def decode_operand(codes, tables, row0, val, exp, byte_words, paired):
+    """Pack four k of row ``row0 + r`` per thread (``offset_pack_into``; zero codes past the rows or past K; row0
+    even; ``paired``: power words). Groups stride over the grid's y extent, so any K fits the grid."""
     r, g = cuda.grid(2)
     g_step = cuda.gridDim.y * cuda.blockDim.y
     rows = val.shape[1]
     while g < byte_words.shape[0] and r < rows:
-        offset_pack_into(codes, row0 + r, g, tables, r, val, exp, byte_words)
+        offset_pack_into(codes, row0 + r, g, tables, r, val, exp, byte_words, paired)
         g += g_step
 
 
@@ -129,7 +134,9 @@ def _stage(panel, row0, c0, staged):
 
 @cuda.jit(device=True, fastmath=False)
 def _stages():
-    """The block's staged operands in shared memory (one set per kernel: call once per thread)."""
+    """The block's staged operands in shared memory (one set per kernel: call once per thread). Each array is a
+    multiple of 16 bytes, so ptxas, which places them, starts each on a 16-byte boundary (it vectorises the product
+    loop's loads from them itself); the exponent pass's explicit 16-byte loads (``load_words4``) rely on that."""
     # One allocation per line: numba's simulator tells shared arrays apart by the line that allocates them.
     a_val = cuda.shared.array((STAGE_K, BLOCK_M), float32)
     a_exp = cuda.shared.array((STAGE_WORDS2, BLOCK_M), uint32)
@@ -138,65 +145,6 @@ def _stages():
     b_exp = cuda.shared.array((STAGE_WORDS2, BLOCK_N), uint32)
     b_bytes = cuda.shared.array((STAGE_WORDS4, BYTES_N), uint32)
     return (a_val, a_exp, a_bytes), (b_val, b_exp, b_bytes)
-
-
-@cuda.jit(device=True, fastmath=False)
-def _chain(a, b, K, first, stride, count, schedule, params, sh_a, sh_b, work, c_val):
-    """One chain from +0 over ``count`` k-tiles (``chain_range``), staged STAGE_K k at a time; ``c_val`` ends with
-    its deferred accumulator. Blocks start every nfma k from each range's start (a multiple of STAGE_K, and
-    nfma divides STAGE_K); those past K (zero padding of a split tile) run on the accumulator alone, as in the
-    reference, after the range's staged blocks (they come last in k)."""
-    i32 = np.int32
-    m0 = i32(cuda.blockIdx.y * BLOCK_M)
-    n0 = i32(cuda.blockIdx.x * BLOCK_N)
-    r0 = np.uint32(cuda.threadIdx.y * ROWS)
-    j0 = np.uint32(cuda.threadIdx.x * COLS)
-    nfma = i32(params[0])
-    for r in range(ROWS):
-        for j in range(COLS):
-            c_val[r, j] = np.float32(0.0)
-    for i in range(chain_range_count(stride, count)):
-        k0, k1 = chain_range(K, first, stride, count, schedule[0], schedule[5], i)
-        data_end = i32(min(i32(k1), K))
-        c0 = i32(k0)
-        while c0 < data_end:  # the block loop: one stage per pass
-            cuda.syncthreads()  # every thread is done with the previous stage
-            _stage(a, m0, c0, sh_a)
-            _stage(b, n0, c0, sh_b)
-            cuda.syncthreads()
-            stop = i32(min(i32(STAGE_K), i32(data_end - c0)))  # blocks that start before the data's end
-            valid = i32(min(i32(STAGE_K), i32(K - c0)))
-            kb = i32(0)
-            while kb < stop:
-                offset_block(sh_a[0], sh_a[1], sh_a[2], r0, sh_b[0], sh_b[1], sh_b[2], j0, np.uint32(kb),
-                             np.uint32(min(i32(kb + nfma), valid)), params, c_val, work)
-                kb += nfma
-            c0 += i32(STAGE_K)
-        kb = i32(k0)
-        while kb < data_end:
-            kb += nfma
-        while kb < i32(k1):  # blocks past K
-            offset_empty_block(params, c_val, work)
-            kb += nfma
-
-
-@cuda.jit(device=True, fastmath=False)
-def _split_partial(a, b, K, s, schedule, params, sh_a, sh_b, partial):
-    """``partial`` = the fp32 sum, in increasing k, of the chains of split s from +0 (``split_partial``); the
-    thread's block state lives here (local arrays are handed down to callees, never returned)."""
-    work = (cuda.local.array((ROWS, COLS), uint32), cuda.local.array((ROWS, COLS), float32),
-            cuda.local.array((ROWS, COLS), uint32), cuda.local.array((ROWS, COLS), uint32))
-    c_val = cuda.local.array((ROWS, COLS), float32)
-    frac_out = params[1]
-    for r in range(ROWS):
-        for j in range(COLS):
-            partial[r, j] = np.float32(0.0)
-    for c in range(split_chains(K, s, schedule)):
-        first, stride, count = chain_tiles_of(K, s, c, schedule)
-        _chain(a, b, K, first, stride, count, schedule, params, sh_a, sh_b, work, c_val)
-        for r in range(ROWS):
-            for j in range(COLS):
-                partial[r, j] = np.float32(partial[r, j] + offset_chain_value(c_val[r, j], frac_out))
 
 
 @cuda.jit(device=True, fastmath=False)
@@ -218,20 +166,111 @@ def _combine_into(out, slot, paired, partial, first, target, flush):
                     slot[m, n] = held
 
 
-@cuda.jit(fastmath=False, **shim.register_cap(REGISTERS))
-def gemm_offset(a_val, a_exp, a_bytes, a_cols, b_val, b_exp, b_bytes, b_cols, K, schedule, params, out, slot):
-    """out[m, n] for a BLOCK_M x BLOCK_N tile per thread block; see the module docstring. The operands are packed
-    panels (:func:`decode_operand`) seen flat with a_cols / b_cols rows, K the operands' own length. The split
-    partials are combined in the order of ``combine_step`` (one partial, added to +0, when unsplit); ``slot``
-    (out's shape) holds the pairwise scheme's slot, any other schedule passes a 1 x 1 array that is never
-    touched. Every thread of the block walks the same schedule, so barriers are uniform."""
-    sh_a, sh_b = _stages()
-    partial = cuda.local.array((ROWS, COLS), float32)
-    a = (a_val, a_exp, a_bytes, a_cols)
-    b = (b_val, b_exp, b_bytes, b_cols)
-    splits = schedule[1]
-    paired = splits > 1 and schedule[4] != 0
-    for i in range(splits):
-        s, target, flush = combine_step(splits, schedule[4], i)
-        _split_partial(a, b, np.int32(K), s, schedule, params, sh_a, sh_b, partial)
-        _combine_into(out, slot, paired, partial, i == 0, target, flush)
+_COMPILED_HERE = set()
+
+
+def compile_for_simulator(block_step, params):
+    """Compile ``block_step`` (an arithmetic dispatcher of :mod:`mmaemu.arith.offset`) and the block-end helpers
+    in the calling thread for the types the GEMM kernel's threads call them with (stage arrays, uint32 offsets,
+    ``params``), once per process and block step. Only for numba's simulator: there each thread of a block is a
+    Python thread, and a compilation started inside a block competes with the other 255 threads for the
+    interpreter, taking several times longer than here (the results are the same)."""
+    if (block_step, params) in _COMPILED_HERE:
+        return
+    sh_a = (np.zeros((STAGE_K, BLOCK_M), np.float32), np.zeros((STAGE_WORDS2, BLOCK_M), np.uint32),
+            np.zeros((STAGE_WORDS4, BYTES_M), np.uint32))
+    sh_b = (np.zeros((STAGE_K, BLOCK_N), np.float32), np.zeros((STAGE_WORDS2, BLOCK_N), np.uint32),
+            np.zeros((STAGE_WORDS4, BYTES_N), np.uint32))
+    work = tuple(np.zeros((ROWS, COLS), t) for t in (np.uint32, np.float32, np.uint32, np.uint32))
+    c_val = np.zeros((ROWS, COLS), np.float32)
+    u = np.uint32
+    block_step(*sh_a, u(0), *sh_b, u(0), u(0), u(params[0]), params, c_val, work)
+    _offset.offset_empty_block(params, c_val, work)
+    _offset.offset_chain_value(np.float32(0.0), params[1])
+    _COMPILED_HERE.add((block_step, params))
+
+
+def _gemm_kernel(block_step):
+    """The GEMM kernel whose threads run ``block_step`` (:func:`mmaemu.arith.offset.offset_block` or
+    :func:`~mmaemu.arith.offset.power_offset_block`) on every block: one source, one kernel per exponent pass."""
+
+    @cuda.jit(device=True, fastmath=False)
+    def chain(a, b, K, first, stride, count, schedule, params, sh_a, sh_b, work, c_val):
+        """One chain from +0 over ``count`` k-tiles (``chain_range``), staged STAGE_K k at a time; ``c_val`` ends
+        with its deferred accumulator. Blocks start every nfma k from each range's start (a multiple of STAGE_K,
+        and nfma divides STAGE_K); those past K (zero padding of a split tile) run on the accumulator alone, as in
+        the reference, after the range's staged blocks (they come last in k)."""
+        i32 = np.int32
+        m0 = i32(cuda.blockIdx.y * BLOCK_M)
+        n0 = i32(cuda.blockIdx.x * BLOCK_N)
+        r0 = np.uint32(cuda.threadIdx.y * ROWS)
+        j0 = np.uint32(cuda.threadIdx.x * COLS)
+        nfma = i32(params[0])
+        for r in range(ROWS):
+            for j in range(COLS):
+                c_val[r, j] = np.float32(0.0)
+        for i in range(chain_range_count(stride, count)):
+            k0, k1 = chain_range(K, first, stride, count, schedule[0], schedule[5], i)
+            data_end = i32(min(i32(k1), K))
+            c0 = i32(k0)
+            while c0 < data_end:  # the block loop: one stage per pass
+                cuda.syncthreads()  # every thread is done with the previous stage
+                _stage(a, m0, c0, sh_a)
+                _stage(b, n0, c0, sh_b)
+                cuda.syncthreads()
+                stop = i32(min(i32(STAGE_K), i32(data_end - c0)))  # blocks that start before the data's end
+                valid = i32(min(i32(STAGE_K), i32(K - c0)))
+                kb = i32(0)
+                while kb < stop:
+                    block_step(sh_a[0], sh_a[1], sh_a[2], r0, sh_b[0], sh_b[1], sh_b[2], j0, np.uint32(kb),
+                               np.uint32(min(i32(kb + nfma), valid)), params, c_val, work)
+                    kb += nfma
+                c0 += i32(STAGE_K)
+            kb = i32(k0)
+            while kb < data_end:
+                kb += nfma
+            while kb < i32(k1):  # blocks past K
+                offset_empty_block(params, c_val, work)
+                kb += nfma
+
+    @cuda.jit(device=True, fastmath=False)
+    def split_partial(a, b, K, s, schedule, params, sh_a, sh_b, partial):
+        """``partial`` = the fp32 sum, in increasing k, of the chains of split s from +0 (``split_partial``); the
+        thread's block state lives here (local arrays are handed down to callees, never returned)."""
+        work = (cuda.local.array((ROWS, COLS), uint32), cuda.local.array((ROWS, COLS), float32),
+                cuda.local.array((ROWS, COLS), uint32), cuda.local.array((ROWS, COLS), uint32))
+        c_val = cuda.local.array((ROWS, COLS), float32)
+        frac_out = params[1]
+        for r in range(ROWS):
+            for j in range(COLS):
+                partial[r, j] = np.float32(0.0)
+        for c in range(split_chains(K, s, schedule)):
+            first, stride, count = chain_tiles_of(K, s, c, schedule)
+            chain(a, b, K, first, stride, count, schedule, params, sh_a, sh_b, work, c_val)
+            for r in range(ROWS):
+                for j in range(COLS):
+                    partial[r, j] = np.float32(partial[r, j] + offset_chain_value(c_val[r, j], frac_out))
+
+    @cuda.jit(fastmath=False, **shim.register_cap(REGISTERS))
+    def gemm(a_val, a_exp, a_bytes, a_cols, b_val, b_exp, b_bytes, b_cols, K, schedule, params, out, slot):
+        """out[m, n] for a BLOCK_M x BLOCK_N tile per thread block; see the module docstring. The operands are
+        packed panels (:func:`decode_operand`) seen flat with a_cols / b_cols rows, K the operands' own length.
+        The split partials are combined in the order of ``combine_step`` (one partial, added to +0, when unsplit);
+        ``slot`` (out's shape) holds the pairwise scheme's slot, any other schedule passes a 1 x 1 array that is
+        never touched. Every thread of the block walks the same schedule, so barriers are uniform."""
+        sh_a, sh_b = _stages()
+        partial = cuda.local.array((ROWS, COLS), float32)
+        a = (a_val, a_exp, a_bytes, a_cols)
+        b = (b_val, b_exp, b_bytes, b_cols)
+        splits = schedule[1]
+        paired = splits > 1 and schedule[4] != 0
+        for i in range(splits):
+            s, target, flush = combine_step(splits, schedule[4], i)
+            split_partial(a, b, np.int32(K), s, schedule, params, sh_a, sh_b, partial)
+            _combine_into(out, slot, paired, partial, i == 0, target, flush)
+
+    return gemm
+
+
+gemm_offset = _gemm_kernel(offset_block)  # exponents by add-max: any format pair
+gemm_offset_powers = _gemm_kernel(power_offset_block)  # exponents by power sums: E4M3 x E4M3, sm_80 and newer

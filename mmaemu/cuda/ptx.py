@@ -10,10 +10,16 @@ in kernels, so the arithmetic stays one function for both targets:
 * :func:`mmaemu.arith.packed.add_u16x2` -> ``add.u16x2`` on sm_90 and newer (ptxas fuses it with a following
   ``max.u16x2`` into ``VIADDMNMX.U16x2``); below, ``add.u32``, the same sums on the words the arithmetic gives it.
   The architecture is chosen when NVVM compiles for its target, through ``__nvvm_reflect("__CUDA_ARCH")``.
+* :func:`mmaemu.arith.bf16.fma_bf16x2` -> ``fma.rn.bf16x2`` (SASS ``HFMA2.BF16_V2``, sm_80 and newer: the
+  kernel that calls it is launched on those devices only, see :mod:`mmaemu.cuda.launch`);
+* :func:`mmaemu.arith.bf16.low_halves` / :func:`~mmaemu.arith.bf16.high_halves` -> two ``mov.b32`` through 16-bit
+  registers, which ptxas folds into the bf16x2 instruction that reads the result (operand swizzle ``.H0_H0`` /
+  ``.H1_H1``, no instruction of its own).
 
-And one data movement of the kernels, not arithmetic: :func:`load4` (four consecutive 32-bit elements of a 1-D
+And two data movements of the kernels, not arithmetic: :func:`load4` (four consecutive 32-bit elements of a 1-D
 array; in kernels one 16-byte ``ld.global.nc.v4`` load, ``LDG.E.128``), whose plain-Python body is what the
-simulator runs.
+simulator runs, and :func:`mmaemu.arith.packed.load_words4` (four consecutive elements of a row of a 2-D array:
+one LLVM load of a 16-byte-aligned vector, ``LDS.128`` from shared memory).
 """
 
 from __future__ import annotations
@@ -99,6 +105,29 @@ def _intrinsics():
     add_u16x2_word = packed_pair("add.u16x2 $0, $1, $2;", "add.u32 $0, $1, $2;")
 
     @intrinsic
+    def fma_bf16x2_word(typingctx, a, b, c):
+        def codegen(context, builder, signature, args):
+            args = [context.cast(builder, v, t, types.uint32) for v, t in zip(args, signature.args)]
+            return builder.asm(ir.FunctionType(word, [word] * 3), "fma.rn.bf16x2 $0, $1, $2, $3;", "=r,r,r,r",
+                               args, False)
+
+        return types.uint32(a, b, c), codegen
+
+    def repeated_half(half):
+        @intrinsic
+        def repeat(typingctx, x):
+            def codegen(context, builder, signature, args):
+                arg = context.cast(builder, args[0], signature.args[0], types.uint32)
+                text = ("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; mov.b32 $0, {%s, %s}; }" % (half, half))
+                return builder.asm(ir.FunctionType(word, [word]), text, "=r,r", [arg], False)
+
+            return types.uint32(x), codegen
+
+        return repeat
+
+    low_halves_word, high_halves_word = repeated_half("lo"), repeated_half("hi")
+
+    @intrinsic
     def load4_global(typingctx, array, index):
         if not (isinstance(array, types.Array) and array.ndim == 1 and array.dtype in (types.float32, types.uint32,
                                                                                         types.int32)):
@@ -121,7 +150,28 @@ def _intrinsics():
 
         return types.UniTuple(array.dtype, 4)(array, index), codegen
 
-    return dp4a_u32, max_u16x2_word, add_u16x2_word, load4_global
+    @intrinsic
+    def load_words4_aligned(typingctx, array, row, column):
+        if not (isinstance(array, types.Array) and array.ndim == 2 and array.layout == "C"
+                and array.dtype in (types.float32, types.uint32, types.int32)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            from numba.core import cgutils
+
+            array_type = signature.args[0]
+            view = context.make_array(array_type)(context, builder, args[0])
+            indices = [context.cast(builder, v, t, types.intp) for v, t in zip(args[1:], signature.args[1:])]
+            pointer = cgutils.get_item_pointer(context, builder, array_type, view, indices, wraparound=False)
+            element = context.get_value_type(array_type.dtype)
+            vector = builder.load(builder.bitcast(pointer, ir.PointerType(ir.VectorType(element, 4))), align=16)
+            values = [builder.extract_element(vector, ir.Constant(word, i)) for i in range(4)]
+            return context.make_tuple(builder, signature.return_type, values)
+
+        return types.UniTuple(array.dtype, 4)(array, row, column), codegen
+
+    return (dp4a_u32, max_u16x2_word, add_u16x2_word, fma_bf16x2_word, low_halves_word, high_halves_word,
+            load4_global, load_words4_aligned)
 
 
 def install():
@@ -134,35 +184,26 @@ def install():
     from numba.core import types
     from numba.core.extending import overload
 
-    from ..arith.packed import add_u16x2, dp4a, max_u16x2
+    from ..arith.bf16 import fma_bf16x2, high_halves, low_halves
+    from ..arith.packed import add_u16x2, dp4a, load_words4, max_u16x2, overload_on_words
 
-    dp4a_u32, max_u16x2_word, add_u16x2_word, load4_global = _intrinsics()
-
-    def words(*args):
-        return all(isinstance(arg, types.Integer) for arg in args)
-
-    @overload(dp4a, target="cuda")
-    def _dp4a_cuda(a, b, c):
-        if words(a, b, c):
-            return lambda a, b, c: dp4a_u32(a, b, c)
-        return None
-
-    @overload(max_u16x2, target="cuda")
-    def _max_u16x2_cuda(a, b):
-        if words(a, b):
-            return lambda a, b: max_u16x2_word(a, b)
-        return None
-
-    @overload(add_u16x2, target="cuda")
-    def _add_u16x2_cuda(a, b):
-        if words(a, b):
-            return lambda a, b: add_u16x2_word(a, b)
-        return None
+    (dp4a_u32, max_u16x2_word, add_u16x2_word, fma_bf16x2_word, low_halves_word, high_halves_word,
+     load4_global, load_words4_aligned) = _intrinsics()
+    for function, instruction in ((dp4a, dp4a_u32), (max_u16x2, max_u16x2_word), (add_u16x2, add_u16x2_word),
+                                  (fma_bf16x2, fma_bf16x2_word), (low_halves, low_halves_word),
+                                  (high_halves, high_halves_word)):
+        overload_on_words(function, instruction, "cuda")
 
     @overload(load4, target="cuda")
     def _load4_cuda(array, index):
         if isinstance(array, types.Array) and isinstance(index, types.Integer):
             return lambda array, index: load4_global(array, index)
+        return None
+
+    @overload(load_words4, target="cuda")
+    def _load_words4_cuda(array, row, column):
+        if isinstance(array, types.Array) and isinstance(row, types.Integer) and isinstance(column, types.Integer):
+            return lambda array, row, column: load_words4_aligned(array, row, column)
         return None
 
     _INSTALLED = True
