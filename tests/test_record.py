@@ -431,6 +431,26 @@ def test_cli_record_without_a_gpu(tmp_path):
     assert result.exit_code in (2, 4)
 
 
+def test_cli_record_without_the_bindings_is_unavailable(tmp_path, monkeypatch):
+    import mmaemu.record
+    from click.testing import CliRunner
+
+    from mmaemu.cli import cli
+    from mmaemu.platform import heuristic
+    from mmaemu.platform.cublaslt import CublasLtError
+    from mmaemu.record import machine
+
+    def no_bindings():
+        raise CublasLtError(f"nvmath-python is not importable (no module): {heuristic.INSTALL_HINT}")
+
+    monkeypatch.setattr(heuristic, "nvmath_api", no_bindings)
+    with pytest.raises(machine.RecordUnavailableError, match="nvmath-python"):
+        machine._bindings()
+    monkeypatch.setattr(mmaemu.record, "cuda_machine", lambda device=None: machine._bindings())
+    result = CliRunner().invoke(cli, ["record", "--out", str(tmp_path), "--quiet"])
+    assert result.exit_code == 4 and "pip install 'mmaemu[record]'" in result.output
+
+
 def test_bundles_shipped_in_the_package_are_loaded(recorded, monkeypatch):
     monkeypatch.setattr(bundles, "packaged_bundle_folders", lambda: [recorded.path])
     assert list_profiles()[-3:] == list(recorded.profiles) and get_profile(NAME).maturity == "validated"

@@ -12,10 +12,11 @@ import os
 import re
 from typing import Callable, Optional, Tuple
 
+from ..errors import BackendUnavailableError
 from ..platform.heuristic import LtApi
 
 __all__ = ["Machine", "cuda_machine", "default_preset", "te_workspace", "profile_name", "RecordError",
-           "DEFAULT_PRESETS"]
+           "RecordUnavailableError", "DEFAULT_PRESETS"]
 
 # The preset a GPU's tensor cores compute, by compute capability (evidence: docs/validation.md).
 DEFAULT_PRESETS = {(9, 0): "hopper", (8, 9): "ada"}
@@ -25,6 +26,11 @@ _MiB = 1 << 20
 class RecordError(RuntimeError):
     """A recording that cannot be made faithfully (no GPU, no bindings, a descriptor the recorder does not
     reproduce, no preset for the GPU); the message says what to do."""
+
+
+class RecordUnavailableError(RecordError, BackendUnavailableError):
+    """Nothing can be recorded on this machine: no CUDA GPU visible to torch, or NVIDIA's cuBLASLt bindings are
+    missing (``mmaemu record`` exits 4 for it, as for any BackendUnavailableError)."""
 
 
 @dataclasses.dataclass
@@ -75,16 +81,14 @@ def cuda_machine(device=None) -> Machine:
     from . import probe, replay
 
     if not torch.cuda.is_available() or os.environ.get("MMAEMU_DISABLE_CUDA") == "1":
-        raise RecordError("mmaemu record needs a CUDA GPU visible to torch (none is, or MMAEMU_DISABLE_CUDA=1)")
+        raise RecordUnavailableError("mmaemu record needs a CUDA GPU visible to torch (none is, or "
+                                     "MMAEMU_DISABLE_CUDA=1)")
     dev = torch.device("cuda", torch.cuda.current_device() if device is None else int(device))
     torch.cuda.set_device(dev)
     torch.zeros(1, device=dev) @ torch.zeros(1, device=dev)  # loads torch's cuBLAS(Lt) into the process
     name, sm_count = cublaslt.driver_device_info(dev.index)
     capability = list(torch.cuda.get_device_capability(dev))
-    try:
-        api = heuristic.nvmath_api()
-    except cublaslt.CublasLtError as exc:
-        raise RecordError(str(exc)) from exc
+    api = _bindings()
     platform = {"gpu": name, "sm_count": sm_count, "capability": capability, "driver": _driver_version(),
                 "cublaslt": ".".join(str(x) for x in cublaslt.loaded_cublaslt_version()),
                 "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
@@ -92,6 +96,16 @@ def cuda_machine(device=None) -> Machine:
     return Machine(platform, api, heuristic.device_scale_pointer(),
                    lambda: probe.run_probe(dev.index), replay.torch_gemm(dev), te_workspace(capability),
                    str(dev))
+
+
+def _bindings() -> LtApi:
+    """NVIDIA's cuBLASLt bindings (torch is imported first); RecordUnavailableError when they are missing."""
+    from ..platform import cublaslt, heuristic
+
+    try:
+        return heuristic.nvmath_api()
+    except cublaslt.CublasLtError as exc:
+        raise RecordUnavailableError(str(exc)) from exc
 
 
 def _driver_version() -> Optional[str]:
