@@ -8,7 +8,6 @@ own CPU emulation of the decision it made (hopper preset, contiguous splits), op
 import numpy as np
 
 from mmaemu.platform.heuristic import build_query
-from mmaemu.platform.profiles import Profile
 from mmaemu.record.machine import Machine
 from mmaemu.record.probe import probe_calls
 from mmaemu.record.replay import mmaemu_emulation
@@ -81,10 +80,7 @@ def probe(**kwargs):
 
 def emulating_gpu(corrupt=None):
     """A "GPU" computing mmaemu's emulation of its own decision; ``corrupt(case)`` True flips one output bit."""
-    profile = Profile("fake-gpu", "hopper", gpu_name=None, capability=(9, 0), sm_count=None, cublaslt_version=None,
-                      caller="torch._scaled_mm", torch_version=None, workspace_bytes=None, align=None,
-                      splitk_table=None, rejects=(), maturity="validated", splitk_maturity="none")
-    emulate = mmaemu_emulation(profile)
+    emulate = mmaemu_emulation("hopper", PLATFORM["capability"])
 
     def run(case, a, b, scale_a, scale_b):
         S = decide(case.M, case.N, case.K, case.fa, case.fb, case.out, case.fast, case.ws)[1]["splitK"]

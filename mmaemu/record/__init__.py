@@ -220,16 +220,10 @@ def _replays(machine, preset, schemes, cols, workspaces, ws, replay, max_macs, d
 
     if not replay or machine.gpu_gemm is None:
         return None, None
-    from ..platform.profiles import Profile
-
     cases = replay_cases(cols, workspaces, ws, max_macs)
-    profile = Profile("record-replay", preset, gpu_name=None, capability=tuple(machine.platform["capability"]),
-                      sm_count=None, cublaslt_version=None, caller="torch._scaled_mm", torch_version=None,
-                      workspace_bytes=None, align=None, splitk_table=None, rejects=(), maturity="validated",
-                      splitk_maturity="none")
     bar = Progress(len(cases), "replaying", "replays", quiet=quiet)
     results = run_replays(cases, preset, lambda S: ["none"] if S == 1 else schemes, machine.gpu_gemm,
-                          mmaemu_emulation(profile), deadline, bar)
+                          mmaemu_emulation(preset, machine.platform["capability"]), deadline, bar)
     bar.close()
     summary = summarise(results, schemes)
     log.log(f"replays: {len(results)} of {len(cases)} run, {summary['passed']} passed, {summary['failed']} failed; "

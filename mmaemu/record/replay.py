@@ -201,14 +201,20 @@ def torch_gemm(device):
     return run
 
 
-def mmaemu_emulation(profile):
-    """``emulate`` computing mmaemu.scaled_mm on CPU tensors with ``profile`` (a Profile of the recording's
-    preset) and the explicit split; the unverified-split warnings of the replay profile are not shown."""
+def mmaemu_emulation(preset: str, capability):
+    """``emulate`` computing mmaemu.scaled_mm on CPU tensors with the recording's ``preset`` and the explicit
+    split, through a profile of the preset alone (GPU of compute ``capability``, no platform facts: a replay always
+    states its split); the unverified-split warnings of that profile are not shown."""
     import warnings
 
     import torch
 
     from .. import api
+    from ..platform.profiles import Profile
+
+    profile = Profile("record-replay", preset, gpu_name=None, capability=tuple(capability), sm_count=None,
+                      cublaslt_version=None, caller="torch._scaled_mm", torch_version=None, workspace_bytes=None,
+                      align=None, splitk_table=None, rejects=(), maturity="validated", splitk_maturity="none")
 
     def run(case, a, b, scale_a, scale_b, splitk):
         mat1 = torch.from_numpy(a).view(_fp8(torch, case.fa))
