@@ -111,8 +111,8 @@ def record(out_dir, *, name: Optional[str] = None, shapes=None, sweep: Optional[
     cols, dropped = table_columns(plan, read_answers(partial, plan))
     log.log(f"sweep: {done:,} of {len(plan.shapes):,} shapes, {len(cols['M']):,} rows, "
             f"{int((cols['splitK'] > 1).sum()):,} split")
-    results, summary = _replays(machine, preset, schemes, cols, workspaces, ws_torch, replay, max_replay_macs,
-                                deadline, quiet, log)
+    results, summary, planned_replays = _replays(machine, preset, schemes, cols, workspaces, ws_torch, replay,
+                                                 max_replay_macs, deadline, quiet, log)
     recording = {"shapes_planned": len(plan.shapes), "shapes_recorded": done,
                  "complete": done == len(plan.shapes), "grid": _grid_source(shapes, sweep), "seed": seed,
                  "seconds_this_run": round(time.monotonic() - started, 1), "device": machine.device,
@@ -121,8 +121,7 @@ def record(out_dir, *, name: Optional[str] = None, shapes=None, sweep: Optional[
                     torch_rejects, cols, dropped, results, summary, recording)
     manifest, files = bundle_files(rec)
     write_bundle(bundle_path, manifest, files, replace=True)
-    finished = recording["complete"] and (results is None or len(results) == _case_count(cols, workspaces, ws_torch,
-                                                                                            max_replay_macs, replay))
+    finished = recording["complete"] and (results is None or len(results) == planned_replays)
     if finished:
         shutil.rmtree(partial, ignore_errors=True)
     log.log(f"bundle: {bundle_path} (profiles {', '.join(p['name'] for p in manifest['profiles'])}; maturity "
@@ -209,17 +208,12 @@ def _probe(machine: Machine, session: HeuristicSession, asserted_workspace, log,
     return report, accepted, rejects, workspace
 
 
-def _case_count(cols, workspaces, ws, max_macs, replay) -> int:
-    from .replay import replay_cases
-
-    return len(replay_cases(cols, workspaces, ws, max_macs)) if replay else 0
-
-
 def _replays(machine, preset, schemes, cols, workspaces, ws, replay, max_macs, deadline, quiet, log):
+    """(results, summary, cases planned); (None, None, 0) when replays are off or the machine has no GEMM."""
     from .replay import mmaemu_emulation, replay_cases, run_replays, summarise
 
     if not replay or machine.gpu_gemm is None:
-        return None, None
+        return None, None, 0
     cases = replay_cases(cols, workspaces, ws, max_macs)
     bar = Progress(len(cases), "replaying", "replays", quiet=quiet)
     results = run_replays(cases, preset, lambda S: ["none"] if S == 1 else schemes, machine.gpu_gemm,
@@ -228,4 +222,4 @@ def _replays(machine, preset, schemes, cols, workspaces, ws, replay, max_macs, d
     summary = summarise(results, schemes)
     log.log(f"replays: {len(results)} of {len(cases)} run, {summary['passed']} passed, {summary['failed']} failed; "
             f"customOption -> scheme {summary['custom_to_scheme']}")
-    return results, summary
+    return results, summary, len(cases)
