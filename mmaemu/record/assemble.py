@@ -4,19 +4,20 @@ format of ``data/splitk/``, the verified combinations, the replay report and fin
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Dict, List, Optional
 
 import numpy as np
 
 from .._version import __version__
+from ..arith.params import CONTIGUOUS_TILE
 from ..platform.bundles import BUNDLE_FORMAT, COMBOS_FORMAT, REPLAYS_FORMAT, json_bytes, replay_maturity
 from ..platform.profiles import FORMATS, OUT_DTYPES
-from ..platform.table_format import COLUMN_DTYPES, TABLE_FORMAT, npz_bytes
+from ..platform.table_format import COLUMN_DTYPES, KEY_COLUMNS, TABLE_FORMAT, npz_bytes
 from .envelope import fit_envelope, settings_summary
 
 __all__ = ["Recording", "bundle_files"]
 
-CONTIGUOUS_K_TILE = 128
 _TORCH, _TE = "torch._scaled_mm", "transformer_engine"
 TE_ALIGN = 256
 
@@ -66,11 +67,9 @@ def bundle_files(rec: Recording):
 
 
 def _table_json(rec: Recording, cols: dict, npz: bytes, combos_name: str, summary: dict) -> dict:
-    import hashlib
-
     split = cols["splitK"] > 1
     ws0 = cols["ws"] == rec.workspaces.index(0) if 0 in rec.workspaces else np.zeros(len(split), bool)
-    ragged = [r for r in (rec.replays or []) if r.case.S > 1 and r.case.K % CONTIGUOUS_K_TILE
+    ragged = [r for r in (rec.replays or []) if r.case.S > 1 and r.case.K % CONTIGUOUS_TILE
               and summary["custom_to_scheme"].get(str(r.case.custom)) == "contiguous"]
     return {
         "format": TABLE_FORMAT, "table_id": rec.table_id,
@@ -80,7 +79,7 @@ def _table_json(rec: Recording, cols: dict, npz: bytes, combos_name: str, summar
                        "B=mat1; C=out dtype, fp16 for fp8 outputs; D=out dtype; A/B scale pointers; FAST_ACCUM; "
                        "MAX_WORKSPACE_BYTES), requestedAlgoCount 1"),
         "descriptor_check": rec.descriptor,
-        "key": ["M", "N", "K", "fa", "fb", "out", "fast", "ws"],
+        "key": list(KEY_COLUMNS),
         "columns": dict(COLUMN_DTYPES),
         "codes": {"custom -> scheme": summary["custom_to_scheme"],
                   "custom -> scheme, unlisted": rec.preset_schemes[0],
