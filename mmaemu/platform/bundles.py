@@ -41,7 +41,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ..errors import MmaemuError
-from .definitions import (FORMATS, OUT_DTYPES, Profile, RejectRule, builtin_profile_names,
+from .definitions import (CALLERS, FORMATS, OUT_DTYPES, Profile, RejectRule, builtin_profile_names,
                           register_recorded_profile)
 from .table_format import COLUMN_DTYPES, TABLE_FORMAT, TableFormatError, build_index, check_columns
 
@@ -56,7 +56,6 @@ MANIFEST = "profile.json"
 PATH_ENV = "MMAEMU_PROFILE_PATH"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
-_CALLERS = ("torch._scaled_mm", "transformer_engine")
 _SPLITK_MATURITIES = ("validated", "experimental")
 
 
@@ -248,7 +247,7 @@ def _profile(entry: dict, common: dict, meta: dict, builtin: set, where: str) ->
     workspace = _field(entry, "workspace_bytes", int, where, "profiles")
     align = entry.get("align")
     splitk_maturity = _field(entry, "splitk_maturity", str, where, "profiles")
-    _expect(caller in _CALLERS and splitk_maturity in _SPLITK_MATURITIES and (align is None or
+    _expect(caller in CALLERS and splitk_maturity in _SPLITK_MATURITIES and (align is None or
             (isinstance(align, int) and align > 0)), where, f"profiles: entry {name!r} has an unknown caller, "
             "split-K maturity or alignment")
     _expect(workspace in meta["codes"]["ws"], where,

@@ -26,11 +26,17 @@ __all__ = [
     "register_recorded_profile",
     "FORMATS",
     "OUT_DTYPES",
+    "CALLERS",
+    "TE_ALIGN",
     "DEFAULT_PROFILE",
 ]
 
 FORMATS = ("e4m3", "e5m2")
 OUT_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
+# Profile.caller: whose cuBLASLt calls a profile describes. Transformer Engine asks the heuristic for 256-byte
+# alignment (MIN_ALIGNMENT_*_BYTES), torch for none.
+CALLERS = ("torch._scaled_mm", "transformer_engine")
+TE_ALIGN = 256
 DEFAULT_PROFILE = "hopper"
 
 _FMT_ALIASES = {"e4m3": "e4m3", "float8_e4m3fn": "e4m3", "e5m2": "e5m2", "float8_e5m2": "e5m2"}
@@ -206,20 +212,20 @@ _RTX4060 = dict(gpu_name="NVIDIA GeForce RTX 4060", capability=(8, 9), sm_count=
                 torch_version="2.7.1+cu128", splitk_table="heur_rtx4060_lt12.8.3.14", rejects=_RTX4060_REJECTS)
 _NO_PLATFORM = dict(gpu_name=None, sm_count=None, cublaslt_version=None, torch_version=None, workspace_bytes=None,
                     align=None, splitk_table=None, rejects=(), maturity="experimental", splitk_maturity="none")
-_TORCH, _TE = "torch._scaled_mm", "transformer_engine"
+_TORCH, _TE = CALLERS
 _MiB = 1 << 20
 
 # In the listing order of list_profiles() (platform.md section 1).
 _PROFILES = (
     Profile("ada", "ada", caller=_TORCH, workspace_bytes=1 * _MiB, align=None, maturity="validated",
             splitk_maturity="validated", **_RTX4060),
-    Profile("ada-te", "ada", caller=_TE, workspace_bytes=4 * _MiB, align=256, maturity="validated",
+    Profile("ada-te", "ada", caller=_TE, workspace_bytes=4 * _MiB, align=TE_ALIGN, maturity="validated",
             splitk_maturity="experimental", **_RTX4060),
     Profile("ada-ws0", "ada", caller=_TORCH, workspace_bytes=0, align=None, maturity="validated",
             splitk_maturity="validated", **_RTX4060),
     Profile("hopper", "hopper", caller=_TORCH, workspace_bytes=1 * _MiB, align=None, maturity="validated",
             splitk_maturity="validated", **_H100),
-    Profile("hopper-te", "hopper", caller=_TE, workspace_bytes=32 * _MiB, align=256, maturity="validated",
+    Profile("hopper-te", "hopper", caller=_TE, workspace_bytes=32 * _MiB, align=TE_ALIGN, maturity="validated",
             splitk_maturity="experimental", **_H100),
     Profile("hopper-ws0", "hopper", caller=_TORCH, workspace_bytes=0, align=None, maturity="validated",
             splitk_maturity="validated", **_H100),

@@ -12,14 +12,13 @@ import numpy as np
 from .._version import __version__
 from ..arith.params import CONTIGUOUS_TILE
 from ..platform.bundles import BUNDLE_FORMAT, COMBOS_FORMAT, REPLAYS_FORMAT, json_bytes, replay_maturity
-from ..platform.profiles import FORMATS, OUT_DTYPES
+from ..platform.definitions import CALLERS, FORMATS, OUT_DTYPES, TE_ALIGN
 from ..platform.table_format import COLUMN_DTYPES, KEY_COLUMNS, TABLE_FORMAT, npz_bytes
 from .envelope import fit_envelope, settings_summary
 
 __all__ = ["Recording", "bundle_files"]
 
-_TORCH, _TE = "torch._scaled_mm", "transformer_engine"
-TE_ALIGN = 256
+_TORCH, _TE = CALLERS
 
 
 @dataclasses.dataclass
