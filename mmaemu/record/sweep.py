@@ -17,6 +17,7 @@ checked by the probe) at each workspace.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import time
@@ -34,6 +35,7 @@ __all__ = ["ANSWER", "PLAN_FORMAT", "Setting", "Plan", "PlanMismatchError", "set
 PLAN_FORMAT = "mmaemu-record-plan/1"
 ANSWER = np.dtype([("status", "<i2"), ("returned", "u1"), ("splitK", "u1"), ("custom", "u1"), ("algo", "<i2"),
                    ("tile", "<i2"), ("stages", "<i2"), ("reduction", "u1"), ("swizzle", "u1")])
+_ANSWER_FIELDS = ANSWER.names[2:]  # the HeuristicAnswer fields a row keeps, after status and returned
 _SYNC_SECONDS = 5.0
 
 
@@ -102,9 +104,9 @@ def open_partial(folder: Path, plan: Plan) -> int:
                                     f"{', '.join(differs)}): remove it, or record into another folder")
     else:
         answers.unlink(missing_ok=True)
-        with open(shapes_path.with_name(".shapes.npy.tmp"), "wb") as fh:
-            np.save(fh, plan.shapes.astype(np.int64), allow_pickle=False)
-        os.replace(shapes_path.with_name(".shapes.npy.tmp"), shapes_path)
+        shapes = io.BytesIO()
+        np.save(shapes, plan.shapes.astype(np.int64), allow_pickle=False)
+        _atomic_write(shapes_path, shapes.getvalue())
         _atomic_write(plan_path, (json.dumps(identity, indent=1, sort_keys=True) + "\n").encode("utf-8"))
     shape_bytes = ANSWER.itemsize * plan.per_shape
     size = answers.stat().st_size if answers.exists() else 0
@@ -162,7 +164,7 @@ def _ask_shape(session: HeuristicSession, M: int, N: int, K: int, settings: List
         row["status"] = status
         if answer is not None:
             row["returned"] = 1
-            for field in ("splitK", "custom", "algo", "tile", "stages", "reduction", "swizzle"):
+            for field in _ANSWER_FIELDS:
                 row[field] = getattr(answer, field)
     session.forget_layouts()
 
@@ -182,7 +184,7 @@ def table_columns(plan: Plan, answers: np.ndarray) -> Tuple[dict, dict]:
     cols = {"M": np.repeat(shapes[:, 0], plan.per_shape), "N": np.repeat(shapes[:, 1], plan.per_shape),
             "K": np.repeat(shapes[:, 2], plan.per_shape)}
     cols.update({k: np.tile(np.asarray(v), n) for k, v in per.items()})
-    for field in ("splitK", "custom", "algo", "tile", "stages", "reduction", "swizzle"):
+    for field in _ANSWER_FIELDS:
         cols[field] = answers[field]
     keep = (answers["status"] == 0) & (answers["returned"] == 1)
     dropped = {}
