@@ -11,7 +11,7 @@ import pytest
 
 from mmaemu.errors import (SplitKUnknownError, UnsupportedFeatureError, UnvalidatedEnvelopeWarning,
                            UnverifiedSplitWarning)
-from mmaemu.platform import cublaslt, heuristic
+from mmaemu.platform import heuristic
 from mmaemu.platform.profiles import Profile, get_profile
 from mmaemu.platform.splitk import (SplitDecision, SplitK, check_scheme_for_preset, layout_caveats,
                                     reset_split_warnings, resolve_splitk)
