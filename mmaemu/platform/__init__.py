@@ -4,7 +4,7 @@
 * :mod:`.profiles` — ``get_profile``, ``list_profiles``, ``profile_from_preset``, maturity warnings;
 * :mod:`.tables` — the recorded cuBLASLt heuristic tables shipped as package data;
 * :mod:`.splitk` — ``SplitK``, ``SplitDecision``, ``resolve_splitk``, ``check_scheme_for_preset``;
-* :mod:`.cublaslt` — device matching and the live heuristic query on the reference GPU;
+* :mod:`.cublaslt` — device matching and the loaded cuBLASLt's version (ctypes, no optional extra);
 * :mod:`.heuristic` — the cuBLASLt heuristic query through NVIDIA's bindings (live query and recorder);
 * :mod:`.table_format` / :mod:`.bundles` — the recorded table format; recorded profile bundles
   (``load_profile``, ``$MMAEMU_PROFILE_PATH``).

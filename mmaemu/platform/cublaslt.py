@@ -1,4 +1,4 @@
-"""cuBLASLt on the reference GPU itself: device matching (platform.md 3.6) and the live heuristic query (3.5).
+"""cuBLASLt on the reference GPU itself: device matching (platform.md 3.6) for the live heuristic query (3.5).
 
 The query itself goes through NVIDIA's bindings (:mod:`.heuristic`, the optional extra ``mmaemu[record]``). What
 stays here on ctypes is identification only, for a concrete reason: ``mmaemu info`` and device matching must
