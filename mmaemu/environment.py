@@ -36,7 +36,9 @@ def _backend_problem(value: str) -> Optional[str]:
 
 
 def _profile_path_problem(value: str) -> Optional[str]:
-    missing = [entry for entry in value.split(os.pathsep) if entry and not os.path.isdir(entry)]
+    from .platform.bundles import path_entries  # the entries as the loader reads them
+
+    missing = [str(entry) for entry in path_entries(value) if not entry.is_dir()]
     return f"not a folder: {', '.join(missing)}" if missing else None
 
 

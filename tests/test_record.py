@@ -5,6 +5,7 @@ MMAEMU_PROFILE_PATH."""
 import hashlib
 import io
 import json
+import os
 import shutil
 import warnings
 
@@ -226,6 +227,16 @@ def test_profile_path(recorded, tmp_path, monkeypatch):
     bundles.forget_loaded_bundles()
     monkeypatch.setenv("MMAEMU_PROFILE_PATH", str(good))  # a bundle folder itself
     assert quiet_decide(NAME, 48, 64, 8192).S == 3
+
+
+def test_info_reads_the_profile_path_as_the_loader_does(recorded, tmp_path, monkeypatch):
+    from mmaemu import environment
+
+    copy_bundle(recorded, tmp_path / "shelf", NAME)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("MMAEMU_PROFILE_PATH", f"~/shelf{os.pathsep}{os.pathsep}~/nowhere")
+    assert environment.problems() == {"MMAEMU_PROFILE_PATH": f"not a folder: {tmp_path / 'nowhere'}"}
+    assert list_profiles()[-3:] == [NAME, f"{NAME}-te", f"{NAME}-ws0"]  # ~/shelf is loaded, so it is no problem
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -46,7 +46,8 @@ from .definitions import (CALLERS, FORMATS, OUT_DTYPES, Profile, RejectRule, bui
 from .table_format import COLUMN_DTYPES, TABLE_FORMAT, TableFormatError, build_index, check_columns
 
 __all__ = ["BundleError", "Bundle", "load_profile", "read_bundle", "write_bundle", "load_profile_path",
-           "refused_bundles", "loaded_bundles", "forget_loaded_bundles", "packaged_bundle_folders", "json_bytes",
+           "refused_bundles", "loaded_bundles", "forget_loaded_bundles", "packaged_bundle_folders", "path_entries",
+           "json_bytes",
            "replay_maturity", "BUNDLE_FORMAT", "MANIFEST", "COMBOS_FORMAT", "REPLAYS_FORMAT", "PATH_ENV"]
 
 BUNDLE_FORMAT = "mmaemu-profile-bundle/1"
@@ -347,10 +348,15 @@ def packaged_bundle_folders() -> List[Path]:
     return sorted(p for p in root.iterdir() if (p / MANIFEST).is_file()) if root.is_dir() else []
 
 
+def path_entries(value: str) -> List[Path]:
+    """The folders a ``$MMAEMU_PROFILE_PATH`` value names: ``os.pathsep``-separated, empty entries skipped, ``~``
+    expanded."""
+    return [Path(entry).expanduser() for entry in filter(None, value.split(os.pathsep))]
+
+
 def _bundle_folders(value: str) -> List[Path]:
     folders = []
-    for entry in filter(None, value.split(os.pathsep)):
-        root = Path(entry).expanduser()
+    for root in path_entries(value):
         if (root / MANIFEST).is_file():
             folders.append(root)
         elif root.is_dir():
