@@ -35,7 +35,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from mmaemu.platform.table_format import (  # noqa: E402  (needs the repository on sys.path)
-    KEY_COLUMNS, VALUE_COLUMNS, TableFormatError, build_index, check_columns, npz_bytes)
+    TableFormatError, build_index, check_columns, npz_bytes)
 from mmaemu.platform.tables import DEFAULT_VERIFIED_COMBOS  # noqa: E402
 
 COPIED_FILES = ("LICENSE", "NOTICE", "BSD-2-Clause-MATLAB-tensor-core.txt")
@@ -65,23 +65,15 @@ def load_verified_npz(json_path: Path):
     if npz_path.stat().st_size != meta["npz_bytes"]:
         raise BuildError(f"{npz_path.name}: {npz_path.stat().st_size} bytes, the json says {meta['npz_bytes']}")
     with np.load(npz_path, allow_pickle=False) as npz:
-        missing = (set(KEY_COLUMNS) | set(VALUE_COLUMNS)) - set(npz.files)
-        if missing:
-            raise BuildError(f"{npz_path.name}: missing columns {sorted(missing)}")
         columns = {name: npz[name].astype(np.int64) for name in npz.files}
     return meta, columns, digest
 
 
-def write_npz_reproducibly(path: Path, arrays: dict) -> None:
-    """Like np.savez_compressed, but with fixed zip timestamps so identical input gives identical bytes."""
-    path.write_bytes(npz_bytes(arrays))
-
-
 def build_table(json_path: Path, dst: Path) -> str:
     meta, cols, digest = load_verified_npz(json_path)
-    check_columns(meta, cols)
+    check_columns(meta, cols)  # the columns of the table format, each within its codes and sizes
     table_id = meta["table_id"]
-    write_npz_reproducibly(dst / f"{table_id}.index.npz", build_index(meta, cols, digest))
+    (dst / f"{table_id}.index.npz").write_bytes(npz_bytes(build_index(meta, cols, digest)))  # reproducible bytes
     shutil.copyfile(json_path, dst / f"{table_id}.json")
     combos_name = meta.get("verified_combos", DEFAULT_VERIFIED_COMBOS)
     combos_path = json_path.parent / combos_name
