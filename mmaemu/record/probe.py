@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import List, Tuple
 
+from ..formats import DTYPE_OF
 from ..platform.profiles import FORMATS, OUT_DTYPES
 from .trace import ProbeCall, TracedMatmul, parse_matmul_trace
 
@@ -46,10 +47,8 @@ def _run_calls(device: int) -> List[dict]:
     gen = torch.Generator(device=dev).manual_seed(20261201)
     results = []
     for call in probe_calls():
-        dtype_a, dtype_b = (getattr(torch, f"float8_{f}fn" if f == "e4m3" else f"float8_{f}") for f in (call.fa,
-                                                                                                       call.fb))
-        a = torch.randn(call.M, call.K, device=dev, generator=gen).to(dtype_a)
-        b = torch.randn(call.N, call.K, device=dev, generator=gen).to(dtype_b).t()
+        a = torch.randn(call.M, call.K, device=dev, generator=gen).to(DTYPE_OF[call.fa])
+        b = torch.randn(call.N, call.K, device=dev, generator=gen).to(DTYPE_OF[call.fb]).t()
         error = None
         try:
             torch._scaled_mm(a, b, one, one, out_dtype=getattr(torch, call.out), use_fast_accum=call.fast)

@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from ..formats import DTYPE_OF
 from ..platform.profiles import FORMATS, OUT_DTYPES
 
 __all__ = ["ReplayCase", "ReplayResult", "replay_cases", "case_operands", "run_replays", "summarise",
@@ -176,10 +177,6 @@ def summarise(results: List[ReplayResult], preset_schemes: List[str]) -> dict:
 # The two sides on a real machine
 
 
-def _fp8(torch, fmt):
-    return torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2
-
-
 def _bits(torch, t) -> np.ndarray:
     from ..testing import bits
 
@@ -191,8 +188,8 @@ def torch_gemm(device):
     import torch
 
     def run(case, a, b, scale_a, scale_b):
-        mat1 = torch.from_numpy(a).view(_fp8(torch, case.fa)).to(device)
-        mat2 = torch.from_numpy(b).view(_fp8(torch, case.fb)).to(device).t()
+        mat1 = torch.from_numpy(a).view(DTYPE_OF[case.fa]).to(device)
+        mat2 = torch.from_numpy(b).view(DTYPE_OF[case.fb]).to(device).t()
         sa = torch.tensor(scale_a, dtype=torch.float32, device=device)
         sb = torch.tensor(scale_b, dtype=torch.float32, device=device)
         out = torch._scaled_mm(mat1, mat2, sa, sb, out_dtype=getattr(torch, case.out), use_fast_accum=case.fast)
@@ -217,8 +214,8 @@ def mmaemu_emulation(preset: str, capability):
                       align=None, splitk_table=None, rejects=(), maturity="validated", splitk_maturity="none")
 
     def run(case, a, b, scale_a, scale_b, splitk):
-        mat1 = torch.from_numpy(a).view(_fp8(torch, case.fa))
-        mat2 = torch.from_numpy(b).view(_fp8(torch, case.fb)).t()
+        mat1 = torch.from_numpy(a).view(DTYPE_OF[case.fa])
+        mat2 = torch.from_numpy(b).view(DTYPE_OF[case.fb]).t()
         sa, sb = torch.tensor(scale_a, dtype=torch.float32), torch.tensor(scale_b, dtype=torch.float32)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
