@@ -22,6 +22,7 @@ __all__ = [
     "splitk_maturity_note",
     "fmt_name",
     "out_dtype_name",
+    "builtin_profiles",
     "builtin_profile_names",
     "register_recorded_profile",
     "FORMATS",
@@ -242,6 +243,11 @@ _BY_NAME = {p.name: p for p in _PROFILES}
 # Recorded profiles (``mmaemu record`` bundles), registered by mmaemu.platform.bundles
 
 _RECORDED = {}  # name -> Profile, in the order they were added
+
+
+def builtin_profiles() -> list:
+    """The profiles defined in this module, in listing order."""
+    return list(_PROFILES)
 
 
 def builtin_profile_names() -> list:

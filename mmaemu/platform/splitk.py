@@ -27,7 +27,8 @@ from typing import List, Optional, Tuple
 
 from ..arith.params import CONTIGUOUS_TILE, INTERLEAVED_TILE
 from ..errors import SplitKUnknownError, UnsupportedFeatureError, UnvalidatedEnvelopeWarning, UnverifiedSplitWarning
-from .profiles import Profile, fmt_name, get_profile, list_profiles, out_dtype_name, splitk_maturity_note
+from .definitions import builtin_profiles
+from .profiles import Profile, fmt_name, get_profile, out_dtype_name, splitk_maturity_note
 
 __all__ = [
     "SplitK",
@@ -285,7 +286,8 @@ def _recorded_max_splits(profile: Profile) -> Tuple[int, str]:
     """(R, where it was recorded) of :func:`check_split_count`."""
     if profile.splitk_table is not None:
         return _table(profile.splitk_table).max_recorded_splits, f"{profile.gpu_name}, profile {profile.name}"
-    table_ids = sorted({p.splitk_table for p in map(get_profile, list_profiles()) if p.splitk_table})
+    # The built-in profiles' tables only: a bundle a user loads must not move the bound of other profiles.
+    table_ids = sorted({p.splitk_table for p in builtin_profiles() if p.splitk_table})
     recorded = max(_table(t).max_recorded_splits for t in table_ids)
     return recorded, f"the largest in any shipped table; profile {profile.name} has none"
 
