@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from .arith.epilogue import OUT_CODES
 from .plan.planner import CallPlan, explain_scaled_mm, plan_accumulate, plan_scaled_mm
 
 __all__ = ["scaled_mm", "accumulate", "explain", "CallPlan"]

@@ -6,7 +6,6 @@ import sys
 import tracemalloc
 import warnings
 
-import numpy as np
 import pytest
 import torch
 

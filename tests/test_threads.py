@@ -218,3 +218,19 @@ def test_pool_threads_never_inherit_flush_to_zero_mode():
     environ = {**os.environ, "NUMBA_NUM_THREADS": "2"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environ)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_pool_threads_start_without_importing_torch():
+    """The pool's start sets the threads' mode through torch only where they flush: a process that computes on
+    numpy arrays and never imported torch does not pay its import at its first call on the pool."""
+    code = textwrap.dedent("""
+        import sys, threading
+        from mmaemu.cpu import threads
+
+        both = threading.Barrier(2, timeout=60)  # each of the two tasks waits for the other: two pool threads
+        threads.run_tasks([both.wait] * 2)
+        assert "torch" not in sys.modules, "starting the pool imported torch"
+    """)
+    environ = {**os.environ, "NUMBA_NUM_THREADS": "2"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environ)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -2,17 +2,17 @@
 
 :mod:`.block`, :mod:`.chain` and :mod:`.schedule` walk ONE output's chains with integer significands; they are the
 reference (``accumulate_one``). The functions here compute the same bits for a tile of ``rows x lanes`` outputs
-(rows m0 .. m0+rows-1 of A, the ``lanes`` columns of one panel of B) so that the innermost loops run over the
+(the ``rows`` rows of A given, the ``lanes`` columns of one panel of B) so that the innermost loops run over the
 lanes with no data-dependent branch: LLVM turns them into AVX-512/AVX2 code on CPUs. Every step is one of the
 steps of b.1/b.2 written for many outputs; where the formulation differs from the reference (products aligned by
 an fp32 power-of-two multiplier instead of integer shifts, a clamped multiplier, int32/int16 lanes, branch-free
 shifts) it is proven exact below.
 
-Operand layout (built by :mod:`mmaemu.cpu.engine`):
+Operand layout (built by :func:`mmaemu.cpu.gemm.decode_rows` and :func:`~mmaemu.cpu.gemm.decode_panel`):
 
-* ``a_val[m, k]``, ``b_val[k, j]``: float32, the exact value of the code; 0 for zero, NaN and Inf codes (those
+* ``a_val[r, k]``, ``b_val[k, j]``: float32, the exact value of the code; 0 for zero, NaN and Inf codes (those
   are excluded terms of the finite path; c.4 is applied afterwards);
-* ``a_exp[m, k]``, ``b_exp[k, j]``: int8, the alignment exponent ex (semantics.md (a)); :data:`TILE_ABSENT_EXP`
+* ``a_exp[r, k]``, ``b_exp[k, j]``: int8, the alignment exponent ex (semantics.md (a)); :data:`TILE_ABSENT_EXP`
   for zero, NaN and Inf codes.
 
 Per-output state, in arrays ``[rows, lanes]``: the accumulator ``c = c_sig * 2**(max(c_lead, -126) - frac_out)``
@@ -270,17 +270,16 @@ def tile_normalize(total, e_max, r, frac, frac_out, c_sig, c_lead):
 
 
 @arithmetic
-def tile_block_early(a_val, a_exp, b_val, b_exp, m0, rows, kb, ke, params, c_sig, c_lead, e_max, scale, total):
+def tile_block_early(a_val, a_exp, b_val, b_exp, rows, kb, ke, params, c_sig, c_lead, e_max, scale, total):
     """One hopper/ada block step (b.1) over k in [kb, ke) for the tile; updates (c_sig, c_lead) in place."""
     nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
     T = total.dtype.type
     cap = lane_cap(T)
     lanes = total.shape[1]
     for r in range(rows):
-        m = m0 + r
         for j in range(lanes):
             e_max[r, j] = max(c_lead[r, j], EMAX_NONE)  # the accumulator takes part in the alignment (step 2)
-        tile_exponent_max(a_exp[m], b_exp, kb, ke, e_max[r])
+        tile_exponent_max(a_exp[r], b_exp, kb, ke, e_max[r])
         for j in range(lanes):
             e = np.int32(max(e_max[r, j], min_exp))
             e_max[r, j] = e
@@ -288,28 +287,26 @@ def tile_block_early(a_val, a_exp, b_val, b_exp, m0, rows, kb, ke, params, c_sig
             # trunc(c / u): c = c_sig * 2**(max(c_lead, -126) - frac_out), u = 2**(e - frac)
             shift = np.int32(max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out - e + frac)
             total[r, j] = lane_shift_toward_zero(c_sig[r, j], shift, T, cap)
-        tile_product_sum(a_val[m], b_val, kb, ke, scale[r], total[r])
+        tile_product_sum(a_val[r], b_val, kb, ke, scale[r], total[r])
         tile_normalize(total, e_max, r, frac, frac_out, c_sig, c_lead)
 
 
 @arithmetic
-def tile_block_late(a_val, a_exp, b_val, b_exp, m0, rows, kb, ke, params, c_val, c_sig, c_lead, e_max, scale,
-                    total):
+def tile_block_late(a_val, a_exp, b_val, b_exp, rows, kb, ke, params, c_val, c_sig, c_lead, e_max, scale, total):
     """One b200_mma_sync block (b.2): products aligned among themselves, then ``c = fp32(d + c)`` (RNE)."""
     nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
     T = total.dtype.type
     lanes = total.shape[1]
     for r in range(rows):
-        m = m0 + r
         for j in range(lanes):
             e_max[r, j] = EMAX_NONE
-        tile_exponent_max(a_exp[m], b_exp, kb, ke, e_max[r])
+        tile_exponent_max(a_exp[r], b_exp, kb, ke, e_max[r])
         for j in range(lanes):
             e = max(e_max[r, j], min_exp)
             e_max[r, j] = e
             scale[r, j] = pow2_scale(np.int32(frac - e))
             total[r, j] = T(0)
-        tile_product_sum(a_val[m], b_val, kb, ke, scale[r], total[r])
+        tile_product_sum(a_val[r], b_val, kb, ke, scale[r], total[r])
         tile_normalize(total, e_max, r, frac, frac_out, c_sig, c_lead)
         for j in range(lanes):
             d = np.float32(c_sig[r, j]) * pow2_float32(max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out)
@@ -317,8 +314,8 @@ def tile_block_late(a_val, a_exp, b_val, b_exp, m0, rows, kb, ke, params, c_val,
 
 
 @arithmetic
-def tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, m0, rows, K, first, stride, count, tile, padded, params,
-                          work, result):
+def tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, rows, K, first, stride, count, tile, padded, params, work,
+                          result):
     """:func:`~.chain.chain_over_tiles` for the tile: ``result[r, j]`` = fp32 value of one chain from +0.
 
     As in the reference, padded tiles are walked at full width: blocks past K hold no product but still run
@@ -337,10 +334,10 @@ def tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, m0, rows, K, first, stride
         for kb in range(k0, k1, nfma):
             ke = min(kb + nfma, k1, K)
             if late_c:
-                tile_block_late(a_val, a_exp, b_val, b_exp, m0, rows, kb, ke, params, result, c_sig, c_lead,
-                                e_max, scale, total)
+                tile_block_late(a_val, a_exp, b_val, b_exp, rows, kb, ke, params, result, c_sig, c_lead, e_max,
+                                scale, total)
             else:
-                tile_block_early(a_val, a_exp, b_val, b_exp, m0, rows, kb, ke, params, c_sig, c_lead, e_max,
+                tile_block_early(a_val, a_exp, b_val, b_exp, rows, kb, ke, params, c_sig, c_lead, e_max,
                                  scale, total)
     if not late_c:
         for r in range(rows):
@@ -350,7 +347,7 @@ def tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, m0, rows, K, first, stride
 
 
 @arithmetic
-def tile_split_partial(a_val, a_exp, b_val, b_exp, m0, rows, K, s, schedule, params, work, result, partial):
+def tile_split_partial(a_val, a_exp, b_val, b_exp, rows, K, s, schedule, params, work, result, partial):
     """:func:`~.schedule.split_partial` for the tile: ``partial`` = fp32 sum of split s's chains (+0 if none)."""
     tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
     lanes = partial.shape[1]
@@ -359,16 +356,15 @@ def tile_split_partial(a_val, a_exp, b_val, b_exp, m0, rows, K, s, schedule, par
             partial[r, j] = np.float32(0.0)
     for c in range(split_chains(K, s, schedule)):
         first, stride, n = chain_tiles_of(K, s, c, schedule)
-        tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, m0, rows, K, first, stride, n, tile, padded, params, work,
-                              result)
+        tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, rows, K, first, stride, n, tile, padded, params, work, result)
         for r in range(rows):
             for j in range(lanes):
                 partial[r, j] = np.float32(partial[r, j] + result[r, j])
 
 
 @arithmetic
-def tile_accumulate(a_val, a_exp, b_val, b_exp, m0, rows, K, schedule, params, work, sums, acc):
-    """:func:`~.schedule.accumulate_one` for the tile: ``acc[r, j]`` = fp32 accumulator of output (m0+r, j).
+def tile_accumulate(a_val, a_exp, b_val, b_exp, rows, K, schedule, params, work, sums, acc):
+    """:func:`~.schedule.accumulate_one` for the tile: ``acc[r, j]`` = fp32 accumulator of output (r, j).
 
     ``work`` = (c_sig, c_lead, e_max, scale, total), ``sums`` = (result, partial, slot): arrays [rows, lanes] of
     dtypes (lane int, int32, int16, float32, lane int) and float32.
@@ -382,7 +378,7 @@ def tile_accumulate(a_val, a_exp, b_val, b_exp, m0, rows, K, schedule, params, w
             slot[r, j] = np.float32(0.0)
     for i in range(splits):
         s, target, flush = combine_step(splits, pairwise, i)
-        tile_split_partial(a_val, a_exp, b_val, b_exp, m0, rows, K, s, schedule, params, work, result, partial)
+        tile_split_partial(a_val, a_exp, b_val, b_exp, rows, K, s, schedule, params, work, result, partial)
         for r in range(rows):
             for j in range(lanes):
                 acc[r, j], slot[r, j] = combine(acc[r, j], slot[r, j], partial[r, j], target, flush)

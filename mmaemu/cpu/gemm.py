@@ -124,7 +124,7 @@ def accumulate_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, n0, schedule
     for m0 in range(m_lo, m_hi, tile_rows):
         rows = min(tile_rows, m_hi - m0)
         decode_rows(a_codes, m0, rows, fmt_a, a_val, a_exp)
-        tile_accumulate(a_val, a_exp, b_val, b_exp, 0, rows, K, schedule, params,
+        tile_accumulate(a_val, a_exp, b_val, b_exp, rows, K, schedule, params,
                         (c_sig, c_lead, e_max, scale, total), (result, partial, slot), acc)
         for r in range(rows):
             for j in range(min(lanes, N - n0)):

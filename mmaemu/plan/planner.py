@@ -108,12 +108,12 @@ def _check_gemm_level(preset: Preset, use_fast_accum: bool, split: Optional[Spli
 
 
 def _decide(plan: Plan, M, N, K, fmt_a, fmt_b, out_dtype, fast, splitk, layout_std, dry):
-    """f.7.3 and 7.4: the split-K decision (with the planner's scheme check) and the backend."""
+    """f.7.3: the split-K decision, with the planner's checks of the preset's GEMM level and split scheme."""
     _check_gemm_level(plan.preset, fast, None)
     recorded: List[str] = []
     plan.split = resolve_splitk(M, N, K, a_dtype=fmt_a, b_dtype=fmt_b, out_dtype=out_dtype, use_fast_accum=fast,
-                                profile=plan.profile, splitk=splitk, layout_std=layout_std, dry=dry,
-                                warnings_out=recorded, stacklevel=_user_stacklevel(), emit=not dry)
+                                profile=plan.profile, splitk=splitk, layout_std=layout_std, warnings_out=recorded,
+                                stacklevel=_user_stacklevel(), emit=not dry)
     plan.warnings.extend(recorded)
     _check_gemm_level(plan.preset, fast, plan.split)
     check_scheme_for_preset(plan.split.splitk, plan.preset)
@@ -124,7 +124,7 @@ def _choose_backend(plan: Plan, device, backend, fmt_a, fmt_b):
     made while planning so that explain reports it and a refused call computes nothing."""
     selection = backends.select(device, backend, fmt_a, fmt_b, plan.preset)
     plan.backend, plan.fallbacks = selection.name, list(selection.fallbacks)
-    if getattr(device, "type", str(device)) == "cpu":
+    if device.type == "cpu":
         check_no_flush_to_zero()
 
 
