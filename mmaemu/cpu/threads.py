@@ -32,7 +32,8 @@ import os
 import threading
 
 import numba
-import numpy as np
+
+from ..fpmode import fp32_subnormals_flushed
 
 TASK_WORK = 1 << 25
 MIN_TASK_WORK = 1 << 20
@@ -66,20 +67,10 @@ def _gradual_underflow():
     mmaemu's own: setting their mode changes nothing of the user's. torch, which sets the mode, is imported only
     where the thread flushes: a process that has not imported it (``mmaemu.cpu`` on numpy arrays) would otherwise
     pay its import, about a second, at its first call that runs on the pool."""
-    if _flushes_fp32_subnormals():
+    if fp32_subnormals_flushed():
         import torch
 
         torch.set_flush_denormal(False)
-
-
-def _flushes_fp32_subnormals() -> bool:
-    """The two probes of :mod:`mmaemu.plan.flush` on this thread, in numpy (same thread mode, no torch): fp32
-    2**-130 * 0.5 and float64 3 * 2**-149 converted to fp32 are nonzero unless subnormals are flushed or read as
-    zero. Read back as integer bit patterns, so the read-back cannot be flushed."""
-    subnormal = np.array([1 << 19], np.int32).view(np.float32)  # 2**-130 = 2**19 * 2**-149
-    halved = (subnormal * np.float32(0.5)).view(np.int32)[0]
-    converted = np.array([3.0 * 2.0**-149]).astype(np.float32).view(np.int32)[0]
-    return halved == 0 or converted == 0
 
 
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
