@@ -228,9 +228,8 @@ def stage_compare(run):
     import torch
 
     import mmaemu
-    from mmaemu import formats
     from mmaemu.cuda import device as cuda_device
-    from mmaemu.cuda import engine, gating, selftest
+    from mmaemu.cuda import gating, selftest
     from mmaemu.model.presets import get_preset
 
     quick = run.args.quick
@@ -257,19 +256,7 @@ def stage_compare(run):
         if run.remaining() < 20:
             out["kernels"][kernel.backend] = "skipped: time budget"
             continue
-
-        def compute(case, a, b, kernel=kernel.name):
-            at = torch.from_numpy(a).to(run.device).view(formats.DTYPE_OF[case.fmt_a])
-            bt = torch.from_numpy(b).to(run.device).view(formats.DTYPE_OF[case.fmt_b])
-            return engine.accumulate_tensors(kernel, at, bt, case.fmt_a, case.fmt_b,
-                                             get_preset(case.preset, warn=False), case.fast, case.splits,
-                                             case.scheme).cpu().numpy()
-
-        def skip(case, kernel=kernel.name):
-            preset = get_preset(case.preset, warn=False)
-            return (gating.schedule_skip(kernel, preset, case.fmt_a, case.fmt_b, case.fast, case.splits, case.scheme)
-                    or gating.device_skip(kernel, info, preset))
-
+        compute, skip = gating.gemm_case_functions(kernel.name, info)  # as the kernel's self-test runs its cases
         start = time.monotonic()
         passed, details = selftest.run_gemm_cases(compute, cases, skip=skip)
         out["kernels"][kernel.backend] = {"passed": passed, "seconds": round(time.monotonic() - start, 2),
