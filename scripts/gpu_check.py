@@ -228,9 +228,8 @@ def stage_compare(run):
     import torch
 
     import mmaemu
-    from mmaemu import formats
     from mmaemu.cuda import device as cuda_device
-    from mmaemu.cuda import engine, gating, selftest
+    from mmaemu.cuda import gating, selftest
     from mmaemu.model.presets import get_preset
 
     quick = run.args.quick
@@ -257,19 +256,7 @@ def stage_compare(run):
         if run.remaining() < 20:
             out["kernels"][kernel.backend] = "skipped: time budget"
             continue
-
-        def compute(case, a, b, kernel=kernel.name):
-            at = torch.from_numpy(a).to(run.device).view(formats.DTYPE_OF[case.fmt_a])
-            bt = torch.from_numpy(b).to(run.device).view(formats.DTYPE_OF[case.fmt_b])
-            return engine.accumulate_tensors(kernel, at, bt, case.fmt_a, case.fmt_b,
-                                             get_preset(case.preset, warn=False), case.fast, case.splits,
-                                             case.scheme).cpu().numpy()
-
-        def skip(case, kernel=kernel.name):
-            preset = get_preset(case.preset, warn=False)
-            return (gating.schedule_skip(kernel, preset, case.fmt_a, case.fmt_b, case.fast, case.splits, case.scheme)
-                    or gating.device_skip(kernel, info, preset))
-
+        compute, skip = gating.gemm_case_functions(kernel.name, info)  # as the kernel's self-test runs its cases
         start = time.monotonic()
         passed, details = selftest.run_gemm_cases(compute, cases, skip=skip)
         out["kernels"][kernel.backend] = {"passed": passed, "seconds": round(time.monotonic() - start, 2),
@@ -300,9 +287,12 @@ def stage_compare(run):
     return out
 
 
-def _time_cuda(function, repeat):
+def _best_cuda_seconds(function, repeat):
+    """The best of ``repeat`` calls of ``function`` timed with CUDA events, after one untimed call (compilation,
+    warm-up)."""
     import torch
 
+    function()
     times = []
     for _ in range(repeat):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -311,7 +301,7 @@ def _time_cuda(function, repeat):
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1000.0)
-    return times
+    return min(times)
 
 
 # The offset kernel's timed cases: (label, preset, format of A, format of B, fast, splits, scheme).
@@ -417,9 +407,8 @@ class Gemm:
             return min(times), result["acc"][rows]
         import torch
 
-        call()  # compiles and warms up
-        times = _time_cuda(lambda: result.__setitem__("acc", call()), repeat)
-        return min(times), result["acc"][torch.from_numpy(rows).to(self.run.device)].cpu().numpy()
+        best = _best_cuda_seconds(lambda: result.__setitem__("acc", call()), repeat)
+        return best, result["acc"][torch.from_numpy(rows).to(self.run.device)].cpu().numpy()
 
 
 def _check_rows(acc_rows, gemm, case, rows):
@@ -509,8 +498,7 @@ def _native(run, out, shapes):
             try:
                 function = lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
                                                     use_fast_accum=fast)
-                function()
-                best = min(_time_cuda(function, 10))
+                best = _best_cuda_seconds(function, 10)
                 out["native"][label] = {"best_s": round(best, 6),
                                         "tmac_per_s": _figures(float(np.prod(shape)) / best / 1e12)}
             except Exception as exc:
@@ -630,8 +618,7 @@ def _scaled_mm_times(run, a, b, preset, fast):
                                       use_fast_accum=fast)
     out = {}
     for name, function, repeat in (("scaled_mm", full, 5), ("torch_scaled_mm", native, 10)):
-        function()
-        best = min(_time_cuda(function, repeat))
+        best = _best_cuda_seconds(function, repeat)
         out[f"{name}_best_s"] = round(best, 6)
         out[f"{name}_tmacs"] = round(M * N * K / best / 1e12, 1)
     return out

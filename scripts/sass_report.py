@@ -58,17 +58,31 @@ def signatures(names):
     return found
 
 
+def assemble(kernel, signature, cc):
+    """The kernel compiled offline for ``cc`` and assembled with its register cap (:mod:`mmaemu.cuda.sass`)."""
+    from mmaemu.cuda import offline, sass
+
+    cap = getattr(kernel, "targetoptions", {}).get("max_registers")
+    return sass.assemble(offline.compile_ptx(kernel, signature, cc), sm_name(cc), cap)
+
+
+def block_loop_costs(assembly):
+    """``{preset: BlockLoopCost}`` of an offset kernel's block loop for each preset of :data:`PRESETS`."""
+    from mmaemu.cuda import offset_kernel, sass
+
+    return {preset: sass.block_loop_cost(assembly.sass, offset_kernel.block_loop_trips(nfma),
+                                         offset_kernel.products_per_stage()) for preset, nfma in PRESETS.items()}
+
+
 def report(names, cc):
     """Lines of the report for one compute capability."""
-    from mmaemu.cuda import offline, offset_kernel, sass
+    from mmaemu.cuda import sass
 
     sm = sm_name(cc)
     lines = []
     kernels = signatures(names)
     for name in names:
-        kernel, signature = kernels[name]
-        cap = getattr(kernel, "targetoptions", {}).get("max_registers")
-        assembly = sass.assemble(offline.compile_ptx(kernel, signature, cc), sm, cap)
+        assembly = assemble(*kernels[name], cc)
         lines += [f"## {name} ({sm}): {assembly.registers} registers, {assembly.spill_stores} bytes spill stores, "
                   f"{assembly.spill_loads} bytes spill loads, {assembly.stack_bytes} bytes stack frame", "",
                   "| loop | instructions | most frequent opcodes |", "|---|---:|---|"]
@@ -79,9 +93,7 @@ def report(names, cc):
         if name in OFFSET_KERNELS:
             lines += ["| preset | per product | " + " | ".join(sass.BlockLoopCost.PART_NAMES) + " |",
                       "|---|---:|" + "---:|" * len(sass.BlockLoopCost.PART_NAMES)]
-            for preset, nfma in PRESETS.items():
-                cost = sass.block_loop_cost(assembly.sass, offset_kernel.block_loop_trips(nfma),
-                                            offset_kernel.products_per_stage())
+            for preset, cost in block_loop_costs(assembly).items():
                 parts = " | ".join(f"{v:.3f}" for v in cost.parts().values())
                 lines.append(f"| {preset} | **{cost.per_product:.3f}** | {parts} |")
             lines.append("")
@@ -93,18 +105,14 @@ def offset_costs(cc):
     kernels for one compute capability (what ``--json`` prints, and ``scripts/gpu_check.py`` reads): presets as
     ``hopper``, ``ada`` for E4M3 x E4M3 (power sums) and ``hopper/add-max``, ``ada/add-max`` for the other pairs;
     registers and spills of the kernel that uses more."""
-    from mmaemu.cuda import launch, offline, offset_kernel, sass
+    from mmaemu.cuda import launch
 
     report = {"registers": 0, "spills": 0, "per_product": {}, "parts": {}}
     for name, suffix in OFFSET_KERNELS.items():
-        kernel, signature = launch.signatures()[name]
-        assembly = sass.assemble(offline.compile_ptx(kernel, signature, cc), f"sm_{cc[0]}{cc[1]}",
-                                 kernel.targetoptions.get("max_registers"))
+        assembly = assemble(*launch.signatures()[name], cc)
         report["registers"] = max(report["registers"], assembly.registers)
         report["spills"] = max(report["spills"], assembly.spills)
-        for preset, nfma in PRESETS.items():
-            cost = sass.block_loop_cost(assembly.sass, offset_kernel.block_loop_trips(nfma),
-                                        offset_kernel.products_per_stage())
+        for preset, cost in block_loop_costs(assembly).items():
             report["per_product"][preset + suffix] = round(cost.per_product, 4)
             report["parts"][preset + suffix] = {k: round(v, 4) for k, v in cost.parts().items()}
     return report
@@ -120,8 +128,7 @@ def main(argv=None):
     if args.json:
         import json
 
-        print(json.dumps({f"sm_{a}{b}": offset_costs((int(a), int(b))) for a, b in
-                          (text.split(".") for text in args.cc.split(","))}))
+        print(json.dumps({sm_name(cc): offset_costs(cc) for cc in map(parse_cc, args.cc.split(","))}))
         return
     import numba
 

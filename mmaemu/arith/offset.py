@@ -126,7 +126,7 @@ def format_low_range(fmt):
     """(la_min, r): the lowest-set-bit exponent of the format's smallest subnormal and the range of the low bytes
     ``la - la_min`` of its finite nonzero values (semantics.md (a): E4M3 2**-9 ... 2**8, E5M2 2**-16 ... 2**15)."""
     mbits = formats.MANT_BITS[fmt]
-    emin = {"e4m3": -6, "e5m2": -14}[fmt]
+    emin = formats.EMIN[fmt]
     emax = {"e4m3": 8, "e5m2": 15}[fmt]
     return emin - mbits, emax - (emin - mbits)
 

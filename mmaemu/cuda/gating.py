@@ -131,7 +131,6 @@ def _run_on_device(kernel: str, info):
     import numpy as np
     import torch
 
-    from .. import formats
     from ..model.presets import get_preset
     from . import engine, selftest
 
@@ -150,11 +149,6 @@ def _run_on_device(kernel: str, info):
 
         return selftest.run_epilogue_cases(compute)
 
-    def skip(case):
-        preset = get_preset(case.preset, warn=False)
-        return schedule_skip(kernel, preset, case.fmt_a, case.fmt_b, case.fast, case.splits, case.scheme) or \
-            device_skip(kernel, info, preset)
-
     probe_details = []
     if kernel == "native":  # the hardware computes its blocks: first the instruction itself, then the GEMMs
         from . import probe
@@ -168,6 +162,24 @@ def _run_on_device(kernel: str, info):
         if not passed:
             return False, probe_details
 
+    compute, skip = gemm_case_functions(kernel, info)
+    passed, details = selftest.run_gemm_cases(compute, selftest.GEMM_CASES, skip=skip)
+    return passed, probe_details + details
+
+
+def gemm_case_functions(kernel: str, info):
+    """(compute, skip) of a GEMM kernel on the device of ``info``, for :func:`mmaemu.cuda.selftest.run_gemm_cases`:
+    ``compute(case, a, b)`` = its fp32 accumulators of a case through the torch path, on the host; ``skip(case)`` =
+    why the dispatcher never gives the case to the kernel there (:func:`schedule_skip`, :func:`device_skip`), None
+    if it does."""
+    import torch
+
+    from .. import formats
+    from ..model.presets import get_preset
+    from . import engine
+
+    dev = torch.device("cuda", info.index)
+
     def compute(case, a, b):
         at = torch.from_numpy(a).to(dev).view(formats.DTYPE_OF[case.fmt_a])
         bt = torch.from_numpy(b).to(dev).view(formats.DTYPE_OF[case.fmt_b])
@@ -175,8 +187,12 @@ def _run_on_device(kernel: str, info):
                                         case.fast, case.splits, case.scheme)
         return acc.cpu().numpy()
 
-    passed, details = selftest.run_gemm_cases(compute, selftest.GEMM_CASES, skip=skip)
-    return passed, probe_details + details
+    def skip(case):
+        preset = get_preset(case.preset, warn=False)
+        return schedule_skip(kernel, preset, case.fmt_a, case.fmt_b, case.fast, case.splits, case.scheme) or \
+            device_skip(kernel, info, preset)
+
+    return compute, skip
 
 
 def ensure_verdict(info, kernel: str, *, force: bool = False) -> GateResult:

@@ -14,7 +14,7 @@ from numba import cuda
 
 from ..arith import offset as _offset
 from . import offset_kernel, shim
-from .catalog import CODES_KERNELS
+from .catalog import CODES_KERNELS, gemm_kernels
 from .kernels import BLOCK, EPILOGUE_THREADS, MAX_GRID_Y, epilogue, gemm_simple, override_nonfinite
 from .native_kernel import (CTA_M, CTA_N, COMBINE_THREADS, GROUP_THREADS, INSTRUCTIONS, THREADS, combine_partials,
                             gemm_kernel, instruction_of, native_decline, pad_codes, padded_shape, stage_plan)
@@ -24,9 +24,6 @@ from .probe_kernel import probe_kernel
 PANEL_BYTES = 256 * 2**20
 PACKED_BYTES = 8  # value (fp32), half an exponent word, a low byte and a sign byte per element
 BF16X2_CAPABILITY = (8, 0)  # fma.rn.bf16x2, the power-sum exponent pass of the offset kernel
-
-
-GEMM_KERNELS = ("native", "offset", "simple")
 
 
 def codes_kernel_decline(kernel, schedule, params):
@@ -72,7 +69,7 @@ def launch_gemm(kernel, sa, ea, sb, eb, schedule, params, out, stream=0):
     if kernel in CODES_KERNELS:
         raise ValueError(f"the {kernel} kernel takes FP8 codes: use launch_codes")
     if kernel != "simple":
-        raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {GEMM_KERNELS}")
+        raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {[k.name for k in gemm_kernels()]}")
     step = MAX_GRID_Y * BLOCK
     with quiet_launches():
         for r0 in range(0, M, step):
@@ -253,9 +250,7 @@ def _padded(codes, rows_multiple, alloc, stream):
 def _check_native_device(instruction):
     """RuntimeError unless the current device is the one ``instruction`` computes its preset's block on (never FP8
     mma.sync on sm_90/sm_100, where ptxas rewrites it with fp16 MMAs; never an instruction on another GPU)."""
-    from .shim import simulator_enabled
-
-    if simulator_enabled():
+    if shim.simulator_enabled():
         return
     capability = tuple(cuda.get_current_device().compute_capability)
     if capability != tuple(instruction.TARGET[:2]):

@@ -10,9 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import formats
-from ..arith.block import NO_LEAD
-from ..arith.params import preset_params
-from ..cpu.dot import dot_chains
+from ..cpu.dot import dot_codes
 from ..plan.flush import check_no_flush_to_zero
 from ..tensor_kinds import require_data, require_dense
 from .presets import get_preset
@@ -51,7 +49,7 @@ def dot(a, b, c=None, *, preset="ada", fmt=None):
         out.view(np.uint32)[np.isnan(out)] = CANONICAL_NAN_F32
         return torch.from_numpy(out.reshape(lead_shape))
     check_no_flush_to_zero()
-    out = _finite_chains(a2, b2, c32.reshape(-1), fmt_a, fmt_b, preset)
+    out = dot_codes(a2, b2, c32.reshape(-1), fmt_a, fmt_b, preset)
     _propagate_specials(out, a2, b2, c32.reshape(-1), fmt_a, fmt_b)
     return torch.from_numpy(out.reshape(lead_shape))
 
@@ -128,25 +126,6 @@ def _accumulator(c, lead_shape):
     if not np.array_equal(c32.astype(np.float64), c64, equal_nan=True):
         raise ValueError("dot: c holds float64 values that are not exactly representable in fp32")
     return c32
-
-
-def _exact_parts(c32):
-    """(sig, exp, lead) of fp32 values: c = sig * 2**exp exactly, lead = floor(log2|c|) (NO_LEAD for 0)."""
-    finite = np.isfinite(c32)
-    mant, exp2 = np.frexp(np.where(finite, c32, 0).astype(np.float64))
-    sig = np.round(mant * 2.0**24).astype(np.int64)
-    exp = (exp2 - 24).astype(np.int64)
-    lead = np.where(sig != 0, exp2 - 1, NO_LEAD).astype(np.int64)
-    return sig, exp, lead
-
-
-def _finite_chains(a2, b2, c32, fmt_a, fmt_b, preset):
-    sa, ea = formats.significands(fmt_a)[a2], formats.exponents(fmt_a)[a2]
-    sb, eb = formats.significands(fmt_b)[b2], formats.exponents(fmt_b)[b2]
-    sig, exp, lead = _exact_parts(c32)
-    out = np.empty(a2.shape[0], np.float32)
-    dot_chains(sa, ea, sb, eb, sig, exp, lead, c32, preset_params(preset, fmt_a, fmt_b), out)
-    return out
 
 
 def _propagate_specials(out, a2, b2, c32, fmt_a, fmt_b):
