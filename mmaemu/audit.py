@@ -1,6 +1,6 @@
 """The split-K evidence of a model: every distinct FP8 GEMM of one forward and how its split is decided.
 
-:func:`audit` (also ``mmaemu.nn.audit``) runs one forward of a model whose linear layers are
+:func:`mmaemu.nn.audit` (implemented here by :func:`run_audit`) runs one forward of a model whose linear layers are
 :class:`mmaemu.nn.EmulatedFP8Linear` (see :func:`mmaemu.nn.convert_linears`) and asks, for each GEMM, what
 :func:`mmaemu.explain` says: the split decision, the step that decided it (its source) and whether it is verified.
 A GEMM whose split the evidence does not decide is listed ("undecided", with the reason), never raised, so one
@@ -22,7 +22,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-__all__ = ["GemmAudit", "ModelAudit", "audit"]
+__all__ = ["GemmAudit", "ModelAudit", "run_audit"]
 
 UNDECIDED = "undecided"
 RECORD_HINT = "python -m mmaemu record --shapes FILE"  # docs/recording.md; ModelAudit.shapes_text() writes FILE
@@ -153,22 +153,20 @@ def _source_label(gemm: GemmAudit) -> str:
     return gemm.status
 
 
-def audit(model, *example_inputs, dry_run: bool = False, **example_kwargs) -> ModelAudit:
-    """The split-K evidence of every distinct GEMM of ``model(*example_inputs, **example_kwargs)``.
+def run_audit(model, layer_type, example_inputs: tuple, example_kwargs: dict, dry_run: bool = False) -> ModelAudit:
+    """The audit of ``model(*example_inputs, **example_kwargs)`` over its layers of ``layer_type`` (a class with
+    the interface of :class:`mmaemu.nn.EmulatedFP8Linear`); :func:`mmaemu.nn.audit` is the public form.
 
-    ``model``: a ``torch.nn.Module`` whose FP8 layers are :class:`mmaemu.nn.EmulatedFP8Linear`, or a bound method
-    of one (e.g. a sentence-transformers model's ``encode``); layer names are those of its ``named_modules()``.
-    The forward runs under ``torch.no_grad()``; ``dry_run`` as in the module documentation. Never raises for an
-    undecided split (it is listed); any other exception of the forward propagates. While the audit runs, the
+    ``model``: a ``torch.nn.Module``, or a bound method of one (e.g. a sentence-transformers model's ``encode``);
+    layer names are those of its ``named_modules()``. The forward runs under ``torch.no_grad()``. Never raises for
+    an undecided split (it is listed); any other exception of the forward propagates. While the audit runs, the
     layers' ``forward`` is replaced on the instances (and put back after): do not run the model elsewhere then.
     """
-    from .nn import EmulatedFP8Linear
-
     root = model if isinstance(model, torch.nn.Module) else getattr(model, "__self__", None)
     if not isinstance(root, torch.nn.Module):
         raise TypeError(f"audit needs a torch.nn.Module or a bound method of one, got {type(model).__name__}")
     layers = [(name or type(module).__name__, module) for name, module in root.named_modules()
-              if isinstance(module, EmulatedFP8Linear)]
+              if isinstance(module, layer_type)]
     seen: Dict[tuple, dict] = {}
     saved = [(module, module.__dict__.get("forward")) for _, module in layers]
     try:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from . import formats
-from .audit import GemmAudit, ModelAudit, audit
+from .audit import GemmAudit, ModelAudit, run_audit
 from .errors import SplitKUnknownError, UnsupportedFeatureError
 from .platform.profiles import get_profile
 from .quantize import amax_scale, quantize, scale_inv
@@ -266,6 +266,17 @@ def convert_linears(model, *, include=None, **options):
                 layer.qualified_name = qualified  # for the errors that name the layer
                 setattr(parent, child_name, layer)
     return model
+
+
+def audit(model, *example_inputs, dry_run=False, **example_kwargs) -> ModelAudit:
+    """The split-K evidence of every distinct GEMM of ``model(*example_inputs, **example_kwargs)``: per layer and
+    shape (M, N, K, formats, out dtype, fast) the split decision, its source and whether it is verified, as a
+    :class:`ModelAudit` (``print`` it for a table; ``to_dict()`` for data). An undecided split is listed, never
+    raised. ``model``: a module whose FP8 layers are :class:`EmulatedFP8Linear`, or a bound method of one (e.g.
+    ``st_model.encode``). ``dry_run=True`` emulates nothing (every layer returns the float product of its
+    dequantised operands): fast, and exact for models whose shapes do not depend on values. See
+    :mod:`mmaemu.audit`."""
+    return run_audit(model, EmulatedFP8Linear, example_inputs, example_kwargs, dry_run)
 
 
 def _undecided_layer_error(layer, error: SplitKUnknownError) -> SplitKUnknownError:
