@@ -111,6 +111,9 @@ def main():
     report = audit(emulated["hopper"].encode, sentences, convert_to_tensor=True, batch_size=len(sentences),
                    dry_run=True)
     print(f"\naudit of the hopper model (mmaemu.nn.audit, dry run):\n{report}")
+    report_ada = audit(emulated["ada"].encode, sentences, convert_to_tensor=True, batch_size=len(sentences),
+                       dry_run=True)
+    print(f"audit of the ada model: {report_ada.summary()}")
 
     results = {}
     for profile, converted in emulated.items():
@@ -129,8 +132,10 @@ def main():
     hopper, ada = results["hopper"][0], results["ada"][0]
     differ = (hopper != ada).sum().item()
     cosine = torch.nn.functional.cosine_similarity(hopper.double(), ada.double(), dim=1)
+    largest = (hopper - ada).abs().max().item()
     print(f"hopper vs ada: {differ} of {hopper.numel()} embedding values differ ({100 * differ / hopper.numel():.1f} "
-          f"%); cosine min {cosine.min().item():.6f}")
+          f"%; the final normalisation spreads any difference over the vector), largest difference {largest:.2e}; "
+          f"cosine min {cosine.min().item():.6f}")
 
 
 if __name__ == "__main__":
