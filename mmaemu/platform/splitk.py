@@ -57,8 +57,8 @@ __all__ = [
 SCHEMES = ("none", "serial", "pairwise", "contiguous")
 SPLIT_SCHEMES = SCHEMES[1:]
 SOURCES = ("explicit", "workspace0", "table", "live-query", "envelope", "assumed-unsplit")
-# The string values of ``splitk``: policies for the steps the evidence decides; "auto" raises where it does not,
-# "assume-unsplit" takes S = 1 there, with a warning (an explicit user choice, never the default).
+# The string values of ``splitk``: both decide from the evidence where it decides; where it does not, "auto" raises
+# and "assume-unsplit" takes S = 1 with a warning (an explicit user choice, never the default).
 ASSUME_UNSPLIT = "assume-unsplit"
 POLICIES = ("auto", ASSUME_UNSPLIT)
 POLICY_ENV = "MMAEMU_SPLITK_POLICY"  # replaces splitk="auto" (mmaemu.environment)
@@ -275,9 +275,9 @@ def _as_splitk(splitk, profile: Profile) -> SplitK:
 def check_splitk_argument(splitk, profile=None) -> None:
     """Refuse a ``splitk`` argument that every call would refuse, before any call (``mmaemu.patch`` uses it).
 
-    "auto" and "assume-unsplit" pass; otherwise the form of 3.1 (TypeError / ValueError as at call time) and, when ``profile`` is
-    given (a name or Profile; None: not known yet), the scheme its preset computes (semantics.md d.3). Bounds that
-    depend on the call's K are checked per call.
+    "auto" and "assume-unsplit" pass; otherwise the form of 3.1 (TypeError / ValueError as at call time) and,
+    when ``profile`` is given (a name or Profile; None: not known yet), the scheme its preset computes (semantics.md
+    d.3). Bounds that depend on the call's K are checked per call.
     """
     if isinstance(splitk, str) and splitk in POLICIES:
         return
