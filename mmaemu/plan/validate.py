@@ -30,6 +30,7 @@ import torch
 
 from ..errors import ReferenceRejectsError, UnsupportedFeatureError
 from ..tensor_kinds import require_data, require_dense
+from .rowwise import check_rowwise_call
 from .layout import (
     byte_misalignment,
     is_column_major,
@@ -121,6 +122,8 @@ class ScaledMMCall:
     out_resize_warns: bool
     input_copied: bool
     device: torch.device
+    rowwise: bool = False
+    bias: Optional[torch.Tensor] = dataclasses.field(default=None, repr=False)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -206,6 +209,9 @@ def validate_scaled_mm(
     if M == 0 or N == 0 or K == 0:
         return _zero_size_call(input, mat2, **common)
 
+    if rowwise:  # torch 2.7.1 sends it to its CUTLASS kernel before any cuBLASLt argument handling
+        return _rowwise_call(input, mat2, bias, profile, **common)
+
     # f.4 cuBLAS / cuBLASLt-level checks
     _check_rowwise_out_dtype(rowwise, od)  # f.4.1
     input, input_copied = _check_layout(input, mat2)  # f.4.2 (may copy input)
@@ -239,6 +245,20 @@ def _zero_size_call(input, mat2, **common) -> ScaledMMCall:
         zero_size=True, layout_std=is_layout_std(input, mat2), input_copied=False,
         out_column_major=False, out_unusable=False, out_resize=resize, out_resize_warns=resize_warns,
         **common,
+    )
+
+
+def _rowwise_call(input, mat2, bias, profile, **common) -> ScaledMMCall:
+    """A row-wise call after f.3: the kernel's own checks (:mod:`.rowwise`), then the no-grad rule of f.6."""
+    check_rowwise_call(input, mat2, common["scale_a"], common["scale_b"], bias, common["out"], common["out_dtype"],
+                       profile)
+    _check_no_grad(dict(input=input, mat2=mat2, scale_a=common["scale_a"], scale_b=common["scale_b"],
+                        scale_result=common["scale_result"], bias=bias))
+    resize, resize_warns = _out_resize(common["out"], common["M"], common["N"])
+    return ScaledMMCall(
+        input=input, mat2=mat2, fmt_a=FP8_FORMAT_OF_DTYPE[input.dtype], fmt_b=FP8_FORMAT_OF_DTYPE[mat2.dtype],
+        zero_size=False, layout_std=True, input_copied=False, out_column_major=False, out_unusable=False,
+        out_resize=resize, out_resize_warns=resize_warns, rowwise=True, bias=bias, **common,
     )
 
 
