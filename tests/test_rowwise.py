@@ -434,3 +434,41 @@ def test_cuda_simple_and_rowwise_epilogue_under_the_simulator():
     result = subprocess.run([sys.executable, "-c", _SIM_WORKER], env=env, capture_output=True, text=True,
                             timeout=600, cwd=tests_dir)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# torchao's row-wise quantiser
+
+
+def test_quantize_rowwise_scales_and_codes():
+    import math
+
+    from mmaemu.quantize import quantize, quantize_rowwise, rowwise_scale
+
+    rng = np.random.default_rng(11)
+    x = torch.from_numpy((rng.standard_normal((64, 96)) * np.exp2(rng.integers(-30, 30, (64, 1)))).astype(np.float32))
+    x[3] = 0.0  # amax 0: the scale comes from torchao's EPS
+    for power_2 in (True, False):
+        q, s = quantize_rowwise(x, "e4m3", round_scales_to_power_of_2=power_2)
+        assert q.dtype == torch.float8_e4m3fn and s.shape == (64, 1) and s.dtype == torch.float32
+        for r in range(64):
+            amax = max(float(x[r].abs().max()), 1e-12)
+            exact = float(np.float32(448.0 / amax))
+            want = math.ldexp(1.0, math.frexp(exact)[1] - 1) if power_2 else exact
+            assert float(s[r, 0]) == want, (r, power_2)
+            # the cast is the saturating round to nearest of fp32(x) * s (mmaemu.quantize's own cast)
+            assert torch.equal(q[r].view(torch.uint8), quantize(x[r], float(s[r, 0]), "e4m3").view(torch.uint8))
+    assert torch.equal(rowwise_scale(x.bfloat16()), rowwise_scale(x.bfloat16().float()))
+
+
+def test_quantized_linear_runs_rowwise():
+    from mmaemu.quantize import quantize_rowwise
+
+    rng = np.random.default_rng(12)
+    x = torch.from_numpy(rng.standard_normal((32, 64)).astype(np.float32))
+    w = torch.from_numpy(rng.standard_normal((48, 64)).astype(np.float32))
+    qx, sx = quantize_rowwise(x)
+    qw, sw = quantize_rowwise(w)
+    out = _rowwise(qx, qw.t(), sx.reciprocal(), sw.reciprocal().t(), out_dtype=torch.bfloat16)
+    dequantized = (qx.float() / sx) @ (qw.float() / sw).t()  # FP8 rounding of the operands is the only big error
+    assert torch.allclose(out.float(), dequantized, rtol=0.02, atol=0.1)

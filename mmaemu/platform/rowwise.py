@@ -102,18 +102,20 @@ def _torch_release(version: Optional[str]) -> Optional[str]:
 def platform_refusal(profile) -> Optional[str]:
     """Why row-wise scaling is not modelled on ``profile`` (None when it is: torch's caller on an sm_90 reference
     GPU with a torch version this module has data for)."""
-    if profile.capability == (8, 9):
+    capability = tuple(getattr(profile, "capability", None) or ())
+    caller = getattr(profile, "caller", None)
+    if capability == (8, 9):
         return ("on sm_89 torch 2.7.1 runs row-wise scaling in a different kernel (f8f8bf16_rowwise_impl_sm89: a "
                 "CUTLASS 2.x GEMM with the stream-K threadblock swizzle, so an output may be split across CTAs "
                 "depending on the GPU's SM count, and its own promotion of the mma.sync chain), which mmaemu does "
                 "not model; the Hopper model is not used in its place")
-    if profile.caller != "torch._scaled_mm":
-        return (f"profile {profile.name!r} describes {profile.caller}'s cuBLASLt calls; row-wise scales are modelled "
-                "only for torch._scaled_mm's CUTLASS kernel (profiles 'hopper', 'hopper-ws0')")
-    if profile.capability != (9, 0) or profile.gpu_name is None:
+    if caller != "torch._scaled_mm":
+        return (f"profile {profile.name!r} describes {caller or 'no caller'}'s cuBLASLt calls; row-wise scales are "
+                "modelled only for torch._scaled_mm's CUTLASS kernel (profiles 'hopper', 'hopper-ws0')")
+    if capability != (9, 0) or getattr(profile, "gpu_name", None) is None:
         return (f"profile {profile.name!r} has no sm_90 reference platform; row-wise scales are modelled only for "
                 "torch 2.7.1's sm_90 CUTLASS kernel (profiles 'hopper', 'hopper-ws0')")
-    release = _torch_release(profile.torch_version)
+    release = _torch_release(getattr(profile, "torch_version", None))
     if release not in X_SCALE_FIRST_UNTRANSPOSED:
         return (f"profile {profile.name!r} runs torch {profile.torch_version}; the row-wise kernel is modelled for "
                 f"torch {', '.join(supported_torch_versions())} only")
