@@ -17,9 +17,8 @@ from typing import List, Optional, Tuple, Union
 from .. import backends
 from ..errors import UnsupportedFeatureError
 from ..model.presets import Preset, get_preset
-from ..platform import get_profile
+from ..platform import get_profile, rowwise
 from ..platform.profiles import profile_maturity_messages, warn_profile_maturity
-from ..platform import rowwise
 from ..platform.splitk import SplitDecision, check_scheme_for_preset, resolve_splitk
 from .flush import check_no_flush_to_zero
 from .validate import split_key, validate_accumulate, validate_scaled_mm
