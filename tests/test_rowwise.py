@@ -8,7 +8,8 @@
 * The dispatch that decides the order (runs_transposed) on both sides of every boundary (values derived by hand
   from the source's rules) and against the oracle's restatement on a grid.
 * scaled_mm end to end: the row-wise result equals the oracle's epilogue of ``mmaemu.accumulate`` (fast and slow,
-  K not a multiple of 128) at shapes on both sides of dispatch boundaries; the accumulator equals MMA-Sim's Hopper
+  K not a multiple of 128; over 100,000 outputs per mode) at shapes on both sides of dispatch boundaries, and that
+  accumulator equals the oracle's unsplit chains (c.1, c.2) and MMA-Sim's Hopper
   wgmma k32 chains (one chain over K, or 128-k chunks from zero added in fp32).
 * torch 2.7.1's checks in their order; the platforms that refuse; explain; the maturity warning; the +0 bias.
 * cuda:simple and the row-wise epilogue kernel under the CUDA simulator (a subprocess), equal to the CPU.
@@ -223,7 +224,7 @@ def test_scaled_mm_is_the_oracle_epilogue_of_the_accumulator(M, N, K, fast):
     got = out.view(torch.uint16).numpy()
     xs, ws = sa.numpy().view(np.uint32).reshape(-1), sb.numpy().view(np.uint32).reshape(-1)
     bias_bits = bias.view(torch.uint16).numpy() if with_bias else None
-    picks = rng.choice(M * N, size=min(M * N, 3000), replace=False)
+    picks = rng.choice(M * N, size=min(M * N, 25_000), replace=False)  # > 100,000 outputs per mode in all
     transposed = oracle.rowwise_runs_transposed(M, N)
     for i in picks:
         m, n = divmod(int(i), N)
