@@ -473,3 +473,28 @@ def test_quantized_linear_runs_rowwise():
     out = _rowwise(qx, qw.t(), sx.reciprocal(), sw.reciprocal().t(), out_dtype=torch.bfloat16)
     dequantized = (qx.float() / sx) @ (qw.float() / sw).t()  # FP8 rounding of the operands is the only big error
     assert torch.allclose(out.float(), dequantized, rtol=0.02, atol=0.1)
+
+
+def test_transposed_problem_has_the_same_chains_in_mmasim():
+    """The transposed problem multiplies W^T X^T: each output's chain has its operands swapped (E5M2 x E4M3 becomes
+    E4M3 x E5M2). MMA-Sim's Hopper wgmma gives the same chain either way (fast and 128-k chunks alike)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from mmasim.nv_ptx import sim
+    except Exception as exc:
+        if os.environ.get("MMAEMU_TEST_REQUIRE_MMASIM") == "1":
+            pytest.fail(f"MMA-Sim required but not available: {exc}")
+        pytest.skip(f"MMA-Sim is not available: {exc}")
+    rng = np.random.default_rng(RNG_SEED + 2)
+    cases, K = 4096, 128
+    a = torch.from_numpy(rng.integers(0, 256, (cases, K), dtype=np.uint8))
+    b = torch.from_numpy(rng.integers(0, 256, (cases, K), dtype=np.uint8))
+    a5, b4 = a.view(torch.float8_e5m2), b.view(torch.float8_e4m3fn)
+    straight = sim.WGMMA("Hopper", "m64n8k32.f32.e5m2.e4m3")
+    swapped = sim.WGMMA("Hopper", "m64n8k32.f32.e4m3.e5m2")
+    c1 = c2 = torch.zeros(cases, dtype=torch.float32)
+    for k in range(0, K, 32):
+        c1 = straight.dpa(a5[:, k:k + 32], b4[:, k:k + 32], c1)
+        c2 = swapped.dpa(b4[:, k:k + 32], a5[:, k:k + 32], c2)
+    assert torch.equal(c1.view(torch.int32), c2.view(torch.int32))
