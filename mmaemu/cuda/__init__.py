@@ -17,5 +17,5 @@ from .catalog import KERNELS
 from .gating import (FORCE_FAIL_ENV, accumulate, design_skip, ensure_verdict, epilogue, reset, rowwise_epilogue,
                      run_selftests, schedule_skip, select, status)
 
-__all__ = ["KERNELS", "select", "accumulate", "epilogue", "rowwise_epilogue", "status", "run_selftests", "ensure_verdict", "design_skip",
-           "schedule_skip", "reset", "FORCE_FAIL_ENV"]
+__all__ = ["KERNELS", "select", "accumulate", "epilogue", "rowwise_epilogue", "status", "run_selftests", "ensure_verdict",
+           "design_skip", "schedule_skip", "reset", "FORCE_FAIL_ENV"]

@@ -157,6 +157,17 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
     return plan
 
 
+def _asks_no_split(splitk) -> bool:
+    """True for the splitk values that mean one split: "auto" (the kernel decides), 1, (1, "none")."""
+    if isinstance(splitk, str):
+        return splitk == "auto"
+    if isinstance(splitk, bool):
+        return False
+    if isinstance(splitk, (tuple, list)):
+        return len(splitk) == 2 and splitk[0] == 1 and splitk[1] == "none"
+    return getattr(splitk, "S", splitk) == 1
+
+
 def _plan_rowwise(plan: Plan, splitk, backend, dry) -> Plan:
     """A row-wise call (torch's CUTLASS kernel, :mod:`mmaemu.platform.rowwise`): experimental; one CTA per output
     over all of K, so S = 1 whatever the shape; the scale order of the epilogue is in the split note."""
@@ -164,7 +175,7 @@ def _plan_rowwise(plan: Plan, splitk, backend, dry) -> Plan:
     plan.warnings.append(rowwise.warn_rowwise_maturity(dry=dry, stacklevel=_user_stacklevel() + 1))
     if call.out_resize_warns:
         _warn(plan, OUT_RESIZED_MESSAGE.format(old=tuple(call.out.shape), new=(call.M, call.N)), UserWarning, dry)
-    if not (splitk == "auto" or (splitk == 1 and not isinstance(splitk, bool)) or splitk in ((1, "none"), [1, "none"])):
+    if not _asks_no_split(splitk):
         raise UnsupportedFeatureError(
             f"splitk={splitk!r}: torch 2.7.1's row-wise kernel never splits K ({rowwise.NO_SPLIT_REASON}); use "
             f"splitk='auto' or 1"
