@@ -249,3 +249,16 @@ def test_the_cli_explains_the_policy():
                               "--fast", "--profile", "hopper", "--device", "cpu"],
                              capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert refused.returncode == 1 and "SplitKUnknownError" in refused.stdout
+
+
+def test_row_wise_calls_take_the_policy_as_one_split():
+    """torch's row-wise kernel never splits K: the policy, like "auto" and 1, asks for nothing else."""
+    g = torch.Generator().manual_seed(5)
+    a = (torch.randn(32, 64, generator=g) * 4).to(torch.float8_e4m3fn)
+    w = (torch.randn(48, 64, generator=g) * 4).to(torch.float8_e4m3fn)
+    sa, sb = torch.rand(32, 1, generator=g) + 0.5, torch.rand(1, 48, generator=g) + 0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mmaemu.ExperimentalPresetWarning)
+        assumed = mmaemu.scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, splitk="assume-unsplit")
+        stated = mmaemu.scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16, splitk=1)
+    assert torch.equal(assumed.view(torch.int16), stated.view(torch.int16))
