@@ -66,6 +66,18 @@ def _check_pad(pad_m_to):
     return pad_m_to
 
 
+def _check_splitk_and_backend(splitk, backend, profile):
+    """Refuse at construction what every forward would refuse: the form of ``splitk`` and the scheme the profile's
+    preset computes (the bounds that depend on K stay per call), and the backend's name, each with its own error
+    (as ``mmaemu.patch`` checks them). "auto" is resolved per call ($MMAEMU_BACKEND is read then)."""
+    from .backends import requested_backend
+    from .platform.splitk import check_splitk_argument
+
+    check_splitk_argument(splitk, profile)
+    if not (isinstance(backend, str) and backend == "auto"):
+        requested_backend(backend)
+
+
 class EmulatedFP8Linear(torch.nn.Module):
     """``y = x W^T (+ b)`` with W and x in E4M3, computed as the profile's reference GPU computes the FP8 GEMM.
 
@@ -95,6 +107,7 @@ class EmulatedFP8Linear(torch.nn.Module):
         self.out_features, self.in_features = (int(n) for n in weight_fp8.shape)
         self.profile = _profile_reference(get_profile(profile))
         self.pad_m_to = _check_pad(pad_m_to)
+        _check_splitk_and_backend(splitk, backend, self.profile)
         self.use_fast_accum = use_fast_accum
         self.out_dtype = out_dtype
         self.splitk = splitk
