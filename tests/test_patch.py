@@ -461,3 +461,32 @@ def test_a_plain_function_returning_a_generator_gets_its_body_patched_too():
 
     results = list(lazy([1, 2]))
     assert len(results) == 2 and [r.input_shape[0] for r in patcher.log] == [1, 2]
+
+
+def test_a_decorated_async_generator_takes_athrow_and_aclose_inside_the_block():
+    import asyncio
+
+    events = []
+
+    @mmaemu.patch(splitk=1)
+    async def worker():
+        try:
+            try:
+                yield 1
+            except KeyError:
+                await asyncio.sleep(0)
+                events.append(("caught", is_patched()))
+                yield 2
+            yield 3
+        finally:
+            await asyncio.sleep(0)
+            events.append(("finally", is_patched()))
+
+    async def drive():
+        gen = worker()
+        assert await gen.asend(None) == 1 and not is_patched()
+        assert await gen.athrow(KeyError("x")) == 2 and not is_patched()
+        await gen.aclose()
+
+    asyncio.run(drive())
+    assert events == [("caught", True), ("finally", True)] and not is_patched()
