@@ -30,7 +30,7 @@ from fake_gpu import (MiB, TE_WS, TORCH_WS, counting, decide, emulating_gpu, fak
                       trace_line, answer)
 
 NAME = "fake-h200-lt12.9.9.9"
-TABLE = "heur_fakeh200_lt12.9.9.9"
+TABLE = "rec_fake-h200-lt12.9.9.9"
 KEYS = [(M, N, K, fa, fb, out, fast) for M, N, K in split_shapes() for fa, fb in
         (("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")) for out in ("float32", "bfloat16", "float8_e4m3fn")
         for fast in (False, True)]
