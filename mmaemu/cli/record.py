@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from .output import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE
+from .output import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, usage_exit
 
 
 @click.command(short_help="Record this GPU's split-K decisions into a profile bundle.")
@@ -52,7 +52,7 @@ def record(out_dir, name, shapes_file, sweep, budget_s, replay_s, no_replay, pre
                      replay=not no_replay, replay_s=replay_s, preset=preset, torch_workspace=torch_workspace,
                      seed=seed, overwrite=overwrite, quiet=quiet)
     except (RecordUsageError, GridError) as exc:
-        raise click.UsageError(_one_line(exc)) from None
+        usage_exit(f"mmaemu record: {_one_line(exc)}")
     except (BackendUnavailableError, RecordError, MmaemuError, OSError) as exc:
         click.echo(f"mmaemu record: {_one_line(exc)}", err=True)
         raise SystemExit(EXIT_UNAVAILABLE if isinstance(exc, BackendUnavailableError) else EXIT_FAIL) from None
