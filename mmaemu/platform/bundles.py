@@ -15,11 +15,16 @@ recorded cuBLASLt rejected, and the sha256 of every file. :func:`read_bundle` re
 file and the rule) a bundle whose files are missing or differ from their hash, whose npz columns are missing or
 of the wrong dtype or shape, whose codes or keys are inconsistent, whose maturity claim does not follow from its
 replays ("validated" only when replays ran and all passed), or whose profile names collide with built-in ones.
-Loading reads json and npz with ``allow_pickle=False`` only: nothing in a bundle is ever executed.
+Loading reads json and npz with ``allow_pickle=False`` only: nothing in a bundle is ever executed. Files are
+opened without following links or blocking, must be regular files of bounded size (:data:`MAX_FILE_BYTES`), json
+strict and at most :data:`MAX_JSON_DEPTH` deep, and every field read is checked once against
+:mod:`mmaemu.platform.bundle_schema`. A folder or file another user can write or owns is warned about
+(:class:`mmaemu.errors.UnsafeBundleWarning`) before the bundle is used.
 
 :func:`load_profile` registers a bundle's profiles (``list_profiles``, ``get_profile``, ``info``, ``explain``,
 ``scaled_mm(profile=...)``); ``$MMAEMU_PROFILE_PATH`` (``os.pathsep``-separated bundle folders, or folders of
-bundle folders) is loaded on the first profile lookup, a damaged bundle there being skipped with a warning.
+bundle folders) is loaded on the first profile lookup, a damaged bundle or an unreadable folder there being
+skipped with a warning.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 :func:`record` runs on a machine with a CUDA GPU, with the torch installed there:
 
+0. **Arguments** (name, preset, budget, grid) are checked before anything runs (RecordUsageError, GridError);
+   the recording then holds the lock of its bundle name (:mod:`.lock`): one recorder per bundle and folder.
 1. **Descriptor probe** (:mod:`.probe`, :mod:`.trace`): a few ``torch._scaled_mm`` calls under cuBLASLt's trace
    log tell which (mat1, mat2, out) combinations torch accepts, the workspace its cuBLASLt calls really get, and
    whether the recorder's heuristic query (:mod:`mmaemu.platform.heuristic`, NVIDIA's bindings) is the one torch
