@@ -50,8 +50,8 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ..errors import MmaemuError, UnsafeBundleWarning
-from .bundle_schema import (FILE_PATTERN, NAME_PATTERN, SchemaError, check_table_rules, combos_schema,
-                            manifest_schema, replays_schema, table_schema)
+from .bundle_schema import (SchemaError, check_table_rules, combos_schema, manifest_schema, replays_schema,
+                            table_schema)
 from .bundle_schema import check as check_schema
 from .definitions import Profile, RejectRule, builtin_profile_names, register_recorded_profile
 from .table_format import COLUMN_DTYPES, TABLE_FORMAT, TableFormatError, build_index, check_columns
@@ -66,8 +66,6 @@ COMBOS_FORMAT = "mmaemu-verified-split-combos/1"
 REPLAYS_FORMAT = "mmaemu-replays/1"
 MANIFEST = "profile.json"
 PATH_ENV = "MMAEMU_PROFILE_PATH"
-_NAME = NAME_PATTERN
-_FILE_NAME = FILE_PATTERN
 MAX_MANIFEST_BYTES = 4 << 20  # a manifest lists a few files and profiles: kilobytes
 MAX_FILE_BYTES = 256 << 20  # the default grid's table is about 2 MB; findings keep small operands
 MAX_NPZ_UNPACKED_BYTES = 1 << 30  # 15 columns of 29 bytes a row: 37 million rows, ten default grids
