@@ -800,3 +800,22 @@ def test_a_bundle_another_user_owns_warns(recorded, tmp_path):
     os.chown(folder, 12345, 12345)
     with pytest.warns(UnsafeBundleWarning, match="the folder is owned by another user \\(uid 12345\\)"):
         mmaemu.load_profile(folder)
+
+
+def test_a_recorder_in_another_process_holds_the_bundle(tmp_path):
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from mmaemu.record.lock import recording_lock\n"
+                               f"with recording_lock(sys.argv[1], {NAME!r}):\n"
+                               "    print('locked', flush=True); sys.stdin.read()", str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RecordError, match=f"another recorder \\(PID {holder.pid}\\)"):
+            record(tmp_path, shapes=split_shapes(), machine=fake_machine(probe_fn=_no_probe), quiet=True)
+    finally:
+        holder.communicate("", timeout=60)
+    assert holder.returncode == 0 and not (tmp_path / f"{NAME}.lock").exists()
+    assert not (tmp_path / f"{NAME}.partial").exists()  # the refused recorder wrote nothing
