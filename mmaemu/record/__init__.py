@@ -92,12 +92,15 @@ def record(out_dir, *, name: Optional[str] = None, shapes=None, sweep: Optional[
         name = profile_name(platform["gpu"], platform["cublaslt"])
         check_name(name, out_dir, RecordError)
     with recording_lock(out_dir, name):
-        return _record_locked(out_dir, name, grid, shapes, sweep, deadline, started, replay, replay_s,
-                              max_replay_macs, preset, schemes, torch_workspace, seed, overwrite, quiet, machine)
+        return _record_locked(out_dir, name, machine, grid=grid, grid_source=_grid_source(shapes, sweep),
+                              started=started, deadline=deadline, replay=replay, replay_s=replay_s,
+                              max_replay_macs=max_replay_macs, preset=preset, schemes=schemes,
+                              torch_workspace=torch_workspace, seed=seed, overwrite=overwrite, quiet=quiet)
 
 
-def _record_locked(out_dir, name, grid, shapes, sweep, deadline, started, replay, replay_s, max_replay_macs, preset,
-                   schemes, torch_workspace, seed, overwrite, quiet, machine) -> RecordResult:
+def _record_locked(out_dir: Path, name: str, machine: Machine, *, grid, grid_source: str, started: float, deadline,
+                   replay: bool, replay_s: float, max_replay_macs: int, preset: str, schemes: list, torch_workspace,
+                   seed: int, overwrite: bool, quiet: bool) -> RecordResult:
     """The recording, under the lock of its bundle name (see :func:`record`)."""
     platform = machine.platform
     sm = "sm_" + "".join(map(str, platform["capability"]))
@@ -131,7 +134,7 @@ def _record_locked(out_dir, name, grid, shapes, sweep, deadline, started, replay
     results, summary, planned_replays = _replays(machine, preset, schemes, cols, workspaces, ws_torch, replay,
                                                  max_replay_macs, deadline, quiet, log)
     recording = {"shapes_planned": len(plan.shapes), "shapes_recorded": done,
-                 "complete": done == len(plan.shapes), "grid": _grid_source(shapes, sweep), "seed": seed,
+                 "complete": done == len(plan.shapes), "grid": grid_source, "seed": seed,
                  "seconds_this_run": round(time.monotonic() - started, 1), "device": machine.device,
                  "torch_workspace_source": "asserted by the user" if torch_workspace is not None else "probe"}
     rec = Recording(name, table_id, preset, schemes, platform, workspaces, ws_torch, te_ws, te_source, descriptor,
