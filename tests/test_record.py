@@ -611,6 +611,9 @@ def test_bundle_files_are_read_as_regular_files_of_bounded_size(recorded, tmp_pa
         monkeypatch.setattr(bundles, "MAX_NPZ_UNPACKED_BYTES", 1000)  # a zip bomb, scaled down
         with pytest.raises(BundleError, match="unpacks to"):
             mmaemu.load_profile(copy_bundle(recorded, tmp_path, "bomb"))
+        monkeypatch.setattr(bundles, "MAX_BUNDLE_BYTES", 2000)  # many files of allowed size, too much together
+        with pytest.raises(BundleError, match="for all files|more than the 2,000 bytes a bundle may have"):
+            mmaemu.load_profile(copy_bundle(recorded, tmp_path, "heavy"))
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)

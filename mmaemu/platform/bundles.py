@@ -68,6 +68,7 @@ MANIFEST = "profile.json"
 PATH_ENV = "MMAEMU_PROFILE_PATH"
 MAX_MANIFEST_BYTES = 4 << 20  # a manifest lists a few files and profiles: kilobytes
 MAX_FILE_BYTES = 256 << 20  # the default grid's table is about 2 MB; findings keep small operands
+MAX_BUNDLE_BYTES = 512 << 20  # all the listed files together
 MAX_NPZ_UNPACKED_BYTES = 1 << 30  # 15 columns of 29 bytes a row: 37 million rows, ten default grids
 MAX_JSON_DEPTH = 32  # the recorder writes at most 6 levels
 
@@ -164,8 +165,8 @@ def _read_bytes(path: Path, folder: Path, limit: int, concerns: List[str]) -> by
         if not stat.S_ISREG(info.st_mode):
             raise BundleError(f"{where}: {path.name} is not a regular file")
         if info.st_size > limit:
-            raise BundleError(f"{where}: {path.name} has {info.st_size:,} bytes, more than the {limit:,} a bundle "
-                              "file may have")
+            raise BundleError(f"{where}: {path.name} has {info.st_size:,} bytes, more than the {limit:,} allowed "
+                              f"({MAX_FILE_BYTES:,} a file, {MAX_BUNDLE_BYTES:,} for all files)")
         concerns += _ownership_concerns(info, path.name)
         with os.fdopen(os.dup(fd), "rb") as fh:
             blob = fh.read(limit + 1)
@@ -174,7 +175,7 @@ def _read_bytes(path: Path, folder: Path, limit: int, concerns: List[str]) -> by
     finally:
         os.close(fd)
     if len(blob) > limit:
-        raise BundleError(f"{where}: {path.name} has more than the {limit:,} bytes a bundle file may have")
+        raise BundleError(f"{where}: {path.name} has more than the {limit:,} bytes allowed (it grew while read)")
     return blob
 
 
@@ -226,10 +227,12 @@ def _parse_json(blob: bytes, name: str, folder: Path, schema, rules=None) -> dic
 
 def _checked_files(folder: Path, files: dict, where: str, concerns: List[str]) -> Dict[str, bytes]:
     """The bytes of every listed file, each checked against its sha256 (names must be plain file names)."""
-    blobs = {}
+    blobs, left = {}, MAX_BUNDLE_BYTES
     for name, digest in files.items():
         _expect(name != MANIFEST, where, f"{MANIFEST}: file name {name!r} is not a plain file name")
-        blob = _read_bytes(folder / name, folder, MAX_FILE_BYTES, concerns)
+        _expect(left > 0, where, f"the listed files have more than the {MAX_BUNDLE_BYTES:,} bytes a bundle may have")
+        blob = _read_bytes(folder / name, folder, min(MAX_FILE_BYTES, left), concerns)
+        left -= len(blob)
         actual = hashlib.sha256(blob).hexdigest()
         _expect(actual == digest, where, f"{name}: sha256 {actual} differs from the manifest's {digest} "
                                          "(damaged or modified after recording)")
