@@ -189,7 +189,7 @@ def check_name(name, out_dir: Path, error=None) -> None:
 def _checked_arguments(out_dir: Path, name, shapes, sweep, budget_s, replay_s, max_replay_macs, preset):
     """The grid of the recording, after every argument was checked: RecordUsageError (or GridError) before anything
     runs."""
-    for label, value, least in (("budget", budget_s, 1e-9), ("replay seconds", replay_s, 0.0)):
+    for label, value, least in (("--budget", budget_s, 1e-9), ("--replay-seconds", replay_s, 0.0)):
         if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= least):
             raise RecordUsageError(f"{label} {value!r} is not a finite number of seconds"
                                    + (" above 0" if least else " (0 or more)"))
@@ -201,7 +201,7 @@ def _checked_arguments(out_dir: Path, name, shapes, sweep, budget_s, replay_s, m
         try:
             get_preset(preset, warn=False)
         except (KeyError, TypeError, ValueError) as exc:
-            raise RecordUsageError(f"--preset {preset!r} is not a preset: {str(exc).strip(chr(39))}") from None
+            raise RecordUsageError(f"--preset {preset!r}: {exc.args[0] if exc.args else exc}") from None
     if name is not None:
         check_name(name, out_dir)
     return _grid(shapes, sweep)
