@@ -729,7 +729,8 @@ def test_cli_record_usage_errors_exit_2_before_anything_runs(tmp_path, monkeypat
     out = ["--out", str(tmp_path / "out")]
     for args, message in ((["--budget", "inf"], "budget"), (["--budget", "nan"], "budget"),
                           (["--replay-seconds", "nan"], "--replay-seconds nan"), (["--name", "../x"], "lowercase slug"),
-                          (["--name", "hopper"], "built-in"), (["--preset", "no-such-preset"], "unknown preset 'no-such-preset'"),
+                          (["--name", "hopper"], "built-in"),
+                          (["--preset", "no-such-preset"], "unknown preset 'no-such-preset'"),
                           (["--sweep", "M=1;N=17;K=16"], "multiples of 16"), (["--shapes", str(shapes)], "shapes.txt:"),
                           (["--sweep", "M=1-1200:1;N=16-16000:16;K=16"], "1,200 x 1,000 x 1 = 1,200,000")):
         result, ran = _cli(out + args, monkeypatch)

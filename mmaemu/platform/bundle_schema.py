@@ -35,6 +35,10 @@ def _slug() -> "Str":
     return Str(pattern=NAME_PATTERN, what="a lowercase slug (a-z, 0-9, '.', '_', '-'; at most 80)")
 
 
+def _code() -> "Str":
+    return Str(pattern=_DIGITS, what="a decimal code")
+
+
 def _file() -> "Str":
     return Str(pattern=FILE_PATTERN, what="a plain file name")
 
@@ -182,9 +186,9 @@ def table_schema(table_format: str) -> Obj:
     envelope = Obj({}, {"inference": Bool(), "kind": Str(("k_grid", "max_split_MN")),
                         "K_min": Nullable(Int(1, 1 << 32)), "K_max": Nullable(Int(1, 1 << 32)),
                         "K_grid": List(Int(1, 1 << 32), 0, 4096), "bounds": List(bound, 0, 4096),
-                        "validation": Map(Str(pattern=_DIGITS, what="a decimal code"), validation, 16)})
-    codes = Obj({"custom -> scheme": Map(Str(pattern=_DIGITS, what="a decimal code"), Str(_SPLIT_SCHEMES), 256),
-                 "fa/fb": Map(Str(pattern=_DIGITS, what="a decimal code"), _FORMAT, 8), "out": Map(Str(pattern=_DIGITS, what="a decimal code"), _OUT, 8),
+                        "validation": Map(_code(), validation, 16)})
+    codes = Obj({"custom -> scheme": Map(_code(), Str(_SPLIT_SCHEMES), 256),
+                 "fa/fb": Map(_code(), _FORMAT, 8), "out": Map(_code(), _OUT, 8),
                  "ws": List(Int(), 1, 4)},
                 {"custom -> scheme, unlisted": Nullable(Str(_SPLIT_SCHEMES))})
     layouts = Obj({}, {"ragged_K": Obj({}, {"verified": Bool()})})

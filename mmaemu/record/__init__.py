@@ -171,19 +171,20 @@ def check_name(name, out_dir: Path, error=None) -> None:
     error = error or RecordUsageError
     longest = f"{name}-ws0" if isinstance(name, str) else ""
     if not isinstance(name, str) or NAME_PATTERN.match(name) is None or NAME_PATTERN.match(longest) is None:
-        raise error(f"--name {name!r} is not a lowercase slug (a-z, 0-9, '.', '_', '-', starting with a letter or "
+        raise error(f"bundle name {name!r} is not a lowercase slug (a-z, 0-9, '.', '_', '-', starting with a letter or "
                     f"digit, at most {80 - len('-ws0')} characters)")
     names = {name, f"{name}-te", f"{name}-ws0"}
     builtin = sorted(names & set(builtin_profile_names()))
     if builtin:
-        raise error(f"--name {name!r} gives the profile {builtin[0]!r} of a built-in profile: choose another name")
+        raise error(f"bundle name {name!r} gives the profile {builtin[0]!r} of a built-in profile: choose another "
+                    "--name")
     bundles.load_profile_path()
     here = (Path(out_dir) / name).resolve()
     for bundle in bundles.loaded_bundles():
         clash = sorted(names & {p.name for p in bundle.profiles})
         if clash and bundle.path != here:
-            raise error(f"--name {name!r} gives the profile {clash[0]!r} of the loaded bundle {bundle.path}: choose "
-                        "another name")
+            raise error(f"bundle name {name!r} gives the profile {clash[0]!r} of the loaded bundle {bundle.path}: "
+                        "choose another --name")
 
 
 def _checked_arguments(out_dir: Path, name, shapes, sweep, budget_s, replay_s, max_replay_macs, preset):
