@@ -21,12 +21,10 @@ def fp8(shape, seed, dtype=torch.float8_e4m3fn):
     return (torch.randn(shape, generator=g) * 40).clamp(-448, 448).to(dtype)
 
 
-def test_import_is_quick_and_touches_neither_torch_nor_cuda():
-    code = ("import sys, time; t = time.perf_counter(); import mmaemu; dt = time.perf_counter() - t; "
-            "print(dt, 'torch' in sys.modules, 'numba' in sys.modules, 'numba.cuda' in sys.modules)")
-    dt, torch_loaded, numba_loaded, cuda_loaded = subprocess.check_output(
-        [sys.executable, "-c", code], text=True).split()
-    assert float(dt) < 0.5
+def test_import_touches_neither_torch_nor_cuda():
+    code = ("import sys; import mmaemu; "
+            "print('torch' in sys.modules, 'numba' in sys.modules, 'numba.cuda' in sys.modules)")
+    torch_loaded, numba_loaded, cuda_loaded = subprocess.check_output([sys.executable, "-c", code], text=True).split()
     assert (torch_loaded, numba_loaded, cuda_loaded) == ("False", "False", "False")
 
 

@@ -13,7 +13,6 @@ import re
 import resource
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -263,13 +262,10 @@ def test_explain_bad_options_are_usage_errors(option):
 
 def test_explain_huge_shape_needs_no_memory():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    start = time.perf_counter()
     result = invoke("explain", "65536", "65536", "65536", "--device", "cpu")
-    seconds = time.perf_counter() - start
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert result.exit_code == 0
     assert "'S': 1, 'scheme': 'none', 'source': 'envelope'" in result.stdout
-    assert seconds < 20
     assert grown_mib < 512, f"explain grew the peak RSS by {grown_mib:.0f} MiB"
 
 
