@@ -378,9 +378,11 @@ def test_demo_quick_prints_the_counts(quick_demo):
     assert "per-tensor amax scaling to 448" in out
     for name in ("hopper", "ada"):
         assert re.search(rf"^{name} +\S.*: split-K S=1 \(table\); [\d,]+ of 16,384 outputs \([\d.]+%\) differ from "
-                         r"the IEEE reference; max abs diff \S+, max rel diff \S+; [\d.]+ s", out, re.M)
+                         r"the IEEE reference; max abs diff \S+ \([\d.e+-]+% of the largest \|output\|\); [\d.]+ s", out, re.M)
     assert "(first call: includes Numba compilation or cache loading)" in out
     assert re.search(r"^hopper vs ada: [\d,]+ of 16,384 outputs", out, re.M)
+    assert out.rstrip().splitlines()[-2].startswith("Next: ")  # it ends with the next step
+    assert "max_rel_diff" in out  # and says where the relative difference went, and why it is large
 
 
 def test_demo_returns_plain_data(quick_demo):
@@ -390,6 +392,8 @@ def test_demo_returns_plain_data(quick_demo):
         r = data["profiles"][name]
         assert r["split"] == {"S": 1, "scheme": "none", "source": "table", "verified": True}
         assert 0 < r["vs_ieee"]["differ"] < data["outputs"]
+        d = r["vs_ieee"]
+        assert 0 < d["max_abs_diff_of_largest"] < 0.01 and d["max_rel_diff"] > d["max_abs_diff_of_largest"]
         assert r["seconds"] > 0
     assert data["profiles"]["hopper"]["first_call"] and not data["profiles"]["ada"]["first_call"]
     assert 0 < data["between"]["differ"] < data["outputs"]
@@ -645,3 +649,9 @@ def test_info_diagnostics_read_disable_cuda_exactly_1(monkeypatch):
     monkeypatch.setenv("MMAEMU_DISABLE_CUDA", "yes")
     report = json.loads(invoke("info", "--json", "-").stdout)
     assert "MMAEMU_DISABLE_CUDA" not in report["device"].get("reason", "")
+
+
+def test_help_says_where_mmaemu_runs_as_the_readme_does():
+    readme = (REPO / "README.md").read_text()
+    assert "on any CPU or CUDA GPU" in " ".join(readme.split())
+    assert "on any CPU or CUDA GPU" in " ".join(invoke("--help").stdout.split())
