@@ -137,7 +137,12 @@ n = 2000
 for _ in range(n):
     resolve_splitk(48, 64, 5760, a_dtype="e4m3", b_dtype="e4m3", out_dtype="float32", use_fast_accum=False,
                    profile="hopper")
-print(t1 - t0, (time.perf_counter() - t1) / n)
+t2 = time.perf_counter()
+from mmaemu.plan.flush import check_no_flush_to_zero
+t3 = time.perf_counter()
+for _ in range(n):
+    check_no_flush_to_zero()
+print(t1 - t0, (t2 - t1) / n, (time.perf_counter() - t3) / n)
 """
 
 COLD_FIRST_CALL = r"""
@@ -154,11 +159,12 @@ print(t1 - t0, time.perf_counter() - t1)
 
 def startup_times(repeats=3):
     """{measure: best seconds} of fresh processes with the warm cache: the first split-K decision (import
-    included), one later decision, ``import torch`` alone and ``python -m mmaemu explain 64 5760 1920``."""
-    firsts, laters = zip(*(map(float, _fresh_python(FIRST_DECISION)[1].split()) for _ in range(repeats)))
+    included), one later decision, the flush-to-zero check, ``import torch`` alone and ``python -m mmaemu explain 64 5760 1920``."""
+    firsts, laters, ftz = zip(*(map(float, _fresh_python(FIRST_DECISION)[1].split()) for _ in range(repeats)))
     torch_import = min(_fresh_python("import torch")[0] for _ in range(repeats))
     explain = min(_fresh_python(["-m", "mmaemu", "explain", "64", "5760", "1920"])[0] for _ in range(repeats))
-    return {"first decision": min(firsts), "later decision": min(laters), "import torch": torch_import,
+    return {"first decision": min(firsts), "later decision": min(laters), "ftz check": min(ftz),
+            "import torch": torch_import,
             "explain CLI": explain}
 
 
@@ -177,7 +183,8 @@ def print_startup(args):
           f"{load[2]:.1f} on {os.cpu_count()} logical CPUs")
     times = startup_times()
     print(f"#   first split-K decision (import included) {times['first decision'] * 1e3:.0f} ms, a later one "
-          f"{times['later decision'] * 1e6:.0f} us")
+          f"{times['later decision'] * 1e6:.0f} us; the flush-to-zero check of each call "
+          f"{times['ftz check'] * 1e6:.1f} us")
     print(f"#   python -m mmaemu explain 64 5760 1920: {times['explain CLI']:.2f} s (target < 1.5 s), of which "
           f"import torch alone {times['import torch']:.2f} s")
     if args.cold_cache:
