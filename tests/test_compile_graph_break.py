@@ -195,7 +195,7 @@ def _fp8_model():
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-def test_compiled_fp8_model_is_quiet_and_returns_the_eager_bits(backend):
+def test_compiled_fp8_model_is_quiet_and_returns_the_eager_bits(backend, capfd):
     """No graph-break warning from mmaemu's quantiser (its host-side scale arithmetic is never traced: the
     layer runs eagerly behind a graph break, as scaled_mm does), and exactly the eager bits."""
     import logging
@@ -206,15 +206,17 @@ def test_compiled_fp8_model_is_quiet_and_returns_the_eager_bits(backend):
     with torch.no_grad():
         eager = model(x)
     handler = _Records()
-    torch_logger = logging.getLogger("torch")
-    torch_logger.addHandler(handler)
+    dynamo_logger = logging.getLogger("torch._dynamo")  # where dynamo logs its graph-break warnings
+    dynamo_logger.addHandler(handler)
+    capfd.readouterr()
     try:
         with warnings.catch_warnings(record=True) as caught, torch.no_grad():
             warnings.simplefilter("always")
             compiled = torch.compile(model, backend=backend)(x)
     finally:
-        torch_logger.removeHandler(handler)
-    noise = handler.messages + [str(w.message) for w in caught]
+        dynamo_logger.removeHandler(handler)
+    printed = capfd.readouterr()
+    noise = handler.messages + [str(w.message) for w in caught] + printed.err.splitlines() + printed.out.splitlines()
     assert not [m for m in noise if "graph break" in m.lower() or "item()" in m], noise
     assert compiled.dtype == torch.float32
     assert_bitwise_equal(compiled, eager)
