@@ -13,12 +13,18 @@ other code is left as it is), :class:`MmaemuFunctionCache` changes three things:
   while saving one only costs the saving (one warning);
 * the folders and files it writes are private (0700 and 0600), the locator is mmaemu's own
   (:func:`mmaemu._cache.numba_location`), and nothing is saved into a read-only cache.
+
+Before the first function of a process is compiled into a cache that holds no compiled code of this build yet
+(a new install, a new version, a new cache folder), one INFO record goes to the logger ``"mmaemu"``: what is
+compiled, why, roughly how long it takes and that it happens once. The library never prints it; the command line
+shows it (:mod:`mmaemu.cli`), and an application sees it with ``logging.basicConfig(level=logging.INFO)``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
+import logging
 import pathlib
 import pickle
 import sys
@@ -29,6 +35,27 @@ from . import _cache, _private
 
 MAGIC = b"mmaemu-numba-cache/1\n"
 _DIGEST_BYTES = 32
+LOGGER = logging.getLogger("mmaemu")
+# What a cold cache costs: the first scaled_mm compiles the fast path of one preset, about 15 s on a quiet
+# 2-core machine and a minute or more on a busy one (docs/performance.md, scripts/bench.py --cold-cache).
+COLD_COMPILE_NOTE = ("mmaemu: compiling its arithmetic for this CPU (the compiled-code cache {folder} has none "
+                     "of mmaemu {version} yet); this takes from about 15 s to a few minutes and happens once: "
+                     "later calls and processes load it from the cache")
+_first_miss_seen = False
+
+
+def _note_first_miss(location) -> None:
+    """At the first cache miss of the process: the INFO record of the module docstring if the cache is cold."""
+    global _first_miss_seen
+    if _first_miss_seen:
+        return
+    _first_miss_seen = True
+    folder = location.numba_dir
+    if folder is not None and folder.is_dir() and any(folder.rglob("*.nbi")):
+        return  # a warm cache missing one function (a new schedule): a short compile, not worth a note
+    from ._version import __version__
+
+    LOGGER.info(COLD_COMPILE_NOTE.format(folder=folder, version=__version__))
 
 
 class _Locator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
@@ -129,10 +156,13 @@ class MmaemuFunctionCache(caching.FunctionCache):
 
     def load_overload(self, sig, target_context):
         try:
-            return super().load_overload(sig, target_context)
+            loaded = super().load_overload(sig, target_context)
         except Exception as exc:  # a cache entry must never fail a call
             _report(self._cache_path, f"loading {self._name} failed: {type(exc).__name__}: {exc}")
-            return None
+            loaded = None
+        if loaded is None:  # Numba compiles next
+            _note_first_miss(self._impl.locator._location)
+        return loaded
 
     def save_overload(self, sig, data):
         if not self._writable:

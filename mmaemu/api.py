@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ._untraced import untraced
 from .plan.planner import CallPlan, explain_scaled_mm, plan_accumulate, plan_scaled_mm
 
 __all__ = ["scaled_mm", "accumulate", "explain", "CallPlan"]
@@ -114,7 +115,7 @@ def _resize_contiguous(out: torch.Tensor, shape) -> None:
     out.set_(storage, out.storage_offset(), shape, (cols, 1))
 
 
-@torch.compiler.disable
+@untraced
 def scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False,
               *, out=None, profile=None, splitk="auto", backend="auto"):
     """``torch._scaled_mm`` (torch 2.7.1) as the profile's reference GPU computes it, bit for bit.
@@ -144,7 +145,7 @@ def run_scaled_mm_plan(plan):
     return _deliver(_epilogue(acc, call), call.out)
 
 
-@torch.compiler.disable
+@untraced
 def accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="auto",
                out_dtype_for_split=torch.float32):
     """The fp32 accumulator [M, N] of ``a`` [M, K] times ``b`` [N, K]^T before any scaling (semantics.md f.8).
@@ -160,7 +161,7 @@ def accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="au
     return _accumulator(plan, call.a, call.b, call.fmt_a, call.fmt_b, call.use_fast_accum)
 
 
-@torch.compiler.disable
+@untraced
 def explain(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False,
             *, out=None, profile=None, splitk="auto", backend="auto") -> CallPlan:
     """What ``scaled_mm`` would do with these arguments, as a :class:`CallPlan`; never raises for a bad call."""

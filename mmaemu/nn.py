@@ -13,6 +13,14 @@ The layer does what a Transformer-Engine-style FP8 linear layer does in inferenc
 4. crop the padding rows, add the bias (if any) in ``out_dtype`` with an ordinary torch addition, and restore
    the leading dimensions.
 
+``out_dtype`` defaults to None, the dtype of the input activations ``x`` (as Transformer Engine's ``te.Linear``
+returns its input's dtype): an fp32 model keeps fp32 activations. A torch dtype fixes the output dtype instead
+(e.g. ``out_dtype=torch.bfloat16``, the GEMM output of a bf16 FP8 pipeline whatever the input).
+
+Under ``torch.compile`` the layer's emulation (quantisation, GEMM, bias) runs eagerly, outside the traced graph
+(dynamo breaks the graph at the layer's call), as for :func:`mmaemu.scaled_mm`: a compiled model gets exactly the
+eager bits, and the quantiser's host-side scale arithmetic is never traced.
+
 The weight is quantised once, per tensor, when the layer is built (:meth:`EmulatedFP8Linear.from_linear`), or
 taken as stored FP8 state (:meth:`EmulatedFP8Linear.from_fp8_state`).
 
@@ -27,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from . import formats
+from ._untraced import untraced
 from .audit import GemmAudit, ModelAudit, run_audit
 from .errors import SplitKUnknownError, UnsupportedFeatureError
 from .platform.profiles import get_profile
@@ -76,14 +85,6 @@ _GRAPH_BREAK_REASON = (
 )
 
 
-def _graph_break(function):
-    """``torch.compiler.disable(function)`` with the reason above (torch < 2.7 takes no reason)."""
-    try:
-        return torch.compiler.disable(function, reason=_GRAPH_BREAK_REASON)
-    except TypeError:
-        return torch.compiler.disable(function)
-
-
 def _check_splitk_and_backend(splitk, backend, profile):
     """Refuse at construction what every forward would refuse: the form of ``splitk`` and the scheme the profile's
     preset computes (the bounds that depend on K stay per call), and the backend's name, each with its own error
@@ -103,11 +104,12 @@ class EmulatedFP8Linear(torch.nn.Module):
     [out_features, in_features]), ``weight_scale_inv`` (fp32, the inverse weight scale given to the GEMM),
     ``input_scale`` / ``input_scale_inv`` (fp32, or None for per-call current scaling) and ``bias`` (in
     ``out_dtype``, or None). ``.to(device)`` moves them; dtype conversions (``.half()``, ``.to(torch.bfloat16)``)
-    leave them unchanged — set ``out_dtype`` at construction instead.
+    leave them unchanged — set ``out_dtype`` at construction instead. With ``out_dtype=None`` (the default) the
+    output has the input's dtype and the bias is kept in its own dtype, converted to the output's at each call.
     """
 
     def __init__(self, weight_fp8, weight_scale_inv, *, input_scale=None, input_scale_inv=None, bias=None,
-                 profile=None, pad_m_to=None, use_fast_accum=True, out_dtype=torch.bfloat16, splitk="auto",
+                 profile=None, pad_m_to=None, use_fast_accum=True, out_dtype=None, splitk="auto",
                  backend="auto"):
         super().__init__()
         if not isinstance(weight_fp8, torch.Tensor) or weight_fp8.dtype != torch.float8_e4m3fn:
@@ -115,9 +117,10 @@ class EmulatedFP8Linear(torch.nn.Module):
         if weight_fp8.dim() != 2:
             raise ValueError(f"weight_fp8 must be 2-D [out_features, in_features], got shape "
                              f"{tuple(weight_fp8.shape)}")
-        if out_dtype not in _OUT_DTYPES:
-            raise TypeError(f"out_dtype must be one of {[str(d) for d in _OUT_DTYPES]}, got {out_dtype}")
-        if bias is not None and formats.is_fp8_dtype(out_dtype):
+        if out_dtype is not None and out_dtype not in _OUT_DTYPES:
+            raise TypeError(f"out_dtype must be None (the input's dtype) or one of {[str(d) for d in _OUT_DTYPES]}, "
+                            f"got {out_dtype}")
+        if bias is not None and out_dtype is not None and formats.is_fp8_dtype(out_dtype):
             raise ValueError("a bias cannot be added in an FP8 out_dtype; use a float32/bfloat16/float16 output")
         if not isinstance(use_fast_accum, bool):
             raise TypeError("use_fast_accum must be a bool")
@@ -145,20 +148,21 @@ class EmulatedFP8Linear(torch.nn.Module):
         if bias is not None:
             if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (self.out_features,):
                 raise ValueError(f"bias must be a tensor of shape ({self.out_features},)")
-            bias = bias.detach().to(device=device, dtype=out_dtype)
+            bias = bias.detach().to(device=device, dtype=out_dtype or bias.dtype)
         self.register_buffer("bias", bias)
 
     # -- constructors ---------------------------------------------------------------------------------------------
 
     @classmethod
     def from_linear(cls, linear, *, profile=None, input_scale=None, pad_m_to=None, use_fast_accum=True,
-                    out_dtype=torch.bfloat16, splitk="auto", backend="auto", weight_scale=None):
+                    out_dtype=None, splitk="auto", backend="auto", weight_scale=None):
         """Quantise a ``torch.nn.Linear`` (or any module with ``weight`` [out, in] and ``bias``) once, as TE does.
 
         The weight scale is TE's current-scaling factor of the weight, ``448 / amax(W)`` in fp32
         (``weight_scale`` overrides it); the stored inverse is ``fp32(1 / weight_scale)``. ``input_scale`` is the
         multiplier used to quantise every input (TE's *scale*, not its inverse); None computes it per call from
-        the input's amax (current scaling). The bias, if any, is kept in ``out_dtype`` and added after the GEMM.
+        the input's amax (current scaling). The bias, if any, is added after the GEMM in the output dtype
+        (``out_dtype``, or the input's dtype when it is None).
         """
         weight = linear.weight.detach()
         if weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -178,7 +182,7 @@ class EmulatedFP8Linear(torch.nn.Module):
     @classmethod
     def from_fp8_state(cls, weight_fp8, *, weight_scale_inv=None, weight_scale=None, input_scale=None,
                        input_scale_inv=None, bias=None, profile=None, pad_m_to=None, use_fast_accum=True,
-                       out_dtype=torch.bfloat16, splitk="auto", backend="auto"):
+                       out_dtype=None, splitk="auto", backend="auto"):
         """Build the layer from TE-style FP8 state.
 
         ``weight_fp8``: float8_e4m3fn [out_features, in_features]. Give exactly one of ``weight_scale_inv`` (what
@@ -228,7 +232,10 @@ class EmulatedFP8Linear(torch.nn.Module):
             x_fp8 = torch.cat([x_fp8, zeros])
         return x_fp8, M, lead, s_inv
 
-    @_graph_break
+    def _output_dtype(self, x):
+        return x.dtype if self.out_dtype is None else self.out_dtype
+
+    @untraced(reason=_GRAPH_BREAK_REASON)
     def forward(self, x):
         """The layer's output for ``x`` [..., in_features]. Excluded from ``torch.compile`` tracing: dynamo breaks
         the graph at the layer and runs it eagerly (also under ``torch.inference_mode()``), so a compiled model gets
@@ -236,15 +243,16 @@ class EmulatedFP8Linear(torch.nn.Module):
         from .api import scaled_mm
 
         x_fp8, M, lead, s_inv = self._gemm_arguments(x)
+        out_dtype = self._output_dtype(x)
         try:
-            y = scaled_mm(x_fp8, self.weight.t(), s_inv, self.weight_scale_inv, out_dtype=self.out_dtype,
+            y = scaled_mm(x_fp8, self.weight.t(), s_inv, self.weight_scale_inv, out_dtype=out_dtype,
                           use_fast_accum=self.use_fast_accum, profile=self.profile, splitk=self.splitk,
                           backend=self.backend)
         except SplitKUnknownError as error:
             raise _undecided_layer_error(self, error) from None
         y = y[:M]
         if self.bias is not None:
-            y = y + self.bias
+            y = y + self.bias.to(out_dtype)
         return y.reshape(lead + (self.out_features,))
 
     def explain(self, x):
@@ -252,7 +260,7 @@ class EmulatedFP8Linear(torch.nn.Module):
         from .api import explain
 
         x_fp8, _, _, s_inv = self._gemm_arguments(x)
-        return explain(x_fp8, self.weight.t(), s_inv, self.weight_scale_inv, out_dtype=self.out_dtype,
+        return explain(x_fp8, self.weight.t(), s_inv, self.weight_scale_inv, out_dtype=self._output_dtype(x),
                        use_fast_accum=self.use_fast_accum, profile=self.profile, splitk=self.splitk,
                        backend=self.backend)
 
@@ -279,7 +287,7 @@ class EmulatedFP8Linear(torch.nn.Module):
         scaling = "current (per call)" if self.input_scale is None else f"static {float(self.input_scale):g}"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"profile={getattr(self.profile, 'name', self.profile)!r}, use_fast_accum={self.use_fast_accum}, "
-                f"out_dtype={str(self.out_dtype).replace('torch.', '')}, splitk={self.splitk!r}, "
+                f"out_dtype={'input' if self.out_dtype is None else str(self.out_dtype).replace('torch.', '')}, splitk={self.splitk!r}, "
                 f"pad_m_to={self.pad_m_to}, input_scaling={scaling}")
 
 

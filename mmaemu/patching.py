@@ -240,6 +240,8 @@ def _record(block: _Block, args, kwargs, plan, error) -> PatchRecord:
 _PARAMS = ("input", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out_dtype", "use_fast_accum")
 
 
+# torch.compiler.disable itself, not mmaemu's lazy ``untraced``: dynamo must be imported before a block puts this
+# function in place of torch._scaled_mm, or its first import would record this function as torch's in-graph op.
 @torch.compiler.disable
 def _patched_scaled_mm(*args, **kwargs):
     """Stand-in for ``torch._scaled_mm`` while a patch block is open: mmaemu.scaled_mm with the block's settings.

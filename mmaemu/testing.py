@@ -98,8 +98,8 @@ def _report(differ, classes, av, ev, a_bits, e_bits):
     for index in list(zip(*np.nonzero(differ)))[:_SHOWN]:
         index = tuple(int(i) for i in index)
         lines.append(
-            f"  at {index}: actual {av[index]!r} (0x{int(a_bits[index]) & mask:0{width}X}), "
-            f"expected {ev[index]!r} (0x{int(e_bits[index]) & mask:0{width}X})"
+            f"  at {index}: actual {float(av[index])} (0x{int(a_bits[index]) & mask:0{width}X}), "
+            f"expected {float(ev[index])} (0x{int(e_bits[index]) & mask:0{width}X})"
         )
     if total > _SHOWN:
         lines.append(f"  ... and {total - _SHOWN} more")

@@ -9,11 +9,15 @@ that lets BLAS's spinning workers fall asleep), and prints GMAC/s and the ratio.
 tasks costs (hopper fast on the largest shape: the default tasks against the coarsest cut, one task per panel of
 B, interleaved) and how long a SIGINT takes to interrupt a long call (:mod:`mmaemu.cpu.threads`). Last, in a fresh
 Python process with the cache this run has warmed, the import time and the first-call compile/load time of the CPU
-path (target: at most 1 s).
+path (target: at most 1 s); the start-up of the package's entry points: the first split-K decision of a fresh
+process, a later decision, ``python -m mmaemu explain`` (target: under 1.5 s) against ``import torch`` alone.
+``--cold-cache`` adds the first call of a fresh process with an empty Numba cache (what a new user waits once).
 
     python scripts/bench.py                 # all cores, the four shapes of docs/performance.md
     python scripts/bench.py --threads 1     # one thread for mmaemu and for BLAS
     python scripts/bench.py --quick         # smaller shapes, fewer repetitions (a few seconds)
+    python scripts/bench.py --startup       # only the start-up figures (seconds)
+    python scripts/bench.py --startup --cold-cache   # and the cold-cache first call (a minute or more)
     python scripts/bench.py --rowwise-only  # row-wise (+ bias) against tensor-wise scaled_mm, hopper, S = 1
 
 Set ``MMAEMU_CACHE_DIR`` to keep the compiled kernels somewhere else than the default cache.
@@ -41,6 +45,9 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true", help="smaller shapes and fewer repetitions")
     parser.add_argument("--repeats", type=int, default=None, help="repetitions per measurement (best is kept)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--startup", action="store_true", help="only the start-up measurements")
+    parser.add_argument("--cold-cache", action="store_true",
+                        help="also time the first call of a fresh process with an empty Numba cache")
     parser.add_argument("--rowwise-only", action="store_true",
                         help="only the row-wise against tensor-wise scaled_mm comparison")
     return parser.parse_args(argv)
@@ -112,6 +119,85 @@ def first_call_times():
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     out = subprocess.run([sys.executable, "-c", FIRST_CALL], capture_output=True, text=True, env=env, check=True)
     return tuple(float(x) for x in out.stdout.split())
+
+
+def _fresh_python(code_or_args, env=None):
+    """(seconds, stdout) of a fresh interpreter running ``-c code`` (a str) or the given arguments (a list)."""
+    env = dict(os.environ if env is None else env)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    args = ["-c", code_or_args] if isinstance(code_or_args, str) else list(code_or_args)
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, check=True)
+    return time.perf_counter() - start, out.stdout
+
+
+FIRST_DECISION = r"""
+import time
+t0 = time.perf_counter()
+from mmaemu.platform.splitk import resolve_splitk
+d = resolve_splitk(48, 64, 5760, a_dtype="e4m3", b_dtype="e4m3", out_dtype="float32", use_fast_accum=False,
+                   profile="hopper")
+t1 = time.perf_counter()
+n = 2000
+for _ in range(n):
+    resolve_splitk(48, 64, 5760, a_dtype="e4m3", b_dtype="e4m3", out_dtype="float32", use_fast_accum=False,
+                   profile="hopper")
+t2 = time.perf_counter()
+from mmaemu.plan.flush import check_no_flush_to_zero
+t3 = time.perf_counter()
+for _ in range(n):
+    check_no_flush_to_zero()
+print(t1 - t0, (t2 - t1) / n, (time.perf_counter() - t3) / n)
+"""
+
+COLD_FIRST_CALL = r"""
+import time
+t0 = time.perf_counter()
+import torch, mmaemu
+t1 = time.perf_counter()
+x = torch.ones(16, 64).to(torch.float8_e4m3fn)
+one = torch.tensor(1.0)
+mmaemu.scaled_mm(x, x.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=True, splitk=1)
+print(t1 - t0, time.perf_counter() - t1)
+"""
+
+
+def startup_times(repeats=3):
+    """{measure: best seconds} of fresh processes with the warm cache: the first split-K decision (import
+    included), one later decision, the flush-to-zero check, ``import torch`` alone and ``python -m mmaemu explain 64 5760 1920``."""
+    firsts, laters, ftz = zip(*(map(float, _fresh_python(FIRST_DECISION)[1].split()) for _ in range(repeats)))
+    torch_import = min(_fresh_python("import torch")[0] for _ in range(repeats))
+    explain = min(_fresh_python(["-m", "mmaemu", "explain", "64", "5760", "1920"])[0] for _ in range(repeats))
+    return {"first decision": min(firsts), "later decision": min(laters), "ftz check": min(ftz),
+            "import torch": torch_import,
+            "explain CLI": explain}
+
+
+def cold_first_call():
+    """(import seconds, first scaled_mm seconds) of a fresh process whose Numba cache folder is empty."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, MMAEMU_CACHE_DIR=cache)
+        return tuple(float(x) for x in _fresh_python(COLD_FIRST_CALL, env)[1].split())
+
+
+def print_startup(args):
+    load = os.getloadavg()
+    print(f"# start-up, fresh processes, warm cache (best of 3); load average {load[0]:.1f} {load[1]:.1f} "
+          f"{load[2]:.1f} on {os.cpu_count()} logical CPUs")
+    times = startup_times()
+    print(f"#   first split-K decision (import included) {times['first decision'] * 1e3:.0f} ms, a later one "
+          f"{times['later decision'] * 1e6:.0f} us; the flush-to-zero check of each call "
+          f"{times['ftz check'] * 1e6:.1f} us")
+    print(f"#   python -m mmaemu explain 64 5760 1920: {times['explain CLI']:.2f} s (target < 1.5 s), of which "
+          f"import torch alone {times['import torch']:.2f} s")
+    if args.cold_cache:
+        imp, first = cold_first_call()
+        load = os.getloadavg()
+        print(f"# cold cache: import {imp:.2f} s, first scaled_mm (hopper fast) {first:.0f} s "
+              f"(compiles the arithmetic once; load average now {load[0]:.1f})")
 
 
 def task_cost(a, b, preset, repeats):
@@ -211,6 +297,9 @@ def print_rowwise(rows):
 def main(argv=None):
     args = parse_args(argv)
     _set_thread_env(args.threads)
+    if args.startup:
+        print_startup(args)
+        return
     if args.rowwise_only:
         import numpy as np
 
@@ -285,6 +374,7 @@ def main(argv=None):
     imp, first, second = first_call_times()
     print(f"# fresh process, warm cache: import {imp:.2f} s, first call (hopper fast) {first:.2f} s, "
           f"first call of another schedule (ada slow, 2 pairwise splits) {second:.2f} s")
+    print_startup(args)
 
 
 if __name__ == "__main__":

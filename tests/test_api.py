@@ -21,12 +21,10 @@ def fp8(shape, seed, dtype=torch.float8_e4m3fn):
     return (torch.randn(shape, generator=g) * 40).clamp(-448, 448).to(dtype)
 
 
-def test_import_is_quick_and_touches_neither_torch_nor_cuda():
-    code = ("import sys, time; t = time.perf_counter(); import mmaemu; dt = time.perf_counter() - t; "
-            "print(dt, 'torch' in sys.modules, 'numba' in sys.modules, 'numba.cuda' in sys.modules)")
-    dt, torch_loaded, numba_loaded, cuda_loaded = subprocess.check_output(
-        [sys.executable, "-c", code], text=True).split()
-    assert float(dt) < 0.5
+def test_import_touches_neither_torch_nor_cuda():
+    code = ("import sys; import mmaemu; "
+            "print('torch' in sys.modules, 'numba' in sys.modules, 'numba.cuda' in sys.modules)")
+    torch_loaded, numba_loaded, cuda_loaded = subprocess.check_output([sys.executable, "-c", code], text=True).split()
     assert (torch_loaded, numba_loaded, cuda_loaded) == ("False", "False", "False")
 
 
@@ -198,3 +196,15 @@ def test_explain_collects_warnings_instead_of_emitting_them():
         warnings.simplefilter("always")
         mmaemu.scaled_mm(a, w.t(), ONE, ONE, out=torch.empty(3), **call)
     assert [str(w.message) for w in caught] == plan.warnings
+
+
+def test_assert_bitwise_equal_reports_plain_numbers():
+    actual = torch.tensor([[1.0, 0.5], [2.0, -0.0]], dtype=torch.bfloat16)
+    expected = torch.tensor([[1.0, 0.75], [2.0, 0.0]], dtype=torch.bfloat16)
+    with pytest.raises(AssertionError) as caught:
+        mmaemu.testing.assert_bitwise_equal(actual, expected)
+    text = str(caught.value)
+    assert "bit patterns differ at 2 of 4 elements (zero_sign=1, nan_payload=0, value=1)" in text
+    assert "at (0, 1): actual 0.5 (0x3F00), expected 0.75 (0x3F40)" in text
+    assert "at (1, 1): actual -0.0 (0x8000), expected 0.0 (0x0000)" in text
+    assert "np." not in text

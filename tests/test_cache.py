@@ -267,3 +267,44 @@ def test_info_reports_the_folder_used_and_why(tmp_path, monkeypatch):
     assert report["numba_cache"]["path"] is None and report["numba_cache"]["state"] == "disabled"
     assert len(report["numba_cache"]["passed_over"]) == 2
 
+
+
+COLD_CHILD = r"""
+import logging
+logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+from mmaemu.arith.bf16 import bf16_value, low_halves_exact
+assert bf16_value(0x3F80) == 1.0
+assert low_halves_exact(0x12345678) == 0x56785678
+"""
+
+
+def test_a_cold_cache_is_announced_once_through_logging_and_a_warm_one_not_at(tmp_path):
+    """Before the first compilation into a cache without this build's code: one INFO record of the "mmaemu"
+    logger (never a print); a second process, whose cache now holds the code, logs nothing."""
+    folder = tmp_path / "cache"
+    env = child_env(folder)
+    lines = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", COLD_CHILD], env=env, capture_output=True, text=True,
+                              timeout=CHILD_TIMEOUT_S)
+        assert proc.returncode == 0 and proc.stdout == "", proc.stderr[-3000:]
+        lines.append([line for line in proc.stderr.splitlines() if line.startswith("mmaemu ")])
+    cold, warm = lines
+    assert len(cold) == 1 and cold[0].startswith("mmaemu INFO mmaemu: compiling its arithmetic"), cold
+    assert "happens once" in cold[0] and str(folder) in cold[0]
+    assert warm == []
+
+
+def test_the_command_line_shows_the_library_notes_on_stderr(monkeypatch):
+    import logging
+
+    logger = logging.getLogger("mmaemu")
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    cli.show_library_notes()
+    cli.show_library_notes()  # idempotent: one line per record
+    runner = CliRunner()
+    with runner.isolation() as (out, err, *_):
+        logger.info("a note")
+        logger.debug("not shown")
+    assert err.getvalue().decode() == "a note\n" and out.getvalue() == b""

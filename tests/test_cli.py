@@ -13,7 +13,6 @@ import re
 import resource
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -263,13 +262,10 @@ def test_explain_bad_options_are_usage_errors(option):
 
 def test_explain_huge_shape_needs_no_memory():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    start = time.perf_counter()
     result = invoke("explain", "65536", "65536", "65536", "--device", "cpu")
-    seconds = time.perf_counter() - start
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert result.exit_code == 0
     assert "'S': 1, 'scheme': 'none', 'source': 'envelope'" in result.stdout
-    assert seconds < 20
     assert grown_mib < 512, f"explain grew the peak RSS by {grown_mib:.0f} MiB"
 
 
@@ -382,9 +378,11 @@ def test_demo_quick_prints_the_counts(quick_demo):
     assert "per-tensor amax scaling to 448" in out
     for name in ("hopper", "ada"):
         assert re.search(rf"^{name} +\S.*: split-K S=1 \(table\); [\d,]+ of 16,384 outputs \([\d.]+%\) differ from "
-                         r"the IEEE reference; max abs diff \S+, max rel diff \S+; [\d.]+ s", out, re.M)
+                         r"the IEEE reference; max abs diff \S+ \([\d.e+-]+% of the largest \|output\|\); [\d.]+ s", out, re.M)
     assert "(first call: includes Numba compilation or cache loading)" in out
     assert re.search(r"^hopper vs ada: [\d,]+ of 16,384 outputs", out, re.M)
+    assert out.rstrip().splitlines()[-2].startswith("Next: ")  # it ends with the next step
+    assert "max_rel_diff" in out  # and says where the relative difference went, and why it is large
 
 
 def test_demo_returns_plain_data(quick_demo):
@@ -394,6 +392,8 @@ def test_demo_returns_plain_data(quick_demo):
         r = data["profiles"][name]
         assert r["split"] == {"S": 1, "scheme": "none", "source": "table", "verified": True}
         assert 0 < r["vs_ieee"]["differ"] < data["outputs"]
+        d = r["vs_ieee"]
+        assert 0 < d["max_abs_diff_of_largest"] < 0.01 and d["max_rel_diff"] > d["max_abs_diff_of_largest"]
         assert r["seconds"] > 0
     assert data["profiles"]["hopper"]["first_call"] and not data["profiles"]["ada"]["first_call"]
     assert 0 < data["between"]["differ"] < data["outputs"]
@@ -677,3 +677,9 @@ def test_json_encoding_of_non_finite_values():
     data = _strict_json(json_text(report))
     assert data == {"a": ["nan", "inf", "-inf", 1.5, -0.0], "b": {"c": "nan"}}
     assert str(data["a"][4]) == "-0.0"  # finite values, also -0.0, are numbers as before
+
+
+def test_help_says_where_mmaemu_runs_as_the_readme_does():
+    readme = (REPO / "README.md").read_text()
+    assert "on any CPU or CUDA GPU" in " ".join(readme.split())
+    assert "on any CPU or CUDA GPU" in " ".join(invoke("--help").stdout.split())

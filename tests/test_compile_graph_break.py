@@ -237,3 +237,92 @@ def test_the_layer_is_one_graph_break_and_nothing_of_it_is_traced():
     targets = counter.targets()
     assert len(counter.graphs) == 2 and len(targets) <= 4, targets  # x * 2 before; float, relu, + 1 after
     assert not any(name in t for t in targets for name in ("abs", "amax", "max", "round", "clamp")), targets
+
+
+class _Records(__import__("logging").Handler):
+    def __init__(self):
+        super().__init__(level=0)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _fp8_model():
+    from mmaemu.nn import convert_linears
+
+    class TwoLayers(torch.nn.Module):  # explicit calls (dynamo does not resume inside nn.Sequential's loop)
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(64, 32), torch.nn.Linear(32, 16)
+
+        def forward(self, x):
+            return self.down(torch.nn.functional.gelu(self.up(x * 0.5))) * 2.0
+
+    torch.manual_seed(0)
+    return convert_linears(TwoLayers(), profile="hopper", splitk=1)  # current scaling: the input scale is per call
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_fp8_model_is_quiet_and_returns_the_eager_bits(backend, capfd):
+    """No graph-break warning from mmaemu's quantiser (its host-side scale arithmetic is never traced: the
+    layer runs eagerly behind a graph break, as scaled_mm does), and exactly the eager bits."""
+    import logging
+    import warnings
+
+    model = _fp8_model()
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        eager = model(x)
+    handler = _Records()
+    dynamo_logger = logging.getLogger("torch._dynamo")  # where dynamo logs its graph-break warnings
+    dynamo_logger.addHandler(handler)
+    capfd.readouterr()
+    try:
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always")
+            compiled = torch.compile(model, backend=backend)(x)
+    finally:
+        dynamo_logger.removeHandler(handler)
+    printed = capfd.readouterr()
+    noise = handler.messages + [str(w.message) for w in caught] + printed.err.splitlines() + printed.out.splitlines()
+    assert not [m for m in noise if "graph break" in m.lower() or "item()" in m], noise
+    assert compiled.dtype == torch.float32
+    assert_bitwise_equal(compiled, eager)
+
+
+def test_compiled_fp8_model_traces_only_what_is_between_the_layers():
+    model = _fp8_model()
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(8))
+    counter = CountingBackend()
+    with torch.no_grad():
+        compiled = torch.compile(model, backend=counter)(x)
+        assert_bitwise_equal(compiled, model(x))
+    targets = counter.targets()
+    assert any("gelu" in t for t in targets), targets  # the activation between the layers is compiled
+    # Nothing of the layers' emulation (amax, quantisation, GEMM) is in the captured graphs.
+    assert not any(op in t for t in targets for op in ("abs", "round", "max", "cat", "mmaemu")), targets
+
+
+FIRST_CALL_WITHOUT_DYNAMO = r"""
+import sys
+import torch, mmaemu
+x = (torch.randn(16, 32) * 8).to(torch.float8_e4m3fn)
+one = torch.tensor(1.0)
+mmaemu.scaled_mm(x, x.t(), one, one, out_dtype=torch.float32, splitk=1)
+mmaemu.explain(x, x.t(), one, one, out_dtype=torch.float32)
+mmaemu.accumulate(x, x, use_fast_accum=True, splitk=1)
+print("torch._dynamo" in sys.modules)
+"""
+
+
+def test_a_process_that_never_compiles_never_imports_dynamo(tmp_path):
+    """The entry points defer torch.compiler.disable (whose import of torch._dynamo costs seconds) until dynamo is
+    imported by something else: the first scaled_mm / explain / accumulate of a process leaves it unimported."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FIRST_CALL_WITHOUT_DYNAMO], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "False"

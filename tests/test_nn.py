@@ -21,7 +21,7 @@ def inputs(*shape, seed=1):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 2
 
 
-def by_hand(x, lin, *, profile="hopper", out_dtype=torch.bfloat16, input_scale=None, fast=True):
+def by_hand(x, lin, *, profile="hopper", out_dtype=torch.float32, input_scale=None, fast=True):
     """The documented recipe, written out: quantise, scaled_mm with the inverse scales, then + bias."""
     x2 = x.reshape(-1, IN)
     s_w = amax_scale(lin.weight.detach())
@@ -40,8 +40,25 @@ def test_from_linear_equals_the_recipe_with_leading_dims(profile):
     x = inputs(2, 3, IN)
     with torch.no_grad():
         y = layer(x)
-    assert y.shape == (2, 3, OUT) and y.dtype == torch.bfloat16
+    assert y.shape == (2, 3, OUT) and y.dtype == torch.float32  # the input's dtype, as te.Linear returns
     assert_bitwise_equal(y, by_hand(x, lin, profile=profile))
+
+
+def test_the_output_has_the_input_dtype_unless_out_dtype_is_given():
+    lin = linear(6)
+    default = EmulatedFP8Linear.from_linear(lin, splitk=1)
+    fixed = EmulatedFP8Linear.from_linear(lin, splitk=1, out_dtype=torch.bfloat16)
+    assert default.bias.dtype == torch.float32 and fixed.bias.dtype == torch.bfloat16
+    x = inputs(4, IN)
+    with torch.no_grad():
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            xd = x.to(dtype)
+            y = default(xd)
+            assert y.dtype == dtype
+            assert_bitwise_equal(y, by_hand(xd, lin, out_dtype=dtype))
+            assert default.explain(xd).validation == "ok"
+            assert_bitwise_equal(fixed(xd), by_hand(xd, lin, out_dtype=torch.bfloat16))
+    assert "out_dtype=input" in repr(default) and "out_dtype=bfloat16" in repr(fixed)
 
 
 def test_profiles_differ_and_each_is_deterministic():
@@ -68,10 +85,10 @@ def test_static_input_scale_and_slow_accumulation_and_fp32_output():
 def test_bias_is_added_after_the_gemm_in_the_output_dtype():
     lin = linear(4)
     x = inputs(3, IN)
-    with_bias = EmulatedFP8Linear.from_linear(lin, splitk=1)
+    with_bias = EmulatedFP8Linear.from_linear(lin, splitk=1, out_dtype=torch.bfloat16)
     lin_nobias = torch.nn.Linear(IN, OUT, bias=False)
     lin_nobias.weight = lin.weight
-    without = EmulatedFP8Linear.from_linear(lin_nobias, splitk=1)
+    without = EmulatedFP8Linear.from_linear(lin_nobias, splitk=1, out_dtype=torch.bfloat16)
     with torch.no_grad():
         assert_bitwise_equal(with_bias(x), without(x) + lin.bias.detach().to(torch.bfloat16))
     assert with_bias.bias.dtype == torch.bfloat16
@@ -132,12 +149,12 @@ def test_inference_only():
 
 
 def test_dtype_conversions_keep_buffers_and_state_dict_round_trips():
-    layer = EmulatedFP8Linear.from_linear(linear(), splitk=1)
+    layer = EmulatedFP8Linear.from_linear(linear(), splitk=1, out_dtype=torch.bfloat16)
     layer.to(torch.float16).half().bfloat16().float()
     assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight_scale_inv.dtype == torch.float32
     assert layer.bias.dtype == torch.bfloat16
     state = layer.state_dict()
-    other = EmulatedFP8Linear.from_linear(linear(9), splitk=1)
+    other = EmulatedFP8Linear.from_linear(linear(9), splitk=1, out_dtype=torch.bfloat16)
     other.load_state_dict(state)
     x = inputs(3, IN)
     with torch.no_grad():

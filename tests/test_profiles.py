@@ -3,7 +3,6 @@
 import dataclasses
 import subprocess
 import sys
-import time
 import warnings
 
 import pytest
@@ -211,11 +210,9 @@ def test_custom_preset_profile_warns():
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
-def test_matches_device_is_false_here_and_fast(name):
-    start = time.perf_counter()
+def test_matches_device_is_false_here(name):
     assert get_profile(name).matches_device() is False
     assert get_profile(name).matches_device("cpu") is False
-    assert time.perf_counter() - start < 2.0
 
 
 def test_matches_device_does_not_initialise_torch_cuda():

@@ -11,6 +11,8 @@ Heavy imports (torch, numba, the arithmetic) happen inside the commands, so ``mm
 
 from __future__ import annotations
 
+import logging
+
 import click
 
 from .._version import __version__
@@ -23,7 +25,25 @@ __all__ = ["cli", "main"]
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mmaemu", message="%(prog)s %(version)s")
 def cli():
-    """mmaemu: NVIDIA FP8 tensor-core GEMMs (torch._scaled_mm of torch 2.7.1), bit for bit, on any CPU."""
+    """mmaemu: NVIDIA FP8 tensor-core GEMMs (torch._scaled_mm of torch 2.7.1), bit for bit, on any CPU or
+    CUDA GPU."""
+    show_library_notes()
+
+
+class _EchoHandler(logging.Handler):
+    """The library's INFO records (e.g. the one-line note before a first compilation) as lines on stderr."""
+
+    def emit(self, record):
+        click.echo(record.getMessage(), err=True)
+
+
+def show_library_notes():
+    """Show what the library logs to ``"mmaemu"`` at INFO and above on stderr (once per process)."""
+    logger = logging.getLogger("mmaemu")
+    if not any(isinstance(h, _EchoHandler) for h in logger.handlers):
+        logger.addHandler(_EchoHandler(logging.INFO))
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
 
 
 for _command in (info.info, selftest.selftest, explain.explain, demo.demo, record.record):
