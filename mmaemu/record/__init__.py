@@ -134,10 +134,9 @@ def record(out_dir, *, name: Optional[str] = None, shapes=None, sweep: Optional[
 
 
 def _preset_schemes(preset: str) -> list:
-    from ..model.presets import get_preset
-    from ..platform.splitk import _accepted_schemes
+    from ..model.presets import get_preset, split_schemes
 
-    return list(_accepted_schemes(get_preset(preset, warn=False)))
+    return list(split_schemes(get_preset(preset, warn=False)))
 
 
 def _plan_platform(platform: dict) -> dict:
