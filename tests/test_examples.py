@@ -5,6 +5,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "docs" / "examples"
 
@@ -22,6 +24,7 @@ def test_every_example_is_covered():
     assert sorted(p.name for p in EXAMPLES.glob("*.py")) == ["check_my_kernel.py", "tiny_lm.py"]
 
 
+@pytest.mark.subprocess
 def test_tiny_lm_short():
     out = run_example("tiny_lm.py", "--short")
     assert "M = 16 after padding" in out
@@ -32,6 +35,7 @@ def test_tiny_lm_short():
     assert "final logits" in out and "NOT bit-identical" in out
 
 
+@pytest.mark.subprocess
 def test_check_my_kernel_short(tmp_path):
     golden = tmp_path / "golden.pt"
     out = run_example("check_my_kernel.py", "--short", "--golden", str(golden))

@@ -52,6 +52,7 @@ def test_is_fp8_dtype_names_the_modelled_dtypes_only():
     assert not formats.is_fp8_dtype(torch.float16) and not formats.is_fp8_dtype(None)
 
 
+@pytest.mark.subprocess
 def test_importing_formats_is_light():
     code = "import sys, mmaemu.formats; print(sorted({'numpy', 'torch'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

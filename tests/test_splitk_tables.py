@@ -285,6 +285,7 @@ print(t2 - t0, t2 - t1)
 """
 
 
+@pytest.mark.subprocess
 def test_first_decision_in_a_fresh_process_is_fast():
     # Best of three fresh processes: the test machine may be shared, the claim is about the code path.
     best = min(float(subprocess.run([sys.executable, "-c", FIRST_DECISION], capture_output=True, text=True,
@@ -361,12 +362,14 @@ def test_package_data_layout():
     assert {f["name"] for f in tables.packaged_files()} == set(names)
 
 
+@pytest.mark.subprocess
 def test_build_script_output_is_up_to_date():
     done = subprocess.run([sys.executable, "scripts/build_splitk_tables.py", "--check"], capture_output=True,
                           text=True, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.subprocess
 def test_build_script_refuses_a_modified_npz(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(DATA, src)
