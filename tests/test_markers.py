@@ -72,13 +72,24 @@ def test_every_test_that_starts_a_process_is_marked_subprocess():
     assert not unmarked, unmarked
 
 
+def _switches_on_the_simulator(node):
+    """The test itself sets NUMBA_ENABLE_CUDASIM (a string or a keyword argument of that name)."""
+    return any(isinstance(n, ast.Constant) and n.value == "NUMBA_ENABLE_CUDASIM" or
+               isinstance(n, ast.keyword) and n.arg == "NUMBA_ENABLE_CUDASIM" for n in ast.walk(node))
+
+
 def test_simulator_tests_are_marked_sim():
     rows = collected_tests()
     simulated = {f"{file}::{name}" for file, name, marks, _ in rows if "sim" in marks}
     assert "test_backends.py::test_gpu_check_dry_run_on_the_simulator" in simulated
-    assert {file for file, _, marks, _ in rows if "sim" in marks} == {
+    assert {file for file, _, marks, _ in rows if "sim" in marks} >= {
         "test_backends.py", "test_cuda_sim.py", "test_native_sim.py", "test_blackwell_cuda_sim.py"}
     assert all("subprocess" in marks for _, _, marks, _ in rows if "sim" in marks)
+    for path in TESTS:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and _switches_on_the_simulator(node):
+                assert f"{path.name}::{node.name}" in simulated, f"{path.name}::{node.name} runs the simulator"
 
 
 def test_the_scanner_sees_a_process():
