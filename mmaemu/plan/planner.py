@@ -16,6 +16,7 @@ from typing import List, Optional, Tuple, Union
 
 from .. import backends
 from ..arith.params import require_gemm_level
+from ..errors import UnsupportedFeatureError
 from ..model.presets import Preset, get_preset
 from ..platform import get_profile, rowwise
 from ..platform.profiles import profile_maturity_messages, warn_profile_maturity
@@ -164,7 +165,7 @@ def _plan_rowwise(plan: Plan, splitk, backend, dry) -> Plan:
             f"splitk={splitk!r}: torch 2.7.1's row-wise kernel never splits K ({rowwise.NO_SPLIT_REASON}); use "
             f"splitk='auto' or 1"
         )
-    _check_gemm_level(plan.preset, call.use_fast_accum, None)
+    require_gemm_level(plan.preset, call.use_fast_accum)
     order = rowwise.scale_order(call.M, call.N)
     plan.kernel = rowwise.KERNEL
     plan.split = SplitDecision(1, "none", "kernel", False, None, f"{rowwise.NO_SPLIT_REASON}; {order.note}")
