@@ -52,6 +52,7 @@ def test_check_my_kernel_short(tmp_path):
     assert "FAIL  block kernel (16-product blocks) vs hopper" in out
 
 
+@pytest.mark.subprocess
 def test_minilm_on_a_few_sentences():
     missing = [name for name in MINILM_PACKAGES if importlib.util.find_spec(name) is None]
     if missing:
