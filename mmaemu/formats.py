@@ -35,7 +35,10 @@ __all__ = [
     "MANT_BITS",
     "ABSENT_EXP",
     "DTYPE_OF",
+    "TORCH_NAMES",
+    "FormatNameError",
     "fmt_of",
+    "dtype_text",
     "decode",
     "nonfinite_mask",
     "is_fp8_dtype",
@@ -46,6 +49,9 @@ __all__ = [
     "decode_scales",
     "unpack_fp4",
     "pack_fp4",
+    "TOP_FIELD",
+    "encode",
+    "random_codes",
 ]
 
 FORMATS = ("e4m3", "e5m2")
@@ -58,6 +64,8 @@ MANT_BITS = {"e4m3": 3, "e5m2": 2, "e3m2": 2, "e2m3": 3, "e2m1": 1}
 CODE_BITS = {fmt: 1 + EXP_BITS[fmt] + MANT_BITS[fmt] for fmt in OPERAND_FORMATS}
 _BIAS = {fmt: (1 << (EXP_BITS[fmt] - 1)) - 1 for fmt in OPERAND_FORMATS}
 EMIN = {fmt: 1 - _BIAS[fmt] for fmt in OPERAND_FORMATS}
+# The largest exponent field of a finite FP8 code (e4m3: mantissa 7 there is NaN; e5m2: field 31 is Inf/NaN).
+TOP_FIELD = {"e4m3": 15, "e5m2": 30}
 # Canonical NaN bit pattern of every output dtype (semantics.md e.4).
 CANONICAL_NAN_BITS = {
     "float32": 0x7FFFFFFF,
@@ -69,7 +77,9 @@ CANONICAL_NAN_BITS = {
 # Exponent of zero and non-finite codes: far below any exponent the arithmetic meets (>= -160 even for the tiny
 # accumulators of model.dot), and it fits the int16 exponent arrays.
 ABSENT_EXP = -(1 << 14)
-_TORCH_NAMES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+# The torch dtype name of each FP8 GEMM format.
+TORCH_NAMES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+_FORMAT_OF_NAME = {**{fmt: fmt for fmt in FORMATS}, **{name: fmt for fmt, name in TORCH_NAMES.items()}}
 
 
 def _fields(code, fmt):
@@ -187,9 +197,9 @@ class _DtypeOf(dict):
     def __missing__(self, fmt):
         import torch
 
-        if fmt not in _TORCH_NAMES:
+        if fmt not in TORCH_NAMES:
             raise KeyError(fmt)
-        dtype = getattr(torch, _TORCH_NAMES[fmt])
+        dtype = getattr(torch, TORCH_NAMES[fmt])
         self[fmt] = dtype
         return dtype
 
@@ -197,19 +207,77 @@ class _DtypeOf(dict):
 DTYPE_OF = _DtypeOf()
 
 
-def fmt_of(dtype):
-    """The format name of a torch float8 dtype (or its name): "e4m3" or "e5m2"; ValueError otherwise."""
-    name = str(dtype).replace("torch.", "")
-    for fmt, torch_name in _TORCH_NAMES.items():
-        if name == torch_name or name == fmt:
-            return fmt
-    raise ValueError(f"{dtype} is not a modelled FP8 format (float8_e4m3fn or float8_e5m2)")
+class FormatNameError(TypeError, ValueError):
+    """Not a modelled FP8 format or float8 dtype (:func:`fmt_of`).
+
+    Both a TypeError and a ValueError: the profile and split-K functions have always raised TypeError for a bad
+    dtype, and ``fmt_of`` and :func:`mmaemu.quantize.quantize` ValueError.
+    """
 
 
-def is_fp8_dtype(dtype):
-    """True for float8_e4m3fn and float8_e5m2 (the modelled formats)."""
-    name = str(dtype).replace("torch.", "")
-    return name in _TORCH_NAMES.values()
+def dtype_text(x):
+    """'float8_e4m3fn' for torch.float8_e4m3fn, 'torch.float8_e4m3fn' or 'float8_e4m3fn'; None for anything that
+    is neither a string nor a torch dtype (recognised by its type, so that torch is not imported)."""
+    if isinstance(x, str):
+        text = x
+    elif type(x).__name__ == "dtype" and type(x).__module__ == "torch":
+        text = str(x)
+    else:
+        return None
+    return text[len("torch."):] if text.startswith("torch.") else text
+
+
+def fmt_of(dtype) -> str:
+    """The format name "e4m3"/"e5m2" of a torch float8 dtype, of its name (with or without "torch.") or of a
+    format name; :class:`FormatNameError` otherwise.
+
+    The one reading of a format from a dtype: the fnuz variants are refused by name, because cuBLASLt on sm_89/sm_90
+    uses the OCP formats only.
+    """
+    text = dtype_text(dtype)
+    if text in _FORMAT_OF_NAME:
+        return _FORMAT_OF_NAME[text]
+    if text is not None and text.endswith("fnuz"):
+        raise FormatNameError(f"{text} is not supported: the reference GPUs use float8_e4m3fn / float8_e5m2")
+    raise FormatNameError(f"expected torch.float8_e4m3fn, torch.float8_e5m2, 'e4m3' or 'e5m2', got {dtype!r}")
+
+
+def is_fp8_dtype(dtype) -> bool:
+    """True for float8_e4m3fn and float8_e5m2 (the modelled formats), given as torch dtypes or their names."""
+    text = dtype_text(dtype)
+    return text in _FORMAT_OF_NAME and text not in FORMATS
+
+
+def encode(fmt, sign, field, mant):
+    """uint8 FP8 codes from sign bits (0/1), exponent fields and mantissas (arrays or ints, broadcast together).
+
+    Every code is finite: fields are clipped to [0, TOP_FIELD[fmt]], mantissas taken modulo 2**MANT_BITS[fmt], and
+    an e4m3 mantissa at field 15 is clipped to 6 (the NaN code S.1111.111 is never produced).
+    """
+    mbits = MANT_BITS[fmt]
+    field = np.clip(np.asarray(field), 0, TOP_FIELD[fmt]).astype(np.int64)
+    mant = np.asarray(mant).astype(np.int64) % (1 << mbits)
+    if fmt == "e4m3":
+        mant = np.where(field == TOP_FIELD[fmt], np.minimum(mant, 6), mant)
+    return ((np.asarray(sign).astype(np.int64) << 7) | (field << mbits) | mant).astype(np.uint8)
+
+
+def random_codes(rng, shape, fmt, *, fields=None, spread=None, centre=0):
+    """Random finite FP8 codes of ``fmt`` (the package's one generator: the self-tests, the instruction probe and
+    the benchmark scripts draw their operands here; the test oracle keeps its own).
+
+    Signs and mantissas are uniform. Exponent fields are uniform over ``fields = (lo, hi)`` (inclusive; default
+    the normal fields 1..TOP_FIELD), or, given ``spread``, normally distributed around the binade 2**centre with
+    a standard deviation of ``spread`` binades, rounded and clipped to ``fields`` (default 0..TOP_FIELD,
+    subnormals included). ``rng`` is a numpy Generator, drawn in the order signs, fields, mantissas.
+    """
+    lo, hi = fields if fields is not None else (1 if spread is None else 0, TOP_FIELD[fmt])
+    sign = rng.integers(0, 2, shape)
+    if spread is None:
+        field = rng.integers(lo, hi + 1, shape)
+    else:
+        field = np.clip(np.rint(rng.normal(centre + _BIAS[fmt], spread, shape)), lo, hi)
+    return encode(fmt, sign, field, rng.integers(0, 1 << MANT_BITS[fmt], shape))
 
 
 def _build_scale_tables(fmt):

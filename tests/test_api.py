@@ -21,6 +21,7 @@ def fp8(shape, seed, dtype=torch.float8_e4m3fn):
     return (torch.randn(shape, generator=g) * 40).clamp(-448, 448).to(dtype)
 
 
+@pytest.mark.subprocess
 def test_import_touches_neither_torch_nor_cuda():
     code = ("import sys; import mmaemu; "
             "print('torch' in sys.modules, 'numba' in sys.modules, 'numba.cuda' in sys.modules)")
@@ -146,6 +147,7 @@ def test_extra_memory_is_linear_in_inputs_and_outputs():
     assert peak < M * N * K  # far below one byte per product
 
 
+@pytest.mark.subprocess
 def test_cache_directory_is_keyed_and_unusable_location_falls_back_to_the_per_user_folder(tmp_path):
     code = ("import mmaemu, torch; from mmaemu import _cache; a = torch.ones(2, 32).to(torch.float8_e4m3fn); "
             "print(float(mmaemu.accumulate(a, a, use_fast_accum=True, splitk=1)[0, 0]), "

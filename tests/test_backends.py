@@ -45,6 +45,7 @@ def _no_warnings():
 # Import hygiene
 
 
+@pytest.mark.subprocess
 def test_import_backends_and_cuda_package_initialise_nothing():
     code = ("import sys, torch; import mmaemu, mmaemu.backends, mmaemu.cuda; "
             "mmaemu.backends.select(torch.device('cpu'), 'auto', 'e4m3', 'e4m3', mmaemu.get_preset('hopper')); "
@@ -398,6 +399,9 @@ def test_selftest_cases_cover_the_contract():
 # scripts/gpu_check.py on a CPU-only machine
 
 
+@pytest.mark.slow
+@pytest.mark.sim
+@pytest.mark.subprocess
 def test_gpu_check_dry_run_on_the_simulator(tmp_path):
     """scripts/gpu_check.py --dry-run on a machine without a GPU: the device stages are skipped, saying why, and
     the code of the timing and cuda:native stages runs on numba's CUDA simulator with tiny shapes - every timed case

@@ -15,6 +15,8 @@ import json
 import pathlib
 import sys
 
+import pytest
+
 from subprocess_workers import workers_fixture
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -63,9 +65,13 @@ def _worker():
     print(json.dumps(runs))
 
 
+# Every test here reads the report of a worker subprocess.
+pytestmark = pytest.mark.subprocess
+
 workers = workers_fixture(__file__, {"sim": {"NUMBA_ENABLE_CUDASIM": "1"}})
 
 
+@pytest.mark.sim
 def test_every_kernel_computes_or_declines_with_a_reason(workers):
     runs = workers("sim")
     assert len(runs) == len(_designs()) * 2 * len(KERNELS)
@@ -76,6 +82,7 @@ def test_every_kernel_computes_or_declines_with_a_reason(workers):
     assert any(r["nonfinite"] for r in computed)  # the NaN/Inf rule ran on the device side too
 
 
+@pytest.mark.sim
 def test_who_computes_what(workers):
     by = {(r["preset"], r["kernel"]): r for r in workers("sim") if r["formats"] == ["e4m3", "e4m3"]}
     for name in ("tcgen05_f8f6f4", "sm120_mma_sync", "hopper-frac16", "hopper-blocks64"):

@@ -84,6 +84,7 @@ def entry(folder, pattern):
 # Damaged entries
 
 
+@pytest.mark.subprocess
 def test_damaged_entries_are_recompiled_with_one_warning_then_repaired(warm_copy):
     for data in warm_copy.rglob("gemm.accumulate_*.nbc"):  # the GEMM loops' compiled code
         os.truncate(data, 100)
@@ -136,6 +137,7 @@ def run_child_read_only(folder, env):
     return run_child(env, prefix=("unshare", "-m", "sh", "-c", mount, str(folder)))
 
 
+@pytest.mark.subprocess
 def test_read_only_populated_cache_is_loaded_not_recompiled(warm_copy):
     report, warnings = run_child_read_only(warm_copy, child_env(warm_copy))
     assert report["result"] == 64.0 and report["misses"] == 0 and report["hits"] > 0
@@ -161,6 +163,7 @@ def plant(folder):
     return folder / "PWNED"
 
 
+@pytest.mark.subprocess
 def test_code_planted_in_a_folder_others_can_write_is_never_run(warm_copy, tmp_path):
     private = tmp_path / "xdg" / "mmaemu"
     shutil.copytree(warm_copy, private)
@@ -173,6 +176,7 @@ def test_code_planted_in_a_folder_others_can_write_is_never_run(warm_copy, tmp_p
     assert "writable by its group and others" in warnings[0]
 
 
+@pytest.mark.subprocess
 def test_the_planted_entry_would_run_from_a_private_folder(warm_copy):
     """The test above is not vacuous: the same planted entry runs when its folder is trusted."""
     marker = plant(warm_copy)

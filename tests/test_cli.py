@@ -423,6 +423,7 @@ def _env():
     return env
 
 
+@pytest.mark.subprocess
 def test_python_dash_m_smoke():
     proc = subprocess.run([sys.executable, "-m", "mmaemu", *EXPLAIN_EVO2], capture_output=True, text=True,
                           env=_env(), cwd=REPO, timeout=120)
@@ -430,6 +431,7 @@ def test_python_dash_m_smoke():
     assert proc.stdout == (GOLDEN / "explain_64_5760_1920_bf16_fast.txt").read_text(encoding="utf-8")
 
 
+@pytest.mark.subprocess
 def test_cli_import_is_light():
     code = "import sys, mmaemu.cli; assert 'torch' not in sys.modules and 'numba' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, env=_env(), cwd=REPO, timeout=60)

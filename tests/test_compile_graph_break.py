@@ -159,6 +159,7 @@ print("ok")
 """
 
 
+@pytest.mark.subprocess
 def test_compile_inside_patch_in_a_fresh_process(tmp_path):
     """torch.compile of a function calling torch._scaled_mm inside mmaemu.patch, with no eager mmaemu call first
     (dynamo records torch._scaled_mm's tracing rule the first time it compiles: inside the block here)."""

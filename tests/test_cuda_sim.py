@@ -236,12 +236,16 @@ def _ptx_worker():
 # Tests
 
 
+# Every test here reads the report of a worker subprocess.
+pytestmark = pytest.mark.subprocess
+
 workers = workers_fixture(__file__, {"sim": {"NUMBA_ENABLE_CUDASIM": "1"}, "ptx": {"NUMBA_ENABLE_CUDASIM": "0"}})
 
 
 FORMAT_PAIRS = {("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"), ("e5m2", "e5m2")}
 
 
+@pytest.mark.sim
 def test_simulated_kernels_equal_cpu_reference(workers):
     report = workers("sim")
     bad = [r for r in report["gemm"] if r["mismatches"]]
@@ -267,12 +271,14 @@ def test_simulated_kernels_equal_cpu_reference(workers):
     assert all(max(r["shape"][:2]) <= 4 and r["shape"][2] <= 96 for r in runs)
 
 
+@pytest.mark.sim
 def test_simulated_epilogue_equals_cpu(workers):
     epilogue = workers("sim")["epilogue"]
     assert epilogue["passed"], json.dumps(epilogue["bad"], indent=1)
     assert epilogue["cases"] >= 5 * 5  # five scale settings x five output dtypes
 
 
+@pytest.mark.sim
 def test_simulated_offset_kernel_across_thread_blocks_and_packed_panels(workers):
     report = workers("sim")
     panels, (block_m, block_n) = report["panels"], report["offset_block"]
@@ -284,6 +290,7 @@ def test_simulated_offset_kernel_across_thread_blocks_and_packed_panels(workers)
     assert panels["rows"] == [block_m, block_n] and panels["groups"] > panels["grid_groups"]
 
 
+@pytest.mark.sim
 def test_simulated_launch_guards(workers):
     assert workers("sim")["errors"] == {"unknown": "ValueError", "codes to launch_gemm": "ValueError",
                                         "late accumulator": "RuntimeError"}

@@ -88,6 +88,7 @@ def single_process():
                                        w_scale_inv)
 
 
+@pytest.mark.subprocess
 def test_tensor_parallel_fp8_linear_matches_one_process(tmp_path):
     code = f"SETTINGS = {SETTINGS!r}\n" + WORKER
     result = tmp_path / "y.pt"

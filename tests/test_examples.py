@@ -30,6 +30,7 @@ def test_every_example_is_covered():
     assert sorted(p.name for p in EXAMPLES.glob("*.py")) == ["check_my_kernel.py", "minilm.py", "tiny_lm.py"]
 
 
+@pytest.mark.subprocess
 def test_tiny_lm_short():
     out = run_example("tiny_lm.py", "--short")
     assert "M = 16 after padding" in out
@@ -40,6 +41,7 @@ def test_tiny_lm_short():
     assert "final logits" in out and "NOT bit-identical" in out
 
 
+@pytest.mark.subprocess
 def test_check_my_kernel_short(tmp_path):
     golden = tmp_path / "golden.pt"
     out = run_example("check_my_kernel.py", "--short", "--golden", str(golden))
@@ -50,6 +52,7 @@ def test_check_my_kernel_short(tmp_path):
     assert "FAIL  block kernel (16-product blocks) vs hopper" in out
 
 
+@pytest.mark.subprocess
 def test_minilm_on_a_few_sentences():
     missing = [name for name in MINILM_PACKAGES if importlib.util.find_spec(name) is None]
     if missing:

@@ -15,6 +15,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "mmaemu"
 
@@ -115,6 +117,7 @@ def test_the_graph_sees_deferred_and_relative_imports():
     assert "mmaemu.cuda.shim" in graph["mmaemu.cuda.kernels"]
 
 
+@pytest.mark.subprocess
 def test_every_module_imports():
     """Each module imports in a fresh interpreter (CUDA kernel modules need numba.cuda, never a GPU)."""
     names = sorted(n for n in module_files() if not n.endswith("__main__"))

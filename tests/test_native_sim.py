@@ -188,6 +188,9 @@ def _sass_worker():
     print(json.dumps(report))
 
 
+# Every test here reads the report of a worker subprocess.
+pytestmark = pytest.mark.subprocess
+
 workers = workers_fixture(__file__, {"sim": {"NUMBA_ENABLE_CUDASIM": "1"}, "sass": {"NUMBA_ENABLE_CUDASIM": "0"}})
 
 
@@ -195,6 +198,7 @@ workers = workers_fixture(__file__, {"sim": {"NUMBA_ENABLE_CUDASIM": "1"}, "sass
 # Tests
 
 
+@pytest.mark.sim
 def test_simulated_native_kernel_equals_cpu_reference(workers):
     runs = workers("sim")["gemm"]
     bad = [r for r in runs if r["mismatches"]]
@@ -212,6 +216,7 @@ def test_simulated_native_kernel_equals_cpu_reference(workers):
     assert {r["scheme"] for r in runs if r["preset"] == "ada"} == {"none", "serial", "pairwise"}
 
 
+@pytest.mark.sim
 def test_simulated_probe_passes_and_catches_a_layout_bug(workers):
     report = workers("sim")
     for instruction in ("wgmma", "mma_sync"):

@@ -21,6 +21,7 @@ SPEC_VECTORS = vectors.spec_vectors()
 SPEC_GEMMS = vectors.spec_gemms()
 
 
+@pytest.mark.subprocess
 def test_oracle_imports_nothing_numeric():
     """The oracle must stay independent: no mmaemu, numpy or torch behind its arithmetic."""
     here = os.path.dirname(os.path.abspath(__file__))

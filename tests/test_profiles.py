@@ -293,6 +293,7 @@ def test_version_matches_rule():
     assert not cublaslt.version_matches("12.8.3.14", (12, 8, 2, 14))
 
 
+@pytest.mark.subprocess
 def test_importing_the_platform_package_is_light():
     code = ("import sys, mmaemu.platform, mmaemu.platform.profiles; "
             "print(sorted(m for m in ('torch', 'numpy', 'numba') if m in sys.modules))")

@@ -499,6 +499,7 @@ def _world_readable_copy(recorded, shelf, name):
     return folder
 
 
+@pytest.mark.subprocess
 def test_an_unreadable_bundle_folder_on_the_profile_path_is_skipped(recorded, monkeypatch):
     """Another user's bundle folder (mode 0700, here 0000) beside a good one: the lookup runs in a child process
     that is not root when the tests are (root reads any folder), and must warn, load the good bundle and keep
@@ -806,6 +807,7 @@ def test_a_bundle_another_user_owns_warns(recorded, tmp_path):
         mmaemu.load_profile(folder)
 
 
+@pytest.mark.subprocess
 def test_a_recorder_in_another_process_holds_the_bundle(tmp_path):
     import subprocess
     import sys

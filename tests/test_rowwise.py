@@ -428,6 +428,8 @@ print("ok")
 """
 
 
+@pytest.mark.sim
+@pytest.mark.subprocess
 def test_cuda_simple_and_rowwise_epilogue_under_the_simulator():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     tests_dir = os.path.dirname(os.path.abspath(__file__))

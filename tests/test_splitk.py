@@ -638,6 +638,36 @@ def test_check_scheme_for_preset():
         check_scheme_for_preset((2, "contiguous"), "hopper")
 
 
+def test_one_owner_of_the_accepted_schemes_and_of_the_no_gemm_level_refusal():
+    import torch
+
+    import mmaemu
+    from mmaemu.arith.params import schedule_params
+    from mmaemu.model.presets import SPLIT_SCHEMES, get_preset, split_schemes
+    from mmaemu.platform import splitk
+
+    assert splitk.SCHEMES == ("none",) + SPLIT_SCHEMES and splitk.SPLIT_SCHEMES == SPLIT_SCHEMES
+    assert split_schemes(get_preset("hopper")) == ("contiguous",)
+    assert split_schemes(get_preset("ada")) == ("serial", "pairwise")
+    b200 = get_preset("b200_mma_sync", warn=False)
+    split_text = "preset 'b200_mma_sync' has no characterised GEMM level: split-K (S=2) is not modelled for it; " \
+                 "use splitk=1"
+    slow_text = "preset 'b200_mma_sync' has no characterised GEMM level: slow accumulation (use_fast_accum=False) " \
+                "is not modelled for it; use use_fast_accum=True"
+    with pytest.raises(UnsupportedFeatureError) as planned:
+        check_scheme_for_preset(SplitK(2, "contiguous"), b200)
+    with pytest.raises(UnsupportedFeatureError) as engine:
+        schedule_params(b200, 256, True, 2, "contiguous")
+    assert str(planned.value) == str(engine.value) == split_text
+    with pytest.raises(UnsupportedFeatureError) as engine:
+        schedule_params(b200, 256, False, 2, "contiguous")
+    x = torch.zeros(16, 64, dtype=torch.float8_e4m3fn)
+    with pytest.raises(UnsupportedFeatureError) as api, warnings.catch_warnings():
+        warnings.simplefilter("ignore", mmaemu.ExperimentalPresetWarning)
+        mmaemu.accumulate(x, x, use_fast_accum=False, profile="b200-mma-sync-experimental", splitk=1)
+    assert str(api.value) == str(engine.value) == slow_text
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 3.5 Live query through a fake of NVIDIA's cuBLASLt bindings
 

@@ -238,6 +238,7 @@ def test_the_layers_accept_the_policy():
         model(x)
 
 
+@pytest.mark.subprocess
 def test_the_cli_explains_the_policy():
     done = subprocess.run([sys.executable, "-m", "mmaemu", "explain", "380", "384", "384", "--out", "bfloat16",
                            "--fast", "--profile", "hopper", "--splitk", "assume-unsplit", "--device", "cpu"],

@@ -283,6 +283,7 @@ print(sorted(tables._tables), "torch" in sys.modules, "numba" in sys.modules)
 """
 
 
+@pytest.mark.subprocess
 def test_first_decision_in_a_fresh_process_loads_one_table_and_neither_torch_nor_numba():
     """What makes the first decision cheap (its time is measured by scripts/bench.py): only the table it reads
     is loaded, and neither torch nor Numba is imported."""
@@ -361,12 +362,14 @@ def test_package_data_layout():
     assert {f["name"] for f in tables.packaged_files()} == set(names)
 
 
+@pytest.mark.subprocess
 def test_build_script_output_is_up_to_date():
     done = subprocess.run([sys.executable, "scripts/build_splitk_tables.py", "--check"], capture_output=True,
                           text=True, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.subprocess
 def test_build_script_refuses_a_modified_npz(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(DATA, src)

@@ -56,6 +56,7 @@ def warm_cache():
 
 
 @pytest.mark.parametrize("layer", [None, "workqueue"])
+@pytest.mark.subprocess
 def test_users_parallel_numba_code_runs_next_to_mmaemu_calls(layer):
     """A user's own @njit(parallel=True) function, in a thread of its own, while mmaemu computes, on the
     ``workqueue`` layer (where two overlapping parallel regions abort the process), chosen before mmaemu was
@@ -113,6 +114,7 @@ def test_calls_from_several_threads_at_once_give_the_same_bits():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.subprocess
 def test_fork_while_another_thread_is_inside_a_call():
     """The child of a fork made during a call in another thread computes (before: it hung on the backend's lock)."""
     result = run_script("""
@@ -147,6 +149,7 @@ def test_fork_while_another_thread_is_inside_a_call():
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
 
 
+@pytest.mark.subprocess
 def test_ctrl_c_interrupts_a_long_call_before_it_ends():
     """SIGINT during a call that takes many seconds (about 69 G products) raises KeyboardInterrupt before the call
     has computed its result: the call returns to Python between its tasks and lets the signal through. (How
@@ -193,6 +196,7 @@ def test_tasks_cover_every_job_once_and_errors_stop_the_rest(monkeypatch):
     assert 2 in ran and len(ran) < 1000
 
 
+@pytest.mark.subprocess
 def test_pool_threads_never_inherit_flush_to_zero_mode():
     """A new thread copies the floating-point mode of the thread that starts it: a pool started from a thread in
     flush-to-zero mode must still run its tasks with gradual underflow (the callers' threads are checked by
@@ -219,6 +223,7 @@ def test_pool_threads_never_inherit_flush_to_zero_mode():
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+@pytest.mark.subprocess
 def test_pool_threads_start_without_importing_torch():
     """The pool's start sets the threads' mode through torch only where they flush: a process that computes on
     numpy arrays and never imported torch does not pay its import at its first call on the pool."""

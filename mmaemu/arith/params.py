@@ -37,6 +37,24 @@ def preset_params(preset, fmt_a: str, fmt_b: str):
     )
 
 
+def require_gemm_level(preset, use_fast_accum: bool, splits: int = 1) -> None:
+    """The one refusal of a preset without GEMM level (``slow_chunk`` None: b200_mma_sync, the Blackwell
+    instruction presets, a custom preset): slow accumulation, then split-K (S > 1), raise
+    UnsupportedFeatureError (semantics.md b.2, b.3, f.6)."""
+    if preset.slow_chunk is not None:
+        return
+    if not use_fast_accum:
+        raise UnsupportedFeatureError(
+            f"preset {preset.name!r} has no characterised GEMM level: slow accumulation "
+            "(use_fast_accum=False) is not modelled for it; use use_fast_accum=True"
+        )
+    if splits > 1:
+        raise UnsupportedFeatureError(
+            f"preset {preset.name!r} has no characterised GEMM level: split-K (S={splits}) is not modelled "
+            "for it; use splitk=1"
+        )
+
+
 def schedule_params(preset, K: int, use_fast_accum: bool, splits: int = 1, scheme: str = "none"):
     """``(tile, splits, interleaved, chain_tiles, pairwise, padded)`` of semantics.md (c)/(d) for one call.
 
@@ -52,13 +70,7 @@ def schedule_params(preset, K: int, use_fast_accum: bool, splits: int = 1, schem
         raise ValueError(f"unknown split scheme {scheme!r}; expected one of {SCHEMES}")
     if (splits == 1) != (scheme == "none"):
         raise ValueError(f"splits={splits} does not fit scheme {scheme!r}: S = 1 has scheme 'none', S > 1 not")
-    needs_gemm_level = splits > 1 or not use_fast_accum
-    if needs_gemm_level and preset.slow_chunk is None:
-        what = "split-K" if splits > 1 else "slow accumulation (use_fast_accum=False)"
-        raise UnsupportedFeatureError(
-            f"preset {preset.name!r} has no characterised GEMM level: {what} is not modelled for it; "
-            "use use_fast_accum=True with splitk=1"
-        )
+    require_gemm_level(preset, use_fast_accum, splits)
     if splits == 1:
         if use_fast_accum:
             return (max(K, 1), 1, 0, 0, 0, 0)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import warnings
 
-FP8_DTYPES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+from .. import formats
+
+FP8_DTYPES = formats.TORCH_NAMES
 OUT_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
               "fp16": "float16", "float16": "float16", "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 #: Operands up to this many bytes are ordinary zero tensors; larger CPU operands are zero pages mapped read-only
@@ -69,8 +71,8 @@ def explain_call(M, N, K, a, b, out, fast, scale_a, scale_b, scale_result, profi
 
     import mmaemu
 
-    input = zero_rows(M, K, getattr(torch, FP8_DTYPES[a]), device)
-    mat2 = zero_rows(N, K, getattr(torch, FP8_DTYPES[b]), device).t()
+    input = zero_rows(M, K, formats.DTYPE_OF[a], device)
+    mat2 = zero_rows(N, K, formats.DTYPE_OF[b], device).t()
     scalar = lambda x: torch.tensor(x, dtype=torch.float32, device=device)  # noqa: E731
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # explain records every warning in the plan; do not print them twice

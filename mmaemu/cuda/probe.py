@@ -39,6 +39,7 @@ from typing import Callable, List
 import numpy as np
 
 from .. import formats
+from ..formats import TOP_FIELD, encode, random_codes
 from .instruction_model import FORMAT_PAIRS, instruction_outputs
 
 # A probe tile: the outputs of one group of 128 threads (rows of A x columns of B) per 32-k step of either
@@ -48,7 +49,6 @@ MMA_M, MMA_N, MMA_K = 64, 128, 32
 PROBE_VERSION = 2
 CHAIN_STEPS = 4
 BIAS = {"e4m3": 7, "e5m2": 15}
-TOP_FIELD = {"e4m3": 15, "e5m2": 30}  # largest exponent field of a finite code (e4m3: mantissa 7 there is NaN)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -76,27 +76,9 @@ class ProbeTile:
 # Codes
 
 
-def encode(fmt, sign, field, mant):
-    """uint8 codes from sign (0/1), exponent field and mantissa arrays; fields are clipped to finite codes."""
-    mbits = formats.MANT_BITS[fmt]
-    field = np.clip(np.asarray(field), 0, TOP_FIELD[fmt])
-    mant = np.asarray(mant) % (1 << mbits)
-    if fmt == "e4m3":  # 0x7F/0xFF are NaN: the largest finite mantissa at field 15 is 6
-        mant = np.where(field == TOP_FIELD[fmt], np.minimum(mant, 6), mant)
-    return ((np.asarray(sign) << 7) | (field << mbits) | mant).astype(np.uint8)
-
-
 def field_of(fmt, exponent):
     """Exponent field of the normal binade 2**exponent."""
     return np.asarray(exponent) + BIAS[fmt]
-
-
-def _random_codes(rng, shape, fmt, lo=None, hi=None):
-    """Random finite normal codes with exponent fields in [lo, hi]."""
-    lo = 1 if lo is None else lo
-    hi = TOP_FIELD[fmt] if hi is None else hi
-    mbits = formats.MANT_BITS[fmt]
-    return encode(fmt, rng.integers(0, 2, shape), rng.integers(lo, hi + 1, shape), rng.integers(0, 1 << mbits, shape))
 
 
 def _columns(rng, fmt):
@@ -104,7 +86,7 @@ def _columns(rng, fmt):
     exponent per column at several levels, then random codes."""
     mbits = formats.MANT_BITS[fmt]
     one = encode(fmt, 0, field_of(fmt, 0), 0)
-    b = _random_codes(rng, (MMA_N, MMA_K), fmt)
+    b = random_codes(rng, (MMA_N, MMA_K), fmt)
     b[0] = one
     b[1] = one | 0x80
     b[2] = np.where(np.arange(MMA_K) % 2, one | 0x80, one)
@@ -151,7 +133,7 @@ def _rows(family, rng, fmt):
             a[r, :16] = encode(fmt, sign[:16], np.full(16, max(1, top - 4 - r % 10)), mant[:16])
             a[r, 16 + r % 16] = encode(fmt, rng.integers(0, 2), top, rng.integers(0, 8))
         elif family == "+0 results":
-            half = _random_codes(rng, MMA_K // 2, fmt)
+            half = random_codes(rng, MMA_K // 2, fmt)
             a[r] = np.concatenate([half, half ^ 0x80])[rng.permutation(MMA_K)] if r % 2 else \
                 np.concatenate([half, half ^ 0x80])
             if r % 4 == 3:  # a tiny product next to the cancellation: IEEE would give a tiny signed number
@@ -162,7 +144,7 @@ def _rows(family, rng, fmt):
             a[r] = encode(fmt, sign, np.where(np.arange(MMA_K) % 3 == 0, rng.integers(1, 6, MMA_K), 0),
                           np.where(np.arange(MMA_K) % 3 == 0, mant, rng.integers(1, 1 << mbits, MMA_K)))
         else:  # random, zeros included
-            a[r] = _random_codes(rng, MMA_K, fmt, lo=0)
+            a[r] = random_codes(rng, MMA_K, fmt, fields=(0, TOP_FIELD[fmt]))
             a[r, rng.random(MMA_K) < 0.1] = rng.integers(0, 2) << 7
     return a
 

@@ -101,20 +101,9 @@ def _finite_codes(fmt):
     return np.flatnonzero(~np.asarray(formats.nonfinite_codes(fmt))).astype(np.uint8)
 
 
-def _encode(sign, exp_field, mant, fmt):
-    mbits = formats.MANT_BITS[fmt]
-    codes = ((sign.astype(np.int64) << 7) | (exp_field.astype(np.int64) << mbits) | mant.astype(np.int64))
-    codes = codes.astype(np.uint8)
-    return np.where(np.asarray(formats.nonfinite_codes(fmt))[codes], codes & 0x80, codes).astype(np.uint8)
-
-
 def _random_codes(rng, shape, fmt):
-    """Gaussian-like magnitudes: exponent fields around the middle of the range, random mantissas and signs."""
-    mbits = formats.MANT_BITS[fmt]
-    top = (1 << (7 - mbits)) - 1
-    mid = {"e4m3": 8, "e5m2": 16}[fmt]
-    exp_field = np.clip(np.rint(rng.normal(mid, 2.5, shape)), 0, top)
-    return _encode(rng.integers(0, 2, shape), exp_field, rng.integers(0, 1 << mbits, shape), fmt)
+    """Gaussian-like magnitudes: exponent fields around the binade of 2.0, random mantissas and signs."""
+    return formats.random_codes(rng, shape, fmt, spread=2.5, centre=1)
 
 
 def _adversarial_codes(rng, rows, K, fmt, nfma):
@@ -128,12 +117,12 @@ def _adversarial_codes(rng, rows, K, fmt, nfma):
         sign = rng.integers(0, 2, K)
         mant = rng.integers(0, 1 << mbits, K)
         if group == 0:  # subnormals and signed zeros
-            row = _encode(sign, np.zeros(K, np.int64), mant, fmt)
+            row = formats.encode(fmt, sign, np.zeros(K, np.int64), mant)
         elif group == 1:  # the largest magnitudes
-            row = _encode(sign, np.full(K, top if fmt == "e4m3" else top - 1), mant, fmt)
+            row = formats.encode(fmt, sign, np.full(K, formats.TOP_FIELD[fmt]), mant)
         elif group == 2:  # one exponent per block of nfma
             exps = np.repeat(rng.integers(0, top, (K + nfma - 1) // nfma), nfma)[:K]
-            row = _encode(sign, exps, mant, fmt)
+            row = formats.encode(fmt, sign, exps, mant)
         elif group == 3:  # exact cancellation: the second half negates the first
             half = _random_codes(rng, (K + 1) // 2, fmt)
             row = np.concatenate([half, half ^ 0x80])[:K]
@@ -142,7 +131,7 @@ def _adversarial_codes(rng, rows, K, fmt, nfma):
             row[rng.random(K) < 0.05] = 0x80
         elif group == 5:  # huge next to tiny: truncation of small products below the block exponent
             exps = np.where(np.arange(K) % 2 == 0, top - 1, rng.integers(0, 3, K))
-            row = _encode(sign, exps, mant, fmt)
+            row = formats.encode(fmt, sign, exps, mant)
         else:  # near cancellation: pairs x, -(x +- one ulp)
             half = _random_codes(rng, (K + 1) // 2, fmt)
             other = half ^ 0x80

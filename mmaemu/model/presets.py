@@ -21,7 +21,8 @@ from typing import Optional, Tuple
 from ..errors import ExperimentalPresetWarning
 
 __all__ = ["Preset", "get_preset", "list_presets", "HOPPER", "ADA", "B200_MMA_SYNC", "TCGEN05_F8F6F4",
-           "SM120_MMA_SYNC", "TCGEN05_MXF8F6F4", "SM120_MXF8F6F4", "TCGEN05_MXF4NVF4", "SM120_MXF4NVF4", "MATURITIES"]
+           "SM120_MMA_SYNC", "TCGEN05_MXF8F6F4", "SM120_MXF8F6F4", "TCGEN05_MXF4NVF4", "SM120_MXF4NVF4", "MATURITIES",
+           "SPLIT_SCHEMES", "split_schemes"]
 
 MATURITIES = ("validated", "experimental", "custom")
 
@@ -241,6 +242,21 @@ def list_presets(*, with_maturity: bool = False):
 def is_registered(preset: Preset) -> bool:
     """True for the shipped preset objects themselves (custom copies with the same name are not)."""
     return _REGISTRY.get(preset.name) is preset
+
+
+# The split-K schemes of semantics.md (d), in the order the error messages list them.
+SPLIT_SCHEMES = ("serial", "pairwise", "contiguous")
+# semantics.md d.3: the schemes each shipped preset's GEMM level computes.
+_SPLIT_SCHEMES_OF = {"hopper": ("contiguous",), "ada": ("serial", "pairwise")}
+
+
+def split_schemes(preset: Preset) -> Tuple[str, ...]:
+    """The split-K schemes ``preset`` computes (semantics.md d.3): hopper "contiguous", ada "serial" and
+    "pairwise"; every scheme for a custom preset (not registered, or maturity "custom") and for a shipped preset
+    without GEMM level, whose refusal of any split comes first (:func:`mmaemu.arith.params.require_gemm_level`)."""
+    if not is_registered(preset) or preset.maturity == "custom":
+        return SPLIT_SCHEMES
+    return _SPLIT_SCHEMES_OF.get(preset.name, SPLIT_SCHEMES)
 
 
 def _is_reserved(name: str) -> bool:

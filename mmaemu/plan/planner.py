@@ -15,6 +15,7 @@ import warnings
 from typing import List, Optional, Tuple, Union
 
 from .. import backends
+from ..arith.params import require_gemm_level
 from ..errors import UnsupportedFeatureError
 from ..model.presets import Preset, get_preset
 from ..platform import get_profile, rowwise
@@ -94,31 +95,15 @@ def _maturity_warnings(plan: Plan, dry: bool):
         plan.warnings.extend(warn_profile_maturity(plan.profile, stacklevel=_user_stacklevel() + 1))
 
 
-def _check_gemm_level(preset: Preset, use_fast_accum: bool, split: Optional[SplitDecision]):
-    """f.6: slow accumulation or split-K with a preset that has no GEMM level (b200_mma_sync)."""
-    if preset.slow_chunk is not None:
-        return
-    if not use_fast_accum:
-        raise UnsupportedFeatureError(
-            f"preset {preset.name!r} has no characterised GEMM level: slow accumulation "
-            "(use_fast_accum=False) is not modelled for it; use use_fast_accum=True"
-        )
-    if split is not None and split.S > 1:
-        raise UnsupportedFeatureError(
-            f"preset {preset.name!r} has no characterised GEMM level: split-K (S={split.S}) is not modelled "
-            "for it; use splitk=1"
-        )
-
-
 def _decide(plan: Plan, M, N, K, fmt_a, fmt_b, out_dtype, fast, splitk, layout_std, dry):
     """f.7.3: the split-K decision, with the planner's checks of the preset's GEMM level and split scheme."""
-    _check_gemm_level(plan.preset, fast, None)
+    require_gemm_level(plan.preset, fast)
     recorded: List[str] = []
     plan.split = resolve_splitk(M, N, K, a_dtype=fmt_a, b_dtype=fmt_b, out_dtype=out_dtype, use_fast_accum=fast,
                                 profile=plan.profile, splitk=splitk, layout_std=layout_std, warnings_out=recorded,
                                 stacklevel=_user_stacklevel(), emit=not dry)
     plan.warnings.extend(recorded)
-    _check_gemm_level(plan.preset, fast, plan.split)
+    require_gemm_level(plan.preset, fast, plan.split.S)
     check_scheme_for_preset(plan.split.splitk, plan.preset)
 
 
@@ -181,7 +166,7 @@ def _plan_rowwise(plan: Plan, splitk, backend, dry) -> Plan:
             f"splitk={splitk!r}: torch 2.7.1's row-wise kernel never splits K ({rowwise.NO_SPLIT_REASON}); use "
             f"splitk='auto' or 1"
         )
-    _check_gemm_level(plan.preset, call.use_fast_accum, None)
+    require_gemm_level(plan.preset, call.use_fast_accum)
     order = rowwise.scale_order(call.M, call.N)
     plan.kernel = rowwise.KERNEL
     plan.split = SplitDecision(1, "none", "kernel", False, None, f"{rowwise.NO_SPLIT_REASON}; {order.note}")

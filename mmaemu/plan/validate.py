@@ -33,6 +33,7 @@ from typing import Any, Optional
 import numpy
 import torch
 
+from .. import formats
 from ..errors import ReferenceRejectsError, UnsupportedFeatureError
 from ..tensor_kinds import require_data, require_dense
 from .layout import (
@@ -62,7 +63,7 @@ def _dtypes(*names: str) -> tuple[torch.dtype, ...]:
 
 
 #: The two FP8 formats mmaemu models, by torch dtype.
-FP8_FORMAT_OF_DTYPE = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+FP8_FORMAT_OF_DTYPE = {formats.DTYPE_OF[fmt]: fmt for fmt in formats.FORMATS}
 
 #: torch's ``isFloat8Type`` in 2.7.1 (f.2.11).
 _TORCH_FLOAT8_DTYPES = _dtypes("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")

@@ -6,8 +6,8 @@ cuBLASLt rejects, and the numerics preset. The values below are the recorded fac
 (drivers: RTX 4060 572.16 under WSL2, H100 PCIe 570.148.08). Recorded profiles (``mmaemu record`` bundles) are
 registered here by :mod:`.bundles`; looking profiles up by name is :mod:`.profiles`' business.
 
-This module also owns the small vocabulary shared by profiles and split-K keys: format names ("e4m3"/"e5m2") and
-output dtype names ("float32" ... "float8_e5m2"), accepted as torch dtypes or strings without importing torch.
+This module also owns the output dtype names ("float32" ... "float8_e5m2") shared by profiles and split-K keys,
+accepted as torch dtypes or strings without importing torch; format names are :func:`mmaemu.formats.fmt_of`'s.
 It imports nothing of the platform layer, so that the table and bundle readers can depend on it.
 """
 
@@ -16,11 +16,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
+from .. import formats
+
 __all__ = [
     "Profile",
     "RejectRule",
     "splitk_maturity_note",
-    "fmt_name",
     "out_dtype_name",
     "builtin_profiles",
     "builtin_profile_names",
@@ -32,7 +33,7 @@ __all__ = [
     "DEFAULT_PROFILE",
 ]
 
-FORMATS = ("e4m3", "e5m2")
+FORMATS = formats.FORMATS
 OUT_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 # Profile.caller: whose cuBLASLt calls a profile describes. Transformer Engine asks the heuristic for 256-byte
 # alignment (MIN_ALIGNMENT_*_BYTES), torch for none.
@@ -40,40 +41,14 @@ CALLERS = ("torch._scaled_mm", "transformer_engine")
 TE_ALIGN = 256
 DEFAULT_PROFILE = "hopper"
 
-_FMT_ALIASES = {"e4m3": "e4m3", "float8_e4m3fn": "e4m3", "e5m2": "e5m2", "float8_e5m2": "e5m2"}
-
 
 # ----------------------------------------------------------------------------------------------------------------
-# Names of formats and dtypes (torch dtypes are recognised by their str(), so torch is never imported here)
-
-
-def _dtype_text(x) -> Optional[str]:
-    """'float8_e4m3fn' for torch.float8_e4m3fn or 'torch.float8_e4m3fn' or 'float8_e4m3fn'; None otherwise."""
-    if isinstance(x, str):
-        text = x
-    elif type(x).__name__ == "dtype" and type(x).__module__ == "torch":
-        text = str(x)
-    else:
-        return None
-    return text[len("torch."):] if text.startswith("torch.") else text
-
-
-def fmt_name(x) -> str:
-    """The FP8 format name "e4m3"/"e5m2" of a float8 torch dtype or of a name ("e4m3", "float8_e5m2", ...).
-
-    The fnuz variants are refused by name: cuBLASLt on sm_89/sm_90 uses the OCP formats only.
-    """
-    text = _dtype_text(x)
-    if text is not None and text in _FMT_ALIASES:
-        return _FMT_ALIASES[text]
-    if text is not None and text.endswith("fnuz"):
-        raise TypeError(f"{text} is not supported: the reference GPUs use float8_e4m3fn / float8_e5m2")
-    raise TypeError(f"expected torch.float8_e4m3fn, torch.float8_e5m2, 'e4m3' or 'e5m2', got {x!r}")
+# Names of output dtypes (torch dtypes are recognised by their type, so torch is never imported here)
 
 
 def out_dtype_name(x) -> str:
     """The output dtype name (one of OUT_DTYPES) of a torch dtype or its name; anything else is a TypeError."""
-    text = _dtype_text(x)
+    text = formats.dtype_text(x)
     if text in OUT_DTYPES:
         return text
     raise TypeError(f"output dtype must be one of {', '.join(OUT_DTYPES)} (a torch dtype or its name), got {x!r}")
@@ -170,7 +145,7 @@ class Profile:
 
     def rejection(self, fmt_a, fmt_b, out_dtype) -> Optional[RejectRule]:
         """The first RejectRule matching (mat1 format, mat2 format, output dtype), or None."""
-        fa, fb, out = fmt_name(fmt_a), fmt_name(fmt_b), out_dtype_name(out_dtype)
+        fa, fb, out = formats.fmt_of(fmt_a), formats.fmt_of(fmt_b), out_dtype_name(out_dtype)
         return next((rule for rule in self.rejects if rule.matches(fa, fb, out)), None)
 
     def matches_device(self, device=None) -> bool:

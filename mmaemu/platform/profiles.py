@@ -16,7 +16,7 @@ from typing import Optional
 from ..errors import ExperimentalPresetWarning, UnsupportedFeatureError
 from . import definitions
 from .definitions import (_BY_NAME, _PROFILES, _RECORDED, DEFAULT_PROFILE, FORMATS, OUT_DTYPES, Profile,
-                          RejectRule, builtin_profile_names, fmt_name, out_dtype_name, register_recorded_profile,
+                          RejectRule, builtin_profile_names, out_dtype_name, register_recorded_profile,
                           splitk_maturity_note)
 
 __all__ = [

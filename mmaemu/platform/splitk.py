@@ -29,11 +29,12 @@ import threading
 import warnings
 from typing import List, Optional, Tuple
 
-from ..arith.params import CONTIGUOUS_TILE, INTERLEAVED_TILE
-from ..errors import (AssumedUnsplitWarning, SplitKUnknownError, UnsupportedFeatureError, UnvalidatedEnvelopeWarning,
-                      UnverifiedSplitWarning)
+from .. import formats
+from ..arith.params import CONTIGUOUS_TILE, INTERLEAVED_TILE, require_gemm_level
+from ..errors import AssumedUnsplitWarning, SplitKUnknownError, UnvalidatedEnvelopeWarning, UnverifiedSplitWarning
+from ..model.presets import SPLIT_SCHEMES, split_schemes
 from .definitions import builtin_profiles
-from .profiles import Profile, fmt_name, get_profile, out_dtype_name, splitk_maturity_note
+from .profiles import Profile, get_profile, out_dtype_name, splitk_maturity_note
 
 __all__ = [
     "SplitK",
@@ -50,20 +51,16 @@ __all__ = [
     "ASSUME_UNSPLIT",
     "POLICIES",
     "POLICY_ENV",
-    "PRESET_SCHEMES",
     "ENVELOPE_MARGIN",
 ]
 
-SCHEMES = ("none", "serial", "pairwise", "contiguous")
-SPLIT_SCHEMES = SCHEMES[1:]
+SCHEMES = ("none",) + SPLIT_SCHEMES
 SOURCES = ("explicit", "workspace0", "table", "live-query", "envelope", "assumed-unsplit")
 # The string values of ``splitk``: both decide from the evidence where it decides; where it does not, "auto" raises
 # and "assume-unsplit" takes S = 1 with a warning (an explicit user choice, never the default).
 ASSUME_UNSPLIT = "assume-unsplit"
 POLICIES = ("auto", ASSUME_UNSPLIT)
 POLICY_ENV = "MMAEMU_SPLITK_POLICY"  # replaces splitk="auto" (mmaemu.environment)
-# semantics.md d.3: the scheme each shipped preset computes; custom presets accept any split scheme.
-PRESET_SCHEMES = {"hopper": ("contiguous",), "ada": ("serial", "pairwise")}
 # platform.md 3.9 (RTX 4060): S = 1 only above 2x the largest recorded split M*N (peer choice; the RTX 4060 was
 # seen splitting up to 1.27x the largest recorded split M*N).
 ENVELOPE_MARGIN = 2
@@ -585,7 +582,7 @@ def _scheme_hint(profile: Profile, S=None) -> Optional[str]:
     preset = _get_preset(profile.preset)
     if not preset.has_gemm_level:
         return None
-    schemes = _accepted_schemes(preset)
+    schemes = split_schemes(preset)
     first = "S" if S is None else str(S)
     return f"({first}, " + "|".join(f"'{s}'" for s in schemes) + ")"
 
@@ -602,14 +599,6 @@ def _get_preset(name_or_preset):
     return get_preset(name_or_preset, warn=False)
 
 
-def _accepted_schemes(preset) -> Tuple[str, ...]:
-    from ..model.presets import is_registered
-
-    if not is_registered(preset) or preset.maturity == "custom":
-        return SPLIT_SCHEMES
-    return PRESET_SCHEMES.get(preset.name, SPLIT_SCHEMES)
-
-
 def check_scheme_for_preset(splitk, preset) -> None:
     """Refuse a split the preset does not compute (semantics.md d.3).
 
@@ -623,10 +612,8 @@ def check_scheme_for_preset(splitk, preset) -> None:
     if sk.S == 1:
         return
     p = _get_preset(preset)
-    if not p.has_gemm_level:
-        raise UnsupportedFeatureError(
-            f"split-K (S = {sk.S}) is not modelled for preset {p.name!r}: it has no GEMM level")
-    accepted = _accepted_schemes(p)
+    require_gemm_level(p, True, sk.S)
+    accepted = split_schemes(p)
     if sk.scheme not in accepted:
         raise ValueError(f"preset {p.name!r} computes split-K only with scheme "
                          + " or ".join(repr(s) for s in accepted)
@@ -697,8 +684,8 @@ def reset_split_warnings() -> None:
 
 def _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile) -> _Call:
     sizes = [_size(name, value) for name, value in (("M", M), ("N", N), ("K", K))]
-    fa, fb = fmt_name(a_dtype), fmt_name(b_dtype)
-    out = out_dtype_name(out_dtype) if out_dtype is not None else ("float8_e4m3fn" if fa == "e4m3" else "float8_e5m2")
+    fa, fb = formats.fmt_of(a_dtype), formats.fmt_of(b_dtype)
+    out = out_dtype_name(out_dtype) if out_dtype is not None else formats.TORCH_NAMES[fa]
     if not (isinstance(use_fast_accum, bool) or _is_numpy_bool(use_fast_accum)):
         raise TypeError(f"use_fast_accum must be a bool, got {use_fast_accum!r}")
     return _Call(*sizes, fa, fb, out, bool(use_fast_accum), get_profile(profile))

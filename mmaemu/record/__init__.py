@@ -209,10 +209,9 @@ def _checked_arguments(out_dir: Path, name, shapes, sweep, budget_s, replay_s, m
 
 
 def _preset_schemes(preset: str) -> list:
-    from ..model.presets import get_preset
-    from ..platform.splitk import _accepted_schemes
+    from ..model.presets import get_preset, split_schemes
 
-    return list(_accepted_schemes(get_preset(preset, warn=False)))
+    return list(split_schemes(get_preset(preset, warn=False)))
 
 
 def _plan_platform(platform: dict) -> dict:
