@@ -437,6 +437,30 @@ def test_casts_follow_deepgemm():
         dg.per_channel_cast_to_fp8(x, use_ue8m0=False)
 
 
+def test_convert_linears_blockwise_quantises_as_deepgemm():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(300, 130), torch.nn.ReLU(), torch.nn.Linear(130, 20, bias=False))
+    model = model.to(torch.bfloat16)
+    x = torch.randn(5, 300, dtype=torch.bfloat16)
+    first = model[0]
+    w_fp8, sfb = dg.per_block_cast_to_fp8(first.weight.detach(), use_ue8m0=False)
+    x_fp8, sfa = dg.per_token_cast_to_fp8(x, use_ue8m0=False)
+    want = torch.empty((5, 130), dtype=torch.bfloat16)
+    dg.fp8_gemm_nt((x_fp8, sfa), (w_fp8, sfb), want)
+    want = want + first.bias.detach()
+    mmaemu.nn.convert_linears(model, recipe="blockwise")
+    assert isinstance(model[0], mmaemu.nn.EmulatedFP8Linear) and model[0].recipe == "blockwise"
+    with torch.no_grad():
+        got = model[0](x)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+        assert model(x).shape == (5, 20)
+    with pytest.raises(ValueError, match="unknown recipe"):
+        mmaemu.nn.EmulatedFP8Linear.from_linear(torch.nn.Linear(4, 4), recipe="rowwis")
+    with pytest.raises(UnsupportedFeatureError, match="no profile"):
+        mmaemu.nn.EmulatedFP8Linear.from_linear(torch.nn.Linear(4, 4), recipe="blockwise", profile="hopper")
+    assert mmaemu.nn.EmulatedFP8Linear.from_linear(torch.nn.Linear(4, 4)).recipe == "tensorwise"
+
+
 # ------------------------------------------------------------------------------------------------------------
 # cuda:simple under the simulator
 
