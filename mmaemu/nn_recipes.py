@@ -1,6 +1,6 @@
 """The FP8 recipes of :class:`mmaemu.nn.EmulatedFP8Linear` besides tensor-wise scaling: one entry each in
 :data:`RECIPES` (a layer class with ``from_linear``), chosen by ``recipe=`` in ``from_linear`` and
-``convert_linears``.
+``convert_linears``. (This module imports nothing of :mod:`mmaemu.nn`, which reads RECIPES.)
 
 * ``"tensorwise"``: the layer itself (one fp32 scale per tensor, cuBLASLt through ``scaled_mm``);
 * ``"blockwise"``: :class:`BlockwiseFP8Linear`, DeepSeek-V3's recipe as DeepGEMM computes it on sm_90: the
@@ -13,10 +13,9 @@ from __future__ import annotations
 import torch
 
 from .errors import UnsupportedFeatureError
-from .nn import EmulatedFP8Linear
 
 
-class BlockwiseFP8Linear(EmulatedFP8Linear):
+class BlockwiseFP8Linear(torch.nn.Module):
     """``y = x W^T (+ b)`` in block-wise FP8 as DeepGEMM's sm_90 ``fp8_gemm_nt`` (recipe (1, 128, 128)) computes it.
 
     Buffers: ``weight`` (float8_e4m3fn [out_features, in_features]), ``weight_scale`` (fp32 [ceil(out/128),
@@ -28,7 +27,7 @@ class BlockwiseFP8Linear(EmulatedFP8Linear):
     recipe = "blockwise"
 
     def __init__(self, weight_fp8, weight_scale, *, bias=None, use_ue8m0=False, backend="auto"):
-        torch.nn.Module.__init__(self)
+        super().__init__()
         if not isinstance(weight_fp8, torch.Tensor) or weight_fp8.dtype != torch.float8_e4m3fn or \
                 weight_fp8.dim() != 2:
             raise TypeError("weight_fp8 must be a 2-D float8_e4m3fn tensor [out_features, in_features]")
@@ -53,7 +52,7 @@ class BlockwiseFP8Linear(EmulatedFP8Linear):
                     out_dtype=torch.bfloat16, splitk="auto", backend="auto", weight_scale=None, use_ue8m0=False):
         """Cast a ``torch.nn.Linear``'s weight once with ``per_block_cast_to_fp8`` (in the weight's dtype).
 
-        Takes the options of :meth:`EmulatedFP8Linear.from_linear`; those without a meaning for DeepGEMM raise:
+        Takes the options of :meth:`mmaemu.nn.EmulatedFP8Linear.from_linear`; those without a meaning for DeepGEMM raise:
         a ``profile``, an ``input_scale`` or ``weight_scale`` (its scales are per strip and per block, computed
         here), ``splitk`` other than "auto"/1 (DeepGEMM has no split-K), an ``out_dtype`` other than bf16.
         ``use_fast_accum`` and ``pad_m_to`` change nothing (DeepGEMM always promotes every 128 k; rows are
@@ -111,6 +110,14 @@ class BlockwiseFP8Linear(EmulatedFP8Linear):
     def explain(self, x):
         raise UnsupportedFeatureError("explain() covers scaled_mm calls; a block-wise layer runs "
                                       "mmaemu.deepgemm.fp8_gemm_nt (see docs/guide.md, 'Block-wise FP8')")
+
+    def _apply(self, fn, recurse=True):
+        """Move buffers between devices but never change their dtypes (FP8 codes and fp32 scales are exact)."""
+        for name, buf in list(self._buffers.items()):
+            if buf is not None:
+                moved = fn(buf)
+                self._buffers[name] = moved if moved.dtype == buf.dtype else buf.to(moved.device)
+        return self
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
