@@ -188,12 +188,10 @@ def test_100k_outputs_against_the_oracle(recipe):
     sa_bits = sfa.view(np.uint32)
     sb_rows = (np.repeat(sfb, 128, axis=0)[:N] if blockwise else sfb).view(np.uint32)
     out = "bfloat16" if blockwise else "float32"
-    theirs = np.empty((M, N), np.int64)
-    for m in range(M):
-        sa = [int(x) for x in sa_bits[m]]
-        for n in range(N):
-            theirs[m, n] = oracle.blockwise_output([int(p) for p in partials[:, m, n]], sa,
-                                                   [int(x) for x in sb_rows[n]], out, int(d_old[m, n]))
+    chunk_lists = partials.transpose(1, 2, 0).tolist()  # [M][N][chunks] Python ints
+    sa_lists, sb_lists, d_lists = sa_bits.tolist(), sb_rows.tolist(), d_old.tolist()
+    theirs = np.array([[oracle.blockwise_output(chunk_lists[m][n], sa_lists[m], sb_lists[n], out, d_lists[m][n])
+                        for n in range(N)] for m in range(M)], np.int64)
     bad = np.argwhere(ours != theirs)
     assert bad.size == 0, [(tuple(i), hex(ours[tuple(i)]), hex(theirs[tuple(i)])) for i in bad[:5]]
     # Every kind of output occurs: NaN, Inf, zero, subnormal-scale results, ordinary values.
@@ -489,7 +487,29 @@ def _sim_worker():
     print(json.dumps(report))
 
 
-workers = workers_fixture(__file__, {"sim": {"NUMBA_ENABLE_CUDASIM": "1"}})
+def _ptx_worker():
+    """PTX of the cuda:simple chunked kernel for sm_90, compiled offline: the combine's FMA is fma.rn.f32."""
+    import numba
+    from numba import types
+
+    from mmaemu.arith.params import preset_params
+    from mmaemu.cuda.blockwise import gemm_chunked_simple
+    from mmaemu.model.presets import HOPPER
+    from subprocess_workers import offline_ptx
+
+    report = {"skipped": None}
+    a8, a16, f32 = types.int8[:, ::1], types.int16[:, ::1], types.float32[:, ::1]
+    codes, table, i64 = types.uint8[:, ::1], types.float64[::1], types.int64
+    params = numba.typeof(preset_params(HOPPER, "e4m3", "e4m3"))
+    ptx = offline_ptx(gemm_chunked_simple, (a8, a16, a8, a16, codes, codes, table, table, f32, f32, i64, i64, params,
+                                            f32), (9, 0), report)
+    if ptx is not None:
+        report["fma_rn"] = ptx.count("fma.rn.f32")
+        report["fma_other"] = sum(ptx.count(f"fma.{mode}.f32") for mode in ("rz", "rm", "rp"))
+    print(json.dumps(report))
+
+
+workers = workers_fixture(__file__, {"sim": {"NUMBA_ENABLE_CUDASIM": "1"}, "ptx": {"NUMBA_ENABLE_CUDASIM": "0"}})
 
 
 def test_cuda_simple_under_the_simulator_equals_the_cpu_reference(workers):
@@ -498,5 +518,12 @@ def test_cuda_simple_under_the_simulator_equals_the_cpu_reference(workers):
     assert any(r["nan"] for r in report)
 
 
+def test_the_gpu_combine_is_one_fma_rn(workers):
+    report = workers("ptx")
+    if report["skipped"]:
+        pytest.skip(report["skipped"])
+    assert report["fma_rn"] == 1 and report["fma_other"] == 0, report  # the combine, and no contraction
+
+
 if __name__ == "__main__":
-    {"sim": _sim_worker}[sys.argv[1]]()
+    {"sim": _sim_worker, "ptx": _ptx_worker}[sys.argv[1]]()

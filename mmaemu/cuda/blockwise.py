@@ -3,7 +3,7 @@
 :func:`gemm_chunked_simple` is one thread per output calling
 :func:`mmaemu.arith.scaled.accumulate_chunked_one`, the function the CPU reference engine runs, on the output's
 decoded row of A and row of B in global memory. The fused multiply-add of the combine is the GPU's ``fma.rn.f32``
-(libdevice ``__nv_fmaf``, registered below as the CUDA overload of :func:`mmaemu.arith.scaled.fma_nearest`; the
+(libdevice ``__nv_fmaf_rn``, registered below as the CUDA overload of :func:`mmaemu.arith.scaled.fma_nearest`; the
 CPU and the simulator run its exact float64 emulation: the same IEEE operation, the same bits).
 
 ``cuda:offset`` and ``cuda:native`` decline (:func:`chunked_decline`): the offset kernel folds every product into
@@ -30,7 +30,7 @@ _FMA_INSTALLED = False
 
 
 def install_fma_nearest():
-    """Compile :func:`mmaemu.arith.scaled.fma_nearest` to the GPU's ``fma.rn.f32`` (libdevice ``__nv_fmaf``) in
+    """Compile :func:`mmaemu.arith.scaled.fma_nearest` to the GPU's ``fma.rn.f32`` (libdevice ``__nv_fmaf_rn``) in
     CUDA kernels; the emulation stays everywhere else (CPU, simulator)."""
     global _FMA_INSTALLED
     if _FMA_INSTALLED or shim.simulator_enabled():
@@ -45,7 +45,7 @@ def install_fma_nearest():
         from numba.cuda import libdevice
 
         def impl(a, b, c):
-            return libdevice.fmaf(a, b, c)
+            return libdevice.fmaf_rn(a, b, c)
 
         return impl
 
