@@ -1,8 +1,13 @@
 """The CPU engine of the chunked reference kernels (:mod:`mmaemu.model.chunked`): block-wise scaled GEMMs.
 
-* fast path: for each chunk, the chunk's partials of the whole GEMM by the tiled fast path
-  (:func:`mmaemu.cpu.engine.accumulate_codes` on the chunk's k range: one chain from +0, the NaN/Inf rule on the
-  chunk's codes), then :func:`mmaemu.arith.scaled.combine_chunk_rows` enters them into the accumulators;
+* fast path, E4M3 x E4M3 (DeepGEMM's only format pair): :func:`accumulate_chunked_panel_rows`, the tiled fast path
+  of :mod:`mmaemu.cpu.engine` (one decoded panel of B, rows of A a tile at a time) with the chunk loop inside: each
+  chunk's tile of partials (:func:`mmaemu.arith.tile.tile_accumulate` over the chunk's k range, one chain from +0)
+  enters the tile's accumulators by :func:`mmaemu.arith.scaled.combine_chunk` at once. E4M3 has no Inf, so a NaN
+  code makes its chunk NaN and with it the output (the FMA propagates NaN): rows of A or B holding one give NaN;
+* fast path, other format pairs: for each chunk, the chunk's partials of the whole GEMM
+  (:func:`mmaemu.cpu.engine.accumulate_codes` on the chunk's k range, the NaN/Inf rule on the chunk's codes), then
+  :func:`mmaemu.arith.scaled.combine_chunk_rows` enters them into the accumulators;
 * ``reference=True``: every output walks its chunks alone with
   :func:`mmaemu.arith.scaled.accumulate_chunked_one`, the reference the fast path is tested against.
 
@@ -15,10 +20,12 @@ import numpy as np
 
 from .. import formats
 from .._jit import arithmetic
-from ..arith.scaled import accumulate_chunked_one, chunked_output_bits, combine_chunk_rows
+from ..arith.scaled import accumulate_chunked_one, chunked_output_bits, combine_chunk, combine_chunk_rows
+from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_accumulate, tile_decode
 from ..model.presets import get_preset
 from . import threads
-from .engine import EPILOGUE_WORK, REFERENCE_PRODUCT_WORK, accumulate_codes, decode_operand
+from .engine import (EPILOGUE_WORK, REFERENCE_PRODUCT_WORK, DecodedPanels, accumulate_codes, decode_operand,
+                     fast_path_tasks, nonfinite_flags, tile_shape)
 
 _TILE = 16
 
@@ -38,6 +45,84 @@ def accumulate_chunked_reference(lo, hi, sa, ea, sb, eb, a_codes, b_codes, a_tab
             for n in range(n0, min(n0 + _TILE, N)):
                 out[m, n] = accumulate_chunked_one(sa[m], ea[m], sb[n], eb[n], a_codes[m], b_codes[n], a_table,
                                                    b_table, K, scales_a[m], scales_b[n], chunk, rule, params)
+
+
+@arithmetic
+def accumulate_chunked_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, n0, chunk, rule, scales_a, scales_b,
+                                  params, tile_rows, lane_proto, final):
+    """final[m, n0:n0+lanes] = chunked accumulators of rows m_lo .. m_hi-1 of A and one decoded panel of B (finite
+    codes), bit-identical to :func:`accumulate_chunked_reference`.
+
+    Arguments as :func:`mmaemu.cpu.gemm.accumulate_panel_rows`; ``scales_a`` [M, chunks], ``scales_b`` [N, chunks].
+    Each chunk of a tile of rows is decoded into [tile_rows, chunk] buffers and accumulated over its own k range
+    with an unsplit fast schedule (one chain from +0), then combined.
+    """
+    K = a_codes.shape[1]
+    N = final.shape[1]
+    lanes = b_val.shape[1]
+    shape = (tile_rows, lanes)
+    a_val = np.zeros((tile_rows, chunk), np.float32)
+    a_exp = np.zeros((tile_rows, chunk), np.int8)
+    c_sig, total = np.empty(shape, lane_proto.dtype), np.empty(shape, lane_proto.dtype)
+    c_lead, e_max, scale = np.empty(shape, np.int32), np.empty(shape, np.int16), np.empty(shape, np.float32)
+    result, partial, slot = np.empty(shape, np.float32), np.empty(shape, np.float32), np.empty(shape, np.float32)
+    acc, tile_final = np.empty(shape, np.float32), np.empty(shape, np.float32)
+    width_n = min(lanes, N - n0)
+    for m0 in range(m_lo, m_hi, tile_rows):
+        rows = min(tile_rows, m_hi - m0)
+        for r in range(rows):
+            for j in range(lanes):
+                tile_final[r, j] = np.float32(0.0)
+        for kb in range((K + chunk - 1) // chunk):
+            k0 = kb * chunk
+            width = min(chunk, K - k0)
+            for r in range(rows):
+                for k in range(width):
+                    a_val[r, k], a_exp[r, k] = tile_decode(a_codes[m0 + r, k0 + k], fmt_a)
+            tile_accumulate(a_val, a_exp, b_val[k0:k0 + width], b_exp[k0:k0 + width], rows, width,
+                            (width, 1, 0, 0, 0, 0), params, (c_sig, c_lead, e_max, scale, total),
+                            (result, partial, slot), acc)
+            for r in range(rows):
+                sa = scales_a[m0 + r, kb]
+                for j in range(width_n):
+                    tile_final[r, j] = combine_chunk(rule, tile_final[r, j], acc[r, j], sa, scales_b[n0 + j, kb])
+        for r in range(rows):
+            for j in range(width_n):
+                final[m0 + r, n0 + j] = tile_final[r, j]
+
+
+@arithmetic
+def nan_rows_and_columns(lo, hi, a_flags, b_flags, final):
+    """final[m, n] = NaN where row m of A or row n of B holds a NaN code (rows lo .. hi-1)."""
+    N = final.shape[1]
+    for m in range(lo, hi):
+        for n in range(N):
+            if a_flags[m] or b_flags[n]:
+                final[m, n] = np.float32(np.nan)
+
+
+def accumulate_chunked_fast(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, preset, params, final):
+    """The fused fast path of E4M3 x E4M3 (module docstring) into ``final``, one call of
+    :func:`accumulate_chunked_panel_rows` per task of :func:`mmaemu.cpu.engine.fast_path_tasks`."""
+    (M, K), N = a_codes.shape, b_codes.shape[0]
+    tile_rows, lanes = tile_shape(M, N, K)
+    tasks = fast_path_tasks(M, N, K, threads.num_threads())
+    decoded = DecodedPanels(b_codes, fmt_b, lanes, uses=len(tasks) // -(-N // lanes))
+    lane_proto = np.empty(0, np.int32 if lane_bits_needed(preset) == 32 else np.int64)
+    fmt = TILE_FORMATS[fmt_a]
+
+    def task(panel, m_lo, m_hi):
+        b_val, b_exp = decoded.acquire(panel)
+        try:
+            accumulate_chunked_panel_rows(m_lo, m_hi, a_codes, fmt, b_val, b_exp, panel * lanes, kernel.chunk,
+                                          kernel.combine, scales_a, scales_b, params, tile_rows, lane_proto, final)
+        finally:
+            decoded.release(panel)
+
+    threads.run_tasks(lambda t=t: task(*t) for t in tasks)
+    a_flags, b_flags = nonfinite_flags(a_codes, fmt_a), nonfinite_flags(b_codes, fmt_b)
+    if a_flags.any() or b_flags.any():
+        threads.parallel_for(nan_rows_and_columns, M, N, a_flags, b_flags, final)
 
 
 @arithmetic
@@ -84,6 +169,9 @@ def accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b,
                              sb, eb, a_codes, b_codes, np.array(formats.values(fmt_a)),
                              np.array(formats.values(fmt_b)), scales_a, scales_b, kernel.chunk, kernel.combine,
                              params, final)
+        return final
+    if fmt_a == fmt_b == "e4m3":
+        accumulate_chunked_fast(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, preset, params, final)
         return final
     for kb in range(chunks):
         k0, k1 = kb * kernel.chunk, min((kb + 1) * kernel.chunk, K)
