@@ -376,6 +376,17 @@ def test_assertions_are_clear_errors():
         dg.fp8_gemm_nt(a, b, d, backend="cuda:offset")
 
 
+def test_a_flushing_thread_is_refused():
+    rng = np.random.default_rng(18)
+    _, _, a, b = _operands(rng, 4, 128, 128)
+    torch.set_flush_denormal(True)
+    try:
+        with pytest.raises(mmaemu.errors.MmaemuError, match="flushes fp32 subnormals"):
+            dg.fp8_gemm_nt(a, b, torch.empty((4, 128), dtype=torch.bfloat16))
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def test_weight_gradient_adds_into_d():
     rng = np.random.default_rng(13)
     _, _, a, b = _operands(rng, 20, 130, 384, recipe=(1, 1, 128))

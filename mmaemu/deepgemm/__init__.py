@@ -126,6 +126,9 @@ def _final(a_codes, b_codes, scales_a, scales_b, kernel, backend):
     """fp32 accumulators [M, N] of the chunked kernel on the chosen engine."""
     if backend in ("auto", "cpu", "reference"):
         from ..cpu.chunked import accumulate_chunked_codes
+        from ..plan.flush import check_no_flush_to_zero
+
+        check_no_flush_to_zero()  # the same refusal as scaled_mm's (semantics.md (e))
 
         return accumulate_chunked_codes(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, kernel,
                                         reference=backend == "reference")
