@@ -267,6 +267,26 @@ def test_engine_fast_paths_equal_the_reference_engine():
                 assert _same(_bits(fast), _bits(ref)).all(), (fmt_a, fmt_b, m, n, k)
 
 
+def test_chunks_start_at_absolute_multiples_of_128():
+    """Large products at k = 120..127 and small ones at 128..135, the second chunk scaled by 2**40: the small ones
+    form their own chunk from +0 (a chunk that straddled k = 128 would truncate them against the large ones), so
+    the result is RN(2**40 * 8 * 2**-9 + 8 * 448**2), derived here by hand."""
+    k = 256
+    a = np.zeros((1, k), np.uint8)
+    b = np.zeros((1, k), np.uint8)
+    a[0, 120:128], b[0, 120:128] = 0x7E, 0x7E  # 448 * 448
+    a[0, 128:136], b[0, 128:136] = 0x01, 0x38  # 2**-9 * 1
+    sfa = np.array([[1.0, 2.0**40]], np.float32)
+    sfb = np.array([[1.0, 1.0]], np.float32)
+    d = torch.zeros((1, 1))
+    dg.fp8_gemm_nt((_tensor(a), torch.from_numpy(sfa)), (_tensor(b), torch.from_numpy(sfb)), d, c=d,
+                   recipe=(1, 1, 128))
+    want = oracle.blockwise_one(a[0].tolist(), b[0].tolist(), "e4m3", "e4m3", sfa[0].view(np.uint32).tolist(),
+                                sfb[0].view(np.uint32).tolist(), "float32", 0)
+    assert int(d.numpy().view(np.uint32)[0, 0]) == want
+    assert d.item() == float(np.float32(2.0**34 + 8 * 448.0**2))
+
+
 # ------------------------------------------------------------------------------------------------------------
 # MMA-Sim: Hopper wgmma k32 chains as the external oracle of every chunk
 
