@@ -52,8 +52,8 @@ class BlockwiseFP8Linear(torch.nn.Module):
                     out_dtype=torch.bfloat16, splitk="auto", backend="auto", weight_scale=None, use_ue8m0=False):
         """Cast a ``torch.nn.Linear``'s weight once with ``per_block_cast_to_fp8`` (in the weight's dtype).
 
-        Takes the options of :meth:`mmaemu.nn.EmulatedFP8Linear.from_linear`; those without a meaning for DeepGEMM raise:
-        a ``profile``, an ``input_scale`` or ``weight_scale`` (its scales are per strip and per block, computed
+        Takes the options of :meth:`mmaemu.nn.EmulatedFP8Linear.from_linear`; those without a meaning for DeepGEMM
+        raise: a ``profile``, an ``input_scale`` or ``weight_scale`` (its scales are per strip and per block, computed
         here), ``splitk`` other than "auto"/1 (DeepGEMM has no split-K), an ``out_dtype`` other than bf16.
         ``use_fast_accum`` and ``pad_m_to`` change nothing (DeepGEMM always promotes every 128 k; rows are
         independent).

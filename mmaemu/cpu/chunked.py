@@ -11,7 +11,8 @@
 * ``reference=True``: every output walks its chunks alone with
   :func:`mmaemu.arith.scaled.accumulate_chunked_one`, the reference the fast path is tested against.
 
-Both give the same bits. Extra memory of the fast path: one [M, N] fp32 array of partials.
+All give the same bits. Extra memory of the fast paths: that of the tensor-wise fast path (the fused one), or one
+[M, N] fp32 array of partials (the per-chunk one).
 """
 
 from __future__ import annotations
