@@ -407,6 +407,19 @@ def test_a_flushing_thread_is_refused():
         torch.set_flush_denormal(False)
 
 
+def test_experimental_maturity_warns_once_per_kernel(monkeypatch):
+    rng = np.random.default_rng(19)
+    _, _, a, b = _operands(rng, 4, 128, 128)
+    monkeypatch.setattr(dg, "_WARNED", set())
+    d = torch.empty((4, 128), dtype=torch.bfloat16)
+    with pytest.warns(mmaemu.ExperimentalPresetWarning, match="not recorded on hardware"):
+        dg.fp8_gemm_nt(a, b, d)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", mmaemu.ExperimentalPresetWarning)
+        dg.fp8_gemm_nt(a, b, d)
+    assert dg.MATURITY == "experimental" and "c9f8b34dcdacc20aa746b786f983492c51072870" in dg.SOURCE
+
+
 def test_weight_gradient_adds_into_d():
     rng = np.random.default_rng(13)
     _, _, a, b = _operands(rng, 20, 130, 384, recipe=(1, 1, 128))
