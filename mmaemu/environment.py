@@ -55,6 +55,9 @@ class EnvVar:
 VARIABLES = (
     EnvVar("MMAEMU_PROFILE", "default profile when profile=None (unset or empty: hopper)", _profile_problem),
     EnvVar("MMAEMU_BACKEND", "replaces backend='auto'", _backend_problem),
+    EnvVar("MMAEMU_SPLITK_POLICY", "assume-unsplit: splitk='auto' takes S = 1 (and warns) where the evidence does "
+           "not decide", lambda v: None if v.strip() in ("auto", "assume-unsplit") else
+           "not a split-K policy: use auto or assume-unsplit"),
     EnvVar("MMAEMU_SPLITK_STRICT", "1: envelope inferences raise SplitKUnknownError"),
     EnvVar("MMAEMU_DISABLE_CUDA", "1 (or true/yes/on): never touch CUDA; no live cuBLASLt query"),
     EnvVar("MMAEMU_CACHE_DIR", "where compiled code and self-test verdicts are cached"),
