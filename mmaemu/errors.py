@@ -16,6 +16,7 @@ __all__ = [
     "AssumedUnsplitWarning",
     "BackendFallbackWarning",
     "CacheWarning",
+    "UnsafeBundleWarning",
 ]
 
 
@@ -63,3 +64,8 @@ class BackendFallbackWarning(RuntimeWarning):
 class CacheWarning(RuntimeWarning):
     """A cache folder or entry mmaemu does not use (damaged, not private, not writable): the code is compiled
     instead, the result is unchanged."""
+
+
+class UnsafeBundleWarning(RuntimeWarning):
+    """A recorded profile bundle whose folder or files another user can write (or owns): it loads, but its
+    hashes prove nothing against whoever can rewrite its manifest."""

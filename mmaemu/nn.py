@@ -67,6 +67,35 @@ def _check_pad(pad_m_to):
     return pad_m_to
 
 
+#: Why ``torch.compile`` breaks its graph at the layer (shown by dynamo, e.g. when ``fullgraph=True`` refuses it).
+_GRAPH_BREAK_REASON = (
+    "mmaemu: EmulatedFP8Linear is a graph break on purpose: its quantisation and FP8 GEMM run eagerly, because a "
+    "compiler must not trace into (or re-round) the emulation whose bits are the point. Compile with "
+    "fullgraph=False (the default: the ops around the layer are still compiled), or leave the layer out of the "
+    "compiled region (torch's hint to remove the disable does not apply here)"
+)
+
+
+def _graph_break(function):
+    """``torch.compiler.disable(function)`` with the reason above (torch < 2.7 takes no reason)."""
+    try:
+        return torch.compiler.disable(function, reason=_GRAPH_BREAK_REASON)
+    except TypeError:
+        return torch.compiler.disable(function)
+
+
+def _check_splitk_and_backend(splitk, backend, profile):
+    """Refuse at construction what every forward would refuse: the form of ``splitk`` and the scheme the profile's
+    preset computes (the bounds that depend on K stay per call), and the backend's name, each with its own error
+    (as ``mmaemu.patch`` checks them). "auto" is resolved per call ($MMAEMU_BACKEND is read then)."""
+    from .backends import requested_backend
+    from .platform.splitk import check_splitk_argument
+
+    check_splitk_argument(splitk, profile)
+    if not (isinstance(backend, str) and backend == "auto"):
+        requested_backend(backend)
+
+
 class EmulatedFP8Linear(torch.nn.Module):
     """``y = x W^T (+ b)`` with W and x in E4M3, computed as the profile's reference GPU computes the FP8 GEMM.
 
@@ -98,6 +127,7 @@ class EmulatedFP8Linear(torch.nn.Module):
         self.out_features, self.in_features = (int(n) for n in weight_fp8.shape)
         self.profile = _profile_reference(get_profile(profile))
         self.pad_m_to = _check_pad(pad_m_to)
+        _check_splitk_and_backend(splitk, backend, self.profile)
         self.use_fast_accum = use_fast_accum
         self.out_dtype = out_dtype
         self.splitk = splitk
@@ -209,7 +239,11 @@ class EmulatedFP8Linear(torch.nn.Module):
             x_fp8 = torch.cat([x_fp8, zeros])
         return x_fp8, M, lead, s_inv
 
+    @_graph_break
     def forward(self, x):
+        """The layer's output for ``x`` [..., in_features]. Excluded from ``torch.compile`` tracing: dynamo breaks
+        the graph at the layer and runs it eagerly (also under ``torch.inference_mode()``), so a compiled model gets
+        the eager bits; ``fullgraph=True`` refuses it, naming this break."""
         from .api import scaled_mm
 
         x_fp8, M, lead, s_inv = self._gemm_arguments(x)

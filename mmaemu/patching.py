@@ -33,7 +33,15 @@ block closes.
 Log: every block keeps a :class:`PatchLog` (a list of :class:`PatchRecord`). A call is recorded in the log of every
 block open in the calling context (so an outer block also lists the calls of its inner blocks, with the settings
 that computed them); a call from a context without a block of its own goes to the log of the block whose settings
-it used. Failed calls are recorded too, with the error, and then re-raised.
+it used. Failed calls are recorded too, with the error, and then re-raised. A log keeps the latest ``log_limit``
+records (default :data:`DEFAULT_LOG_LIMIT`, 10,000; None keeps all) and counts the older ones it dropped in
+``log.dropped``, so a long block does not grow without bound.
+
+Generators: a decorated generator or async generator function (or a plain function that returns a generator, an
+async generator or a coroutine) is patched while its body runs, step by step: each ``next`` / ``send`` / ``throw``
+/ ``close`` (``asend`` / ``athrow`` / ``aclose``) opens a block until the body yields, and the block is closed
+between steps, so the consumer's code between two steps is not patched (unless it is inside a block of its own).
+The steps of one call share one log. Without this, the body would run after the decorator's block had closed.
 """
 
 from __future__ import annotations
@@ -48,9 +56,11 @@ from typing import List, Optional, Tuple
 
 import torch
 
-__all__ = ["patch", "PatchRecord", "PatchLog", "is_patched", "original_scaled_mm"]
+__all__ = ["patch", "PatchRecord", "PatchLog", "is_patched", "original_scaled_mm", "DEFAULT_LOG_LIMIT"]
 
 _UNSET = None
+#: How many records a block's log keeps by default (the latest ones; a record is about 1 KB with its SplitDecision).
+DEFAULT_LOG_LIMIT = 10_000
 _DEFAULTS = {"profile": None, "splitk": "auto", "backend": "auto"}
 
 _lock = threading.RLock()
@@ -106,11 +116,40 @@ class PatchRecord:
 
 
 class PatchLog(list):
-    """The calls recorded by one patch block (a list of :class:`PatchRecord`)."""
+    """The calls recorded by one patch block (a list of :class:`PatchRecord`), the latest ``limit`` of them.
+
+    ``limit``: how many records it keeps (None: all); when a call would exceed it, the oldest record is dropped and
+    counted in ``dropped``, so ``len(log) + log.dropped`` is the number of calls the block saw.
+    """
+
+    def __init__(self, records=(), *, limit=None):
+        super().__init__(records)
+        self.limit = limit
+        self.dropped = 0
+
+    def _add(self, record) -> None:
+        self.append(record)
+        if self.limit is not None and len(self) > self.limit:
+            excess = len(self) - self.limit
+            del self[:excess]
+            self.dropped += excess
 
     def summary(self) -> str:
-        """One line per call."""
-        return "\n".join(f"{i}: {record.line()}" for i, record in enumerate(self))
+        """One line per kept call, numbered from the block's first call (after a line counting dropped ones)."""
+        lines = [f"{self.dropped + i}: {record.line()}" for i, record in enumerate(self)]
+        if self.dropped:
+            lines.insert(0, f"({self.dropped} earlier calls dropped: the log keeps the latest {self.limit})")
+        return "\n".join(lines)
+
+
+def _check_log_limit(log_limit):
+    if log_limit is None:
+        return None
+    if isinstance(log_limit, bool) or not isinstance(log_limit, int):
+        raise TypeError(f"log_limit must be None or an int >= 0 (records kept per block), got {log_limit!r}")
+    if log_limit < 0:
+        raise ValueError(f"log_limit must be None or an int >= 0 (records kept per block), got {log_limit!r}")
+    return log_limit
 
 
 def _dtype_name(dtype) -> Optional[str]:
@@ -239,7 +278,7 @@ def _patched_scaled_mm(*args, **kwargs):
         record = _record(block, positional, named, plan, error)
         with _lock:
             for open_block in logs:
-                open_block.log.append(record)
+                open_block.log._add(record)
 
 
 # `torch._scaled_mm.__name__` etc. for introspection; the signature is torch 2.7.1's.
@@ -254,13 +293,15 @@ class patch(contextlib.ContextDecorator):
 
     ``profile``, ``splitk``, ``backend``: as in scaled_mm; None inherits from the enclosing block of this context,
     else scaled_mm's default. Bad values raise here (KeyError, TypeError, ValueError, as scaled_mm would).
-    ``with patch(...) as log`` gives the block's :class:`PatchLog`; the object's ``log`` attribute is the log of
-    its most recent block (for the decorator form: of the latest call). Reentrant, nestable, thread- and
-    asyncio-safe; a decorated ``async def`` keeps the block open across its awaits. See the module documentation
-    for the process-wide effect.
+    ``log_limit``: how many records each block's log keeps, the latest ones (None: all; older ones are counted in
+    ``log.dropped``). ``with patch(...) as log`` gives the block's :class:`PatchLog`; the object's ``log``
+    attribute is the log of its most recent block (for the decorator form: of the latest call; for a generator,
+    of the latest one started). Reentrant, nestable, thread- and asyncio-safe; a decorated ``async def`` keeps the
+    block open across its awaits; a decorated generator is patched while its body runs, not between its steps.
+    See the module documentation for the process-wide effect.
     """
 
-    def __init__(self, profile=_UNSET, splitk=_UNSET, backend=_UNSET):
+    def __init__(self, profile=_UNSET, splitk=_UNSET, backend=_UNSET, *, log_limit=DEFAULT_LOG_LIMIT):
         if profile is not None:
             from .platform.profiles import get_profile
 
@@ -274,7 +315,8 @@ class patch(contextlib.ContextDecorator):
 
             requested_backend(backend)
         self.profile, self.splitk, self.backend = profile, splitk, backend
-        self.log = PatchLog()
+        self.log_limit = _check_log_limit(log_limit)
+        self.log = PatchLog(limit=self.log_limit)
 
     def _settings(self) -> dict:
         """The block's settings: its own, else the enclosing block's in this context, else scaled_mm's default;
@@ -298,8 +340,12 @@ class patch(contextlib.ContextDecorator):
         return settings
 
     def __enter__(self) -> PatchLog:
+        return self._open_block(PatchLog(limit=self.log_limit))
+
+    def _open_block(self, log: PatchLog) -> PatchLog:
+        """Enter a block whose calls are recorded in ``log`` (a new one per ``with``; one per decorated call)."""
         global _original
-        block = _Block(**self._settings(), log=PatchLog(), owner=self)
+        block = _Block(**self._settings(), log=log, owner=self)
         with _lock:
             if not _open:
                 if torch._scaled_mm is not _patched_scaled_mm:  # else: a block of ours never closed (see __exit__)
@@ -332,7 +378,110 @@ class patch(contextlib.ContextDecorator):
                 torch._scaled_mm = _original
         return False
 
+    @contextlib.contextmanager
+    def _block_logging_to(self, log: PatchLog):
+        self._open_block(log)
+        try:
+            yield
+        finally:
+            self.__exit__(None, None, None)
+
+    def _steps(self, generator, log: PatchLog):
+        """Run ``generator`` one step at a time, each step (``send``, ``throw``, ``close``) inside a block of this
+        patch logging to ``log``; between the steps the block is closed, so the consumer's code is not patched."""
+        sent = thrown = None
+        while True:
+            with self._block_logging_to(log):
+                try:
+                    value = generator.send(sent) if thrown is None else generator.throw(thrown)
+                except StopIteration as stop:
+                    return stop.value
+            sent = thrown = None
+            try:
+                sent = yield value
+            except GeneratorExit:
+                with self._block_logging_to(log):
+                    generator.close()
+                raise
+            except BaseException as exc:  # thrown into us by the consumer: hand it to the body, patched
+                thrown = exc
+
+    async def _async_steps(self, generator, log: PatchLog):
+        """:meth:`_steps` for an async generator (``asend``, ``athrow``, ``aclose``); a step's awaits stay inside
+        its block, as in a decorated ``async def``."""
+        sent = thrown = None
+        while True:
+            with self._block_logging_to(log):
+                try:
+                    value = await (generator.asend(sent) if thrown is None else generator.athrow(thrown))
+                except StopAsyncIteration:
+                    return
+            sent = thrown = None
+            try:
+                sent = yield value
+            except GeneratorExit:
+                with self._block_logging_to(log):
+                    await generator.aclose()
+                raise
+            except BaseException as exc:
+                thrown = exc
+
+    async def _awaited(self, coroutine, log: PatchLog):
+        with self._block_logging_to(log):
+            return await coroutine
+
+    def _new_log(self) -> PatchLog:
+        self.log = PatchLog(limit=self.log_limit)
+        return self.log
+
+    def _deferred(self, result, log: PatchLog):
+        """A generator, async generator or coroutine returned by a plain function, made to run its body inside
+        this patch too (else it would run after the block closed, unpatched); any other result as it is."""
+        if inspect.isgenerator(result):
+            return self._steps(result, log)
+        if inspect.isasyncgen(result):
+            return self._async_steps(result, log)
+        if inspect.iscoroutine(result):
+            return self._awaited(result, log)
+        return result
+
     def __call__(self, func):
+        """Decorate ``func``: each call runs inside a block of this patch, with one log per call.
+
+        Generator and async generator functions (and plain functions returning a generator, an async generator or
+        a coroutine) are spanned step by step: the patch is open while the body runs, from ``next`` / ``send`` /
+        ``throw`` / ``close`` (or their async forms) until it yields, and closed while the consumer runs between
+        steps, so code outside the body never sees it; every step logs to the call's one log. Inherited settings
+        are those of the block enclosing each step. An ``async def`` keeps its block across its awaits.
+        """
+        if inspect.isasyncgenfunction(func):
+            @functools.wraps(func)
+            async def async_generator_wrapper(*args, **kwargs):
+                steps = self._async_steps(func(*args, **kwargs), self._new_log())
+                sent = thrown = None
+                while True:  # an async generator cannot delegate with `yield from`: forward by hand
+                    try:
+                        value = await (steps.asend(sent) if thrown is None else steps.athrow(thrown))
+                    except StopAsyncIteration:
+                        return
+                    sent = thrown = None
+                    try:
+                        sent = yield value
+                    except GeneratorExit:
+                        await steps.aclose()
+                        raise
+                    except BaseException as exc:
+                        thrown = exc
+
+            return async_generator_wrapper
+
+        if inspect.isgeneratorfunction(func):
+            @functools.wraps(func)
+            def generator_wrapper(*args, **kwargs):
+                return (yield from self._steps(func(*args, **kwargs), self._new_log()))
+
+            return generator_wrapper
+
         if inspect.iscoroutinefunction(func):
             @functools.wraps(func)
             async def async_wrapper(*args, **kwargs):
@@ -343,10 +492,12 @@ class patch(contextlib.ContextDecorator):
 
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
-            with self:
-                return func(*args, **kwargs)
+            with self as log:
+                result = func(*args, **kwargs)
+            return self._deferred(result, log)
 
         return wrapper
 
     def __repr__(self):
-        return f"mmaemu.patch(profile={self.profile!r}, splitk={self.splitk!r}, backend={self.backend!r})"
+        return (f"mmaemu.patch(profile={self.profile!r}, splitk={self.splitk!r}, backend={self.backend!r}, "
+                f"log_limit={self.log_limit!r})")

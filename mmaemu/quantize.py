@@ -33,6 +33,10 @@ conversion ``cvt.rn.satfinite`` (sm_90) returns 0x7F for every NaN as the ``cuda
 
 Everything here is computed with exact IEEE fp32 operations and integer bit manipulation, on the tensor's own
 device; torch's own float8 casts are only used for values that are exactly representable (no rounding involved).
+Every public function here refuses to compute on a CPU thread in flush-to-zero / denormals-are-zero mode (one
+check, the :class:`~mmaemu.errors.MmaemuError` that ``scaled_mm`` raises), since it would flush subnormal scales,
+amaxes and products silently; the scalar helpers (``scale_inv``, ``scale_from_amax``) compute on the CPU for tensors
+of every device.
 """
 
 from __future__ import annotations
@@ -99,6 +103,15 @@ def _like(value: np.float32, template):
     return float(value)
 
 
+def _refuse_flush_to_zero(device=None) -> None:
+    """Raise the cast's MmaemuError when this CPU thread flushes fp32 subnormals and the work runs on the CPU
+    (``device`` None: numpy scalar arithmetic, always on the CPU), as it would return flushed values silently."""
+    if device is None or device.type == "cpu":
+        from .plan.flush import check_no_flush_to_zero
+
+        check_no_flush_to_zero()
+
+
 def _div(a: np.float32, b: np.float32) -> np.float32:
     """One IEEE fp32 division (inf/NaN results allowed, no warnings)."""
     with np.errstate(all="ignore"):
@@ -112,6 +125,7 @@ def scale_inv(scale):
     tensor on the same device, or a float). This is the value TE stores as ``scale_inv`` and passes to the GEMM,
     i.e. the ``scale_a`` / ``scale_b`` of :func:`mmaemu.scaled_mm`.
     """
+    _refuse_flush_to_zero()
     return _like(_div(np.float32(1.0), _f32(scale)), scale)
 
 
@@ -129,6 +143,7 @@ def compute_amax(x):
     if not x.is_floating_point():
         raise TypeError(f"compute_amax: expected a floating-point tensor, got {x.dtype}")
     x = x.detach()
+    _refuse_flush_to_zero(x.device)
     if x.numel() == 0:
         return torch.zeros((), dtype=torch.float32, device=x.device)
     magnitude = x.abs()
@@ -159,6 +174,7 @@ def scale_from_amax(amax, fmt="e4m3", margin=0, *, recipe="delayed", previous_sc
     """
     fmt = _fmt(fmt)
     margin = _check_margin(margin)
+    _refuse_flush_to_zero()
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
     a = _f32(amax)
@@ -223,10 +239,7 @@ def quantize(x, scale, fmt="e4m3"):
     if x.dtype not in _INPUT_DTYPES:
         raise TypeError(f"quantize: Transformer Engine casts float32, bfloat16 or float16 tensors; got {x.dtype}")
     x = x.detach()
-    if x.device.type == "cpu":
-        from .plan.flush import check_no_flush_to_zero
-
-        check_no_flush_to_zero()
+    _refuse_flush_to_zero(x.device)
     y = x.to(torch.float32) * _scale_tensor(scale, x.device)
     return _round_to_fp8(y, fmt)
 
@@ -266,6 +279,7 @@ def dequantize(q, scale_inv, dtype=torch.float32):
     """
     if not isinstance(q, torch.Tensor) or not formats.is_fp8_dtype(q.dtype):
         raise TypeError("dequantize: expected a float8_e4m3fn or float8_e5m2 tensor")
+    _refuse_flush_to_zero(q.device)
     y = q.detach().to(torch.float32) * _scale_tensor(scale_inv, q.device)
     return y.to(dtype)
 

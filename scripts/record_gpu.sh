@@ -63,7 +63,7 @@ fi
 for path in "$work"/*; do
     [ -e "$path" ] || continue
     case "$path" in
-        *.partial) ;;
+        *.partial|*.lock) ;;
         *) cp -r "$path" "$out/" ;;
     esac
 done

@@ -649,3 +649,31 @@ def test_info_diagnostics_read_disable_cuda_exactly_1(monkeypatch):
     monkeypatch.setenv("MMAEMU_DISABLE_CUDA", "yes")
     report = json.loads(invoke("info", "--json", "-").stdout)
     assert "MMAEMU_DISABLE_CUDA" not in report["device"].get("reason", "")
+
+
+def _strict_json(text):
+    """json.loads that refuses the NaN / Infinity / -Infinity tokens (not JSON, RFC 8259)."""
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_reports_are_strict_json_with_non_finite_values_as_strings(tmp_path):
+    result = invoke("explain", "16", "32", "64", "--scale-a", "inf", "--scale-b", "nan", "--scale-result", "-inf",
+                    "--splitk", "1", "--device", "cpu", "--json", "-")
+    report = _strict_json(result.stdout)
+    assert (report["call"]["scale_a"], report["call"]["scale_b"], report["call"]["scale_result"]) == \
+        ("inf", "nan", "-inf")
+    target = tmp_path / "plan.json"
+    invoke("explain", "16", "32", "64", "--scale-a", "nan", "--splitk", "1", "--device", "cpu", "--json", str(target))
+    assert _strict_json(target.read_text())["call"]["scale_a"] == "nan"
+
+
+def test_json_encoding_of_non_finite_values():
+    from mmaemu.cli.output import json_text
+
+    report = {"a": [float("nan"), float("inf"), -float("inf"), 1.5, -0.0], "b": {"c": torch.tensor(float("nan"))}}
+    data = _strict_json(json_text(report))
+    assert data == {"a": ["nan", "inf", "-inf", 1.5, -0.0], "b": {"c": "nan"}}
+    assert str(data["a"][4]) == "-0.0"  # finite values, also -0.0, are numbers as before

@@ -168,3 +168,72 @@ def test_compile_inside_patch_in_a_fresh_process(tmp_path):
     done = subprocess.run([sys.executable, "-c", FRESH_PROCESS_PATCH_COMPILE], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def _layer_and_input(seed=4):
+    from mmaemu.nn import EmulatedFP8Linear
+
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(64, 32)
+    x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(seed)) * 3
+    return EmulatedFP8Linear.from_linear(lin, splitk=1), x
+
+
+class _Around(torch.nn.Module):
+    """A model with compiled ops around the emulated layer."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        return self.layer(x * 2.0).float().relu() + 1.0
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("mode", ["inference_mode", "no_grad", "plain"])
+def test_compiled_layer_returns_the_eager_bits_under_every_grad_mode(backend, mode):
+    """torch.compile of an EmulatedFP8Linear under torch.inference_mode() used to crash in dynamo (it traced the
+    quantiser); the layer's forward is a graph break now, run eagerly, bit for bit."""
+    import contextlib
+
+    layer, x = _layer_and_input()
+    grad_mode = {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad,
+                 "plain": contextlib.nullcontext}[mode]
+    model = _Around(layer)
+    with grad_mode():
+        eager_layer, eager_model = layer(x), model(x)
+        compiled_layer = torch.compile(layer, backend=backend)(x)
+        compiled_model = torch.compile(model, backend=backend)(x)
+    assert_bitwise_equal(compiled_layer, eager_layer)
+    assert_bitwise_equal(compiled_model, eager_model)
+    static, _ = _layer_and_input()
+    static.register_buffer("input_scale", torch.tensor(8.0))
+    static.register_buffer("input_scale_inv", torch.tensor(0.125))
+    with grad_mode():
+        assert_bitwise_equal(torch.compile(static, backend=backend)(x), static(x))
+
+
+def test_fullgraph_names_the_graph_break_and_the_way_out():
+    import inspect
+
+    if "reason" not in inspect.signature(torch.compiler.disable).parameters:
+        pytest.skip("this torch's torch.compiler.disable takes no reason to show")
+    layer, x = _layer_and_input()
+    for context in (torch.inference_mode, torch.no_grad):
+        torch._dynamo.reset()
+        with context(), pytest.raises(Exception) as info:
+            torch.compile(_Around(layer), backend="eager", fullgraph=True)(x)
+        message = str(info.value)
+        assert "EmulatedFP8Linear" in message and "graph break" in message, message
+        assert "fullgraph=False" in message and "on purpose" in message, message
+
+
+def test_the_layer_is_one_graph_break_and_nothing_of_it_is_traced():
+    layer, x = _layer_and_input()
+    counter = CountingBackend()
+    with torch.inference_mode():
+        torch.compile(_Around(layer), backend=counter)(x)
+    targets = counter.targets()
+    assert len(counter.graphs) == 2 and len(targets) <= 4, targets  # x * 2 before; float, relu, + 1 after
+    assert not any(name in t for t in targets for name in ("abs", "amax", "max", "round", "clamp")), targets

@@ -170,3 +170,34 @@ def test_convert_linears_replaces_every_linear():
     hidden = torch.relu(reference[0](x))
     with torch.no_grad():
         assert_bitwise_equal(y, by_hand(hidden, reference[1], profile="ada"))
+
+
+@pytest.mark.parametrize("options, error, match", [
+    ({"backend": "bogus"}, ValueError, "unknown backend 'bogus'"),
+    ({"backend": 3}, TypeError, "backend must be a string"),
+    ({"splitk": "bad"}, TypeError, "splitk must be"),
+    ({"splitk": 0}, ValueError, "splitk must be >= 1"),
+    ({"splitk": (2, "nonsense")}, ValueError, "nonsense"),
+], ids=["unknown-backend", "backend-type", "splitk-type", "splitk-zero", "splitk-scheme"])
+def test_bad_splitk_or_backend_is_refused_at_construction_and_named(options, error, match):
+    """Both are checked when the layer is built, each with its own error (a bad backend used to surface at the first
+    forward, as a split-K problem)."""
+    lin = linear()
+    with pytest.raises(error, match=match) as info:
+        EmulatedFP8Linear.from_linear(lin, **options)
+    assert not isinstance(info.value, SplitKUnknownError)
+    w_fp8 = quantize_e4m3(lin.weight.detach(), amax_scale(lin.weight.detach()))
+    with pytest.raises(error, match=match):
+        EmulatedFP8Linear.from_fp8_state(w_fp8, weight_scale=1.0, **options)
+    model = torch.nn.Sequential(linear(), torch.nn.ReLU())
+    with pytest.raises(error, match=match):
+        convert_linears(model, **options)
+    assert isinstance(model[0], torch.nn.Linear)  # nothing replaced
+
+
+def test_valid_backends_and_splits_construct():
+    lin = linear()
+    for backend in ("cpu", "reference", "cuda", "cuda:simple"):
+        assert EmulatedFP8Linear.from_linear(lin, backend=backend, splitk=1).backend == backend
+    for splitk in ("auto", 1, (2, "contiguous"), mmaemu.SplitK(3, "contiguous")):
+        assert EmulatedFP8Linear.from_linear(lin, splitk=splitk).splitk == splitk

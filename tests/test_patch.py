@@ -312,3 +312,181 @@ def test_an_inherited_profile_is_checked_against_the_inner_split_on_entry():
         with mmaemu.patch(splitk=(2, "serial")) as log:  # refused for hopper, right for the inherited ada
             torch._scaled_mm(A, W.t(), ONE, ONE, out_dtype=torch.float32)
     assert [(r.profile, r.S, r.scheme) for r in log] == [("ada", 2, "serial")]
+
+
+# -- the log's bound ---------------------------------------------------------------------------------------------
+
+
+def _calls(rows):
+    for m in rows:
+        torch._scaled_mm(A[:m], W.t(), ONE, ONE, out_dtype=torch.float32)
+
+
+def test_the_log_keeps_the_latest_calls_and_counts_the_dropped_ones():
+    with mmaemu.patch(splitk=1, log_limit=3) as log:
+        _calls([1, 2, 3, 4, 5])
+        with mmaemu.patch() as inner:  # an inner block has its own bound (the default)
+            _calls([6])
+    assert [r.input_shape[0] for r in log] == [4, 5, 6] and log.dropped == 3 and log.limit == 3
+    assert inner.limit == mmaemu.patching.DEFAULT_LOG_LIMIT and inner.dropped == 0 and len(inner) == 1
+    lines = log.summary().splitlines()
+    assert lines[0].startswith("(3 earlier calls dropped") and lines[1].startswith("3: M=4 ")
+    with mmaemu.patch(splitk=1, log_limit=0) as nothing:
+        _calls([1, 2])
+    assert list(nothing) == [] and nothing.dropped == 2
+    with mmaemu.patch(splitk=1, log_limit=None) as everything:
+        _calls([1, 2])
+    assert len(everything) == 2 and everything.limit is None
+
+
+def test_the_default_bound_is_documented_and_applies():
+    assert mmaemu.patching.DEFAULT_LOG_LIMIT == 10_000
+    assert mmaemu.patch().log.limit == 10_000
+    log = PatchLog(limit=10_000)
+    record = object()
+    for _ in range(10_005):
+        log._add(record)
+    assert len(log) == 10_000 and log.dropped == 5
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "10"])
+def test_a_bad_log_limit_is_refused(bad):
+    with pytest.raises((TypeError, ValueError), match="log_limit must be"):
+        mmaemu.patch(log_limit=bad)
+
+
+# -- generators --------------------------------------------------------------------------------------------------
+
+
+def test_a_decorated_generator_runs_patched_and_outside_code_does_not_see_the_patch():
+    seen = []
+
+    patcher = mmaemu.patch(profile="ada", splitk=1)
+
+    @patcher
+    def steps(n):
+        for m in range(1, n + 1):
+            seen.append(is_patched())
+            received = yield torch._scaled_mm(A[:m], W.t(), ONE, ONE, out_dtype=torch.float32)
+            seen.append(received)
+
+    import inspect
+
+    assert inspect.isgeneratorfunction(steps)
+    gen = steps(3)
+    assert not is_patched()  # nothing runs before the first step
+    first = next(gen)
+    assert not is_patched() and torch._scaled_mm is TORCH_SCALED_MM  # between steps: torch's own function
+    second = gen.send("hello")
+    rest = list(gen)
+    assert seen == [True, "hello", True, None, True, None]
+    for m, y in zip((1, 2, 3), [first, second] + rest):
+        assert_bitwise_equal(y, mmaemu.scaled_mm(A[:m], W.t(), ONE, ONE, out_dtype=torch.float32, profile="ada",
+                                                 splitk=1))
+    assert [r.input_shape[0] for r in patcher.log] == [1, 2, 3]  # one log for the whole iteration
+    assert all(r.profile == "ada" for r in patcher.log)
+
+
+def test_a_decorated_generator_handles_throw_close_and_return_inside_the_block():
+    events = []
+
+    @mmaemu.patch(splitk=1)
+    def worker():
+        try:
+            try:
+                yield 1
+            except KeyError:
+                events.append(("caught", is_patched()))
+                yield 2
+            yield 3
+        finally:
+            events.append(("finally", is_patched()))
+        return "never"
+
+    gen = worker()
+    assert next(gen) == 1
+    assert gen.throw(KeyError("x")) == 2
+    gen.close()
+    assert events == [("caught", True), ("finally", True)] and not is_patched()
+
+    @mmaemu.patch(splitk=1)
+    def returns():
+        yield 1
+        return "value"
+
+    def outer():
+        result = yield from returns()
+        events.append(result)
+
+    assert list(outer()) == [1] and events[-1] == "value"
+
+
+def test_a_decorated_async_generator_runs_patched_between_its_awaits():
+    import asyncio
+    import inspect
+
+    seen = []
+
+    patcher = mmaemu.patch(profile="ada", splitk=1)
+
+    @patcher
+    async def stream(n):
+        for m in range(1, n + 1):
+            await asyncio.sleep(0)
+            seen.append(is_patched())
+            yield torch._scaled_mm(A[:m], W.t(), ONE, ONE, out_dtype=torch.float32)
+
+    assert inspect.isasyncgenfunction(stream)
+
+    async def consume():
+        results = []
+        async for y in stream(2):
+            seen.append(("outside", is_patched()))
+            results.append(y)
+        return results
+
+    results = asyncio.run(consume())
+    assert seen == [True, ("outside", False), True, ("outside", False)]
+    assert_bitwise_equal(results[1], mmaemu.scaled_mm(A[:2], W.t(), ONE, ONE, out_dtype=torch.float32,
+                                                      profile="ada", splitk=1))
+    assert [r.input_shape[0] for r in patcher.log] == [1, 2]
+
+
+def test_a_plain_function_returning_a_generator_gets_its_body_patched_too():
+    patcher = mmaemu.patch(splitk=1)
+
+    @patcher
+    def lazy(rows):
+        return (torch._scaled_mm(A[:m], W.t(), ONE, ONE, out_dtype=torch.float32) for m in rows)
+
+    results = list(lazy([1, 2]))
+    assert len(results) == 2 and [r.input_shape[0] for r in patcher.log] == [1, 2]
+
+
+def test_a_decorated_async_generator_takes_athrow_and_aclose_inside_the_block():
+    import asyncio
+
+    events = []
+
+    @mmaemu.patch(splitk=1)
+    async def worker():
+        try:
+            try:
+                yield 1
+            except KeyError:
+                await asyncio.sleep(0)
+                events.append(("caught", is_patched()))
+                yield 2
+            yield 3
+        finally:
+            await asyncio.sleep(0)
+            events.append(("finally", is_patched()))
+
+    async def drive():
+        gen = worker()
+        assert await gen.asend(None) == 1 and not is_patched()
+        assert await gen.athrow(KeyError("x")) == 2 and not is_patched()
+        await gen.aclose()
+
+    asyncio.run(drive())
+    assert events == [("caught", True), ("finally", True)] and not is_patched()

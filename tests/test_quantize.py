@@ -212,3 +212,39 @@ def test_te_style_round_trip_error_is_within_half_an_fp8_step():
     rel = ((back - x).abs() / x.abs())[normal]
     assert float(rel.max()) <= 2.0 ** -4 * (1 + 1e-6)
     assert math.isclose(float(back.abs().max()), float(x.abs().max()), rel_tol=1e-6)
+
+
+def test_every_helper_refuses_flush_to_zero_mode_as_the_cast_does():
+    """In flush-to-zero mode the helpers would flush subnormal scales, amaxes and products (2**-140 * 2**-10 is a
+    subnormal product): each refuses with the cast's error, computing nothing."""
+    from mmaemu.errors import MmaemuError
+
+    tiny = torch.tensor([2.0 ** -140, -3.0], dtype=torch.float32)
+    q = quantize_e4m3(torch.tensor([1.0, 2.0 ** -9]), 1.0)
+    calls = {
+        "quantize_e4m3": lambda: quantize_e4m3(tiny, 1.0),
+        "scale_inv": lambda: scale_inv(torch.tensor(2.0 ** 127)),
+        "scale_inv(float)": lambda: scale_inv(2.0 ** 127),
+        "dequantize": lambda: dequantize(q, 2.0 ** -140),
+        "compute_amax": lambda: compute_amax(tiny[:1]),
+        "amax_scale": lambda: amax_scale(tiny[:1]),
+        "scale_from_amax": lambda: scale_from_amax(2.0 ** -140, recipe="current"),
+    }
+    expected = {name: call() for name, call in calls.items()}
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        messages = {}
+        for name, call in calls.items():
+            with pytest.raises(MmaemuError, match=r"set_flush_denormal\(False\)") as info:
+                call()
+            messages[name] = str(info.value)
+    finally:
+        torch.set_flush_denormal(False)
+    assert len(set(messages.values())) == 1, messages  # one check, one error
+    for name, call in calls.items():  # and out of that mode, the same values as before
+        got, want = call(), expected[name]
+        if isinstance(want, torch.Tensor):
+            assert torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)), name
+        else:
+            assert got == want, name

@@ -30,7 +30,7 @@ from fake_gpu import (MiB, TE_WS, TORCH_WS, counting, decide, emulating_gpu, fak
                       trace_line, answer)
 
 NAME = "fake-h200-lt12.9.9.9"
-TABLE = "heur_fakeh200_lt12.9.9.9"
+TABLE = "rec_fake-h200-lt12.9.9.9"
 KEYS = [(M, N, K, fa, fb, out, fast) for M, N, K in split_shapes() for fa, fb in
         (("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")) for out in ("float32", "bfloat16", "float8_e4m3fn")
         for fast in (False, True)]
@@ -465,3 +465,361 @@ def test_cli_record_without_the_bindings_is_unavailable(tmp_path, monkeypatch):
 def test_bundles_shipped_in_the_package_are_loaded(recorded, monkeypatch):
     monkeypatch.setattr(bundles, "packaged_bundle_folders", lambda: [recorded.path])
     assert list_profiles()[-3:] == list(recorded.profiles) and get_profile(NAME).maturity == "validated"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hardening: concurrent recorders, hostile bundle files, the schema, names, usage errors, folder modes
+
+
+def test_a_second_recorder_of_the_same_bundle_is_refused_naming_the_first(tmp_path):
+    refusals = []
+
+    def probe_while_another_starts():
+        # the first recorder holds its lock from before its probe to its end: a second one started now is refused
+        with pytest.raises(RecordError, match=f"another recorder \\(PID {os.getpid()}\\)") as refused:
+            record(tmp_path, shapes=split_shapes(), machine=fake_machine(), quiet=True, replay=False)
+        refusals.append(str(refused.value))
+        return probe()
+
+    result = record(tmp_path, shapes=split_shapes(), machine=fake_machine(probe_fn=probe_while_another_starts),
+                    quiet=True, replay=False)
+    assert result.complete and len(refusals) == 1 and "--name" in refusals[0]
+    assert not (tmp_path / f"{NAME}.lock").exists()  # released and removed at the end
+    from mmaemu.record.lock import recording_lock
+
+    with recording_lock(tmp_path, NAME):  # free again
+        assert (tmp_path / f"{NAME}.lock").read_text().strip() == str(os.getpid())
+
+
+def _world_readable_copy(recorded, shelf, name):
+    folder = copy_bundle(recorded, shelf, name)
+    os.chmod(folder, 0o755)
+    for path in folder.iterdir():
+        os.chmod(path, 0o644)
+    return folder
+
+
+def test_an_unreadable_bundle_folder_on_the_profile_path_is_skipped(recorded, monkeypatch):
+    """Another user's bundle folder (mode 0700, here 0000) beside a good one: the lookup runs in a child process
+    that is not root when the tests are (root reads any folder), and must warn, load the good bundle and keep
+    answering later lookups."""
+    import tempfile
+    from pathlib import Path
+
+    shelf = Path(tempfile.mkdtemp(prefix="mmaemu-shelf-"))
+    try:
+        os.chmod(shelf, 0o755)  # the unprivileged child must reach the good bundle
+        good = _world_readable_copy(recorded, shelf, NAME)
+        closed = _world_readable_copy(recorded, shelf, "another-users")
+        monkeypatch.setenv("MMAEMU_PROFILE_PATH", str(good))
+        assert quiet_decide(NAME, 48, 64, 8192).S == 3  # the child then needs no import that root alone can read
+        bundles.forget_loaded_bundles()
+        os.chmod(closed, 0)
+        monkeypatch.setenv("MMAEMU_PROFILE_PATH", str(shelf))
+        report = _in_unprivileged_child(_lookups_report)
+    finally:
+        os.chmod(closed, 0o755)
+        shutil.rmtree(shelf, ignore_errors=True)
+    assert report.get("error") is None, report.get("error")
+    assert report["first"] == report["second"] == [NAME, f"{NAME}-te", f"{NAME}-ws0"]
+    assert report["S"] == 3 and report["unknown"] is not None and "refused bundle" in report["unknown"]
+    (warning,) = [w for w in report["warnings"] if "another-users" in w]
+    assert "cannot read it" in warning and "Permission denied" in warning
+
+
+def _lookups_report():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = list_profiles()[-3:]
+    second = list_profiles()[-3:]
+    try:
+        get_profile("no-such-profile")
+        unknown = None
+    except KeyError as exc:
+        unknown = str(exc)
+    return {"first": first, "second": second, "S": quiet_decide(NAME, 48, 64, 8192).S, "unknown": unknown,
+            "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]}
+
+
+def _in_unprivileged_child(fn, timeout=60):
+    """fn() in a forked child (as uid/gid 65534 when this process is root); its json-able result."""
+    import select
+    import traceback
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(read_end)
+            try:
+                if os.geteuid() == 0:
+                    os.setgroups([])
+                    os.setgid(65534)
+                    os.setuid(65534)
+                report = fn()
+            except BaseException:
+                report = {"error": traceback.format_exc()}
+            os.write(write_end, json.dumps(report).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    chunks = []
+    try:
+        while select.select([read_end], [], [], timeout)[0]:
+            chunk = os.read(read_end, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        else:
+            os.kill(pid, 9)
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    return json.loads(b"".join(chunks) or b'{"error": "the child gave no report (killed after the timeout)"}')
+
+
+def _replace_with(folder, name, make):
+    (folder / name).unlink()
+    make(folder / name)
+
+
+def test_bundle_files_are_read_as_regular_files_of_bounded_size(recorded, tmp_path, monkeypatch):
+    import signal
+
+    def alarm(signum, frame):
+        raise TimeoutError("the loader blocked on a bundle file")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    try:
+        signal.alarm(20)  # a loader that opens a FIFO would block here for ever
+        cases = {
+            "not a regular file": lambda f: _replace_with(f, "replays.json", os.mkfifo),
+            "symbolic link": lambda f: _replace_with(f, "replays.json", lambda p: p.symlink_to("/dev/zero")),
+            "symbolic link ": lambda f: _replace_with(f, "replays.json", lambda p: p.symlink_to(f / "profile.json")),
+            "more than the": lambda f: _edit_manifest(f, lambda m: m["files"].update(
+                {"huge.bin": hashlib.sha256(b"").hexdigest()})) or os.truncate(_touch(f / "huge.bin"),
+                                                                               bundles.MAX_FILE_BYTES + 1),
+            "nested deeper than 32": lambda f: rewrite(f, "replays.json", b"[" * 100_000 + b"]" * 100_000),
+            "not valid JSON .*NaN": lambda f: rewrite(f, "replays.json", json.dumps(
+                dict(json.loads((f / "replays.json").read_text()), passed=float("nan"))).encode()),
+        }
+        for n, (message, damage) in enumerate(cases.items()):
+            folder = copy_bundle(recorded, tmp_path, f"b{n}")
+            damage(folder)
+            with pytest.raises(BundleError, match=message.strip()):
+                mmaemu.load_profile(folder)
+        monkeypatch.setattr(bundles, "MAX_NPZ_UNPACKED_BYTES", 1000)  # a zip bomb, scaled down
+        with pytest.raises(BundleError, match="unpacks to"):
+            mmaemu.load_profile(copy_bundle(recorded, tmp_path, "bomb"))
+        monkeypatch.setattr(bundles, "MAX_BUNDLE_BYTES", 2000)  # many files of allowed size, too much together
+        with pytest.raises(BundleError, match="for all files|more than the 2,000 bytes a bundle may have"):
+            mmaemu.load_profile(copy_bundle(recorded, tmp_path, "heavy"))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert NAME not in list_profiles()
+
+
+def _touch(path):
+    path.write_bytes(b"")
+    return path
+
+
+def _edit_json(folder, name, change):
+    value = json.loads((folder / name).read_text())
+    change(value)
+    rewrite(folder, name, json.dumps(value).encode())
+
+
+def _set(path, value):
+    """change(document): set the field at ``path`` (keys and indices) to ``value``."""
+    def change(document):
+        for key in path[:-1]:
+            document = document[key]
+        document[path[-1]] = value
+    return change
+
+
+def test_every_field_the_loader_reads_is_checked_against_the_schema(recorded, tmp_path):
+    combos = f"verified_split_combos_{TABLE}.json"
+    cases = {  # hash-consistent bundles with one malformed field each: refused, naming the field
+        "field platform.sm_count": ("profile.json", _set(["platform", "sm_count"], "132")),
+        "field platform.capability\\[1\\]": ("profile.json", _set(["platform", "capability", 1], -1)),
+        "field profiles\\[0\\].workspace_bytes": ("profile.json", _set(["profiles", 0, "workspace_bytes"], -1)),
+        "field profiles\\[1\\].align": ("profile.json", _set(["profiles", 1, "align"], 0)),
+        "field rejects\\[0\\].message": ("profile.json", _set(["rejects", 0, "message"], 7)),
+        "field name must be a lowercase slug": ("profile.json", _set(["name"], "Fake")),
+        "field settings\\[0\\].S_values\\[0\\]": (f"{TABLE}.json", _set(["settings", 0, "S_values"], ["x"])),
+        "field settings\\[1\\].rows": (f"{TABLE}.json", _set(["settings", 1, "rows"], None)),
+        "field codes.custom -> scheme\\['0'\\]": (f"{TABLE}.json", _set(["codes", "custom -> scheme", "0"],
+                                                                         "diagonal")),
+        "field codes.custom -> scheme, unlisted": (f"{TABLE}.json", _set(["codes", "custom -> scheme, unlisted"],
+                                                                         3)),
+        "field envelope.K_grid": (f"{TABLE}.json", _set(["envelope", "K_grid"], [4096, 1024])),
+        "field envelope.bounds\\[0\\].B": (f"{TABLE}.json", _set(["envelope", "bounds", 0, "B"], [0])),
+        "field envelope.validation\\['1048576'\\].tested": (f"{TABLE}.json", _set(
+            ["envelope", "validation", str(TORCH_WS), "tested"], "many")),
+        "field split_layouts.ragged_K.verified": (f"{TABLE}.json", _set(["split_layouts", "ragged_K", "verified"],
+                                                                        "yes")),
+        "field combos\\[0\\].S": (combos, _set(["combos", 0, "S"], "2")),
+        "field passed": ("replays.json", _set(["passed"], "168")),
+    }
+    for n, (message, (name, change)) in enumerate(cases.items()):
+        folder = copy_bundle(recorded, tmp_path, f"b{n}")
+        _edit_json(folder, name, change)
+        with pytest.raises(BundleError, match=message):
+            mmaemu.load_profile(folder)
+    folder = copy_bundle(recorded, tmp_path, "splitk0")
+    rewrite_npz(folder, lambda a: a.update(splitK=np.zeros_like(a["splitK"])))
+    with pytest.raises(BundleError, match="column splitK holds 0"):
+        mmaemu.load_profile(folder)
+    assert NAME not in list_profiles()
+
+
+def _no_probe():
+    raise AssertionError("the probe ran")
+
+
+def test_record_names_are_checked_before_the_probe(recorded, tmp_path):
+    from mmaemu.record import RecordUsageError, check_name
+
+    machine = fake_machine(probe_fn=_no_probe)
+    for name, message in (("../x", "not a lowercase slug"), ("Fake", "not a lowercase slug"),
+                          ("x" * 77, "not a lowercase slug"), ("hopper", "built-in"), ("ada", "built-in")):
+        with pytest.raises(RecordUsageError, match=message):
+            record(tmp_path, name=name, shapes=split_shapes(), machine=machine, quiet=True)
+    mmaemu.load_profile(recorded.path)
+    with pytest.raises(RecordUsageError, match="loaded bundle"):
+        record(tmp_path, name=NAME, shapes=split_shapes(), machine=machine, quiet=True)
+    check_name(NAME, recorded.path.parent)  # recording the loaded bundle itself again is no clash
+    assert list(tmp_path.iterdir()) == []  # nothing was written, inside --out or beside it
+    assert not (tmp_path.parent / "x").exists()
+
+
+def test_recording_a_reference_gpu_gives_a_bundle_that_loads(tmp_path):
+    machine = fake_machine(gpu="NVIDIA H100 PCIe", cublaslt="12.8.3.14")
+    result = record(tmp_path, shapes=split_shapes()[:3], machine=machine, quiet=True, replay=False)
+    (profile, *_) = mmaemu.load_profile(result.path)
+    assert profile.name == "h100-pcie-lt12.8.3.14" and profile.splitk_table == "rec_h100-pcie-lt12.8.3.14"
+    assert get_profile("hopper").splitk_table == "heur_h100pcie_lt12.8.3.14"  # the shipped table is untouched
+    assert quiet_decide("hopper", 48, 64, 8192).table_id == "heur_h100pcie_lt12.8.3.14"
+
+
+def _cli(args, monkeypatch, machine=None):
+    import mmaemu.record
+    from click.testing import CliRunner
+
+    from mmaemu.cli import cli
+
+    ran = []
+
+    def cuda_machine(device=None):
+        ran.append(device)
+        if machine is None:
+            raise AssertionError("the GPU was opened")
+        return machine
+
+    monkeypatch.setattr(mmaemu.record, "cuda_machine", cuda_machine)
+    return CliRunner().invoke(cli, ["record", *args]), ran
+
+
+def test_cli_record_usage_errors_exit_2_before_anything_runs(tmp_path, monkeypatch):
+    shapes = tmp_path / "shapes.txt"
+    shapes.write_text("1 16 1024\n1 17 1024\n")
+    out = ["--out", str(tmp_path / "out")]
+    for args, message in ((["--budget", "inf"], "budget"), (["--budget", "nan"], "budget"),
+                          (["--replay-seconds", "nan"], "--replay-seconds nan"), (["--name", "../x"], "lowercase slug"),
+                          (["--name", "hopper"], "built-in"),
+                          (["--preset", "no-such-preset"], "unknown preset 'no-such-preset'"),
+                          (["--sweep", "M=1;N=17;K=16"], "multiples of 16"), (["--shapes", str(shapes)], "shapes.txt:"),
+                          (["--sweep", "M=1-1200:1;N=16-16000:16;K=16"], "1,200 x 1,000 x 1 = 1,200,000")):
+        result, ran = _cli(out + args, monkeypatch)
+        assert (result.exit_code, ran) == (2, []), (args, result.output)
+        assert message in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_record_refusals_are_one_line(tmp_path, monkeypatch):
+    result, ran = _cli(["--out", str(tmp_path), "--quiet", "--sweep", "M=16;N=64;K=4096"], monkeypatch,
+                       fake_machine(probe_fn=lambda: probe(extra=" smCountTarget=66")))
+    assert result.exit_code == 1 and ran and isinstance(result.exception, SystemExit)
+    assert len(result.output.strip().splitlines()) == 1 and "smCountTarget=66" in result.output
+    answer_fn, _ = counting(answer, stop_after=140 + 84)
+    with pytest.raises(KeyboardInterrupt):
+        record(tmp_path, shapes=split_shapes(), machine=fake_machine(answer_fn=answer_fn), quiet=True, replay=False)
+    result, _ = _cli(["--out", str(tmp_path), "--quiet", "--sweep", "M=16;N=64;K=4096"], monkeypatch,
+                     fake_machine())  # a partial recording of another plan is in the way
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert len(result.output.strip().splitlines()) == 1 and "another plan" in result.output
+
+
+def test_an_oversized_sweep_is_refused_before_it_is_expanded(monkeypatch):
+    from mmaemu.record import grid
+
+    with pytest.raises(GridError, match="2,097,151 x 131,071 x 131,071"):  # 3.6e16 shapes: never built
+        parse_sweep("M=1-2097151:1;N=16-2097151:16;K=16-2097151:16")
+    with pytest.raises(GridError, match="outside 1 <= value < 2\\*\\*21"):
+        parse_sweep("M=1-99999999999:1;N=16;K=16")
+    monkeypatch.setattr(grid, "MAX_SHAPES", 12)  # the bound is inclusive (scaled down from a million)
+    assert len(parse_sweep("M=1-4:1;N=16,32,48;K=16")) == 12
+    with pytest.raises(GridError, match="4 x 3 x 2 = 24"):
+        parse_sweep("M=1-4:1;N=16,32,48;K=16,32")
+
+
+def test_recorded_bundle_folders_have_the_umask_s_mode(recorded):
+    mask = os.umask(0o022)
+    os.umask(mask)  # read back (the module fixture recorded under this same umask)
+    assert stat_mode(recorded.path) == 0o777 & ~mask
+    assert all(stat_mode(p) == 0o666 & ~mask for p in recorded.path.iterdir())
+
+
+def stat_mode(path):
+    return os.stat(path).st_mode & 0o777
+
+
+def test_bundles_that_others_can_write_or_own_warn_before_they_load(recorded, tmp_path):
+    from mmaemu.errors import UnsafeBundleWarning
+
+    folder = copy_bundle(recorded, tmp_path, "open")
+    os.chmod(folder, 0o777)
+    with pytest.warns(UnsafeBundleWarning, match="the folder can be written by other users \\(mode 0777\\)"):
+        assert mmaemu.load_profile(folder)[0].name == NAME  # it loads, with the warning
+    bundles.forget_loaded_bundles()
+    folder = copy_bundle(recorded, tmp_path, "open-file")
+    os.chmod(folder / "replays.json", 0o666)
+    with pytest.warns(UnsafeBundleWarning, match="replays.json can be written by other users"):
+        mmaemu.load_profile(folder)
+    bundles.forget_loaded_bundles()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnsafeBundleWarning)
+        mmaemu.load_profile(recorded.path)  # this user's own bundle: no warning
+
+
+def test_a_bundle_another_user_owns_warns(recorded, tmp_path):
+    from mmaemu.errors import UnsafeBundleWarning
+
+    if os.geteuid() != 0:
+        pytest.skip("giving a folder to another user needs root (os.chown)")
+    folder = copy_bundle(recorded, tmp_path, "theirs")
+    os.chown(folder, 12345, 12345)
+    with pytest.warns(UnsafeBundleWarning, match="the folder is owned by another user \\(uid 12345\\)"):
+        mmaemu.load_profile(folder)
+
+
+def test_a_recorder_in_another_process_holds_the_bundle(tmp_path):
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from mmaemu.record.lock import recording_lock\n"
+                               f"with recording_lock(sys.argv[1], {NAME!r}):\n"
+                               "    print('locked', flush=True); sys.stdin.read()", str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RecordError, match=f"another recorder \\(PID {holder.pid}\\)"):
+            record(tmp_path, shapes=split_shapes(), machine=fake_machine(probe_fn=_no_probe), quiet=True)
+    finally:
+        holder.communicate("", timeout=60)
+    assert holder.returncode == 0 and not (tmp_path / f"{NAME}.lock").exists()
+    assert not (tmp_path / f"{NAME}.partial").exists()  # the refused recorder wrote nothing

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Callable, Optional
 
@@ -48,9 +49,26 @@ def json_option(help_text: str):
                         help=help_text)
 
 
+def _finite_or_text(value: Any) -> Any:
+    """``value`` (plain JSON data) with every NaN / +inf / -inf float replaced by "nan" / "inf" / "-inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _finite_or_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_text(v) for v in value]
+    return value
+
+
+def json_text(report: Any) -> str:
+    """The report as strict JSON text: JSON (RFC 8259) has no NaN or infinity, so a float that is not finite is
+    written as the string "nan", "inf" or "-inf" (docs/api.md), and ``allow_nan=False`` guards the rest."""
+    return json.dumps(_finite_or_text(jsonable(report)), indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
 def write_json(report: dict, target: Optional[str]) -> None:
     """Write ``report`` to PATH, or to stdout for "-" (a PATH that fails now is still a one-line usage error)."""
-    text = json.dumps(jsonable(report), indent=2, sort_keys=False) + "\n"
+    text = json_text(report)
     if target == "-":
         click.echo(text, nl=False)
         return

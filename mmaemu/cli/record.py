@@ -1,7 +1,9 @@
 """``mmaemu record``: record this machine's GPU into a profile bundle (:func:`mmaemu.record.record`).
 
 Exit 0 when the bundle was written (complete or, with a budget, partial: run the command again to continue),
-4 when no CUDA GPU or NVIDIA's bindings are available, 1 when the recording was refused (the message says why).
+2 for a usage error (a name, preset, budget, shapes file or sweep spec that cannot describe a recording), found
+before anything runs, 4 when no CUDA GPU or NVIDIA's bindings are available, 1 when the recording was refused (the
+message, one line, says why).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from .output import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE
+from .output import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, usage_exit
 
 
 @click.command(short_help="Record this GPU's split-K decisions into a profile bundle.")
@@ -40,8 +42,8 @@ def record(out_dir, name, shapes_file, sweep, budget_s, replay_s, no_replay, pre
 
     Load the bundle anywhere with mmaemu.load_profile(PATH) or MMAEMU_PROFILE_PATH=PATH.
     """
-    from ..errors import BackendUnavailableError
-    from ..record import RecordError
+    from ..errors import BackendUnavailableError, MmaemuError
+    from ..record import RecordError, RecordUsageError
     from ..record import record as run
     from ..record.grid import GridError
 
@@ -49,12 +51,16 @@ def record(out_dir, name, shapes_file, sweep, budget_s, replay_s, no_replay, pre
         result = run(out_dir, name=name, shapes=shapes_file, sweep=sweep, device=device, budget_s=budget_s,
                      replay=not no_replay, replay_s=replay_s, preset=preset, torch_workspace=torch_workspace,
                      seed=seed, overwrite=overwrite, quiet=quiet)
-    except (BackendUnavailableError, RecordError) as exc:
-        click.echo(f"mmaemu record: {exc}", err=True)
-        raise SystemExit(EXIT_UNAVAILABLE if isinstance(exc, BackendUnavailableError) else EXIT_FAIL)
-    except GridError as exc:
-        raise click.BadParameter(str(exc)) from exc
+    except (RecordUsageError, GridError) as exc:
+        usage_exit(f"mmaemu record: {_one_line(exc)}")
+    except (BackendUnavailableError, RecordError, MmaemuError, OSError) as exc:
+        click.echo(f"mmaemu record: {_one_line(exc)}", err=True)
+        raise SystemExit(EXIT_UNAVAILABLE if isinstance(exc, BackendUnavailableError) else EXIT_FAIL) from None
     click.echo(f"{result.path}: profiles {', '.join(result.profiles)}; {result.rows:,} rows ({result.split_rows:,} "
                f"split) from {result.shapes_recorded:,} of {result.shapes_planned:,} shapes; replays "
                f"{result.replays_passed} passed, {result.replays_failed} failed, {result.findings} findings")
     raise SystemExit(EXIT_OK)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

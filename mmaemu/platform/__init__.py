@@ -6,8 +6,8 @@
 * :mod:`.splitk` — ``SplitK``, ``SplitDecision``, ``resolve_splitk``, ``check_scheme_for_preset``;
 * :mod:`.cublaslt` — device matching and the loaded cuBLASLt's version (ctypes, no optional extra);
 * :mod:`.heuristic` — the cuBLASLt heuristic query through NVIDIA's bindings (live query and recorder);
-* :mod:`.table_format` / :mod:`.bundles` — the recorded table format; recorded profile bundles
-  (``load_profile``, ``$MMAEMU_PROFILE_PATH``).
+* :mod:`.table_format` / :mod:`.bundles` / :mod:`.bundle_schema` — the recorded table format; recorded profile
+  bundles (``load_profile``, ``$MMAEMU_PROFILE_PATH``) and the schema of their json files.
 
 Names are resolved lazily: importing this package imports neither numpy, torch nor any CUDA library.
 """
@@ -34,7 +34,8 @@ _EXPORTS = {
     "BundleError": "bundles",
 }
 
-_SUBMODULES = ("definitions", "profiles", "tables", "splitk", "cublaslt", "heuristic", "bundles", "table_format")
+_SUBMODULES = ("definitions", "profiles", "tables", "splitk", "cublaslt", "heuristic", "bundles", "table_format",
+               "bundle_schema")
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 
 

@@ -15,34 +15,45 @@ recorded cuBLASLt rejected, and the sha256 of every file. :func:`read_bundle` re
 file and the rule) a bundle whose files are missing or differ from their hash, whose npz columns are missing or
 of the wrong dtype or shape, whose codes or keys are inconsistent, whose maturity claim does not follow from its
 replays ("validated" only when replays ran and all passed), or whose profile names collide with built-in ones.
-Loading reads json and npz with ``allow_pickle=False`` only: nothing in a bundle is ever executed.
+Loading reads json and npz with ``allow_pickle=False`` only: nothing in a bundle is ever executed. Files are
+opened without following links or blocking, must be regular files of bounded size (:data:`MAX_FILE_BYTES`), json
+strict and at most :data:`MAX_JSON_DEPTH` deep, and every field read is checked once against
+:mod:`mmaemu.platform.bundle_schema`. A folder or file another user can write or owns is warned about
+(:class:`mmaemu.errors.UnsafeBundleWarning`) before the bundle is used.
 
 :func:`load_profile` registers a bundle's profiles (``list_profiles``, ``get_profile``, ``info``, ``explain``,
 ``scaled_mm(profile=...)``); ``$MMAEMU_PROFILE_PATH`` (``os.pathsep``-separated bundle folders, or folders of
-bundle folders) is loaded on the first profile lookup, a damaged bundle there being skipped with a warning.
+bundle folders) is loaded on the first profile lookup, a damaged bundle or an unreadable folder there being
+skipped with a warning.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import errno
 import hashlib
 import io
 import json
 import os
 import re
+import secrets
 import shutil
+import stat
 import tempfile
 import threading
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..errors import MmaemuError
-from .definitions import (CALLERS, FORMATS, OUT_DTYPES, Profile, RejectRule, builtin_profile_names,
-                          register_recorded_profile)
+from ..errors import MmaemuError, UnsafeBundleWarning
+from .bundle_schema import (SchemaError, check_table_rules, combos_schema, manifest_schema, replays_schema,
+                            table_schema)
+from .bundle_schema import check as check_schema
+from .definitions import Profile, RejectRule, builtin_profile_names, register_recorded_profile
 from .table_format import COLUMN_DTYPES, TABLE_FORMAT, TableFormatError, build_index, check_columns
 
 __all__ = ["BundleError", "Bundle", "load_profile", "read_bundle", "write_bundle", "load_profile_path",
@@ -55,9 +66,11 @@ COMBOS_FORMAT = "mmaemu-verified-split-combos/1"
 REPLAYS_FORMAT = "mmaemu-replays/1"
 MANIFEST = "profile.json"
 PATH_ENV = "MMAEMU_PROFILE_PATH"
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")
-_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
-_SPLITK_MATURITIES = ("validated", "experimental")
+MAX_MANIFEST_BYTES = 4 << 20  # a manifest lists a few files and profiles: kilobytes
+MAX_FILE_BYTES = 256 << 20  # the default grid's table is about 2 MB; findings keep small operands
+MAX_BUNDLE_BYTES = 512 << 20  # all the listed files together
+MAX_NPZ_UNPACKED_BYTES = 1 << 30  # 15 columns of 29 bytes a row: 37 million rows, ten default grids
+MAX_JSON_DEPTH = 32  # the recorder writes at most 6 levels
 
 
 class BundleError(MmaemuError, ValueError):
@@ -83,27 +96,30 @@ class Bundle:
 
 def read_bundle(path) -> Bundle:
     """Check every file of the bundle at ``path`` (its folder or its profile.json) and build its profiles and
-    table without registering them. BundleError names what is wrong."""
+    table without registering them. BundleError names what is wrong; an UnsafeBundleWarning says that the
+    folder or a file of it can be written by another user."""
     folder = Path(path)
     if folder.name == MANIFEST:
         folder = folder.parent
-    manifest_blob = _read_bytes(folder / MANIFEST, folder)
-    manifest = _parse_json(manifest_blob, MANIFEST, folder)
     where = f"bundle {folder}"
-    _expect(manifest.get("format") == BUNDLE_FORMAT, where, f"{MANIFEST}: format is not {BUNDLE_FORMAT!r}")
-    name = _field(manifest, "name", str, where)
-    _expect(_NAME.match(name) is not None, where, f"bundle name {name!r} is not a lowercase slug")
-    blobs = _checked_files(folder, _field(manifest, "files", dict, where), where)
-    table_json = _field(manifest, "table_json", str, where)
-    meta = _parse_json(_listed(blobs, table_json, where), table_json, folder)
+    concerns = _trust_concerns(folder)
+    manifest_blob = _read_bytes(folder / MANIFEST, folder, MAX_MANIFEST_BYTES, concerns)
+    manifest = _parse_json(manifest_blob, MANIFEST, folder, manifest_schema(BUNDLE_FORMAT))
+    blobs = _checked_files(folder, manifest["files"], where, concerns)
+    if concerns:
+        warnings.warn(f"mmaemu: {where}: {'; '.join(concerns)}. Its files are checked against its own manifest, "
+                      "which whoever can write them can rewrite: load only bundles from folders that only you (or "
+                      "root) can write", UnsafeBundleWarning, stacklevel=2)
+    table_json = manifest["table_json"]
+    meta = _parse_json(_listed(blobs, table_json, where), table_json, folder, table_schema(TABLE_FORMAT),
+                       check_table_rules)
     table = _table(meta, blobs, manifest, folder)
     replays_name = manifest.get("replays")
-    replays = _parse_json(_listed(blobs, replays_name, where), replays_name, folder) if replays_name else None
-    if replays is not None:
-        _expect(replays.get("format") == REPLAYS_FORMAT, where, f"{replays_name}: format is not {REPLAYS_FORMAT!r}")
+    replays = (_parse_json(_listed(blobs, replays_name, where), replays_name, folder, replays_schema(REPLAYS_FORMAT))
+               if replays_name else None)
     profiles = _profiles(manifest, meta, replays, where)
-    return Bundle(folder.resolve(), name, manifest, hashlib.sha256(manifest_blob).hexdigest(), profiles, table,
-                  replays)
+    return Bundle(folder.resolve(), manifest["name"], manifest, hashlib.sha256(manifest_blob).hexdigest(), profiles,
+                  table, replays)
 
 
 def _expect(condition: bool, where: str, problem: str) -> None:
@@ -111,38 +127,112 @@ def _expect(condition: bool, where: str, problem: str) -> None:
         raise BundleError(f"{where} refused: {problem}")
 
 
-def _field(mapping: dict, key: str, kind, where: str, label: str = ""):
-    value = mapping.get(key) if isinstance(mapping, dict) else None
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
-    _expect(ok, where, f"{label or MANIFEST}: {key!r} missing or not of type {'/'.join(k.__name__ for k in kinds)}")
-    return value
-
-
-def _read_bytes(path: Path, folder: Path) -> bytes:
+def _trust_concerns(folder: Path) -> List[str]:
+    """What makes the bundle folder writable by someone other than this user or root (empty: nothing)."""
     try:
-        return path.read_bytes()
+        return _ownership_concerns(os.stat(folder), "the folder")
+    except OSError:
+        return []  # reading it fails next, with the reason
+
+
+def _ownership_concerns(info: os.stat_result, what: str) -> List[str]:
+    concerns = []
+    if info.st_mode & stat.S_IWOTH:
+        concerns.append(f"{what} can be written by other users (mode {stat.S_IMODE(info.st_mode):04o})")
+    me = os.geteuid() if hasattr(os, "geteuid") else None
+    if me is not None and info.st_uid not in (me, 0):
+        concerns.append(f"{what} is owned by another user (uid {info.st_uid})")
+    return concerns
+
+
+_READ_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+               | getattr(os, "O_BINARY", 0))
+
+
+def _read_bytes(path: Path, folder: Path, limit: int, concerns: List[str]) -> bytes:
+    """The bytes of a bundle file: opened without following a link and without blocking (a FIFO), a regular file
+    of at most ``limit`` bytes, else BundleError; adds ownership concerns about it to ``concerns``."""
+    where = f"bundle {folder} refused"
+    try:
+        fd = os.open(path, _READ_FLAGS)
     except OSError as exc:
-        raise BundleError(f"bundle {folder} refused: cannot read {path.name}: {exc.strerror or exc}") from exc
-
-
-def _parse_json(blob: bytes, name: str, folder: Path) -> dict:
+        if exc.errno == errno.ELOOP:
+            raise BundleError(f"{where}: {path.name} is a symbolic link (a bundle's files must be regular files "
+                              "in its folder)") from exc
+        raise BundleError(f"{where}: cannot read {path.name}: {exc.strerror or exc}") from exc
     try:
-        value = json.loads(blob.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BundleError(f"{where}: {path.name} is not a regular file")
+        if info.st_size > limit:
+            raise BundleError(f"{where}: {path.name} has {info.st_size:,} bytes, more than the {limit:,} allowed "
+                              f"({MAX_FILE_BYTES:,} a file, {MAX_BUNDLE_BYTES:,} for all files)")
+        concerns += _ownership_concerns(info, path.name)
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            blob = fh.read(limit + 1)
+    except OSError as exc:
+        raise BundleError(f"{where}: cannot read {path.name}: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+    if len(blob) > limit:
+        raise BundleError(f"{where}: {path.name} has more than the {limit:,} bytes allowed (it grew while read)")
+    return blob
+
+
+# A json string (escapes included) or a bracket: what the nesting depth is counted from.
+_JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def _json_depth(text: str, limit: int) -> int:
+    """The nesting depth of a json text, counted up to ``limit + 1`` (json's own parser recurses per level)."""
+    depth = deepest = 0
+    for token in _JSON_TOKENS.finditer(text):
+        bracket = token.group()
+        if bracket in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if depth > limit:
+                break
+        elif bracket in "]}":
+            depth -= 1
+    return deepest
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _parse_json(blob: bytes, name: str, folder: Path, schema, rules=None) -> dict:
+    """The json object of a bundle file: strict JSON (no NaN or Infinity), nested at most MAX_JSON_DEPTH deep,
+    with every field the code reads of the type and range ``schema`` gives (and ``rules(value)`` passed)."""
+    try:
+        text = blob.decode("utf-8")
+        if _json_depth(text, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+            raise BundleError(f"bundle {folder} refused: {name} is nested deeper than {MAX_JSON_DEPTH} levels")
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        if isinstance(exc, BundleError):
+            raise
         raise BundleError(f"bundle {folder} refused: {name} is not valid JSON ({exc})") from exc
     if not isinstance(value, dict):
         raise BundleError(f"bundle {folder} refused: {name} is not a JSON object")
+    try:
+        check_schema(value, schema)
+        if rules is not None:
+            rules(value)
+    except SchemaError as exc:
+        raise BundleError(f"bundle {folder} refused: {name}: {exc}") from exc
     return value
 
 
-def _checked_files(folder: Path, files: dict, where: str) -> Dict[str, bytes]:
+def _checked_files(folder: Path, files: dict, where: str, concerns: List[str]) -> Dict[str, bytes]:
     """The bytes of every listed file, each checked against its sha256 (names must be plain file names)."""
-    blobs = {}
+    blobs, left = {}, MAX_BUNDLE_BYTES
     for name, digest in files.items():
-        _expect(isinstance(name, str) and _FILE_NAME.match(name) is not None and name != MANIFEST, where,
-                f"{MANIFEST}: file name {name!r} is not a plain file name")
-        blob = _read_bytes(folder / name, folder)
+        _expect(name != MANIFEST, where, f"{MANIFEST}: file name {name!r} is not a plain file name")
+        _expect(left > 0, where, f"the listed files have more than the {MAX_BUNDLE_BYTES:,} bytes a bundle may have")
+        blob = _read_bytes(folder / name, folder, min(MAX_FILE_BYTES, left), concerns)
+        left -= len(blob)
         actual = hashlib.sha256(blob).hexdigest()
         _expect(actual == digest, where, f"{name}: sha256 {actual} differs from the manifest's {digest} "
                                          "(damaged or modified after recording)")
@@ -160,21 +250,16 @@ def _table(meta: dict, blobs: Dict[str, bytes], manifest: dict, folder: Path):
     from .tables import SplitTable, SplitTableError
 
     where = f"bundle {folder}"
-    table_id = _field(manifest, "table_id", str, where)
+    table_id = manifest["table_id"]
     label = f"{table_id}.json"
-    _expect(meta.get("format") == TABLE_FORMAT and meta.get("table_id") == table_id, where,
-            f"{label}: format or table_id differs from {TABLE_FORMAT!r} / {table_id!r}")
+    _expect(meta["table_id"] == table_id, where, f"{label}: table_id differs from {table_id!r}")
     npz_blob = _listed(blobs, f"{table_id}.npz", where)
-    _expect(hashlib.sha256(npz_blob).hexdigest() == _field(meta, "npz_sha256", str, where, label), where,
+    _expect(hashlib.sha256(npz_blob).hexdigest() == meta["npz_sha256"], where,
             f"{label}: npz_sha256 is not the sha256 of {table_id}.npz")
     columns = _columns(npz_blob, where, table_id)
-    combos_name = _field(meta, "verified_combos", str, where, label)
-    combos = _parse_json(_listed(blobs, combos_name, where), combos_name, folder)
-    _expect(combos.get("format") == COMBOS_FORMAT and isinstance(combos.get("combos"), list), where,
-            f"{combos_name}: format is not {COMBOS_FORMAT!r} with a 'combos' list")
-    _check_combos(combos["combos"], where, combos_name)
+    combos_name = meta["verified_combos"]
+    combos = _parse_json(_listed(blobs, combos_name, where), combos_name, folder, combos_schema(COMBOS_FORMAT))
     try:
-        _field(meta, "rows", int, where, label)
         check_columns(meta, columns)
         index = build_index(meta, columns, meta["npz_sha256"])
         return SplitTable(meta, index, combos)
@@ -183,11 +268,18 @@ def _table(meta: dict, blobs: Dict[str, bytes], manifest: dict, folder: Path):
 
 
 def _columns(blob: bytes, where: str, table_id: str) -> Dict[str, np.ndarray]:
-    """The npz's arrays: exactly the 15 table columns, one-dimensional, of the recorded dtypes, no pickles."""
+    """The npz's arrays: exactly the 15 table columns, one-dimensional, of the recorded dtypes, no pickles, at
+    most MAX_NPZ_UNPACKED_BYTES unpacked, every numSplitsK at least 1."""
     try:
+        with zipfile.ZipFile(io.BytesIO(blob)) as archive:
+            unpacked = sum(member.file_size for member in archive.infolist())
+        _expect(unpacked <= MAX_NPZ_UNPACKED_BYTES, where, f"{table_id}.npz unpacks to {unpacked:,} bytes, more "
+                f"than the {MAX_NPZ_UNPACKED_BYTES:,} a table may have")
         with np.load(io.BytesIO(blob), allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in npz.files}
-    except (ValueError, OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        if isinstance(exc, BundleError):
+            raise
         raise BundleError(f"{where} refused: {table_id}.npz cannot be read without pickles ({exc})") from exc
     missing, extra = set(COLUMN_DTYPES) - set(arrays), set(arrays) - set(COLUMN_DTYPES)
     _expect(not missing and not extra, where,
@@ -197,15 +289,10 @@ def _columns(blob: bytes, where: str, table_id: str) -> Dict[str, np.ndarray]:
         _expect(arrays[key].dtype == np.dtype(dtype) and arrays[key].ndim == 1, where,
                 f"{table_id}.npz: column {key} is {arrays[key].dtype} of shape {arrays[key].shape}, "
                 f"expected a one-dimensional {dtype} column")
+    split = arrays["splitK"]
+    _expect(not len(split) or int(split.min()) >= 1, where,
+            f"{table_id}.npz: column splitK holds {int(split.min()) if len(split) else 0} (numSplitsK is at least 1)")
     return arrays
-
-
-def _check_combos(combos: list, where: str, name: str) -> None:
-    for c in combos:
-        ok = (isinstance(c, dict) and isinstance(c.get("fast"), bool) and isinstance(c.get("S"), int)
-              and c.get("scheme") in ("serial", "pairwise", "contiguous") and c.get("out") in OUT_DTYPES
-              and isinstance(c.get("fmt_pair"), str) and isinstance(c.get("verified"), bool))
-        _expect(ok, where, f"{name}: malformed combination {c!r}")
 
 
 def replay_maturity(replays: Optional[dict]) -> str:
@@ -217,54 +304,33 @@ def replay_maturity(replays: Optional[dict]) -> str:
 
 
 def _profiles(manifest: dict, meta: dict, replays: Optional[dict], where: str) -> tuple:
-    platform = _field(manifest, "platform", dict, where)
-    preset = _field(manifest, "preset", str, where)
+    """The profiles of a manifest that passed its schema: the rules between fields are checked here."""
+    platform, preset = manifest["platform"], manifest["preset"]
     _check_preset(preset, where)
     maturity = replay_maturity(replays)
-    _expect(manifest.get("maturity") == maturity, where,
-            f"{MANIFEST}: maturity {manifest.get('maturity')!r} does not follow from the replays "
+    _expect(manifest["maturity"] == maturity, where,
+            f"{MANIFEST}: maturity {manifest['maturity']!r} does not follow from the replays "
             f"({maturity!r}: 'validated' only when replays ran and all passed)")
-    capability = _field(platform, "capability", list, where, "platform")
-    _expect(len(capability) == 2 and all(isinstance(x, int) for x in capability), where,
-            "platform: capability is not [major, minor]")
-    rejects = tuple(_reject_rule(r, where) for r in _field(manifest, "rejects", list, where))
-    common = dict(preset=preset, gpu_name=_field(platform, "gpu", str, where, "platform"),
-                  capability=tuple(capability), sm_count=_field(platform, "sm_count", int, where, "platform"),
-                  cublaslt_version=_field(platform, "cublaslt", str, where, "platform"),
-                  torch_version=_field(platform, "torch", str, where, "platform"), rejects=rejects,
-                  splitk_table=meta["table_id"], maturity=maturity)
+    rejects = tuple(RejectRule(r["fmt_a"], r["fmt_b"], r["out"], r["message"]) for r in manifest["rejects"])
+    common = dict(preset=preset, gpu_name=platform["gpu"], capability=tuple(platform["capability"]),
+                  sm_count=platform["sm_count"], cublaslt_version=platform["cublaslt"],
+                  torch_version=platform["torch"], rejects=rejects, splitk_table=meta["table_id"], maturity=maturity)
     builtin, out = set(builtin_profile_names()), []
-    for entry in _field(manifest, "profiles", list, where):
+    for entry in manifest["profiles"]:
         out.append(_profile(entry, common, meta, builtin, where))
-    _expect(bool(out) and len({p.name for p in out}) == len(out), where, f"{MANIFEST}: no or repeated profiles")
+    _expect(len({p.name for p in out}) == len(out), where, f"{MANIFEST}: repeated profiles")
     return tuple(out)
 
 
 def _profile(entry: dict, common: dict, meta: dict, builtin: set, where: str) -> Profile:
-    name = _field(entry, "name", str, where, "profiles")
-    _expect(_NAME.match(name) is not None, where, f"profile name {name!r} is not a lowercase slug")
+    name, workspace, splitk_maturity = entry["name"], entry["workspace_bytes"], entry["splitk_maturity"]
     _expect(name not in builtin, where, f"profile name {name!r} collides with a built-in profile")
-    caller = _field(entry, "caller", str, where, "profiles")
-    workspace = _field(entry, "workspace_bytes", int, where, "profiles")
-    align = entry.get("align")
-    splitk_maturity = _field(entry, "splitk_maturity", str, where, "profiles")
-    _expect(caller in CALLERS and splitk_maturity in _SPLITK_MATURITIES and (align is None or
-            (isinstance(align, int) and align > 0)), where, f"profiles: entry {name!r} has an unknown caller, "
-            "split-K maturity or alignment")
     _expect(workspace in meta["codes"]["ws"], where,
             f"profiles: workspace {workspace} of {name!r} was not recorded (table workspaces {meta['codes']['ws']})")
     _expect(common["maturity"] == "validated" or splitk_maturity != "validated", where,
             f"profiles: {name!r} claims validated split-K decisions without passed replays")
-    return Profile(name, caller=caller, workspace_bytes=workspace, align=align, splitk_maturity=splitk_maturity,
-                   **common)
-
-
-def _reject_rule(entry, where: str) -> RejectRule:
-    ok = (isinstance(entry, dict) and entry.get("fmt_a") in FORMATS + (None,)
-          and entry.get("fmt_b") in FORMATS + (None,) and entry.get("out") in OUT_DTYPES + (None,)
-          and isinstance(entry.get("message"), str))
-    _expect(ok, where, f"{MANIFEST}: malformed reject rule {entry!r}")
-    return RejectRule(entry["fmt_a"], entry["fmt_b"], entry["out"], entry["message"])
+    return Profile(name, caller=entry["caller"], workspace_bytes=workspace, align=entry["align"],
+                   splitk_maturity=splitk_maturity, **common)
 
 
 def _check_preset(name: str, where: str) -> None:
@@ -322,7 +388,8 @@ def _register(bundle: Bundle) -> Bundle:
 def load_profile_path() -> None:
     """Load the recorded bundles shipped in the package (``mmaemu/platform/data/recorded/<name>/``), then those on
     ``$MMAEMU_PROFILE_PATH`` (read at call time; each entry a bundle folder or a folder of bundle folders). A
-    bundle that is refused is skipped with a RuntimeWarning, once per path and reason."""
+    bundle that is refused, or a folder that cannot be read (another user's), is skipped with a RuntimeWarning,
+    once per path and reason; the others load."""
     global _path_seen
     value = os.environ.get(PATH_ENV, "")
     if value == _path_seen:
@@ -331,15 +398,27 @@ def load_profile_path() -> None:
         if value == _path_seen:
             return
         _path_seen = value
-        for folder in packaged_bundle_folders() + _bundle_folders(value):
-            try:
-                bundle = read_bundle(folder)
-                _register(bundle)
-            except BundleError as exc:
-                key = str(folder)
-                if _refused.get(key) != str(exc):
-                    _refused[key] = str(exc)
-                    warnings.warn(f"mmaemu: {exc} (found on {PATH_ENV})", RuntimeWarning, stacklevel=4)
+        try:
+            folders, unreadable = _bundle_folders(value)
+            for folder, exc in unreadable:
+                _skip(folder, f"bundle folder {folder} refused: cannot read it: {exc.strerror or exc}")
+            for folder in packaged_bundle_folders() + folders:
+                try:
+                    _register(read_bundle(folder))
+                except BundleError as exc:
+                    _skip(folder, str(exc))
+                except OSError as exc:
+                    _skip(folder, f"bundle {folder} refused: {exc.strerror or exc}")
+        except BaseException:
+            _path_seen = None  # a later lookup tries again rather than trusting a half-read path
+            raise
+
+
+def _skip(folder: Path, reason: str) -> None:
+    key = str(folder)
+    if _refused.get(key) != reason:
+        _refused[key] = reason
+        warnings.warn(f"mmaemu: {reason} (found on {PATH_ENV})", RuntimeWarning, stacklevel=5)
 
 
 def packaged_bundle_folders() -> List[Path]:
@@ -354,14 +433,25 @@ def path_entries(value: str) -> List[Path]:
     return [Path(entry).expanduser() for entry in filter(None, value.split(os.pathsep))]
 
 
-def _bundle_folders(value: str) -> List[Path]:
-    folders = []
+def _bundle_folders(value: str):
+    """(bundle folders, [(folder, OSError)] of the folders that could not be read) of a profile path value."""
+    folders, unreadable = [], []
     for root in path_entries(value):
-        if (root / MANIFEST).is_file():
-            folders.append(root)
-        elif root.is_dir():
-            folders += sorted(p for p in root.iterdir() if (p / MANIFEST).is_file())
-    return folders
+        try:
+            if (root / MANIFEST).is_file():
+                folders.append(root)
+                continue
+            children = sorted(root.iterdir()) if root.is_dir() else []
+        except OSError as exc:
+            unreadable.append((root, exc))
+            continue
+        for child in children:
+            try:
+                if (child / MANIFEST).is_file():
+                    folders.append(child)
+            except OSError as exc:
+                unreadable.append((child, exc))
+    return folders, unreadable
 
 
 def refused_bundles() -> Dict[str, str]:
@@ -404,7 +494,7 @@ def write_bundle(folder, manifest: dict, files: Dict[str, bytes], *, replace: bo
     folder.parent.mkdir(parents=True, exist_ok=True)
     manifest = dict(manifest, files={name: hashlib.sha256(blob).hexdigest() for name, blob in sorted(files.items())})
     manifest.setdefault("created", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    staging = _new_folder(folder.parent, f".{folder.name}.")
     try:
         for name, blob in files.items():
             (staging / name).write_bytes(blob)
@@ -420,6 +510,19 @@ def write_bundle(folder, manifest: dict, files: Dict[str, bytes], *, replace: bo
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def _new_folder(parent: Path, prefix: str) -> Path:
+    """A new, uniquely named folder with the umask's mode (readable by others under the usual umask 022, unlike
+    tempfile.mkdtemp's 0700): the bundle keeps it when it is renamed into place."""
+    for _ in range(100):
+        path = parent / f"{prefix}{secrets.token_hex(6)}"
+        try:
+            path.mkdir(mode=0o777)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"cannot create a staging folder in {parent}")
 
 
 def json_bytes(value) -> bytes:

@@ -2,6 +2,8 @@
 
 :func:`record` runs on a machine with a CUDA GPU, with the torch installed there:
 
+0. **Arguments** (name, preset, budget, grid) are checked before anything runs (RecordUsageError, GridError);
+   the recording then holds the lock of its bundle name (:mod:`.lock`): one recorder per bundle and folder.
 1. **Descriptor probe** (:mod:`.probe`, :mod:`.trace`): a few ``torch._scaled_mm`` calls under cuBLASLt's trace
    log tell which (mat1, mat2, out) combinations torch accepts, the workspace its cuBLASLt calls really get, and
    whether the recorder's heuristic query (:mod:`mmaemu.platform.heuristic`, NVIDIA's bindings) is the one torch
@@ -18,6 +20,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 import time
 from pathlib import Path
@@ -29,12 +32,13 @@ from ..platform.bundles import write_bundle
 from ..platform.heuristic import HeuristicSession, build_query
 from .assemble import Recording, bundle_files
 from .grid import default_grid, ordered, parse_sweep, read_shapes_file
-from .machine import Machine, RecordError, cuda_machine, default_preset, profile_name
+from .lock import recording_lock
+from .machine import Machine, RecordError, RecordUsageError, cuda_machine, default_preset, profile_name
 from .progress import Progress, duration_text
 from .sweep import Plan, open_partial, read_answers, run_sweep, settings_for, table_columns
 from .trace import check_descriptor
 
-__all__ = ["record", "RecordResult", "RecordError", "Machine"]
+__all__ = ["record", "RecordResult", "RecordError", "RecordUsageError", "Machine", "check_name", "table_id_of"]
 
 DEFAULT_REPLAY_SECONDS = 120.0
 DEFAULT_MAX_REPLAY_MACS = 2_000_000_000
@@ -73,6 +77,8 @@ def record(out_dir, *, name: Optional[str] = None, shapes=None, sweep: Optional[
     probe that could not tell (recorded as asserted). ``machine``: the GPU (default :func:`cuda_machine`).
     """
     started = time.monotonic()
+    out_dir = Path(out_dir)
+    grid = _checked_arguments(out_dir, name, shapes, sweep, budget_s, replay_s, max_replay_macs, preset)
     deadline = None if budget_s is None else started + budget_s
     machine = machine or cuda_machine(device)
     platform = machine.platform
@@ -82,9 +88,23 @@ def record(out_dir, *, name: Optional[str] = None, shapes=None, sweep: Optional[
         raise RecordError(f"no preset is known to compute the tensor cores of {sm} ({platform['gpu']}): pass "
                           "--preset NAME")
     schemes = _preset_schemes(preset)
-    name = name or profile_name(platform["gpu"], platform["cublaslt"])
-    table_id = "heur_" + name.replace("-lt", "_lt", 1).replace("-", "")
-    out_dir = Path(out_dir)
+    if name is None:
+        name = profile_name(platform["gpu"], platform["cublaslt"])
+        check_name(name, out_dir, RecordError)
+    with recording_lock(out_dir, name):
+        return _record_locked(out_dir, name, machine, grid=grid, grid_source=_grid_source(shapes, sweep),
+                              started=started, deadline=deadline, replay=replay, replay_s=replay_s,
+                              max_replay_macs=max_replay_macs, preset=preset, schemes=schemes,
+                              torch_workspace=torch_workspace, seed=seed, overwrite=overwrite, quiet=quiet)
+
+
+def _record_locked(out_dir: Path, name: str, machine: Machine, *, grid, grid_source: str, started: float, deadline,
+                   replay: bool, replay_s: float, max_replay_macs: int, preset: str, schemes: list, torch_workspace,
+                   seed: int, overwrite: bool, quiet: bool) -> RecordResult:
+    """The recording, under the lock of its bundle name (see :func:`record`)."""
+    platform = machine.platform
+    sm = "sm_" + "".join(map(str, platform["capability"]))
+    table_id = table_id_of(name)
     bundle_path, partial = out_dir / name, out_dir / f"{name}.partial"
     if bundle_path.exists() and not overwrite and not partial.exists():
         raise RecordError(f"{bundle_path} exists: pass --overwrite to record it again")
@@ -99,7 +119,7 @@ def record(out_dir, *, name: Optional[str] = None, shapes=None, sweep: Optional[
         workspaces = sorted({0, ws_torch, te_ws})
         plan = Plan(platform=_plan_platform(platform), descriptor={"workspace": ws_torch, "preset": preset},
                     settings=settings_for(combos, workspaces), workspaces=workspaces,
-                    shapes=ordered(_grid(shapes, sweep), seed), seed=seed)
+                    shapes=ordered(grid, seed), seed=seed)
         done = open_partial(partial, plan)
         log.log(f"plan: {len(plan.shapes):,} shapes x {plan.per_shape} settings = "
                 f"{len(plan.shapes) * plan.per_shape:,} queries (workspaces {workspaces}); {done:,} shapes on disk")
@@ -114,7 +134,7 @@ def record(out_dir, *, name: Optional[str] = None, shapes=None, sweep: Optional[
     results, summary, planned_replays = _replays(machine, preset, schemes, cols, workspaces, ws_torch, replay,
                                                  max_replay_macs, deadline, quiet, log)
     recording = {"shapes_planned": len(plan.shapes), "shapes_recorded": done,
-                 "complete": done == len(plan.shapes), "grid": _grid_source(shapes, sweep), "seed": seed,
+                 "complete": done == len(plan.shapes), "grid": grid_source, "seed": seed,
                  "seconds_this_run": round(time.monotonic() - started, 1), "device": machine.device,
                  "torch_workspace_source": "asserted by the user" if torch_workspace is not None else "probe"}
     rec = Recording(name, table_id, preset, schemes, platform, workspaces, ws_torch, te_ws, te_source, descriptor,
@@ -133,6 +153,61 @@ def record(out_dir, *, name: Optional[str] = None, shapes=None, sweep: Optional[
                         sum(r.kept is not None for r in results or []))
 
 
+def table_id_of(name: str) -> str:
+    """The table id of bundle ``name``: "rec_<name>". The packaged tables are "heur_*" (the build script takes only
+    those), so a recording of a reference GPU itself (an H100 PCIe with cuBLASLt 12.8.3.14) cannot take the id of
+    a shipped table, and distinct bundle names give distinct ids."""
+    return f"rec_{name}"
+
+
+def check_name(name, out_dir: Path, error=None) -> None:
+    """Refuse (``error``, default RecordUsageError) a bundle name that is not a lowercase slug leaving room for the
+    "-te" and "-ws0" profiles, or whose profiles' names belong to a built-in profile or to a loaded bundle other
+    than the one at ``out_dir/name``."""
+    from ..platform import bundles
+    from ..platform.bundle_schema import NAME_PATTERN
+    from ..platform.definitions import builtin_profile_names
+
+    error = error or RecordUsageError
+    longest = f"{name}-ws0" if isinstance(name, str) else ""
+    if not isinstance(name, str) or NAME_PATTERN.match(name) is None or NAME_PATTERN.match(longest) is None:
+        raise error(f"bundle name {name!r} is not a lowercase slug (a-z, 0-9, '.', '_', '-', starting with a letter or "
+                    f"digit, at most {80 - len('-ws0')} characters)")
+    names = {name, f"{name}-te", f"{name}-ws0"}
+    builtin = sorted(names & set(builtin_profile_names()))
+    if builtin:
+        raise error(f"bundle name {name!r} gives the profile {builtin[0]!r} of a built-in profile: choose another "
+                    "--name")
+    bundles.load_profile_path()
+    here = (Path(out_dir) / name).resolve()
+    for bundle in bundles.loaded_bundles():
+        clash = sorted(names & {p.name for p in bundle.profiles})
+        if clash and bundle.path != here:
+            raise error(f"bundle name {name!r} gives the profile {clash[0]!r} of the loaded bundle {bundle.path}: "
+                        "choose another --name")
+
+
+def _checked_arguments(out_dir: Path, name, shapes, sweep, budget_s, replay_s, max_replay_macs, preset):
+    """The grid of the recording, after every argument was checked: RecordUsageError (or GridError) before anything
+    runs."""
+    for label, value, least in (("--budget", budget_s, 1e-9), ("--replay-seconds", replay_s, 0.0)):
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= least):
+            raise RecordUsageError(f"{label} {value!r} is not a finite number of seconds"
+                                   + (" above 0" if least else " (0 or more)"))
+    if not isinstance(max_replay_macs, int) or max_replay_macs < 1:
+        raise RecordUsageError(f"max_replay_macs {max_replay_macs!r} is not a positive integer")
+    if preset is not None:
+        from ..model.presets import get_preset
+
+        try:
+            get_preset(preset, warn=False)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RecordUsageError(f"--preset {preset!r}: {exc.args[0] if exc.args else exc}") from None
+    if name is not None:
+        check_name(name, out_dir)
+    return _grid(shapes, sweep)
+
+
 def _preset_schemes(preset: str) -> list:
     from ..model.presets import get_preset
     from ..platform.splitk import _accepted_schemes
@@ -146,7 +221,7 @@ def _plan_platform(platform: dict) -> dict:
 
 def _grid(shapes, sweep):
     if shapes is not None and sweep is not None:
-        raise RecordError("give shapes or a sweep spec, not both")
+        raise RecordUsageError("give shapes or a sweep spec, not both")
     if sweep is not None:
         return parse_sweep(sweep)
     if shapes is None:
@@ -193,8 +268,8 @@ def _probe(machine: Machine, session: HeuristicSession, asserted_workspace, log,
     if check.problems:
         if asserted_workspace is None:
             raise RecordError("the descriptor probe does not confirm that the recorder asks cuBLASLt what torch "
-                              "asks:\n  " + "\n  ".join(check.problems[:12])
-                              + f"\nThe probe's calls and cuBLASLt log are in {log_path}. If the log format is the "
+                              "asks: " + "; ".join(check.problems[:12])
+                              + f". The probe's calls and cuBLASLt log are in {log_path}. If the log format is the "
                                 "only problem, pass --torch-workspace BYTES to assert torch's workspace (recorded as "
                                 "asserted; the replays then test the recorded decisions).")
         log.log(f"descriptor probe: {len(check.problems)} problems; torch workspace asserted: {asserted_workspace}")

@@ -18,9 +18,12 @@ import numpy as np
 from ..platform.tables import SHAPE_BITS, get_table
 
 __all__ = ["GridError", "default_grid", "read_shapes_file", "parse_sweep", "check_shapes", "ordered", "grid_sha256",
-           "DEFAULT_TABLES"]
+           "DEFAULT_TABLES", "MAX_SHAPES"]
 
 DEFAULT_TABLES = ("heur_h100pcie_lt12.8.3.14", "heur_rtx4060_lt12.8.3.14")
+# The most shapes one recording plans: 23 times the default grid (42,949 shapes), 84 million queries at 84 a
+# shape, hours of sweep and 1.1 GB of partial answers; a larger grid is a mistake more often than a plan.
+MAX_SHAPES = 1_000_000
 _LIMIT = 1 << SHAPE_BITS
 Shape = Tuple[int, int, int]
 
@@ -47,6 +50,8 @@ def read_shapes_file(path) -> np.ndarray:
         if len(text) != 3 or not all(t.isdigit() for t in text):
             raise GridError(f"{path}:{number}: expected three positive integers 'M N K', got {line.strip()!r}")
         shapes.append(tuple(int(t) for t in text))
+        if len(shapes) > MAX_SHAPES:
+            raise GridError(f"{path}: more than {MAX_SHAPES:,} shapes (the most one recording plans)")
     return check_shapes(shapes, str(path))
 
 
@@ -57,7 +62,9 @@ def parse_sweep(spec: str) -> np.ndarray:
     """The product of three axes, e.g. "M=1-4096*2;N=64-8192*2;K=1024-16384:1024;K=1040".
 
     Each axis lists comma-separated items: ``a`` (one value), ``a-b:s`` (a, a+s, ... <= b), ``a-b*f`` (a, a*f, ...
-    <= b). An axis may be given several times (the items add up); all three must be given.
+    <= b). An axis may be given several times (the items add up); all three must be given. Every value must lie in
+    [1, 2**21) and the product of the three axis lengths must not exceed MAX_SHAPES: both are checked before the
+    grid is built.
     """
     axes = {"M": set(), "N": set(), "K": set()}
     for part in filter(None, (p.strip() for p in spec.split(";"))):
@@ -68,21 +75,30 @@ def parse_sweep(spec: str) -> np.ndarray:
             axes[axis.strip()].update(_expand(item.strip(), part))
     if not all(axes.values()):
         raise GridError(f"sweep spec {spec!r} must give values for M, N and K")
+    size = len(axes["M"]) * len(axes["N"]) * len(axes["K"])
+    if size > MAX_SHAPES:
+        raise GridError(f"sweep spec: {len(axes['M']):,} x {len(axes['N']):,} x {len(axes['K']):,} = {size:,} "
+                        f"shapes, more than the {MAX_SHAPES:,} one recording plans (record several sweeps into "
+                        "bundles of other names, or a coarser one)")
     grid = np.array(np.meshgrid(*(sorted(axes[a]) for a in "MNK"), indexing="ij")).reshape(3, -1).T
     return check_shapes([tuple(int(x) for x in row) for row in grid], "sweep spec")
 
 
-def _expand(item: str, part: str) -> List[int]:
+def _expand(item: str, part: str) -> Iterable[int]:
     match = _ITEM.match(item)
     if not match:
         raise GridError(f"sweep spec: {item!r} in {part!r} is not a, a-b:step or a-b*factor")
     first, last, op, by = match.groups()
     first = int(first)
+    if not 0 < max(first, int(last or first)) < _LIMIT or first < 1:
+        raise GridError(f"sweep spec: {item!r} in {part!r} has a value outside 1 <= value < 2**{SHAPE_BITS}")
     if last is None:
         return [first]
     last, by = int(last), int(by or 1)
-    if op == "*" and by < 2 or by < 1 or first < 1:
+    if op == "*" and by < 2 or by < 1:
         raise GridError(f"sweep spec: {item!r} needs a factor >= 2 or a step >= 1, from a value >= 1")
+    if op != "*":
+        return range(first, last + 1, by)
     values, value = [], first
     while value <= last:
         values.append(value)
@@ -91,9 +107,12 @@ def _expand(item: str, part: str) -> List[int]:
 
 
 def check_shapes(shapes: Iterable[Shape], source: str) -> np.ndarray:
-    """int64 [n, 3] of distinct shapes, in the given order; GridError names the first invalid one."""
+    """int64 [n, 3] of distinct shapes, in the given order, at most MAX_SHAPES; GridError names the first invalid
+    one."""
     out, seen = [], set()
     for M, N, K in shapes:
+        if len(out) >= MAX_SHAPES:
+            raise GridError(f"{source}: more than {MAX_SHAPES:,} shapes (the most one recording plans)")
         if not (0 < M < _LIMIT and 0 < N < _LIMIT and 0 < K < _LIMIT):
             raise GridError(f"{source}: shape ({M}, {N}, {K}) outside 1 <= M, N, K < 2**{SHAPE_BITS}")
         if N % 16 or K % 16:

@@ -16,7 +16,7 @@ from ..errors import BackendUnavailableError
 from ..platform.heuristic import LtApi
 
 __all__ = ["Machine", "cuda_machine", "default_preset", "te_workspace", "profile_name", "RecordError",
-           "RecordUnavailableError", "DEFAULT_PRESETS"]
+           "RecordUsageError", "RecordUnavailableError", "DEFAULT_PRESETS"]
 
 # The preset a GPU's tensor cores compute, by compute capability (evidence: docs/validation.md).
 DEFAULT_PRESETS = {(9, 0): "hopper", (8, 9): "ada"}
@@ -26,6 +26,11 @@ _MiB = 1 << 20
 class RecordError(RuntimeError):
     """A recording that cannot be made faithfully (no GPU, no bindings, a descriptor the recorder does not
     reproduce, no preset for the GPU); the message says what to do."""
+
+
+class RecordUsageError(RecordError, ValueError):
+    """An argument that cannot describe a recording (name, preset, budget, shapes); raised before anything runs
+    (``mmaemu record`` exits 2 for it)."""
 
 
 class RecordUnavailableError(RecordError, BackendUnavailableError):
@@ -68,7 +73,7 @@ def te_workspace(capability) -> Tuple[int, str]:
 
 
 def profile_name(gpu_name: str, cublaslt: str) -> str:
-    """"NVIDIA H200", "12.9.1.4" -> "h200-lt12.9.1.4" (the profile); the table id is "heur_h200_lt12.9.1.4"."""
+    """"NVIDIA H200", "12.9.1.4" -> "h200-lt12.9.1.4" (the profile); the table id is "rec_h200-lt12.9.1.4"."""
     slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.lower().replace("nvidia", "").replace("geforce", "")).strip("-")
     return f"{slug or 'gpu'}-lt{cublaslt}"
 

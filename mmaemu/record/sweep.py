@@ -28,6 +28,7 @@ import numpy as np
 
 from ..platform.heuristic import HeuristicSession, build_query
 from ..platform.profiles import FORMATS, OUT_DTYPES
+from .machine import RecordError
 
 __all__ = ["ANSWER", "PLAN_FORMAT", "Setting", "Plan", "PlanMismatchError", "settings_for", "open_partial", "run_sweep",
            "read_answers", "table_columns"]
@@ -39,7 +40,7 @@ _ANSWER_FIELDS = ANSWER.names[2:]  # the HeuristicAnswer fields a row keeps, aft
 _SYNC_SECONDS = 5.0
 
 
-class PlanMismatchError(RuntimeError):
+class PlanMismatchError(RecordError):
     """A partial recording made with another plan is in the way."""
 
 
