@@ -108,6 +108,8 @@ class EmulatedFP8Linear(torch.nn.Module):
     output has the input's dtype and the bias is kept in its own dtype, converted to the output's at each call.
     """
 
+    recipe = "tensorwise"  # the FP8 recipe (from_linear's recipe=; mmaemu.nn_recipes holds the others)
+
     def __init__(self, weight_fp8, weight_scale_inv, *, input_scale=None, input_scale_inv=None, bias=None,
                  profile=None, pad_m_to=None, use_fast_accum=True, out_dtype=None, splitk="auto",
                  backend="auto"):
@@ -155,7 +157,7 @@ class EmulatedFP8Linear(torch.nn.Module):
 
     @classmethod
     def from_linear(cls, linear, *, profile=None, input_scale=None, pad_m_to=None, use_fast_accum=True,
-                    out_dtype=None, splitk="auto", backend="auto", weight_scale=None):
+                    out_dtype=None, splitk="auto", backend="auto", weight_scale=None, recipe="tensorwise"):
         """Quantise a ``torch.nn.Linear`` (or any module with ``weight`` [out, in] and ``bias``) once, as TE does.
 
         The weight scale is TE's current-scaling factor of the weight, ``448 / amax(W)`` in fp32
@@ -163,7 +165,16 @@ class EmulatedFP8Linear(torch.nn.Module):
         multiplier used to quantise every input (TE's *scale*, not its inverse); None computes it per call from
         the input's amax (current scaling). The bias, if any, is added after the GEMM in the output dtype
         (``out_dtype``, or the input's dtype when it is None).
+        ``recipe``: "tensorwise" (this layer), or another recipe of :data:`mmaemu.nn_recipes.RECIPES` (e.g.
+        "blockwise": DeepGEMM's block-wise FP8), whose layer class builds the module from the same options.
         """
+        if recipe != "tensorwise":  # another recipe's layer (mmaemu.nn_recipes.RECIPES), same options
+            from .nn_recipes import recipe_layer
+
+            return recipe_layer(recipe).from_linear(linear, profile=profile, input_scale=input_scale,
+                                                    pad_m_to=pad_m_to, use_fast_accum=use_fast_accum,
+                                                    out_dtype=out_dtype, splitk=splitk, backend=backend,
+                                                    weight_scale=weight_scale)
         weight = linear.weight.detach()
         if weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise TypeError(f"from_linear: the weight must be float32, bfloat16 or float16, got {weight.dtype}")

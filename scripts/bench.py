@@ -19,6 +19,13 @@ process, a later decision, ``python -m mmaemu explain`` (target: under 1.5 s) ag
     python scripts/bench.py --startup       # only the start-up figures (seconds)
     python scripts/bench.py --startup --cold-cache   # and the cold-cache first call (a minute or more)
     python scripts/bench.py --rowwise-only  # row-wise (+ bias) against tensor-wise scaled_mm, hopper, S = 1
+    python scripts/bench.py --blockwise     # only block-wise (DeepGEMM) against tensor-wise slow accumulation
+
+The block-wise section (also at the end of a full run) times mmaemu.cpu.chunked.accumulate_chunked_codes (DeepGEMM's
+sm_90 1d2d kernel: 128-k chunks and the scaled FMA combine) against accumulate_codes with the hopper preset and slow
+accumulation (the same 128-k chunks, combined by adds) on (64, 5760, 1920), (2048, 5760, 1920) and a DeepSeek-V3
+MoE layer (8 groups of (128, 2048, 7168), each group its own GEMM as the M-grouped kernels run them); target: at
+most 1.3 times the tensor-wise time.
 
 Set ``MMAEMU_CACHE_DIR`` to keep the compiled kernels somewhere else than the default cache.
 """
@@ -36,6 +43,9 @@ SHAPES = [(64, 5760, 1920), (2048, 5760, 1920), (256, 256, 4096), (16, 16, 65536
 # Row-wise against tensor-wise scaled_mm (hopper, S = 1 both, bf16 output): target within 1.3x (issue 19).
 ROWWISE_SHAPES = [(64, 5760, 1920), (2048, 5760, 1920)]
 QUICK_ROWWISE_SHAPES = [(64, 1536, 1920), (256, 1536, 1920)]
+BLOCKWISE_SHAPES = SHAPES[:2]
+MOE_LAYER = (8, 128, 2048, 7168)  # groups, rows per group, N, K: DeepSeek-V3's routed experts (gate/up of 7168)
+QUICK_MOE_LAYER = (2, 128, 1024, 1792)
 QUICK_SHAPES = [(64, 1536, 1920), (256, 1536, 1920), (128, 128, 4096), (16, 16, 16384)]
 
 
@@ -50,6 +60,7 @@ def parse_args(argv=None):
                         help="also time the first call of a fresh process with an empty Numba cache")
     parser.add_argument("--rowwise-only", action="store_true",
                         help="only the row-wise against tensor-wise scaled_mm comparison")
+    parser.add_argument("--blockwise", action="store_true", help="only the block-wise section")
     return parser.parse_args(argv)
 
 
@@ -285,6 +296,46 @@ def print_rowwise(rows):
         print(f"| {M} | {N} | {K} | {mode} | {t:.3f} | {r:.3f} | {r / t:.2f} |")
 
 
+def blockwise_section(rng, quick, repeats):
+    """Print block-wise (DeepGEMM 1d2d) against tensor-wise slow accumulation (hopper), interleaved runs."""
+    import numpy as np
+
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.cpu.chunked import accumulate_chunked_codes
+    from mmaemu.model.chunked import DEEPGEMM_SM90_1D2D
+    from mmaemu.model.presets import HOPPER
+
+    shapes = QUICK_SHAPES[:2] if quick else BLOCKWISE_SHAPES
+    groups, rows, n, k = QUICK_MOE_LAYER if quick else MOE_LAYER
+    cases = [(f"({M}, {N}, {K})", [(M, N, K)]) for M, N, K in shapes]
+    cases.append((f"MoE {groups} x ({rows}, {n}, {k})", [(rows, n, k)] * groups))
+    print("\n| GEMM | tensor-wise slow (s) | block-wise (s) | ratio |")
+    print("|---|---:|---:|---:|")
+    for label, gemms in cases:
+        operands = []
+        for M, N, K in gemms:
+            chunks = -(-K // 128)
+            sfa = (rng.uniform(1, 2, (M, chunks)) * 2.0 ** -7).astype(np.float32)
+            sfb = np.repeat((rng.uniform(1, 2, (-(-N // 128), chunks)) * 2.0 ** -9).astype(np.float32), 128,
+                            axis=0)[:N]
+            operands.append((fp8_codes(rng, "e4m3", (M, K)), fp8_codes(rng, "e4m3", (N, K)), sfa, sfb))
+
+        def tensorwise():
+            for a, b, _, _ in operands:
+                accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, False)
+
+        def blockwise():
+            for a, b, sfa, sfb in operands:
+                accumulate_chunked_codes(a, b, "e4m3", "e4m3", sfa, sfb, DEEPGEMM_SM90_1D2D)
+
+        tensorwise(), blockwise()  # compile / load outside the timings
+        t_tensor = t_block = float("inf")
+        for _ in range(repeats):
+            t_tensor = min(t_tensor, best_of(tensorwise, 1))
+            t_block = min(t_block, best_of(blockwise, 1))
+        print(f"| {label} | {t_tensor:.3f} | {t_block:.3f} | {t_block / t_tensor:.2f} |")
+
+
 def main(argv=None):
     args = parse_args(argv)
     _set_thread_env(args.threads)
@@ -300,6 +351,10 @@ def main(argv=None):
         print_rowwise(rows)
         return
     import numpy as np
+
+    if args.blockwise:
+        blockwise_section(np.random.default_rng(args.seed), args.quick, args.repeats or (2 if args.quick else 3))
+        return
 
     import mmaemu
     from mmaemu.cpu import accumulate_codes, threads
@@ -366,6 +421,9 @@ def main(argv=None):
     print(f"# fresh process, warm cache: import {imp:.2f} s, first call (hopper fast) {first:.2f} s, "
           f"first call of another schedule (ada slow, 2 pairwise splits) {second:.2f} s")
     print_startup(args)
+
+
+    blockwise_section(rng, args.quick, repeats)
 
 
 if __name__ == "__main__":

@@ -741,3 +741,137 @@ def rowwise_runs_transposed(M: int, N: int) -> bool:
     if M >= 4096 and N >= 4096:
         return not M >= N
     return True
+# (g) Block-wise scaled chunks (design note scaling-recipes.md sections 1 and 3: DeepGEMM on sm_90)
+#
+# Written in plain integers (value = (-1)**sign * m * 2**e) rather than Fractions, so that 100,000 outputs stay
+# fast; every operation is one exact integer sum or product followed by one round-half-even.
+# ---------------------------------------------------------------------------------------------------------------
+
+BF16_NAN = 0x7FFF
+
+
+def binary32_parts(bits: int):
+    """An fp32 pattern as NAN, POS_INF, NEG_INF or (negative, m, e) with value (-1)**negative * m * 2**e."""
+    negative = bool(bits >> 31)
+    field, mant = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    if field == 0xFF:
+        return NAN if mant else (NEG_INF if negative else POS_INF)
+    if field == 0:
+        return negative, mant, -149
+    return negative, mant | (1 << 23), field - 150
+
+
+def round_parts(negative: bool, m: int, e: int, mant_bits: int) -> int:
+    """RNE of (-1)**negative * m * 2**e (m > 0) into the binary format with mant_bits fraction bits and fp32's
+    exponent range (fp32: 23, bf16: 7), as bits; overflow gives Inf, a tiny nonzero value keeps its sign."""
+    top = e + m.bit_length() - 1
+    q = max(top - mant_bits, -126 - mant_bits)
+    if q <= e:
+        mant = m << (e - q)
+    else:
+        shift = q - e
+        mant, rem, half = m >> shift, m & ((1 << shift) - 1), 1 << (shift - 1)
+        if rem > half or (rem == half and mant & 1):
+            mant += 1
+        if mant == 1 << (mant_bits + 1):
+            mant >>= 1
+            q += 1
+    sign = (1 << (mant_bits + 8)) if negative else 0
+    if mant < 1 << mant_bits:
+        return sign | mant  # subnormal or zero
+    field = q + mant_bits + 127
+    if field >= 0xFF:
+        return sign | (0xFF << mant_bits)
+    return sign | (field << mant_bits) | (mant - (1 << mant_bits))
+
+
+def fp32_fma(x_bits: int, y_bits: int, z_bits: int) -> int:
+    """IEEE fusedMultiplyAdd(x, y, z) in binary32, rounded once to nearest even: NaN if any operand is NaN or
+    Inf x 0 or Inf - Inf; an exact zero sum is +0 unless the product and z are both -0 (or negative zeros)."""
+    x, y, z = binary32_parts(x_bits), binary32_parts(y_bits), binary32_parts(z_bits)
+    if NAN in (x, y, z):
+        return CANONICAL_NAN_FP32
+    if isinstance(x, str) or isinstance(y, str):
+        other = y if isinstance(x, str) else x
+        if not isinstance(other, str) and other[1] == 0:
+            return CANONICAL_NAN_FP32  # Inf x 0
+        neg = (x[0] if not isinstance(x, str) else x == NEG_INF) != (y[0] if not isinstance(y, str) else y == NEG_INF)
+        product = NEG_INF if neg else POS_INF
+        if isinstance(z, str) and z != product:
+            return CANONICAL_NAN_FP32
+        return special_bits(product)
+    if isinstance(z, str):
+        return special_bits(z)
+    p_neg, p_m, p_e = x[0] != y[0], x[1] * y[1], x[2] + y[2]
+    z_neg, z_m, z_e = z
+    low = min(p_e, z_e)
+    total = (-1 if p_neg else 1) * (p_m << (p_e - low)) + (-1 if z_neg else 1) * (z_m << (z_e - low))
+    if total == 0:
+        return 0x80000000 if (p_m == 0 and z_m == 0 and p_neg and z_neg) else 0
+    return round_parts(total < 0, abs(total), low, 23)
+
+
+@lru_cache(maxsize=1 << 16)
+def fp32_mul_int(x_bits: int, y_bits: int) -> int:
+    """IEEE binary32 x * y rounded to nearest even (a zero result has the XOR of the signs)."""
+    x, y = binary32_parts(x_bits), binary32_parts(y_bits)
+    if NAN in (x, y):
+        return CANONICAL_NAN_FP32
+    if isinstance(x, str) or isinstance(y, str):
+        other = y if isinstance(x, str) else x
+        if not isinstance(other, str) and other[1] == 0:
+            return CANONICAL_NAN_FP32
+        neg = (x[0] if not isinstance(x, str) else x == NEG_INF) != (y[0] if not isinstance(y, str) else y == NEG_INF)
+        return special_bits(NEG_INF if neg else POS_INF)
+    neg = x[0] != y[0]
+    if x[1] == 0 or y[1] == 0:
+        return 0x80000000 if neg else 0
+    return round_parts(neg, x[1] * y[1], x[2] + y[2], 23)
+
+
+FP32_ONE = 0x3F800000
+
+
+def fp32_add_int(x_bits: int, y_bits: int) -> int:
+    """IEEE binary32 x + y rounded to nearest even (1 * x + y as one FMA: the product is exact)."""
+    return fp32_fma(FP32_ONE, x_bits, y_bits)
+
+
+def blockwise_accumulator(partials, scales_a, scales_b) -> int:
+    """fp32 bits of final = +0; for each chunk k in order: s = RN(sa_k * sb_k), final = RN(s * p_k + final)
+    (one fused multiply-add). ``partials``: fp32 bits of the chunks' chain results; scales as fp32 bits."""
+    final = 0
+    for p, sa, sb in zip(partials, scales_a, scales_b):
+        final = fp32_fma(fp32_mul_int(sa, sb), p, final)
+    return final
+
+
+def bf16_of_fp32(bits: int) -> int:
+    """RNE of an fp32 value to bf16 bits; NaN is 0x7FFF; the sign of zero and of Inf kept."""
+    parts = binary32_parts(bits)
+    if parts == NAN:
+        return BF16_NAN
+    if isinstance(parts, str):
+        return 0xFF80 if parts == NEG_INF else 0x7F80
+    negative, m, e = parts
+    if m == 0:
+        return 0x8000 if negative else 0
+    return round_parts(negative, m, e, 7)
+
+
+def blockwise_output(partials, scales_a, scales_b, out: str, d_bits: int = 0) -> int:
+    """Output bits of one block-wise output: bf16 RNE of the accumulator (out="bfloat16"), or the fp32
+    RN(d + accumulator) of the reduce-add into d (out="float32"), NaN canonical."""
+    final = blockwise_accumulator(partials, scales_a, scales_b)
+    if out == "bfloat16":
+        return bf16_of_fp32(final)
+    return fp32_add_int(d_bits, final)
+
+
+def blockwise_one(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, out: str, d_bits: int = 0) -> int:
+    """One block-wise output from FP8 codes: 128-k chunks from +0 (each one chain, c.1 with the hopper preset,
+    the NaN/Inf rule c.4 on the chunk's own codes), then blockwise_output."""
+    preset = PRESETS["hopper"]
+    partials = [accumulate_one(a_codes[k0:k0 + 128], b_codes[k0:k0 + 128], fmt_a, fmt_b, preset, True)
+                for k0 in range(0, len(a_codes), 128)]
+    return blockwise_output(partials, scales_a, scales_b, out, d_bits)

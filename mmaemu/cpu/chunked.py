@@ -1,0 +1,197 @@
+"""The CPU engine of the chunked reference kernels (:mod:`mmaemu.model.chunked`): block-wise scaled GEMMs.
+
+* fast path, E4M3 x E4M3 (DeepGEMM's only format pair): :func:`accumulate_chunked_panel_rows`, the tiled fast path
+  of :mod:`mmaemu.cpu.engine` (one decoded panel of B, rows of A a tile at a time) with the chunk loop inside: each
+  chunk's tile of partials (:func:`mmaemu.arith.tile.tile_accumulate` over the chunk's k range, one chain from +0)
+  enters the tile's accumulators by :func:`mmaemu.arith.scaled.combine_chunk` at once. E4M3 has no Inf, so a NaN
+  code makes its chunk NaN and with it the output (the FMA propagates NaN): rows of A or B holding one give NaN;
+* fast path, other format pairs: for each chunk, the chunk's partials of the whole GEMM
+  (:func:`mmaemu.cpu.engine.accumulate_codes` on the chunk's k range, the NaN/Inf rule on the chunk's codes), then
+  :func:`mmaemu.arith.scaled.combine_chunk_rows` enters them into the accumulators;
+* ``reference=True``: every output walks its chunks alone with
+  :func:`mmaemu.arith.scaled.accumulate_chunked_one`, the reference the fast path is tested against.
+
+All give the same bits. Extra memory of the fast paths: that of the tensor-wise fast path (the fused one), or one
+[M, N] fp32 array of partials (the per-chunk one).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import formats
+from .._jit import arithmetic
+from ..arith.scaled import accumulate_chunked_one, chunked_output_bits, combine_chunk, combine_chunk_rows
+from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_accumulate, tile_decode
+from ..model.presets import get_preset
+from . import threads
+from .engine import (EPILOGUE_WORK, REFERENCE_PRODUCT_WORK, DecodedPanels, accumulate_codes, decode_operand,
+                     fast_path_tasks, nonfinite_flags, tile_shape)
+
+_TILE = 16
+
+
+@arithmetic
+def accumulate_chunked_reference(lo, hi, sa, ea, sb, eb, a_codes, b_codes, a_table, b_table, scales_a, scales_b,
+                                 chunk, rule, params, out):
+    """out[m, n] = accumulate_chunked_one(row m of A, row n of B) for the outputs of jobs lo .. hi-1 (a job: a
+    tile of 16 x 16 outputs, row-major over the tiles)."""
+    M, K = sa.shape
+    N = sb.shape[0]
+    tiles_n = (N + _TILE - 1) // _TILE
+    for job in range(lo, hi):
+        m0 = (job // tiles_n) * _TILE
+        n0 = (job % tiles_n) * _TILE
+        for m in range(m0, min(m0 + _TILE, M)):
+            for n in range(n0, min(n0 + _TILE, N)):
+                out[m, n] = accumulate_chunked_one(sa[m], ea[m], sb[n], eb[n], a_codes[m], b_codes[n], a_table,
+                                                   b_table, K, scales_a[m], scales_b[n], chunk, rule, params)
+
+
+@arithmetic
+def accumulate_chunked_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, n0, chunk, rule, scales_a, scales_b,
+                                  params, tile_rows, lane_proto, final):
+    """final[m, n0:n0+lanes] = chunked accumulators of rows m_lo .. m_hi-1 of A and one decoded panel of B (finite
+    codes), bit-identical to :func:`accumulate_chunked_reference`.
+
+    Arguments as :func:`mmaemu.cpu.gemm.accumulate_panel_rows`; ``scales_a`` [M, chunks], ``scales_b`` [N, chunks].
+    Each chunk of a tile of rows is decoded into [tile_rows, chunk] buffers and accumulated over its own k range
+    with an unsplit fast schedule (one chain from +0), then combined.
+    """
+    K = a_codes.shape[1]
+    N = final.shape[1]
+    lanes = b_val.shape[1]
+    shape = (tile_rows, lanes)
+    a_val = np.zeros((tile_rows, chunk), np.float32)
+    a_exp = np.zeros((tile_rows, chunk), np.int8)
+    c_sig, total = np.empty(shape, lane_proto.dtype), np.empty(shape, lane_proto.dtype)
+    c_lead, e_max, scale = np.empty(shape, np.int32), np.empty(shape, np.int16), np.empty(shape, np.float32)
+    result, partial, slot = np.empty(shape, np.float32), np.empty(shape, np.float32), np.empty(shape, np.float32)
+    acc, tile_final = np.empty(shape, np.float32), np.empty(shape, np.float32)
+    width_n = min(lanes, N - n0)
+    for m0 in range(m_lo, m_hi, tile_rows):
+        rows = min(tile_rows, m_hi - m0)
+        for r in range(rows):
+            for j in range(lanes):
+                tile_final[r, j] = np.float32(0.0)
+        for kb in range((K + chunk - 1) // chunk):
+            k0 = kb * chunk
+            width = min(chunk, K - k0)
+            for r in range(rows):
+                for k in range(width):
+                    a_val[r, k], a_exp[r, k] = tile_decode(a_codes[m0 + r, k0 + k], fmt_a)
+            tile_accumulate(a_val, a_exp, b_val[k0:k0 + width], b_exp[k0:k0 + width], rows, width,
+                            (width, 1, 0, 0, 0, 0), params, (c_sig, c_lead, e_max, scale, total),
+                            (result, partial, slot), acc)
+            for r in range(rows):
+                sa = scales_a[m0 + r, kb]
+                for j in range(width_n):
+                    tile_final[r, j] = combine_chunk(rule, tile_final[r, j], acc[r, j], sa, scales_b[n0 + j, kb])
+        for r in range(rows):
+            for j in range(width_n):
+                final[m0 + r, n0 + j] = tile_final[r, j]
+
+
+@arithmetic
+def nan_rows_and_columns(lo, hi, a_flags, b_flags, final):
+    """final[m, n] = NaN where row m of A or row n of B holds a NaN code (rows lo .. hi-1)."""
+    N = final.shape[1]
+    for m in range(lo, hi):
+        for n in range(N):
+            if a_flags[m] or b_flags[n]:
+                final[m, n] = np.float32(np.nan)
+
+
+def accumulate_chunked_fast(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, preset, params, final):
+    """The fused fast path of E4M3 x E4M3 (module docstring) into ``final``, one call of
+    :func:`accumulate_chunked_panel_rows` per task of :func:`mmaemu.cpu.engine.fast_path_tasks`."""
+    (M, K), N = a_codes.shape, b_codes.shape[0]
+    tile_rows, lanes = tile_shape(M, N, K)
+    tasks = fast_path_tasks(M, N, K, threads.num_threads())
+    decoded = DecodedPanels(b_codes, fmt_b, lanes, uses=len(tasks) // -(-N // lanes))
+    lane_proto = np.empty(0, np.int32 if lane_bits_needed(preset) == 32 else np.int64)
+    fmt = TILE_FORMATS[fmt_a]
+
+    def task(panel, m_lo, m_hi):
+        b_val, b_exp = decoded.acquire(panel)
+        try:
+            accumulate_chunked_panel_rows(m_lo, m_hi, a_codes, fmt, b_val, b_exp, panel * lanes, kernel.chunk,
+                                          kernel.combine, scales_a, scales_b, params, tile_rows, lane_proto, final)
+        finally:
+            decoded.release(panel)
+
+    threads.run_tasks(lambda t=t: task(*t) for t in tasks)
+    a_flags, b_flags = nonfinite_flags(a_codes, fmt_a), nonfinite_flags(b_codes, fmt_b)
+    if a_flags.any() or b_flags.any():
+        threads.parallel_for(nan_rows_and_columns, M, N, a_flags, b_flags, final)
+
+
+@arithmetic
+def output_rows(lo, hi, mode, final, d_bits, out_bits):
+    """out_bits[i] = chunked_output_bits(mode, final[i], d_bits[i]) for i in lo .. hi-1 (flat arrays)."""
+    for i in range(lo, hi):
+        out_bits[i] = chunked_output_bits(mode, final[i], d_bits[i])
+
+
+def _check_scales(scales, rows, chunks, name):
+    scales = np.ascontiguousarray(scales, dtype=np.float32)
+    if scales.shape != (rows, chunks):
+        raise ValueError(f"{name} must have shape {(rows, chunks)} (one fp32 scale per row and chunk), got "
+                         f"{scales.shape}")
+    return scales
+
+
+def accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, *, reference=False):
+    """fp32 accumulators [M, N] of A [M, K] times B [N, K]^T (uint8 FP8 codes) by a chunked kernel.
+
+    ``scales_a`` [M, ceil(K / chunk)], ``scales_b`` [N, ceil(K / chunk)]: the fp32 scale of each row's chunk (a
+    block scale of B is given once per row of B it covers). K must be positive.
+    """
+    from ..arith.params import preset_params
+
+    a_codes = np.ascontiguousarray(a_codes, dtype=np.uint8)
+    b_codes = np.ascontiguousarray(b_codes, dtype=np.uint8)
+    (M, K), N = a_codes.shape, b_codes.shape[0]
+    preset = get_preset(kernel.preset)
+    if kernel.chunk % preset.nfma:
+        raise ValueError(f"kernel {kernel.name!r}: chunk {kernel.chunk} is not a multiple of nfma={preset.nfma}")
+    chunks = -(-K // kernel.chunk)
+    scales_a = _check_scales(scales_a, M, chunks, "scales_a")
+    scales_b = _check_scales(scales_b, N, chunks, "scales_b")
+    final = np.zeros((M, N), np.float32)
+    if M == 0 or N == 0 or K == 0:
+        return final
+    params = preset_params(preset, fmt_a, fmt_b)
+    if reference:
+        sa, ea = decode_operand(a_codes, fmt_a)
+        sb, eb = decode_operand(b_codes, fmt_b)
+        jobs = -(-M // _TILE) * -(-N // _TILE)
+        threads.parallel_for(accumulate_chunked_reference, jobs, REFERENCE_PRODUCT_WORK * _TILE * _TILE * K, sa, ea,
+                             sb, eb, a_codes, b_codes, np.array(formats.values(fmt_a)),
+                             np.array(formats.values(fmt_b)), scales_a, scales_b, kernel.chunk, kernel.combine,
+                             params, final)
+        return final
+    if fmt_a == fmt_b == "e4m3":
+        accumulate_chunked_fast(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, preset, params, final)
+        return final
+    for kb in range(chunks):
+        k0, k1 = kb * kernel.chunk, min((kb + 1) * kernel.chunk, K)
+        partial = accumulate_codes(a_codes[:, k0:k1], b_codes[:, k0:k1], fmt_a, fmt_b, preset, True)
+        threads.parallel_for(combine_chunk_rows, M, max(1, N // 8), kernel.combine, final, partial, scales_a,
+                             scales_b, kb)
+    return final
+
+
+def chunked_output(final, kernel, d=None):
+    """The output of accumulators ``final`` [M, N] by ``kernel.output``: a uint16 array of bf16 patterns, or the
+    uint32 patterns of the fp32 ``RN(d + final)`` (d: an fp32 array of the same shape)."""
+    from ..arith.scaled import OUTPUT_BFLOAT16
+
+    final = np.ascontiguousarray(final, dtype=np.float32).reshape(-1)
+    if kernel.output == OUTPUT_BFLOAT16:
+        d_bits, out = np.zeros(final.size, np.int32), np.empty(final.size, np.uint16)
+    else:
+        d_bits = np.ascontiguousarray(d, dtype=np.float32).reshape(-1).view(np.int32)
+        out = np.empty(final.size, np.uint32)
+    threads.parallel_for(output_rows, final.size, EPILOGUE_WORK, kernel.output, final, d_bits, out)
+    return out

@@ -1,0 +1,139 @@
+"""The FP8 recipes of :class:`mmaemu.nn.EmulatedFP8Linear` besides tensor-wise scaling: one entry each in
+:data:`RECIPES` (a layer class with ``from_linear``), chosen by ``recipe=`` in ``from_linear`` and
+``convert_linears``. (This module imports nothing of :mod:`mmaemu.nn`, which reads RECIPES.)
+
+* ``"tensorwise"``: the layer itself (one fp32 scale per tensor, cuBLASLt through ``scaled_mm``);
+* ``"blockwise"``: :class:`BlockwiseFP8Linear`, DeepSeek-V3's recipe as DeepGEMM computes it on sm_90: the
+  weight cast once per 128 x 128 block (``per_block_cast_to_fp8``), every input per 1 x 128 strip of each row
+  (``per_token_cast_to_fp8``), the GEMM by :func:`mmaemu.deepgemm.fp8_gemm_nt` with bf16 output.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import UnsupportedFeatureError
+
+
+class BlockwiseFP8Linear(torch.nn.Module):
+    """``y = x W^T (+ b)`` in block-wise FP8 as DeepGEMM's sm_90 ``fp8_gemm_nt`` (recipe (1, 128, 128)) computes it.
+
+    Buffers: ``weight`` (float8_e4m3fn [out_features, in_features]), ``weight_scale`` (fp32 [ceil(out/128),
+    ceil(in/128)], DeepGEMM's ``sfb``: the multiplier that dequantises each block) and ``bias`` (bf16, or None).
+    Inputs are cast per call with ``per_token_cast_to_fp8``. The output is bf16 (DeepGEMM's 1d2d kernel writes
+    nothing else); the bias is added to it in bf16 afterwards. Inference only.
+    """
+
+    recipe = "blockwise"
+
+    def __init__(self, weight_fp8, weight_scale, *, bias=None, use_ue8m0=False, backend="auto", out_dtype=None):
+        super().__init__()
+        if not isinstance(weight_fp8, torch.Tensor) or weight_fp8.dtype != torch.float8_e4m3fn or \
+                weight_fp8.dim() != 2:
+            raise TypeError("weight_fp8 must be a 2-D float8_e4m3fn tensor [out_features, in_features]")
+        self.out_features, self.in_features = (int(n) for n in weight_fp8.shape)
+        blocks = (-(-self.out_features // 128), -(-self.in_features // 128))
+        if not isinstance(weight_scale, torch.Tensor) or weight_scale.dtype != torch.float32 or \
+                tuple(weight_scale.shape) != blocks:
+            raise ValueError(f"weight_scale must be a float32 tensor of shape {blocks} (one per 128 x 128 block)")
+        self.use_ue8m0 = bool(use_ue8m0)
+        self.backend = backend
+        if out_dtype not in (None, torch.bfloat16):
+            raise UnsupportedFeatureError(f"recipe='blockwise' writes bfloat16 (DeepGEMM's 1d2d kernel), not "
+                                          f"{out_dtype}")
+        self.out_dtype = out_dtype  # None: DeepGEMM's bf16 result, widened to the input's dtype
+        self.register_buffer("weight", weight_fp8.detach().contiguous())
+        self.register_buffer("weight_scale", weight_scale.detach().contiguous())
+        if bias is not None:
+            if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (self.out_features,):
+                raise ValueError(f"bias must be a tensor of shape ({self.out_features},)")
+            bias = bias.detach().to(device=weight_fp8.device, dtype=torch.bfloat16)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear, *, profile=None, input_scale=None, pad_m_to=None, use_fast_accum=True,
+                    out_dtype=None, splitk="auto", backend="auto", weight_scale=None, use_ue8m0=False):
+        """Cast a ``torch.nn.Linear``'s weight once with ``per_block_cast_to_fp8`` (in the weight's dtype).
+
+        Takes the options of :meth:`mmaemu.nn.EmulatedFP8Linear.from_linear`; those without a meaning for DeepGEMM
+        raise: a ``profile``, an ``input_scale`` or ``weight_scale`` (its scales are per strip and per block, computed
+        here), ``splitk`` other than "auto"/1 (DeepGEMM has no split-K), an ``out_dtype`` other than bf16. With
+        ``out_dtype=None`` (the default, as for the tensor-wise layer) the layer returns DeepGEMM's bf16 result
+        converted to the input's dtype (exact for fp32 and bf16 inputs).
+        ``use_fast_accum`` and ``pad_m_to`` change nothing (DeepGEMM always promotes every 128 k; rows are
+        independent).
+        """
+        for name, value in (("profile", profile), ("input_scale", input_scale), ("weight_scale", weight_scale)):
+            if value is not None:
+                raise UnsupportedFeatureError(
+                    f"recipe='blockwise' takes no {name}=: DeepGEMM's bits are those of any sm_90 GPU (no profile) "
+                    "and its scales are one per 1 x 128 input strip and 128 x 128 weight block, computed by its casts")
+        if splitk not in ("auto", 1):
+            raise UnsupportedFeatureError("recipe='blockwise' has no split-K (DeepGEMM's CTAs loop over all of K)")
+        from .deepgemm import per_block_cast_to_fp8
+
+        weight = linear.weight.detach()
+        weight_fp8, sf = per_block_cast_to_fp8(weight, use_ue8m0=use_ue8m0)
+        bias = getattr(linear, "bias", None)
+        return cls(weight_fp8, sf.float(), bias=None if bias is None else bias.detach(), use_ue8m0=use_ue8m0,
+                   backend=backend, out_dtype=out_dtype)
+
+    @classmethod
+    def from_fp8_state(cls, weight_fp8, *, weight_scale, bias=None, use_ue8m0=False, backend="auto"):
+        """From a block-wise FP8 checkpoint: codes [out, in] and their ``weight_scale_inv``-style block scales
+        [ceil(out/128), ceil(in/128)] (the multipliers DeepSeek-V3 checkpoints store as ``weight_scale_inv``)."""
+        return cls(weight_fp8, weight_scale, bias=bias, use_ue8m0=use_ue8m0, backend=backend)
+
+    def _quantise_input(self, x):
+        from .deepgemm import per_token_cast_to_fp8
+
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"BlockwiseFP8Linear expects a tensor, got {type(x).__name__}")
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"expected input [..., {self.in_features}], got shape {tuple(x.shape)}")
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise UnsupportedFeatureError(
+                "BlockwiseFP8Linear is inference-only: call it under torch.no_grad() / torch.inference_mode(), "
+                "or pass x.detach()")
+        x2 = x.detach().reshape(-1, self.in_features)
+        return per_token_cast_to_fp8(x2, use_ue8m0=self.use_ue8m0), tuple(x.shape[:-1])
+
+    def forward(self, x):
+        from .deepgemm import fp8_gemm_nt
+
+        (x_fp8, sfa), lead = self._quantise_input(x)
+        y = torch.empty((x_fp8.shape[0], self.out_features), dtype=torch.bfloat16, device=x_fp8.device)
+        if x_fp8.shape[0]:
+            fp8_gemm_nt((x_fp8, sfa), (self.weight, self.weight_scale), y, backend=self.backend)
+        if self.bias is not None:
+            y = y + self.bias
+        if self.out_dtype is None:
+            y = y.to(x.dtype)
+        return y.reshape(lead + (self.out_features,))
+
+    def explain(self, x):
+        raise UnsupportedFeatureError("explain() covers scaled_mm calls; a block-wise layer runs "
+                                      "mmaemu.deepgemm.fp8_gemm_nt (see docs/guide.md, 'Block-wise FP8')")
+
+    def _apply(self, fn, recurse=True):
+        """Move buffers between devices but never change their dtypes (FP8 codes and fp32 scales are exact)."""
+        for name, buf in list(self._buffers.items()):
+            if buf is not None:
+                moved = fn(buf)
+                self._buffers[name] = moved if moved.dtype == buf.dtype else buf.to(moved.device)
+        return self
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"recipe='blockwise' (DeepGEMM sm_90 fp8_gemm_nt, 1 x 128 inputs, 128 x 128 weights), "
+                f"use_ue8m0={self.use_ue8m0}")
+
+
+RECIPES = {"blockwise": BlockwiseFP8Linear}
+
+
+def recipe_layer(recipe):
+    """The layer class of a recipe other than "tensorwise" (:data:`RECIPES`)."""
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; expected 'tensorwise' or one of {sorted(RECIPES)}")
+    return RECIPES[recipe]
