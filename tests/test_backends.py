@@ -33,8 +33,10 @@ def clean(monkeypatch, tmp_path):
     import mmaemu.cuda as cuda_backend
 
     cuda_backend.reset()
+    mmaemu.warn.reset()
     yield
     cuda_backend.reset()
+    mmaemu.warn.reset()
 
 
 def _no_warnings():
@@ -456,7 +458,7 @@ def test_damaged_or_unprotected_verdicts_are_ignored_and_the_selftest_runs_again
     from mmaemu import _cache
     from mmaemu.errors import CacheWarning
 
-    monkeypatch.setattr(_cache, "_WARNED", set())
+    mmaemu.warn.reset()
     backends.selftest(CUDA0, kernels="simple")
     [path] = (tmp_path / "cache" / "verdicts").glob("*.json")
     good = json.loads(path.read_text())

@@ -40,6 +40,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from .. import environment
 from ..errors import MmaemuError
 from .definitions import (CALLERS, FORMATS, OUT_DTYPES, Profile, RejectRule, builtin_profile_names,
                           register_recorded_profile)
@@ -324,7 +325,7 @@ def load_profile_path() -> None:
     ``$MMAEMU_PROFILE_PATH`` (read at call time; each entry a bundle folder or a folder of bundle folders). A
     bundle that is refused is skipped with a RuntimeWarning, once per path and reason."""
     global _path_seen
-    value = os.environ.get(PATH_ENV, "")
+    value = environment.snapshot()[PATH_ENV] or ""
     if value == _path_seen:
         return
     with _lock:

@@ -9,8 +9,8 @@
 
 Evidence: the tables and their json (``codes["custom -> scheme"]``, ``settings``, ``envelope``,
 ``split_layouts``, ``workspace0_note``) and the verified-combos files, see :mod:`mmaemu.platform.tables` and the
-data README. Warnings (3.8, 3.9): UnverifiedSplitWarning / UnvalidatedEnvelopeWarning once per process per key,
-every time with ``dry=True``.
+data README. Warnings (3.8, 3.9): UnverifiedSplitWarning / UnvalidatedEnvelopeWarning once per process per key;
+:func:`decide_splitk` returns them as data, :func:`resolve_splitk` reports them (:mod:`mmaemu.warn`).
 
 The scheme/preset compatibility (semantics.md d.3) is not checked here but by the planner, through
 :func:`check_scheme_for_preset`.
@@ -20,25 +20,25 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-import os
-import threading
-import warnings
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
+from .. import environment
 from ..arith.params import CONTIGUOUS_TILE, INTERLEAVED_TILE
 from ..errors import SplitKUnknownError, UnsupportedFeatureError, UnvalidatedEnvelopeWarning, UnverifiedSplitWarning
 from .definitions import builtin_profiles
+from ..warn import Notice, report
 from .profiles import Profile, fmt_name, get_profile, out_dtype_name, splitk_maturity_note
 
 __all__ = [
     "SplitK",
     "SplitDecision",
+    "SplitOutcome",
+    "decide_splitk",
     "resolve_splitk",
     "check_scheme_for_preset",
     "check_splitk_argument",
     "check_split_count",
     "layout_caveats",
-    "reset_split_warnings",
     "SCHEMES",
     "SPLIT_SCHEMES",
     "SOURCES",
@@ -139,7 +139,15 @@ class _Call:
         return f"ws {self.ws}, out {self.out}, {'fast' if self.fast else 'slow'}, {self.pair}"
 
 
-_Pending = List[Tuple[type, tuple, str]]  # (warning class, once-key, message)
+class SplitOutcome(NamedTuple):
+    """A split decision and the warnings it calls for (:class:`mmaemu.warn.Notice`, once per process per key)."""
+
+    decision: SplitDecision
+    warnings: Tuple[Notice, ...]
+
+
+_Pending = List[Notice]
+STRICT_ENV = "MMAEMU_SPLITK_STRICT"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -147,16 +155,24 @@ _Pending = List[Tuple[type, tuple, str]]  # (warning class, once-key, message)
 
 
 def resolve_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, profile=None, splitk="auto",
-                   layout_std=True, strict=None, dry=False, warnings_out=None, stacklevel=1,
-                   emit=True) -> SplitDecision:
-    """Decide S and the reduction scheme of a call (platform.md 3.1-3.10, in that order).
+                   layout_std=True, strict=None) -> SplitDecision:
+    """Decide S and the reduction scheme of a call (platform.md 3.1-3.10, in that order): :func:`decide_splitk`,
+    whose warnings are reported (:func:`mmaemu.warn.report`: once per process per key, at the caller's line;
+    recorded instead inside :func:`mmaemu.warn.collecting`)."""
+    outcome = decide_splitk(M, N, K, a_dtype=a_dtype, b_dtype=b_dtype, out_dtype=out_dtype,
+                            use_fast_accum=use_fast_accum, profile=profile, splitk=splitk, layout_std=layout_std,
+                            strict=strict)
+    report(outcome.warnings)
+    return outcome.decision
+
+
+def decide_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, profile=None, splitk="auto",
+                  layout_std=True, strict=None) -> SplitOutcome:
+    """The split decision of a call and its warnings, as data (nothing is emitted).
 
     ``a_dtype``/``b_dtype``: float8 dtypes or "e4m3"/"e5m2" (mat1, mat2); ``out_dtype`` None means a_dtype;
     ``layout_std`` False skips the table and the live query (padded leading dimensions, section 2); ``strict``
-    None reads MMAEMU_SPLITK_STRICT == "1"; ``dry`` emits warnings every time without consuming their
-    once-per-process slot; ``warnings_out`` (a list) receives the text of every warning raised; ``stacklevel``
-    as for ``warnings.warn``, counted from the caller of resolve_splitk (layers above it pass more); ``emit``
-    False (explain) only records the texts that dry=True would emit in ``warnings_out``.
+    None reads MMAEMU_SPLITK_STRICT (a boolean: 1/true/yes/on).
     Raises SplitKUnknownError when the evidence cannot decide, ValueError/TypeError for a bad ``splitk``.
     """
     call = _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile)
@@ -165,13 +181,9 @@ def resolve_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, prof
         decision = _explicit(call, splitk, pending)
     else:
         if strict is None:
-            strict = os.environ.get("MMAEMU_SPLITK_STRICT") == "1"
+            strict = environment.snapshot()[STRICT_ENV]
         decision = _auto(call, layout_std, bool(strict), pending)
-    if emit:
-        _emit(pending, dry, warnings_out, stacklevel + 2)
-    elif warnings_out is not None:
-        warnings_out.extend(message for _, _, message in pending)
-    return decision
+    return SplitOutcome(decision, tuple(pending))
 
 
 def _auto(call: _Call, layout_std: bool, strict: bool, pending: _Pending) -> SplitDecision:
@@ -419,8 +431,8 @@ def _k_grid_envelope(call: _Call, table, strict: bool, pending: _Pending):
         reason = ("S = 1 inferred by an envelope without a passed held-out test: "
                   + _validation_text(call.ws, validation))
         message = _warning_text(call, 1, "none", "envelope", reason)
-        pending.append((UnvalidatedEnvelopeWarning, (call.profile.name, call.ws, call.out, call.fast, call.pair),
-                        message))
+        pending.append(Notice(UnvalidatedEnvelopeWarning, message,
+                              (call.profile.name, call.ws, call.out, call.fast, call.pair)))
     return decision, ""
 
 
@@ -555,11 +567,7 @@ def check_scheme_for_preset(splitk, preset) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 3.8 Warnings (once per process per key; every time when dry)
-
-_warned_lock = threading.Lock()
-_warned = set()
-
+# 3.8 Warnings (once per process per key)
 
 def _queue_unverified(call: _Call, S: int, scheme: str, source: str, verified: bool, in_set: bool,
                       caveats: List[str], has_table: bool, pending: _Pending) -> None:
@@ -576,33 +584,12 @@ def _queue_unverified(call: _Call, S: int, scheme: str, source: str, verified: b
         reasons.append(f"split-K decisions with S > 1 of profile {call.profile.name} are experimental"
                        + (f" ({note})" if note else ""))
     key = (call.profile.name, call.fast, S, scheme, call.out, call.pair, tuple(caveats))
-    pending.append((UnverifiedSplitWarning, key, _warning_text(call, S, scheme, source, "; ".join(reasons))))
+    pending.append(Notice(UnverifiedSplitWarning, _warning_text(call, S, scheme, source, "; ".join(reasons)), key))
 
 
 def _warning_text(call: _Call, S: int, scheme: str, source: str, reason: str) -> str:
     return (f"mmaemu split-K S={S} scheme={scheme} ({'fast' if call.fast else 'slow'} accumulation, out {call.out}, "
             f"{call.pair}, source {source}, profile {call.profile.name}): {reason}")
-
-
-def _emit(pending: _Pending, dry: bool, warnings_out, stacklevel: int) -> None:
-    for category, key, message in pending:
-        if dry or _claim_slot((category.__name__,) + key):
-            warnings.warn(message, category, stacklevel=stacklevel)
-            if warnings_out is not None:
-                warnings_out.append(message)
-
-
-def _claim_slot(key: tuple) -> bool:
-    with _warned_lock:
-        first = key not in _warned
-        _warned.add(key)
-    return first
-
-
-def reset_split_warnings() -> None:
-    """Forget which split-K warnings were emitted (tests only)."""
-    with _warned_lock:
-        _warned.clear()
 
 
 # ----------------------------------------------------------------------------------------------------------------
