@@ -323,9 +323,9 @@ def _nvrtc_candidates() -> List[Optional[str]]:
     spec = importlib.util.find_spec("nvidia.cuda_nvrtc") if importlib.util.find_spec("nvidia") else None
     for folder in (spec.submodule_search_locations or []) if spec else []:
         candidates += sorted(glob.glob(os.path.join(folder, "lib", "libnvrtc.so*")))
-    for env, sub in (("CONDA_PREFIX", "lib"), ("CUDA_HOME", "lib64")):
-        if os.environ.get(env):
-            candidates += sorted(glob.glob(os.path.join(os.environ[env], sub, "libnvrtc.so*")))
+    for folder, sub in ((os.environ.get("CONDA_PREFIX"), "lib"), (os.environ.get("CUDA_HOME"), "lib64")):
+        if folder:
+            candidates += sorted(glob.glob(os.path.join(folder, sub, "libnvrtc.so*")))
     return candidates + ["libnvrtc.so.12", ctypes.util.find_library("nvrtc")]
 
 
