@@ -117,10 +117,6 @@ class Snapshot:
         """The variable has a value that its parser accepted."""
         return name in self.raw and name not in self.invalid
 
-    def source(self, name: str) -> str:
-        """"MMAEMU_X=value": the setting an error or a note names."""
-        return f"{name}={self.raw.get(name, '')}"
-
 
 def snapshot(environ: Optional[Mapping[str, str]] = None) -> Snapshot:
     """Read and parse every variable now (``environ``: os.environ, or a mapping given by a test)."""
