@@ -1,6 +1,14 @@
-"""FP8 input formats: code tables and torch dtype names (semantics.md (a)).
+"""Input formats: code tables and torch dtype names (semantics.md (a)).
 
-Only the OCP/NVIDIA encodings are modelled: ``float8_e4m3fn`` ("e4m3") and ``float8_e5m2`` ("e5m2").
+The GEMM formats (:data:`FORMATS`) are the OCP/NVIDIA FP8 encodings ``float8_e4m3fn`` ("e4m3") and
+``float8_e5m2`` ("e5m2"). The block-scaled instructions of Blackwell GPUs (``kind::mxf8f6f4``, ``kind::mxf4nvf4``)
+also take the OCP MX element formats FP6 E3M2 ("e3m2"), FP6 E2M3 ("e2m3") and FP4 E2M1 ("e2m1"), which have no
+NaN or Inf (:data:`OPERAND_FORMATS`; FP6 has no torch dtype, so its codes travel as uint8; FP4's dtype
+``float4_e2m1fn_x2`` packs two codes per byte, the low nibble first: :func:`unpack_fp4`), and two scale formats
+(:data:`SCALE_FORMATS`): UE8M0 (``float8_e8m0fnu``: 2**(code - 127), code 0xFF is NaN) and UE4M3 (an E4M3 code
+read without its sign bit: NVFP4's block scales, passed as ``float8_e4m3fn``; code 0x7F is NaN). Sources: the OCP
+Microscaling Formats (MX) v1.0 specification (element and scale encodings) and the PTX ISA's block-scaled ``mma``
+(UE4M3); MMA-Sim 2.1.1 decodes them the same way.
 
 The arithmetic (:mod:`mmaemu.arith`) works on decoded codes: a finite nonzero value v is
 ``sig * 2**(ex - MANT_BITS[fmt])`` with a signed integer significand ``sig`` and the alignment exponent
@@ -17,7 +25,11 @@ import numpy as np
 
 __all__ = [
     "FORMATS",
+    "OPERAND_FORMATS",
+    "SCALE_FORMATS",
+    "CODE_BITS",
     "FP8_MAX",
+    "MAX_FINITE",
     "CANONICAL_NAN_BITS",
     "EMIN",
     "MANT_BITS",
@@ -29,13 +41,23 @@ __all__ = [
     "is_fp8_dtype",
     "significands",
     "exponents",
+    "scale_significands",
+    "scale_exponents",
+    "decode_scales",
+    "unpack_fp4",
+    "pack_fp4",
 ]
 
 FORMATS = ("e4m3", "e5m2")
+OPERAND_FORMATS = FORMATS + ("e3m2", "e2m3", "e2m1")
+SCALE_FORMATS = ("ue8m0", "ue4m3")
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
-EMIN = {"e4m3": -6, "e5m2": -14}
-MANT_BITS = {"e4m3": 3, "e5m2": 2}
-_BIAS = {"e4m3": 7, "e5m2": 15}
+MAX_FINITE = dict(FP8_MAX, e3m2=28.0, e2m3=7.5, e2m1=6.0)
+EXP_BITS = {"e4m3": 4, "e5m2": 5, "e3m2": 3, "e2m3": 2, "e2m1": 2}
+MANT_BITS = {"e4m3": 3, "e5m2": 2, "e3m2": 2, "e2m3": 3, "e2m1": 1}
+CODE_BITS = {fmt: 1 + EXP_BITS[fmt] + MANT_BITS[fmt] for fmt in OPERAND_FORMATS}
+_BIAS = {fmt: (1 << (EXP_BITS[fmt] - 1)) - 1 for fmt in OPERAND_FORMATS}
+EMIN = {fmt: 1 - _BIAS[fmt] for fmt in OPERAND_FORMATS}
 # Canonical NaN bit pattern of every output dtype (semantics.md e.4).
 CANONICAL_NAN_BITS = {
     "float32": 0x7FFFFFFF,
@@ -51,9 +73,9 @@ _TORCH_NAMES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 
 
 def _fields(code, fmt):
-    mbits = MANT_BITS[fmt]
-    sign = -1 if code & 0x80 else 1
-    exp_field = (code >> mbits) & ((1 << (7 - mbits)) - 1)
+    mbits, ebits = MANT_BITS[fmt], EXP_BITS[fmt]
+    sign = -1 if code >> (ebits + mbits) & 1 else 1
+    exp_field = (code >> mbits) & ((1 << ebits) - 1)
     mant = code & ((1 << mbits) - 1)
     return sign, exp_field, mant
 
@@ -62,7 +84,7 @@ def _is_nan(code, fmt):
     _, e, m = _fields(code, fmt)
     if fmt == "e4m3":
         return e == 15 and m == 7
-    return e == 31 and m != 0
+    return fmt == "e5m2" and e == 31 and m != 0
 
 
 def _is_inf(code, fmt):
@@ -71,13 +93,15 @@ def _is_inf(code, fmt):
 
 
 def _build_tables(fmt):
-    """Per code: value (float64, NaN/Inf included), signed significand, alignment exponent, non-finite flag."""
-    mbits, bias = MANT_BITS[fmt], _BIAS[fmt]
-    value = np.zeros(256, np.float64)
-    sig = np.zeros(256, np.int8)
-    exp = np.full(256, ABSENT_EXP, np.int16)
-    nonfinite = np.zeros(256, np.bool_)
-    for code in range(256):
+    """Per code: value (float64, NaN/Inf included), signed significand, alignment exponent, non-finite flag.
+
+    FP8 tables have 256 entries; FP6 and FP4 tables 64 and 16 (codes in the low bits, sign bit highest)."""
+    mbits, bias, size = MANT_BITS[fmt], _BIAS[fmt], 1 << CODE_BITS[fmt]
+    value = np.zeros(size, np.float64)
+    sig = np.zeros(size, np.int8)
+    exp = np.full(size, ABSENT_EXP, np.int16)
+    nonfinite = np.zeros(size, np.bool_)
+    for code in range(size):
         sign, e, m = _fields(code, fmt)
         if _is_nan(code, fmt):
             value[code], nonfinite[code] = np.nan, True
@@ -96,17 +120,17 @@ def _build_tables(fmt):
     return value, sig, exp, nonfinite
 
 
-_TABLES = {fmt: _build_tables(fmt) for fmt in FORMATS}
+_TABLES = {fmt: _build_tables(fmt) for fmt in OPERAND_FORMATS}
 
 
 def _check_fmt(fmt):
     if fmt not in _TABLES:
-        raise ValueError(f"unknown FP8 format {fmt!r}; expected one of {FORMATS}")
+        raise ValueError(f"unknown operand format {fmt!r}; expected one of {OPERAND_FORMATS}")
     return _TABLES[fmt]
 
 
 def values(fmt):
-    """Table of the 256 decoded values of a format (float64; NaN and +-Inf included, -0.0 kept)."""
+    """Table of the decoded values of a format, indexed by code (float64; NaN and +-Inf included, -0.0 kept)."""
     return _check_fmt(fmt)[0]
 
 
@@ -126,13 +150,23 @@ def nonfinite_codes(fmt):
 
 
 def decode(codes, fmt):
-    """Decode FP8 codes (numpy uint8 array, torch uint8/float8 tensor or int) to float64 values."""
-    return values(fmt)[_as_codes(codes)]
+    """Decode codes (numpy uint8 array, torch uint8/float8 tensor or int) to float64 values; FP6/FP4 codes must
+    lie below 2**CODE_BITS[fmt] (one code per element, not packed: see :func:`unpack_fp4`)."""
+    return values(fmt)[_checked_codes(codes, fmt)]
 
 
 def nonfinite_mask(codes, fmt):
     """True where a code is NaN or Inf."""
-    return nonfinite_codes(fmt)[_as_codes(codes)]
+    return nonfinite_codes(fmt)[_checked_codes(codes, fmt)]
+
+
+def _checked_codes(codes, fmt):
+    codes = _as_codes(codes)
+    size = 1 << CODE_BITS.get(fmt, 8)
+    if size < 256 and np.any(np.asarray(codes) >= size):
+        raise ValueError(f"{fmt} codes are {CODE_BITS[fmt]}-bit (below {size}), one per element; got a larger "
+                         "value (packed FP4 bytes go through mmaemu.formats.unpack_fp4 first)")
+    return codes
 
 
 def _as_codes(codes):
@@ -176,3 +210,72 @@ def is_fp8_dtype(dtype):
     """True for float8_e4m3fn and float8_e5m2 (the modelled formats)."""
     name = str(dtype).replace("torch.", "")
     return name in _TORCH_NAMES.values()
+
+
+def _build_scale_tables(fmt):
+    """Per scale code: value (float64, NaN included), integer significand and exponent (value = sig * 2**(exp -
+    mant_bits)), and the NaN flag. UE8M0: sig 1, exp code - 127. UE4M3: the E4M3 decoding of code & 0x7F."""
+    value = np.zeros(256, np.float64)
+    sig = np.zeros(256, np.int8)
+    exp = np.full(256, ABSENT_EXP, np.int16)
+    nan = np.zeros(256, np.bool_)
+    for code in range(256):
+        if fmt == "ue8m0":
+            if code == 0xFF:
+                value[code], nan[code] = np.nan, True
+            else:
+                sig[code], exp[code], value[code] = 1, code - 127, 2.0 ** (code - 127)
+            continue
+        low = code & 0x7F
+        value[code], nan[code] = abs(values("e4m3")[low]), bool(nonfinite_codes("e4m3")[low])
+        sig[code], exp[code] = significands("e4m3")[low], exponents("e4m3")[low]
+    for table in (value, sig, exp, nan):
+        table.setflags(write=False)
+    return value, sig, exp, nan
+
+
+_SCALE_TABLES = {fmt: _build_scale_tables(fmt) for fmt in SCALE_FORMATS}
+SCALE_MANT_BITS = {"ue8m0": 0, "ue4m3": 3}
+
+
+def _check_scale_fmt(fmt):
+    if fmt not in _SCALE_TABLES:
+        raise ValueError(f"unknown scale format {fmt!r}; expected one of {SCALE_FORMATS}")
+    return _SCALE_TABLES[fmt]
+
+
+def decode_scales(codes, fmt):
+    """Decode scale codes (uint8) of ``fmt`` ("ue8m0" or "ue4m3") to float64 values (NaN for the NaN code)."""
+    return _check_scale_fmt(fmt)[0][_as_codes(codes)]
+
+
+def scale_significands(fmt):
+    """Table of the scales' integer significands (value = sig * 2**(exp - SCALE_MANT_BITS[fmt]); 0 for a zero
+    UE4M3 scale and for NaN)."""
+    return _check_scale_fmt(fmt)[1]
+
+
+def scale_exponents(fmt):
+    """Table of the scales' exponents (ABSENT_EXP for a zero UE4M3 scale and for NaN)."""
+    return _check_scale_fmt(fmt)[2]
+
+
+def scale_nan_codes(fmt):
+    """Boolean table: the scale code is NaN."""
+    return _check_scale_fmt(fmt)[3]
+
+
+def unpack_fp4(packed):
+    """FP4 codes [..., 2n] (uint8, 0..15) of packed bytes [..., n] as torch's ``float4_e2m1fn_x2`` holds them:
+    element 2i is the low nibble of byte i, element 2i + 1 the high nibble."""
+    packed = _as_codes(packed)
+    return np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(packed.shape[:-1] + (-1,))
+
+
+def pack_fp4(codes):
+    """The inverse of :func:`unpack_fp4`: bytes [..., n] of FP4 codes [..., 2n] (low nibble first)."""
+    codes = np.asarray(codes, np.uint8)
+    if codes.shape[-1] % 2 or np.any(codes > 0x0F):
+        raise ValueError("pack_fp4: an even number of 4-bit codes (0..15) along the last axis is required")
+    pairs = codes.reshape(codes.shape[:-1] + (-1, 2))
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)

@@ -33,7 +33,8 @@ def test_import_is_quick_and_touches_neither_torch_nor_cuda():
 def test_public_names_resolve():
     for name in mmaemu.__all__:
         assert getattr(mmaemu, name) is not None, name
-    assert mmaemu.list_presets() == ["ada", "b200_mma_sync", "hopper", "sm120_mma_sync", "tcgen05_f8f6f4"]
+    assert mmaemu.list_presets() == ["ada", "b200_mma_sync", "hopper", "sm120_mma_sync", "sm120_mxf4nvf4", "sm120_mxf8f6f4", "tcgen05_f8f6f4",
+            "tcgen05_mxf4nvf4", "tcgen05_mxf8f6f4"]
 
 
 @pytest.mark.parametrize("field,value,error", [

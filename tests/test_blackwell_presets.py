@@ -46,10 +46,12 @@ def _oracle_preset(preset):
 
 
 def test_registered_with_their_maturity():
-    assert mmaemu.list_presets() == ["ada", "b200_mma_sync", "hopper", "sm120_mma_sync", "tcgen05_f8f6f4"]
+    assert mmaemu.list_presets() == ["ada", "b200_mma_sync", "hopper", "sm120_mma_sync", "sm120_mxf4nvf4", "sm120_mxf8f6f4", "tcgen05_f8f6f4",
+            "tcgen05_mxf4nvf4", "tcgen05_mxf8f6f4"]
     assert mmaemu.list_presets(with_maturity=True) == {
         "ada": "validated", "b200_mma_sync": "experimental", "hopper": "validated",
-        "sm120_mma_sync": "experimental", "tcgen05_f8f6f4": "experimental"}
+        "sm120_mma_sync": "experimental", "sm120_mxf4nvf4": "experimental", "sm120_mxf8f6f4": "experimental",
+        "tcgen05_f8f6f4": "experimental", "tcgen05_mxf4nvf4": "experimental", "tcgen05_mxf8f6f4": "experimental"}
     for preset in BLACKWELL:
         assert mmaemu.get_preset(preset.name.upper(), warn=False) is preset
         assert (preset.nfma, preset.frac, preset.frac_out, preset.min_exp, preset.late_c, preset.slow_chunk) == \

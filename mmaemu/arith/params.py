@@ -44,6 +44,10 @@ def schedule_params(preset, K: int, use_fast_accum: bool, splits: int = 1, schem
     custom preset whose slow_chunk is None), and where a custom preset's nfma does not divide an interleaved
     tile (no evidence says how such a block would straddle two tiles of one split).
     """
+    if preset.block_scaled:
+        raise UnsupportedFeatureError(
+            f"preset {preset.name!r} models a block-scaled instruction: instruction level only (mmaemu.model.dot "
+            "with scale_a= and scale_b=), not a GEMM schedule")
     if scheme not in SCHEMES:
         raise ValueError(f"unknown split scheme {scheme!r}; expected one of {SCHEMES}")
     if (splits == 1) != (scheme == "none"):

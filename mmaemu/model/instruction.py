@@ -13,12 +13,13 @@ from .. import formats
 from ..cpu.dot import dot_codes
 from ..plan.flush import check_no_flush_to_zero
 from ..tensor_kinds import require_data, require_dense
+from .block_scaled import dot_block_scaled
 from .presets import get_preset
 
 CANONICAL_NAN_F32 = np.uint32(0x7FFFFFFF)
 
 
-def dot(a, b, c=None, *, preset="ada", fmt=None):
+def dot(a, b, c=None, *, preset="ada", fmt=None, scale_a=None, scale_b=None, scale_fmt=None):
     """fp32 result of one chain per leading index: ``a`` and ``b`` of identical shape [..., K].
 
     ``a``/``b``: float8 tensors (format from the dtype) or float64 tensors holding FP8 values with
@@ -28,11 +29,25 @@ def dot(a, b, c=None, *, preset="ada", fmt=None):
     accumulate: meta, sparse or nested tensors (TypeError) and, when something is computed, a CPU thread that
     flushes subnormals to zero (MmaemuError: the results would silently differ). 0-D inputs have no K axis
     (ValueError).
+
+    Block-scaled presets (``tcgen05_mxf8f6f4``, ``sm120_mxf8f6f4``, ``tcgen05_mxf4nvf4``, ``sm120_mxf4nvf4``;
+    semantics.md b.5) take ``scale_a`` and ``scale_b``: one scale per block of the last axis, shape [..., K / block]
+    (``float8_e8m0fnu`` for UE8M0, ``float8_e4m3fn`` read as UE4M3, or uint8 codes with ``scale_fmt``), and
+    operands in FP8, FP6 or FP4 (``float4_e2m1fn_x2``, or uint8 codes with ``fmt``): see
+    :mod:`mmaemu.model.block_scaled`. Other presets refuse scales.
     """
     import torch
 
     preset = get_preset(preset)
     _check_tensors(a, b, c)
+    if preset.block_scaled:
+        lead_shape = tuple(a.shape[:-1])
+        c32 = _accumulator(c, lead_shape)
+        out = dot_block_scaled(preset, a, b, c32, fmt, scale_a, scale_b, scale_fmt, lead_shape)
+        return torch.from_numpy(out.reshape(lead_shape))
+    if scale_a is not None or scale_b is not None or scale_fmt is not None:
+        raise TypeError(f"dot: preset {preset.name!r} is not block-scaled and takes no scales; the block-scaled "
+                        "presets are tcgen05_mxf8f6f4, sm120_mxf8f6f4, tcgen05_mxf4nvf4 and sm120_mxf4nvf4")
     fmt_a, fmt_b = _formats(a, b, fmt)
     a_codes = _codes(a, fmt_a, "a")
     b_codes = _codes(b, fmt_b, "b")

@@ -20,7 +20,7 @@ from ..errors import ExperimentalPresetWarning
 from ..warn import Notice, report
 
 __all__ = ["Preset", "get_preset", "list_presets", "HOPPER", "ADA", "B200_MMA_SYNC", "TCGEN05_F8F6F4",
-           "SM120_MMA_SYNC", "MATURITIES"]
+           "SM120_MMA_SYNC", "TCGEN05_MXF8F6F4", "SM120_MXF8F6F4", "TCGEN05_MXF4NVF4", "SM120_MXF4NVF4", "MATURITIES"]
 
 MATURITIES = ("validated", "experimental", "custom")
 
@@ -41,6 +41,12 @@ class Preset:
       fp32 round-to-nearest-even add.
     * ``slow_chunk``: the unsplit slow-accumulation restart length in K elements, or None when the preset has no
       GEMM level (slow accumulation and split-K then raise :class:`~mmaemu.errors.UnsupportedFeatureError`).
+    * ``scale_kinds``: for a block-scaled instruction (semantics.md b.5), the accepted (elements of K per scale,
+      scale format) pairs; empty for an unscaled preset. A block-scaled preset is instruction-level only
+      (:func:`mmaemu.model.dot` with ``scale_a``/``scale_b``); ``nfma`` is then the instruction's K.
+    * ``group``: 0 = every product aligned on its own (the block algorithm); g > 0 = groups of g products summed
+      exactly, then scaled and aligned as one term each (``kind::mxf4nvf4``).
+    * ``operand_formats``: the element formats the instruction takes.
     """
 
     name: str
@@ -53,6 +59,9 @@ class Preset:
     maturity: str = "custom"
     validated_scope: str = ""
     evidence: Tuple[str, ...] = ()
+    scale_kinds: Tuple[Tuple[int, str], ...] = ()
+    group: int = 0
+    operand_formats: Tuple[str, ...] = ("e4m3", "e5m2")
 
     def __post_init__(self):
         _check_int("nfma", self.nfma, 1, None)
@@ -77,6 +86,16 @@ class Preset:
                 "or fewer fraction bits"
             )
         object.__setattr__(self, "evidence", tuple(self.evidence))
+        object.__setattr__(self, "scale_kinds", tuple((int(b), str(f)) for b, f in self.scale_kinds))
+        object.__setattr__(self, "operand_formats", tuple(self.operand_formats))
+        _check_int("group", self.group, 0, None)
+        if self.group and (not self.scale_kinds or self.nfma % self.group):
+            raise ValueError(f"Preset {self.name!r}: group={self.group} needs scale_kinds and must divide nfma")
+
+    @property
+    def block_scaled(self) -> bool:
+        """Whether the preset models a block-scaled instruction (instruction level only)."""
+        return bool(self.scale_kinds)
 
     @property
     def has_gemm_level(self) -> bool:
@@ -148,7 +167,51 @@ SM120_MMA_SYNC = Preset(
               "bit by the test suite",),
 )
 
-_REGISTRY = {p.name: p for p in (ADA, B200_MMA_SYNC, HOPPER, SM120_MMA_SYNC, TCGEN05_F8F6F4)}
+
+# The block-scaled Blackwell instructions, as MMA-Sim 2.1.1 models them (``TCGen05MMABlockScale`` and the sm_120
+# ``MMABlockScale`` in nv_ptx/sim.py, arithmetic in arithmetic/fdpa.py): kind::mxf8f6f4 is the f8f6f4 block step
+# with each product's exponent raised by its two UE8M0 scale exponents (one scale per 32 elements of K);
+# kind::mxf4nvf4 (and kind::mxf4, which MMA-Sim computes the same way: the block-32 UE8M0 case here) sums groups
+# of 16 FP4 products exactly, scales each group and fuses the groups with c at 35 fraction bits, zero terms
+# taking the exponent -139. No hardware recording of either is available to this project.
+_F8F6F4_OPERANDS = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1")
+_MX_BLOCK = dict(nfma=32, frac=25, frac_out=23, min_exp=-133, late_c=False, slow_chunk=None, maturity="experimental",
+                 scale_kinds=((32, "ue8m0"),), operand_formats=_F8F6F4_OPERANDS)
+_MX_FP4 = dict(nfma=64, frac=35, frac_out=23, min_exp=-139, late_c=False, slow_chunk=None, maturity="experimental",
+               scale_kinds=((32, "ue8m0"), (16, "ue8m0"), (16, "ue4m3")), group=16, operand_formats=("e2m1",))
+_MX_NOTE = "no hardware recording here; not a GEMM (instruction level only)"
+TCGEN05_MXF8F6F4 = Preset(
+    "tcgen05_mxf8f6f4", **_MX_BLOCK,
+    validated_scope="B200/GB200 tcgen05.mma kind::mxf8f6f4 block32 (UE8M0 scales) with an fp32 accumulator, as "
+                    f"MMA-Sim models it; {_MX_NOTE}",
+    evidence=("MMA-Sim 2.1.1 model of tcgen05.mma kind::mxf8f6f4 (TCGen05MMABlockScale), checked bit for bit by the "
+              "test suite",),
+)
+SM120_MXF8F6F4 = Preset(
+    "sm120_mxf8f6f4", **_MX_BLOCK,
+    validated_scope="RTX 50-series (sm_120) mma.sync m16n8k32 kind::mxf8f6f4 block32 (UE8M0 scales) with an fp32 "
+                    f"accumulator, as MMA-Sim models it; {_MX_NOTE}",
+    evidence=("MMA-Sim 2.1.1 model of the sm_120 mma.sync kind::mxf8f6f4 (MMABlockScale), checked bit for bit by the "
+              "test suite",),
+)
+TCGEN05_MXF4NVF4 = Preset(
+    "tcgen05_mxf4nvf4", **_MX_FP4,
+    validated_scope="B200/GB200 tcgen05.mma kind::mxf4nvf4 (block16 UE4M3 or UE8M0, block32 UE8M0) and kind::mxf4 "
+                    f"with an fp32 accumulator, as MMA-Sim models it (35 kept bits: weak evidence); {_MX_NOTE}",
+    evidence=("MMA-Sim 2.1.1 model of tcgen05.mma kind::mxf4nvf4 / kind::mxf4 (TCGen05MMABlockScale), checked bit "
+              "for bit by the test suite",),
+)
+SM120_MXF4NVF4 = Preset(
+    "sm120_mxf4nvf4", **_MX_FP4,
+    validated_scope="RTX 50-series (sm_120) mma.sync m16n8k64 kind::mxf4nvf4 (block16 UE4M3 or UE8M0, block32 "
+                    "UE8M0) and kind::mxf4 with an fp32 accumulator, as MMA-Sim models it (35 kept bits: weak "
+                    f"evidence); {_MX_NOTE}",
+    evidence=("MMA-Sim 2.1.1 model of the sm_120 mma.sync kind::mxf4nvf4 / kind::mxf4 (MMABlockScale), checked bit "
+              "for bit by the test suite",),
+)
+
+_REGISTRY = {p.name: p for p in (ADA, B200_MMA_SYNC, HOPPER, SM120_MMA_SYNC, SM120_MXF4NVF4, SM120_MXF8F6F4,
+                                 TCGEN05_F8F6F4, TCGEN05_MXF4NVF4, TCGEN05_MXF8F6F4)}
 _ALIASES = {"blackwell": "b200_mma_sync"}
 # Names that do not say which instruction they mean (an RTX 50 GPU has several FP8 paths, and a name of a GPU or
 # of an architecture is not a name of an arithmetic): refused, pointing to the instruction presets.

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Optional
 
 from .. import environment
-from ..errors import ExperimentalPresetWarning
+from ..errors import ExperimentalPresetWarning, UnsupportedFeatureError
 from ..warn import Notice, report
 from . import definitions
 from .definitions import (_BY_NAME, _PROFILES, _RECORDED, DEFAULT_PROFILE, FORMATS, OUT_DTYPES, Profile,
@@ -87,6 +87,13 @@ class PresetProfile(Profile):
                 f"{self.maturity} profile")
 
 
+def block_scaled_gemm_refusal(preset) -> str:
+    """Why a block-scaled instruction preset cannot compute a GEMM (yet)."""
+    return (f"preset {preset.name!r} models a block-scaled instruction: it is instruction level only "
+            "(mmaemu.model.dot with scale_a= and scale_b=); GEMMs with MXFP8/NVFP4 scales (scaled_mm, accumulate, "
+            "profiles) are not modelled yet (docs/limitations.md)")
+
+
 def profile_from_preset(preset, base="hopper", *, name: Optional[str] = None) -> Profile:
     """A profile that computes with ``preset`` on the platform of ``base``: one call from a tensor-core design to
     ``scaled_mm`` / ``accumulate`` / ``explain`` / ``EmulatedFP8Linear`` / ``patch``.
@@ -103,6 +110,8 @@ def profile_from_preset(preset, base="hopper", *, name: Optional[str] = None) ->
     """
     base_profile = get_profile(base)
     design = _presets().get_preset(preset, warn=False)
+    if design.block_scaled:
+        raise UnsupportedFeatureError(block_scaled_gemm_refusal(design))
     own = design is _presets().get_preset(base_profile.preset, warn=False)
     if own:
         maturity = base_profile.maturity
