@@ -67,6 +67,28 @@ def _epilogue(acc: torch.Tensor, call) -> torch.Tensor:
     return result.to(acc.device)
 
 
+def _bits(t: torch.Tensor, view) -> "numpy.ndarray":  # noqa: F821
+    return t.detach().contiguous().reshape(-1).view(view).cpu().numpy()
+
+
+def _rowwise_epilogue(acc: torch.Tensor, call) -> torch.Tensor:
+    """bf16 output of torch's row-wise epilogue (:mod:`mmaemu.arith.rowwise`) on the accumulator's device: the
+    CUDA kernel of that arithmetic where the accumulator is on a CUDA device, else the CPU loops."""
+    from .platform.rowwise import scale_order
+
+    x_first = scale_order(call.M, call.N).x_first
+    if acc.device.type == "cuda":
+        from . import cuda as cuda_backend
+
+        return cuda_backend.rowwise_epilogue(acc, call.scale_a, call.scale_b, call.bias, x_first)
+    from .cpu import rowwise_epilogue_codes
+
+    bias = None if call.bias is None else _bits(call.bias, torch.uint16)
+    bits = rowwise_epilogue_codes(acc.numpy(), _bits(call.scale_a, torch.uint32), _bits(call.scale_b, torch.uint32),
+                                  bias, x_first)
+    return torch.from_numpy(bits).view(torch.bfloat16)
+
+
 def _deliver(result: torch.Tensor, out):
     """Return the result, or write it into ``out`` (resized to [M, N] when its shape differs) and return out.
 
@@ -119,6 +141,8 @@ def run_scaled_mm_plan(plan):
     if plan.action == "zeros":
         return _deliver(torch.zeros((call.M, call.N), dtype=call.out_dtype, device=call.device), call.out)
     acc = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum)
+    if call.rowwise:
+        return _deliver(_rowwise_epilogue(acc, call), call.out)
     return _deliver(_epilogue(acc, call), call.out)
 
 

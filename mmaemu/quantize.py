@@ -55,6 +55,8 @@ __all__ = [
     "scale_from_amax",
     "amax_scale",
     "scale_inv",
+    "rowwise_scale",
+    "quantize_rowwise",
 ]
 
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
@@ -266,3 +268,51 @@ def dequantize(q, scale_inv, dtype=torch.float32):
         raise TypeError("dequantize: expected a float8_e4m3fn or float8_e5m2 tensor")
     y = q.detach().to(torch.float32) * _scale_tensor(scale_inv, q.device)
     return y.to(dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Row-wise (axis-wise) quantisation as torchao's float8 row-wise recipe computes it
+
+
+#: torchao's ``EPS`` (``torchao/float8/float8_utils.py``): the smallest amax a scale is computed from.
+TORCHAO_EPS = 1e-12
+
+
+def rowwise_scale(x, fmt="e4m3", *, round_scales_to_power_of_2=True) -> torch.Tensor:
+    """fp32 scales [rows, 1] of a 2-D tensor ``x`` [rows, cols], one per row, as torchao computes them.
+
+    torchao (``torchao/float8/float8_utils.py`` of pytorch/ao at commit 00141f40b97ef7adeb95e756bcb33d2b1c8a660f,
+    ``tensor_to_amax`` with ``AXISWISE`` granularity and ``amax_to_scale``): ``amax = max |x|`` along the row
+    (bf16 widened to fp32 first); ``s = fp32(fp8_max / max(fp64(amax), 1e-12))``, one float64 division rounded
+    to fp32; with ``round_scales_to_power_of_2`` (its row-wise recipe sets it) ``s = exp2(floor(log2(s)))`` in
+    fp32. Computed with the same torch operations on x's device, so the bits are those torchao gets there (the
+    fp32 ``log2`` of the power-of-two rounding is the device's: for a scale within an ulp below a power of two it
+    may round up). For the weight [N, K] of a linear layer this is its per-output-channel scale.
+    """
+    fmt = _fmt(fmt)
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"rowwise_scale: x must be a 2-D tensor [rows, cols], got {getattr(x, 'shape', x)!r}")
+    with torch.no_grad():
+        magnitude = torch.abs(x).to(torch.float32) if x.dtype == torch.bfloat16 else torch.abs(x)
+        amax = torch.amax(magnitude, dim=-1, keepdim=True).to(torch.float64)
+        scale = (FP8_MAX[fmt] / torch.clamp(amax, min=TORCHAO_EPS)).to(torch.float32)
+        if round_scales_to_power_of_2:
+            scale = torch.exp2(torch.floor(torch.log2(scale)))
+    return scale
+
+
+def quantize_rowwise(x, fmt="e4m3", *, round_scales_to_power_of_2=True):
+    """``(q, scale)``: torchao's row-wise float8 cast of a 2-D ``x`` [rows, cols].
+
+    ``scale`` = :func:`rowwise_scale`; ``q = fp8(clamp(fp32(x) * scale, -fp8_max, fp8_max))`` (torchao's
+    ``hp_tensor_and_scale_to_float8`` and ``to_fp8_saturated``: one fp32 multiplication, a clamp, torch's round to
+    nearest cast). ``_scaled_mm`` takes the reciprocals (torchao passes ``scale.reciprocal()``): for
+    ``x @ w.t()`` call ``scaled_mm(qx, qw.t(), sx.reciprocal(), sw.reciprocal().t(), out_dtype=torch.bfloat16)``.
+    """
+    fmt = _fmt(fmt)
+    scale = rowwise_scale(x, fmt, round_scales_to_power_of_2=round_scales_to_power_of_2)
+    dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2
+    with torch.no_grad():
+        scaled = x.to(torch.float32) * scale
+        q = scaled.clamp(min=-FP8_MAX[fmt], max=FP8_MAX[fmt]).to(dtype)
+    return q, scale

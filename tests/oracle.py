@@ -614,3 +614,130 @@ def dot(a_codes, b_codes, fmt_a: str, fmt_b: str, c_bits: int, preset) -> int:
         pairs = list(zip(a_codes[start:start + preset.nfma], b_codes[start:start + preset.nfma]))
         acc = dot_block(acc, pairs, fmt_a, fmt_b, preset)
     return CANONICAL_NAN_FP32 if fp32_value(acc) == NAN else acc
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Row-wise epilogue of torch 2.7.1's CUTLASS kernel f8f8bf16_rowwise (sm_90)
+#
+# Written from the design note (scaling-recipes.md section 2) and RowwiseScaledMM.cu: the EVT tree
+# Cast(Add(Bias, Multiply(WScale, Multiply(XScale, Acc)))), every node one fp32 round-to-nearest operation, the
+# bias a bf16 widened exactly (a missing bias is a broadcast +0), the cast RN to bf16.  XScale is the scale of the
+# problem's rows: in the transposed problem that is w_scale, so the first multiply is by w_scale[n].
+#
+# These use plain integers (value = m * 2**e) instead of Fractions: the epilogue tests run it on 10**5 outputs.
+# ``tests/test_rowwise.py`` checks them against the Fraction operations above.
+# ---------------------------------------------------------------------------------------------------------------
+
+_F32_EMIN_LSB = -149  # exponent of the least significant bit of the fp32 subnormals
+_BF16_EMIN_LSB = -133
+
+
+def _int_decode(bits: int, exp_bits: int, mant_bits: int):
+    """(negative, m, e, special) with value m * 2**e; special is None, NAN, POS_INF or NEG_INF."""
+    negative = bool(bits >> (exp_bits + mant_bits) & 1)
+    field = (bits >> mant_bits) & ((1 << exp_bits) - 1)
+    mant = bits & ((1 << mant_bits) - 1)
+    bias = (1 << (exp_bits - 1)) - 1
+    if field == (1 << exp_bits) - 1:
+        return negative, 0, 0, (NAN if mant else (NEG_INF if negative else POS_INF))
+    if field == 0:
+        return negative, mant, 1 - bias - mant_bits, None
+    return negative, mant | (1 << mant_bits), field - bias - mant_bits, None
+
+
+def _int_round(negative: bool, m: int, e: int, exp_bits: int, mant_bits: int, lsb_min: int) -> int:
+    """Bits of RNE(+-m * 2**e) (m > 0) in an IEEE format with gradual underflow; overflow gives Inf."""
+    q = max(e + m.bit_length() - (mant_bits + 1), lsb_min)  # exponent of the result's last place
+    shift = q - e
+    if shift > 0:
+        kept, rest = m >> shift, m & ((1 << shift) - 1)
+        half = 1 << (shift - 1)
+        if rest > half or (rest == half and kept & 1):
+            kept += 1
+    else:
+        kept = m << -shift
+    if kept >> (mant_bits + 1):
+        kept >>= 1
+        q += 1
+    sign = (1 << (exp_bits + mant_bits)) if negative else 0
+    if kept < (1 << mant_bits):
+        return sign | kept  # subnormal or zero (q is lsb_min)
+    field = q + mant_bits + (1 << (exp_bits - 1)) - 1
+    if field >= (1 << exp_bits) - 1:
+        return sign | (((1 << exp_bits) - 1) << mant_bits)
+    return sign | (field << mant_bits) | (kept - (1 << mant_bits))
+
+
+def int_fp32_mul(x_bits: int, y_bits: int) -> int:
+    """One fp32 RN multiplication (as fp32_mul): Inf * 0 = NaN, NaN canonical, zero sign = XOR of the signs."""
+    xn, xm, xe, xs = _int_decode(x_bits, 8, 23)
+    yn, ym, ye, ys = _int_decode(y_bits, 8, 23)
+    negative = xn != yn
+    if xs == NAN or ys == NAN:
+        return CANONICAL_NAN_FP32
+    if xs or ys:
+        if (xs is None and xm == 0) or (ys is None and ym == 0):
+            return CANONICAL_NAN_FP32
+        return 0xFF800000 if negative else 0x7F800000
+    if xm == 0 or ym == 0:
+        return 0x80000000 if negative else 0
+    return _int_round(negative, xm * ym, xe + ye, 8, 23, _F32_EMIN_LSB)
+
+
+def int_fp32_add(x_bits: int, y_bits: int) -> int:
+    """One fp32 RN addition (as fp32_add): an exact zero sum is +0 except (-0) + (-0); +Inf + -Inf = NaN."""
+    xn, xm, xe, xs = _int_decode(x_bits, 8, 23)
+    yn, ym, ye, ys = _int_decode(y_bits, 8, 23)
+    if xs or ys:
+        return special_bits(ieee_sum_of_specials([s for s in (xs, ys) if s]))
+    e = min(xe, ye)
+    total = (-1 if xn else 1) * (xm << (xe - e)) + (-1 if yn else 1) * (ym << (ye - e))
+    if total == 0:
+        return 0x80000000 if (xn and yn and xm == 0 and ym == 0) else 0
+    return _int_round(total < 0, abs(total), e, 8, 23, _F32_EMIN_LSB)
+
+
+def int_fp32_to_bf16(y_bits: int) -> int:
+    """RN of an fp32 value to bf16 (as convert_fp32(..., 'bfloat16')): NaN canonical 0x7FFF, zero sign kept."""
+    negative, m, e, special = _int_decode(y_bits, 8, 23)
+    if special == NAN:
+        return FORMATS["bfloat16"].canonical_nan
+    if special:
+        return 0xFF80 if negative else 0x7F80
+    if m == 0:
+        return 0x8000 if negative else 0
+    return _int_round(negative, m, e, 8, 7, _BF16_EMIN_LSB)
+
+
+def rowwise_epilogue(acc_bits: int, x_scale_bits: int, w_scale_bits: int, bias_bits, transposed: bool) -> int:
+    """bf16 bits of torch 2.7.1's row-wise epilogue of one fp32 accumulator.
+
+    Untransposed problem: y = RN(bias + RN(w * RN(x * acc))); transposed: y = RN(bias + RN(x * RN(w * acc)));
+    ``bias_bits``: bf16 bits or None (+0).  Output RN to bf16.
+    """
+    first, second = (w_scale_bits, x_scale_bits) if transposed else (x_scale_bits, w_scale_bits)
+    scaled = int_fp32_mul(second, int_fp32_mul(first, acc_bits))
+    bias32 = 0 if bias_bits is None else bias_bits << 16  # bf16 widens exactly: the same bits, 16 zeros after
+    return int_fp32_to_bf16(int_fp32_add(bias32, scaled))
+
+
+def rowwise_runs_transposed(M: int, N: int) -> bool:
+    """The dispatch of dispatch_fp8_rowwise_kernel_on_cluster_size_and_transpose (torch 2.7.1, sm_90), restated
+    from the source: M and N rounded up to multiples of 64, then the first rule that applies."""
+    M, N = -(-M // 64) * 64, -(-N // 64) * 64
+    rules = (
+        (M == 64 and N >= 3072, False),
+        (N == 64 and M >= 3072, True),
+        (M == 192 and N >= 4096, True),
+        (N == 192 and M >= 4096, False),
+        (M * N <= 4096 * 4096 and M % 256 > 0 and N % 256 == 0, True),
+        (M * N <= 4096 * 4096 and N % 256 > 0 and M % 256 == 0, False),
+    )
+    for applies, transposed in rules:
+        if applies:
+            return transposed
+    if M % 256 > 0 and N % 256 > 0:
+        return (M <= N) ^ (M * N <= 1024 * 1024)
+    if M >= 4096 and N >= 4096:
+        return not M >= N
+    return True

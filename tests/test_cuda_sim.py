@@ -295,7 +295,8 @@ def test_ptx_for_sm89_sm90_sm120_without_a_device(workers):
         pytest.skip(report["skipped"])
     assert set(report["targets"]) == {f"sm_{a}{b}" for a, b in TARGETS}
     for sm, kernels in report["targets"].items():
-        assert set(kernels) == {"offset", "offset_powers", "offset_decode", "simple", "override", "epilogue"}
+        assert set(kernels) == {"offset", "offset_powers", "offset_decode", "simple", "override", "epilogue",
+                                "rowwise_epilogue"}
         # The offset kernels run the GPU's own fma.rz, not the float64 emulation of fma_toward_zero; the power sums
         # the GPU's fma.rn.bf16x2, not the float64 twin.
         for name in OFFSET_KERNELS:

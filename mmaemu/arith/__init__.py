@@ -14,5 +14,6 @@ The same functions run in the parallel CPU loops (:mod:`mmaemu.cpu`) and inside 
   ``cuda:offset`` kernel's formulation), over the packed-word primitives of :mod:`.packed`;
 * :mod:`.special` - the NaN/Inf rule (c.4);
 * :mod:`.rounding`, :mod:`.epilogue` - exact IEEE rounding and the scaled_mm epilogue (e);
+* :mod:`.rowwise` - the epilogue of torch's CUTLASS row-wise kernel (per-row and per-column scales, a bias);
 * :mod:`.params` - presets and splits as the integer tuples the compiled code takes.
 """

@@ -6,6 +6,6 @@ per-output loop (``accumulate_one``) with ``reference=True``; both give the same
 neither used nor changed (see :mod:`mmaemu.cpu.threads` and docs/performance.md).
 """
 
-from .engine import accumulate_codes, epilogue_codes
+from .engine import accumulate_codes, epilogue_codes, rowwise_epilogue_codes
 
-__all__ = ["accumulate_codes", "epilogue_codes"]
+__all__ = ["accumulate_codes", "epilogue_codes", "rowwise_epilogue_codes"]

@@ -10,7 +10,8 @@ import numpy as np
 from .. import formats
 from ..arith.epilogue import OUT_CODES, scale_product
 from ..arith.params import codes_gemm
-from ..arith.rounding import FLOAT32, value_of_bits
+from ..arith.rounding import BFLOAT16, FLOAT32, value_of_bits
+from ..arith.rowwise import exact_values, rowwise_epilogue_rows
 from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_decode
 from . import threads
 from .gemm import (TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, decode_panel, epilogue_gemm,
@@ -175,3 +176,30 @@ def epilogue_codes(acc, scale_a_bits, scale_b_bits, scale_result_bits, out_dtype
     threads.parallel_for(epilogue_gemm, acc.size, EPILOGUE_WORK, acc.reshape(-1), alpha, OUT_CODES[out_dtype_name],
                          scale_result, has_sr, out)
     return out.reshape(acc.shape)
+
+
+def exact_float64(bits, fmt) -> np.ndarray:
+    """Exact float64 values of an array of bit patterns (uint32 fp32 or uint16 bf16) in ``fmt``."""
+    flat = np.ascontiguousarray(bits).reshape(-1).astype(np.int64)
+    out = np.empty(flat.size, np.float64)
+    exact_values(flat, fmt, out)
+    return out
+
+
+def rowwise_epilogue_codes(acc, x_scale_bits, w_scale_bits, bias_bits, x_first: bool):
+    """bf16 output bits [M, N] (uint16) of torch's row-wise epilogue (:mod:`mmaemu.arith.rowwise`) on fp32
+    accumulators ``acc`` [M, N].
+
+    ``x_scale_bits`` [M] and ``w_scale_bits`` [N]: fp32 bit patterns (uint32) of scale_a and scale_b;
+    ``bias_bits`` [N]: bf16 bit patterns (uint16), or None for no bias (the kernel adds +0); ``x_first``: the
+    kernel multiplies by x_scale[m] first (:func:`mmaemu.platform.rowwise.scale_order`).
+    """
+    acc = np.ascontiguousarray(acc, dtype=np.float32)
+    M, N = acc.shape
+    x_scale = exact_float64(x_scale_bits, FLOAT32)
+    w_scale = exact_float64(w_scale_bits, FLOAT32)
+    bias = np.zeros(N, np.float64) if bias_bits is None else exact_float64(bias_bits, BFLOAT16)
+    out = np.empty((M, N), np.uint16)
+    threads.parallel_for(rowwise_epilogue_rows, M, max(1, N) * EPILOGUE_WORK, acc, x_scale, w_scale, bias,
+                         bool(x_first), out)
+    return out

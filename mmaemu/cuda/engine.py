@@ -170,6 +170,25 @@ def epilogue_tensors(acc, scale_a, scale_b, scale_result, out_dtype):
     return result
 
 
+def rowwise_epilogue_tensors(acc, scale_a, scale_b, bias, x_first):
+    """bf16 tensor (on acc's device) of torch's row-wise epilogue of fp32 accumulators ``acc`` [M, N]; scale_a
+    [M, 1], scale_b [1, N] fp32 and bias [N] bf16 (or None) on the same device, read as bits by the kernel."""
+    import torch
+
+    with _OnDevice(acc.device) as on:
+        def bits(t, dtype, view):
+            return t.detach().reshape(-1).to(device=on.torch_device, dtype=dtype).contiguous().view(view)
+
+        x_bits = bits(scale_a, torch.float32, torch.int32)
+        w_bits = bits(scale_b, torch.float32, torch.int32)
+        b_bits = bits(bias, torch.bfloat16, torch.int16) if bias is not None else torch.zeros(1, dtype=torch.int16,
+                                                                                               device=on.torch_device)
+        result = torch.empty(acc.shape, dtype=torch.bfloat16, device=on.torch_device)
+        launch.launch_rowwise_epilogue(_nb(acc.detach().contiguous()), _nb(x_bits), _nb(w_bits), _nb(b_bits),
+                                       bias is not None, x_first, _nb(result.view(torch.int16)), on.stream)
+    return result
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # numpy (numba device arrays; runs on a device or under the simulator)
 
@@ -212,3 +231,17 @@ def epilogue_numpy(acc, scale_a_bits, scale_b_bits, scale_result_bits, out_dtype
                             OUT_CODES[out_dtype_name], width, out)
     unsigned = {32: np.uint32, 16: np.uint16, 8: np.uint8}[width]
     return out.copy_to_host().view(unsigned).reshape(acc.shape)
+
+
+def rowwise_epilogue_numpy(acc, x_scale_bits, w_scale_bits, bias_bits, x_first):
+    """Like :func:`mmaemu.cpu.rowwise_epilogue_codes` (same arguments and result), computed by the CUDA kernel."""
+    cuda = _cuda()
+    acc = np.ascontiguousarray(acc, dtype=np.float32)
+    has_bias = bias_bits is not None
+    bias = np.ascontiguousarray(bias_bits if has_bias else np.zeros(1, np.uint16), dtype=np.uint16).view(np.int16)
+    out = cuda.to_device(np.zeros(acc.shape, np.int16))
+    launch.launch_rowwise_epilogue(cuda.to_device(acc), cuda.to_device(np.ascontiguousarray(x_scale_bits, np.uint32)
+                                                                        .view(np.int32)),
+                                   cuda.to_device(np.ascontiguousarray(w_scale_bits, np.uint32).view(np.int32)),
+                                   cuda.to_device(bias), has_bias, x_first, out)
+    return out.copy_to_host().view(np.uint16)

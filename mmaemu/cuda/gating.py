@@ -387,6 +387,31 @@ def epilogue(acc, scale_a, scale_b, scale_result, out_dtype):
     return engine.epilogue_tensors(acc, scale_a, scale_b, scale_result, out_dtype)
 
 
+def rowwise_epilogue(acc, scale_a, scale_b, bias, x_first):
+    """torch's row-wise epilogue (bf16) on the device of ``acc`` when ``acc`` was computed by a kernel and the
+    epilogue kernel passed its self-test there (the row-wise kernel runs the same rounding functions); else the
+    CPU loops compute it and the result is copied to acc's device."""
+    if _KERNEL_RESULTS.get(id(acc)) is acc:
+        try:
+            info = _probe(acc.device)
+        except DeviceUnavailable:
+            info = None
+        if info is not None and ensure_verdict(info, "epilogue").passed:
+            from . import engine
+
+            return engine.rowwise_epilogue_tensors(acc, scale_a, scale_b, bias, x_first)
+    import torch
+
+    from ..cpu import rowwise_epilogue_codes
+
+    def bits(t, view):
+        return t.detach().contiguous().reshape(-1).view(view).cpu().numpy()
+
+    out = rowwise_epilogue_codes(acc.cpu().numpy(), bits(scale_a, torch.uint32), bits(scale_b, torch.uint32),
+                                 None if bias is None else bits(bias, torch.uint16), x_first)
+    return torch.from_numpy(out).view(torch.bfloat16).to(acc.device)
+
+
 def reset():
     """Forget verdicts, selections and probed devices of this process (tests; the once-per-process warnings are
     forgotten by :func:`mmaemu.warn.reset`)."""

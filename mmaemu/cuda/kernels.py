@@ -12,7 +12,9 @@ no fused multiply-add appears in their PTX, see ``tests/test_cuda_sim.py``).
   :mod:`mmaemu.cuda.offset_kernel`, which walks its schedules with the functions exported here
   (``combine_step``, ``split_chains``, ``chain_tiles_of``, ``chain_range``);
 * :func:`override_nonfinite` - the NaN/Inf rule on every output whose row of A or of B holds a non-finite code;
-* :func:`epilogue` - the scaled_mm epilogue (semantics.md (e)) from the fp32 accumulators and the scales' bits.
+* :func:`epilogue` - the scaled_mm epilogue (semantics.md (e)) from the fp32 accumulators and the scales' bits;
+* :func:`rowwise_epilogue` - torch's row-wise epilogue (:mod:`mmaemu.arith.rowwise`) from the fp32 accumulators,
+  the scale vectors' and the bias's bits.
 
 Importing this module imports ``numba.cuda`` (no driver call); :mod:`.launch` launches them, which compiles
 them on first use.
@@ -26,6 +28,7 @@ from numba import cuda
 from ..arith import chain as _chain
 from ..arith import epilogue as _epilogue
 from ..arith import rounding as _rounding
+from ..arith import rowwise as _rowwise
 from ..arith import schedule as _schedule
 from ..arith import special as _special
 from . import shim
@@ -44,9 +47,11 @@ nonfinite_accumulator = shim.device(_special.nonfinite_accumulator)
 epilogue_one = shim.device(_epilogue.epilogue_one)
 scale_product = shim.device(_epilogue.scale_product)
 value_of_bits = shim.device(_rounding.value_of_bits)
+rowwise_epilogue_one = shim.device(_rowwise.rowwise_epilogue_one)
 
 FINITE = _special.FINITE
 FLOAT32 = _rounding.FLOAT32
+BFLOAT16 = _rounding.BFLOAT16
 
 # Launch geometry: BLOCK x BLOCK threads per block (simple and override kernels).
 BLOCK = 16
@@ -103,3 +108,21 @@ def epilogue(acc, scale_bits, has_scale_result, out_code, width, out_bits):
             scale_result = value_of_bits(np.int64(scale_bits[2]) & 0xFFFFFFFF, FLOAT32)
         bits = epilogue_one(acc[i], alpha, out_code, scale_result, has_scale_result != 0)
         out_bits[i] = _signed(bits, width)
+
+
+@cuda.jit(fastmath=False)
+def rowwise_epilogue(acc, x_scale_bits, w_scale_bits, bias_bits, has_bias, x_first, out_bits):
+    """out_bits[m, n] = bf16 bits (int16 view) of torch's row-wise epilogue of acc[m, n]: x_scale_bits [M] and
+    w_scale_bits [N] int32 fp32 bits, bias_bits [N] int16 bf16 bits (ignored unless has_bias; +0 then)."""
+    n, m = cuda.grid(2)
+    if m < acc.shape[0] and n < acc.shape[1]:
+        x = value_of_bits(np.int64(x_scale_bits[m]) & 0xFFFFFFFF, FLOAT32)
+        w = value_of_bits(np.int64(w_scale_bits[n]) & 0xFFFFFFFF, FLOAT32)
+        bias = 0.0
+        if has_bias != 0:
+            bias = value_of_bits(np.int64(bias_bits[n]) & 0xFFFF, BFLOAT16)
+        if x_first != 0:
+            bits = rowwise_epilogue_one(acc[m, n], x, w, bias)
+        else:
+            bits = rowwise_epilogue_one(acc[m, n], w, x, bias)
+        out_bits[m, n] = _signed(bits, 16)

@@ -15,7 +15,8 @@ from numba import cuda
 from ..arith import offset as _offset
 from . import offset_kernel, shim
 from .catalog import CODES_KERNELS, gemm_kernels
-from .kernels import BLOCK, EPILOGUE_THREADS, MAX_GRID_Y, epilogue, gemm_simple, override_nonfinite
+from .kernels import (BLOCK, EPILOGUE_THREADS, MAX_GRID_Y, epilogue, gemm_simple, override_nonfinite,
+                      rowwise_epilogue)
 from .native_kernel import (CTA_M, CTA_N, COMBINE_THREADS, GROUP_THREADS, INSTRUCTIONS, THREADS, combine_partials,
                             gemm_kernel, instruction_of, native_decline, pad_codes, padded_shape, stage_plan)
 from .probe_kernel import probe_kernel
@@ -108,6 +109,21 @@ def launch_epilogue(acc_flat, scale_bits, has_scale_result, out_code, width, out
                                                  int(width), out_bits_flat)
 
 
+def launch_rowwise_epilogue(acc, x_scale_bits, w_scale_bits, bias_bits, has_bias, x_first, out_bits, stream=0):
+    """out_bits [M, N] (int16) = bf16 bits of the row-wise epilogue of acc [M, N] (rows in slices of at most
+    MAX_GRID_Y blocks)."""
+    M, N = acc.shape
+    if M == 0 or N == 0:
+        return
+    rows = MAX_GRID_Y * BLOCK
+    with quiet_launches():
+        for r0 in range(0, M, rows):
+            r1 = min(M, r0 + rows)
+            grid = ((N + BLOCK - 1) // BLOCK, (r1 - r0 + BLOCK - 1) // BLOCK)
+            rowwise_epilogue[grid, (BLOCK, BLOCK), stream](acc[r0:r1], x_scale_bits[r0:r1], w_scale_bits, bias_bits,
+                                                           int(has_bias), int(x_first), out_bits[r0:r1])
+
+
 def signatures():
     """``{name: (kernel, argument types)}`` of every kernel for C-contiguous operands (PTX checks, warm-up)."""
     import numba
@@ -134,6 +150,8 @@ def signatures():
         "simple": (gemm_simple, (a8, a16, a8, a16, schedule, params, f32)),
         "override": (override_nonfinite, (codes, flags, table, codes, flags, table, types.int32[:, ::1])),
         "epilogue": (epilogue, (types.float32[::1], types.int32[::1], i64, i64, i64, types.int16[::1])),
+        "rowwise_epilogue": (rowwise_epilogue, (f32, types.int32[::1], types.int32[::1], types.int16[::1], i64, i64,
+                                                types.int16[:, ::1])),
     }
 
 

@@ -17,7 +17,7 @@ from typing import Iterable, List, Optional, Tuple, Union
 from .. import backends
 from ..errors import UnsupportedFeatureError
 from ..model.presets import Preset, get_preset
-from ..platform import get_profile
+from ..platform import get_profile, rowwise
 from ..platform.profiles import profile_maturity_notices
 from ..platform.splitk import SplitDecision, check_scheme_for_preset, decide_splitk
 from ..warn import Notice, collecting, report
@@ -43,6 +43,7 @@ class CallPlan:
     backend: str
     fallbacks: List[str]
     warnings: List[str]
+    kernel: Optional[str] = None
 
 
 @dataclasses.dataclass
@@ -57,6 +58,7 @@ class Plan:
     fallbacks: List[str] = dataclasses.field(default_factory=list)
     notices: List[Notice] = dataclasses.field(default_factory=list)
     action: str = "compute"  # "compute" | "zeros" | "out-unchanged"
+    kernel: Optional[str] = None  # the reference kernel when it is not cuBLASLt ("cutlass rowwise")
 
     @property
     def warnings(self) -> List[str]:
@@ -66,7 +68,8 @@ class Plan:
     def describe(self, validation="ok") -> CallPlan:
         backend = {"zeros": "none (zero-size result)", "out-unchanged": "none (out= is returned unchanged)"}
         return CallPlan(validation, self.profile.name, self.preset.name, self.preset.maturity, self.split,
-                        backend.get(self.action, self.backend), list(self.fallbacks), list(self.warnings))
+                        backend.get(self.action, self.backend), list(self.fallbacks), list(self.warnings),
+                        self.kernel)
 
 
 def _note(plan: Plan, notices: Iterable[Notice]):
@@ -133,6 +136,8 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
         plan.action = "zeros"
         return plan
     _maturity_warnings(plan)
+    if call.rowwise:
+        return _plan_rowwise(plan, splitk, backend)
     if call.out_unusable:
         _out_warning(plan, OUT_UNCHANGED_MESSAGE)
         plan.action = "out-unchanged"
@@ -141,6 +146,37 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
         _out_warning(plan, OUT_RESIZED_MESSAGE.format(old=tuple(out.shape), new=(call.M, call.N)))
     M, N, K, fmt_a, fmt_b = split_key(call)
     _decide(plan, M, N, K, fmt_a, fmt_b, call.out_dtype, call.use_fast_accum, splitk, call.layout_std)
+    _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b)
+    return plan
+
+
+def _asks_no_split(splitk) -> bool:
+    """True for the splitk values that mean one split: "auto" (the kernel decides), 1, (1, "none")."""
+    if isinstance(splitk, str):
+        return splitk == "auto"
+    if isinstance(splitk, bool):
+        return False
+    if isinstance(splitk, (tuple, list)):
+        return len(splitk) == 2 and splitk[0] == 1 and splitk[1] == "none"
+    return getattr(splitk, "S", splitk) == 1
+
+
+def _plan_rowwise(plan: Plan, splitk, backend) -> Plan:
+    """A row-wise call (torch's CUTLASS kernel, :mod:`mmaemu.platform.rowwise`): experimental; one CTA per output
+    over all of K, so S = 1 whatever the shape; the scale order of the epilogue is in the split note."""
+    call = plan.call
+    _note(plan, [rowwise.rowwise_maturity_notice()])
+    if call.out_resize_warns:
+        _out_warning(plan, OUT_RESIZED_MESSAGE.format(old=tuple(call.out.shape), new=(call.M, call.N)))
+    if not _asks_no_split(splitk):
+        raise UnsupportedFeatureError(
+            f"splitk={splitk!r}: torch 2.7.1's row-wise kernel never splits K ({rowwise.NO_SPLIT_REASON}); use "
+            f"splitk='auto' or 1"
+        )
+    _check_gemm_level(plan.preset, call.use_fast_accum, None)
+    order = rowwise.scale_order(call.M, call.N)
+    plan.kernel = rowwise.KERNEL
+    plan.split = SplitDecision(1, "none", "kernel", False, None, f"{rowwise.NO_SPLIT_REASON}; {order.note}")
     _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b)
     return plan
 

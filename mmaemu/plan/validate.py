@@ -10,7 +10,12 @@
 * f.3 zero-size early return (M, N or K = 0): nothing later applies;
 * f.4 cuBLAS/cuBLASLt-level checks (1-6) -> ``ReferenceRejectsError``;
 * f.5 the profile's rejection rules -> ``ReferenceRejectsError`` (message ends with ``[profile <name>]``);
-* f.6 valid but not modelled (bias, row-wise scales, autograd) -> :class:`~mmaemu.errors.UnsupportedFeatureError`.
+* f.6 valid but not modelled (a bias with tensor-wise scales, autograd) ->
+  :class:`~mmaemu.errors.UnsupportedFeatureError`.
+
+A row-wise call (scale_a [M, 1], scale_b [1, N]) leaves this order after f.3, as torch 2.7.1 sends it to its
+CUTLASS kernel before any cuBLASLt argument handling: its rules are :func:`mmaemu.plan.rowwise.check_rowwise_call`
+(bf16 output, the kernel's ``check_inputs``, the platforms it is modelled on), then the no-grad rule.
 
 :func:`validate_accumulate` applies the few rules of f.8. Neither function decides split-K, picks a backend,
 warns (f.7) or computes.
@@ -39,6 +44,7 @@ from .layout import (
     leading_dimensions,
     mat2_is_column_major,
 )
+from .rowwise import check_rowwise_call
 
 __all__ = [
     "ScaledMMCall",
@@ -98,6 +104,10 @@ class ScaledMMCall:
 
     The three out flags are False in a zero-size call except ``out_resize``/``out_resize_warns`` (torch resizes
     out before its early return and zero-fills out itself).
+
+    * ``rowwise``: scale_a [M, 1] and scale_b [1, N] (torch's CUTLASS row-wise kernel, :mod:`.rowwise`); then
+      ``bias`` is the validated bias (bf16 [N]) or None, and the out flags other than the resize are False (the
+      kernel refuses an out that is not row-major).
     """
 
     input: torch.Tensor = dataclasses.field(repr=False)
@@ -121,6 +131,8 @@ class ScaledMMCall:
     out_resize_warns: bool
     input_copied: bool
     device: torch.device
+    rowwise: bool = False
+    bias: Optional[torch.Tensor] = dataclasses.field(default=None, repr=False)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -206,8 +218,10 @@ def validate_scaled_mm(
     if M == 0 or N == 0 or K == 0:
         return _zero_size_call(input, mat2, **common)
 
-    # f.4 cuBLAS / cuBLASLt-level checks
-    _check_rowwise_out_dtype(rowwise, od)  # f.4.1
+    if rowwise:  # torch 2.7.1 sends it to its CUTLASS kernel before any cuBLASLt argument handling
+        return _rowwise_call(input, mat2, bias, profile, **common)
+
+    # f.4 cuBLAS / cuBLASLt-level checks (f.4.1, row-wise output, is the row-wise branch's first rule)
     input, input_copied = _check_layout(input, mat2)  # f.4.2 (may copy input)
     _check_modelled_float8(input, mat2)  # f.4.3
     _check_cublas_out_dtype(od)  # f.4.4
@@ -221,7 +235,7 @@ def validate_scaled_mm(
     _check_profile(profile, fmt_a, fmt_b, od)
 
     # f.6 scope
-    _check_scope(bias, rowwise, input=input, mat2=mat2, scale_a=scale_a, scale_b=scale_b, scale_result=scale_result)
+    _check_scope(bias, input=input, mat2=mat2, scale_a=scale_a, scale_b=scale_b, scale_result=scale_result)
 
     return ScaledMMCall(
         input=input, mat2=mat2, fmt_a=fmt_a, fmt_b=fmt_b, zero_size=False,
@@ -239,6 +253,20 @@ def _zero_size_call(input, mat2, **common) -> ScaledMMCall:
         zero_size=True, layout_std=is_layout_std(input, mat2), input_copied=False,
         out_column_major=False, out_unusable=False, out_resize=resize, out_resize_warns=resize_warns,
         **common,
+    )
+
+
+def _rowwise_call(input, mat2, bias, profile, **common) -> ScaledMMCall:
+    """A row-wise call after f.3: the kernel's own checks (:mod:`.rowwise`), then the no-grad rule of f.6."""
+    check_rowwise_call(input, mat2, common["scale_a"], common["scale_b"], bias, common["out"], common["out_dtype"],
+                       profile)
+    _check_no_grad(dict(input=input, mat2=mat2, scale_a=common["scale_a"], scale_b=common["scale_b"],
+                        scale_result=common["scale_result"], bias=bias))
+    resize, resize_warns = _out_resize(common["out"], common["M"], common["N"])
+    return ScaledMMCall(
+        input=input, mat2=mat2, fmt_a=FP8_FORMAT_OF_DTYPE[input.dtype], fmt_b=FP8_FORMAT_OF_DTYPE[mat2.dtype],
+        zero_size=False, layout_std=True, input_copied=False, out_column_major=False, out_unusable=False,
+        out_resize=resize, out_resize_warns=resize_warns, rowwise=True, bias=bias, **common,
     )
 
 
@@ -454,15 +482,6 @@ def _cublaslt_rejects(message: str) -> ReferenceRejectsError:
     return ReferenceRejectsError(f"{message} {_CUBLASLT}")
 
 
-def _check_rowwise_out_dtype(rowwise: bool, od: torch.dtype) -> None:
-    """f.4.1: row-wise scaling only with a bfloat16 output."""
-    if rowwise and od != torch.bfloat16:
-        raise _cublaslt_rejects(
-            f"Only bf16 high precision output types are supported for row-wise scaling: got {od}; pass "
-            f"out_dtype=torch.bfloat16 (mmaemu does not model row-wise scaling: use one-element scales)"
-        )
-
-
 def _check_layout(input: torch.Tensor, mat2: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """f.4.2: input row-major [M, K], mat2 column-major [K, N]; a neither-major input is copied (torch does).
 
@@ -547,19 +566,13 @@ def _check_profile(profile, fmt_a: str, fmt_b: str, od: torch.dtype) -> None:
 # --- f.6 scope -> UnsupportedFeatureError ------------------------------------------------------------------------
 
 
-def _check_scope(bias, rowwise: bool, **grad_candidates) -> None:
-    """f.6, in order: bias; row-wise scales; requires_grad under grad mode. Valid on the reference platform,
-    never approximated."""
+def _check_scope(bias, **grad_candidates) -> None:
+    """f.6 of a tensor-wise call, in order: bias; requires_grad under grad mode. Valid on the reference platform,
+    never approximated. (Row-wise calls have their own rules: :mod:`.rowwise`.)"""
     if bias is not None:
         raise UnsupportedFeatureError(
             f"bias is valid on the reference platform but not modelled by mmaemu (the fused bias epilogue is "
             f"never approximated); call scaled_mm without bias {_SCOPE}"
-        )
-    if rowwise:
-        raise UnsupportedFeatureError(
-            f"row-wise scaling (scale_a [M, 1], scale_b [1, N]) is valid on the reference platform but not "
-            f"modelled by mmaemu; use one-element (tensor-wise) scales, or mmaemu.accumulate for the fp32 "
-            f"accumulator {_SCOPE}"
         )
     _check_no_grad(grad_candidates)
 
