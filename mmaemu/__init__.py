@@ -39,6 +39,7 @@ _EXPORTS = {
     "ExperimentalPresetWarning": "errors",
     "UnverifiedSplitWarning": "errors",
     "UnvalidatedEnvelopeWarning": "errors",
+    "AssumedUnsplitWarning": "errors",
     "BackendFallbackWarning": "errors",
     "CacheWarning": "errors",
 }

@@ -151,9 +151,15 @@ def _profile_path_problem(value: str) -> Optional[str]:
     return f"not a folder: {', '.join(missing)}" if missing else None
 
 
+def _split_policy_problem(value: str) -> Optional[str]:
+    from .platform.splitk import POLICIES
+
+    return None if value in POLICIES else "not a split-K policy: use " + " or ".join(POLICIES)
+
+
 # The checks of the variables whose valid values other parts of mmaemu know (given the parsed value).
 ENVIRONMENT_CHECKS = {"MMAEMU_PROFILE": _profile_problem, "MMAEMU_BACKEND": _backend_problem,
-                      "MMAEMU_PROFILE_PATH": _profile_path_problem}
+                      "MMAEMU_SPLITK_POLICY": _split_policy_problem, "MMAEMU_PROFILE_PATH": _profile_path_problem}
 
 
 def environment_problems() -> Dict[str, str]:

@@ -35,6 +35,11 @@ def parse_text(text: str) -> str:
     return text
 
 
+def parse_stripped(text: str) -> str:
+    """The text without surrounding blanks (a word whose valid values its owner checks)."""
+    return text.strip()
+
+
 def parse_bool(text: str) -> bool:
     """1/true/yes/on -> True, 0/false/no/off -> False (case and surrounding blanks ignored); else ValueError."""
     word = text.strip().lower()
@@ -77,6 +82,8 @@ class EnvVar:
 VARIABLES = (
     EnvVar("MMAEMU_PROFILE", "default profile when profile=None (unset or empty: hopper)"),
     EnvVar("MMAEMU_BACKEND", "replaces backend='auto'"),
+    EnvVar("MMAEMU_SPLITK_POLICY", "assume-unsplit: splitk='auto' takes S = 1 (and warns) where the evidence does "
+           "not decide", parse_stripped),
     EnvVar("MMAEMU_SPLITK_STRICT", "true (1/true/yes/on): envelope inferences raise SplitKUnknownError",
            parse_bool, False),
     EnvVar("MMAEMU_DISABLE_CUDA", "true (1/true/yes/on): never touch CUDA; no live cuBLASLt query",

@@ -13,6 +13,7 @@ __all__ = [
     "ExperimentalPresetWarning",
     "UnverifiedSplitWarning",
     "UnvalidatedEnvelopeWarning",
+    "AssumedUnsplitWarning",
     "BackendFallbackWarning",
     "CacheWarning",
 ]
@@ -48,6 +49,11 @@ class UnverifiedSplitWarning(UserWarning):
 
 class UnvalidatedEnvelopeWarning(UnverifiedSplitWarning):
     """S = 1 inferred by an envelope whose held-out validation failed or is missing."""
+
+
+class AssumedUnsplitWarning(UnverifiedSplitWarning):
+    """S = 1 taken under ``splitk="assume-unsplit"`` for a call the evidence does not decide: an assumption of the
+    caller's, backed only by what the table's setting recorded (the warning's note says what)."""
 
 
 class BackendFallbackWarning(RuntimeWarning):

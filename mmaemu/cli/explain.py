@@ -17,10 +17,10 @@ EXPLAIN_FORMAT = "mmaemu-explain/1"
 
 
 def _parse_splitk(ctx, param, value: str):
-    """auto | an integer (1; others are reported by explain) | S,scheme."""
+    """auto | assume-unsplit | an integer (1; others are reported by explain) | S,scheme."""
     text = value.strip()
-    if text == "auto":
-        return "auto"
+    if text in ("auto", "assume-unsplit"):
+        return text
     parts = [p.strip() for p in text.split(",")]
     try:
         if len(parts) == 1:
@@ -29,7 +29,8 @@ def _parse_splitk(ctx, param, value: str):
             return (int(parts[0]), parts[1])
     except ValueError:
         pass
-    raise click.BadParameter(f"expected 'auto', 1 or 'S,scheme' (e.g. 2,contiguous), got {value!r}")
+    raise click.BadParameter(f"expected 'auto', 'assume-unsplit', 1 or 'S,scheme' (e.g. 2,contiguous), "
+                             f"got {value!r}")
 
 
 def _parse_device(ctx, param, value: str):
@@ -106,7 +107,9 @@ def _explain(args: tuple, device, device_spec: str, why: Optional[str]):
 @click.option("--scale-b", type=float, default=1.0, show_default=True)
 @click.option("--scale-result", type=float, default=None)
 @click.option("--profile", default=None, help="Profile name (default: $MMAEMU_PROFILE or hopper).")
-@click.option("--splitk", default="auto", callback=_parse_splitk, metavar="auto|1|S,scheme", show_default=True)
+@click.option("--splitk", default="auto", callback=_parse_splitk, metavar="auto|assume-unsplit|1|S,scheme",
+              show_default=True, help="Split-K: 'assume-unsplit' takes S = 1 (with a warning) where the evidence "
+              "does not decide.")
 @click.option("--backend", default="auto", show_default=True)
 @click.option("--device", "device_spec", default="auto", callback=_parse_device, metavar="auto|cpu|cuda|cuda:N",
               show_default=True)

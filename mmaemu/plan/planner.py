@@ -19,7 +19,7 @@ from ..errors import UnsupportedFeatureError
 from ..model.presets import Preset, get_preset
 from ..platform import get_profile, rowwise
 from ..platform.profiles import profile_maturity_notices
-from ..platform.splitk import SplitDecision, check_scheme_for_preset, decide_splitk
+from ..platform.splitk import POLICIES, SplitDecision, check_scheme_for_preset, decide_splitk
 from ..warn import Notice, collecting, report
 from .flush import check_no_flush_to_zero
 from .validate import split_key, validate_accumulate, validate_scaled_mm
@@ -151,9 +151,10 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
 
 
 def _asks_no_split(splitk) -> bool:
-    """True for the splitk values that mean one split: "auto" (the kernel decides), 1, (1, "none")."""
+    """True for the splitk values that mean one split: "auto" and "assume-unsplit" (the kernel decides), 1,
+    (1, "none")."""
     if isinstance(splitk, str):
-        return splitk == "auto"
+        return splitk in POLICIES
     if isinstance(splitk, bool):
         return False
     if isinstance(splitk, (tuple, list)):

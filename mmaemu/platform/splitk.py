@@ -5,7 +5,11 @@
 1. explicit ``splitk`` (3.1; S bounded by :func:`check_split_count`);  2. workspace 0 never splits (3.2);
 3. no table → error, zero size → S = 1 (3.3);  4. the recorded table row (3.4);
 5. the live cuBLASLt query on the reference GPU itself (3.5);
-6. the envelope inference of S = 1 for large outputs, unless strict (3.9);  7. SplitKUnknownError (3.10).
+6. the envelope inference of S = 1 for large outputs, unless strict (3.9);  7. SplitKUnknownError (3.10), or,
+   under the policy ``splitk="assume-unsplit"`` (not strict), S = 1 with source "assumed-unsplit", never verified,
+   an AssumedUnsplitWarning and a note with the table's evidence about unsplit calls of the setting.
+
+``splitk="auto"`` follows ``$MMAEMU_SPLITK_POLICY`` when that is set ("auto" or "assume-unsplit").
 
 Evidence: the tables and their json (``codes["custom -> scheme"]``, ``settings``, ``envelope``,
 ``split_layouts``, ``workspace0_note``) and the verified-combos files, see :mod:`mmaemu.platform.tables` and the
@@ -24,7 +28,8 @@ from typing import List, NamedTuple, Optional, Tuple
 
 from .. import environment
 from ..arith.params import CONTIGUOUS_TILE, INTERLEAVED_TILE
-from ..errors import SplitKUnknownError, UnsupportedFeatureError, UnvalidatedEnvelopeWarning, UnverifiedSplitWarning
+from ..errors import (AssumedUnsplitWarning, SplitKUnknownError, UnsupportedFeatureError, UnvalidatedEnvelopeWarning,
+                      UnverifiedSplitWarning)
 from .definitions import builtin_profiles
 from ..warn import Notice, report
 from .profiles import Profile, fmt_name, get_profile, out_dtype_name, splitk_maturity_note
@@ -42,13 +47,21 @@ __all__ = [
     "SCHEMES",
     "SPLIT_SCHEMES",
     "SOURCES",
+    "ASSUME_UNSPLIT",
+    "POLICIES",
+    "POLICY_ENV",
     "PRESET_SCHEMES",
     "ENVELOPE_MARGIN",
 ]
 
 SCHEMES = ("none", "serial", "pairwise", "contiguous")
 SPLIT_SCHEMES = SCHEMES[1:]
-SOURCES = ("explicit", "workspace0", "table", "live-query", "envelope")
+SOURCES = ("explicit", "workspace0", "table", "live-query", "envelope", "assumed-unsplit")
+# The string values of ``splitk``: both decide from the evidence where it decides; where it does not, "auto" raises
+# and "assume-unsplit" takes S = 1 with a warning (an explicit user choice, never the default).
+ASSUME_UNSPLIT = "assume-unsplit"
+POLICIES = ("auto", ASSUME_UNSPLIT)
+POLICY_ENV = "MMAEMU_SPLITK_POLICY"  # replaces splitk="auto" (mmaemu.environment)
 # semantics.md d.3: the scheme each shipped preset computes; custom presets accept any split scheme.
 PRESET_SCHEMES = {"hopper": ("contiguous",), "ada": ("serial", "pairwise")}
 # platform.md 3.9 (RTX 4060): S = 1 only above 2x the largest recorded split M*N (peer choice; the RTX 4060 was
@@ -170,6 +183,8 @@ def decide_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, profi
                   layout_std=True, strict=None) -> SplitOutcome:
     """The split decision of a call and its warnings, as data (nothing is emitted).
 
+    ``splitk``: "auto" (``$MMAEMU_SPLITK_POLICY`` when set), "assume-unsplit" (S = 1 where the evidence does not
+    decide, warning AssumedUnsplitWarning), 1, (S, scheme) or a SplitK.
     ``a_dtype``/``b_dtype``: float8 dtypes or "e4m3"/"e5m2" (mat1, mat2); ``out_dtype`` None means a_dtype;
     ``layout_std`` False skips the table and the live query (padded leading dimensions, section 2); ``strict``
     None reads MMAEMU_SPLITK_STRICT (a boolean: 1/true/yes/on).
@@ -177,22 +192,36 @@ def decide_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, profi
     """
     call = _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile)
     pending: _Pending = []
-    if not (isinstance(splitk, str) and splitk == "auto"):
+    if isinstance(splitk, str) and splitk == "auto":
+        splitk = policy_from_environment()
+    if not (isinstance(splitk, str) and splitk in POLICIES):
         decision = _explicit(call, splitk, pending)
     else:
         if strict is None:
             strict = environment.snapshot()[STRICT_ENV]
-        decision = _auto(call, layout_std, bool(strict), pending)
+        decision = _auto(call, layout_std, bool(strict), pending, assume_unsplit=splitk == ASSUME_UNSPLIT)
     return SplitOutcome(decision, tuple(pending))
 
 
-def _auto(call: _Call, layout_std: bool, strict: bool, pending: _Pending) -> SplitDecision:
-    """Steps 3.2-3.10 for splitk="auto"."""
+def policy_from_environment() -> str:
+    """The policy that ``splitk="auto"`` stands for: ``$MMAEMU_SPLITK_POLICY`` (one of POLICIES), unset or empty:
+    "auto". ValueError for another value."""
+    value = environment.snapshot()[POLICY_ENV] or "auto"
+    if value not in POLICIES:
+        raise ValueError(f"{POLICY_ENV}={value!r} is not a split-K policy: use one of "
+                         + ", ".join(repr(p) for p in POLICIES) + " (or unset it)")
+    return value
+
+
+def _auto(call: _Call, layout_std: bool, strict: bool, pending: _Pending,
+          assume_unsplit: bool = False) -> SplitDecision:
+    """Steps 3.2-3.10 for splitk="auto"; with ``assume_unsplit``, S = 1 instead of 3.10's error."""
     profile = call.profile
     if profile.workspace_bytes == 0:
         return _workspace0(call)
     if profile.workspace_bytes is None or profile.splitk_table is None:
-        raise _unknown(call, "no reference platform and no split-K table")
+        return _undecided(call, None, "no reference platform and no split-K table", strict, assume_unsplit,
+                          pending)
     if min(call.M, call.N, call.K) == 0:
         return SplitDecision(1, "none", "envelope", True, profile.splitk_table, ZERO_SIZE_NOTE)
     table = _table(profile.splitk_table)
@@ -203,7 +232,8 @@ def _auto(call: _Call, layout_std: bool, strict: bool, pending: _Pending) -> Spl
     decision, envelope_reason = _envelope(call, table, strict, pending)
     if decision is not None:
         return decision
-    raise _unknown(call, _not_recorded_reason(layout_std) + envelope_reason)
+    return _undecided(call, table, _not_recorded_reason(layout_std) + envelope_reason, strict, assume_unsplit,
+                      pending)
 
 
 def _not_recorded_reason(layout_std: bool) -> str:
@@ -248,17 +278,18 @@ def _as_splitk(splitk, profile: Profile) -> SplitK:
         raise ValueError(f"splitk must be >= 1, got {S}")
     if isinstance(splitk, tuple) and len(splitk) == 2:
         return SplitK(*splitk)
-    raise TypeError(f"splitk must be 'auto', 1, a (S, scheme) tuple or a mmaemu.SplitK, got {splitk!r}")
+    raise TypeError(f"splitk must be 'auto', {ASSUME_UNSPLIT!r}, 1, a (S, scheme) tuple or a mmaemu.SplitK, "
+                    f"got {splitk!r}")
 
 
 def check_splitk_argument(splitk, profile=None) -> None:
     """Refuse a ``splitk`` argument that every call would refuse, before any call (``mmaemu.patch`` uses it).
 
-    "auto" passes; otherwise the form of 3.1 (TypeError / ValueError as at call time) and, when ``profile`` is
-    given (a name or Profile; None: not known yet), the scheme its preset computes (semantics.md d.3). Bounds that
-    depend on the call's K are checked per call.
+    "auto" and "assume-unsplit" pass; otherwise the form of 3.1 (TypeError / ValueError as at call time) and,
+    when ``profile`` is given (a name or Profile; None: not known yet), the scheme its preset computes (semantics.md
+    d.3). Bounds that depend on the call's K are checked per call.
     """
-    if isinstance(splitk, str) and splitk == "auto":
+    if isinstance(splitk, str) and splitk in POLICIES:
         return
     resolved = get_profile(profile)
     sk = _as_splitk(splitk, resolved)
@@ -490,6 +521,52 @@ def _strict_reason(MN: int, basis: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# 3.10 Undecided: SplitKUnknownError, or S = 1 under splitk="assume-unsplit"
+
+
+def _undecided(call: _Call, table, reason: str, strict: bool, assume_unsplit: bool,
+               pending: _Pending) -> SplitDecision:
+    """What is left when no step decides: the error of 3.10 ("auto", or strict mode), else the assumption."""
+    if not assume_unsplit:
+        raise _unknown(call, reason)
+    if strict:
+        raise _unknown(call, f"{reason}; strict mode (MMAEMU_SPLITK_STRICT=1 or strict=True) refuses "
+                             f"splitk={ASSUME_UNSPLIT!r}")
+    note = (f"assumed (splitk={ASSUME_UNSPLIT!r}), not recorded: {reason}; evidence: "
+            + _unsplit_evidence_text(call, table))
+    _queue_assumed(call, note, pending)
+    return SplitDecision(1, "none", "assumed-unsplit", False, call.profile.splitk_table, note)
+
+
+def _unsplit_evidence_text(call: _Call, table) -> str:
+    """What the table's rows of the call's setting say about unsplit calls, and where this call lies."""
+    if table is None:
+        return f"profile {call.profile.name} has no split-K table, nothing was recorded"
+    facts = table.unsplit_evidence(call.ws, call.out, call.fast, call.fa, call.fb)
+    where = f"table {table.table_id}, setting ({call.setting_text})"
+    if facts is None:
+        return f"{where} has no recorded rows"
+    head = f"{where}: {facts.rows:,} rows with K {facts.K_min:,} to {facts.K_max:,}"
+    K, MN = call.K, call.M * call.N
+    below_range = " and below the recorded K range" if K < facts.K_min else ""
+    if facts.K_split_min is None:
+        return f"{head}, none split; this call's K = {K:,}{below_range}, M*N = {MN:,}"
+    K_text = (f"no row with K <= {facts.K_unsplit_max:,} splits (the first split is at K = {facts.K_split_min:,})"
+              if facts.K_unsplit_max is not None else f"rows split already at the smallest K = {facts.K_min:,}")
+    MN_text = (f"no row with M*N >= {facts.MN_unsplit_min:,} splits (the largest split M*N is "
+               f"{facts.MN_split_max:,})" if facts.MN_unsplit_min is not None
+               else f"the row of the largest M*N ({facts.MN_split_max:,}) splits")
+    where_call = []
+    if K < facts.K_split_min:
+        where_call.append(f"this call's K = {K:,} is below every split K{below_range}")
+    if MN > facts.MN_split_max:
+        where_call.append(f"this call's M*N = {MN:,} is above every split M*N")
+    if not where_call:
+        where_call.append(f"this call (K = {K:,}, M*N = {MN:,}) lies where rows of the setting split: the table "
+                          "does not support the assumption there")
+    return f"{head}; {K_text}; {MN_text}; " + "; ".join(where_call)
+
+
 # 3.10 Unknown
 
 
@@ -590,6 +667,13 @@ def _queue_unverified(call: _Call, S: int, scheme: str, source: str, verified: b
 def _warning_text(call: _Call, S: int, scheme: str, source: str, reason: str) -> str:
     return (f"mmaemu split-K S={S} scheme={scheme} ({'fast' if call.fast else 'slow'} accumulation, out {call.out}, "
             f"{call.pair}, source {source}, profile {call.profile.name}): {reason}")
+
+
+def _queue_assumed(call: _Call, note: str, pending: _Pending) -> None:
+    """AssumedUnsplitWarning of an assumed S = 1: once per process per shape and setting."""
+    key = (call.profile.name, call.ws, call.M, call.N, call.K, call.out, call.fast, call.pair)
+    message = _warning_text(call, 1, "none", "assumed-unsplit", f"M={call.M}, N={call.N}, K={call.K}: {note}")
+    pending.append(Notice(AssumedUnsplitWarning, message, key))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import hashlib
 import json
 import threading
 from importlib import resources
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -36,6 +36,7 @@ __all__ = [
     "SHAPE_BITS",
     "N_SETTING_CODES",
     "TableRow",
+    "UnsplitEvidence",
     "SplitTable",
     "SplitTableError",
     "get_table",
@@ -79,6 +80,25 @@ class TableRow:
     tile: int
 
 
+class UnsplitEvidence(NamedTuple):
+    """What the rows of one setting say about unsplit calls (the evidence behind ``splitk="assume-unsplit"``).
+
+    ``rows``: the setting's recorded rows; ``K_min``/``K_max``: the recorded K range; ``K_split_min``: the smallest
+    K of a split row (None: no row splits); ``K_unsplit_max``: the largest recorded K such that no row with a K at
+    most that large splits (None: a row at the smallest K splits); ``MN_split_max``: the largest M*N of a split row
+    (None: no row splits); ``MN_unsplit_min``: the smallest recorded M*N such that no row with an M*N at least that
+    large splits (None: the row of the largest M*N splits). Facts of the recorded table only, no inference.
+    """
+
+    rows: int
+    K_min: int
+    K_max: int
+    K_split_min: Optional[int]
+    K_unsplit_max: Optional[int]
+    MN_split_max: Optional[int]
+    MN_unsplit_min: Optional[int]
+
+
 class SplitTable:
     """One recorded table (json metadata + index), answering exact-key lookups and envelope facts."""
 
@@ -111,6 +131,7 @@ class SplitTable:
         self._tile = index["tile"]
         self._settings = {_setting_tuple(s): s for s in meta["settings"]}
         self._bounds = {_setting_tuple(b): b["B"] for b in self.envelope.get("bounds", [])}
+        self._evidence: Dict[int, Optional[UnsplitEvidence]] = {}
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -147,6 +168,36 @@ class SplitTable:
                         fmt_b: str) -> Optional[list]:
         """The ``envelope.bounds`` B list of the setting (aligned with ``envelope.K_grid``), or None."""
         return self._bounds.get((workspace_bytes, out, bool(fast), fmt_a, fmt_b))
+
+    def unsplit_evidence(self, workspace_bytes: int, out: str, fast: bool, fmt_a: str,
+                         fmt_b: str) -> Optional[UnsplitEvidence]:
+        """The :class:`UnsplitEvidence` of the setting's rows (None: the table has no row for it); computed from
+        the index on first use, vectorised over the setting's slice, then kept."""
+        ws_index = self._ws_index.get(workspace_bytes)
+        if ws_index is None:
+            return None
+        code = setting_code(ws_index, OUT_DTYPES.index(out), int(bool(fast)), FORMATS.index(fmt_a),
+                            FORMATS.index(fmt_b))
+        if code not in self._evidence:  # a race computes the same value twice: harmless
+            self._evidence[code] = self._setting_evidence(code)
+        return self._evidence[code]
+
+    def _setting_evidence(self, code: int) -> Optional[UnsplitEvidence]:
+        lo, hi = self._offsets[code], self._offsets[code + 1]
+        if hi == lo:
+            return None
+        keys = self._keys[lo:hi]
+        mask = (1 << SHAPE_BITS) - 1
+        K = keys & mask
+        MN = (keys >> (2 * SHAPE_BITS)) * ((keys >> SHAPE_BITS) & mask)
+        split = self._split_k[lo:hi] > 1
+        if not split.any():
+            return UnsplitEvidence(hi - lo, int(K.min()), int(K.max()), None, int(K.max()), None, int(MN.min()))
+        K_split_min, MN_split_max = int(K[split].min()), int(MN[split].max())
+        below, above = K[K < K_split_min], MN[MN > MN_split_max]
+        return UnsplitEvidence(hi - lo, int(K.min()), int(K.max()), K_split_min,
+                               int(below.max()) if below.size else None, MN_split_max,
+                               int(above.min()) if above.size else None)
 
     def is_verified(self, fast: bool, S: int, scheme: str, out: str, fmt_a: str, fmt_b: str) -> bool:
         """(fast, S, scheme, out, "faxfb") is a verified combination of the table's verified-combos file."""
