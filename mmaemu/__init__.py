@@ -44,7 +44,7 @@ _EXPORTS = {
     "CacheWarning": "errors",
 }
 _SUBMODULES = ("model", "platform", "backends", "testing", "formats", "api", "errors", "nn", "quantize", "patching",
-               "cpu", "cuda", "arith", "plan")
+               "cpu", "cuda", "arith", "plan", "warn")
 
 __all__ = ["__version__"] + sorted(_EXPORTS) + list(_SUBMODULES)
 

@@ -15,7 +15,8 @@ folder above it). A folder is
   code: entries are loaded from it, nothing is saved;
 * passed over otherwise (a regular file in its place, not writable and empty, refused by the rules).
 
-If ``$MMAEMU_CACHE_DIR`` is passed over, the per-user folder is tried next (never a shared temporary folder); if
+A relative ``$MMAEMU_CACHE_DIR`` is passed over too (as the XDG base directory rules ignore relative paths: it
+would name another folder in every working directory). If ``$MMAEMU_CACHE_DIR`` is passed over, the per-user folder is tried next (never a shared temporary folder); if
 both are, nothing is cached and functions are compiled in every process. Each passed-over folder is reported once
 per process with a :class:`~mmaemu.errors.CacheWarning`, and by ``python -m mmaemu info``. A call never fails
 because of the cache.
@@ -27,11 +28,11 @@ import dataclasses
 import hashlib
 import os
 import pathlib
-import warnings
 from typing import Optional, Tuple
 
-from . import _private
+from . import _private, environment
 from ._version import __version__
+from .warn import Notice, report
 
 _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 _COMPILED_PACKAGES = ("arith", "cpu")
@@ -101,10 +102,10 @@ class CacheLocation:
         return None if _private.tree_problem(self.root, folder) else folder
 
 
-def _candidates():
-    explicit = os.environ.get(ENV)
+def _candidates(env: environment.Snapshot):
+    explicit = env[ENV]
     if explicit:
-        yield pathlib.Path(explicit).expanduser(), ENV
+        yield pathlib.Path(explicit), ENV
     yield user_cache_folder(), "the per-user cache folder"
 
 
@@ -127,8 +128,11 @@ def _assess(path: pathlib.Path) -> Tuple[Optional[str], str]:
 
 def cache_location() -> CacheLocation:
     """The folder used now (see the module docstring); never raises."""
+    env = environment.snapshot()
     passed_over = []
-    for path, source in _candidates():
+    if ENV in env.invalid:  # a relative path: not even inspected
+        passed_over.append((env.raw[ENV], f"{ENV}: {env.invalid[ENV]}"))
+    for path, source in _candidates(env):
         try:
             resolved = pathlib.Path(os.path.realpath(path))
             state, why = _assess(resolved)
@@ -158,14 +162,8 @@ def numba_location() -> CacheLocation:
     return _NUMBA_LOCATION
 
 
-_WARNED = set()
-
-
 def warn_once(key, message: str) -> None:
-    """A CacheWarning, once per process per ``key``."""
-    if key in _WARNED:
-        return
-    _WARNED.add(key)
+    """Report a CacheWarning, once per process per ``key`` (:mod:`mmaemu.warn`)."""
     from .errors import CacheWarning
 
-    warnings.warn(message, CacheWarning, stacklevel=3)
+    report([Notice(CacheWarning, message, (key,))])

@@ -12,6 +12,7 @@ import torch
 
 from ._untraced import untraced
 from .plan.planner import CallPlan, explain_scaled_mm, plan_accumulate, plan_scaled_mm
+from .warn import edge
 
 __all__ = ["scaled_mm", "accumulate", "explain", "CallPlan"]
 
@@ -127,9 +128,10 @@ def scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_d
     Raises what torch 2.7.1 / cuBLASLt would (ReferenceRejectsError, TypeError), and UnsupportedFeatureError
     or SplitKUnknownError where mmaemu cannot reproduce the call exactly: it never approximates.
     """
-    plan = plan_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out=out,
-                          profile=profile, splitk=splitk, backend=backend)
-    return run_scaled_mm_plan(plan)
+    with edge():  # the warnings of the call are emitted here, at the caller's line
+        plan = plan_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out=out,
+                              profile=profile, splitk=splitk, backend=backend)
+        return run_scaled_mm_plan(plan)
 
 
 def run_scaled_mm_plan(plan):
@@ -153,12 +155,13 @@ def accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="au
     No torch/cuBLAS/profile rejection applies: any K, layout and format pair (E5M2 x E5M2 included). The split
     decision is keyed as a standard-layout call with output dtype ``out_dtype_for_split``.
     """
-    plan = plan_accumulate(a, b, use_fast_accum=use_fast_accum, profile=profile, splitk=splitk, backend=backend,
-                           out_dtype_for_split=out_dtype_for_split)
-    call = plan.call
-    if plan.action == "zeros":
-        return torch.zeros((call.M, call.N), dtype=torch.float32, device=call.device)
-    return _accumulator(plan, call.a, call.b, call.fmt_a, call.fmt_b, call.use_fast_accum)
+    with edge():
+        plan = plan_accumulate(a, b, use_fast_accum=use_fast_accum, profile=profile, splitk=splitk, backend=backend,
+                               out_dtype_for_split=out_dtype_for_split)
+        call = plan.call
+        if plan.action == "zeros":
+            return torch.zeros((call.M, call.N), dtype=torch.float32, device=call.device)
+        return _accumulator(plan, call.a, call.b, call.fmt_a, call.fmt_b, call.use_fast_accum)
 
 
 @untraced

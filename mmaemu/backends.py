@@ -27,9 +27,9 @@ tensors, :func:`backends_status` and :func:`selftest`.
 
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Tuple
 
+from . import environment
 from .cuda.catalog import KERNELS, BackendStatus, GateResult, KernelInfo, Selection, gemm_kernels
 from .errors import BackendUnavailableError
 
@@ -37,25 +37,30 @@ __all__ = ["KERNELS", "BackendStatus", "GateResult", "KernelInfo", "Selection", 
            "requested_backend", "cuda_disabled", "backends_status", "selftest", "selftest_verdict"]
 
 CPU_ENGINES = ("reference", "cpu")
-TRUTHY = ("1", "true", "yes", "on")
+BACKEND_ENV = "MMAEMU_BACKEND"
+DISABLE_ENV = "MMAEMU_DISABLE_CUDA"
 
 
 def requested_backend(backend) -> str:
-    """The backend name asked for: ``backend``, with "auto" replaced by ``$MMAEMU_BACKEND`` when set."""
+    """The backend name asked for: ``backend``, with "auto" replaced by ``$MMAEMU_BACKEND`` when set (an unknown
+    name from there is a ValueError that names the variable)."""
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a string such as 'auto', 'cpu' or 'cuda', got {type(backend).__name__}")
+    source = ""
     if backend == "auto":
-        backend = os.environ.get("MMAEMU_BACKEND") or "auto"
+        env = environment.snapshot()
+        if env[BACKEND_ENV]:
+            backend, source = env[BACKEND_ENV], f" (from {BACKEND_ENV})"
     if backend not in ("auto", "cuda") + CPU_ENGINES and not backend.startswith("cuda:"):
         raise ValueError(
-            f"unknown backend {backend!r}; expected 'auto', 'reference', 'cpu', 'cuda' or 'cuda:<kernel>'"
+            f"unknown backend {backend!r}{source}; expected 'auto', 'reference', 'cpu', 'cuda' or 'cuda:<kernel>'"
         )
     return backend
 
 
 def cuda_disabled() -> bool:
-    """``MMAEMU_DISABLE_CUDA`` is truthy: never touch CUDA."""
-    return os.environ.get("MMAEMU_DISABLE_CUDA", "").strip().lower() in TRUTHY
+    """``MMAEMU_DISABLE_CUDA`` is true (1/true/yes/on, :func:`mmaemu.environment.parse_bool`): never touch CUDA."""
+    return environment.snapshot()[DISABLE_ENV]
 
 
 def select(device, backend, fmt_a, fmt_b, preset) -> Selection:

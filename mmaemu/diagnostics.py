@@ -17,14 +17,16 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
+from . import environment
 from ._version import __version__
 
-__all__ = ["INFO_FORMAT", "NO_CUDA_REASON", "build_info", "cuda_disabled_value", "cuda_unusable", "error_text",
-           "jsonable"]
+__all__ = ["INFO_FORMAT", "NO_CUDA_REASON", "build_info", "cuda_disabled_value", "cuda_unusable",
+           "environment_problems", "error_text", "jsonable"]
 
 INFO_FORMAT = "mmaemu-info/1"
 NO_CUDA_REASON = "no CUDA device visible to torch"
 _LIBRARIES = ("torch", "numba", "numpy", "click")
+DISABLE_ENV = "MMAEMU_DISABLE_CUDA"
 
 
 # ================================================================================================================
@@ -61,19 +63,16 @@ def error_text(error: BaseException) -> str:
 # Is CUDA usable
 
 
-def cuda_disabled_value(exact: bool = False) -> Optional[str]:
-    """The value of MMAEMU_DISABLE_CUDA when it disables CUDA, else None: truthy (1/true/yes/on) for running
-    kernels (the registry's reading), exactly "1" for diagnostics (``exact``; platform.md section 5)."""
-    from . import backends
-
-    value = os.environ.get("MMAEMU_DISABLE_CUDA", "")
-    disabled = value == "1" if exact else backends.cuda_disabled()
-    return value if disabled else None
+def cuda_disabled_value() -> Optional[str]:
+    """The value of MMAEMU_DISABLE_CUDA when it disables CUDA (a true boolean, 1/true/yes/on: the one reading of
+    every part of mmaemu), else None."""
+    env = environment.snapshot()
+    return env.raw[DISABLE_ENV] if env[DISABLE_ENV] else None
 
 
-def cuda_unusable(ordinal: Optional[int], exact: bool = False) -> Optional[str]:
+def cuda_unusable(ordinal: Optional[int]) -> Optional[str]:
     """Why CUDA device ``ordinal`` (None: the current one) cannot be used, or None when it can."""
-    disabled = cuda_disabled_value(exact)
+    disabled = cuda_disabled_value()
     if disabled is not None:
         return f"CUDA disabled by MMAEMU_DISABLE_CUDA={disabled}"
     import torch
@@ -122,20 +121,55 @@ def _dist_version(name: str) -> Optional[str]:
 
 def _environment() -> Dict[str, str]:
     """The variables mmaemu reads that are set (:mod:`mmaemu.environment`); other MMAEMU_* ones are never shown."""
-    from . import environment
-
     return environment.set_variables()
 
 
-def _environment_problems() -> Dict[str, str]:
-    from . import environment
+def _profile_problem(value: str) -> Optional[str]:
+    from .platform.profiles import get_profile
 
-    return environment.problems()
+    try:
+        get_profile(value)
+    except KeyError as exc:
+        return exc.args[0] if exc.args else str(exc)
+    return None
+
+
+def _backend_problem(value: str) -> Optional[str]:
+    from .backends import requested_backend
+
+    try:
+        requested_backend(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _profile_path_problem(value: str) -> Optional[str]:
+    from .platform.bundles import path_entries  # the entries as the loader reads them
+
+    missing = [str(entry) for entry in path_entries(value) if not entry.is_dir()]
+    return f"not a folder: {', '.join(missing)}" if missing else None
+
+
+def _split_policy_problem(value: str) -> Optional[str]:
+    from .platform.splitk import POLICIES
+
+    return None if value in POLICIES else "not a split-K policy: use " + " or ".join(POLICIES)
+
+
+# The checks of the variables whose valid values other parts of mmaemu know (given the parsed value).
+ENVIRONMENT_CHECKS = {"MMAEMU_PROFILE": _profile_problem, "MMAEMU_BACKEND": _backend_problem,
+                      "MMAEMU_SPLITK_POLICY": _split_policy_problem, "MMAEMU_PROFILE_PATH": _profile_path_problem}
+
+
+def environment_problems() -> Dict[str, str]:
+    """{name: what is wrong} of the set variables whose value is invalid (flagged by ``mmaemu info``): a value
+    its parser refuses (a boolean that is none, a relative cache folder) or that is no profile, backend or
+    folder."""
+    return environment.problems(ENVIRONMENT_CHECKS)
 
 
 def _unread_variables() -> int:
-    from . import environment
-
     return environment.unread_count()
 
 
@@ -146,7 +180,7 @@ def _unread_variables() -> int:
 def _default_profile(problems: Dict[str, str]) -> str:
     from .platform import get_profile
 
-    value = os.environ.get("MMAEMU_PROFILE")
+    value = environment.snapshot().raw.get("MMAEMU_PROFILE")
     if "MMAEMU_PROFILE" in problems:
         return f"none: MMAEMU_PROFILE={value!r} is not a profile, so every call with profile=None raises KeyError"
     if value:
@@ -159,7 +193,7 @@ def _default_backend(problems: Dict[str, str], device: dict, backend_states: Lis
     tensors, the first CUDA kernel that passed its self-test here (read from cached verdicts; none is run)."""
     from . import backends
 
-    value = os.environ.get("MMAEMU_BACKEND")
+    value = environment.snapshot().raw.get("MMAEMU_BACKEND")
     if "MMAEMU_BACKEND" in problems:
         return f"none: MMAEMU_BACKEND={value!r} is not a backend, so every call with backend='auto' raises ValueError"
     if value and value != "auto":
@@ -198,7 +232,7 @@ def _defaults(report: dict) -> dict:
 
 def _device_info(ordinal: Optional[int]) -> dict:
     """The Device section: the CUDA device's facts, or {"available": False, "reason": ...}."""
-    reason = cuda_unusable(ordinal, exact=True)
+    reason = cuda_unusable(ordinal)
     if reason is not None:
         return {"available": False, "reason": reason}
     import torch
@@ -291,13 +325,13 @@ def _nvrtc_candidates() -> List[Optional[str]]:
     import glob
     import importlib.util
 
-    candidates = [os.environ.get("MMAEMU_NVRTC_PATH")]
+    candidates = [environment.snapshot()["MMAEMU_NVRTC_PATH"]]
     spec = importlib.util.find_spec("nvidia.cuda_nvrtc") if importlib.util.find_spec("nvidia") else None
     for folder in (spec.submodule_search_locations or []) if spec else []:
         candidates += sorted(glob.glob(os.path.join(folder, "lib", "libnvrtc.so*")))
-    for env, sub in (("CONDA_PREFIX", "lib"), ("CUDA_HOME", "lib64")):
-        if os.environ.get(env):
-            candidates += sorted(glob.glob(os.path.join(os.environ[env], sub, "libnvrtc.so*")))
+    for folder, sub in ((os.environ.get("CONDA_PREFIX"), "lib"), (os.environ.get("CUDA_HOME"), "lib64")):
+        if folder:
+            candidates += sorted(glob.glob(os.path.join(folder, sub, "libnvrtc.so*")))
     return candidates + ["libnvrtc.so.12", ctypes.util.find_library("nvrtc")]
 
 
@@ -328,8 +362,9 @@ def _profile_match(p, device: dict, device_arg) -> tuple:
     """(True | False | None for unknown, why) of profile ``p`` on the device."""
     if not (p.gpu_name and p.sm_count and p.cublaslt_version):
         return None, "no reference GPU"
-    if cuda_disabled_value(exact=True) is not None:
-        return None, "MMAEMU_DISABLE_CUDA=1"
+    disabled = cuda_disabled_value()
+    if disabled is not None:
+        return None, f"{DISABLE_ENV}={disabled}"
     try:
         match = bool(p.matches_device(device_arg))
     except Exception as exc:
@@ -485,7 +520,7 @@ def build_info(device: Optional[int] = None) -> dict:
         report["unavailable"].append({"component": name, "reason": error})
     report["versions"] = versions
     report["environment"] = _environment()
-    report["environment_problems"] = _probe(report, "environment", _environment_problems, default={})
+    report["environment_problems"] = _probe(report, "environment", environment_problems, default={})
     report["environment_unread"] = _unread_variables()
     report["device"] = _probe(report, "device", _device_info, device,
                               default={"available": False, "reason": "probe failed"})

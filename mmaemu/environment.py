@@ -1,90 +1,166 @@
-"""The environment variables mmaemu reads: one list, kept here.
+"""The environment variables mmaemu reads: one list, one reader, one parser per variable.
 
-``mmaemu info`` prints these (and no other ``MMAEMU_*`` variable: an unknown one may hold anything, a token
-included), the environment table of ``docs/guide.md`` lists exactly these names, and a test checks that no other
-``MMAEMU_*`` name appears in the package's code. A variable with a set of valid values has a check that says what
-is wrong with a value (``info`` flags it).
+This is the only module that reads ``os.environ`` for ``MMAEMU_*`` names (a test scans the package for others).
+Each variable of :data:`VARIABLES` is declared once with its parser; :func:`snapshot` reads them all at once into
+an immutable :class:`Snapshot` of parsed values, which the consumers read (``snapshot()["MMAEMU_DISABLE_CUDA"]``).
+An unset or empty variable takes its default; so does one whose value its parser refuses, and
+``python -m mmaemu info`` flags that value (:func:`problems`). Every boolean has the one parser
+:func:`parse_bool`: 1/true/yes/on and 0/false/no/off, in any case.
+
+``mmaemu info`` prints these variables (and no other ``MMAEMU_*`` variable: an unknown one may hold anything, a
+token included), and the environment table of ``docs/guide.md`` lists exactly these names. Checks that need
+other parts of mmaemu (is this a profile, a backend?) are not made here: this module imports nothing of mmaemu,
+and the caller (the ``info`` report) passes them to :func:`problems`, which gives them the parsed values.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Dict, Optional
+import types
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
-__all__ = ["EnvVar", "VARIABLES", "NAMES", "set_variables", "problems", "unread_count"]
+__all__ = ["EnvVar", "VARIABLES", "NAMES", "Snapshot", "snapshot", "parse_bool", "set_variables", "problems",
+           "unread_count"]
 
-
-def _profile_problem(value: str) -> Optional[str]:
-    from .platform.profiles import get_profile
-
-    try:
-        get_profile(value)
-    except KeyError as exc:
-        return exc.args[0] if exc.args else str(exc)
-    return None
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 
 
-def _backend_problem(value: str) -> Optional[str]:
-    from .backends import requested_backend
-
-    try:
-        requested_backend(value)
-    except ValueError as exc:
-        return str(exc)
-    return None
+# ----------------------------------------------------------------------------------------------------------------
+# Parsers: text -> value, ValueError (its message says what is wrong) for a value the variable cannot take
 
 
-def _profile_path_problem(value: str) -> Optional[str]:
-    from .platform.bundles import path_entries  # the entries as the loader reads them
+def parse_text(text: str) -> str:
+    return text
 
-    missing = [str(entry) for entry in path_entries(value) if not entry.is_dir()]
-    return f"not a folder: {', '.join(missing)}" if missing else None
+
+def parse_stripped(text: str) -> str:
+    """The text without surrounding blanks (a word whose valid values its owner checks)."""
+    return text.strip()
+
+
+def parse_bool(text: str) -> bool:
+    """1/true/yes/on -> True, 0/false/no/off -> False (case and surrounding blanks ignored); else ValueError."""
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError(f"not a boolean: use one of {'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}")
+
+
+def parse_absolute_path(text: str) -> str:
+    """An absolute path (``~`` expanded); a relative one is refused, as the XDG base directory rules refuse
+    relative paths: it would name another folder in every working directory."""
+    path = os.path.expanduser(text)
+    if not os.path.isabs(path):
+        raise ValueError(f"a relative path ({text!r}) is ignored: it would name another folder in every working "
+                         "directory; give an absolute path")
+    return path
+
+
+def parse_name_list(text: str) -> Tuple[str, ...]:
+    """A comma list of names (blanks around names and empty entries dropped)."""
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The variables
 
 
 @dataclasses.dataclass(frozen=True)
 class EnvVar:
-    """A variable mmaemu reads: its name, what it does, and (optionally) what is wrong with a value (None: fine).
-    An empty value counts as unset everywhere mmaemu reads these."""
+    """A variable mmaemu reads: its name, what it does, its parser and the value when unset, empty or invalid."""
 
     name: str
     effect: str
-    problem: Optional[Callable[[str], Optional[str]]] = None
+    parse: Callable[[str], Any] = parse_text
+    default: Any = None
 
 
 VARIABLES = (
-    EnvVar("MMAEMU_PROFILE", "default profile when profile=None (unset or empty: hopper)", _profile_problem),
-    EnvVar("MMAEMU_BACKEND", "replaces backend='auto'", _backend_problem),
+    EnvVar("MMAEMU_PROFILE", "default profile when profile=None (unset or empty: hopper)"),
+    EnvVar("MMAEMU_BACKEND", "replaces backend='auto'"),
     EnvVar("MMAEMU_SPLITK_POLICY", "assume-unsplit: splitk='auto' takes S = 1 (and warns) where the evidence does "
-           "not decide", lambda v: None if v.strip() in ("auto", "assume-unsplit") else
-           "not a split-K policy: use auto or assume-unsplit"),
-    EnvVar("MMAEMU_SPLITK_STRICT", "1: envelope inferences raise SplitKUnknownError"),
-    EnvVar("MMAEMU_DISABLE_CUDA", "1 (or true/yes/on): never touch CUDA; no live cuBLASLt query"),
-    EnvVar("MMAEMU_CACHE_DIR", "where compiled code and self-test verdicts are cached"),
+           "not decide", parse_stripped),
+    EnvVar("MMAEMU_SPLITK_STRICT", "true (1/true/yes/on): envelope inferences raise SplitKUnknownError",
+           parse_bool, False),
+    EnvVar("MMAEMU_DISABLE_CUDA", "true (1/true/yes/on): never touch CUDA; no live cuBLASLt query",
+           parse_bool, False),
+    EnvVar("MMAEMU_CACHE_DIR", "where compiled code and self-test verdicts are cached (an absolute path)",
+           parse_absolute_path),
     EnvVar("MMAEMU_LIBCUDA_PATH", "explicit path of libcuda for the device probe"),
     EnvVar("MMAEMU_NVRTC_PATH", "explicit path of libnvrtc, whose version mmaemu info reports"),
-    EnvVar("MMAEMU_PROFILE_PATH", "recorded profile bundles to load (os.pathsep-separated folders)",
-           _profile_path_problem),
-    EnvVar("MMAEMU_TEST_FORCE_FAIL", "tests only: comma list of CUDA kernels whose self-test is made to fail"),
+    EnvVar("MMAEMU_PROFILE_PATH", "recorded profile bundles to load (os.pathsep-separated folders)"),
+    EnvVar("MMAEMU_TEST_FORCE_FAIL", "tests only: comma list of CUDA kernels whose self-test is made to fail",
+           parse_name_list, ()),
 )
 NAMES = tuple(v.name for v in VARIABLES)
 _BY_NAME = {v.name: v for v in VARIABLES}
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# The snapshot
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """The variables of :data:`VARIABLES` as read at one moment.
+
+    ``raw``: {name: text} of the set (non-empty) ones, in declaration order; ``invalid``: {name: what is wrong} of
+    those whose parser refused the text; ``snapshot[name]``: the parsed value (the default when unset, empty or
+    invalid). Read-only mappings.
+    """
+
+    raw: Mapping[str, str]
+    invalid: Mapping[str, str]
+    values: Mapping[str, Any]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def is_set(self, name: str) -> bool:
+        """The variable has a value that its parser accepted."""
+        return name in self.raw and name not in self.invalid
+
+
+def snapshot(environ: Optional[Mapping[str, str]] = None) -> Snapshot:
+    """Read and parse every variable now (``environ``: os.environ, or a mapping given by a test)."""
+    environ = os.environ if environ is None else environ
+    raw: Dict[str, str] = {}
+    invalid: Dict[str, str] = {}
+    values: Dict[str, Any] = {}
+    for var in VARIABLES:
+        text = environ.get(var.name)
+        values[var.name] = var.default
+        if not text:
+            continue
+        raw[var.name] = text
+        try:
+            values[var.name] = var.parse(text)
+        except ValueError as exc:
+            invalid[var.name] = str(exc)
+    return Snapshot(types.MappingProxyType(raw), types.MappingProxyType(invalid), types.MappingProxyType(values))
+
+
 def set_variables() -> Dict[str, str]:
     """{name: value} of the variables of :data:`VARIABLES` that are set (and not empty), in that order."""
-    return {name: os.environ[name] for name in NAMES if os.environ.get(name)}
+    return dict(snapshot().raw)
 
 
-def problems() -> Dict[str, str]:
-    """{name: what is wrong} for the set variables whose value is invalid."""
-    found = {}
-    for name, value in set_variables().items():
-        check = _BY_NAME[name].problem
-        problem = check(value) if check is not None else None
-        if problem is not None:
-            found[name] = problem
-    return found
+def problems(checks: Optional[Mapping[str, Callable[[Any], Optional[str]]]] = None,
+             env: Optional[Snapshot] = None) -> Dict[str, str]:
+    """{name: what is wrong} for the set variables whose value is invalid: refused by its parser, or (``checks``:
+    {name: check}) found wrong by a check given the parsed value (the check returns None when it is fine)."""
+    env = snapshot() if env is None else env
+    found = dict(env.invalid)
+    for name, check in (checks or {}).items():
+        if env.is_set(name):
+            problem = check(env[name])
+            if problem is not None:
+                found[name] = problem
+    return {name: found[name] for name in NAMES if name in found}
 
 
 def unread_count() -> int:

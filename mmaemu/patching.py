@@ -201,8 +201,11 @@ def _compute(block: _Block, args, kwargs):
     from . import api
     from .plan.planner import plan_scaled_mm
 
-    plan = plan_scaled_mm(*args, **kwargs, profile=block.profile, splitk=block.splitk, backend=block.backend)
-    return api.run_scaled_mm_plan(plan), plan
+    from .warn import edge
+
+    with edge():  # the warnings of the call are emitted here, at the line that called torch._scaled_mm
+        plan = plan_scaled_mm(*args, **kwargs, profile=block.profile, splitk=block.splitk, backend=block.backend)
+        return api.run_scaled_mm_plan(plan), plan
 
 
 def _shape(t) -> Tuple[int, ...]:

@@ -64,7 +64,7 @@ def test_refused_and_unknown_preset_names():
 
 
 def test_experimental_preset_warns_once_per_process_and_alias_every_time():
-    presets._warned.clear()
+    mmaemu.warn.reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
@@ -78,7 +78,7 @@ def test_experimental_preset_warns_once_per_process_and_alias_every_time():
 
 
 def test_custom_preset_runs_through_dot_and_warns_custom():
-    presets._warned.clear()
+    mmaemu.warn.reset()
     p = mmaemu.Preset("my-unit", nfma=8, frac=10, frac_out=10, min_exp=-132, late_c=False, slow_chunk=128)
     with pytest.warns(ExperimentalPresetWarning, match="custom"):
         r = mmaemu.model.dot(fp8((4, 64), 1), fp8((4, 64), 2), preset=p)
@@ -169,10 +169,8 @@ def test_cache_directory_is_keyed_and_unusable_location_falls_back_to_the_per_us
 
 
 def test_planning_warnings_point_at_the_callers_line():
-    from mmaemu.platform.splitk import reset_split_warnings
-
     a = fp8((1, 512), 13)
-    reset_split_warnings()  # the warning of this split is once per process
+    mmaemu.warn.reset()  # the warning of this split is once per process
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mmaemu.scaled_mm(a, fp8((16, 512), 14).t(), ONE, ONE, out_dtype=torch.float32, splitk=(3, "contiguous"))
@@ -181,9 +179,6 @@ def test_planning_warnings_point_at_the_callers_line():
 
 def test_explain_collects_warnings_instead_of_emitting_them():
     """A dry run: every warning the call would give is in CallPlan.warnings, none is emitted; the call warns."""
-    from mmaemu.platform.profiles import reset_maturity_warnings
-    from mmaemu.platform.splitk import reset_split_warnings
-
     a, w = fp8((1, 512), 15), fp8((16, 512), 16)
     call = dict(out_dtype=torch.float32, profile="hopper-experimental", splitk=(3, "contiguous"))
     with warnings.catch_warnings(record=True) as caught:
@@ -192,8 +187,7 @@ def test_explain_collects_warnings_instead_of_emitting_them():
     assert caught == []
     assert plan.validation == "ok" and len(plan.warnings) == 3, plan.warnings
     assert "experimental" in plan.warnings[0] and "resized" in plan.warnings[1] and "split-K S=3" in plan.warnings[2]
-    reset_maturity_warnings()
-    reset_split_warnings()
+    mmaemu.warn.reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         mmaemu.scaled_mm(a, w.t(), ONE, ONE, out=torch.empty(3), **call)

@@ -9,15 +9,15 @@ import torch
 import mmaemu
 from mmaemu.errors import SplitKUnknownError
 from mmaemu.nn import EmulatedFP8Linear, ModelAudit, audit, convert_linears
-from mmaemu.platform.splitk import reset_split_warnings
+from mmaemu import warn
 
 
 @pytest.fixture(autouse=True)
 def fresh_warning_slots(monkeypatch):
     monkeypatch.delenv("MMAEMU_SPLITK_POLICY", raising=False)
-    reset_split_warnings()
+    warn.reset()
     yield
-    reset_split_warnings()
+    warn.reset()
 
 
 class Branches(torch.nn.Module):

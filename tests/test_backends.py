@@ -33,8 +33,10 @@ def clean(monkeypatch, tmp_path):
     import mmaemu.cuda as cuda_backend
 
     cuda_backend.reset()
+    mmaemu.warn.reset()
     yield
     cuda_backend.reset()
+    mmaemu.warn.reset()
 
 
 def _no_warnings():
@@ -217,6 +219,21 @@ def test_failing_kernel_falls_back_with_one_warning(fake_device):
     assert "cuda:native" in msgs[0] and "cuda:offset" in msgs[0]
     with pytest.raises(BackendUnavailableError, match="cuda:offset: 1 of 1 cases differ"):
         backends.select(CUDA0, "cuda:offset", "e4m3", "e4m3", HOPPER)
+
+
+def test_a_fallback_chosen_while_collecting_still_warns_at_the_first_live_selection(fake_device):
+    """explain plans inside mmaemu.warn.collecting(): the fallback it finds is not warned, and the cached
+    selection still warns the first call that is not collected (once)."""
+    fake_device["outcomes"].update(native=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with mmaemu.warn.collecting() as collected:
+            assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER).name == "cuda:offset"
+        assert caught == [] and [n.category for n in collected] == [BackendFallbackWarning]
+        for _ in range(2):
+            assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER).name == "cuda:offset"
+    assert [str(w.message) for w in caught] == [collected[0].message]
+    assert fake_device["runs"] == ["native", "offset"]  # the selection was cached
 
 
 def test_every_kernel_failing_ends_on_cpu_or_raises(fake_device):
@@ -460,7 +477,7 @@ def test_damaged_or_unprotected_verdicts_are_ignored_and_the_selftest_runs_again
     from mmaemu import _cache
     from mmaemu.errors import CacheWarning
 
-    monkeypatch.setattr(_cache, "_WARNED", set())
+    mmaemu.warn.reset()
     backends.selftest(CUDA0, kernels="simple")
     [path] = (tmp_path / "cache" / "verdicts").glob("*.json")
     good = json.loads(path.read_text())

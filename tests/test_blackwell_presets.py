@@ -72,7 +72,7 @@ def test_refused_names_point_to_the_instruction_presets(name):
 @pytest.mark.filterwarnings("default::mmaemu.ExperimentalPresetWarning")
 @pytest.mark.parametrize("preset", BLACKWELL, ids=lambda p: p.name)
 def test_warning_names_the_evidence_once(preset):
-    profiles.reset_maturity_warnings()
+    mmaemu.warn.reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):

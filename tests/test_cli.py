@@ -641,16 +641,15 @@ def test_selftest_with_the_library_on_a_disabled_device(fake_device):
     assert any(" NOT RUN " in line for line in lines)
 
 
-def test_info_diagnostics_read_disable_cuda_exactly_1(monkeypatch):
-    """platform.md 5: diagnostics treat only MMAEMU_DISABLE_CUDA=1 as "never touch CUDA" (the registry takes
-    any truthy value)."""
-    monkeypatch.setenv("MMAEMU_DISABLE_CUDA", "1")
+@pytest.mark.parametrize("value", ["1", "true", "YES", "On"])
+def test_info_reads_disable_cuda_as_every_part_of_mmaemu_does(monkeypatch, value):
+    """One boolean parser: every true value keeps info off CUDA too, as it keeps the kernels off (issue 23.14)."""
+    monkeypatch.setenv("MMAEMU_DISABLE_CUDA", value)
     report = json.loads(invoke("info", "--json", "-").stdout)
-    assert report["device"] == {"available": False, "reason": "CUDA disabled by MMAEMU_DISABLE_CUDA=1"}
-    assert {p["match_note"] for p in report["profiles"] if p["gpu"]} == {"MMAEMU_DISABLE_CUDA=1"}
-    monkeypatch.setenv("MMAEMU_DISABLE_CUDA", "yes")
-    report = json.loads(invoke("info", "--json", "-").stdout)
-    assert "MMAEMU_DISABLE_CUDA" not in report["device"].get("reason", "")
+    assert report["device"] == {"available": False, "reason": f"CUDA disabled by MMAEMU_DISABLE_CUDA={value}"}
+    assert {p["match_note"] for p in report["profiles"] if p["gpu"]} == {f"MMAEMU_DISABLE_CUDA={value}"}
+    assert all(not b["available"] for b in report["backends"] if b["name"].startswith("cuda"))
+    assert "MMAEMU_DISABLE_CUDA" not in report["environment_problems"]
 
 
 def _strict_json(text):

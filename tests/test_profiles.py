@@ -7,11 +7,11 @@ import warnings
 
 import pytest
 
+from mmaemu import warn
 from mmaemu.errors import ExperimentalPresetWarning
 from mmaemu.platform import cublaslt, heuristic
 from mmaemu.platform.profiles import (
-    Profile, RejectRule, get_profile, list_profiles, profile_maturity_messages, reset_maturity_warnings,
-    warn_profile_maturity)
+    Profile, RejectRule, get_profile, list_profiles, profile_maturity_messages, warn_profile_maturity)
 
 MiB = 1 << 20
 H100 = ("NVIDIA H100 PCIe", (9, 0), 114, "12.8.3.14", "2.7.1+cu128", "heur_h100pcie_lt12.8.3.14")
@@ -37,9 +37,9 @@ REFERENCE = ["ada", "ada-te", "ada-ws0", "hopper", "hopper-te", "hopper-ws0"]
 
 @pytest.fixture(autouse=True)
 def fresh_warning_slots():
-    reset_maturity_warnings()
+    warn.reset()
     yield
-    reset_maturity_warnings()
+    warn.reset()
 
 
 def test_listing_order():
@@ -178,10 +178,11 @@ def test_experimental_profile_with_validated_preset_warns_once():
     assert caught == [] and again == messages  # the texts are still returned
 
 
-def test_dry_run_warns_every_time_without_consuming_the_slot():
+def test_collecting_records_every_time_without_consuming_the_slot():
     for _ in range(3):
-        _, caught = _caught(warn_profile_maturity, "hopper-experimental", dry=True)
-        assert len(caught) == 1
+        with warn.collecting() as collected:
+            _, caught = _caught(warn_profile_maturity, "hopper-experimental")
+        assert caught == [] and [n.category for n in collected] == [ExperimentalPresetWarning]
     _, caught = _caught(warn_profile_maturity, "hopper-experimental")
     assert len(caught) == 1  # the once-slot was still free
 

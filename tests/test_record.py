@@ -18,7 +18,8 @@ from mmaemu.errors import ExperimentalPresetWarning, SplitKUnknownError, Unverif
 from mmaemu.platform import bundles
 from mmaemu.platform.bundles import BundleError
 from mmaemu.platform.profiles import get_profile, list_profiles
-from mmaemu.platform.splitk import reset_split_warnings, resolve_splitk
+from mmaemu import warn
+from mmaemu.platform.splitk import resolve_splitk
 from mmaemu.record import RecordError, record
 from mmaemu.record.envelope import fit_envelope, held_out
 from mmaemu.record.grid import GridError, parse_sweep, read_shapes_file
@@ -40,10 +41,10 @@ KEYS = [(M, N, K, fa, fb, out, fast) for M, N, K in split_shapes() for fa, fb in
 def clean_registry(monkeypatch):
     monkeypatch.delenv("MMAEMU_PROFILE_PATH", raising=False)
     bundles.forget_loaded_bundles()
-    reset_split_warnings()
+    warn.reset()
     yield
     bundles.forget_loaded_bundles()
-    reset_split_warnings()
+    warn.reset()
 
 
 @pytest.fixture(scope="module")
@@ -230,12 +231,12 @@ def test_profile_path(recorded, tmp_path, monkeypatch):
 
 
 def test_info_reads_the_profile_path_as_the_loader_does(recorded, tmp_path, monkeypatch):
-    from mmaemu import environment
+    from mmaemu import diagnostics
 
     copy_bundle(recorded, tmp_path / "shelf", NAME)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("MMAEMU_PROFILE_PATH", f"~/shelf{os.pathsep}{os.pathsep}~/nowhere")
-    assert environment.problems() == {"MMAEMU_PROFILE_PATH": f"not a folder: {tmp_path / 'nowhere'}"}
+    assert diagnostics.environment_problems() == {"MMAEMU_PROFILE_PATH": f"not a folder: {tmp_path / 'nowhere'}"}
     assert list_profiles()[-3:] == [NAME, f"{NAME}-te", f"{NAME}-ws0"]  # ~/shelf is loaded, so it is no problem
 
 
@@ -285,8 +286,9 @@ def test_a_differing_replay_is_a_finding(tmp_path):
         assert int((gpu_bits != emulated).sum()) == 1
     (profile, *_) = mmaemu.load_profile(result.path)
     assert profile.maturity == "experimental"
+    warn.reset()
     with pytest.warns(ExperimentalPresetWarning):
-        mmaemu.platform.warn_profile_maturity(profile, dry=True)
+        mmaemu.platform.warn_profile_maturity(profile)
     d = quiet_decide(NAME, 48, 64, 8192, fast=True)
     assert d.S == 3 and not d.verified and "never recorded" in d.note  # customOption 1 has no scheme
 

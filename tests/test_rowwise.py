@@ -311,9 +311,7 @@ def test_explain_reports_the_kernel_and_no_split():
 
 
 def test_maturity_warning_is_emitted():
-    from mmaemu.platform.profiles import reset_maturity_warnings
-
-    reset_maturity_warnings()
+    mmaemu.warn.reset()
     with pytest.warns(ExperimentalPresetWarning, match="row-wise scaled_mm"):
         mmaemu.scaled_mm(**_call())
 

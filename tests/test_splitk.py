@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mmaemu import warn
 from mmaemu.errors import (SplitKUnknownError, UnsupportedFeatureError, UnvalidatedEnvelopeWarning,
                            UnverifiedSplitWarning)
 from mmaemu.platform import heuristic
 from mmaemu.platform.profiles import Profile, get_profile
 from mmaemu.platform.splitk import (SplitDecision, SplitK, check_scheme_for_preset, layout_caveats,
-                                    reset_split_warnings, resolve_splitk)
+                                    resolve_splitk)
 from mmaemu.platform.tables import get_table
 
 from fake_cublaslt import config, fake_api
@@ -30,9 +31,9 @@ pytestmark = pytest.mark.skipif(not (DATA / f"{H100_ID}.npz").exists(), reason="
 
 @pytest.fixture(autouse=True)
 def fresh_warning_slots():
-    reset_split_warnings()
+    warn.reset()
     yield
-    reset_split_warnings()
+    warn.reset()
 
 
 def meta_of(table_id):
@@ -489,8 +490,13 @@ def test_strict_mode(monkeypatch):
     assert decide("hopper", 48, 64, 5760).source == "table"
     assert decide("hopper-ws0", 1000, 1000, 4096).source == "workspace0"
     assert decide("hopper", 1000, 1000, 4096, splitk=1).source == "explicit"
-    monkeypatch.setenv("MMAEMU_SPLITK_STRICT", "true")  # only "1" switches it on
-    assert decide("hopper", 1000, 1000, 4096, fast=True).source == "envelope"
+    for value in ("true", "Yes", "ON"):  # one boolean parser (issue 23.14): not only "1"
+        monkeypatch.setenv("MMAEMU_SPLITK_STRICT", value)
+        with pytest.raises(SplitKUnknownError, match="strict mode"):
+            decide("hopper", 1000, 1000, 4096, fast=True)
+    for value in ("0", "false", "off", "maybe"):  # "maybe" is invalid: the default, and info flags it
+        monkeypatch.setenv("MMAEMU_SPLITK_STRICT", value)
+        assert decide("hopper", 1000, 1000, 4096, fast=True).source == "envelope"
     monkeypatch.delenv("MMAEMU_SPLITK_STRICT")
     with pytest.raises(SplitKUnknownError, match="strict mode"):
         decide("hopper", 1000, 1000, 4096, fast=True, strict=True)
@@ -533,7 +539,7 @@ def test_column_major_out_key_swap_is_the_callers(recorded):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Warnings: once per process per key, every time when dry, texts to warnings_out
+# Warnings: once per process per key; collected (not emitted, no slot used) inside warn.collecting()
 
 
 WARNING_TEXT = re.compile(r"^mmaemu split-K S=\d+ scheme=\w+ \((fast|slow) accumulation, out \w+, e\dm\dxe\dm\d, "
@@ -549,17 +555,15 @@ def test_unverified_warning_once_per_key():
                                             "e4m3xe4m3, source table, profile ada-te): ")
 
 
-def test_dry_warns_every_time_and_keeps_the_slot():
+def test_collecting_records_every_time_and_keeps_the_slot():
     for _ in range(3):
-        sink = []
-        _, caught = caught_warnings(decide, "ada-te", 12, 512, 8192, fast=True, dry=True, warnings_out=sink)
-        assert len(caught) == 1 and sink == [str(caught[0].message)]
-    sink = []
-    _, caught = caught_warnings(decide, "ada-te", 12, 512, 8192, fast=True, warnings_out=sink)
-    assert len(caught) == 1 and len(sink) == 1
-    sink = []
-    _, caught = caught_warnings(decide, "ada-te", 12, 512, 8192, fast=True, warnings_out=sink)
-    assert caught == [] and sink == []
+        with warn.collecting() as sink:
+            _, caught = caught_warnings(decide, "ada-te", 12, 512, 8192, fast=True)
+        assert caught == [] and len(sink) == 1 and sink[0].category is UnverifiedSplitWarning
+    _, caught = caught_warnings(decide, "ada-te", 12, 512, 8192, fast=True)
+    assert len(caught) == 1 and str(caught[0].message) == sink[0].message  # the slot was still free
+    _, caught = caught_warnings(decide, "ada-te", 12, 512, 8192, fast=True)
+    assert caught == []
 
 
 def test_no_warning_for_unsplit_decisions_on_experimental_profiles():
@@ -574,8 +578,9 @@ def test_unvalidated_envelope_warning_once_per_setting():
     assert len(first) == 1 and first[0].category is UnvalidatedEnvelopeWarning
     assert same_setting == [] and len(other_out) == 1
     assert "77,518" in str(first[0].message)
-    d, caught = caught_warnings(decide, "hopper-te", 1000, 1000, 4096, out="bfloat16", fast=True, dry=True)
-    assert d.verified is False and len(caught) == 1
+    with warn.collecting() as collected:
+        d, caught = caught_warnings(decide, "hopper-te", 1000, 1000, 4096, out="bfloat16", fast=True)
+    assert d.verified is False and caught == [] and len(collected) == 1
     _, caught = caught_warnings(decide, "hopper", 1000, 1000, 4096, out="bfloat16", fast=True)
     assert caught == []  # 1 MiB envelope validated: silent
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import mmaemu
-from mmaemu import environment
+from mmaemu import diagnostics, environment, warn
 from mmaemu.errors import AssumedUnsplitWarning, SplitKUnknownError, UnverifiedSplitWarning
-from mmaemu.platform.splitk import SOURCES, reset_split_warnings, resolve_splitk
+from mmaemu.platform.splitk import SOURCES, resolve_splitk
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "splitk"
@@ -31,9 +31,9 @@ MINILM = dict(M=380, N=384, K=384, fa="e4m3", fb="e4m3", out="bfloat16", fast=Tr
 def fresh_warning_slots(monkeypatch):
     monkeypatch.delenv("MMAEMU_SPLITK_POLICY", raising=False)
     monkeypatch.delenv("MMAEMU_SPLITK_STRICT", raising=False)
-    reset_split_warnings()
+    warn.reset()
     yield
-    reset_split_warnings()
+    warn.reset()
 
 
 def decide(profile, M, N, K, fa="e4m3", fb="e4m3", out="float32", fast=False, **kwargs):
@@ -105,7 +105,7 @@ def test_an_undecided_shape_is_unsplit_with_the_tables_evidence():
     assert "M=380, N=384, K=384" in str(w.message) and d.note in str(w.message)
 
 
-def test_the_warning_comes_once_per_shape_and_setting_and_every_time_when_dry():
+def test_the_warning_comes_once_per_shape_and_setting_and_every_time_when_collected():
     def count(**kwargs):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -116,7 +116,13 @@ def test_the_warning_comes_once_per_shape_and_setting_and_every_time_when_dry():
     assert count() == 0  # same shape and setting
     assert count(M=381) == 1  # another shape
     assert count(out="float32") == 1  # another setting
-    assert count(dry=True) == 1 and count(dry=True) == 1
+    def collected():
+        with warn.collecting() as notices:
+            assert count(M=382) == 0  # nothing is emitted while collecting
+        return sum(n.category is AssumedUnsplitWarning for n in notices)
+
+    assert collected() == 1 and collected() == 1
+    assert count(M=382) == 1  # collecting used no slot
 
 
 def test_a_split_the_table_shows_is_not_assumed_where_the_rows_split():
@@ -176,14 +182,14 @@ def test_the_environment_variable_replaces_auto(monkeypatch):
     monkeypatch.setenv("MMAEMU_SPLITK_POLICY", "assume-unsplit")
     assert quiet("hopper", **MINILM).source == "assumed-unsplit"
     assert quiet("hopper", **MINILM, splitk=1).source == "explicit"
-    assert environment.problems() == {}
+    assert diagnostics.environment_problems() == {}
     monkeypatch.setenv("MMAEMU_SPLITK_POLICY", "auto")
     with pytest.raises(SplitKUnknownError):
         decide("hopper", **MINILM)
     monkeypatch.setenv("MMAEMU_SPLITK_POLICY", "unsplit")
     with pytest.raises(ValueError, match="MMAEMU_SPLITK_POLICY='unsplit' is not a split-K policy"):
         decide("hopper", **MINILM)
-    assert "MMAEMU_SPLITK_POLICY" in environment.problems()
+    assert "MMAEMU_SPLITK_POLICY" in diagnostics.environment_problems()
 
 
 def test_other_strings_stay_refused():
@@ -219,7 +225,7 @@ def test_scaled_mm_accumulate_explain_and_patch_accept_the_policy():
         plan = mmaemu.explain(a, b, sa, sb, **kwargs, splitk="assume-unsplit")
     assert plan.validation == "ok" and plan.split.source == "assumed-unsplit"
     assert any("source assumed-unsplit" in w for w in plan.warnings)
-    reset_split_warnings()  # scaled_mm above took this shape's once-per-process slot
+    warn.reset()  # scaled_mm above took this shape's once-per-process slot
     with pytest.warns(AssumedUnsplitWarning):
         with mmaemu.patch(profile="hopper", splitk="assume-unsplit") as log:
             torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True)

@@ -8,8 +8,9 @@ when CUDA tensors are seen or a status/self-test is asked for.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Optional, Tuple
+
+from .. import environment
 
 
 class DeviceUnavailable(Exception):
@@ -97,7 +98,7 @@ def probe(device=None) -> DeviceInfo:
     kernels cannot run there. Results are cached per device index."""
     from . import shim
 
-    if os.environ.get("MMAEMU_DISABLE_CUDA", "").strip().lower() in ("1", "true", "yes", "on"):
+    if environment.snapshot()["MMAEMU_DISABLE_CUDA"]:
         raise DeviceUnavailable("disabled by MMAEMU_DISABLE_CUDA")
     if shim.simulator_enabled():
         raise DeviceUnavailable("numba's CUDA simulator is enabled (NUMBA_ENABLE_CUDASIM=1): the kernels run only on "

@@ -9,53 +9,36 @@ nor torch: that happens when CUDA tensors are seen (:func:`select`), or a status
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-import warnings
 import weakref
 from typing import Dict, List
 
+from .. import environment
 from ..errors import BackendFallbackWarning, BackendUnavailableError
+from ..warn import Notice, report
 from .catalog import CODES_KERNELS, KERNELS, NATIVE_INSTRUCTIONS, BackendStatus, GateResult, Selection, gemm_kernels
 from .device import DeviceUnavailable
 
 _lock = threading.RLock()
 _VERDICTS: Dict[tuple, GateResult] = {}
-_WARNED = set()
-_SELECTIONS: Dict[tuple, Selection] = {}
+_SELECTIONS: Dict[tuple, tuple] = {}  # key -> (Selection, its warnings)
 # Accumulators computed by a kernel (id -> tensor, weakly held): their epilogue stays on the device.
 _KERNEL_RESULTS = weakref.WeakValueDictionary()
 FORCE_FAIL_ENV = "MMAEMU_TEST_FORCE_FAIL"
 
 
 def _forced_failures():
-    return {n.strip() for n in os.environ.get(FORCE_FAIL_ENV, "").split(",") if n.strip()}
+    return set(environment.snapshot()[FORCE_FAIL_ENV])
 
 
-def _caller_stacklevel() -> int:
-    """stacklevel of the first frame outside mmaemu (and torch's wrappers of the API): the user's call, counted
-    from warn's caller."""
-    import sys
-
-    prefixes = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep]
-    torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch, "__file__", None):
-        prefixes.append(os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
-    frame, level = sys._getframe(2), 2
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(tuple(prefixes)):
-        frame, level = frame.f_back, level + 1
-    return level
+def _fallback_notice(device_label: str, message: str) -> Notice:
+    """A BackendFallbackWarning, once per (device, message) per process."""
+    return Notice(BackendFallbackWarning, message, (device_label, message))
 
 
 def _warn_once(device_label: str, message: str):
-    """One BackendFallbackWarning per (device, message) per process."""
-    key = (device_label, message)
-    with _lock:
-        if key in _WARNED:
-            return
-        _WARNED.add(key)
-    warnings.warn(message, BackendFallbackWarning, stacklevel=_caller_stacklevel())
+    report([_fallback_notice(device_label, message)])
 
 
 def _probe(device):
@@ -307,11 +290,13 @@ def select(device, name, fmt_a, fmt_b, preset) -> Selection:
                        "the device")
             return Selection("cpu", [reason])
         raise BackendUnavailableError(f"backend {name!r} cannot run: {reason}; use backend='cpu' or 'auto'") from None
-    cache_key = (info.index, fmt_a, fmt_b, preset, name, os.environ.get(FORCE_FAIL_ENV, ""))
+    cache_key = (info.index, fmt_a, fmt_b, preset, name, environment.snapshot()[FORCE_FAIL_ENV])
     with _lock:
         cached = _SELECTIONS.get(cache_key)
-    if cached is not None:
-        return Selection(cached.name, list(cached.fallbacks))
+    if cached is not None:  # its warning is reported again: emitted only if no call has emitted it yet
+        selection, notices = cached
+        report(notices)
+        return Selection(selection.name, list(selection.fallbacks))
     candidates = [KERNELS[explicit]] if explicit is not None else gemm_kernels()
     fallbacks: List[str] = []
     failures: List[str] = []
@@ -330,12 +315,14 @@ def select(device, name, fmt_a, fmt_b, preset) -> Selection:
     if chosen is None and name != "auto":
         raise BackendUnavailableError(f"backend {name!r} cannot run on {info.label}: " + "; ".join(fallbacks))
     selection = Selection(chosen or "cpu", fallbacks)
+    notices = ()
     if failures:
-        _warn_once(info.label, f"mmaemu on {info.label}: " + "; ".join(failures)
-                   + f"; {selection.name} computes instead" + (" (result copied back to the device)"
-                                                               if chosen is None else ""))
+        notices = (_fallback_notice(info.label, f"mmaemu on {info.label}: " + "; ".join(failures)
+                                    + f"; {selection.name} computes instead"
+                                    + (" (result copied back to the device)" if chosen is None else "")),)
+    report(notices)
     with _lock:
-        _SELECTIONS[cache_key] = selection
+        _SELECTIONS[cache_key] = (selection, notices)
     return Selection(selection.name, list(selection.fallbacks))
 
 
@@ -426,11 +413,11 @@ def rowwise_epilogue(acc, scale_a, scale_b, bias, x_first):
 
 
 def reset():
-    """Forget verdicts, selections, warnings and probed devices of this process (tests)."""
+    """Forget verdicts, selections and probed devices of this process (tests; the once-per-process warnings are
+    forgotten by :func:`mmaemu.warn.reset`)."""
     from . import device as device_module
 
     with _lock:
         _VERDICTS.clear()
         _SELECTIONS.clear()
-        _WARNED.clear()
     device_module.reset()

@@ -14,11 +14,10 @@ bit; no hardware recording of them is available to this project.
 from __future__ import annotations
 
 import dataclasses
-import threading
-import warnings
 from typing import Optional, Tuple
 
 from ..errors import ExperimentalPresetWarning
+from ..warn import Notice, report
 
 __all__ = ["Preset", "get_preset", "list_presets", "HOPPER", "ADA", "B200_MMA_SYNC", "TCGEN05_F8F6F4",
            "SM120_MMA_SYNC", "TCGEN05_MXF8F6F4", "SM120_MXF8F6F4", "TCGEN05_MXF4NVF4", "SM120_MXF4NVF4", "MATURITIES",
@@ -226,10 +225,6 @@ _REFUSED_MESSAGE = (
     "B200/GB200 tcgen05.mma by 'tcgen05_f8f6f4' (profile 'tcgen05-f8f6f4-experimental'); known presets: {known}"
 )
 
-_warned_lock = threading.Lock()
-_warned = set()
-
-
 def list_presets(*, with_maturity: bool = False):
     """Names of the registered presets, sorted, aliases excluded: ['ada', 'b200_mma_sync', 'hopper',
     'sm120_mma_sync', 'tcgen05_f8f6f4']; with ``with_maturity=True`` a dict {name: maturity} in that order."""
@@ -300,15 +295,15 @@ def maturity_message(preset: Preset) -> Optional[str]:
             f"{evidence}")
 
 
-def warn_if_not_validated(preset: Preset, *, every_time=False, stacklevel=3, note=""):
-    """Emit ExperimentalPresetWarning once per process per preset name (every time if asked); ``note`` is appended
-    to the message."""
+def maturity_notices(preset: Preset, *, every_time=False, note="") -> Tuple[Notice, ...]:
+    """The ExperimentalPresetWarning of a non-validated preset, once per process per preset name (every time if
+    asked; it still takes the name's slot), as data; ``note`` is appended to the message."""
     message = maturity_message(preset)
     if message is None:
-        return
-    message += note
-    with _warned_lock:
-        first = preset.name not in _warned
-        _warned.add(preset.name)
-    if first or every_time:
-        warnings.warn(message, ExperimentalPresetWarning, stacklevel=stacklevel)
+        return ()
+    return (Notice(ExperimentalPresetWarning, message + note, (preset.name,), repeat=every_time),)
+
+
+def warn_if_not_validated(preset: Preset, *, every_time=False, note=""):
+    """Report :func:`maturity_notices` (:func:`mmaemu.warn.report`: emitted at the caller's line)."""
+    report(maturity_notices(preset, every_time=every_time, note=note))

@@ -1,26 +1,27 @@
 """Planning a call: validation, maturity warnings, ``out=`` handling, the split-K decision and the backend
 (semantics.md f.7, platform.md sections 2-4 and 6.1). Nothing is computed here.
 
-The planner runs in two modes. Live (``dry=False``, used by ``scaled_mm``/``accumulate``) emits each
-once-per-process warning once. Dry (``dry=True``, used by ``explain``) emits nothing and consumes no
-once-per-process slot. Both record the text of every warning that applies in the plan (``CallPlan.warnings``).
+Each decision returns its warnings as data (:class:`mmaemu.warn.Notice`); the planner keeps them in the plan
+(``CallPlan.warnings`` has the text of every warning that applies) and reports them as it goes
+(:func:`mmaemu.warn.report`), so that a call refused later in the plan still gives the warnings found before.
+The entry point decides what happens to them: ``scaled_mm``/``accumulate`` emit them (once per process per key,
+at the user's line); ``explain`` plans inside :func:`mmaemu.warn.collecting`, so it emits nothing and consumes no
+once-per-process slot.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
-import warnings
-from typing import List, Optional, Tuple, Union
+from typing import Iterable, List, Optional, Tuple, Union
 
 from .. import backends
 from ..arith.params import require_gemm_level
 from ..errors import UnsupportedFeatureError
 from ..model.presets import Preset, get_preset
 from ..platform import get_profile, rowwise
-from ..platform.profiles import profile_maturity_messages, warn_profile_maturity
-from ..platform.splitk import POLICIES, SplitDecision, check_scheme_for_preset, resolve_splitk
+from ..platform.profiles import profile_maturity_notices
+from ..platform.splitk import POLICIES, SplitDecision, check_scheme_for_preset, decide_splitk
+from ..warn import Notice, collecting, report
 from .flush import check_no_flush_to_zero
 from .validate import split_key, validate_accumulate, validate_scaled_mm
 
@@ -56,9 +57,14 @@ class Plan:
     split: Optional[SplitDecision] = None
     backend: str = ""
     fallbacks: List[str] = dataclasses.field(default_factory=list)
-    warnings: List[str] = dataclasses.field(default_factory=list)
+    notices: List[Notice] = dataclasses.field(default_factory=list)
     action: str = "compute"  # "compute" | "zeros" | "out-unchanged"
     kernel: Optional[str] = None  # the reference kernel when it is not cuBLASLt ("cutlass rowwise")
+
+    @property
+    def warnings(self) -> List[str]:
+        """The text of every warning that applies to the call, in the order found."""
+        return [notice.message for notice in self.notices]
 
     def describe(self, validation="ok") -> CallPlan:
         backend = {"zeros": "none (zero-size result)", "out-unchanged": "none (out= is returned unchanged)"}
@@ -67,42 +73,30 @@ class Plan:
                         self.kernel)
 
 
-_LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-                      for m in (sys.modules[__name__.split(".")[0]], __import__("torch")))
+def _note(plan: Plan, notices: Iterable[Notice]):
+    """Keep a decision's warnings in the plan and report them (see the module docstring)."""
+    notices = tuple(notices)
+    plan.notices.extend(notices)
+    report(notices)
 
 
-def _user_stacklevel() -> int:
-    """The ``warnings.warn`` stacklevel, counted from the calling function, of the first frame outside mmaemu and
-    torch: warnings then point at the user's line, however deep the API layers are."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_LIBRARY_DIRS):
-        frame, level = frame.f_back, level + 1
-    return level
+def _out_warning(plan: Plan, message: str):
+    """A warning about this call alone (out= handling): every call gives it (UserWarning, no once-key)."""
+    _note(plan, [Notice(UserWarning, message)])
 
 
-def _warn(plan: Plan, message: str, category, dry: bool):
-    """A warning about this call alone (out= handling): emitted by every live call, recorded in the plan."""
-    plan.warnings.append(message)
-    if not dry:
-        warnings.warn(message, category, stacklevel=_user_stacklevel())
-
-
-def _maturity_warnings(plan: Plan, dry: bool):
+def _maturity_warnings(plan: Plan):
     """f.7.1: the preset's or the profile's maturity warning (ExperimentalPresetWarning)."""
-    if dry:
-        plan.warnings.extend(profile_maturity_messages(plan.profile))
-    else:
-        plan.warnings.extend(warn_profile_maturity(plan.profile, stacklevel=_user_stacklevel() + 1))
+    _note(plan, profile_maturity_notices(plan.profile))
 
 
-def _decide(plan: Plan, M, N, K, fmt_a, fmt_b, out_dtype, fast, splitk, layout_std, dry):
+def _decide(plan: Plan, M, N, K, fmt_a, fmt_b, out_dtype, fast, splitk, layout_std):
     """f.7.3: the split-K decision, with the planner's checks of the preset's GEMM level and split scheme."""
     require_gemm_level(plan.preset, fast)
-    recorded: List[str] = []
-    plan.split = resolve_splitk(M, N, K, a_dtype=fmt_a, b_dtype=fmt_b, out_dtype=out_dtype, use_fast_accum=fast,
-                                profile=plan.profile, splitk=splitk, layout_std=layout_std, warnings_out=recorded,
-                                stacklevel=_user_stacklevel(), emit=not dry)
-    plan.warnings.extend(recorded)
+    plan.split, notices = decide_splitk(M, N, K, a_dtype=fmt_a, b_dtype=fmt_b, out_dtype=out_dtype,
+                                        use_fast_accum=fast, profile=plan.profile, splitk=splitk,
+                                        layout_std=layout_std)
+    _note(plan, notices)
     require_gemm_level(plan.preset, fast, plan.split.S)
     check_scheme_for_preset(plan.split.splitk, plan.preset)
 
@@ -117,8 +111,7 @@ def _choose_backend(plan: Plan, device, backend, fmt_a, fmt_b):
 
 
 def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
-                   use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto",
-                   dry=False) -> Plan:
+                   use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto") -> Plan:
     """Validate and plan a ``scaled_mm`` call in the order of semantics.md (f); raises what scaled_mm raises."""
     profile = get_profile(profile)
     call = validate_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out,
@@ -127,17 +120,17 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
     if call.zero_size:
         plan.action = "zeros"
         return plan
-    _maturity_warnings(plan, dry)
+    _maturity_warnings(plan)
     if call.rowwise:
-        return _plan_rowwise(plan, splitk, backend, dry)
+        return _plan_rowwise(plan, splitk, backend)
     if call.out_unusable:
-        _warn(plan, OUT_UNCHANGED_MESSAGE, UserWarning, dry)
+        _out_warning(plan, OUT_UNCHANGED_MESSAGE)
         plan.action = "out-unchanged"
         return plan
     if call.out_resize_warns:
-        _warn(plan, OUT_RESIZED_MESSAGE.format(old=tuple(out.shape), new=(call.M, call.N)), UserWarning, dry)
+        _out_warning(plan, OUT_RESIZED_MESSAGE.format(old=tuple(out.shape), new=(call.M, call.N)))
     M, N, K, fmt_a, fmt_b = split_key(call)
-    _decide(plan, M, N, K, fmt_a, fmt_b, call.out_dtype, call.use_fast_accum, splitk, call.layout_std, dry)
+    _decide(plan, M, N, K, fmt_a, fmt_b, call.out_dtype, call.use_fast_accum, splitk, call.layout_std)
     _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b)
     return plan
 
@@ -154,13 +147,13 @@ def _asks_no_split(splitk) -> bool:
     return getattr(splitk, "S", splitk) == 1
 
 
-def _plan_rowwise(plan: Plan, splitk, backend, dry) -> Plan:
+def _plan_rowwise(plan: Plan, splitk, backend) -> Plan:
     """A row-wise call (torch's CUTLASS kernel, :mod:`mmaemu.platform.rowwise`): experimental; one CTA per output
     over all of K, so S = 1 whatever the shape; the scale order of the epilogue is in the split note."""
     call = plan.call
-    plan.warnings.append(rowwise.warn_rowwise_maturity(dry=dry, stacklevel=_user_stacklevel() + 1))
+    _note(plan, [rowwise.rowwise_maturity_notice()])
     if call.out_resize_warns:
-        _warn(plan, OUT_RESIZED_MESSAGE.format(old=tuple(call.out.shape), new=(call.M, call.N)), UserWarning, dry)
+        _out_warning(plan, OUT_RESIZED_MESSAGE.format(old=tuple(call.out.shape), new=(call.M, call.N)))
     if not _asks_no_split(splitk):
         raise UnsupportedFeatureError(
             f"splitk={splitk!r}: torch 2.7.1's row-wise kernel never splits K ({rowwise.NO_SPLIT_REASON}); use "
@@ -175,7 +168,7 @@ def _plan_rowwise(plan: Plan, splitk, backend, dry) -> Plan:
 
 
 def plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="auto",
-                    out_dtype_for_split=None, dry=False) -> Plan:
+                    out_dtype_for_split=None) -> Plan:
     """Validate and plan an ``accumulate`` call (semantics.md f.8)."""
     import torch
 
@@ -185,19 +178,21 @@ def plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backen
     if call.zero_size:
         plan.action = "zeros"
         return plan
-    _maturity_warnings(plan, dry)
+    _maturity_warnings(plan)
     out_dtype = torch.float32 if out_dtype_for_split is None else out_dtype_for_split
-    _decide(plan, call.M, call.N, call.K, call.fmt_a, call.fmt_b, out_dtype, call.use_fast_accum, splitk, True, dry)
+    _decide(plan, call.M, call.N, call.K, call.fmt_a, call.fmt_b, out_dtype, call.use_fast_accum, splitk, True)
     _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b)
     return plan
 
 
 def explain_scaled_mm(*args, **kwargs) -> CallPlan:
-    """The CallPlan of a scaled_mm call; never raises for a bad call (its ``validation`` says what would)."""
-    try:
-        return plan_scaled_mm(*args, dry=True, **kwargs).describe()
-    except Exception as error:  # explain reports every failure of the call instead of raising it
-        return _failed_plan(error, kwargs.get("profile"))
+    """The CallPlan of a scaled_mm call; never raises for a bad call (its ``validation`` says what would). The
+    call is planned inside :func:`mmaemu.warn.collecting`: nothing is emitted, no once-per-process slot is used."""
+    with collecting():
+        try:
+            return plan_scaled_mm(*args, **kwargs).describe()
+        except Exception as error:  # explain reports every failure of the call instead of raising it
+            return _failed_plan(error, kwargs.get("profile"))
 
 
 def _failed_plan(error: Exception, profile) -> CallPlan:

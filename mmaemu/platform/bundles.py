@@ -49,6 +49,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from .. import environment
 from ..errors import MmaemuError, UnsafeBundleWarning
 from .bundle_schema import (SchemaError, check_table_rules, combos_schema, manifest_schema, replays_schema,
                             table_schema)
@@ -391,7 +392,7 @@ def load_profile_path() -> None:
     bundle that is refused, or a folder that cannot be read (another user's), is skipped with a RuntimeWarning,
     once per path and reason; the others load."""
     global _path_seen
-    value = os.environ.get(PATH_ENV, "")
+    value = environment.snapshot()[PATH_ENV] or ""
     if value == _path_seen:
         return
     with _lock:

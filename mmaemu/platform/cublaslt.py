@@ -20,6 +20,7 @@ import sys
 import threading
 from typing import List, Optional, Tuple
 
+from .. import environment
 from ..errors import BackendUnavailableError
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
 LIBRARY_MAJOR_VERSION, LIBRARY_MINOR_VERSION, LIBRARY_PATCH_LEVEL = 0, 1, 2
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
 
+LIBCUDA_ENV = "MMAEMU_LIBCUDA_PATH"
 _LIBCUDA_CANDIDATES = ("libcuda.so.1", "/usr/lib/wsl/lib/libcuda.so.1")
 _CUBLAS_WHEELS = ("nvidia-cublas-cu12", "nvidia-cublas", "nvidia-cublas-cu13")
 
@@ -55,10 +57,10 @@ def _check(status, what: str) -> None:
 def profile_matches_device(profile, device=None) -> bool:
     """True only if ``device`` is the profile's reference GPU: same driver device name, same SM count and the
     same loaded cuBLASLt version (major.minor.patch, and build when both sides know it). Never the compute
-    capability alone; any probe error → False; nothing is touched when MMAEMU_DISABLE_CUDA=1."""
+    capability alone; any probe error → False; nothing is touched when MMAEMU_DISABLE_CUDA is true."""
     if not (profile.gpu_name and profile.sm_count and profile.cublaslt_version):
         return False
-    if os.environ.get("MMAEMU_DISABLE_CUDA") == "1":
+    if environment.snapshot()["MMAEMU_DISABLE_CUDA"]:
         return False
     try:
         ordinal = cuda_ordinal(device)
@@ -103,7 +105,7 @@ _device_info = {}
 
 def driver_device_info(ordinal: int) -> Tuple[str, int]:
     """(device name, SM count) from the CUDA driver API (cached per libcuda choice and ordinal)."""
-    cache_key = (os.environ.get("MMAEMU_LIBCUDA_PATH"), ordinal)
+    cache_key = (environment.snapshot()[LIBCUDA_ENV], ordinal)
     with _probe_lock:
         if cache_key not in _device_info:
             _device_info[cache_key] = _probe_driver(ordinal)
@@ -136,7 +138,7 @@ def _check_cu(status, what: str) -> None:
 
 def _load_libcuda():
     """libcuda: $MMAEMU_LIBCUDA_PATH, libcuda.so.1, /usr/lib/wsl/lib/libcuda.so.1 (platform.md 3.6)."""
-    explicit = os.environ.get("MMAEMU_LIBCUDA_PATH")
+    explicit = environment.snapshot()[LIBCUDA_ENV]
     candidates = ((explicit,) if explicit else ()) + _LIBCUDA_CANDIDATES
     errors = []
     for path in candidates:

@@ -9,11 +9,11 @@ re-exported here.
 from __future__ import annotations
 
 import dataclasses
-import os
-import warnings
 from typing import Optional
 
+from .. import environment
 from ..errors import ExperimentalPresetWarning, UnsupportedFeatureError
+from ..warn import Notice, report
 from . import definitions
 from .definitions import (_BY_NAME, _PROFILES, _RECORDED, DEFAULT_PROFILE, FORMATS, OUT_DTYPES, Profile,
                           RejectRule, builtin_profile_names, out_dtype_name, register_recorded_profile,
@@ -25,8 +25,8 @@ __all__ = [
     "profile_from_preset",
     "PresetProfile",
     "profile_maturity_messages",
+    "profile_maturity_notices",
     "warn_profile_maturity",
-    "reset_maturity_warnings",
     *definitions.__all__,  # re-exported: the profile type and vocabulary
 ]
 
@@ -40,16 +40,22 @@ def list_profiles() -> list:
     return [p.name for p in _PROFILES] + list(_recorded_profiles())
 
 
+PROFILE_ENV = "MMAEMU_PROFILE"
+
+
 def get_profile(name_or_profile=None) -> Profile:
     """A Profile as is; None → $MMAEMU_PROFILE (read now; empty = unset) or "hopper"; a name → its profile.
 
-    Unknown names raise KeyError listing the known ones (the peer's pre-rename names are not accepted); anything
-    else raises TypeError.
+    Unknown names raise KeyError listing the known ones (the peer's pre-rename names are not accepted; a name from
+    $MMAEMU_PROFILE says so); anything else raises TypeError.
     """
     if isinstance(name_or_profile, Profile):
         return name_or_profile
+    from_env = False
     if name_or_profile is None:
-        name_or_profile = os.environ.get("MMAEMU_PROFILE") or DEFAULT_PROFILE
+        env = environment.snapshot()
+        from_env = env.is_set(PROFILE_ENV)
+        name_or_profile = env[PROFILE_ENV] or DEFAULT_PROFILE
     if not isinstance(name_or_profile, str):
         hint = ""
         if type(name_or_profile).__name__ == "Preset":
@@ -60,7 +66,8 @@ def get_profile(name_or_profile=None) -> Profile:
     try:
         return _BY_NAME.get(name_or_profile) or _recorded_profiles()[name_or_profile]
     except KeyError:
-        raise KeyError(f"unknown profile {name_or_profile!r}; known profiles: {list_profiles()}"
+        source = f" (from {PROFILE_ENV})" if from_env else ""
+        raise KeyError(f"unknown profile {name_or_profile!r}{source}; known profiles: {list_profiles()}"
                        + _bundle_refusals_text()) from None
 
 
@@ -122,7 +129,7 @@ def profile_from_preset(preset, base="hopper", *, name: Optional[str] = None) ->
 # ----------------------------------------------------------------------------------------------------------------
 # Maturity warnings (ExperimentalPresetWarning, once per process per key)
 #
-# The preset key is the preset name, shared with mmaemu.model.presets' own registry so that get_preset(warn=True)
+# The preset key is the preset name, the key of mmaemu.model.presets' own warning, so that get_preset(warn=True)
 # and a profile's warning never repeat each other; the profile key is "profile:<name>".
 
 def _presets():
@@ -133,49 +140,32 @@ def _presets():
     return presets
 
 
-def _maturity_items(profile: Profile):
-    """[(key, message)] of the warnings this profile's use calls for (platform.md section 1)."""
-    preset = _presets().get_preset(profile.preset, warn=False)
-    preset_message = _presets().maturity_message(preset)
-    if preset_message is not None:
-        return [(preset.name, preset_message)]
+def profile_maturity_notices(profile) -> tuple:
+    """The warnings this profile's use calls for (platform.md section 1), as :class:`mmaemu.warn.Notice` data."""
+    profile = get_profile(profile)
+    presets = _presets()
+    preset = presets.get_preset(profile.preset, warn=False)
+    preset_notices = presets.maturity_notices(preset)
+    if preset_notices:
+        return preset_notices
     if profile.maturity != "validated":
-        return [(f"profile:{profile.name}",
-                 f"mmaemu profile {profile.name!r} is {profile.maturity}: {profile.description}")]
-    return []
+        return (Notice(ExperimentalPresetWarning,
+                       f"mmaemu profile {profile.name!r} is {profile.maturity}: {profile.description}",
+                       (f"profile:{profile.name}",)),)
+    return ()
 
 
 def profile_maturity_messages(profile) -> list:
     """The maturity warning texts of a profile (no warning emitted, no once-slot consumed)."""
-    return [message for _, message in _maturity_items(get_profile(profile))]
+    return [notice.message for notice in profile_maturity_notices(profile)]
 
 
-def warn_profile_maturity(profile, *, dry: bool = False, stacklevel: int = 3) -> list:
-    """Emit the profile's ExperimentalPresetWarning(s) and return their texts.
-
-    Once per process per key; dry=True (explain) emits every time without consuming the slot. Returns every text
-    that applies, whether or not its once-slot was free.
-    """
-    items = _maturity_items(get_profile(profile))
-    for key, message in items:
-        if dry or _claim_slot(key):
-            warnings.warn(message, ExperimentalPresetWarning, stacklevel=stacklevel)
-    return [message for _, message in items]
-
-
-def _claim_slot(key: str) -> bool:
-    presets = _presets()
-    with presets._warned_lock:
-        first = key not in presets._warned
-        presets._warned.add(key)
-    return first
-
-
-def reset_maturity_warnings() -> None:
-    """Forget which maturity warnings were emitted (tests only; also resets the preset registry's slots)."""
-    presets = _presets()
-    with presets._warned_lock:
-        presets._warned.clear()
+def warn_profile_maturity(profile) -> list:
+    """Report the profile's ExperimentalPresetWarning(s) (:func:`mmaemu.warn.report`: once per process per key, at
+    the caller's line) and return every text that applies, whether or not its once-slot was free."""
+    notices = profile_maturity_notices(profile)
+    report(notices)
+    return [notice.message for notice in notices]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -132,13 +132,10 @@ MATURITY_MESSAGE = (
 _MATURITY_KEY = "rowwise:torch-2.7.1-sm90"
 
 
-def warn_rowwise_maturity(*, dry: bool, stacklevel: int) -> str:
-    """Emit the row-wise ExperimentalPresetWarning once per process (never when ``dry``); return its text."""
-    import warnings
-
+def rowwise_maturity_notice():
+    """The row-wise ExperimentalPresetWarning, once per process, as data (:class:`mmaemu.warn.Notice`, under the
+    maturity warnings' class, so in their once-per-process registry)."""
     from ..errors import ExperimentalPresetWarning
-    from .profiles import _claim_slot  # the one once-per-process registry of maturity warnings
+    from ..warn import Notice
 
-    if not dry and _claim_slot(_MATURITY_KEY):
-        warnings.warn(MATURITY_MESSAGE, ExperimentalPresetWarning, stacklevel=stacklevel)
-    return MATURITY_MESSAGE
+    return Notice(ExperimentalPresetWarning, MATURITY_MESSAGE, (_MATURITY_KEY,))

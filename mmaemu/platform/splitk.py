@@ -13,8 +13,8 @@
 
 Evidence: the tables and their json (``codes["custom -> scheme"]``, ``settings``, ``envelope``,
 ``split_layouts``, ``workspace0_note``) and the verified-combos files, see :mod:`mmaemu.platform.tables` and the
-data README. Warnings (3.8, 3.9): UnverifiedSplitWarning / UnvalidatedEnvelopeWarning once per process per key,
-every time with ``dry=True``.
+data README. Warnings (3.8, 3.9): UnverifiedSplitWarning / UnvalidatedEnvelopeWarning once per process per key;
+:func:`decide_splitk` returns them as data, :func:`resolve_splitk` reports them (:mod:`mmaemu.warn`).
 
 The scheme/preset compatibility (semantics.md d.3) is not checked here but by the planner, through
 :func:`check_scheme_for_preset`.
@@ -24,27 +24,26 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-import os
-import threading
-import warnings
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
-from .. import formats
+from .. import environment, formats
 from ..arith.params import CONTIGUOUS_TILE, INTERLEAVED_TILE, require_gemm_level
 from ..errors import AssumedUnsplitWarning, SplitKUnknownError, UnvalidatedEnvelopeWarning, UnverifiedSplitWarning
 from ..model.presets import SPLIT_SCHEMES, split_schemes
+from ..warn import Notice, report
 from .definitions import builtin_profiles
 from .profiles import Profile, get_profile, out_dtype_name, splitk_maturity_note
 
 __all__ = [
     "SplitK",
     "SplitDecision",
+    "SplitOutcome",
+    "decide_splitk",
     "resolve_splitk",
     "check_scheme_for_preset",
     "check_splitk_argument",
     "check_split_count",
     "layout_caveats",
-    "reset_split_warnings",
     "SCHEMES",
     "SPLIT_SCHEMES",
     "SOURCES",
@@ -149,7 +148,15 @@ class _Call:
         return f"ws {self.ws}, out {self.out}, {'fast' if self.fast else 'slow'}, {self.pair}"
 
 
-_Pending = List[Tuple[type, tuple, str]]  # (warning class, once-key, message)
+class SplitOutcome(NamedTuple):
+    """A split decision and the warnings it calls for (:class:`mmaemu.warn.Notice`, once per process per key)."""
+
+    decision: SplitDecision
+    warnings: Tuple[Notice, ...]
+
+
+_Pending = List[Notice]
+STRICT_ENV = "MMAEMU_SPLITK_STRICT"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -157,18 +164,26 @@ _Pending = List[Tuple[type, tuple, str]]  # (warning class, once-key, message)
 
 
 def resolve_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, profile=None, splitk="auto",
-                   layout_std=True, strict=None, dry=False, warnings_out=None, stacklevel=1,
-                   emit=True) -> SplitDecision:
-    """Decide S and the reduction scheme of a call (platform.md 3.1-3.10, in that order).
+                   layout_std=True, strict=None) -> SplitDecision:
+    """Decide S and the reduction scheme of a call (platform.md 3.1-3.10, in that order): :func:`decide_splitk`,
+    whose warnings are reported (:func:`mmaemu.warn.report`: once per process per key, at the caller's line;
+    recorded instead inside :func:`mmaemu.warn.collecting`)."""
+    outcome = decide_splitk(M, N, K, a_dtype=a_dtype, b_dtype=b_dtype, out_dtype=out_dtype,
+                            use_fast_accum=use_fast_accum, profile=profile, splitk=splitk, layout_std=layout_std,
+                            strict=strict)
+    report(outcome.warnings)
+    return outcome.decision
+
+
+def decide_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, profile=None, splitk="auto",
+                  layout_std=True, strict=None) -> SplitOutcome:
+    """The split decision of a call and its warnings, as data (nothing is emitted).
 
     ``splitk``: "auto" (``$MMAEMU_SPLITK_POLICY`` when set), "assume-unsplit" (S = 1 where the evidence does not
     decide, warning AssumedUnsplitWarning), 1, (S, scheme) or a SplitK.
     ``a_dtype``/``b_dtype``: float8 dtypes or "e4m3"/"e5m2" (mat1, mat2); ``out_dtype`` None means a_dtype;
     ``layout_std`` False skips the table and the live query (padded leading dimensions, section 2); ``strict``
-    None reads MMAEMU_SPLITK_STRICT == "1"; ``dry`` emits warnings every time without consuming their
-    once-per-process slot; ``warnings_out`` (a list) receives the text of every warning raised; ``stacklevel``
-    as for ``warnings.warn``, counted from the caller of resolve_splitk (layers above it pass more); ``emit``
-    False (explain) only records the texts that dry=True would emit in ``warnings_out``.
+    None reads MMAEMU_SPLITK_STRICT (a boolean: 1/true/yes/on).
     Raises SplitKUnknownError when the evidence cannot decide, ValueError/TypeError for a bad ``splitk``.
     """
     call = _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile)
@@ -179,21 +194,15 @@ def resolve_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, prof
         decision = _explicit(call, splitk, pending)
     else:
         if strict is None:
-            strict = os.environ.get("MMAEMU_SPLITK_STRICT") == "1"
+            strict = environment.snapshot()[STRICT_ENV]
         decision = _auto(call, layout_std, bool(strict), pending, assume_unsplit=splitk == ASSUME_UNSPLIT)
-    if emit:
-        _emit(pending, dry, warnings_out, stacklevel + 2)
-    elif warnings_out is not None:
-        warnings_out.extend(message for _, _, message in pending)
-    return decision
+    return SplitOutcome(decision, tuple(pending))
 
 
 def policy_from_environment() -> str:
     """The policy that ``splitk="auto"`` stands for: ``$MMAEMU_SPLITK_POLICY`` (one of POLICIES), unset or empty:
     "auto". ValueError for another value."""
-    from ..environment import set_variables  # the one list of variables mmaemu reads
-
-    value = set_variables().get(POLICY_ENV, "auto").strip()
+    value = environment.snapshot()[POLICY_ENV] or "auto"
     if value not in POLICIES:
         raise ValueError(f"{POLICY_ENV}={value!r} is not a split-K policy: use one of "
                          + ", ".join(repr(p) for p in POLICIES) + " (or unset it)")
@@ -449,8 +458,8 @@ def _k_grid_envelope(call: _Call, table, strict: bool, pending: _Pending):
         reason = ("S = 1 inferred by an envelope without a passed held-out test: "
                   + _validation_text(call.ws, validation))
         message = _warning_text(call, 1, "none", "envelope", reason)
-        pending.append((UnvalidatedEnvelopeWarning, (call.profile.name, call.ws, call.out, call.fast, call.pair),
-                        message))
+        pending.append(Notice(UnvalidatedEnvelopeWarning, message,
+                              (call.profile.name, call.ws, call.out, call.fast, call.pair)))
     return decision, ""
 
 
@@ -621,11 +630,7 @@ def check_scheme_for_preset(splitk, preset) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 3.8 Warnings (once per process per key; every time when dry)
-
-_warned_lock = threading.Lock()
-_warned = set()
-
+# 3.8 Warnings (once per process per key)
 
 def _queue_unverified(call: _Call, S: int, scheme: str, source: str, verified: bool, in_set: bool,
                       caveats: List[str], has_table: bool, pending: _Pending) -> None:
@@ -642,7 +647,7 @@ def _queue_unverified(call: _Call, S: int, scheme: str, source: str, verified: b
         reasons.append(f"split-K decisions with S > 1 of profile {call.profile.name} are experimental"
                        + (f" ({note})" if note else ""))
     key = (call.profile.name, call.fast, S, scheme, call.out, call.pair, tuple(caveats))
-    pending.append((UnverifiedSplitWarning, key, _warning_text(call, S, scheme, source, "; ".join(reasons))))
+    pending.append(Notice(UnverifiedSplitWarning, _warning_text(call, S, scheme, source, "; ".join(reasons)), key))
 
 
 def _warning_text(call: _Call, S: int, scheme: str, source: str, reason: str) -> str:
@@ -651,31 +656,10 @@ def _warning_text(call: _Call, S: int, scheme: str, source: str, reason: str) ->
 
 
 def _queue_assumed(call: _Call, note: str, pending: _Pending) -> None:
-    """AssumedUnsplitWarning of an assumed S = 1: once per process per shape and setting (every time when dry)."""
+    """AssumedUnsplitWarning of an assumed S = 1: once per process per shape and setting."""
     key = (call.profile.name, call.ws, call.M, call.N, call.K, call.out, call.fast, call.pair)
     message = _warning_text(call, 1, "none", "assumed-unsplit", f"M={call.M}, N={call.N}, K={call.K}: {note}")
-    pending.append((AssumedUnsplitWarning, key, message))
-
-
-def _emit(pending: _Pending, dry: bool, warnings_out, stacklevel: int) -> None:
-    for category, key, message in pending:
-        if dry or _claim_slot((category.__name__,) + key):
-            warnings.warn(message, category, stacklevel=stacklevel)
-            if warnings_out is not None:
-                warnings_out.append(message)
-
-
-def _claim_slot(key: tuple) -> bool:
-    with _warned_lock:
-        first = key not in _warned
-        _warned.add(key)
-    return first
-
-
-def reset_split_warnings() -> None:
-    """Forget which split-K warnings were emitted (tests only)."""
-    with _warned_lock:
-        _warned.clear()
+    pending.append(Notice(AssumedUnsplitWarning, message, key))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -8,10 +8,10 @@ probe, the real GEMM of the replays and Transformer Engine's workspace. :func:`c
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from typing import Callable, Optional, Tuple
 
+from .. import environment
 from ..errors import BackendUnavailableError
 from ..platform.heuristic import LtApi
 
@@ -85,7 +85,7 @@ def cuda_machine(device=None) -> Machine:
     from ..platform import cublaslt, heuristic
     from . import probe, replay
 
-    if not torch.cuda.is_available() or os.environ.get("MMAEMU_DISABLE_CUDA") == "1":
+    if not torch.cuda.is_available() or environment.snapshot()["MMAEMU_DISABLE_CUDA"]:
         raise RecordUnavailableError("mmaemu record needs a CUDA GPU visible to torch (none is, or "
                                      "MMAEMU_DISABLE_CUDA=1)")
     dev = torch.device("cuda", torch.cuda.current_device() if device is None else int(device))
