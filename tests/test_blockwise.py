@@ -578,12 +578,15 @@ def _ptx_worker():
 workers = workers_fixture(__file__, {"sim": {"NUMBA_ENABLE_CUDASIM": "1"}, "ptx": {"NUMBA_ENABLE_CUDASIM": "0"}})
 
 
+@pytest.mark.sim
+@pytest.mark.subprocess
 def test_cuda_simple_under_the_simulator_equals_the_cpu_reference(workers):
     report = workers("sim")
     assert len(report) == 4 and all(r["mismatches"] == 0 for r in report), report
     assert any(r["nan"] for r in report)
 
 
+@pytest.mark.subprocess
 def test_the_gpu_combine_is_one_fma_rn(workers):
     report = workers("ptx")
     if report["skipped"]:

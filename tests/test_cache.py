@@ -282,6 +282,7 @@ assert low_halves_exact(0x12345678) == 0x56785678
 """
 
 
+@pytest.mark.subprocess
 def test_a_cold_cache_is_announced_once_through_logging_and_a_warm_one_not_at(tmp_path):
     """Before the first compilation into a cache without this build's code: one INFO record of the "mmaemu"
     logger (never a print); a second process, whose cache now holds the code, logs nothing."""

@@ -317,6 +317,7 @@ print("torch._dynamo" in sys.modules)
 """
 
 
+@pytest.mark.subprocess
 def test_a_process_that_never_compiles_never_imports_dynamo(tmp_path):
     """The entry points defer torch.compiler.disable (whose import of torch._dynamo costs seconds) until dynamo is
     imported by something else: the first scaled_mm / explain / accumulate of a process leaves it unimported."""

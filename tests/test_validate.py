@@ -787,6 +787,7 @@ def test_ftz_check_raises_base_class_when_flushing():
     check_no_flush_to_zero()
 
 
+@pytest.mark.subprocess
 def test_ftz_check_is_two_numpy_probes_without_torch_or_numba():
     """What keeps the per-call check cheap (a few microseconds; not timed here): it needs neither torch nor Numba,
     only two numpy operations on preallocated probes."""
