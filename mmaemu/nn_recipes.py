@@ -5,7 +5,10 @@
 * ``"tensorwise"``: the layer itself (one fp32 scale per tensor, cuBLASLt through ``scaled_mm``);
 * ``"blockwise"``: :class:`BlockwiseFP8Linear`, DeepSeek-V3's recipe as DeepGEMM computes it on sm_90: the
   weight cast once per 128 x 128 block (``per_block_cast_to_fp8``), every input per 1 x 128 strip of each row
-  (``per_token_cast_to_fp8``), the GEMM by :func:`mmaemu.deepgemm.fp8_gemm_nt` with bf16 output.
+  (``per_token_cast_to_fp8``), the GEMM by :func:`mmaemu.deepgemm.fp8_gemm_nt` with bf16 output;
+* ``"rowwise"``: :class:`RowwiseFP8Linear`, torchao's row-wise float8 recipe: the weight cast once per output
+  channel and every input per row (:func:`mmaemu.quantize.quantize_rowwise`, power-of-two scales), the GEMM by
+  :func:`mmaemu.scaled_mm` with (M, 1) and (1, N) scales, which torch 2.7.1 runs on its CUTLASS row-wise kernel.
 """
 
 from __future__ import annotations
@@ -129,7 +132,108 @@ class BlockwiseFP8Linear(torch.nn.Module):
                 f"use_ue8m0={self.use_ue8m0}")
 
 
-RECIPES = {"blockwise": BlockwiseFP8Linear}
+class RowwiseFP8Linear(torch.nn.Module):
+    """``y = x W^T (+ b)`` in row-wise FP8 (torchao's row-wise recipe) as torch 2.7.1's CUTLASS row-wise
+    ``_scaled_mm`` computes it on the profile's GPU (the H100 profiles whose caller is torch: ``hopper``,
+    ``hopper-ws0``; the others refuse it, see docs/guide.md "Row-wise scaling").
+
+    Buffers: ``weight`` (float8_e4m3fn [out_features, in_features]), ``weight_scale`` (fp32 [out_features, 1]:
+    torchao's per-channel multiplier, a power of two; the GEMM takes its reciprocal) and ``bias`` (bf16, or None;
+    the kernel adds it in its epilogue). Inputs are cast per call with :func:`mmaemu.quantize.quantize_rowwise`,
+    one scale per row, so a row's result does not depend on the other rows of its batch. The GEMM writes bf16;
+    with ``out_dtype=None`` (the default) the layer returns it in the input's dtype (exact for fp32 and bf16
+    inputs). Inference only.
+    """
+
+    recipe = "rowwise"
+
+    def __init__(self, weight_fp8, weight_scale, *, bias=None, profile=None, use_fast_accum=True, out_dtype=None,
+                 splitk="auto", backend="auto"):
+        super().__init__()
+        if not isinstance(weight_fp8, torch.Tensor) or weight_fp8.dtype != torch.float8_e4m3fn or \
+                weight_fp8.dim() != 2:
+            raise TypeError("weight_fp8 must be a 2-D float8_e4m3fn tensor [out_features, in_features]")
+        self.out_features, self.in_features = (int(n) for n in weight_fp8.shape)
+        if not isinstance(weight_scale, torch.Tensor) or weight_scale.dtype != torch.float32 or \
+                tuple(weight_scale.shape) != (self.out_features, 1):
+            raise ValueError(f"weight_scale must be a float32 tensor of shape ({self.out_features}, 1)")
+        if out_dtype not in (None, torch.bfloat16):
+            raise UnsupportedFeatureError(f"recipe='rowwise' writes bfloat16 (torch 2.7.1's row-wise kernel), not "
+                                          f"{out_dtype}")
+        if splitk not in ("auto", 1, "assume-unsplit"):
+            raise UnsupportedFeatureError("recipe='rowwise' has no split-K (torch 2.7.1's row-wise kernel never "
+                                          "splits K); use splitk='auto' or 1")
+        self.profile, self.use_fast_accum, self.out_dtype = profile, bool(use_fast_accum), out_dtype
+        self.splitk, self.backend = splitk, backend
+        self.register_buffer("weight", weight_fp8.detach().contiguous())
+        self.register_buffer("weight_scale", weight_scale.detach().contiguous())
+        if bias is not None:
+            if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (self.out_features,):
+                raise ValueError(f"bias must be a tensor of shape ({self.out_features},)")
+            bias = bias.detach().to(device=weight_fp8.device, dtype=torch.bfloat16)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear, *, profile=None, input_scale=None, pad_m_to=None, use_fast_accum=True,
+                    out_dtype=None, splitk="auto", backend="auto", weight_scale=None):
+        """Cast a ``torch.nn.Linear``'s weight once per output channel (:func:`mmaemu.quantize.quantize_rowwise`).
+
+        Takes the options of :meth:`mmaemu.nn.EmulatedFP8Linear.from_linear`; ``input_scale`` and
+        ``weight_scale`` raise (the recipe computes one scale per row and per channel), ``pad_m_to`` changes
+        nothing (rows are independent).
+        """
+        from .quantize import quantize_rowwise
+
+        for name, value in (("input_scale", input_scale), ("weight_scale", weight_scale)):
+            if value is not None:
+                raise UnsupportedFeatureError(f"recipe='rowwise' takes no {name}=: its scales are one per input row "
+                                              "and one per output channel, computed by torchao's row-wise cast")
+        weight_fp8, scale = quantize_rowwise(linear.weight.detach())
+        bias = getattr(linear, "bias", None)
+        return cls(weight_fp8, scale, bias=None if bias is None else bias.detach(), profile=profile,
+                   use_fast_accum=use_fast_accum, out_dtype=out_dtype, splitk=splitk, backend=backend)
+
+    def _gemm_arguments(self, x):
+        from .quantize import quantize_rowwise
+
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"RowwiseFP8Linear expects a tensor, got {type(x).__name__}")
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"expected input [..., {self.in_features}], got shape {tuple(x.shape)}")
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise UnsupportedFeatureError(
+                "RowwiseFP8Linear is inference-only: call it under torch.no_grad() / torch.inference_mode(), "
+                "or pass x.detach()")
+        x_fp8, x_scale = quantize_rowwise(x.detach().reshape(-1, self.in_features))
+        return (x_fp8, self.weight.t(), x_scale.reciprocal(), self.weight_scale.reciprocal().reshape(1, -1)), \
+            dict(bias=self.bias, out_dtype=torch.bfloat16, use_fast_accum=self.use_fast_accum, profile=self.profile,
+                 splitk=self.splitk, backend=self.backend)
+
+    def forward(self, x):
+        from .api import scaled_mm
+
+        args, options = self._gemm_arguments(x)
+        y = scaled_mm(*args, **options)
+        if self.out_dtype is None:
+            y = y.to(x.dtype)
+        return y.reshape(tuple(x.shape[:-1]) + (self.out_features,))
+
+    def explain(self, x):
+        """The :class:`mmaemu.CallPlan` of the layer's GEMM for input ``x`` (nothing is computed)."""
+        from .api import explain
+
+        args, options = self._gemm_arguments(x)
+        return explain(*args, **options)
+
+    _apply = BlockwiseFP8Linear._apply
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"recipe='rowwise' (torch 2.7.1 CUTLASS row-wise scaled_mm), profile={self.profile!r}, "
+                f"use_fast_accum={self.use_fast_accum}")
+
+
+RECIPES = {"blockwise": BlockwiseFP8Linear, "rowwise": RowwiseFP8Linear}
 
 
 def recipe_layer(recipe):
