@@ -18,6 +18,19 @@ import torch
 from .errors import UnsupportedFeatureError
 
 
+def _inference_rows(layer, x):
+    """The input rows [M, in_features] of an inference-only recipe layer, or the error that says what is wrong."""
+    name = type(layer).__name__
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} expects a tensor, got {type(x).__name__}")
+    if x.dim() < 1 or x.shape[-1] != layer.in_features:
+        raise ValueError(f"expected input [..., {layer.in_features}], got shape {tuple(x.shape)}")
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise UnsupportedFeatureError(
+            f"{name} is inference-only: call it under torch.no_grad() / torch.inference_mode(), or pass x.detach()")
+    return x.detach().reshape(-1, layer.in_features)
+
+
 class BlockwiseFP8Linear(torch.nn.Module):
     """``y = x W^T (+ b)`` in block-wise FP8 as DeepGEMM's sm_90 ``fp8_gemm_nt`` (recipe (1, 128, 128)) computes it.
 
@@ -90,15 +103,7 @@ class BlockwiseFP8Linear(torch.nn.Module):
     def _quantise_input(self, x):
         from .deepgemm import per_token_cast_to_fp8
 
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"BlockwiseFP8Linear expects a tensor, got {type(x).__name__}")
-        if x.dim() < 1 or x.shape[-1] != self.in_features:
-            raise ValueError(f"expected input [..., {self.in_features}], got shape {tuple(x.shape)}")
-        if torch.is_grad_enabled() and x.requires_grad:
-            raise UnsupportedFeatureError(
-                "BlockwiseFP8Linear is inference-only: call it under torch.no_grad() / torch.inference_mode(), "
-                "or pass x.detach()")
-        x2 = x.detach().reshape(-1, self.in_features)
+        x2 = _inference_rows(self, x)
         return per_token_cast_to_fp8(x2, use_ue8m0=self.use_ue8m0), tuple(x.shape[:-1])
 
     def forward(self, x):
@@ -196,15 +201,7 @@ class RowwiseFP8Linear(torch.nn.Module):
     def _gemm_arguments(self, x):
         from .quantize import quantize_rowwise
 
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"RowwiseFP8Linear expects a tensor, got {type(x).__name__}")
-        if x.dim() < 1 or x.shape[-1] != self.in_features:
-            raise ValueError(f"expected input [..., {self.in_features}], got shape {tuple(x.shape)}")
-        if torch.is_grad_enabled() and x.requires_grad:
-            raise UnsupportedFeatureError(
-                "RowwiseFP8Linear is inference-only: call it under torch.no_grad() / torch.inference_mode(), "
-                "or pass x.detach()")
-        x_fp8, x_scale = quantize_rowwise(x.detach().reshape(-1, self.in_features))
+        x_fp8, x_scale = quantize_rowwise(_inference_rows(self, x))
         return (x_fp8, self.weight.t(), x_scale.reciprocal(), self.weight_scale.reciprocal().reshape(1, -1)), \
             dict(bias=self.bias, out_dtype=torch.bfloat16, use_fast_accum=self.use_fast_accum, profile=self.profile,
                  splitk=self.splitk, backend=self.backend)
