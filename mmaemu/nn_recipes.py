@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import torch
 
+from ._untraced import untraced
 from .errors import UnsupportedFeatureError
+
+# torch.compile never traces a recipe layer: its casts must run eagerly to give the bits they give (docs/api.md).
+_GRAPH_BREAK_REASON = ("mmaemu recipe layers are a graph break on purpose: their FP8 casts and the emulated GEMM run "
+                       "eagerly, bit for bit; compile with fullgraph=False")
 
 
 def _inference_rows(layer, x):
@@ -106,6 +111,7 @@ class BlockwiseFP8Linear(torch.nn.Module):
         x2 = _inference_rows(self, x)
         return per_token_cast_to_fp8(x2, use_ue8m0=self.use_ue8m0), tuple(x.shape[:-1])
 
+    @untraced(reason=_GRAPH_BREAK_REASON)
     def forward(self, x):
         from .deepgemm import fp8_gemm_nt
 
@@ -206,6 +212,7 @@ class RowwiseFP8Linear(torch.nn.Module):
             dict(bias=self.bias, out_dtype=torch.bfloat16, use_fast_accum=self.use_fast_accum, profile=self.profile,
                  splitk=self.splitk, backend=self.backend)
 
+    @untraced(reason=_GRAPH_BREAK_REASON)
     def forward(self, x):
         from .api import scaled_mm
 

@@ -306,6 +306,7 @@ def rowwise_scale(x, fmt="e4m3", *, round_scales_to_power_of_2=True) -> torch.Te
     fmt = _fmt(fmt)
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"rowwise_scale: x must be a 2-D tensor [rows, cols], got {getattr(x, 'shape', x)!r}")
+    _refuse_flush_to_zero(x.device)
     with torch.no_grad():
         magnitude = torch.abs(x).to(torch.float32) if x.dtype == torch.bfloat16 else torch.abs(x)
         amax = torch.amax(magnitude, dim=-1, keepdim=True).to(torch.float64)

@@ -63,3 +63,16 @@ def test_rowwise_refuses_what_the_recipe_does_not_take():
         layer(torch.randn(2, 128))
     with pytest.raises(UnsupportedFeatureError, match="inference-only"):
         make(linear, recipe="rowwise")(torch.randn(2, 128, requires_grad=True))
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "blockwise"])
+def test_compiled_recipe_layers_give_the_eager_bits(recipe):
+    """The recipe layers are a graph break (their casts run eagerly), so a compiled model gets the eager bits."""
+    model = torch.nn.Sequential(torch.nn.Linear(256, 128), torch.nn.GELU())
+    mmaemu.nn.convert_linears(model, recipe=recipe)
+    x = torch.randn(6, 256) * 3
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        eager = model(x)
+        compiled = torch.compile(model, backend="eager")(x)
+    assert torch.equal(eager.view(torch.int32), compiled.view(torch.int32))

@@ -20,6 +20,8 @@ from mmaemu.quantize import (
     quantize,
     quantize_e4m3,
     quantize_e5m2,
+    quantize_rowwise,
+    rowwise_scale,
     scale_from_amax,
     scale_inv,
 )
@@ -229,6 +231,8 @@ def test_every_helper_refuses_flush_to_zero_mode_as_the_cast_does():
         "compute_amax": lambda: compute_amax(tiny[:1]),
         "amax_scale": lambda: amax_scale(tiny[:1]),
         "scale_from_amax": lambda: scale_from_amax(2.0 ** -140, recipe="current"),
+        "rowwise_scale": lambda: rowwise_scale(tiny.reshape(1, 2)),
+        "quantize_rowwise": lambda: quantize_rowwise(tiny.reshape(1, 2))[0],
     }
     expected = {name: call() for name, call in calls.items()}
     if not torch.set_flush_denormal(True):

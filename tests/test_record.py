@@ -827,3 +827,27 @@ def test_a_recorder_in_another_process_holds_the_bundle(tmp_path):
         holder.communicate("", timeout=60)
     assert holder.returncode == 0 and not (tmp_path / f"{NAME}.lock").exists()
     assert not (tmp_path / f"{NAME}.partial").exists()  # the refused recorder wrote nothing
+
+
+def test_an_npz_member_claiming_more_than_it_holds_is_refused_before_allocation():
+    """np.load allocates an array's header shape before reading: a tiny member claiming 10**10 int64 values is
+    refused as a BundleError, never a MemoryError."""
+    import io
+    import zipfile
+
+    from mmaemu.platform import bundles
+
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<i8", "fortran_order": False, "shape": (10 ** 10,)})
+    blob = io.BytesIO()
+    with zipfile.ZipFile(blob, "w") as archive:
+        archive.writestr("M.npy", header.getvalue() + b"\0" * 16)
+    with pytest.raises(bundles.BundleError, match="claims"):
+        bundles._columns(blob.getvalue(), "bundle x", "t")
+
+
+def test_names_with_a_trailing_newline_are_not_slugs():
+    from mmaemu.platform.bundle_schema import FILE_PATTERN, NAME_PATTERN
+
+    assert NAME_PATTERN.match("abc") and not NAME_PATTERN.match("abc\n")
+    assert FILE_PATTERN.match("t.json") and not FILE_PATTERN.match("t.json\n")

@@ -494,9 +494,12 @@ def test_strict_mode(monkeypatch):
         monkeypatch.setenv("MMAEMU_SPLITK_STRICT", value)
         with pytest.raises(SplitKUnknownError, match="strict mode"):
             decide("hopper", 1000, 1000, 4096, fast=True)
-    for value in ("0", "false", "off", "maybe"):  # "maybe" is invalid: the default, and info flags it
+    for value in ("0", "false", "off"):
         monkeypatch.setenv("MMAEMU_SPLITK_STRICT", value)
         assert decide("hopper", 1000, 1000, 4096, fast=True).source == "envelope"
+    monkeypatch.setenv("MMAEMU_SPLITK_STRICT", "maybe")  # not a boolean: refused, never silently not strict
+    with pytest.raises(ValueError, match="MMAEMU_SPLITK_STRICT='maybe'"):
+        decide("hopper", 1000, 1000, 4096, fast=True)
     monkeypatch.delenv("MMAEMU_SPLITK_STRICT")
     with pytest.raises(SplitKUnknownError, match="strict mode"):
         decide("hopper", 1000, 1000, 4096, fast=True, strict=True)

@@ -53,7 +53,7 @@ def block_scaled_instruction(sa, ea, sb, eb, k0, k1, c, lshift, rshift, frac, fr
     if not math.isfinite(c):
         return c
     c_sig, c_exp, c_lead = accumulator_parts(c)
-    sig, exp, lead = block_step_early(sa, ea, sb, eb, k0, k1, c_sig, c_exp, c_lead, lshift, rshift, frac, frac_out,
+    sig, exp, _ = block_step_early(sa, ea, sb, eb, k0, k1, c_sig, c_exp, c_lead, lshift, rshift, frac, frac_out,
                                       min_exp)
     return exact_to_float32(sig, exp)
 
@@ -97,5 +97,5 @@ def group_scaled_instruction(sa, ea, sb, eb, k0, k1, group, block, ssa, sea, ssb
         total, all_zero = group_exact_sum(sa, ea, sb, eb, g0, min(g0 + group, k1), e_floor)
         scaled = total * ssa[s] * ssb[s]
         acc += shift_toward_zero(scaled, sea[s] + seb[s] + e_floor - lift - grid_exp)
-    sig, exp, lead = normalize(acc, grid_exp, frac_out)
+    sig, exp, _ = normalize(acc, grid_exp, frac_out)
     return exact_to_float32(sig, exp)

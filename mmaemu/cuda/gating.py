@@ -388,18 +388,9 @@ def epilogue(acc, scale_a, scale_b, scale_result, out_dtype):
 
 
 def rowwise_epilogue(acc, scale_a, scale_b, bias, x_first):
-    """torch's row-wise epilogue (bf16) on the device of ``acc`` when ``acc`` was computed by a kernel and the
-    epilogue kernel passed its self-test there (the row-wise kernel runs the same rounding functions); else the
-    CPU loops compute it and the result is copied to acc's device."""
-    if _KERNEL_RESULTS.get(id(acc)) is acc:
-        try:
-            info = _probe(acc.device)
-        except DeviceUnavailable:
-            info = None
-        if info is not None and ensure_verdict(info, "epilogue").passed:
-            from . import engine
-
-            return engine.rowwise_epilogue_tensors(acc, scale_a, scale_b, bias, x_first)
+    """torch's row-wise epilogue (bf16), computed by the CPU loops and copied to acc's device. Its CUDA kernel
+    (:func:`mmaemu.cuda.engine.rowwise_epilogue_tensors`, checked under the simulator) has no device self-test yet,
+    and no kernel runs on a GPU without a verdict of its own, so it is not used on devices."""
     import torch
 
     from ..cpu import rowwise_epilogue_codes

@@ -227,7 +227,8 @@ _REFUSED_MESSAGE = (
 
 def list_presets(*, with_maturity: bool = False):
     """Names of the registered presets, sorted, aliases excluded: ['ada', 'b200_mma_sync', 'hopper',
-    'sm120_mma_sync', 'tcgen05_f8f6f4']; with ``with_maturity=True`` a dict {name: maturity} in that order."""
+    'sm120_mma_sync', 'sm120_mxf4nvf4', 'sm120_mxf8f6f4', 'tcgen05_f8f6f4', 'tcgen05_mxf4nvf4', 'tcgen05_mxf8f6f4'];
+    with ``with_maturity=True`` a dict {name: maturity} in that order."""
     names = sorted(_REGISTRY)
     if with_maturity:
         return {name: _REGISTRY[name].maturity for name in names}

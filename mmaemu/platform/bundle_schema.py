@@ -19,8 +19,8 @@ from .definitions import CALLERS, FORMATS, OUT_DTYPES
 __all__ = ["SchemaError", "Int", "Str", "Bool", "Nullable", "List", "Map", "Obj", "check", "check_table_rules",
            "manifest_schema", "table_schema", "combos_schema", "replays_schema", "NAME_PATTERN", "FILE_PATTERN"]
 
-NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")  # bundle and profile names (lowercase slugs)
-FILE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")  # plain file names inside the bundle folder
+NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}\Z")  # bundle and profile names (lowercase slugs)
+FILE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\Z")  # plain file names inside the bundle folder
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _DIGITS = re.compile(r"^[0-9]{1,15}$")
 _SPLIT_SCHEMES = ("serial", "pairwise", "contiguous")

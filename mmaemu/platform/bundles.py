@@ -268,14 +268,31 @@ def _table(meta: dict, blobs: Dict[str, bytes], manifest: dict, folder: Path):
         raise BundleError(f"{where} refused: {exc}") from exc
 
 
+def _check_npy_header(archive, member, where: str, table_id: str) -> None:
+    """Refuse an array whose header claims more data than its member holds: np.load allocates the header's shape
+    before it reads a byte, so a 64-byte member could otherwise ask for any amount of memory."""
+    with archive.open(member) as fh:
+        version = np.lib.format.read_magic(fh)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, _, dtype = read_header(fh)
+    _expect(not dtype.hasobject, where, f"{table_id}.npz cannot be read without pickles ({member.filename} is an "
+            "object array)")
+    claimed = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if all(n >= 0 for n in shape) else -1
+    _expect(0 <= claimed <= member.file_size, where, f"{table_id}.npz: {member.filename} claims {shape} of {dtype}, "
+            f"more than its {member.file_size:,} bytes hold")
+
+
 def _columns(blob: bytes, where: str, table_id: str) -> Dict[str, np.ndarray]:
     """The npz's arrays: exactly the 15 table columns, one-dimensional, of the recorded dtypes, no pickles, at
     most MAX_NPZ_UNPACKED_BYTES unpacked, every numSplitsK at least 1."""
     try:
         with zipfile.ZipFile(io.BytesIO(blob)) as archive:
             unpacked = sum(member.file_size for member in archive.infolist())
-        _expect(unpacked <= MAX_NPZ_UNPACKED_BYTES, where, f"{table_id}.npz unpacks to {unpacked:,} bytes, more "
-                f"than the {MAX_NPZ_UNPACKED_BYTES:,} a table may have")
+            _expect(unpacked <= MAX_NPZ_UNPACKED_BYTES, where, f"{table_id}.npz unpacks to {unpacked:,} bytes, "
+                    f"more than the {MAX_NPZ_UNPACKED_BYTES:,} a table may have")
+            for member in archive.infolist():
+                _check_npy_header(archive, member, where, table_id)
         with np.load(io.BytesIO(blob), allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in npz.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:

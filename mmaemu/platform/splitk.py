@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 SCHEMES = ("none",) + SPLIT_SCHEMES
-SOURCES = ("explicit", "workspace0", "table", "live-query", "envelope", "assumed-unsplit")
+SOURCES = ("explicit", "workspace0", "table", "live-query", "envelope", "assumed-unsplit", "kernel")
 # The string values of ``splitk``: both decide from the evidence where it decides; where it does not, "auto" raises
 # and "assume-unsplit" takes S = 1 with a warning (an explicit user choice, never the default).
 ASSUME_UNSPLIT = "assume-unsplit"
@@ -194,9 +194,18 @@ def decide_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, profi
         decision = _explicit(call, splitk, pending)
     else:
         if strict is None:
-            strict = environment.snapshot()[STRICT_ENV]
+            strict = strict_from_environment()
         decision = _auto(call, layout_std, bool(strict), pending, assume_unsplit=splitk == ASSUME_UNSPLIT)
     return SplitOutcome(decision, tuple(pending))
+
+
+def strict_from_environment() -> bool:
+    """``$MMAEMU_SPLITK_STRICT`` as a boolean (1/true/yes/on, 0/false/no/off; unset: False). Another value raises
+    ValueError: a strict mode that a typo turned off would be a silent guess."""
+    env = environment.snapshot()
+    if STRICT_ENV in env.invalid:
+        raise ValueError(f"{STRICT_ENV}={env.raw[STRICT_ENV]!r}: {env.invalid[STRICT_ENV]} (or unset it)")
+    return bool(env[STRICT_ENV])
 
 
 def policy_from_environment() -> str:
