@@ -36,6 +36,18 @@ def _inference_rows(layer, x):
     return x.detach().reshape(-1, layer.in_features)
 
 
+def _register_weights(layer, weight_fp8, weight_scale, bias):
+    """The buffers of a recipe layer: the FP8 weight and its scales as given, the bias (or None) in bf16, the dtype
+    the kernels add it in."""
+    layer.register_buffer("weight", weight_fp8.detach().contiguous())
+    layer.register_buffer("weight_scale", weight_scale.detach().contiguous())
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (layer.out_features,):
+            raise ValueError(f"bias must be a tensor of shape ({layer.out_features},)")
+        bias = bias.detach().to(device=weight_fp8.device, dtype=torch.bfloat16)
+    layer.register_buffer("bias", bias)
+
+
 class BlockwiseFP8Linear(torch.nn.Module):
     """``y = x W^T (+ b)`` in block-wise FP8 as DeepGEMM's sm_90 ``fp8_gemm_nt`` (recipe (1, 128, 128)) computes it.
 
@@ -63,13 +75,7 @@ class BlockwiseFP8Linear(torch.nn.Module):
             raise UnsupportedFeatureError(f"recipe='blockwise' writes bfloat16 (DeepGEMM's 1d2d kernel), not "
                                           f"{out_dtype}")
         self.out_dtype = out_dtype  # None: DeepGEMM's bf16 result, widened to the input's dtype
-        self.register_buffer("weight", weight_fp8.detach().contiguous())
-        self.register_buffer("weight_scale", weight_scale.detach().contiguous())
-        if bias is not None:
-            if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (self.out_features,):
-                raise ValueError(f"bias must be a tensor of shape ({self.out_features},)")
-            bias = bias.detach().to(device=weight_fp8.device, dtype=torch.bfloat16)
-        self.register_buffer("bias", bias)
+        _register_weights(self, weight_fp8, weight_scale, bias)
 
     @classmethod
     def from_linear(cls, linear, *, profile=None, input_scale=None, pad_m_to=None, use_fast_accum=True,
@@ -176,13 +182,7 @@ class RowwiseFP8Linear(torch.nn.Module):
                                           "splits K); use splitk='auto' or 1")
         self.profile, self.use_fast_accum, self.out_dtype = profile, bool(use_fast_accum), out_dtype
         self.splitk, self.backend = splitk, backend
-        self.register_buffer("weight", weight_fp8.detach().contiguous())
-        self.register_buffer("weight_scale", weight_scale.detach().contiguous())
-        if bias is not None:
-            if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (self.out_features,):
-                raise ValueError(f"bias must be a tensor of shape ({self.out_features},)")
-            bias = bias.detach().to(device=weight_fp8.device, dtype=torch.bfloat16)
-        self.register_buffer("bias", bias)
+        _register_weights(self, weight_fp8, weight_scale, bias)
 
     @classmethod
     def from_linear(cls, linear, *, profile=None, input_scale=None, pad_m_to=None, use_fast_accum=True,
