@@ -348,3 +348,20 @@ def test_nvfp4_equals_torchao(two_level):
         assert q.global_scale == float(pts)
     np.testing.assert_array_equal(q.scales.view(torch.uint8).numpy(), scales.view(torch.uint8).numpy())
     np.testing.assert_array_equal(q.codes.view(torch.uint8).numpy(), data.view(torch.uint8).numpy())
+
+
+def test_flush_to_zero_mode_is_refused():
+    """Subnormal fp32 amaxes and quotients would be flushed: refused with the cast's error, computing nothing."""
+    from mmaemu.errors import MmaemuError
+
+    x = np.full((1, 32), 2.0 ** -140, np.float32)
+    want = bq.quantize_mx(x, "e4m3").codes
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        for call in (lambda: bq.quantize_mx(x, "e4m3"), lambda: bq.quantize_nvfp4(x)):
+            with pytest.raises(MmaemuError, match=r"set_flush_denormal\(False\)"):
+                call()
+    finally:
+        torch.set_flush_denormal(False)
+    np.testing.assert_array_equal(bq.quantize_mx(x, "e4m3").codes, want)
