@@ -51,6 +51,7 @@ thread in flush-to-zero mode.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -287,6 +288,9 @@ def quantize_nvfp4(x, *, global_scale="dynamic", swizzle=False) -> BlockQuantize
         global_scale = nvfp4_global_scale(x)
     elif global_scale is not None:
         global_scale = float(np.float32(float(global_scale)))
+        if not (math.isfinite(global_scale) and global_scale > 0):
+            raise BlockQuantizeError(f"quantize_nvfp4: a given global_scale must be positive and finite in fp32, "
+                                     f"got {global_scale!r}; use 'dynamic' or None")
     with np.errstate(all="ignore"):
         block_scale = np.float32(_block_amax(blocks) / FP4_MAX)
         if global_scale is None:
