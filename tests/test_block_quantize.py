@@ -368,3 +368,17 @@ def test_flush_to_zero_mode_is_refused():
     finally:
         torch.set_flush_denormal(False)
     np.testing.assert_array_equal(bq.quantize_mx(x, "e4m3").codes, want)
+
+
+@pytest.mark.parametrize("fmt", bq.MX_FORMATS)
+def test_rounding_at_every_grid_point_tie_and_neighbour(fmt):
+    """Every grid value, every midpoint of two neighbours and the fp32 values one ulp either side of them, both
+    signs, beyond the maximum, and the fp32 subnormals."""
+    values, _ = GRIDS[fmt]
+    points = [float(v) for v in values] + [float((a + b) / 2) for a, b in zip(values, values[1:])]
+    points += [float(values[-1]) * 1.5, float(values[-1]) * 2, 3e38, math.inf, 2.0 ** -149, 2.0 ** -130]
+    y = np.array(points, np.float32)
+    y = np.concatenate([y, np.nextafter(y, np.float32(np.inf)), np.nextafter(y, np.float32(0))])
+    y = np.concatenate([y, -y])
+    want = [rne_saturate(exact(float(v)) if v != 0 else float(v), fmt) for v in y]
+    np.testing.assert_array_equal(bq.round_to_format(y, fmt), np.array(want, np.uint8))
