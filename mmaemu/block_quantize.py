@@ -39,6 +39,11 @@ even; the clamps precede it. A NaN amax gives the NaN scale 0x7F; a zero global 
 dynamic choice) gives NaN scales, as torchao computes them. The dequantised value is ``e2m1 * s * g``; ``g`` goes
 into ``_scaled_mm``'s alpha (the product of both operands' global scales).
 
+**Zero blocks and subnormals.** An all-zero MX block takes scale code 0 (2**-127) and zero elements; an all-zero
+NVFP4 block the smallest clamped scale 2**-6 (code 0x08) and zero elements. Subnormal element values are kept
+(gradual underflow onto the format's subnormal grid, rounded to nearest even like the normals), and fp32-subnormal
+inputs are exact operands throughout.
+
 **Special element codes.** A negative value that rounds to zero keeps its sign (code 0x80 for FP8, the sign bit of
 FP6/FP4). NaN elements (only in a NaN-scale block; the block decodes to NaN whatever its codes) get the code 0x7F
 in FP8 and 0 in FP6/FP4, which have no NaN; torchao leaves those FP6/FP4 codes unspecified and keeps the NaN's
