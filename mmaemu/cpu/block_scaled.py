@@ -131,7 +131,7 @@ def check_block_scaled_gemm(a, b, fmt_a, fmt_b, sa, sb, scale_fmt, preset) -> in
     return block
 
 
-def _reference_operands(gemm: BlockScaledGemm):
+def reference_operands(gemm: BlockScaledGemm):
     """The decoded arrays of the reference chains: per operand (sig, exp, float64 value, scale sig, scale exp,
     float64 scale value, per-instruction NaN/Inf flags)."""
     k = gemm.preset.nfma
@@ -178,7 +178,7 @@ def scaled_group_gemm_rows(lo, hi, sa, ea, sb, eb, va, vb, ssa, sea, ssb, seb, s
 
 def _run_reference(gemm: BlockScaledGemm, todo, out):
     """The reference chains of the outputs where ``todo`` is True, into ``out``."""
-    (siga, expa, va, ssa, sea, sva, bad_a), (sigb, expb, vb, ssb, seb, svb, bad_b) = _reference_operands(gemm)
+    (siga, expa, va, ssa, sea, sva, bad_a), (sigb, expb, vb, ssb, seb, svb, bad_b) = reference_operands(gemm)
     preset, (M, N, K) = gemm.preset, gemm.shape
     work = REFERENCE_PRODUCT_WORK * max(1, N) * max(1, K)
     if preset.group:
