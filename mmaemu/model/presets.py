@@ -180,7 +180,8 @@ _MX_BLOCK = dict(nfma=32, frac=25, frac_out=23, min_exp=-133, late_c=False, slow
                  scale_kinds=((32, "ue8m0"),), operand_formats=_F8F6F4_OPERANDS)
 _MX_FP4 = dict(nfma=64, frac=35, frac_out=23, min_exp=-139, late_c=False, slow_chunk=None, maturity="experimental",
                scale_kinds=((32, "ue8m0"), (16, "ue8m0"), (16, "ue4m3")), group=16, operand_formats=("e2m1",))
-_MX_NOTE = "no hardware recording here; not a GEMM (instruction level only)"
+_MX_NOTE = ("no hardware recording here; GEMMs (scaled_mm MXFP8/NVFP4, profile 'b200-mx-experimental') are "
+            "modelled as one chain of the instruction per output")
 TCGEN05_MXF8F6F4 = Preset(
     "tcgen05_mxf8f6f4", **_MX_BLOCK,
     validated_scope="B200/GB200 tcgen05.mma kind::mxf8f6f4 block32 (UE8M0 scales) with an fp32 accumulator, as "

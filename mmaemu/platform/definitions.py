@@ -210,6 +210,8 @@ _PROFILES = (
     # Blackwell GEMM instructions as MMA-Sim models them (mmaemu.model.presets): no recorded platform yet.
     Profile("tcgen05-f8f6f4-experimental", "tcgen05_f8f6f4", capability=(10, 0), caller=_TORCH, **_NO_PLATFORM),
     Profile("sm120-mma-sync-experimental", "sm120_mma_sync", capability=(12, 0), caller=_TORCH, **_NO_PLATFORM),
+    # B200 MXFP8/NVFP4 _scaled_mm (mmaemu.platform.block_scaled): tcgen05_mxf8f6f4, and tcgen05_mxf4nvf4 for NVFP4.
+    Profile("b200-mx-experimental", "tcgen05_mxf8f6f4", capability=(10, 0), caller=_TORCH, **_NO_PLATFORM),
 )
 _BY_NAME = {p.name: p for p in _PROFILES}
 
