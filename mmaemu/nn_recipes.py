@@ -273,6 +273,12 @@ class _BlockScaledLinear(torch.nn.Module):
         if out_dtype not in allowed:
             raise UnsupportedFeatureError(f"recipe={self.recipe!r} returns {self._output_text}, not {out_dtype}")
         self.profile = profile if profile is not None else _BLOCK_SCALED_PROFILE
+        from .platform.block_scaled import refusal
+        from .platform.profiles import get_profile
+
+        refused = refusal(get_profile(self.profile))  # an unknown name raises KeyError here, as scaled_mm would
+        if refused:
+            raise UnsupportedFeatureError(f"recipe={self.recipe!r}: {refused}")
         self.backend, self.out_dtype = backend, out_dtype
         self.register_buffer("weight", weight.detach().contiguous())
         self.register_buffer("weight_scale", weight_scale.detach().contiguous())

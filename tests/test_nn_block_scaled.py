@@ -129,8 +129,10 @@ def test_block_scaled_recipes_refuse_what_they_do_not_take():
                 layer(torch.randn(2, 128, dtype=torch.float16))
             with pytest.raises(UnsupportedFeatureError, match="inference-only"):
                 layer(torch.randn(2, 128, requires_grad=True))
-            with torch.no_grad(), pytest.raises(Exception, match="b200-mx-experimental"):
-                make(linear, recipe=recipe, profile="hopper")(torch.randn(2, 128))
+            with pytest.raises(UnsupportedFeatureError, match="use profile='b200-mx-experimental'"):
+                make(linear, recipe=recipe, profile="hopper")
+            with pytest.raises(KeyError):
+                make(linear, recipe=recipe, profile="no-such-gpu")
     finally:
         context.__exit__(None, None, None)
 
