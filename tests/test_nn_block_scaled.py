@@ -148,3 +148,18 @@ def test_weight_scales_are_kept_plain_and_swizzled_per_call():
         assert scale_layout.to_blocked(layer.weight_scale).numel() == scale_layout.blocked_shape(130, 4).numel
     finally:
         context.__exit__(None, None, None)
+
+
+def test_compiled_block_scaled_layers_give_the_eager_bits():
+    """The layers are a graph break (their casts run eagerly), so a compiled model gets the eager bits."""
+    model = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.GELU())
+    context = _quiet()
+    try:
+        mmaemu.nn.convert_linears(model, recipe="mxfp8")
+        x = torch.randn(6, 128) * 3
+        with torch.no_grad():
+            eager = model(x)
+            compiled = torch.compile(model, backend="eager")(x)
+    finally:
+        context.__exit__(None, None, None)
+    assert torch.equal(eager.view(torch.int32), compiled.view(torch.int32))
