@@ -64,8 +64,8 @@ import numpy as np
 from . import formats, scale_layout
 from .errors import MmaemuError
 
-__all__ = ["MX_FORMATS", "SCALING_MODES", "BlockQuantized", "BlockQuantizeError", "quantize_mx", "quantize_nvfp4",
-           "nvfp4_global_scale", "round_to_format", "dequantize_blocks"]
+__all__ = ["MX_FORMATS", "SCALING_MODES", "BlockQuantized", "BlockQuantizeError", "quantize_mx", "mx_scale_codes",
+           "quantize_nvfp4", "nvfp4_global_scale", "round_to_format", "dequantize_blocks"]
 
 MX_FORMATS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1")
 SCALING_MODES = ("floor", "ceil", "even")

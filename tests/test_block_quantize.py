@@ -5,6 +5,7 @@ itself where it is installed."""
 from bisect import bisect_left
 from fractions import Fraction
 import math
+import os
 
 import numpy as np
 import pytest
@@ -308,11 +309,23 @@ def test_nvfp4_special_values():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# torchao itself (when installed: pip install --no-deps torchao==0.18.0)
+# torchao itself (when installed: pip install --no-deps torchao==0.18.0; MMAEMU_TEST_REQUIRE_TORCHAO=1 turns the
+# skip into a failure)
+
+TORCHAO_VERSION = "0.18.0"
 
 
 def _torchao():
-    pytest.importorskip("torchao")
+    required = os.environ.get("MMAEMU_TEST_REQUIRE_TORCHAO") == "1"
+    try:
+        import torchao
+    except ImportError as error:
+        if required:
+            pytest.fail(f"MMAEMU_TEST_REQUIRE_TORCHAO=1 but torchao does not import: {error}")
+        pytest.skip("torchao is not installed (pip install --no-deps torchao==0.18.0)")
+    if torchao.__version__.split("+")[0] != TORCHAO_VERSION:
+        message = f"the rules are pinned to torchao {TORCHAO_VERSION}, installed: {torchao.__version__}"
+        pytest.fail(message) if required else pytest.skip(message)
     from torchao.prototype.mx_formats import config, mx_tensor, nvfp4_tensor
 
     return config, mx_tensor, nvfp4_tensor
