@@ -109,3 +109,25 @@ def test_the_fast_path_alone_covers_finite_inputs_over_the_whole_scale_range(fmt
     assert np.array_equal(fast.view(np.uint32)[covered], ref.view(np.uint32)[covered])
     finite = np.abs(ref[covered])
     assert (finite < 2.0 ** -126).any() and (finite > 2.0 ** 60).any()
+
+
+@pytest.mark.parametrize("preset,block,scale_fmt", [("tcgen05_mxf4nvf4", 16, "ue4m3"), ("sm120_mxf4nvf4", 32, "ue8m0")])
+def test_the_group_fast_path_alone_covers_finite_nvfp4_inputs(preset, block, scale_fmt):
+    """kind::mxf4nvf4 tiles: zero groups, cancelling groups, zero UE4M3 scales, the whole scale range (no NaN code)
+    give the reference's bits without a hand-over."""
+    rng = np.random.default_rng(8)
+    M, N, K = 9, 36, 192
+    a, b = rng.integers(0, 16, (M, K)).astype(np.uint8), rng.integers(0, 16, (N, K)).astype(np.uint8)
+    a[:, 16:32] = 0  # a zero group
+    a[:3, 48:64], b[:, 48:64] = 1, 1  # all products 0.25 ...
+    a[:3, 56:64] = 9  # ... half of them -0.25: a group that cancels to zero
+    top = 0x7F if scale_fmt == "ue4m3" else 0xFF
+    sa, sb = (rng.integers(0, top, (rows, K // block)).astype(np.uint8) for rows in (M, N))
+    if scale_fmt == "ue8m0":
+        sa, sb = sa // 4 + 96, sb // 4 + 96  # 2**-31 .. 2**32: no result reaches 2**128
+    gemm = BlockScaledGemm(a, b, "e2m1", "e2m1", sa, sb, scale_fmt, _preset(preset))
+    fast = np.zeros((M, N), np.float32)
+    handed_over = _run_fast_blocks(gemm, fast)
+    ref = accumulate_block_scaled(a, b, "e2m1", "e2m1", sa, sb, scale_fmt, gemm.preset, reference=True)
+    assert not handed_over.any()
+    assert np.array_equal(fast.view(np.uint32), ref.view(np.uint32))
