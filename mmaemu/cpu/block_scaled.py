@@ -19,7 +19,6 @@ import numpy as np
 
 from .. import formats
 from .._jit import arithmetic
-from ..arith.block import NO_LEAD
 from ..arith.block_scaled import (block_scaled_instruction, group_scaled_instruction, scaled_block_chain,
                                   scaled_group_chain, tile_scaled_chain, tile_scaled_group_chain)
 from ..arith.params import preset_params
