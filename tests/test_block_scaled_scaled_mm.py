@@ -125,6 +125,15 @@ def _validation(**args):
     return mmaemu.explain(**args).validation
 
 
+def test_explain_shows_the_instruction_the_kernel_and_the_unknowns():
+    plan = mmaemu.explain(**_mx_call())
+    assert (plan.validation, plan.profile, plan.preset, plan.preset_maturity) == ("ok", PROFILE, "tcgen05_mxf8f6f4",
+                                                                                  "experimental")
+    assert plan.kernel.startswith("cuBLASLt block-scaled") and plan.backend == "cpu"
+    assert (plan.split.S, plan.split.source) == (1, "kernel") and "unknown" in plan.split.note
+    assert any("MXFP8" in w and "docs/limitations.md" in w for w in plan.warnings)
+
+
 def test_validation_in_torchs_order():
     assert _validation(**_mx_call()) == "ok"
     sa = _mx_call()["scale_a"]
