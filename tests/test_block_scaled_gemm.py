@@ -131,3 +131,32 @@ def test_the_group_fast_path_alone_covers_finite_nvfp4_inputs(preset, block, sca
     ref = accumulate_block_scaled(a, b, "e2m1", "e2m1", sa, sb, scale_fmt, gemm.preset, reference=True)
     assert not handed_over.any()
     assert np.array_equal(fast.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("preset,fmt,K,block,scale_fmt", [("tcgen05_mxf8f6f4", "e4m3", 128, 32, "ue8m0"),
+                                                          ("tcgen05_mxf8f6f4", "e2m3", 96, 32, "ue8m0"),
+                                                          ("tcgen05_mxf4nvf4", "e2m1", 128, 16, "ue4m3")])
+def test_gemm_equals_chains_of_the_fraction_oracle(preset, fmt, K, block, scale_fmt):
+    """Every output of a small GEMM (finite data, scales from 2**-40 to 2**40) equals the chain of the design
+    note's instruction rules computed with fractions (tests/test_block_scaled.py's oracle)."""
+    from test_block_scaled import oracle_mxf4, oracle_mxf8
+
+    rng = np.random.default_rng(17)
+    M, N = 3, 8
+    finite = np.flatnonzero(~formats.nonfinite_codes(fmt))
+    a, b = rng.choice(finite, (M, K)).astype(np.uint8), rng.choice(finite, (N, K)).astype(np.uint8)
+    a[0, :block] = 0  # a zero block at the start of a chain
+    if scale_fmt == "ue8m0":
+        sa, sb = (rng.integers(87, 168, (rows, K // block)).astype(np.uint8) for rows in (M, N))
+    else:
+        sa, sb = (rng.integers(0, 0x7F, (rows, K // block)).astype(np.uint8) for rows in (M, N))
+    out = accumulate_block_scaled(a, b, fmt, fmt, sa, sb, scale_fmt, _preset(preset)).view(np.uint32)
+    k = _preset(preset).nfma
+    for m in range(M):
+        for n in range(N):
+            c = 0
+            for i in range(K // k):
+                x, y = a[m, i * k:(i + 1) * k], b[n, i * k:(i + 1) * k]
+                s, t = sa[m, i * k // block:(i + 1) * k // block], sb[n, i * k // block:(i + 1) * k // block]
+                c = oracle_mxf8(x, y, s, t, c, fmt, fmt) if k == 32 else oracle_mxf4(x, y, s, t, c, block, scale_fmt)
+            assert int(out[m, n]) == c, (m, n, f"{int(out[m, n]):08X}", f"{c:08X}")
