@@ -183,7 +183,7 @@ def _plan_block_scaled(plan: Plan, splitk, backend) -> Plan:
                         (f"block-scaled:{plan.profile.name}:{spec.recipe.name}",))])
     if call.out_resize_warns:
         _out_warning(plan, OUT_RESIZED_MESSAGE.format(old=tuple(call.out.shape), new=(call.M, call.N)))
-    if not _asks_no_split(splitk):
+    if not asks_one_split(splitk):
         raise UnsupportedFeatureError(
             f"splitk={splitk!r}: {spec.recipe.name.upper()} calls are modelled with one chain per output "
             f"({block_scaled.NO_SPLIT_REASON}); use splitk='auto' or 1")
