@@ -221,3 +221,12 @@ def test_swizzled_scales_reach_their_blocks_across_tiles(recipe):
     assert np.array_equal(got, want.view(np.uint32))
     transposed = _scaled_mm(x, w, sa[::-1].copy(), sb, scale_dtype).numpy().view(np.uint32)
     assert not np.array_equal(transposed, got)  # the scales matter, row by row
+
+
+def test_backends_of_block_scaled_calls(monkeypatch):
+    assert mmaemu.explain(**_mx_call(backend="reference")).backend == "reference"
+    kind, message = mmaemu.explain(**_mx_call(backend="cuda:offset")).validation
+    assert kind == "BackendUnavailableError" and "cuda:simple" in message
+    monkeypatch.setenv("MMAEMU_BACKEND", "cuda:offset")  # a preference: the CPU computes, and says why
+    plan = mmaemu.explain(**_mx_call())
+    assert plan.backend == "cpu" and "cuda:simple" in plan.fallbacks[0]
