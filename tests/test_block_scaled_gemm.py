@@ -109,3 +109,54 @@ def test_the_fast_path_alone_covers_finite_inputs_over_the_whole_scale_range(fmt
     assert np.array_equal(fast.view(np.uint32)[covered], ref.view(np.uint32)[covered])
     finite = np.abs(ref[covered])
     assert (finite < 2.0 ** -126).any() and (finite > 2.0 ** 60).any()
+
+
+@pytest.mark.parametrize("preset,block,scale_fmt", [("tcgen05_mxf4nvf4", 16, "ue4m3"), ("sm120_mxf4nvf4", 32, "ue8m0")])
+def test_the_group_fast_path_alone_covers_finite_nvfp4_inputs(preset, block, scale_fmt):
+    """kind::mxf4nvf4 tiles: zero groups, cancelling groups, zero UE4M3 scales, the whole scale range (no NaN code)
+    give the reference's bits without a hand-over."""
+    rng = np.random.default_rng(8)
+    M, N, K = 9, 36, 192
+    a, b = rng.integers(0, 16, (M, K)).astype(np.uint8), rng.integers(0, 16, (N, K)).astype(np.uint8)
+    a[:, 16:32] = 0  # a zero group
+    a[:3, 48:64], b[:, 48:64] = 1, 1  # all products 0.25 ...
+    a[:3, 56:64] = 9  # ... half of them -0.25: a group that cancels to zero
+    top = 0x7F if scale_fmt == "ue4m3" else 0xFF
+    sa, sb = (rng.integers(0, top, (rows, K // block)).astype(np.uint8) for rows in (M, N))
+    if scale_fmt == "ue8m0":
+        sa, sb = sa // 4 + 96, sb // 4 + 96  # 2**-31 .. 2**32: no result reaches 2**128
+    gemm = BlockScaledGemm(a, b, "e2m1", "e2m1", sa, sb, scale_fmt, _preset(preset))
+    fast = np.zeros((M, N), np.float32)
+    handed_over = _run_fast_blocks(gemm, fast)
+    ref = accumulate_block_scaled(a, b, "e2m1", "e2m1", sa, sb, scale_fmt, gemm.preset, reference=True)
+    assert not handed_over.any()
+    assert np.array_equal(fast.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("preset,fmt,K,block,scale_fmt", [("tcgen05_mxf8f6f4", "e4m3", 128, 32, "ue8m0"),
+                                                          ("tcgen05_mxf8f6f4", "e2m3", 96, 32, "ue8m0"),
+                                                          ("tcgen05_mxf4nvf4", "e2m1", 128, 16, "ue4m3")])
+def test_gemm_equals_chains_of_the_fraction_oracle(preset, fmt, K, block, scale_fmt):
+    """Every output of a small GEMM (finite data, scales from 2**-40 to 2**40) equals the chain of the design
+    note's instruction rules computed with fractions (tests/test_block_scaled.py's oracle)."""
+    from test_block_scaled import oracle_mxf4, oracle_mxf8
+
+    rng = np.random.default_rng(17)
+    M, N = 3, 8
+    finite = np.flatnonzero(~formats.nonfinite_codes(fmt))
+    a, b = rng.choice(finite, (M, K)).astype(np.uint8), rng.choice(finite, (N, K)).astype(np.uint8)
+    a[0, :block] = 0  # a zero block at the start of a chain
+    if scale_fmt == "ue8m0":
+        sa, sb = (rng.integers(87, 168, (rows, K // block)).astype(np.uint8) for rows in (M, N))
+    else:
+        sa, sb = (rng.integers(0, 0x7F, (rows, K // block)).astype(np.uint8) for rows in (M, N))
+    out = accumulate_block_scaled(a, b, fmt, fmt, sa, sb, scale_fmt, _preset(preset)).view(np.uint32)
+    k = _preset(preset).nfma
+    for m in range(M):
+        for n in range(N):
+            c = 0
+            for i in range(K // k):
+                x, y = a[m, i * k:(i + 1) * k], b[n, i * k:(i + 1) * k]
+                s, t = sa[m, i * k // block:(i + 1) * k // block], sb[n, i * k // block:(i + 1) * k // block]
+                c = oracle_mxf8(x, y, s, t, c, fmt, fmt) if k == 32 else oracle_mxf4(x, y, s, t, c, block, scale_fmt)
+            assert int(out[m, n]) == c, (m, n, f"{int(out[m, n]):08X}", f"{c:08X}")

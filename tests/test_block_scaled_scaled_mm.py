@@ -125,6 +125,15 @@ def _validation(**args):
     return mmaemu.explain(**args).validation
 
 
+def test_explain_shows_the_instruction_the_kernel_and_the_unknowns():
+    plan = mmaemu.explain(**_mx_call())
+    assert (plan.validation, plan.profile, plan.preset, plan.preset_maturity) == ("ok", PROFILE, "tcgen05_mxf8f6f4",
+                                                                                  "experimental")
+    assert plan.kernel.startswith("cuBLASLt block-scaled") and plan.backend == "cpu"
+    assert (plan.split.S, plan.split.source) == (1, "kernel") and "unknown" in plan.split.note
+    assert any("MXFP8" in w and "docs/limitations.md" in w for w in plan.warnings)
+
+
 def test_validation_in_torchs_order():
     assert _validation(**_mx_call()) == "ok"
     sa = _mx_call()["scale_a"]
@@ -185,3 +194,39 @@ def _nvfp4_args(M=4, N=16, K=64):
     sb = to_blocked(torch.zeros(N, K // 16, dtype=torch.uint8).view(torch.float8_e4m3fn))
     w = torch.zeros(N, K // 2, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
     return dict(input=a, mat2=w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, profile=PROFILE)
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4"])
+def test_swizzled_scales_reach_their_blocks_across_tiles(recipe):
+    """Several 128-row and 4-column scale tiles (M = 130, N = 144, K / block = 10 or 20): scaled_mm on the swizzled
+    scales equals the engine on the plain [rows, K / block] scales."""
+    from mmaemu.cpu.block_scaled import accumulate_block_scaled
+
+    rng = np.random.default_rng(9)
+    M, N, K = 130, 144, 320
+    block, scale_fmt = (32, "ue8m0") if recipe == "mxfp8" else (16, "ue4m3")
+    scale_dtype = torch.float8_e8m0fnu if recipe == "mxfp8" else torch.float8_e4m3fn
+    sa = rng.integers(110, 140, (M, K // block)).astype(np.uint8) if recipe == "mxfp8" else \
+        rng.integers(1, 0x7E, (M, K // block)).astype(np.uint8)
+    sb = rng.integers(110, 140, (N, K // block)).astype(np.uint8) if recipe == "mxfp8" else \
+        rng.integers(1, 0x7E, (N, K // block)).astype(np.uint8)
+    if recipe == "mxfp8":
+        a, b = rng.integers(0, 0x7E, (M, K)).astype(np.uint8), rng.integers(0, 0x7E, (N, K)).astype(np.uint8)
+        x, w, fmt, preset = _fp8(a, "e4m3"), _fp8(b, "e4m3"), "e4m3", "tcgen05_mxf8f6f4"
+    else:
+        a, b = rng.integers(0, 16, (M, K)).astype(np.uint8), rng.integers(0, 16, (N, K)).astype(np.uint8)
+        x, w, fmt, preset = _fp4(a), _fp4(b), "e2m1", "tcgen05_mxf4nvf4"
+    got = _scaled_mm(x, w, sa, sb, scale_dtype).numpy().view(np.uint32)
+    want = accumulate_block_scaled(a, b, fmt, fmt, sa, sb, scale_fmt, mmaemu.get_preset(preset, warn=False))
+    assert np.array_equal(got, want.view(np.uint32))
+    transposed = _scaled_mm(x, w, sa[::-1].copy(), sb, scale_dtype).numpy().view(np.uint32)
+    assert not np.array_equal(transposed, got)  # the scales matter, row by row
+
+
+def test_backends_of_block_scaled_calls(monkeypatch):
+    assert mmaemu.explain(**_mx_call(backend="reference")).backend == "reference"
+    kind, message = mmaemu.explain(**_mx_call(backend="cuda:offset")).validation
+    assert kind == "BackendUnavailableError" and "cuda:simple" in message
+    monkeypatch.setenv("MMAEMU_BACKEND", "cuda:offset")  # a preference: the CPU computes, and says why
+    plan = mmaemu.explain(**_mx_call())
+    assert plan.backend == "cpu" and "cuda:simple" in plan.fallbacks[0]

@@ -229,3 +229,88 @@ def tile_scaled_chain(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, K, k, pa
     for r in range(rows):
         for j in range(lanes):
             result[r, j] = exact_to_float32(c_sig[r, j], max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fast formulation of a scaled-groups chain (kind::mxf4nvf4) for a tile of outputs
+#
+# E2M1 values are multiples of 1/2 of magnitude <= 6, so a product is a multiple of 1/4 below 37 and a group sum of
+# 16 products a multiple of 1/4 below 2**10: every fp32 partial sum of a group is exact, and so is its product with
+# the two scales' integer significands (at most 4 bits each): at most 20 significant bits. A group's term
+# trunc(G * SA * SB / 2**(E - frac)) is that fp32 value times the power of two 2**(ea_s + eb_s - 2 m_s - E + frac)
+# (m_s: the scales' mantissa bits), exact while the multiplier lies in [2**-33, 2**91] (pow2_scale): a group that
+# sets E has ea_s + eb_s <= E, so the exponent is at most frac; below 2**-33 every group value (< 2**20) truncates to
+# 0, as with the clamped multiplier. Terms are below 2**(frac + 20) and four of them with c's fit int64 lanes. A group
+# takes part in the alignment when one of its products is nonzero (its sum of |products| is not 0) and its scale
+# product is not 0, exactly the reference's rule.
+
+
+@arithmetic
+def tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, kb, ke, group, block, scale_bits, params,
+                       work, gsum, gabs, overflow):
+    """One scaled-groups instruction over k in [kb, ke) for the tile: updates (c_sig, c_lead) in place.
+
+    ``a_ssig[r, s]``/``a_sexp[r, s]`` (``b_ssig[s, j]``/``b_sexp[s, j]``): the integer significand (float32) and
+    exponent of the scale of block s of row r of A (lane j of the panel of B); ``scale_bits`` = twice the scales'
+    mantissa bits; ``gsum``/``gabs`` [groups, lanes] float32 work arrays; ``params`` as for the block presets.
+    """
+    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    c_sig, c_lead, e_max, scale, total = work
+    T = total.dtype.type
+    cap = lane_cap(T)
+    lanes = total.shape[1]
+    groups = (ke - kb) // group
+    for r in range(rows):
+        for j in range(lanes):
+            c_align = max(c_lead[r, j], FP32_MIN_EXP) if c_sig[r, j] != 0 else np.int32(EMAX_NONE)
+            e_max[r, j] = max(c_align, min_exp)
+        for g in range(groups):
+            g0 = kb + g * group
+            for j in range(lanes):
+                gsum[g, j] = np.float32(0.0)
+                gabs[g, j] = np.float32(0.0)
+            for k in range(g0, g0 + group):
+                a = a_val[r, k]
+                for j in range(lanes):
+                    p = a * b_val[k, j]
+                    gsum[g, j] += p
+                    gabs[g, j] += abs(p)
+            s = g0 // block
+            for j in range(lanes):
+                counted = gabs[g, j] != 0 and a_ssig[r, s] * b_ssig[s, j] != 0
+                e = max(np.int32(e_max[r, j]), np.int32(a_sexp[r, s] + b_sexp[s, j]))
+                e_max[r, j] = e if counted else e_max[r, j]
+        for j in range(lanes):
+            shift = np.int32(max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out - e_max[r, j] + frac)
+            total[r, j] = lane_shift_toward_zero(c_sig[r, j], shift, T, cap)
+        for g in range(groups):
+            s = (kb + g * group) // block
+            for j in range(lanes):
+                n = np.int32(a_sexp[r, s] + b_sexp[s, j] - scale_bits - e_max[r, j] + frac)
+                v = gsum[g, j] * (a_ssig[r, s] * b_ssig[s, j]) * pow2_scale(n)
+                total[r, j] = T(total[r, j] + T(v))
+        tile_normalize(total, e_max, r, frac, frac_out, c_sig, c_lead)
+        for j in range(lanes):
+            if c_lead[r, j] >= OVERFLOW_LEAD:
+                overflow[r, j] = 1
+
+
+@arithmetic
+def tile_scaled_group_chain(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, K, k, group, block, scale_bits,
+                            params, work, gsum, gabs, overflow, result):
+    """``result[r, j]``: the fp32 value of the chain of scaled-groups instructions of ``k`` elements from +0 over
+    all of K for the tile (exact where ``overflow`` stays 0)."""
+    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    c_sig, c_lead, e_max, scale, total = work
+    lanes = total.shape[1]
+    for r in range(rows):
+        for j in range(lanes):
+            c_sig[r, j] = 0
+            c_lead[r, j] = NO_LEAD
+            overflow[r, j] = 0
+    for i in range(K // k):
+        tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, i * k, (i + 1) * k, group, block,
+                           scale_bits, params, work, gsum, gabs, overflow)
+    for r in range(rows):
+        for j in range(lanes):
+            result[r, j] = exact_to_float32(c_sig[r, j], max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out)

@@ -7,9 +7,10 @@
 * GEMMs (:func:`accumulate_block_scaled`): every output of A [M, K] x B [N, K]^T is one chain of the preset's
   instructions along K from +0 (fast accumulation, no split: the B200 block-scaled profile's kernel). The
   reference loop walks each output alone (:func:`~mmaemu.arith.block_scaled.scaled_block_chain`,
-  :func:`~mmaemu.arith.block_scaled.scaled_group_chain`); the fast path of ``kind::mxf8f6f4`` computes tiles of
-  outputs at once (:func:`~mmaemu.arith.block_scaled.tile_scaled_chain`) and hands the outputs it does not cover
-  (a NaN/Inf element or NaN scale in their row or column, a result at or above 2**128) to the reference chain.
+  :func:`~mmaemu.arith.block_scaled.scaled_group_chain`); the fast path computes tiles of outputs at once
+  (:func:`~mmaemu.arith.block_scaled.tile_scaled_chain`, :func:`~mmaemu.arith.block_scaled.tile_scaled_group_chain`)
+  and hands the outputs it does not cover (a NaN/Inf element or NaN scale in their row or column, a result at or
+  above 2**128) to the reference chain.
 """
 
 import threading
@@ -18,9 +19,8 @@ import numpy as np
 
 from .. import formats
 from .._jit import arithmetic
-from ..arith.block import NO_LEAD
 from ..arith.block_scaled import (block_scaled_instruction, group_scaled_instruction, scaled_block_chain,
-                                  scaled_group_chain, tile_scaled_chain)
+                                  scaled_group_chain, tile_scaled_chain, tile_scaled_group_chain)
 from ..arith.params import preset_params
 from ..arith.tile import TILE_ABSENT_EXP, lane_bits_needed
 from . import threads
@@ -245,6 +245,34 @@ def scaled_block_panel_rows(m_lo, m_hi, a_codes, val_table, exp_table, a_sexp, b
                 overflowed[m0 + r, n0 + j] = overflow[r, j] != 0
 
 
+@arithmetic
+def scaled_group_panel_rows(m_lo, m_hi, a_codes, val_table, exp_table, a_ssig, a_sexp, b_val, b_ssig, b_sexp, n0, k,
+                            group, block, scale_bits, params, tile_rows, lane_proto, out, overflowed):
+    """:func:`scaled_block_panel_rows` for the scaled-groups instructions (``b_ssig``/``b_sexp`` [K / block,
+    lanes]: the panel's scale significands and exponents)."""
+    K = a_codes.shape[1]
+    N = out.shape[1]
+    lanes = b_val.shape[1]
+    shape = (tile_rows, lanes)
+    a_val = np.empty((tile_rows, K), np.float32)
+    a_exp = np.empty((tile_rows, K), np.int8)
+    work = (np.empty(shape, lane_proto.dtype), np.empty(shape, np.int32), np.empty(shape, np.int16),
+            np.empty(shape, np.float32), np.empty(shape, lane_proto.dtype))
+    gsum = np.empty((k // group, lanes), np.float32)
+    gabs = np.empty((k // group, lanes), np.float32)
+    overflow = np.empty(shape, np.uint8)
+    result = np.empty(shape, np.float32)
+    for m0 in range(m_lo, m_hi, tile_rows):
+        rows = min(tile_rows, m_hi - m0)
+        decode_tile_rows(a_codes, m0, rows, val_table, exp_table, a_val, a_exp)
+        tile_scaled_group_chain(a_val, b_val, a_ssig[m0:m0 + rows], a_sexp[m0:m0 + rows], b_ssig, b_sexp, rows, K, k,
+                                group, block, scale_bits, params, work, gsum, gabs, overflow, result)
+        for r in range(rows):
+            for j in range(min(lanes, N - n0)):
+                out[m0 + r, n0 + j] = result[r, j]
+                overflowed[m0 + r, n0 + j] = overflow[r, j] != 0
+
+
 def _panel_lanes(N: int) -> int:
     lanes = 16
     while lanes < MAX_LANES and lanes < N:
@@ -253,7 +281,8 @@ def _panel_lanes(N: int) -> int:
 
 
 def _run_fast_blocks(gemm: BlockScaledGemm, out):
-    """The fast path of kind::mxf8f6f4 into ``out``; returns the [M, N] mask of the outputs it does not cover."""
+    """The fast path into ``out`` (kind::mxf8f6f4 and kind::mxf4nvf4); returns the [M, N] mask of the outputs it
+    does not cover."""
     (M, N, K), preset = gemm.shape, gemm.preset
     k = preset.nfma
     lanes = _panel_lanes(N)
@@ -263,6 +292,10 @@ def _run_fast_blocks(gemm: BlockScaledGemm, out):
     # block == k for kind::mxf8f6f4: one scale per operand and instruction.
     a_sexp = np.ascontiguousarray(sexp_table[gemm.sa])
     b_sexp = sexp_table[gemm.sb]
+    ssig_table = formats.scale_significands(gemm.scale_fmt).astype(np.float32)
+    a_ssig = np.ascontiguousarray(ssig_table[gemm.sa])
+    b_ssig = ssig_table[gemm.sb]
+    scale_bits = 2 * formats.SCALE_MANT_BITS[gemm.scale_fmt]
     params = preset_params(preset, gemm.fmt_a, gemm.fmt_b)
     lane_proto = np.empty(0, np.int32 if lane_bits_needed(preset) == 32 else np.int64)
     overflowed = np.zeros((M, N), np.bool_)
@@ -277,16 +310,24 @@ def _run_fast_blocks(gemm: BlockScaledGemm, out):
             if p not in decoded:
                 val, exp = np.empty((K, lanes), np.float32), np.empty((K, lanes), np.int8)
                 decode_panel(gemm.b, p * lanes, val_b, exp_b, val, exp)
-                sexp = np.zeros((K // k, lanes), np.int32)
                 width = min(lanes, N - p * lanes)
+                sexp = np.zeros((b_sexp.shape[1], lanes), np.int32)
                 sexp[:, :width] = b_sexp[p * lanes:p * lanes + width].T
-                decoded[p] = val, exp, sexp
+                ssig = np.zeros((b_sexp.shape[1], lanes), np.float32)
+                ssig[:, :width] = b_ssig[p * lanes:p * lanes + width].T
+                decoded[p] = val, exp, sexp, ssig
             return decoded[p]
 
     def task(p, lo, hi):
-        b_val, b_exp, sexp = panel(p)
-        scaled_block_panel_rows(lo * TILE_ROWS, min(hi * TILE_ROWS, M), gemm.a, val_a, exp_a, a_sexp, b_val, b_exp,
-                                sexp, p * lanes, k, params, TILE_ROWS, lane_proto, out, overflowed)
+        b_val, b_exp, sexp, ssig = panel(p)
+        m_lo, m_hi = lo * TILE_ROWS, min(hi * TILE_ROWS, M)
+        if preset.group:
+            scaled_group_panel_rows(m_lo, m_hi, gemm.a, val_a, exp_a, a_ssig, a_sexp, b_val, ssig, sexp, p * lanes,
+                                    k, preset.group, gemm.block, scale_bits, params, TILE_ROWS, lane_proto, out,
+                                    overflowed)
+        else:
+            scaled_block_panel_rows(m_lo, m_hi, gemm.a, val_a, exp_a, a_sexp, b_val, b_exp, sexp, p * lanes, k,
+                                    params, TILE_ROWS, lane_proto, out, overflowed)
 
     threads.run_tasks(lambda t=t: task(*t) for t in [(p, lo, hi) for p in range(panels) for lo, hi in row_ranges])
     bad_a = _bad_rows(gemm.a, gemm.fmt_a, gemm.sa, gemm.scale_fmt)
@@ -314,7 +355,7 @@ def accumulate_block_scaled(a_codes, b_codes, fmt_a, fmt_b, scale_a, scale_b, sc
     out = np.zeros((M, N), np.float32)
     if 0 in (M, N, K):
         return out
-    if reference or preset.group:
+    if reference:
         _run_reference(gemm, np.ones((M, N), np.bool_), out)
     else:
         todo = _run_fast_blocks(gemm, out)

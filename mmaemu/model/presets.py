@@ -43,8 +43,10 @@ class Preset:
     * ``slow_chunk``: the unsplit slow-accumulation restart length in K elements, or None when the preset has no
       GEMM level (slow accumulation and split-K then raise :class:`~mmaemu.errors.UnsupportedFeatureError`).
     * ``scale_kinds``: for a block-scaled instruction (semantics.md b.5), the accepted (elements of K per scale,
-      scale format) pairs; empty for an unscaled preset. A block-scaled preset is instruction-level only
-      (:func:`mmaemu.model.dot` with ``scale_a``/``scale_b``); ``nfma`` is then the instruction's K.
+      scale format) pairs; empty for an unscaled preset. A block-scaled preset is evaluated by
+      :func:`mmaemu.model.dot` with ``scale_a``/``scale_b`` and computes GEMMs only as block-scaled ``scaled_mm``
+      calls, one chain of the instruction per output (:mod:`mmaemu.platform.block_scaled`); ``nfma`` is then the
+      instruction's K.
     * ``group``: 0 = every product aligned on its own (the block algorithm); g > 0 = groups of g products summed
       exactly, then scaled and aligned as one term each (``kind::mxf4nvf4``).
     * ``operand_formats``: the element formats the instruction takes.
@@ -95,7 +97,7 @@ class Preset:
 
     @property
     def block_scaled(self) -> bool:
-        """Whether the preset models a block-scaled instruction (instruction level only)."""
+        """Whether the preset models a block-scaled instruction (no unscaled GEMM schedule)."""
         return bool(self.scale_kinds)
 
     @property

@@ -1,11 +1,17 @@
 """Validation of a block-scaled ``scaled_mm`` call (MXFP8, NVFP4), as torch's ``_scaled_mm`` does it on sm_100.
 
-Sources: ``aten/src/ATen/native/cuda/Blas.cpp`` of torch 2.7.1 (MXFP8: ``get_scaling_type`` takes two
-``float8_e8m0fnu`` scales as block-wise) and, for NVFP4 - which torch 2.7.1's ``_scaled_mm`` does not take; it
-arrived in torch 2.8, whose ``get_scaling_type`` also takes two ``float8_e4m3fn`` scales, with K counted unpacked
-- torch 2.8's rules, which pytorch/pytorch's ``aten/src/ATen/native/cuda/ScaledBlas.cpp`` at commit
-0174dfabc023f11a8f78c79c301b49c8d7e02c8b keeps (``is_blockwise_1x32_scaling``, ``is_blockwise_1x16_scaling``,
-``_scaled_mm_out_cuda``, ``_scaled_nvfp4_nvfp4``). torch's order, for a call with block scales:
+Sources, and what was not available: torch 2.7.1's own ``aten/src/ATen/native/cuda/Blas.cpp`` could not be read
+here, and its ``_scaled_mm`` has no NVFP4 (FP4 operands with ``float8_e4m3fn`` scales came with torch 2.8). The
+rules below are those of the later pytorch/pytorch sources read: ``aten/src/ATen/native/cuda/ScaledBlas.cpp`` at
+commit 0174dfabc023f11a8f78c79c301b49c8d7e02c8b (``is_blockwise_1x32_scaling``, ``is_blockwise_1x16_scaling``,
+``_scaled_mm_out_cuda``, ``_scaled_nvfp4_nvfp4``), an earlier ``Blas.cpp`` of the same line (the same checks in
+the same order, and ``Only multiplication of row-major and column-major matrices is supported by cuBLASLt`` for
+every scaling), and ``test/test_scaled_matmul_cuda.py`` (the scale-size rule and the message "For BlockWise
+scaling: Expected scale_a size to be ..." that ``_scaled_mm`` raises for MXFP8 and NVFP4). Where the versions word
+an error differently (the newest says "Invalid scaling configuration"), the class is the same RuntimeError
+(:class:`~mmaemu.errors.ReferenceRejectsError`) and the message here is the test suite's. The layout rule of B.4
+is torch's in that Blas.cpp but not in the newest source (which lets Blackwell take every layout): refused as
+mmaemu's scope. torch's order, for a call with block scales:
 
 * B.1 (in f.2.4-5, torch's scaling type) both scales of one dtype, ``float8_e8m0fnu`` (one per 32 elements of K)
   or ``float8_e4m3fn`` (one per 16, K = 2 x mat1.size(1) for packed FP4): each scale tensor holds

@@ -205,10 +205,11 @@ def _choose_block_scaled_backend(plan: Plan, device, backend) -> None:
         plan.backend = name
     elif name == "cuda:simple" and on_cuda and not backends.cuda_disabled():
         plan.backend = name
-    elif name == "auto":
+    elif name == "auto" or backend == "auto":  # $MMAEMU_BACKEND naming another CUDA kernel is a preference
         plan.backend = "cpu"
-        if on_cuda:
-            plan.fallbacks = ["cuda: block-scaled calls run on a CUDA device only with backend='cuda:simple'"]
+        if on_cuda or name != "auto":
+            plan.fallbacks = [f"{name if name != 'auto' else 'cuda'}: block-scaled calls run on a CUDA device only "
+                              f"with backend='cuda:simple'"]
     else:
         raise BackendUnavailableError(
             f"backend {name!r} cannot run a block-scaled call: it runs on 'cpu', 'reference' and, for CUDA "
