@@ -22,6 +22,7 @@ from ..platform import get_profile, rowwise
 from ..platform.profiles import profile_maturity_notices
 from ..platform.splitk import POLICIES, SplitDecision, check_scheme_for_preset, decide_splitk
 from ..warn import Notice, collecting, report
+from .descriptors import dtype_name
 from .flush import check_no_flush_to_zero
 from .validate import split_key, validate_accumulate, validate_scaled_mm
 
@@ -130,7 +131,8 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
     if call.out_resize_warns:
         _out_warning(plan, OUT_RESIZED_MESSAGE.format(old=tuple(out.shape), new=(call.M, call.N)))
     M, N, K, fmt_a, fmt_b = split_key(call)
-    _decide(plan, M, N, K, fmt_a, fmt_b, call.out_dtype, call.use_fast_accum, splitk, call.layout_std)
+    # the output dtype by name: the split decision reads only its name, which an operand descriptor's dtype has too
+    _decide(plan, M, N, K, fmt_a, fmt_b, dtype_name(call.out_dtype), call.use_fast_accum, splitk, call.layout_std)
     _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b)
     return plan
 
