@@ -193,8 +193,8 @@ def print_startup(args):
     print(f"#   first split-K decision (import included) {times['first decision'] * 1e3:.0f} ms, a later one "
           f"{times['later decision'] * 1e6:.0f} us; the flush-to-zero check of each call "
           f"{times['ftz check'] * 1e6:.1f} us")
-    print(f"#   python -m mmaemu explain 64 5760 1920: {times['explain CLI']:.2f} s (target < 1.5 s), of which "
-          f"import torch alone {times['import torch']:.2f} s")
+    print(f"#   python -m mmaemu explain 64 5760 1920: {times['explain CLI']:.2f} s (target < 1.5 s; a CPU call is "
+          f"planned without torch, whose import alone takes {times['import torch']:.2f} s)")
     if args.cold_cache:
         imp, first = cold_first_call()
         load = os.getloadavg()
