@@ -1,5 +1,6 @@
-"""``mmaemu explain``: what scaled_mm would do with an [M, K] x [K, N] call, from :func:`mmaemu.explain` on zero
-operands of that shape (exit 0 valid, 1 the call would raise, 4 the device is unusable or explain cannot run)."""
+"""``mmaemu explain``: what scaled_mm would do with an [M, K] x [K, N] call, the plan of :func:`mmaemu.explain` for
+operands of that shape (descriptors on the CPU, so that no torch is imported; zero tensors on a CUDA device) (exit 0
+valid, 1 the call would raise, 4 the device is unusable or explain cannot run)."""
 
 from __future__ import annotations
 

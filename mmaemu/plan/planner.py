@@ -113,7 +113,10 @@ def _choose_backend(plan: Plan, device, backend, fmt_a, fmt_b):
 
 def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
                    use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto") -> Plan:
-    """Validate and plan a ``scaled_mm`` call in the order of semantics.md (f); raises what scaled_mm raises."""
+    """Validate and plan a ``scaled_mm`` call in the order of semantics.md (f); raises what scaled_mm raises.
+
+    The operands may also be :class:`~mmaemu.plan.descriptors.TensorDescriptor` (all of them, on a descriptor
+    device, with a TorchName out_dtype): the call is then planned without importing torch, and only explained."""
     profile = get_profile(profile)
     call = validate_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out,
                               profile=profile)
