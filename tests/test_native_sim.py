@@ -97,19 +97,22 @@ def _sim_worker():
     # Python threads each; one per split) times their 64-k stages, so each path is reached once: {label: K}. The
     # empty-split case needs one stage (K = 64: its splits but the first own no k); NaN/Inf codes ride on a
     # multi-block case of each preset (hopper's with E5M2 x E4M3 and two splits that both hold data), and ada's
-    # serial scheme on its multi-block fast case (two splits with data).
+    # serial scheme on its ragged fast case (S = 2: two splits with data; a split is a thread block more).
     chosen = {"hopper contiguous S=4 fast, empty split": 64, "hopper contiguous S=3 slow e4m3 x e5m2": 96,
               "random ada fast, ragged K": 72, "ada pairwise S=5 slow e5m2 x e4m3": 96}
     cases = [dataclasses.replace(c.shrunk(), K=chosen[c.label]) for c in selftest.GEMM_CASES if c.label in chosen]
     assert len(cases) == len(chosen)
+    cases = [dataclasses.replace(c, label=c.label + ", serial S=2", splits=2, scheme="serial")
+             if c.label == "random ada fast, ragged K" else c for c in cases]
     cases += [selftest.GemmCase("native multi-block ragged, slow restarts, e5m2 x e5m2", "hopper", "e5m2", "e5m2",
                                 False, 1, "none", 130, 6, 136, "random", 301),
               selftest.GemmCase("native multi-block, contiguous S=2 fast, NaN/Inf e5m2 x e4m3", "hopper", "e5m2",
                                 "e4m3", True, 2, "contiguous", 3, 131, 136, "nonfinite", 302),
               selftest.GemmCase("native multi-block ragged ada slow, NaN/Inf e4m3 x e5m2", "ada", "e4m3", "e5m2",
                                 False, 1, "none", 131, 5, 136, "nonfinite", 303),
-              selftest.GemmCase("native multi-block ada fast, serial S=2 e5m2 x e5m2", "ada", "e5m2", "e5m2", True,
-                                2, "serial", 4, 133, 100, "random", 304)]
+              # Unsplit: the split combination does not depend on the instruction (hopper's multi-block S=2 has it).
+              selftest.GemmCase("native multi-block ada fast, e5m2 x e5m2", "ada", "e5m2", "e5m2", True, 1, "none",
+                                4, 133, 100, "random", 304)]
     start = time.perf_counter()
     for case in cases:
         a, b = selftest.gemm_operands(case)
