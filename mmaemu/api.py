@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from ._untraced import untraced
-from .plan.planner import CallPlan, explain_scaled_mm, plan_accumulate, plan_scaled_mm
+from .plan.cache import cached_plan_accumulate, cached_plan_scaled_mm
+from .plan.planner import CallPlan, explain_scaled_mm
 from .warn import edge
 
 __all__ = ["scaled_mm", "accumulate", "explain", "CallPlan"]
@@ -129,8 +130,8 @@ def scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_d
     or SplitKUnknownError where mmaemu cannot reproduce the call exactly: it never approximates.
     """
     with edge():  # the warnings of the call are emitted here, at the caller's line
-        plan = plan_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out=out,
-                              profile=profile, splitk=splitk, backend=backend)
+        plan = cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum,
+                                     out=out, profile=profile, splitk=splitk, backend=backend)
         return run_scaled_mm_plan(plan)
 
 
@@ -156,8 +157,8 @@ def accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="au
     decision is keyed as a standard-layout call with output dtype ``out_dtype_for_split``.
     """
     with edge():
-        plan = plan_accumulate(a, b, use_fast_accum=use_fast_accum, profile=profile, splitk=splitk, backend=backend,
-                               out_dtype_for_split=out_dtype_for_split)
+        plan = cached_plan_accumulate(a, b, use_fast_accum=use_fast_accum, profile=profile, splitk=splitk,
+                                      backend=backend, out_dtype_for_split=out_dtype_for_split)
         call = plan.call
         if plan.action == "zeros":
             return torch.zeros((call.M, call.N), dtype=torch.float32, device=call.device)
