@@ -8,6 +8,7 @@ emulation.
 
 from __future__ import annotations
 
+import numpy
 import torch
 
 from ._untraced import untraced
@@ -26,8 +27,10 @@ def _codes_rows(t: torch.Tensor) -> "numpy.ndarray":  # noqa: F821
     return t.detach().contiguous().view(torch.uint8).cpu().numpy()
 
 
-def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b: str, fast: bool) -> torch.Tensor:
-    """fp32 accumulators [M, N] of a [M, K] times b_rows [N, K]^T on the tensors' device."""
+def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b: str, fast: bool,
+                 weights=None) -> torch.Tensor:
+    """fp32 accumulators [M, N] of a [M, K] times b_rows [N, K]^T on the tensors' device. ``weights``: where the
+    fast CPU engine keeps B's prepared panels between calls (:mod:`mmaemu.cpu.prepared`), or None."""
     device = a.device
     split = plan.split
     if plan.backend.startswith("cuda"):
@@ -37,13 +40,21 @@ def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b:
                                        split.scheme)
     from .cpu import accumulate_codes
 
-    acc = accumulate_codes(_codes_rows(a), _codes_rows(b_rows), fmt_a, fmt_b, plan.preset, fast, split.S,
-                           split.scheme, reference=plan.backend == "reference")
+    b_codes = _codes_rows(b_rows)
+    reference = plan.backend == "reference"
+    prepared = None
+    if weights is not None and not reference and b_rows.device.type == "cpu":
+        from .cpu.engine import TILE
+
+        prepared = weights.prepared(TILE, fmt_b, b_rows, b_codes)
+    acc = accumulate_codes(_codes_rows(a), b_codes, fmt_a, fmt_b, plan.preset, fast, split.S, split.scheme,
+                           reference=reference, prepared_b=prepared)
     return torch.from_numpy(acc).to(device)
 
 
 def _scale_bits(scale) -> int:
-    return int(scale.detach().reshape(()).view(torch.int32).item()) & 0xFFFFFFFF
+    """The fp32 bit pattern of a one-element fp32 scale, read once through numpy (no float conversion)."""
+    return int(scale.detach().cpu().numpy().reshape(-1).view(numpy.uint32)[0])
 
 
 def _epilogue(acc: torch.Tensor, call) -> torch.Tensor:
@@ -132,17 +143,26 @@ def scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_d
     with edge():  # the warnings of the call are emitted here, at the caller's line
         plan = cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum,
                                      out=out, profile=profile, splitk=splitk, backend=backend)
-        return run_scaled_mm_plan(plan)
+        return run_scaled_mm_plan(plan, weights=_process_weights())
 
 
-def run_scaled_mm_plan(plan):
-    """Compute a planned scaled_mm call (:func:`mmaemu.plan.planner.plan_scaled_mm`): the result, or ``out``."""
+def _process_weights():
+    """The process-wide store of prepared B (:data:`mmaemu.cpu.prepared.WEIGHTS`)."""
+    from .cpu.prepared import WEIGHTS
+
+    return WEIGHTS
+
+
+def run_scaled_mm_plan(plan, weights=None):
+    """Compute a planned scaled_mm call (:func:`mmaemu.plan.planner.plan_scaled_mm`): the result, or ``out``.
+    ``weights``: where the CPU engine keeps mat2's prepared panels between calls (:mod:`mmaemu.cpu.prepared`:
+    the process-wide store, a layer's slot), or None (decoded for this call only)."""
     call = plan.call
     if plan.action == "out-unchanged":
         return call.out
     if plan.action == "zeros":
         return _deliver(torch.zeros((call.M, call.N), dtype=call.out_dtype, device=call.device), call.out)
-    acc = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum)
+    acc = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum, weights)
     if call.rowwise:
         return _deliver(_rowwise_epilogue(acc, call), call.out)
     return _deliver(_epilogue(acc, call), call.out)

@@ -15,6 +15,7 @@ from ..arith.rounding import BFLOAT16, FLOAT32, value_of_bits
 from ..arith.rowwise import exact_values, rowwise_epilogue_rows
 from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_decode
 from . import threads
+from .prepared import Engine
 from .gemm import (TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, decode_panel, decode_panels,
                    epilogue_gemm, nonfinite_rows, override_nonfinite)
 
@@ -157,6 +158,10 @@ def prepare_b(b_codes, fmt_b: str) -> PreparedB:
     threads.parallel_for(decode_panels, panels, lanes * K * PANEL_DECODE_WORK, b_codes, value_table, exp_table,
                          nonfinite_table(fmt_b), val, exp, flags)
     return PreparedB(TILE_ENGINE, fmt_b, (N, K), val, exp, flags)
+
+
+#: The tile engine as :mod:`mmaemu.cpu.prepared` keeps its prepared B.
+TILE = Engine(TILE_ENGINE, prepare_b, prepared_b_nbytes)
 
 
 def _check_prepared(prepared: PreparedB, b_codes, fmt_b: str) -> None:

@@ -199,13 +199,13 @@ def _count_uncached() -> None:
 def _plan_reporting(planner, *args, **kwargs):
     """Plan, collecting what the planner reports, then report it on (also when planning raises): (plan,
     notices)."""
-    with collecting() as found:
-        try:
+    found = []
+    try:
+        with collecting() as found:
             plan = planner(*args, **kwargs)
-        finally:
-            notices = tuple(found)
-    report(notices)
-    return plan, notices
+    finally:
+        report(found)
+    return plan, tuple(found)
 
 
 def _replay(entry: _Entry) -> None:
