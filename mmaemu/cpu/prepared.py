@@ -116,7 +116,7 @@ class PreparedStore:
         with self._lock:
             if kept is not None and self._kept.get(key) is kept:  # changed: dropped at once
                 self._drop(key)
-            if self._seen.get(key) != version:
+            if key not in self._seen or self._seen[key] != version:
                 self._seen[key] = version
                 self._seen.move_to_end(key)
                 while len(self._seen) > self.max_seen:
