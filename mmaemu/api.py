@@ -43,13 +43,19 @@ def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b:
     b_codes = _codes_rows(b_rows)
     reference = plan.backend == "reference"
     prepared = None
-    if weights is not None and not reference and b_rows.device.type == "cpu":
+    if weights is not None and not reference and b_codes.size >= _PREPARED_MIN_CODES and device.type == "cpu":
         from .cpu.engine import TILE
 
         prepared = weights.prepared(TILE, fmt_b, b_rows, b_codes)
     acc = accumulate_codes(_codes_rows(a), b_codes, fmt_a, fmt_b, plan.preset, fast, split.S, split.scheme,
                            reference=reference, prepared_b=prepared)
-    return torch.from_numpy(acc).to(device)
+    acc = torch.from_numpy(acc)
+    return acc if device.type == "cpu" else acc.to(device)
+
+
+# A B of fewer codes is decoded at each call: its decode (about 2 ns a code) costs less than finding and checking
+# its kept panels.
+_PREPARED_MIN_CODES = 1 << 14
 
 
 def _scale_bits(scale) -> int:
@@ -74,10 +80,10 @@ def _epilogue(acc: torch.Tensor, call) -> torch.Tensor:
 
     out_name = str(call.out_dtype).replace("torch.", "")
     scale_result = _scale_bits(call.scale_result) if call.scale_result is not None else None
-    bits = epilogue_codes(acc.cpu().numpy(), _scale_bits(call.scale_a), _scale_bits(call.scale_b), scale_result,
+    bits = epilogue_codes(acc.numpy() if acc.device.type == "cpu" else acc.cpu().numpy(), _scale_bits(call.scale_a), _scale_bits(call.scale_b), scale_result,
                           out_name)
     result = torch.from_numpy(bits).view(_BITS_DTYPE[out_name]).view(call.out_dtype)
-    return result.to(acc.device)
+    return result if acc.device.type == "cpu" else result.to(acc.device)
 
 
 def _bits(t: torch.Tensor, view) -> "numpy.ndarray":  # noqa: F821

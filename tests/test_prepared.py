@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import mmaemu
+import mmaemu.api
 from mmaemu.cpu import engine, prepared
 from mmaemu.cpu.engine import TILE, accumulate_codes, prepare_b
 from mmaemu.model.presets import ADA, HOPPER
@@ -20,7 +21,9 @@ NONFINITE = {"e4m3": [0x7F, 0xFF], "e5m2": [0x7C, 0xFC, 0x7D]}
 
 
 @pytest.fixture(autouse=True)
-def empty_store():
+def empty_store(monkeypatch):
+    """An empty store, used for every size of B (small ones are otherwise decoded at each call)."""
+    monkeypatch.setattr(mmaemu.api, "_PREPARED_MIN_CODES", 0)
     prepared.WEIGHTS.clear()
     cache.clear()
     yield
@@ -89,6 +92,14 @@ def uncached(a, mat2):
     from mmaemu.plan.planner import plan_scaled_mm
 
     return run_scaled_mm_plan(plan_scaled_mm(a, mat2, ONE, ONE, None, None, torch.float32, False, splitk=1))
+
+
+def test_a_small_b_is_decoded_at_each_call(monkeypatch):
+    monkeypatch.setattr(mmaemu.api, "_PREPARED_MIN_CODES", 48 * 64 + 1)
+    a, w = fp8((2, 64), 1), fp8((48, 64), 2)
+    for _ in range(3):
+        product(a, w.t())
+    assert prepared.WEIGHTS.prepares == 0
 
 
 def test_a_weight_is_kept_the_second_time_it_is_seen():

@@ -95,8 +95,7 @@ def stats() -> PlanCacheStats:
 def _process_state() -> tuple:
     """What the decisions read besides the arguments: the environment variables' texts, grad mode, and the CUDA
     ordinal a live cuBLASLt query would ask (0 while torch has not initialised CUDA)."""
-    environ = os.environ
-    texts = tuple(environ.get(name) for name in _ENV_NAMES)
+    texts = tuple(map(os.environ.get, _ENV_NAMES))
     ordinal = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
     return texts, torch.is_grad_enabled(), ordinal
 
@@ -220,11 +219,16 @@ def _strip(plan: Plan, fields) -> Plan:
 
 
 def _bind(entry: _Entry, tensors: dict) -> Plan:
+    """A copy of the kept plan whose call holds this call's tensors (the fields are copied as they are: the kept
+    plan is never changed after it was made)."""
     template = entry.template
     call = object.__new__(type(template.call))
     call.__dict__.update(template.call.__dict__)
     call.__dict__.update(tensors)
-    return dataclasses.replace(template, call=call)
+    plan = object.__new__(Plan)
+    plan.__dict__.update(template.__dict__)
+    plan.call = call
+    return plan
 
 
 def _entry(plan: Plan, notices, profile, fields) -> _Entry:
