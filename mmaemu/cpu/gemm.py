@@ -199,17 +199,3 @@ def epilogue_gemm(lo, hi, acc, alpha, out_code, scale_result, has_scale_result, 
     for i in range(lo, hi):
         out_bits[i] = epilogue_one(acc[i], alpha, out_code, scale_result, has_scale_result)
 
-
-@arithmetic
-def same_codes(a, b):
-    """Whether two flat uint8 arrays of one size hold the same bytes (read in blocks, stopping at the first
-    block that differs)."""
-    n = a.shape[0]
-    block = 1 << 14
-    for lo in range(0, n, block):
-        diff = np.uint8(0)
-        for i in range(lo, min(lo + block, n)):
-            diff |= a[i] ^ b[i]
-        if diff:
-            return False
-    return True
