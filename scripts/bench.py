@@ -61,7 +61,8 @@ QUICK_ROWWISE_SHAPES = [(64, 1536, 1920), (256, 1536, 1920)]
 BLOCKWISE_SHAPES = SHAPES[:2]
 MOE_LAYER = (8, 128, 2048, 7168)  # groups, rows per group, N, K: DeepSeek-V3's routed experts (gate/up of 7168)
 QUICK_MOE_LAYER = (2, 128, 1024, 1792)
-QUICK_SHAPES = [(64, 1536, 1920), (256, 1536, 1920), (128, 128, 4096), (16, 16, 16384)]
+QUICK_SHAPES = [(64, 1536, 1920), (256, 1536, 1920), (128, 128, 4096), (16, 16, 16384), (1, 5760, 1920),
+                (8, 5760, 1920), (1, 4096, 4096)]
 
 
 def parse_args(argv=None):
