@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import threading
 from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from ..environment import NAMES as _ENV_NAMES
+from .. import environment
 from ..platform.definitions import _BY_NAME as _BUILTIN_PROFILES
 from ..platform.definitions import DEFAULT_PROFILE
 from ..platform.profiles import PROFILE_ENV, get_profile
@@ -95,7 +94,7 @@ def stats() -> PlanCacheStats:
 def _process_state() -> tuple:
     """What the decisions read besides the arguments: the environment variables' texts, grad mode, and the CUDA
     ordinal a live cuBLASLt query would ask (0 while torch has not initialised CUDA)."""
-    texts = tuple(map(os.environ.get, _ENV_NAMES))
+    texts = environment.texts()
     ordinal = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
     return texts, torch.is_grad_enabled(), ordinal
 
@@ -141,13 +140,16 @@ def _signature_part(value, out=False):
     return _NOT_KEPT
 
 
-def _resolve_profile(profile):
+_PROFILE_TEXT = environment.NAMES.index(PROFILE_ENV)
+
+
+def _resolve_profile(profile, state):
     """(key part, Profile) of the profile argument: a built-in profile by name, without reading the environment
     twice (its text is in the process state); any other one through get_profile, which raises as the planner's
     first step does."""
     name = profile
     if profile is None:
-        name = os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
+        name = state[0][_PROFILE_TEXT] or DEFAULT_PROFILE
     if isinstance(name, str):
         builtin = _BUILTIN_PROFILES.get(name)
         if builtin is not None:
@@ -156,7 +158,7 @@ def _resolve_profile(profile):
     return ("object", id(resolved)), resolved
 
 
-def _key(kind: str, tensors: tuple, out, plain: tuple, profile_part) -> Optional[tuple]:
+def _key(kind: str, tensors: tuple, out, plain: tuple, profile_part, state) -> Optional[tuple]:
     parts = [_signature_part(t) for t in tensors]
     parts.append(_signature_part(out, out=True))
     if _NOT_KEPT in parts:
@@ -164,7 +166,7 @@ def _key(kind: str, tensors: tuple, out, plain: tuple, profile_part) -> Optional
     typed = tuple(_typed(v) for v in plain)
     if None in typed:
         return None
-    return (kind, tuple(parts), typed, profile_part, _process_state())
+    return (kind, tuple(parts), typed, profile_part, state)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -244,9 +246,10 @@ def _entry(plan: Plan, notices, profile, fields) -> _Entry:
 def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
                           use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto") -> Plan:
     """:func:`mmaemu.plan.planner.plan_scaled_mm`, planned once per signature (see the module docstring)."""
-    profile_part, resolved = _resolve_profile(profile)  # the planner's first step; raises as it does
+    state = _process_state()
+    profile_part, resolved = _resolve_profile(profile, state)  # the planner's first step; raises as it does
     key = _key("scaled_mm", (input, mat2, scale_a, scale_b, bias, scale_result), out,
-               (out_dtype, use_fast_accum, splitk, backend), profile_part)
+               (out_dtype, use_fast_accum, splitk, backend), profile_part, state)
     arguments = (input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
     options = dict(out=out, profile=resolved, splitk=splitk, backend=backend)
     if key is None:
@@ -271,8 +274,10 @@ def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result
 def cached_plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="auto",
                            out_dtype_for_split=None) -> Plan:
     """:func:`mmaemu.plan.planner.plan_accumulate`, planned once per signature (see the module docstring)."""
-    profile_part, resolved = _resolve_profile(profile)
-    key = _key("accumulate", (a, b), None, (use_fast_accum, splitk, backend, out_dtype_for_split), profile_part)
+    state = _process_state()
+    profile_part, resolved = _resolve_profile(profile, state)
+    key = _key("accumulate", (a, b), None, (use_fast_accum, splitk, backend, out_dtype_for_split), profile_part,
+               state)
     options = dict(use_fast_accum=use_fast_accum, profile=resolved, splitk=splitk, backend=backend,
                    out_dtype_for_split=out_dtype_for_split)
     if key is None:
