@@ -267,7 +267,8 @@ def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result
     except BaseException:
         _count_uncached()
         raise
-    _keep(key, _entry(plan, notices, resolved, _SCALED_MM_TENSORS))
+    if getattr(plan.call, "global_scales", None) is None:  # NVFP4's global scales come in tuples: never kept
+        _keep(key, _entry(plan, notices, resolved, _SCALED_MM_TENSORS))
     return plan
 
 
