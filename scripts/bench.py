@@ -383,7 +383,8 @@ def overhead_section(repeats):
     def fp8(shape):
         return (torch.randn(shape, generator=gen) * 8).to(torch.float8_e4m3fn)
 
-    print("| call | mmaemu.scaled_mm us | torch.matmul fp32 us | torch._scaled_mm (CPU) us | vs matmul | vs _scaled_mm |")
+    print("| call | mmaemu.scaled_mm us | torch.matmul fp32 us | torch._scaled_mm (CPU) us | vs matmul | "
+          "vs _scaled_mm |")
     print("|---|---:|---:|---:|---:|---:|")
     for M, N, K in PER_CALL_SHAPES:
         a, w = fp8((M, K)), fp8((N, K))
@@ -421,7 +422,8 @@ def overhead_section(repeats):
             decoded = min(decoded, process_seconds())
         finally:
             mmaemu.api._PREPARED_MIN_CODES = limit
-    print(f"\n# {KEPT_WEIGHT_SHAPE} hopper fast, CPU time of all threads per call (best of {repeats}): weight decoded at every "
+    print(f"\n# {KEPT_WEIGHT_SHAPE} hopper fast, CPU time of all threads per call (best of {repeats}): weight "
+          f"decoded at every "
           f"call {decoded * 1e3:.2f} ms, panels kept {kept * 1e3:.2f} ms: {decoded / kept:.2f}x")
 
 
