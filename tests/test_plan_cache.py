@@ -321,6 +321,14 @@ def test_other_tensor_kinds_are_planned_every_time(fresh):
     assert len(fresh) == 2 and cache.stats().size == 0
 
 
+def test_a_tensor_where_a_flag_belongs_is_planned_every_time(fresh):
+    a, w = fp8((2, 32), 1), fp8((16, 32), 2)
+    for _ in range(2):
+        with pytest.raises(TypeError, match="use_fast_accum"):
+            mmaemu.scaled_mm(a, w.t(), ONE, ONE, use_fast_accum=torch.tensor(True), splitk=1)
+    assert len(fresh) == 2 and cache.stats().uncached == 2
+
+
 def test_the_cache_is_bounded(fresh, monkeypatch):
     monkeypatch.setattr(cache, "MAX_PLANS", 3)
     w = fp8((16, 32), 2)

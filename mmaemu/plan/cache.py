@@ -120,6 +120,8 @@ def _typed(value) -> Optional[tuple]:
     if isinstance(value, tuple):
         parts = tuple(_typed(v) for v in value)
         return None if None in parts else (tuple, parts)
+    if isinstance(value, torch.Tensor):  # hashed by identity, compared by value: never a key
+        return None
     try:
         hash(value)
     except TypeError:
