@@ -13,7 +13,7 @@ that passed its self-test, everything else the ``cpu`` engine. CUDA tensors in g
 
 CUDA kernels (:data:`KERNELS`, tried by descending priority): ``cuda:native`` (the GPU's own FP8 tensor-core
 instruction: sm_90's warpgroup MMA for the hopper preset, sm_89's mma.sync for ada; gated by an instruction-level
-probe, :mod:`mmaemu.cuda.probe`), ``cuda:offset`` (the formulation of :mod:`mmaemu.arith.offset`: one fused
+probe, :mod:`mmaemu.cuda.verdicts.probe`), ``cuda:offset`` (the formulation of :mod:`mmaemu.arith.offset`: one fused
 multiply-add rounding toward zero per product and an exact count of the products it floors too far; every schedule
 of early-accumulator presets - a call either declines by design goes to the next kernel, without a warning) and
 ``cuda:simple`` (one thread per output calls ``accumulate_one``: the GPU reference, every preset), plus the

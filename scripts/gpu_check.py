@@ -189,7 +189,7 @@ def stage_cpu_reference(run):
     import numpy as np
 
     from mmaemu.cpu import accumulate_codes
-    from mmaemu.cuda.selftest import compare_bits
+    from mmaemu.cuda.verdicts.selftest import compare_bits
     from mmaemu.model.presets import get_preset
 
     rng = np.random.default_rng(1)
@@ -227,7 +227,8 @@ def stage_compare(run):
 
     import mmaemu
     from mmaemu.cuda import device as cuda_device
-    from mmaemu.cuda import gating, selftest
+    from mmaemu.cuda.dispatch import gating
+    from mmaemu.cuda.verdicts import selftest
     from mmaemu.model.presets import get_preset
 
     quick = run.args.quick
@@ -381,7 +382,7 @@ class Gemm:
         return self._tensors[side, fmt]
 
     def _call(self, kernel, case):
-        from mmaemu.cuda import engine
+        from mmaemu.cuda.dispatch import engine
         from mmaemu.model.presets import get_preset
 
         label, preset, fmt_a, fmt_b, fast, splits, scheme = case
@@ -412,7 +413,7 @@ class Gemm:
 def _check_rows(acc_rows, gemm, case, rows):
     """Mismatching bits of the accumulators of the given rows against the CPU path (mmaemu.cpu.accumulate_codes)."""
     from mmaemu.cpu import accumulate_codes
-    from mmaemu.cuda.selftest import compare_bits
+    from mmaemu.cuda.verdicts.selftest import compare_bits
     from mmaemu.model.presets import get_preset
 
     label, preset, fmt_a, fmt_b, fast, splits, scheme = case
@@ -519,14 +520,14 @@ def _native(run, out, shapes):
 def _native_targets(run):
     """[(instruction name, preset)] the cuda:native stages check: the device's own instruction (Skip, saying why,
     where cuda:native cannot run), or in a dry run (numba's CUDA simulator) every instruction."""
-    from mmaemu.cuda import native_kernel
+    from mmaemu.cuda.native import kernel as native_kernel
 
     if run.args.dry_run:
         return [(name, module.PRESET) for name, module in native_kernel.INSTRUCTIONS.items()]
     if run.device is None:
         raise Skip(f"no usable CUDA device: {run.device_reason}")
     from mmaemu.cuda import device as cuda_device
-    from mmaemu.cuda import gating
+    from mmaemu.cuda.dispatch import gating
     from mmaemu.cuda.catalog import NATIVE_INSTRUCTIONS
     from mmaemu.model.presets import get_preset
 
@@ -540,7 +541,7 @@ def _native_targets(run):
 
 def stage_native_probe(run):
     """cuda:native's instruction probe alone, with its first differences (the self-test runs it too, first)."""
-    from mmaemu.cuda import probe
+    from mmaemu.cuda.verdicts import probe
 
     out = {}
     for instruction, preset in _native_targets(run):
@@ -549,7 +550,7 @@ def stage_native_probe(run):
             passed, details = probe.run_probe(probe.device_runner(instruction), preset,
                                               probe.probe_tiles(preset, pairs=(("e4m3", "e5m2"),))[-3:-1])
         else:
-            from mmaemu.cuda import engine
+            from mmaemu.cuda.dispatch import engine
 
             with engine._OnDevice(run.device) as on:
                 passed, details = probe.run_probe(probe.device_runner(instruction, on.stream), preset)

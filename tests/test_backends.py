@@ -171,7 +171,7 @@ def test_status_and_selftest_on_a_cpu_machine():
 @pytest.fixture
 def fake_device(monkeypatch):
     """mmaemu.cuda sees one device; ``outcomes[kernel]`` is what its self-test returns (or raises)."""
-    import mmaemu.cuda as cuda_backend
+    from mmaemu.cuda.dispatch import gating
     from mmaemu.cuda.device import DeviceInfo
 
     state = {"outcomes": {}, "runs": [], "info": DeviceInfo(0, "Fake GPU", "GPU-1234", (9, 0), 132,
@@ -189,8 +189,8 @@ def fake_device(monkeypatch):
         details = [{"case": "stub", "mismatches": 0 if outcome else 3, "first": []}]
         return outcome, details
 
-    monkeypatch.setattr(cuda_backend.gating, "_probe", probe)
-    monkeypatch.setattr(cuda_backend.gating, "_run_on_device", run)
+    monkeypatch.setattr(gating, "_probe", probe)
+    monkeypatch.setattr(gating, "_run_on_device", run)
     return state
 
 
@@ -273,7 +273,7 @@ def test_offset_kernel_takes_split_schedules_and_declines_to_the_next_kernel(fak
     sum its window cannot hold, k-tiles that do not start on its stages) goes to the reference kernel without a
     warning, and its self-test is not run for it."""
     import mmaemu.cuda as cuda_backend
-    from mmaemu.cuda import engine
+    from mmaemu.cuda.dispatch import engine
 
     ada = get_preset("ada", warn=False)
     for preset, fast, splits, scheme in ((HOPPER, True, 1, "none"), (HOPPER, False, 1, "none"),
@@ -305,7 +305,7 @@ def test_offset_kernel_takes_split_schedules_and_declines_to_the_next_kernel(fak
 
 def test_verdicts_are_cached_on_disk_by_device_and_sources(fake_device, tmp_path):
     import mmaemu.cuda as cuda_backend
-    from mmaemu.cuda import selftest
+    from mmaemu.cuda.verdicts import selftest
 
     fake_device["outcomes"]["simple"] = RuntimeError("transient")
     results = backends.selftest(CUDA0)
@@ -396,7 +396,7 @@ def test_kernel_metadata_for_the_cli():
 
 
 def test_selftest_cases_cover_the_contract():
-    from mmaemu.cuda import selftest
+    from mmaemu.cuda.verdicts import selftest
 
     cases = selftest.GEMM_CASES
     assert {c.preset for c in cases} == {"hopper", "ada", "b200_mma_sync"}

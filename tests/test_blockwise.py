@@ -1,4 +1,4 @@
-"""Block-wise FP8 (mmaemu.arith.scaled, mmaemu.cpu.chunked, mmaemu.cuda.blockwise, mmaemu.deepgemm) against the
+"""Block-wise FP8 (mmaemu.arith.scaled, mmaemu.cpu.chunked, mmaemu.cuda.blockwise.kernel, mmaemu.deepgemm) against the
 independent oracle (tests/oracle.py, section g: plain integers) and MMA-Sim's Hopper WGMMA k32 chains.
 
 * the round-to-nearest fp32 FMA against the oracle's integer FMA and against Fractions, on random and adversarial
@@ -562,7 +562,7 @@ def _sim_worker():
 
     assert config.ENABLE_CUDASIM
     from mmaemu.cpu.chunked import accumulate_chunked_codes
-    from mmaemu.cuda.blockwise import accumulate_chunked_numpy
+    from mmaemu.cuda.blockwise.kernel import accumulate_chunked_numpy
     from mmaemu.model.chunked import CHUNKED_KERNELS
 
     rng = np.random.default_rng(16)
@@ -587,7 +587,7 @@ def _ptx_worker():
     from numba import types
 
     from mmaemu.arith.params import preset_params
-    from mmaemu.cuda.blockwise import gemm_chunked_simple
+    from mmaemu.cuda.blockwise.kernel import gemm_chunked_simple
     from mmaemu.model.presets import HOPPER
     from subprocess_workers import offline_ptx
 

@@ -114,7 +114,7 @@ def test_the_graph_sees_deferred_and_relative_imports():
     graph = import_graph(module_files())
     # backends reaches the CUDA package only inside functions; the kernels import the launch-free shim.
     assert "mmaemu.cuda" in graph["mmaemu.backends"]
-    assert "mmaemu.cuda.shim" in graph["mmaemu.cuda.kernels"]
+    assert "mmaemu.cuda.shim" in graph["mmaemu.cuda.simple.kernels"]
 
 
 @pytest.mark.subprocess

@@ -133,11 +133,11 @@ def _final(a_codes, b_codes, scales_a, scales_b, kernel, backend):
         return accumulate_chunked_codes(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, kernel,
                                         reference=backend == "reference")
     if backend == "cuda:simple":
-        from ..cuda.blockwise import accumulate_chunked_numpy
+        from ..cuda.blockwise.kernel import accumulate_chunked_numpy
 
         return accumulate_chunked_numpy(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, kernel)
     if isinstance(backend, str) and (backend == "cuda" or backend.startswith("cuda:")):
-        from ..cuda.blockwise import chunked_decline
+        from ..cuda.blockwise.kernel import chunked_decline
 
         raise BackendUnavailableError(f"backend {backend!r} cannot run {kernel.name}: {chunked_decline(backend)}; "
                                       "use backend='cuda:simple', 'cpu' or 'auto'")

@@ -16,12 +16,12 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .. import formats
-from ..arith import scaled as _scaled
-from ..arith.params import preset_params
-from ..model.presets import get_preset
-from . import shim
-from .kernels import BLOCK, MAX_GRID_Y
+from ... import formats
+from ...arith import scaled as _scaled
+from ...arith.params import preset_params
+from ...model.presets import get_preset
+from .. import shim
+from ..simple.kernels import BLOCK, MAX_GRID_Y
 
 shim.restore_numpy_row_stack()
 shim.install_builtin_minmax()

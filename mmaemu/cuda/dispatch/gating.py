@@ -14,11 +14,11 @@ import time
 import weakref
 from typing import Dict, List
 
-from .. import environment
-from ..errors import BackendFallbackWarning, BackendUnavailableError
-from ..warn import Notice, report
-from .catalog import CODES_KERNELS, KERNELS, NATIVE_INSTRUCTIONS, BackendStatus, GateResult, Selection, gemm_kernels
-from .device import DeviceUnavailable
+from ... import environment
+from ...errors import BackendFallbackWarning, BackendUnavailableError
+from ...warn import Notice, report
+from ..catalog import CODES_KERNELS, KERNELS, NATIVE_INSTRUCTIONS, BackendStatus, GateResult, Selection, gemm_kernels
+from ..device import DeviceUnavailable
 
 _lock = threading.RLock()
 _VERDICTS: Dict[tuple, GateResult] = {}
@@ -42,7 +42,7 @@ def _warn_once(device_label: str, message: str):
 
 
 def _probe(device):
-    from . import device as device_module
+    from .. import device as device_module
 
     return device_module.probe(device)
 
@@ -50,7 +50,7 @@ def _probe(device):
 def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
     """Why ``kernel`` cannot compute this preset by design (None if it can). Never a failure, never warned."""
     if kernel in CODES_KERNELS:
-        from ..arith.params import preset_params
+        from ...arith.params import preset_params
         from .launch import codes_kernel_decline
 
         # Judged on an unsplit fast schedule: what the preset and formats alone rule out.
@@ -84,7 +84,7 @@ def device_skip(kernel: str, info, preset=None):
     if target[-1].isalpha() and "numba-cuda" not in info.compiler:  # see mmaemu.cuda.device.compiler_description
         return f"needs numba-cuda to target {target} (pip install 'mmaemu[cuda]'); {info.compiler} cannot"
     if preset is not None:
-        from ..model.presets import get_preset
+        from ...model.presets import get_preset
 
         if _block(preset) != _block(get_preset(preset_name, warn=False)):
             return (f"computes the {preset_name} preset's block on {sm} ({instruction}), preset {preset.name!r} has "
@@ -98,7 +98,7 @@ def schedule_skip(kernel: str, preset, fmt_a: str, fmt_b: str, use_fast_accum, s
     skip = design_skip(kernel, preset, fmt_a, fmt_b)
     if skip is not None or kernel not in CODES_KERNELS:
         return skip
-    from ..arith.params import preset_params, schedule_params
+    from ...arith.params import preset_params, schedule_params
     from .launch import codes_kernel_decline
 
     return codes_kernel_decline(kernel, schedule_params(preset, 1, use_fast_accum, splits, scheme),
@@ -114,8 +114,9 @@ def _run_on_device(kernel: str, info):
     import numpy as np
     import torch
 
-    from ..model.presets import get_preset
-    from . import engine, selftest
+    from ...model.presets import get_preset
+    from . import engine
+    from ..verdicts import selftest
 
     dev = torch.device("cuda", info.index)
     if kernel == "epilogue":
@@ -134,7 +135,7 @@ def _run_on_device(kernel: str, info):
 
     probe_details = []
     if kernel == "native":  # the hardware computes its blocks: first the instruction itself, then the GEMMs
-        from . import probe
+        from ..verdicts import probe
 
         instruction, preset_name, _ = NATIVE_INSTRUCTIONS[tuple(info.capability)]
         with engine._OnDevice(dev) as on:
@@ -151,14 +152,14 @@ def _run_on_device(kernel: str, info):
 
 
 def gemm_case_functions(kernel: str, info):
-    """(compute, skip) of a GEMM kernel on the device of ``info``, for :func:`mmaemu.cuda.selftest.run_gemm_cases`:
-    ``compute(case, a, b)`` = its fp32 accumulators of a case through the torch path, on the host; ``skip(case)`` =
-    why the dispatcher never gives the case to the kernel there (:func:`schedule_skip`, :func:`device_skip`), None
-    if it does."""
+    """(compute, skip) of a GEMM kernel on the device of ``info``, for
+    :func:`mmaemu.cuda.verdicts.selftest.run_gemm_cases`: ``compute(case, a, b)`` = its fp32 accumulators of a
+    case through the torch path, on the host; ``skip(case)`` = why the dispatcher never gives the case to the
+    kernel there (:func:`schedule_skip`, :func:`device_skip`), None if it does."""
     import torch
 
-    from .. import formats
-    from ..model.presets import get_preset
+    from ... import formats
+    from ...model.presets import get_preset
     from . import engine
 
     dev = torch.device("cuda", info.index)
@@ -180,7 +181,7 @@ def gemm_case_functions(kernel: str, info):
 
 def ensure_verdict(info, kernel: str, *, force: bool = False) -> GateResult:
     """The self-test verdict of ``kernel`` on the device of ``info``: from memory, from disk, or run now."""
-    from . import selftest
+    from ..verdicts import selftest
 
     key = selftest.verdict_key(info.identity(), kernel)
     memory_key = (selftest.key_digest(key), kernel)
@@ -227,7 +228,7 @@ def run_selftests(device, names: List[str], *, force: bool = False) -> Dict[str,
 
 
 def _cached_verdict(info, kernel: str):
-    from . import selftest
+    from ..verdicts import selftest
 
     key = selftest.verdict_key(info.identity(), kernel)
     with _lock:
@@ -336,7 +337,7 @@ def accumulate(name, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits=1, 
         if kernel is None:  # no other kernel can run here: the cpu engine computes, the result goes back
             import torch
 
-            from ..cpu import accumulate_codes
+            from ...cpu import accumulate_codes
 
             codes = [t.detach().contiguous().view(torch.uint8).cpu().numpy() for t in (a, b_rows)]
             return torch.from_numpy(accumulate_codes(codes[0], codes[1], fmt_a, fmt_b, preset, use_fast_accum,
@@ -389,11 +390,11 @@ def epilogue(acc, scale_a, scale_b, scale_result, out_dtype):
 
 def rowwise_epilogue(acc, scale_a, scale_b, bias, x_first):
     """torch's row-wise epilogue (bf16), computed by the CPU loops and copied to acc's device. Its CUDA kernel
-    (:func:`mmaemu.cuda.engine.rowwise_epilogue_tensors`, checked under the simulator) has no device self-test yet,
-    and no kernel runs on a GPU without a verdict of its own, so it is not used on devices."""
+    (:func:`.engine.rowwise_epilogue_tensors`, checked under the simulator) has no device self-test yet, and no
+    kernel runs on a GPU without a verdict of its own, so it is not used on devices."""
     import torch
 
-    from ..cpu import rowwise_epilogue_codes
+    from ...cpu import rowwise_epilogue_codes
 
     def bits(t, view):
         return t.detach().contiguous().reshape(-1).view(view).cpu().numpy()
@@ -406,7 +407,7 @@ def rowwise_epilogue(acc, scale_a, scale_b, bias, x_first):
 def reset():
     """Forget verdicts, selections and probed devices of this process (tests; the once-per-process warnings are
     forgotten by :func:`mmaemu.warn.reset`)."""
-    from . import device as device_module
+    from .. import device as device_module
 
     with _lock:
         _VERDICTS.clear()
