@@ -12,7 +12,7 @@ import torch
 
 from ._untraced import untraced
 from .plan.planner import CallPlan, explain_scaled_mm, plan_accumulate, plan_scaled_mm
-from .warn import edge
+from .warn import edge, report
 
 __all__ = ["scaled_mm", "accumulate", "explain", "CallPlan"]
 
@@ -25,8 +25,9 @@ def _codes_rows(t: torch.Tensor) -> "numpy.ndarray":  # noqa: F821
     return t.detach().contiguous().view(torch.uint8).cpu().numpy()
 
 
-def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b: str, fast: bool) -> torch.Tensor:
-    """fp32 accumulators [M, N] of a [M, K] times b_rows [N, K]^T on the tensors' device."""
+def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b: str, fast: bool):
+    """(fp32 accumulators [M, N] of a [M, K] times b_rows [N, K]^T on the tensors' device, the CUDA kernel that
+    computed them or None for a CPU engine)."""
     device = a.device
     split = plan.split
     if plan.backend.startswith("cuda"):
@@ -38,26 +39,29 @@ def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b:
 
     acc = accumulate_codes(_codes_rows(a), _codes_rows(b_rows), fmt_a, fmt_b, plan.preset, fast, split.S,
                            split.scheme, reference=plan.backend == "reference")
-    return torch.from_numpy(acc).to(device)
+    return torch.from_numpy(acc).to(device), None
 
 
 def _scale_bits(scale) -> int:
     return int(scale.detach().reshape(()).view(torch.int32).item()) & 0xFFFFFFFF
 
 
-def _epilogue(acc: torch.Tensor, call) -> torch.Tensor:
+def _epilogue(acc: torch.Tensor, computed_by, call) -> torch.Tensor:
     """Output tensor of the epilogue (semantics.md (e)) on the accumulator's device.
 
-    An accumulator computed by a CUDA kernel gets the CUDA epilogue kernel (same arithmetic, validated on the
-    device), so the result never leaves the device; otherwise (a CPU engine computed the accumulator, or that
-    kernel is not validated there) the CPU epilogue computes and the result is copied to the accumulator's device.
+    An accumulator computed by a CUDA kernel (``computed_by``) gets the CUDA epilogue kernel (same arithmetic,
+    validated on the device), so the result never leaves the device; otherwise (a CPU engine computed the
+    accumulator, or that kernel is not validated there: warned) the CPU epilogue computes and the result is copied
+    to the accumulator's device.
     """
-    if acc.device.type == "cuda":
+    if computed_by is not None:
         from . import cuda as cuda_backend
 
-        result = cuda_backend.epilogue(acc, call.scale_a, call.scale_b, call.scale_result, call.out_dtype)
-        if result is not None:
-            return result
+        outcome = cuda_backend.epilogue(acc, call.scale_a, call.scale_b, call.scale_result, call.out_dtype,
+                                        computed_by)
+        report(outcome.notices)
+        if outcome.result is not None:
+            return outcome.result
     from .cpu import epilogue_codes
 
     out_name = str(call.out_dtype).replace("torch.", "")
@@ -141,10 +145,10 @@ def run_scaled_mm_plan(plan):
         return call.out
     if plan.action == "zeros":
         return _deliver(torch.zeros((call.M, call.N), dtype=call.out_dtype, device=call.device), call.out)
-    acc = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum)
+    acc, computed_by = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum)
     if call.rowwise:
         return _deliver(_rowwise_epilogue(acc, call), call.out)
-    return _deliver(_epilogue(acc, call), call.out)
+    return _deliver(_epilogue(acc, computed_by, call), call.out)
 
 
 @untraced
@@ -161,7 +165,7 @@ def accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="au
         call = plan.call
         if plan.action == "zeros":
             return torch.zeros((call.M, call.N), dtype=torch.float32, device=call.device)
-        return _accumulator(plan, call.a, call.b, call.fmt_a, call.fmt_b, call.use_fast_accum)
+        return _accumulator(plan, call.a, call.b, call.fmt_a, call.fmt_b, call.use_fast_accum)[0]
 
 
 @untraced

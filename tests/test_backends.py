@@ -295,11 +295,12 @@ def test_offset_kernel_takes_split_schedules_and_declines_to_the_next_kernel(fak
     calls = []
     monkeypatch.setattr(engine, "accumulate_tensors", lambda kernel, *args: calls.append(kernel) or torch.zeros(1))
     a = torch.zeros(2, 96).to(torch.float8_e4m3fn)
-    cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, True)
-    cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, False)
+    assert cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, True).kernel == "cuda:offset"
+    assert cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, False).kernel == "cuda:simple"
     assert calls == ["offset", "simple"]
     monkeypatch.setenv("MMAEMU_TEST_FORCE_FAIL", "simple")
-    assert cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, False).device.type == "cpu"
+    fallback = cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, False)
+    assert fallback.values.device.type == "cpu" and fallback.kernel is None  # its epilogue is told: the cpu engine
     assert calls == ["offset", "simple"]  # no kernel left: the cpu engine computed
 
 
@@ -381,8 +382,57 @@ def test_epilogue_stays_on_cpu_for_accumulators_not_made_by_a_kernel(fake_device
     import mmaemu.cuda as cuda_backend
 
     acc = torch.zeros(2, 2)
-    assert cuda_backend.epilogue(acc, torch.tensor(1.0), torch.tensor(1.0), None, torch.bfloat16) is None
+    assert cuda_backend.epilogue(acc, torch.tensor(1.0), torch.tensor(1.0), None, torch.bfloat16, None) == (None, ())
     assert fake_device["runs"] == []
+
+
+def test_epilogue_of_a_kernels_accumulator_runs_on_the_device_or_warns_once(fake_device, monkeypatch):
+    """The epilogue is told which kernel computed the accumulator; a failed self-test of the epilogue kernel is a
+    warning returned as data (reported by the edge: once per process)."""
+    import mmaemu.cuda as cuda_backend
+    from mmaemu.cuda.dispatch import engine
+
+    monkeypatch.setattr(engine, "epilogue_tensors", lambda acc, *args: "on the device")
+    acc, one = torch.zeros(2, 2), torch.tensor(1.0)
+    fake_device["outcomes"]["epilogue"] = False
+    outcome = cuda_backend.epilogue(acc, one, one, None, torch.bfloat16, "cuda:simple")
+    assert outcome.result is None and [n.category for n in outcome.notices] == [BackendFallbackWarning]
+    assert outcome.notices[0].message == (
+        "mmaemu on cuda:0 (Fake GPU, sm_90): cuda:epilogue: 1 of 1 cases differ from the CPU reference; first: stub: "
+        "3 outputs, e.g. []; the cpu epilogue computes (result copied back to the device)")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            mmaemu.warn.report(cuda_backend.epilogue(acc, one, one, None, torch.bfloat16, "cuda:simple").notices)
+    assert [str(w.message) for w in caught] == [outcome.notices[0].message]
+    fake_device["outcomes"]["epilogue"] = True
+    backends.selftest(CUDA0, kernels="epilogue", force=True)
+    assert cuda_backend.epilogue(acc, one, one, None, torch.bfloat16, "cuda:simple") == ("on the device", ())
+
+
+def test_one_rule_chooses_a_kernel():
+    """choose(): the first kernel that does not decline and whose verdict passes; a verdict is asked only of a
+    kernel that does not decline; failures are announced only with a device label."""
+    from mmaemu.cuda.catalog import GateResult
+    from mmaemu.cuda.dispatch.gating import choose
+
+    kernels = backends.gemm_kernels()
+    asked = []
+
+    def verdict(kernel):
+        asked.append(kernel.name)
+        return GateResult("selftest", kernel.name == "simple", f"{kernel.name} failed", {}, 0.0, False)
+
+    def decline(kernel):
+        return "not mine" if kernel.name == "native" else None
+
+    choice = choose(kernels, decline, verdict, device_label="cuda:0 (X)")
+    assert choice.kernel.name == "simple" and asked == ["offset", "simple"]
+    assert choice.passed_over == ("cuda:native: not mine", "cuda:offset: offset failed")
+    assert [n.message for n in choice.notices] == ["mmaemu on cuda:0 (X): cuda:offset: offset failed; cuda:simple "
+                                                   "computes instead"]
+    quiet = choose(kernels[:2], decline, verdict)
+    assert quiet.kernel is None and quiet.notices == () and len(quiet.passed_over) == 2
 
 
 def test_kernel_metadata_for_the_cli():

@@ -80,10 +80,12 @@ class BackendStatus:
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
-    """The engine chosen for a call, and why the faster ones before it were not used."""
+    """The engine chosen for a call, why the faster ones before it were not used, and the warnings of the choice
+    (:class:`mmaemu.warn.Notice`, reported by :func:`mmaemu.backends.select`; not part of the comparison)."""
 
     name: str
     fallbacks: List[str]
+    notices: Tuple = dataclasses.field(default=(), compare=False, repr=False)
 
 
 # cuda:native: the FP8 MMA instruction each compute capability runs natively, the preset whose block it computes

@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
-from typing import Dict, List
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from ... import environment
 from ...errors import BackendFallbackWarning, BackendUnavailableError
-from ...warn import Notice, report
-from ..catalog import CODES_KERNELS, KERNELS, NATIVE_INSTRUCTIONS, BackendStatus, GateResult, Selection, gemm_kernels
+from ...warn import Notice
+from ..catalog import KERNELS, NATIVE_INSTRUCTIONS, BackendStatus, GateResult, KernelInfo, Selection, gemm_kernels
 from ..device import DeviceUnavailable
+from ..native.devices import device_decline
 
 _lock = threading.RLock()
 _VERDICTS: Dict[tuple, GateResult] = {}
-_SELECTIONS: Dict[tuple, tuple] = {}  # key -> (Selection, its warnings)
-# Accumulators computed by a kernel (id -> tensor, weakly held): their epilogue stays on the device.
-_KERNEL_RESULTS = weakref.WeakValueDictionary()
+_SELECTIONS: Dict[tuple, Selection] = {}  # key -> Selection (with its warnings)
 FORCE_FAIL_ENV = "MMAEMU_TEST_FORCE_FAIL"
 
 
@@ -37,72 +35,55 @@ def _fallback_notice(device_label: str, message: str) -> Notice:
     return Notice(BackendFallbackWarning, message, (device_label, message))
 
 
-def _warn_once(device_label: str, message: str):
-    report([_fallback_notice(device_label, message)])
-
-
 def _probe(device):
     from .. import device as device_module
 
     return device_module.probe(device)
 
 
-def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
-    """Why ``kernel`` cannot compute this preset by design (None if it can). Never a failure, never warned."""
-    if kernel in CODES_KERNELS:
-        from ...arith.params import preset_params
-        from .launch import codes_kernel_decline
+# A schedule that only the preset and formats shape: one split, fast accumulation (see design_skip).
+UNSPLIT_FAST = (1, 1, 0, 0, 0, 0)
+# Kernels with a decline rule for devices, beside the kernel: (device info, preset or None) -> why not, or None.
+DEVICE_DECLINES = {"native": device_decline}
 
-        # Judged on an unsplit fast schedule: what the preset and formats alone rule out.
-        why = codes_kernel_decline(kernel, (1, 1, 0, 0, 0, 0), preset_params(preset, fmt_a, fmt_b))
+
+def _is_gemm(kernel: str) -> bool:
+    return kernel in KERNELS and KERNELS[kernel].kind == "gemm"
+
+
+def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
+    """Why ``kernel`` cannot compute this preset by design (None if it can): its decline rule
+    (:func:`mmaemu.cuda.dispatch.launch.kernel_decline`) judged on an unsplit fast schedule, i.e. what the preset
+    and formats alone rule out. Never a failure, never warned."""
+    if _is_gemm(kernel):
+        from ...arith.params import preset_params
+        from .launch import kernel_decline
+
+        why = kernel_decline(kernel, UNSPLIT_FAST, preset_params(preset, fmt_a, fmt_b))
         if why is not None:
             return f"{why} (preset {preset.name!r})"
     return None
 
 
-def _block(preset):
-    return preset.nfma, preset.frac, preset.frac_out, preset.min_exp, preset.late_c
-
-
 def device_skip(kernel: str, info, preset=None):
-    """Why ``kernel`` cannot run on the device of ``info`` (for ``preset``, when given) by design (None if it can).
-
-    ``cuda:native`` issues the FP8 MMA instruction its device runs natively (:data:`NATIVE_INSTRUCTIONS`: sm_90's
-    warpgroup MMA, which only numba-cuda compiles, its target being sm_90a; sm_89's mma.sync) and computes that
-    instruction's preset only. FP8 ``mma.sync`` on sm_90/sm_100 is not a native FP8 instruction (ptxas rewrites
-    it), so it never stands in for the warpgroup MMA.
-    """
-    if kernel != "native":
-        return None
-    sm = f"sm_{info.capability[0]}{info.capability[1]}"
-    entry = NATIVE_INSTRUCTIONS.get(tuple(info.capability))
-    if entry is None:
-        known = ", ".join(f"{target} ({name}, {preset_name} preset)"
-                          for name, preset_name, target in NATIVE_INSTRUCTIONS.values())
-        return f"issues the native FP8 MMA of {known} only, this device is {sm}"
-    instruction, preset_name, target = entry
-    if target[-1].isalpha() and "numba-cuda" not in info.compiler:  # see mmaemu.cuda.device.compiler_description
-        return f"needs numba-cuda to target {target} (pip install 'mmaemu[cuda]'); {info.compiler} cannot"
-    if preset is not None:
-        from ...model.presets import get_preset
-
-        if _block(preset) != _block(get_preset(preset_name, warn=False)):
-            return (f"computes the {preset_name} preset's block on {sm} ({instruction}), preset {preset.name!r} has "
-                    "another")
-    return None
+    """Why ``kernel`` cannot run on the device of ``info`` (for ``preset``, when given) by design (None if it can):
+    the kernel's decline rule for devices (:data:`DEVICE_DECLINES`; ``cuda:native``:
+    :func:`mmaemu.cuda.native.devices.device_decline`), None for a kernel without one."""
+    rule = DEVICE_DECLINES.get(kernel)
+    return None if rule is None else rule(info, preset)
 
 
 def schedule_skip(kernel: str, preset, fmt_a: str, fmt_b: str, use_fast_accum, splits=1, scheme="none"):
     """Why ``kernel`` cannot compute this call's schedule by design (None if it can): design_skip, plus what the
     schedule rules out (the offset kernel: k-tiles that start on its stages). Never a failure, never warned."""
     skip = design_skip(kernel, preset, fmt_a, fmt_b)
-    if skip is not None or kernel not in CODES_KERNELS:
+    if skip is not None or not _is_gemm(kernel):
         return skip
     from ...arith.params import preset_params, schedule_params
-    from .launch import codes_kernel_decline
+    from .launch import kernel_decline
 
-    return codes_kernel_decline(kernel, schedule_params(preset, 1, use_fast_accum, splits, scheme),
-                                preset_params(preset, fmt_a, fmt_b))
+    return kernel_decline(kernel, schedule_params(preset, 1, use_fast_accum, splits, scheme),
+                          preset_params(preset, fmt_a, fmt_b))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -276,10 +257,56 @@ def status(device=None) -> Dict[str, BackendStatus]:
 # Selection and computation
 
 
+class Choice(NamedTuple):
+    """The kernel chosen for a call: ``kernel`` (None: none can, the cpu engine computes), ``passed_over``
+    ("cuda:<kernel>: why" of each kernel tried before it, in order: its decline or its failed verdict) and
+    ``notices`` (the warning of the failed verdicts, when announced; to be reported by the caller)."""
+
+    kernel: Optional[KernelInfo]
+    passed_over: Tuple[str, ...]
+    notices: Tuple[Notice, ...]
+
+
+def choose(candidates: Iterable[KernelInfo], decline: Callable[[KernelInfo], Optional[str]],
+           verdict: Callable[[KernelInfo], GateResult], *, device_label: Optional[str] = None) -> Choice:
+    """The first of ``candidates`` (in order) that does not decline and whose verdict passes: the one rule that
+    chooses a CUDA kernel, for the selection of a backend (:func:`select`) and for a call its selected kernel
+    declines (:func:`accumulate`).
+
+    ``decline(kernel)``: why the kernel does not compute the call by design (None if it does): listed, never
+    warned. ``verdict(kernel)``: its self-test verdict on the device, asked only of a kernel that does not decline
+    (a verdict may run the self-test). Failed verdicts are listed too and, when ``device_label`` is given, make one
+    :class:`~mmaemu.errors.BackendFallbackWarning` (once per device and text per process) that names them and who
+    computes instead. Nothing is emitted here.
+    """
+    passed_over: List[str] = []
+    failures: List[str] = []
+    chosen = None
+    for kernel in candidates:
+        why = decline(kernel)
+        if why is not None:
+            passed_over.append(f"{kernel.backend}: {why}")
+            continue
+        result = verdict(kernel)
+        if result.passed:
+            chosen = kernel
+            break
+        failures.append(f"{kernel.backend}: {result.reason}")
+        passed_over.append(failures[-1])
+    notices = ()
+    if failures and device_label is not None:
+        name = chosen.backend if chosen is not None else "cpu"
+        notices = (_fallback_notice(device_label, f"mmaemu on {device_label}: " + "; ".join(failures)
+                                    + f"; {name} computes instead"
+                                    + (" (result copied back to the device)" if chosen is None else "")),)
+    return Choice(chosen, tuple(passed_over), notices)
+
+
 def select(device, name, fmt_a, fmt_b, preset) -> Selection:
-    """The engine for CUDA tensors on ``device`` (platform.md 4.4 with our kernels); runs self-tests on first use."""
+    """The engine for CUDA tensors on ``device`` (platform.md 4.4 with our kernels), with its warnings as data
+    (``Selection.notices``: the caller reports them); runs self-tests on first use."""
     explicit = name[len("cuda:"):] if name.startswith("cuda:") else None
-    if explicit is not None and (explicit not in KERNELS or KERNELS[explicit].kind != "gemm"):
+    if explicit is not None and not _is_gemm(explicit):
         known = ", ".join(f"'cuda:{k.name}'" for k in gemm_kernels())
         raise BackendUnavailableError(f"backend {name!r} cannot run: no such CUDA GEMM kernel (known: {known})")
     try:
@@ -287,105 +314,102 @@ def select(device, name, fmt_a, fmt_b, preset) -> Selection:
     except DeviceUnavailable as exc:
         reason = f"cuda: {exc}"
         if name == "auto":
-            _warn_once(str(device), f"mmaemu: {reason}; the cpu backend computes and the result is copied back to "
-                       "the device")
-            return Selection("cpu", [reason])
+            return Selection("cpu", [reason], (_fallback_notice(
+                str(device), f"mmaemu: {reason}; the cpu backend computes and the result is copied back to the "
+                "device"),))
         raise BackendUnavailableError(f"backend {name!r} cannot run: {reason}; use backend='cpu' or 'auto'") from None
     cache_key = (info.index, fmt_a, fmt_b, preset, name, environment.snapshot()[FORCE_FAIL_ENV])
     with _lock:
-        cached = _SELECTIONS.get(cache_key)
-    if cached is not None:  # its warning is reported again: emitted only if no call has emitted it yet
-        selection, notices = cached
-        report(notices)
-        return Selection(selection.name, list(selection.fallbacks))
-    candidates = [KERNELS[explicit]] if explicit is not None else gemm_kernels()
-    fallbacks: List[str] = []
-    failures: List[str] = []
-    chosen = None
-    for kernel in candidates:
-        skip = design_skip(kernel.name, preset, fmt_a, fmt_b) or device_skip(kernel.name, info, preset)
-        if skip is not None:
-            fallbacks.append(f"{kernel.backend}: {skip}")
-            continue
-        verdict = ensure_verdict(info, kernel.name)
-        if verdict.passed:
-            chosen = kernel.backend
-            break
-        failures.append(f"{kernel.backend}: {verdict.reason}")
-        fallbacks.append(failures[-1])
-    if chosen is None and name != "auto":
-        raise BackendUnavailableError(f"backend {name!r} cannot run on {info.label}: " + "; ".join(fallbacks))
-    selection = Selection(chosen or "cpu", fallbacks)
-    notices = ()
-    if failures:
-        notices = (_fallback_notice(info.label, f"mmaemu on {info.label}: " + "; ".join(failures)
-                                    + f"; {selection.name} computes instead"
-                                    + (" (result copied back to the device)" if chosen is None else "")),)
-    report(notices)
-    with _lock:
-        _SELECTIONS[cache_key] = (selection, notices)
-    return Selection(selection.name, list(selection.fallbacks))
+        selection = _SELECTIONS.get(cache_key)
+    if selection is None:
+        candidates = [KERNELS[explicit]] if explicit is not None else gemm_kernels()
+        choice = choose(candidates,
+                        lambda k: design_skip(k.name, preset, fmt_a, fmt_b) or device_skip(k.name, info, preset),
+                        lambda k: ensure_verdict(info, k.name), device_label=info.label)
+        if choice.kernel is None and name != "auto":
+            raise BackendUnavailableError(f"backend {name!r} cannot run on {info.label}: "
+                                          + "; ".join(choice.passed_over))
+        selection = Selection(choice.kernel.backend if choice.kernel is not None else "cpu",
+                              list(choice.passed_over), choice.notices)
+        with _lock:
+            _SELECTIONS[cache_key] = selection
+    # A cached selection gives its warnings again: the caller's report emits them only if no call has yet.
+    return Selection(selection.name, list(selection.fallbacks), selection.notices)
 
 
-def accumulate(name, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none"):
-    """fp32 accumulators [M, N] on the tensors' CUDA device, computed by the kernel ``name`` ("cuda:<kernel>")."""
+class Accumulators(NamedTuple):
+    """fp32 accumulators [M, N] on the tensors' CUDA device and the GEMM kernel that computed them ("cuda:<kernel>",
+    None: the cpu engine, when no kernel could take the call); the epilogue is told which (:func:`epilogue`)."""
+
+    values: object
+    kernel: Optional[str]
+
+
+def accumulate(name, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none") -> Accumulators:
+    """The accumulators of a call on the tensors' CUDA device, computed by the selected kernel ``name``
+    ("cuda:<kernel>"), or, when its decline rule declines the call's schedule, by the kernel :func:`choose` picks
+    among those below it (or the cpu engine, the result copied to the device). That hand-over is by design:
+    nothing is warned."""
     from . import engine
 
     kernel = name[len("cuda:"):] if name.startswith("cuda:") else name
     if kernel in KERNELS and schedule_skip(kernel, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
-        kernel = _next_kernel(kernel, a.device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme)
+        kernel = _fallback_kernel(kernel, a.device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme)
         if kernel is None:  # no other kernel can run here: the cpu engine computes, the result goes back
             import torch
 
             from ...cpu import accumulate_codes
 
             codes = [t.detach().contiguous().view(torch.uint8).cpu().numpy() for t in (a, b_rows)]
-            return torch.from_numpy(accumulate_codes(codes[0], codes[1], fmt_a, fmt_b, preset, use_fast_accum,
-                                                     splits, scheme)).to(a.device)
+            return Accumulators(torch.from_numpy(accumulate_codes(codes[0], codes[1], fmt_a, fmt_b, preset,
+                                                                  use_fast_accum, splits, scheme)).to(a.device), None)
     acc = engine.accumulate_tensors(kernel, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
-    _KERNEL_RESULTS[id(acc)] = acc
-    return acc
+    return Accumulators(acc, f"cuda:{kernel}")
 
 
-def _next_kernel(declined: str, device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
-    """The GEMM kernel that computes a call the kernel ``declined`` does not support by design (its schedule):
-    the next one below it in priority that can run the schedule and passed its self-test on ``device``; None if
-    none (then the cpu engine computes). A design decline is not a failure: nothing is warned."""
+def _fallback_kernel(declined: str, device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
+    """The name of the GEMM kernel :func:`choose` picks for a call the kernel ``declined`` does not support by
+    design (its schedule), among the kernels below it in priority; None if none (then the cpu engine computes). A
+    design decline is not a failure, and the selection has warned what failed before: nothing is announced."""
     try:
         info = _probe(device)
     except DeviceUnavailable:
         return None
-    below = False
-    for kernel in gemm_kernels():
-        if kernel.name == declined:
-            below = True
-            continue
-        if not below or schedule_skip(kernel.name, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme) \
-                or device_skip(kernel.name, info, preset):
-            continue
-        if ensure_verdict(info, kernel.name).passed:
-            return kernel.name
-    return None
+    kernels = gemm_kernels()
+    below = kernels[[k.name for k in kernels].index(declined) + 1:] if declined in [k.name for k in kernels] else []
+    choice = choose(below,
+                    lambda k: schedule_skip(k.name, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme)
+                    or device_skip(k.name, info, preset),
+                    lambda k: ensure_verdict(info, k.name))
+    return None if choice.kernel is None else choice.kernel.name
 
 
-def epilogue(acc, scale_a, scale_b, scale_result, out_dtype):
-    """The scaled_mm epilogue on the device of ``acc`` if ``acc`` was computed by a kernel (:func:`accumulate`)
-    and the epilogue kernel passed its self-test there; None otherwise (the caller then runs the CPU epilogue; a
-    failed self-test is warned once)."""
-    if _KERNEL_RESULTS.get(id(acc)) is not acc:
-        return None  # a CPU engine computed it (backend "cpu"/"reference", or a fallback): keep the CPU path
+class EpilogueOutcome(NamedTuple):
+    """The epilogue's output tensor on the device (None: the caller runs the CPU epilogue) and the warnings to
+    report (a failed self-test of the epilogue kernel)."""
+
+    result: object
+    notices: Tuple[Notice, ...]
+
+
+def epilogue(acc, scale_a, scale_b, scale_result, out_dtype, computed_by: Optional[str]) -> EpilogueOutcome:
+    """The scaled_mm epilogue on the device of ``acc`` if a GEMM kernel computed ``acc`` (``computed_by``, from
+    :class:`Accumulators`; None: a CPU engine did) and the epilogue kernel passed its self-test there; otherwise no
+    result (the caller then runs the CPU epilogue), with the failed self-test as a warning, once per process."""
+    if computed_by is None:
+        return EpilogueOutcome(None, ())  # a CPU engine computed it (backend "cpu"/"reference", or a fallback)
     try:
         info = _probe(acc.device)
     except DeviceUnavailable:
-        return None
+        return EpilogueOutcome(None, ())
     verdict = ensure_verdict(info, "epilogue")
     if not verdict.passed:
-        _warn_once(info.label, f"mmaemu on {info.label}: cuda:epilogue: {verdict.reason}; the cpu epilogue computes "
-                   "(result copied back to the device)")
-        return None
+        return EpilogueOutcome(None, (_fallback_notice(
+            info.label, f"mmaemu on {info.label}: cuda:epilogue: {verdict.reason}; the cpu epilogue computes "
+            "(result copied back to the device)"),))
     from . import engine
 
-    return engine.epilogue_tensors(acc, scale_a, scale_b, scale_result, out_dtype)
+    return EpilogueOutcome(engine.epilogue_tensors(acc, scale_a, scale_b, scale_result, out_dtype), ())
 
 
 def rowwise_epilogue(acc, scale_a, scale_b, bias, x_first):

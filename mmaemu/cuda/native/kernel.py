@@ -99,8 +99,8 @@ def native_decline(schedule, params):
 
     Each instruction computes the block of one preset (``PRESET`` of :mod:`~mmaemu.cuda.native.wgmma`: hopper's,
     :mod:`~mmaemu.cuda.native.mma_sync`: ada's), so the preset must have exactly one of those blocks; every chain must
-    start on a stage. Which device runs which instruction is the gate's business (:func:`mmaemu.cuda.dispatch.gating.
-    device_skip`).
+    start on a stage. Which device runs which instruction is the rule of :func:`mmaemu.cuda.native.devices.
+    device_decline`.
     """
     tile, splits, interleaved, chain_tiles, pairwise, padded = (int(v) for v in schedule)
     if instruction_of(params) is None:

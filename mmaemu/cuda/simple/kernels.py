@@ -126,3 +126,10 @@ def rowwise_epilogue(acc, x_scale_bits, w_scale_bits, bias_bits, has_bias, x_fir
         else:
             bits = rowwise_epilogue_one(acc[m, n], w, x, bias)
         out_bits[m, n] = _signed(bits, 16)
+
+
+def simple_decline(schedule, params):
+    """Why :func:`gemm_simple` does not compute this schedule and preset: never (None). It runs ``accumulate_one``,
+    the CPU reference's own walk, so every preset and schedule is its; this rule is declared so that the dispatcher
+    asks every kernel the same question (:data:`mmaemu.cuda.dispatch.launch.DECLINES`)."""
+    return None
