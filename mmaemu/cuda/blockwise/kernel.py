@@ -62,9 +62,12 @@ DECLINES = {
 }
 
 
-def chunked_decline(backend: str) -> str:
-    """Why a CUDA backend other than cuda:simple does not compute a chunked kernel."""
+def chunked_decline(backend: str):
+    """Why a CUDA backend does not compute a chunked kernel: the decline rule of the block-wise kernels. None for
+    ``cuda:simple``, whose :func:`gemm_chunked_simple` computes every chunked kernel."""
     name = backend.split(":", 1)[1] if ":" in backend else "cuda"
+    if name == "simple":
+        return None
     return DECLINES.get(name, f"only cuda:simple computes block-wise kernels ({name!r} is not one of them)")
 
 
