@@ -1,5 +1,6 @@
 """Backend selection on a machine without a GPU: rules, environment variables, errors and warnings, status and
-self-test reports, verdict caching (with a fake device whose self-tests are stubbed), and scripts/gpu_check.py."""
+self-test reports, verdict caching (with a fake device whose self-tests are stubbed), and the device checks of
+scripts/gpu_check.py without a device."""
 
 from __future__ import annotations
 
@@ -463,62 +464,43 @@ def test_selftest_cases_cover_the_contract():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# scripts/gpu_check.py on a CPU-only machine
+# The device checks (tests/test_gpu_kernels.py, run by scripts/gpu_check.py on a GPU) on a machine without one
 
 
-@pytest.mark.slow
-@pytest.mark.sim
 @pytest.mark.subprocess
-def test_gpu_check_dry_run_on_the_simulator(tmp_path):
-    """scripts/gpu_check.py --dry-run on a machine without a GPU: the device stages are skipped, saying why, and
-    the code of the timing and cuda:native stages runs on numba's CUDA simulator with tiny shapes - every timed case
-    of the offset kernel checked against the CPU path, TMAC/s and the fraction of the instruction-issue bound
-    computed; both native instructions (with their CPU twins) through the probe and an 8 x 8 x 160 GEMM, fast and
-    slow, every output checked."""
-    from subprocess_workers import sass_required
-
-    out = tmp_path / "report"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
-    env.pop("OUT", None)
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--out", str(out),
-                          "--budget", "240"], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=400)
+def test_the_device_checks_are_collected_under_the_cuda_marker():
+    """``pytest -m cuda`` (what scripts/gpu_check.py runs) imports and collects every device check here too."""
+    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+                          "tests/test_gpu_kernels.py", "tests/test_cuda_device.py"], capture_output=True, text=True,
+                         cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    report = json.loads((out / "gpu_check.json").read_text())
-    stages = {s["name"]: s for s in report["stages"]}
-    assert list(stages) == ["environment", "cpu_reference", "native_probe", "selftest", "native_timing", "compare",
-                            "timing"]
-    assert stages["environment"]["status"] == "ok" and stages["cpu_reference"]["status"] == "ok"
-    for name in ("selftest", "compare"):
-        assert stages[name]["status"] == "skipped" and stages[name]["error"].startswith("no usable CUDA device")
-    # The offset kernel's timing stage.
-    timing = stages["timing"]
-    assert timing["status"] == "ok", timing
-    result = timing["result"]
-    assert result["dry_run"] and result["issue_rate"] == pytest.approx(132 * 128 * 1.98e9)
-    cases = result["cases"]
-    assert [(c["kernel"], c["case"]) for c in cases] == [("cuda:offset", label) for label in (
-        "hopper fast", "hopper slow", "hopper 4-way split", "ada fast", "hopper e4m3 x e5m2 fast")]
-    assert all(c["mismatches"] == 0 and c["checked_rows"] == c["shape"][0] and c["tmac_per_s"] > 0 for c in cases)
-    counted = result["sass_per_product"] is not None
-    if counted or sass_required():
-        assert counted, result["sass_source"]
-        for c in cases:
-            key = c["case"].split()[0] + ("/add-max" if "e5m2" in c["case"] else "")  # the add-max kernel's count
-            bound = result["issue_rate"] / result["sass_per_product"][key] / 1e12
-            assert c["bound_tmac_per_s"] == pytest.approx(bound, rel=1e-3)
-            assert c["fraction_of_bound"] == pytest.approx(c["tmac_per_s"] / bound, rel=1e-2)
-    # cuda:native's stages: its probe (two tiles) and timing for both instructions.
-    assert stages["native_probe"]["status"] == stages["native_timing"]["status"] == "ok"
-    probe_result = stages["native_probe"]["result"]
-    assert {k for k in probe_result if k != "failed"} == {"wgmma", "mma_sync"}
-    assert all(probe_result[i]["passed"] and probe_result[i]["tiles"] == 2 for i in ("wgmma", "mma_sync"))
-    shapes = stages["native_timing"]["result"]["shapes"]
-    assert [(e["instruction"], e["preset"]) for e in shapes] == [("wgmma", "hopper"), ("mma_sync", "ada")]
-    assert all(e[mode]["mismatches"] == 0 and e[mode]["checked_rows"] == 8 for e in shapes for mode in ("fast", "slow"))
-    markdown = (out / "gpu_check.md").read_text()
-    assert "| selftest | skipped |" in markdown and "dry run on the simulator" in markdown
-    assert "| [8, 8, 160] | mma_sync ada slow |" in markdown
-    assert "[gpu_check" in run.stdout and "stage timing" in run.stdout and "stage native_probe" in run.stdout
+    ids = {line.split("[")[0] for line in run.stdout.splitlines() if "::" in line}
+    assert {f"tests/test_gpu_kernels.py::{name}" for name in (
+        "test_every_kernel_passes_its_selftest", "test_native_instruction_probe_computes_the_presets_block",
+        "test_kernel_matches_the_cpu_reference_on_larger_gemms",
+        "test_scaled_mm_through_each_kernel_matches_the_cpu_backend")} <= ids
+    assert any(i.startswith("tests/test_cuda_device.py::") for i in ids)
+
+
+def test_the_device_checks_cases_run_against_the_cpu_reference():
+    """The larger GEMMs of the device checks, shrunk, through the self-test harness with the CPU fast path as the
+    'device': their operands, schedules and reference are sound, and a wrong result is caught."""
+    import numpy as np
+
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.cuda.verdicts import selftest
+    from test_gpu_kernels import COMPARE_CASES
+
+    def compute(case, a, b):
+        return accumulate_codes(a, b, case.fmt_a, case.fmt_b, get_preset(case.preset, warn=False), case.fast,
+                                case.splits, case.scheme)
+
+    cases = [case.shrunk() for case in COMPARE_CASES]
+    passed, details = selftest.run_gemm_cases(compute, cases)
+    assert passed and [d["case"] for d in details] == [c.label for c in COMPARE_CASES]
+    wrong, _ = selftest.run_gemm_cases(lambda case, a, b: np.nextafter(compute(case, a, b), np.float32(np.inf)),
+                                       cases[:1])
+    assert not wrong
 
 
 def test_damaged_or_unprotected_verdicts_are_ignored_and_the_selftest_runs_again(fake_device, tmp_path,
