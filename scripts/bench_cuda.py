@@ -469,7 +469,8 @@ def markdown(report):
                 lines.append(f"\nhopper profile vs this GPU's native bits ({label}, information only): {v}")
         elif s["name"] == "native":
             lines += ["", "## cuda:native timing (TMAC/s)", "",
-                      "| shape | case | scaled_mm (with epilogue) | accumulation alone | torch._scaled_mm | mismatches |",
+                      "| shape | case | scaled_mm (with epilogue) | accumulation alone | torch._scaled_mm | "
+                      "mismatches |",
                       "|---|---|---|---|---|---|"]
             for e in r["shapes"]:
                 for label in ("fast", "slow"):

@@ -470,9 +470,10 @@ def test_selftest_cases_cover_the_contract():
 @pytest.mark.subprocess
 def test_the_device_checks_are_collected_under_the_cuda_marker():
     """``pytest -m cuda`` (what scripts/gpu_check.py runs) imports and collects every device check here too."""
-    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "cuda", "-p", "no:cacheprovider",
-                          "tests/test_gpu_kernels.py", "tests/test_cuda_device.py"], capture_output=True, text=True,
-                         cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+               "tests/test_gpu_kernels.py", "tests/test_cuda_device.py"]
+    run = subprocess.run(command, capture_output=True, text=True, cwd=str(ROOT),
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     ids = {line.split("[")[0] for line in run.stdout.splitlines() if "::" in line}
     assert {f"tests/test_gpu_kernels.py::{name}" for name in (
