@@ -1,8 +1,13 @@
 """Gating and dispatch of the CUDA kernels: self-test verdicts per device, the choice of a kernel for a call, and
 the hand-over of a call to the kernel that computes it (platform.md section 4, our own kernels).
 
-Before a kernel is used on a device it must pass its self-test there (:mod:`.selftest`: random and adversarial
-GEMMs against the CPU reference). Verdicts are cached in memory and on disk, keyed by the device, its driver, the
+One rule chooses a kernel (:func:`choose`: the first that does not decline and whose verdict passes), for the
+selection of a backend and for a call the selected kernel declines; each kernel's decline rules are its own
+(:data:`mmaemu.cuda.dispatch.launch.DECLINES`, :data:`DEVICE_DECLINES`). Decisions return their warnings as data
+(:class:`mmaemu.warn.Notice`): the caller reports them.
+
+Before a kernel is used on a device it must pass its self-test there (:mod:`mmaemu.cuda.verdicts.selftest`: random
+and adversarial GEMMs against the CPU reference). Verdicts are cached in memory and on disk, keyed by the device, its driver, the
 numba CUDA implementation, the mmaemu version and the sources. Importing this module imports neither numba.cuda
 nor torch: that happens when CUDA tensors are seen (:func:`select`), or a status or self-test is asked for.
 """
