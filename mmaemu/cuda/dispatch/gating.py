@@ -7,9 +7,10 @@ selection of a backend and for a call the selected kernel declines; each kernel'
 (:class:`mmaemu.warn.Notice`): the caller reports them.
 
 Before a kernel is used on a device it must pass its self-test there (:mod:`mmaemu.cuda.verdicts.selftest`: random
-and adversarial GEMMs against the CPU reference). Verdicts are cached in memory and on disk, keyed by the device, its driver, the
-numba CUDA implementation, the mmaemu version and the sources. Importing this module imports neither numba.cuda
-nor torch: that happens when CUDA tensors are seen (:func:`select`), or a status or self-test is asked for.
+and adversarial GEMMs against the CPU reference). Verdicts are cached in memory and on disk, keyed by the device,
+its driver, the numba CUDA implementation, the mmaemu version and the sources. Importing this module imports neither
+numba.cuda nor torch: that happens when CUDA tensors are seen (:func:`select`), or a status or self-test is asked
+for.
 """
 
 from __future__ import annotations
