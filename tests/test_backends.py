@@ -504,6 +504,24 @@ def test_the_device_checks_cases_run_against_the_cpu_reference():
     assert not wrong
 
 
+def test_gpu_check_reads_the_device_checks_report(tmp_path):
+    """scripts/gpu_check.py's summary of the device checks (pytest's JUnit XML): counts and the failures' ids."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    xml = tmp_path / "pytest.xml"
+    xml.write_text('<testsuites><testsuite><testcase classname="tests.test_gpu_kernels" name="test_a"/>'
+                   '<testcase classname="tests.test_gpu_kernels" name="test_b[simple]"><failure message="3 differ"/>'
+                   '</testcase><testcase classname="t" name="c"><skipped message="no GPU"/></testcase>'
+                   '<testcase classname="t" name="d"><error message="fixture"/></testcase></testsuite></testsuites>')
+    assert gpu_check._junit_counts(xml) == {
+        "counts": {"passed": 1, "failed": 1, "errors": 1, "skipped": 1},
+        "failures": [("tests.test_gpu_kernels::test_b[simple]", "3 differ"), ("t::d", "fixture")]}
+    assert gpu_check._junit_counts(tmp_path / "missing.xml") == {"counts": None, "failures": []}
+
+
 def test_damaged_or_unprotected_verdicts_are_ignored_and_the_selftest_runs_again(fake_device, tmp_path,
                                                                                  monkeypatch):
     import mmaemu.cuda as cuda_backend
