@@ -522,6 +522,31 @@ def test_gpu_check_reads_the_device_checks_report(tmp_path):
     assert gpu_check._junit_counts(tmp_path / "missing.xml") == {"counts": None, "failures": []}
 
 
+def test_bench_cuda_without_a_device_skips_saying_why_and_renders_its_tables(tmp_path):
+    """scripts/bench.py --cuda (the speed part of gpu_check) on a machine without a GPU: both sections skipped with
+    the reason; the tables of a device run render (their figures come from the run, not from here)."""
+    import importlib.util
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    spec = importlib.util.spec_from_file_location("bench_cuda", ROOT / "scripts" / "bench_cuda.py")
+    bench_cuda = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_cuda)
+    path = tmp_path / "bench_cuda.json"
+    assert bench_cuda.main(["--json", str(path), "--budget", "60"]) == 0
+    report = json.loads(path.read_text())
+    assert [(s["name"], s["status"]) for s in report["sections"]] == [("offset", "skipped"), ("native", "skipped")]
+    assert all(s["error"].startswith("no usable CUDA device") for s in report["sections"])
+    case = {"kernel": "cuda:offset", "case": "hopper fast", "shape": [2048, 5760, 1920], "best_s": 0.01,
+            "tmac_per_s": 2.265, "checked_rows": 32, "mismatches": 0, "first": [], "sass_per_product": 3.16,
+            "bound_tmac_per_s": 10.58, "fraction_of_bound": 0.2141}
+    report["sections"] = [{"name": "offset", "status": "ok", "seconds": 1.0, "error": None, "result": {
+        "dry_run": False, "issue_rate": 3.345e13, "issue_rate_source": "132 SMs", "sass_per_product": {"hopper": 3.16},
+        "sass_source": "--sass-per-product", "cases": [case], "native": {}, "agreement": {}}}]
+    text = bench_cuda.markdown(report)
+    assert "| cuda:offset | hopper fast | [2048, 5760, 1920] | 0.01 | 2.265 | 3.16 | 10.58 | 21% | 0 (32) |" in text
+
+
 def test_damaged_or_unprotected_verdicts_are_ignored_and_the_selftest_runs_again(fake_device, tmp_path,
                                                                                  monkeypatch):
     import mmaemu.cuda as cuda_backend
