@@ -3,9 +3,10 @@
 
 1. ``environment`` - versions (python, torch, numba, numba-cuda, mmaemu), the device, the driver, how numba
    compiles for it, and why the kernels cannot run if they cannot;
-2. ``device checks`` - ``python -m pytest -m cuda tests`` (``tests/test_gpu_kernels.py``: every kernel's self-test,
-   ``cuda:native``'s instruction probe, every GEMM kernel and the whole ``scaled_mm`` path against the CPU
-   reference; ``tests/test_cuda_device.py``), on ``--device`` (``$MMAEMU_TEST_DEVICE``);
+2. ``device checks`` - ``python -m pytest -m cuda`` on the test files with ``cuda`` tests
+   (``tests/test_gpu_kernels.py``: every kernel's self-test, ``cuda:native``'s instruction probe, every GEMM
+   kernel and the whole ``scaled_mm`` path against the CPU reference; ``tests/test_cuda_device.py``), on
+   ``--device`` (``$MMAEMU_TEST_DEVICE``);
 3. ``speed`` - ``python scripts/bench.py --cuda`` (``scripts/bench_cuda.py``: the offset kernel against the
    instruction-issue bound, ``cuda:native`` and native ``torch._scaled_mm``; rows of every timed result checked).
 
@@ -89,7 +90,7 @@ def device_checks(out, device, timeout_s):
     if device is not None:
         env["MMAEMU_TEST_DEVICE"] = str(device)
     command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rA", "-p", "no:cacheprovider",
-               f"--junitxml={xml}", "tests"]
+               f"--junitxml={xml}"] + cuda_test_files()
     log("device checks: " + " ".join(command[1:]))
     start = time.monotonic()
     try:
@@ -104,6 +105,13 @@ def device_checks(out, device, timeout_s):
     result["failed"] = code != 0
     log(f"device checks: exit {code}, {result.get('counts')} in {result['seconds']} s")
     return result
+
+
+def cuda_test_files():
+    """The test files that hold ``cuda``-marked tests (only they are collected: a GPU machine need not have every
+    optional test dependency of the other files)."""
+    return sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").glob("test_*.py")
+                  if "mark.cuda" in path.read_text(encoding="utf-8"))
 
 
 def _junit_counts(xml):

@@ -520,6 +520,7 @@ def test_gpu_check_reads_the_device_checks_report(tmp_path):
         "counts": {"passed": 1, "failed": 1, "errors": 1, "skipped": 1},
         "failures": [("tests.test_gpu_kernels::test_b[simple]", "3 differ"), ("t::d", "fixture")]}
     assert gpu_check._junit_counts(tmp_path / "missing.xml") == {"counts": None, "failures": []}
+    assert {"tests/test_gpu_kernels.py", "tests/test_cuda_device.py"} <= set(gpu_check.cuda_test_files())
 
 
 def test_bench_cuda_without_a_device_skips_saying_why_and_renders_its_tables(tmp_path):
