@@ -376,7 +376,8 @@ def accumulate(name, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits=1, 
 def _fallback_kernel(declined: str, device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
     """The name of the GEMM kernel :func:`choose` picks for a call the kernel ``declined`` does not support by
     design (its schedule), among the kernels below it in priority; None if none (then the cpu engine computes). A
-    design decline is not a failure, and the selection has warned what failed before: nothing is announced."""
+    design decline is not a failure, and nothing is announced: a kernel below that fails its self-test is passed
+    over without a warning too (the next one, or the cpu engine, returns the same bits)."""
     try:
         info = _probe(device)
     except DeviceUnavailable:
