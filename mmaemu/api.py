@@ -98,7 +98,7 @@ def _block_scaled_accumulator(plan) -> torch.Tensor:
     sa = from_blocked(_codes_rows(call.scale_a.reshape(-1)), call.M, blocks)
     sb = from_blocked(_codes_rows(call.scale_b.reshape(-1)), call.N, blocks)
     if plan.backend == "cuda:simple":
-        from .cuda.block_scaled import accumulate_block_scaled_cuda
+        from .cuda.block_scaled.kernel import accumulate_block_scaled_cuda
 
         return accumulate_block_scaled_cuda(a, b, spec.fmt_a, spec.fmt_b, sa, sb, spec.recipe.scale_fmt, spec.preset,
                                             call.device)

@@ -118,12 +118,13 @@ def test_the_graph_sees_deferred_and_relative_imports():
 
 
 def test_the_cuda_package_layers_by_kind():
-    """mmaemu.cuda's kernels (native, offset, simple, blockwise) import neither the dispatch nor the verdicts; its
+    """mmaemu.cuda's kernels (native, offset, simple, blockwise, block_scaled) import neither the dispatch nor the verdicts; its
     metadata, device facts and shim import no kernel; offline PTX/SASS tooling is not in the package."""
     graph = import_graph(module_files())
-    kernels = {m for m in graph if m.split(".")[2:3] in (["native"], ["offset"], ["simple"], ["blockwise"])}
+    kernels = {m for m in graph if m.split(".")[2:3] in (["native"], ["offset"], ["simple"], ["blockwise"],
+                                                         ["block_scaled"])}
     assert {"mmaemu.cuda.native.kernel", "mmaemu.cuda.offset.kernel", "mmaemu.cuda.simple.kernels",
-            "mmaemu.cuda.blockwise.kernel"} <= kernels
+            "mmaemu.cuda.blockwise.kernel", "mmaemu.cuda.block_scaled.kernel"} <= kernels
     upward = {m: sorted(t for t in graph[m] if t.startswith(("mmaemu.cuda.dispatch", "mmaemu.cuda.verdicts")))
               for m in kernels}
     assert not {m: t for m, t in upward.items() if t}, upward

@@ -7,7 +7,8 @@ The package is grouped by kind:
   there), :mod:`.shim` (how kernels call the ``@njit`` arithmetic);
 * kernels - ``@cuda.jit`` shells around :mod:`mmaemu.arith` (no arithmetic of their own), each beside its decline
   rule: :mod:`.simple` (the GPU reference and the kernels all share: NaN/Inf rule, epilogues), :mod:`.offset`,
-  :mod:`.native` (the tensor-core instructions and their wrappers), :mod:`.blockwise` (chunked kernels);
+  :mod:`.native` (the tensor-core instructions and their wrappers), :mod:`.blockwise` (chunked kernels),
+  :mod:`.block_scaled` (MXFP8/NVFP4);
 * verdicts - :mod:`.verdicts` (the instruction probe and the self-tests a kernel must pass on a device);
 * dispatch - :mod:`.dispatch` (the choice of a kernel and the fallback of a call, launches, torch and numpy in and
   out).
