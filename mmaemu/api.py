@@ -16,7 +16,7 @@ import torch
 from ._untraced import untraced
 from .plan.cache import cached_plan_accumulate, cached_plan_scaled_mm
 from .plan.planner import CallPlan, explain_scaled_mm
-from .warn import edge
+from .warn import edge, report
 
 __all__ = ["scaled_mm", "accumulate", "explain", "CallPlan"]
 
@@ -29,10 +29,10 @@ def _codes_rows(t: torch.Tensor) -> "numpy.ndarray":  # noqa: F821
     return t.detach().contiguous().view(torch.uint8).cpu().numpy()
 
 
-def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b: str, fast: bool,
-                 weights=None) -> torch.Tensor:
-    """fp32 accumulators [M, N] of a [M, K] times b_rows [N, K]^T on the tensors' device. ``weights``: where the
-    fast CPU engine keeps B's prepared panels between calls (:mod:`mmaemu.cpu.prepared`), or None."""
+def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b: str, fast: bool, weights=None):
+    """(fp32 accumulators [M, N] of a [M, K] times b_rows [N, K]^T on the tensors' device, the CUDA kernel that
+    computed them or None for a CPU engine). ``weights``: where the fast CPU engine keeps B's prepared panels
+    between calls (:mod:`mmaemu.cpu.prepared`), or None."""
     device = a.device
     split = plan.split
     if plan.backend.startswith("cuda"):
@@ -52,7 +52,7 @@ def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b:
     acc = accumulate_codes(_codes_rows(a), b_codes, fmt_a, fmt_b, plan.preset, fast, split.S, split.scheme,
                            reference=reference, prepared_b=prepared)
     acc = torch.from_numpy(acc)
-    return acc if device.type == "cpu" else acc.to(device)
+    return (acc if device.type == "cpu" else acc.to(device)), None
 
 
 # A B of fewer codes is decoded at each call: its decode (about 2 ns a code) costs less than finding and checking
@@ -65,19 +65,22 @@ def _scale_bits(scale) -> int:
     return int(scale.detach().cpu().numpy().reshape(-1).view(numpy.uint32)[0])
 
 
-def _epilogue(acc: torch.Tensor, call) -> torch.Tensor:
+def _epilogue(acc: torch.Tensor, computed_by, call) -> torch.Tensor:
     """Output tensor of the epilogue (semantics.md (e)) on the accumulator's device.
 
-    An accumulator computed by a CUDA kernel gets the CUDA epilogue kernel (same arithmetic, validated on the
-    device), so the result never leaves the device; otherwise (a CPU engine computed the accumulator, or that
-    kernel is not validated there) the CPU epilogue computes and the result is copied to the accumulator's device.
+    An accumulator computed by a CUDA kernel (``computed_by``) gets the CUDA epilogue kernel (same arithmetic,
+    validated on the device), so the result never leaves the device; otherwise (a CPU engine computed the
+    accumulator, or that kernel is not validated there: warned) the CPU epilogue computes and the result is copied
+    to the accumulator's device.
     """
-    if acc.device.type == "cuda":
+    if computed_by is not None:
         from . import cuda as cuda_backend
 
-        result = cuda_backend.epilogue(acc, call.scale_a, call.scale_b, call.scale_result, call.out_dtype)
-        if result is not None:
-            return result
+        outcome = cuda_backend.epilogue(acc, call.scale_a, call.scale_b, call.scale_result, call.out_dtype,
+                                        computed_by)
+        report(outcome.notices)
+        if outcome.result is not None:
+            return outcome.result
     from .cpu import epilogue_codes
 
     out_name = str(call.out_dtype).replace("torch.", "")
@@ -112,7 +115,7 @@ def _block_scaled_accumulator(plan) -> torch.Tensor:
     sa = from_blocked(_codes_rows(call.scale_a.reshape(-1)), call.M, blocks)
     sb = from_blocked(_codes_rows(call.scale_b.reshape(-1)), call.N, blocks)
     if plan.backend == "cuda:simple":
-        from .cuda.block_scaled import accumulate_block_scaled_cuda
+        from .cuda.block_scaled.kernel import accumulate_block_scaled_cuda
 
         return accumulate_block_scaled_cuda(a, b, spec.fmt_a, spec.fmt_b, sa, sb, spec.recipe.scale_fmt, spec.preset,
                                             call.device)
@@ -232,10 +235,11 @@ def run_scaled_mm_plan(plan, weights=None):
         return _deliver(torch.zeros((call.M, call.N), dtype=call.out_dtype, device=call.device), call.out)
     if call.block_scaled is not None:
         return _deliver(_block_scaled_epilogue(_block_scaled_accumulator(plan), call), call.out)
-    acc = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum, weights)
+    acc, computed_by = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum,
+                                    weights)
     if call.rowwise:
         return _deliver(_rowwise_epilogue(acc, call), call.out)
-    return _deliver(_epilogue(acc, call), call.out)
+    return _deliver(_epilogue(acc, computed_by, call), call.out)
 
 
 @untraced
@@ -252,7 +256,7 @@ def accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="au
         call = plan.call
         if plan.action == "zeros":
             return torch.zeros((call.M, call.N), dtype=torch.float32, device=call.device)
-        return _accumulator(plan, call.a, call.b, call.fmt_a, call.fmt_b, call.use_fast_accum)
+        return _accumulator(plan, call.a, call.b, call.fmt_a, call.fmt_b, call.use_fast_accum)[0]
 
 
 @untraced

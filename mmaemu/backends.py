@@ -13,7 +13,7 @@ that passed its self-test, everything else the ``cpu`` engine. CUDA tensors in g
 
 CUDA kernels (:data:`KERNELS`, tried by descending priority): ``cuda:native`` (the GPU's own FP8 tensor-core
 instruction: sm_90's warpgroup MMA for the hopper preset, sm_89's mma.sync for ada; gated by an instruction-level
-probe, :mod:`mmaemu.cuda.probe`), ``cuda:offset`` (the formulation of :mod:`mmaemu.arith.offset`: one fused
+probe, :mod:`mmaemu.cuda.verdicts.probe`), ``cuda:offset`` (the formulation of :mod:`mmaemu.arith.offset`: one fused
 multiply-add rounding toward zero per product and an exact count of the products it floors too far; every schedule
 of early-accumulator presets - a call either declines by design goes to the next kernel, without a warning) and
 ``cuda:simple`` (one thread per output calls ``accumulate_one``: the GPU reference, every preset), plus the
@@ -32,6 +32,7 @@ from typing import Dict, List, Tuple
 from . import environment
 from .cuda.catalog import KERNELS, BackendStatus, GateResult, KernelInfo, Selection, gemm_kernels
 from .errors import BackendUnavailableError
+from .warn import report
 
 __all__ = ["KERNELS", "BackendStatus", "GateResult", "KernelInfo", "Selection", "gemm_kernels", "select",
            "requested_backend", "cuda_disabled", "backends_status", "selftest", "selftest_verdict"]
@@ -64,7 +65,8 @@ def cuda_disabled() -> bool:
 
 
 def select(device, backend, fmt_a, fmt_b, preset) -> Selection:
-    """Choose the engine for tensors on ``device`` (platform.md 4.4, with our engines)."""
+    """Choose the engine for tensors on ``device`` (platform.md 4.4, with our engines); its warnings (a kernel
+    that failed its self-test, no usable device) are reported (:func:`mmaemu.warn.report`)."""
     name = requested_backend(backend)
     if name in CPU_ENGINES:
         return Selection(name, [])
@@ -76,7 +78,9 @@ def select(device, backend, fmt_a, fmt_b, preset) -> Selection:
         raise BackendUnavailableError(f"backend {name!r} cannot run: {reason}; use backend='cpu' or 'auto'")
     from . import cuda as cuda_backend
 
-    return cuda_backend.select(device, name, fmt_a, fmt_b, preset)
+    selection = cuda_backend.select(device, name, fmt_a, fmt_b, preset)
+    report(selection.notices)  # the choice's warnings (mmaemu.warn: at the edge, or now when called directly)
+    return selection
 
 
 def kernel_names(kernels) -> List[str]:

@@ -22,6 +22,7 @@ process, a later decision, ``python -m mmaemu explain`` (target: under 1.5 s) ag
     python scripts/bench.py --blockwise     # only block-wise (DeepGEMM) against tensor-wise slow accumulation
     python scripts/bench.py --overhead      # only the per-call figures and the kept weight
     python scripts/bench.py --minilm        # only the MiniLM example against fp32 (needs sentence-transformers)
+    python scripts/bench.py --cuda [...]    # only the CUDA kernels on a GPU (scripts/bench_cuda.py, its options)
 
 The block-wise section (also at the end of a full run) times mmaemu.cpu.chunked.accumulate_chunked_codes (DeepGEMM's
 sm_90 1d2d kernel: 128-k chunks and the scaled FMA combine) against accumulate_codes with the hopper preset and slow
@@ -494,6 +495,12 @@ def block_scaled_section(rng, quick, repeats):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--cuda" in argv:  # the CUDA kernels' timings: their own script and options (scripts/bench_cuda.py)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import bench_cuda
+
+        return bench_cuda.main([a for a in argv if a != "--cuda"])
     args = parse_args(argv)
     _set_thread_env(args.threads)
     if args.overhead or args.minilm:
@@ -598,4 +605,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,51 +1,26 @@
 #!/usr/bin/env python
-"""One prepared GPU validation run of mmaemu's CUDA kernels; writes a JSON and a markdown report.
-
-Stages (each one guarded: an error is recorded and the next stage runs; a global time budget skips what no
-longer fits):
+"""One prepared GPU validation run: the environment, the device checks and the CUDA kernels' speed, in one folder.
 
 1. ``environment`` - versions (python, torch, numba, numba-cuda, mmaemu), the device, the driver, how numba
    compiles for it, and why the kernels cannot run if they cannot;
-2. ``cpu_reference`` - the CPU engine against the reference loop on a small GEMM (sanity of this install);
-3. ``native_probe`` - ``cuda:native``'s instruction probe alone, for the device's own instruction (sm_90: the
-   warpgroup MMA, hopper preset; sm_89: mma.sync, ada preset), with the first differing cases (the self-test runs
-   it too, first);
-4. ``selftest`` - every kernel's self-test on the device (``mmaemu.selftest(force=True)``: random and adversarial
-   GEMMs against the CPU reference, hopper and ada, fast, slow and split-K, mixed formats, NaN/Inf; the epilogue
-   for every output dtype);
-5. ``native_timing`` - ``cuda:native`` next to native ``torch._scaled_mm`` on ``--native-shapes`` ((2048, 5760,
-   1920) and (16384, 8192, 8192)): the accumulation alone and the whole ``mmaemu.scaled_mm`` with the device
-   epilogue, fast and slow, rows checked against the CPU engine;
-6. ``compare`` - every GEMM kernel against the CPU reference on more random and adversarial GEMMs for hopper and
-   ada (fast, slow, contiguous / serial / pairwise splits, larger shapes), and the full ``mmaemu.scaled_mm`` path
-   (device epilogue) against ``backend="cpu"``;
-7. ``timing`` - the offset kernel (``cuda:offset``) on (M, N, K) = (2048, 5760, 1920) and (64, 5760, 1920)
-   (``--shapes``) for hopper fast, hopper slow, hopper with a 4-way contiguous split, ada fast and hopper
-   E4M3 x E5M2: best of a few runs, rows of each result checked against the CPU path, TMAC/s and the fraction of
-   the instruction-issue bound (the device's SMs x 128 thread instructions per clock x its clock, 33.4e12 per
-   second on an H200, divided by the SASS instructions per product of the kernel's block loop, counted offline by
-   ``scripts/sass_report.py --json`` or given with ``--sass-per-product``); for comparison the reference kernel
-   (``cuda:simple``, the small shape) and native ``torch._scaled_mm`` where the GPU has FP8 (sm_89+); and, for
-   information, the agreement of ``mmaemu.scaled_mm(profile="hopper")`` with native ``torch._scaled_mm`` bits on
-   this GPU (not a pass/fail criterion: this GPU need not be the H100 PCIe of the hopper profile, nor run its
-   cuBLASLt).
+2. ``device checks`` - ``python -m pytest -m cuda`` on the test files with ``cuda`` tests
+   (``tests/test_gpu_kernels.py``: every kernel's self-test, ``cuda:native``'s instruction probe, every GEMM
+   kernel and the whole ``scaled_mm`` path against the CPU reference; ``tests/test_cuda_device.py``), on
+   ``--device`` (``$MMAEMU_TEST_DEVICE``);
+3. ``speed`` - ``python scripts/bench.py --cuda`` (``scripts/bench_cuda.py``: the offset kernel against the
+   instruction-issue bound, ``cuda:native`` and native ``torch._scaled_mm``; rows of every timed result checked).
 
-Without a usable CUDA device the GPU stages are skipped, saying why, and the run still succeeds (exit 0).
-``--quick`` uses tiny shapes. ``--dry-run`` runs the code of the timing and cuda:native stages on numba's CUDA
-simulator (it sets ``NUMBA_ENABLE_CUDASIM=1``): the offset kernel's timed cases on one tiny shape, and for both
-native instructions (with their CPU twins) two probe tiles and an 8 x 8 x 160 GEMM, fast and slow, every output
-checked; the times mean nothing, the checks and the report's arithmetic are real (CI runs it). ``--kernels``
-restricts the run to some GEMM kernels: ``--kernels native --budget 240`` runs cuda:native's probe, self-test,
-timing and comparison (and the epilogue's self-test), about four minutes on an H200 with kernel compilation;
-``--kernels offset`` the offset kernel's. Exit status: 0 if no stage failed, 1 otherwise.
+It writes ``gpu_check.json`` (the three parts), ``gpu_check.md`` (what docs/validation.md records: versions, the
+device, the device checks' counts and failures, the speed tables), ``pytest.xml`` and ``bench_cuda.json``/``.md``.
+Without a usable CUDA device the device checks skip and the speed sections say why; the run still succeeds.
+Exit status: 0 if no device check failed and no speed section failed, 1 otherwise.
 
-    python scripts/gpu_check.py [--out DIR] [--quick | --dry-run] [--budget SECONDS] [--device N]
-                                [--kernels native,offset,simple] [--shapes M,N,K;M,N,K]
-                                [--native-shapes M,N,K;M,N,K]
-                                [--sass-per-product hopper=3.16,ada=3.72,hopper/add-max=3.24]
+    python scripts/gpu_check.py [--out DIR] [--budget SECONDS] [--device N] [--quick] [bench options]
 
-``--out`` defaults to ``$OUT`` if set, else ``./gpu_check_out``. Run it with ``PYTHONUNBUFFERED=1`` (or ``-u``) to
-follow the progress lines live.
+``--out`` defaults to ``$OUT`` if set, else ``./gpu_check_out``; ``--budget`` (default 450 s) is shared: the speed
+sections get what the device checks leave (at least 60 s). Other options (``--kernels``, ``--shapes``,
+``--native-shapes``, ``--sass-per-product``) go to ``scripts/bench.py --cuda``. Run it with ``PYTHONUNBUFFERED=1``
+to follow the progress lines live.
 """
 
 from __future__ import annotations
@@ -55,93 +30,31 @@ import json
 import os
 import pathlib
 import platform
+import subprocess
 import sys
 import time
-import traceback
+import xml.etree.ElementTree as ElementTree
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
-FORMAT = "mmaemu-gpu-check/1"
+FORMAT = "mmaemu-gpu-check/2"
 START = time.monotonic()
+MIN_BENCH_S = 60
 
 
 def log(message):
     print(f"[gpu_check {time.monotonic() - START:7.1f}s] {message}", flush=True)
 
 
-class Skip(Exception):
-    """A stage that does not apply here (no device, no budget); the message says why."""
-
-
-class Run:
-    def __init__(self, args):
-        self.args = args
-        self.out = pathlib.Path(args.out)
-        self.deadline = START + args.budget
-        self.report = {"format": FORMAT, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[1:],
-                       "quick": args.quick, "budget_s": args.budget, "stages": [], "finished": None}
-        self.device = None  # torch.device when usable
-        self.device_reason = None
-
-    def remaining(self):
-        return self.deadline - time.monotonic()
-
-    def checks(self, kernel):
-        """Whether this run checks GEMM kernel ``kernel`` (``--kernels``; default all)."""
-        return self.args.kernels is None or kernel in self.args.kernels
-
-    def gemm_kernels(self):
-        """The GEMM kernels this run checks, in the dispatcher's order."""
-        from mmaemu import backends
-
-        return [k for k in backends.gemm_kernels() if self.checks(k.name)]
-
-    def stage(self, name, function, *, needs_device=False, min_seconds=5.0):
-        entry = {"name": name, "status": None, "seconds": 0.0, "result": None, "error": None}
-        self.report["stages"].append(entry)
-        start = time.monotonic()
-        log(f"stage {name}: start ({self.remaining():.0f} s of budget left)")
-        try:
-            if needs_device and self.device is None:
-                raise Skip(f"no usable CUDA device: {self.device_reason}")
-            if self.remaining() < min_seconds:
-                raise Skip(f"time budget exhausted ({self.remaining():.0f} s left, {min_seconds:.0f} s needed)")
-            entry["result"] = function()
-            entry["status"] = "ok"
-            if isinstance(entry["result"], dict) and entry["result"].get("failed"):
-                entry["status"] = "failed"
-        except Skip as exc:
-            entry["status"], entry["error"] = "skipped", str(exc)
-        except Exception as exc:  # every stage is guarded: record and continue
-            entry["status"] = "error"
-            entry["error"] = f"{type(exc).__name__}: {exc}"
-            entry["traceback"] = traceback.format_exc()[-4000:]
-        entry["seconds"] = round(time.monotonic() - start, 2)
-        log(f"stage {name}: {entry['status']} in {entry['seconds']:.1f} s"
-            + (f" - {entry['error']}" if entry["error"] else ""))
-        self.write()
-        return entry
-
-    def write(self):
-        self.report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        self.report["elapsed_s"] = round(time.monotonic() - START, 1)
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "gpu_check.json").write_text(json.dumps(self.report, indent=1, default=str))
-        (self.out / "gpu_check.md").write_text(markdown(self.report))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Stages
-
-
-def stage_environment(run):
+def environment(device):
+    """Versions, the ``MMAEMU_``/``NUMBA_``/``CUDA_`` variables and the device as torch and mmaemu see it."""
     import numba
     import numpy
     import torch
 
     import mmaemu
+    from mmaemu.cuda import device as cuda_device
 
     info = {"python": sys.version.split()[0], "platform": platform.platform(), "numpy": numpy.__version__,
             "torch": torch.__version__, "torch_cuda": torch.version.cuda, "numba": numba.__version__,
@@ -154,623 +67,127 @@ def stage_environment(run):
         info["numba_cuda"] = None
     info["env"] = {k: v for k, v in os.environ.items() if k.startswith(("MMAEMU_", "NUMBA_", "CUDA_"))}
     try:
-        available = torch.cuda.is_available()
+        info["torch_cuda_available"] = torch.cuda.is_available()
     except Exception as exc:
-        available, info["torch_cuda_error"] = False, str(exc)
-    info["torch_cuda_available"] = available
-    if available:
-        index = run.args.device if run.args.device is not None else torch.cuda.current_device()
+        info["torch_cuda_available"], info["torch_cuda_error"] = False, str(exc)
+    if info["torch_cuda_available"]:
+        index = device if device is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
         info["device"] = {"index": index, "name": props.name, "capability": [props.major, props.minor],
                           "sm_count": props.multi_processor_count, "memory_gib": round(props.total_memory / 2**30, 1)}
-    from mmaemu.cuda import device as cuda_device
-
     try:
-        probed = cuda_device.probe(run.args.device)
-        info["kernels_can_run"] = True
-        info["probe"] = probed.identity()
-        run.device = torch.device("cuda", probed.index)
+        info["probe"], info["kernels_can_run"] = cuda_device.probe(device).identity(), True
     except cuda_device.DeviceUnavailable as exc:
-        info["kernels_can_run"] = False
-        info["probe"] = str(exc)
-        run.device_reason = str(exc)
+        info["probe"], info["kernels_can_run"] = str(exc), False
     log(f"device: {info.get('device')}; kernels can run: {info['kernels_can_run']} ({info['probe']})")
     return info
 
 
-def _codes(rng, shape, fmt="e4m3"):
-    """Finite FP8 codes with magnitudes around 32 (both formats)."""
-    from mmaemu import formats
-
-    return formats.random_codes(rng, shape, fmt, spread=1.5, centre=5)
-
-
-def stage_cpu_reference(run):
-    import numpy as np
-
-    from mmaemu.cpu import accumulate_codes
-    from mmaemu.cuda.selftest import compare_bits
-    from mmaemu.model.presets import get_preset
-
-    rng = np.random.default_rng(1)
-    M, N, K = (8, 8, 96) if run.args.quick else (64, 64, 1024)
-    a, b = _codes(rng, (M, K)), _codes(rng, (N, K))
-    result = {"shape": [M, N, K], "cases": []}
-    for preset, fast, S, scheme in (("hopper", True, 1, "none"), ("hopper", False, 2, "contiguous"),
-                                    ("ada", False, 3, "pairwise")):
-        p = get_preset(preset, warn=False)
-        fast_path = accumulate_codes(a, b, "e4m3", "e4m3", p, fast, S, scheme)
-        reference = accumulate_codes(a, b, "e4m3", "e4m3", p, fast, S, scheme, reference=True)
-        count, first = compare_bits(fast_path, reference)
-        result["cases"].append({"preset": preset, "fast": fast, "splits": S, "scheme": scheme, "mismatches": count})
-    result["failed"] = any(c["mismatches"] for c in result["cases"])
+def device_checks(out, device, timeout_s):
+    """``pytest -m cuda`` in a fresh process (its kernels next to no other numba state): counts, failures, seconds."""
+    xml = out / "pytest.xml"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    if device is not None:
+        env["MMAEMU_TEST_DEVICE"] = str(device)
+    command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rA", "-p", "no:cacheprovider",
+               f"--junitxml={xml}"] + cuda_test_files()
+    log("device checks: " + " ".join(command[1:]))
+    start = time.monotonic()
+    try:
+        done = subprocess.run(command, cwd=str(ROOT), env=env, timeout=timeout_s, capture_output=True, text=True)
+        code, tail = done.returncode, (done.stdout + done.stderr)[-6000:]
+    except subprocess.TimeoutExpired as exc:
+        code, tail = "timeout", f"killed after {timeout_s:.0f} s; " + str(exc.stdout or "")[-4000:]
+    print(tail, flush=True)
+    result = {"exit": code, "seconds": round(time.monotonic() - start, 1), "tail": tail}
+    result.update(_junit_counts(xml))
+    # pytest's exit code 5: no test collected (cannot happen with the cuda tests in the tree; a failure then)
+    result["failed"] = code != 0
+    log(f"device checks: exit {code}, {result.get('counts')} in {result['seconds']} s")
     return result
 
 
-def stage_selftest(run):
-    from mmaemu import backends
-
-    results = backends.selftest(run.device, kernels=[k.name for k in run.gemm_kernels()] + ["epilogue"], force=True)
-    verdict, reason = backends.selftest_verdict(results)
-    out = {"verdict": verdict, "reason": reason, "kernels": {}}
-    for name, gates in results.items():
-        out["kernels"][name] = [{"passed": g.passed, "reason": g.reason, "seconds": round(g.seconds, 2),
-                                 "details": g.details} for g in gates]
-        log(f"selftest {name}: {'PASS' if all(g.passed for g in gates) else 'FAIL'} - {gates[0].reason}")
-    out["failed"] = verdict == "FAIL"
-    return out
+def cuda_test_files():
+    """The test files that hold ``cuda``-marked tests (only they are collected: a GPU machine need not have every
+    optional test dependency of the other files)."""
+    return sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").glob("test_*.py")
+                  if "mark.cuda" in path.read_text(encoding="utf-8"))
 
 
-def stage_compare(run):
-    import numpy as np
-    import torch
-
-    import mmaemu
-    from mmaemu.cuda import device as cuda_device
-    from mmaemu.cuda import gating, selftest
-    from mmaemu.model.presets import get_preset
-
-    quick = run.args.quick
-    cases = [
-        selftest.GemmCase("random hopper fast 256x320x1920", "hopper", "e4m3", "e4m3", True, 1, "none",
-                          256, 320, 1920, "random", 201),
-        selftest.GemmCase("random hopper slow 200x136x2000", "hopper", "e4m3", "e4m3", False, 1, "none",
-                          200, 136, 2000, "random", 202),
-        selftest.GemmCase("adversarial hopper contiguous S=3 slow", "hopper", "e4m3", "e5m2", False, 3, "contiguous",
-                          96, 80, 1500, "adversarial", 203),
-        selftest.GemmCase("random ada fast 256x320x1920", "ada", "e4m3", "e4m3", True, 1, "none",
-                          256, 320, 1920, "random", 204),
-        selftest.GemmCase("adversarial ada serial S=6 fast", "ada", "e4m3", "e4m3", True, 6, "serial",
-                          64, 240, 4096, "adversarial", 205),
-        selftest.GemmCase("random ada pairwise S=3 slow", "ada", "e5m2", "e4m3", False, 3, "pairwise",
-                          96, 96, 1600, "random", 206),
-        selftest.GemmCase("NaN/Inf ada slow", "ada", "e5m2", "e5m2", False, 1, "none", 64, 64, 512, "nonfinite", 207),
-    ]
-    if quick:
-        cases = [c.shrunk() for c in cases[:3]]
-    out = {"kernels": {}, "scaled_mm": []}
-    info = cuda_device.probe(run.device)
-    for kernel in run.gemm_kernels():
-        if run.remaining() < 20:
-            out["kernels"][kernel.backend] = "skipped: time budget"
-            continue
-        compute, skip = gating.gemm_case_functions(kernel.name, info)  # as the kernel's self-test runs its cases
-        start = time.monotonic()
-        passed, details = selftest.run_gemm_cases(compute, cases, skip=skip)
-        out["kernels"][kernel.backend] = {"passed": passed, "seconds": round(time.monotonic() - start, 2),
-                                          "cases": details}
-        skipped = sum(1 for d in details if d.get("skipped"))
-        log(f"compare {kernel.backend}: {'identical' if passed else 'MISMATCH'} on {len(cases) - skipped} GEMMs"
-            + (f" ({skipped} skipped by design)" if skipped else ""))
-    # The whole scaled_mm path (epilogue on the device) against the CPU backend.
-    rng = np.random.default_rng(7)
-    M, N, K = (4, 4, 64) if quick else (128, 256, 1920)
-    x = torch.from_numpy(_codes(rng, (M, K))).view(torch.float8_e4m3fn)
-    w = torch.from_numpy(_codes(rng, (N, K))).view(torch.float8_e4m3fn)
-    one, half = torch.tensor(1.0), torch.tensor(0.5)
-    for kernel in run.gemm_kernels():
-        if gating.device_skip(kernel.name, info, get_preset("hopper", warn=False)):
-            continue  # cuda:native on a device whose instruction is not the hopper preset's block
-        for out_dtype, fast in ((torch.bfloat16, True), (torch.float32, False), (torch.float8_e4m3fn, True)):
-            kwargs = dict(out_dtype=out_dtype, use_fast_accum=fast, splitk=1)
-            want = mmaemu.scaled_mm(x, w.t(), half, one, backend="cpu", **kwargs)
-            got = mmaemu.scaled_mm(x.to(run.device), w.to(run.device).t(), half.to(run.device), one.to(run.device),
-                                   backend=kernel.backend, **kwargs)
-            same = got.device.type == "cuda" and torch.equal(mmaemu.testing.bits(got).cpu(),
-                                                             mmaemu.testing.bits(want))
-            out["scaled_mm"].append({"kernel": kernel.backend, "out": str(out_dtype), "fast": fast,
-                                     "identical": bool(same), "result_device": str(got.device)})
-    out["failed"] = (any(isinstance(v, dict) and not v["passed"] for v in out["kernels"].values())
-                     or any(not r["identical"] for r in out["scaled_mm"]))
-    return out
-
-
-def _best_cuda_seconds(function, repeat):
-    """The best of ``repeat`` calls of ``function`` timed with CUDA events, after one untimed call (compilation,
-    warm-up)."""
-    import torch
-
-    function()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        function()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1000.0)
-    return min(times)
-
-
-# The offset kernel's timed cases: (label, preset, format of A, format of B, fast, splits, scheme).
-TIMED_CASES = (("hopper fast", "hopper", "e4m3", "e4m3", True, 1, "none"),
-               ("hopper slow", "hopper", "e4m3", "e4m3", False, 1, "none"),
-               ("hopper 4-way split", "hopper", "e4m3", "e4m3", True, 4, "contiguous"),
-               ("ada fast", "ada", "e4m3", "e4m3", True, 1, "none"),
-               ("hopper e4m3 x e5m2 fast", "hopper", "e4m3", "e5m2", True, 1, "none"))
-THREAD_INSTRUCTIONS_PER_SM_CLOCK = 128  # 4 schedulers x 32 lanes (design note, section 1)
-NOMINAL_H200 = (132, 1.98e9)  # SMs, clock (Hz): the dry run's stand-in device
-
-
-def issue_rate(run):
-    """(thread instructions per second, how it was found): SMs x 128 x clock of the device (nominal H200 in a dry
-    run or when the clock cannot be read)."""
-    sms, clock = NOMINAL_H200
-    source = "nominal H200 (132 SMs, 1.98 GHz)"
-    if run.device is not None:
-        try:
-            import torch
-            from numba import cuda
-
-            sms = torch.cuda.get_device_properties(run.device).multi_processor_count
-            with cuda.gpus[run.device.index]:
-                clock = cuda.get_current_device().CLOCK_RATE * 1e3  # kHz
-            source = f"{sms} SMs x {THREAD_INSTRUCTIONS_PER_SM_CLOCK} x {clock / 1e9:.3f} GHz (this device)"
-        except Exception as exc:
-            source += f" (this device's clock unreadable: {type(exc).__name__})"
-    return sms * THREAD_INSTRUCTIONS_PER_SM_CLOCK * clock, source
-
-
-def sass_per_product(run, cc):
-    """{preset: SASS instructions per product of the offset kernel's block loop} for compute capability ``cc``:
-    ``--sass-per-product`` if given, else counted offline by ``scripts/sass_report.py --json`` in a subprocess
-    (it fakes a device inside numba, which must not happen next to real kernels); None if neither works."""
-    if run.args.sass_per_product:
-        return dict(run.args.sass_per_product), "--sass-per-product"
-    import subprocess
-
-    command = [sys.executable, str(ROOT / "scripts" / "sass_report.py"), "--json", "--cc", f"{cc[0]}.{cc[1]}"]
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
-        costs = json.loads(done.stdout.strip().splitlines()[-1])[f"sm_{cc[0]}{cc[1]}"]
-        return costs["per_product"], f"scripts/sass_report.py (offline, sm_{cc[0]}{cc[1]})"
-    except Exception as exc:
-        tail = (done.stderr.strip().splitlines() or [""])[-1] if "done" in locals() else ""
-        return None, f"not counted: {type(exc).__name__} {tail}"[:300]
-
-
-class Gemm:
-    """One GEMM's operands, on the device (torch) or for the simulator (numpy), made on first use per side and
-    format: ``timed(kernel, case, repeat, rows)`` returns the best time in seconds and rows of the fp32 accumulators
-    on the host."""
-
-    def __init__(self, run, shape, seed):
-        self.run, self.shape, self.seed = run, shape, seed
-        self._codes, self._tensors = {}, {}
-
-    def codes(self, side, fmt):
-        """uint8 codes [M, K] of A (``side`` "a") or [N, K] of B, format ``fmt``."""
-        import numpy as np
-
-        if (side, fmt) not in self._codes:
-            M, N, K = self.shape
-            rng = np.random.default_rng([self.seed, side == "b", fmt == "e5m2"])
-            self._codes[side, fmt] = _codes(rng, (M if side == "a" else N, K), fmt)
-        return self._codes[side, fmt]
-
-    def tensor(self, side, fmt):
-        """:meth:`codes` as a torch FP8 tensor on the device."""
-        if (side, fmt) not in self._tensors:
-            import torch
-
-            from mmaemu import formats
-
-            self._tensors[side, fmt] = torch.from_numpy(self.codes(side, fmt)).to(self.run.device).view(
-                formats.DTYPE_OF[fmt])
-        return self._tensors[side, fmt]
-
-    def _call(self, kernel, case):
-        from mmaemu.cuda import engine
-        from mmaemu.model.presets import get_preset
-
-        label, preset, fmt_a, fmt_b, fast, splits, scheme = case
-        preset = get_preset(preset, warn=False)
-        if self.run.device is None:
-            a, b = self.codes("a", fmt_a), self.codes("b", fmt_b)
-            return lambda: engine.accumulate_numpy(kernel, a, b, fmt_a, fmt_b, preset, fast, splits, scheme)
-        a, b = self.tensor("a", fmt_a), self.tensor("b", fmt_b)
-        return lambda: engine.accumulate_tensors(kernel, a, b, fmt_a, fmt_b, preset, fast, splits, scheme)
-
-    def timed(self, kernel, case, repeat, rows):
-        """(best seconds, rows ``rows`` of the accumulators of the last run, on the host)."""
-        call = self._call(kernel, case)
-        result = {}
-        if self.run.device is None:
-            times = []
-            for _ in range(repeat):
-                start = time.perf_counter()
-                result["acc"] = call()
-                times.append(time.perf_counter() - start)
-            return min(times), result["acc"][rows]
-        import torch
-
-        best = _best_cuda_seconds(lambda: result.__setitem__("acc", call()), repeat)
-        return best, result["acc"][torch.from_numpy(rows).to(self.run.device)].cpu().numpy()
-
-
-def _check_rows(acc_rows, gemm, case, rows):
-    """Mismatching bits of the accumulators of the given rows against the CPU path (mmaemu.cpu.accumulate_codes)."""
-    from mmaemu.cpu import accumulate_codes
-    from mmaemu.cuda.selftest import compare_bits
-    from mmaemu.model.presets import get_preset
-
-    label, preset, fmt_a, fmt_b, fast, splits, scheme = case
-    want = accumulate_codes(gemm.codes("a", fmt_a)[rows], gemm.codes("b", fmt_b), fmt_a, fmt_b,
-                            get_preset(preset, warn=False), fast, splits, scheme)
-    return compare_bits(acc_rows, want)
-
-
-def stage_timing(run):
-    import numpy as np
-
-    dry = run.args.dry_run
-    shapes = run.args.shapes if not dry else [[4, 8, 64]]
-    rate, rate_source = issue_rate(run)
-    cc = (9, 0)
-    if run.device is not None:
-        import torch
-
-        cc = torch.cuda.get_device_capability(run.device)
-    counts, counts_source = sass_per_product(run, cc)
-    out = {"dry_run": dry, "issue_rate": rate, "issue_rate_source": rate_source, "sass_per_product": counts,
-           "sass_source": counts_source, "cases": [], "native": {}, "agreement": {}}
-    log(f"issue rate {rate:.3g} thread instructions/s ({rate_source}); SASS per product {counts} ({counts_source})")
-    for index, shape in enumerate(shapes):
-        gemm = Gemm(run, shape, 11 + index)
-        M = shape[0]
-        rows = np.unique(np.r_[np.arange(min(16, M)), np.arange(max(0, M - 16), M)])
-        timed = [("cuda:offset", case) for case in TIMED_CASES] if run.checks("offset") else []
-        if not dry and M <= 256 and run.checks("simple"):
-            timed.append(("cuda:simple", TIMED_CASES[0]))
-        for backend, case in timed:
-            entry = {"kernel": backend, "case": case[0], "shape": list(shape)}
-            out["cases"].append(entry)
-            if run.remaining() < 30 and not dry:
-                entry["skipped"] = "time budget"
-                continue
-            seconds, acc = gemm.timed(backend[len("cuda:"):], case, 1 if dry else 3, rows)
-            count, first = _check_rows(acc, gemm, case, rows)
-            tmacs = float(np.prod(shape)) / seconds / 1e12
-            entry.update({"best_s": round(seconds, 6), "tmac_per_s": _figures(tmacs), "checked_rows": len(rows),
-                          "mismatches": count, "first": first})
-            # E4M3 x E4M3 runs the power-sum kernel, the other pairs the add-max one (sass_report.offset_costs keys)
-            key = case[1] if case[2:4] == ("e4m3", "e4m3") else case[1] + "/add-max"
-            per_product = (counts or {}).get(key) if backend == "cuda:offset" else None
-            if per_product:
-                bound = rate / per_product / 1e12
-                entry.update({"sass_per_product": per_product, "bound_tmac_per_s": _figures(bound),
-                              "fraction_of_bound": _figures(tmacs / bound)})
-            log(f"timing {backend} {case[0]} {tuple(shape)}: {tmacs:.3f} TMAC/s"
-                + (f" ({entry['fraction_of_bound']:.0%} of the issue bound)" if per_product else "")
-                + f", {count} mismatches in {len(rows)} checked rows")
-    if not dry:
-        _native(run, out, shapes)
-    out["failed"] = any(c.get("mismatches") for c in out["cases"])
-    return out
-
-
-def _figures(x, digits=4):
-    """x to ``digits`` significant figures (a simulator's TMAC/s is tiny, a GPU's is not)."""
-    return float(f"{x:.{digits}g}")
-
-
-def _native(run, out, shapes):
-    """torch._scaled_mm on the same shapes (bf16 out) where the GPU has FP8, and the hopper profile's agreement
-    with its bits (information only)."""
-    import numpy as np
-    import torch
-
-    import mmaemu
-
-    cc = torch.cuda.get_device_capability(run.device)
-    if cc < (8, 9) or not hasattr(torch, "_scaled_mm"):
-        out["native"] = f"skipped: sm_{cc[0]}{cc[1]} has no FP8 tensor cores for torch._scaled_mm"
-        return
-    one = torch.tensor(1.0, device=run.device)
-    for index, shape in enumerate(shapes):
-        gemm = Gemm(run, shape, 11 + index)
-        a, b = gemm.tensor("a", "e4m3"), gemm.tensor("b", "e4m3")
-        for fast in (True, False):
-            label = f"{tuple(shape)} bf16 {'fast' if fast else 'slow'}"
-            try:
-                function = lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
-                                                    use_fast_accum=fast)
-                best = _best_cuda_seconds(function, 10)
-                out["native"][label] = {"best_s": round(best, 6),
-                                        "tmac_per_s": _figures(float(np.prod(shape)) / best / 1e12)}
-            except Exception as exc:
-                out["native"][label] = f"{type(exc).__name__}: {exc}"
-            if index or run.remaining() < 60:
-                continue
-            try:
-                native = torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=fast)
-                emulated = mmaemu.scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=fast,
-                                            profile="hopper")
-                plan = mmaemu.explain(a, b.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=fast,
-                                      profile="hopper")
-                equal = mmaemu.testing.bits(native) == mmaemu.testing.bits(emulated)
-                out["agreement"][label] = {"identical_fraction": float(equal.float().mean().item()),
-                                           "split": str(plan.split), "backend": plan.backend}
-            except Exception as exc:
-                out["agreement"][label] = f"{type(exc).__name__}: {exc}"
-
-
-def _native_targets(run):
-    """[(instruction name, preset)] the cuda:native stages check: the device's own instruction (Skip, saying why,
-    where cuda:native cannot run), or in a dry run (numba's CUDA simulator) every instruction."""
-    from mmaemu.cuda import native_kernel
-
-    if run.args.dry_run:
-        return [(name, module.PRESET) for name, module in native_kernel.INSTRUCTIONS.items()]
-    if run.device is None:
-        raise Skip(f"no usable CUDA device: {run.device_reason}")
-    from mmaemu.cuda import device as cuda_device
-    from mmaemu.cuda import gating
-    from mmaemu.cuda.catalog import NATIVE_INSTRUCTIONS
-    from mmaemu.model.presets import get_preset
-
-    info = cuda_device.probe(run.device)
-    why = gating.device_skip("native", info)
-    if why is not None:
-        raise Skip(f"cuda:native cannot run here: {why}")
-    name, preset_name, _ = NATIVE_INSTRUCTIONS[tuple(info.capability)]
-    return [(name, get_preset(preset_name, warn=False))]
-
-
-def stage_native_probe(run):
-    """cuda:native's instruction probe alone, with its first differences (the self-test runs it too, first)."""
-    from mmaemu.cuda import probe
-
-    out = {}
-    for instruction, preset in _native_targets(run):
-        start = time.monotonic()
-        if run.args.dry_run:  # two tiles of one format pair: the plumbing, not the hardware
-            passed, details = probe.run_probe(probe.device_runner(instruction), preset,
-                                              probe.probe_tiles(preset, pairs=(("e4m3", "e5m2"),))[-3:-1])
+def _junit_counts(xml):
+    """{"counts": {passed, failed, errors, skipped}, "failures": [(test id, message)]} of a JUnit XML report."""
+    if not xml.exists():
+        return {"counts": None, "failures": []}
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    failures = []
+    for case in ElementTree.parse(xml).iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        outcome = next((child for child in case if child.tag in ("failure", "error", "skipped")), None)
+        if outcome is None:
+            counts["passed"] += 1
+        elif outcome.tag == "skipped":
+            counts["skipped"] += 1
         else:
-            from mmaemu.cuda import engine
-
-            with engine._OnDevice(run.device) as on:
-                passed, details = probe.run_probe(probe.device_runner(instruction, on.stream), preset)
-        details.update(seconds=round(time.monotonic() - start, 2), summary=probe.summarize(details), passed=passed)
-        out[instruction] = details
-        log(f"{instruction}: {details['summary']}")
-    out["failed"] = not all(d["passed"] for d in out.values())
-    return out
+            counts["failed" if outcome.tag == "failure" else "errors"] += 1
+            failures.append((name, (outcome.get("message") or "")[:500]))
+    return {"counts": counts, "failures": failures}
 
 
-def stage_native_timing(run):
-    """cuda:native next to native torch._scaled_mm on --native-shapes: the accumulation alone and the whole
-    mmaemu.scaled_mm (NaN/Inf rule and exact epilogue on the device), fast and slow accumulation of the device's
-    preset, rows checked against the CPU engine. Under the simulator: a tiny shape, every output checked, nothing
-    timed that means anything."""
-    import numpy as np
-
-    dry = run.args.dry_run
-    out = {"shapes": []}
-    for instruction, preset in _native_targets(run):
-        shapes = [(8, 8, 160)] if dry else [(64, 256, 512)] if run.args.quick else run.args.native_shapes
-        for M, N, K in shapes:
-            if run.remaining() < 40:
-                out["shapes"].append({"instruction": instruction, "shape": [M, N, K], "skipped": "time budget"})
-                continue
-            gemm = Gemm(run, (M, N, K), M + N + K)
-            entry = {"instruction": instruction, "preset": preset.name, "shape": [M, N, K], "macs": M * N * K}
-            rows = np.arange(M) if dry else np.unique(np.r_[0:4, M // 2:M // 2 + 2, M - 4:M])
-            for fast in (True, False):
-                label = "fast" if fast else "slow"
-                case = (label, preset.name, "e4m3", "e4m3", fast, 1, "none")
-                best, acc = gemm.timed("native", case, 1 if dry else 5, rows)
-                count, first = _check_rows(acc, gemm, case, rows)
-                entry[label] = {"accumulate_best_s": round(best, 6),
-                                "accumulate_tmacs": round(M * N * K / best / 1e12, 1), "checked_rows": len(rows),
-                                "mismatches": count, "first": first}
-                if run.device is not None:
-                    entry[label].update(_scaled_mm_times(run, gemm.tensor("a", "e4m3"), gemm.tensor("b", "e4m3"),
-                                                         preset, fast))
-                log(f"native {instruction} {M}x{N}x{K} {label}: " + ", ".join(
-                    f"{k} {v}" for k, v in entry[label].items() if k.endswith("tmacs")) + f"; {count} mismatches")
-            if "scaled_mm_best_s" in entry.get("fast", {}) and "scaled_mm_best_s" in entry.get("slow", {}):
-                entry["slow_over_fast_time"] = round(entry["slow"]["scaled_mm_best_s"]
-                                                     / entry["fast"]["scaled_mm_best_s"], 3)
-            out["shapes"].append(entry)
-    out["failed"] = any(isinstance(e.get(k), dict) and e[k]["mismatches"] for e in out["shapes"]
-                        for k in ("fast", "slow"))
-    return out
-
-
-def _scaled_mm_times(run, a, b, preset, fast):
-    """Best seconds and TMAC/s of mmaemu.scaled_mm through cuda:native (with the device epilogue) and of native
-    torch._scaled_mm on the same operands (bf16 out)."""
-    import torch
-
-    import mmaemu
-
-    M, K = a.shape
-    N = b.shape[0]
-    one = torch.tensor(1.0, device=run.device)
-    full = lambda: mmaemu.scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
-                                    use_fast_accum=fast, profile=preset.name, splitk=1, backend="cuda:native")
-    native = lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16,  # noqa: E731
-                                      use_fast_accum=fast)
-    out = {}
-    for name, function, repeat in (("scaled_mm", full, 5), ("torch_scaled_mm", native, 10)):
-        best = _best_cuda_seconds(function, repeat)
-        out[f"{name}_best_s"] = round(best, 6)
-        out[f"{name}_tmacs"] = round(M * N * K / best / 1e12, 1)
-    return out
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Report
+def speed(out, device, budget_s, bench_args):
+    """``scripts/bench.py --cuda`` in a fresh process: its report (bench_cuda.json), or why there is none."""
+    command = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--cuda", "--json", str(out / "bench_cuda.json"),
+               "--budget", str(int(budget_s))] + (["--device", str(device)] if device is not None else []) + bench_args
+    log("speed: " + " ".join(command[1:]))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    try:
+        done = subprocess.run(command, cwd=str(ROOT), env=env, timeout=budget_s + 120, text=True)
+        code = done.returncode
+    except subprocess.TimeoutExpired:
+        code = "timeout"
+    path = out / "bench_cuda.json"
+    report = json.loads(path.read_text()) if path.exists() else None
+    return {"exit": code, "report": report, "failed": code != 0}
 
 
 def markdown(report):
-    lines = [f"# mmaemu GPU check ({report['started']})", "",
-             f"budget {report['budget_s']} s, elapsed {report.get('elapsed_s')} s, quick={report['quick']}", "",
-             "| stage | status | seconds | note |", "|---|---|---|---|"]
-    for s in report["stages"]:
-        note = (s["error"] or "").replace("|", "/")[:200]
-        lines.append(f"| {s['name']} | {s['status']} | {s['seconds']} | {note} |")
-    for s in report["stages"]:
-        r = s.get("result")
-        if not isinstance(r, dict):
-            continue
-        if s["name"] == "environment":
-            lines += ["", "## Environment", ""] + [f"* {k}: {r.get(k)}" for k in
-                                                  ("python", "torch", "torch_cuda", "numba", "numba_cuda", "mmaemu",
-                                                   "device", "kernels_can_run", "probe")]
-        elif s["name"] == "selftest":
-            lines += ["", f"## Self-tests: {r['verdict']} - {r['reason']}", ""]
-            for name, gates in r["kernels"].items():
-                for g in gates:
-                    lines.append(f"* {name}: {'PASS' if g['passed'] else 'FAIL'} ({g['seconds']} s) {g['reason']}")
-        elif s["name"] == "compare":
-            lines += ["", "## Kernels against the CPU reference", ""]
-            for name, v in r["kernels"].items():
-                if isinstance(v, dict):
-                    bad = [c for c in v["cases"] if c["mismatches"]]
-                    skipped = sum(1 for c in v["cases"] if c.get("skipped"))
-                    lines.append(f"* {name}: {'identical' if v['passed'] else 'MISMATCH'} on "
-                                 f"{len(v['cases']) - skipped} GEMMs ({v['seconds']} s)"
-                                 + (f", {skipped} skipped by design" if skipped else "")
-                                 + (f"; first bad: {bad[0]}" if bad else ""))
-                else:
-                    lines.append(f"* {name}: {v}")
-            for row in r["scaled_mm"]:
-                lines.append(f"* scaled_mm {row['kernel']} {row['out']} fast={row['fast']}: "
-                             f"{'identical' if row['identical'] else 'DIFFERENT'} to backend='cpu' "
-                             f"(result on {row['result_device']})")
-        elif s["name"] == "timing":
-            lines += ["", "## Timing" + (" (dry run on the simulator: the times mean nothing)" if r["dry_run"] else ""),
-                      "", f"Issue rate {r['issue_rate']:.3g} thread instructions/s ({r['issue_rate_source']}); "
-                      f"SASS instructions per product of the offset kernel's block loop: {r['sass_per_product']} "
-                      f"({r['sass_source']}).", "",
-                      "| kernel | case | M, N, K | best s | TMAC/s | SASS/product | bound TMAC/s | of bound | "
-                      "mismatches (rows checked) |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
-            for c in r["cases"]:
-                if "skipped" in c:
-                    lines.append(f"| {c['kernel']} | {c['case']} | {c['shape']} | skipped: {c['skipped']} | | | | | |")
-                    continue
-                bound = (f"{c['sass_per_product']} | {c['bound_tmac_per_s']} | {c['fraction_of_bound']:.0%}"
-                         if "fraction_of_bound" in c else " | | ")
-                lines.append(f"| {c['kernel']} | {c['case']} | {c['shape']} | {c['best_s']} | {c['tmac_per_s']} | "
-                             f"{bound} | {c['mismatches']} ({c['checked_rows']}) |")
-            if isinstance(r["native"], dict):
-                for label, v in r["native"].items():
-                    value = f"{v['best_s']} s, {v['tmac_per_s']} TMAC/s" if isinstance(v, dict) else v
-                    lines.append(f"\ntorch._scaled_mm {label}: {value}")
-            elif r["native"]:
-                lines.append(f"\ntorch._scaled_mm: {r['native']}")
-            for label, v in r.get("agreement", {}).items():
-                lines.append(f"\nhopper profile vs this GPU's native bits ({label}, information only): {v}")
-        elif s["name"] == "native_probe":
-            for instruction, d in r.items():
-                if isinstance(d, dict):
-                    lines += ["", f"## cuda:native instruction probe ({instruction}): {d['summary']} "
-                              f"({d['seconds']} s)", ""] + [f"* {json.dumps(f)}" for f in d.get("first", [])]
-        elif s["name"] == "native_timing":
-            lines += ["", "## cuda:native timing (TMAC/s)", "",
-                      "| shape | case | scaled_mm (with epilogue) | accumulation alone | torch._scaled_mm | mismatches |",
-                      "|---|---|---|---|---|---|"]
-            for e in r["shapes"]:
-                for label in ("fast", "slow"):
-                    v = e.get(label)
-                    if isinstance(v, dict):
-                        lines.append(f"| {e['shape']} | {e['instruction']} {e.get('preset')} {label} | "
-                                     f"{v.get('scaled_mm_tmacs', '-')} | {v['accumulate_tmacs']} | "
-                                     f"{v.get('torch_scaled_mm_tmacs', '-')} | {v['mismatches']} |")
-                if "slow_over_fast_time" in e:
-                    lines.append(f"| {e['shape']} | slow / fast time | {e['slow_over_fast_time']} | | | |")
-                if "skipped" in e:
-                    lines.append(f"| {e['shape']} | skipped: {e['skipped']} | | | | |")
+    env = report["environment"]
+    lines = [f"# mmaemu GPU check ({report['started']})", "", f"elapsed {report.get('elapsed_s')} s", "",
+             "## Environment", ""] + [f"* {k}: {env.get(k)}" for k in ("python", "torch", "torch_cuda", "numba",
+                                                                         "numba_cuda", "mmaemu", "device",
+                                                                         "kernels_can_run", "probe")]
+    checks = report["device_checks"]
+    lines += ["", f"## Device checks (pytest -m cuda): exit {checks['exit']}, {checks.get('counts')}, "
+              f"{checks['seconds']} s", ""] + [f"* FAILED {name}: {message}" for name, message in checks["failures"]]
+    bench = report["speed"]
+    tables = pathlib.Path(report["out"]) / "bench_cuda.md"  # written by the speed part with its report
+    lines += ["", f"## Speed (scripts/bench.py --cuda): exit {bench['exit']}", ""]
+    if bench.get("report") is not None and tables.exists():
+        lines.append(tables.read_text())
     return "\n".join(lines) + "\n"
-
-
-def parse_shape(text):
-    parts = [int(p) for p in text.split(",")]
-    if len(parts) != 3 or min(parts) < 1:
-        raise argparse.ArgumentTypeError("expected M,N,K with positive integers")
-    return parts
-
-
-def parse_shapes(text):
-    return [parse_shape(part) for part in text.split(";")]
-
-
-def parse_counts(text):
-    try:
-        return {name: float(value) for name, value in (item.split("=") for item in text.split(","))}
-    except ValueError:
-        raise argparse.ArgumentTypeError("expected preset=count pairs, e.g. hopper=3.16,ada=3.72") from None
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out", help="report folder")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes (CPU-only CI)")
-    parser.add_argument("--budget", type=float, default=450.0, help="global time budget in seconds (default 450)")
+    parser.add_argument("--budget", type=float, default=450.0, help="time budget in seconds (default 450)")
     parser.add_argument("--device", type=int, default=None, help="CUDA device ordinal (default: current)")
-    parser.add_argument("--shapes", type=parse_shapes, default=[[2048, 5760, 1920], [64, 5760, 1920]],
-                        help="timing shapes M,N,K;M,N,K")
-    parser.add_argument("--native-shapes", type=parse_shapes, default=[[2048, 5760, 1920], [16384, 8192, 8192]],
-                        help="cuda:native timing shapes M,N,K;M,N,K")
-    parser.add_argument("--kernels", type=lambda t: [k.strip().replace("cuda:", "") for k in t.split(",")],
-                        default=None, help="GEMM kernels to check, e.g. native (default: all)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="the timing and cuda:native stages on numba's CUDA simulator, tiny shapes")
-    parser.add_argument("--sass-per-product", type=parse_counts, default=None,
-                        help="SASS instructions per product of the offset kernel, e.g. hopper=3.16,ada=3.72 "
-                             "(E4M3 x E4M3), hopper/add-max=3.24 (other pairs; default: counted offline by "
-                             "scripts/sass_report.py)")
-    args = parser.parse_args(argv)
-    if args.dry_run:
-        args.quick = True
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # before numba is imported (no stage has imported it yet)
-    if args.kernels is not None:
-        from mmaemu.cuda.catalog import gemm_kernels
-
-        unknown = sorted(set(args.kernels) - {k.name for k in gemm_kernels()})
-        if unknown:
-            parser.error(f"--kernels: unknown {unknown}; known: {[k.name for k in gemm_kernels()]}")
-    run = Run(args)
-    log(f"mmaemu GPU check: out={run.out}, budget={args.budget:.0f} s, quick={args.quick}")
-    run.stage("environment", lambda: stage_environment(run), min_seconds=0)
-    run.stage("cpu_reference", lambda: stage_cpu_reference(run), min_seconds=2)
-    if run.checks("native"):  # its own stages: ahead of the others, whose budget they would otherwise share
-        run.stage("native_probe", lambda: stage_native_probe(run), min_seconds=30)
-    run.stage("selftest", lambda: stage_selftest(run), needs_device=True, min_seconds=60)
-    if run.checks("native"):
-        run.stage("native_timing", lambda: stage_native_timing(run), min_seconds=40)
-    run.stage("compare", lambda: stage_compare(run), needs_device=True, min_seconds=30)
-    if run.checks("offset") or run.checks("simple"):
-        run.stage("timing", lambda: stage_timing(run), needs_device=not args.dry_run, min_seconds=30)
-    run.write()
-    statuses = [s["status"] for s in run.report["stages"]]
-    summary = ", ".join(f"{s['name']}={s['status']}" for s in run.report["stages"])
-    log(f"done: {summary}; report in {run.out / 'gpu_check.json'} and {run.out / 'gpu_check.md'}")
-    return 1 if any(s in ("failed", "error") for s in statuses) else 0
+    parser.add_argument("--quick", action="store_true", help="tiny shapes for the speed sections")
+    args, bench_args = parser.parse_known_args(argv)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"format": FORMAT, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[1:],
+              "out": str(out), "budget_s": args.budget}
+    report["environment"] = environment(args.device)
+    report["device_checks"] = device_checks(out, args.device, max(MIN_BENCH_S, args.budget - MIN_BENCH_S))
+    left = max(MIN_BENCH_S, args.budget - (time.monotonic() - START))
+    report["speed"] = speed(out, args.device, left, bench_args + (["--quick"] if args.quick else []))
+    report["elapsed_s"] = round(time.monotonic() - START, 1)
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "gpu_check.md").write_text(markdown(report))
+    failed = report["device_checks"]["failed"] or report["speed"]["failed"]
+    log(f"done: device checks {'FAILED' if report['device_checks']['failed'] else 'passed'}, speed "
+        f"{'FAILED' if report['speed']['failed'] else 'ok'}; report in {out / 'gpu_check.md'}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

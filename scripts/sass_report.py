@@ -6,14 +6,15 @@ Usage::
     python scripts/sass_report.py --kernels wgmma_fast_e4m3_e4m3,wgmma_slow_e4m3_e4m3 --cc 9.0a
     python scripts/sass_report.py --kernels mma_sync_fast_e4m3_e4m3,mma_sync_slow_e4m3_e4m3 --cc 8.9
 
-Numba compiles each kernel to PTX for the target (:func:`mmaemu.cuda.offline.compile_ptx`: a fake current device
+Numba compiles each kernel to PTX for the target (:func:`tools.ptx_offline.compile_ptx`: a fake current device
 stands in for the missing GPU), ``ptxas -v`` assembles it (registers, spills, stack frame) and ``nvdisasm -c``
-disassembles it (:mod:`mmaemu.cuda.sass`). Every loop of the SASS (a backward branch) is listed with its
+disassembles it (:mod:`tools.sass`). Every loop of the SASS (a backward branch) is listed with its
 instruction count and most frequent opcodes; for the offset kernels (``offset_powers``: E4M3 x E4M3 by bf16 power
 sums, ``offset``: add-max, the other format pairs) the block loop's SASS instructions per product are weighed per
 preset (hopper: one 32-product block per stage, ada: two of 16), part by part, against the budgets of
 ``tests/test_cuda_sim.py``. The kernels of ``cuda:native`` (``<instruction>_<fast|slow|probe>_<fmt_a>_<fmt_b>``,
-:func:`mmaemu.cuda.launch.native_signatures`) compile for their instruction's own target only: ``--cc 9.0a`` for
+:func:`mmaemu.cuda.dispatch.launch.native_signatures`)
+compile for their instruction's own target only: ``--cc 9.0a`` for
 the warpgroup MMA (``wgmma_*``), ``--cc 8.9`` for mma.sync (``mma_sync_*``). These are static counts, not
 measurements; how fast a GPU runs them is for
 ``scripts/gpu_check.py``.
@@ -47,9 +48,10 @@ def sm_name(cc):
 
 
 def signatures(names):
-    """``{name: (kernel, argument types)}``: :func:`mmaemu.cuda.launch.signatures`, plus the native kernels of
+    """``{name: (kernel, argument types)}``: :func:`mmaemu.cuda.dispatch.launch.signatures`, plus the native kernels of
     every instruction that one of ``names`` belongs to."""
-    from mmaemu.cuda import launch, native_kernel
+    from mmaemu.cuda.dispatch import launch
+    from mmaemu.cuda.native import kernel as native_kernel
 
     found = dict(launch.signatures())
     for instruction in native_kernel.INSTRUCTIONS:
@@ -59,8 +61,8 @@ def signatures(names):
 
 
 def assemble(kernel, signature, cc):
-    """The kernel compiled offline for ``cc`` and assembled with its register cap (:mod:`mmaemu.cuda.sass`)."""
-    from mmaemu.cuda import offline, sass
+    """The kernel compiled offline for ``cc`` and assembled with its register cap (:mod:`tools.sass`)."""
+    from tools import ptx_offline as offline, sass
 
     cap = getattr(kernel, "targetoptions", {}).get("max_registers")
     return sass.assemble(offline.compile_ptx(kernel, signature, cc), sm_name(cc), cap)
@@ -68,7 +70,8 @@ def assemble(kernel, signature, cc):
 
 def block_loop_costs(assembly):
     """``{preset: BlockLoopCost}`` of an offset kernel's block loop for each preset of :data:`PRESETS`."""
-    from mmaemu.cuda import offset_kernel, sass
+    from mmaemu.cuda.offset import kernel as offset_kernel
+    from tools import sass
 
     return {preset: sass.block_loop_cost(assembly.sass, offset_kernel.block_loop_trips(nfma),
                                          offset_kernel.products_per_stage()) for preset, nfma in PRESETS.items()}
@@ -76,7 +79,7 @@ def block_loop_costs(assembly):
 
 def report(names, cc):
     """Lines of the report for one compute capability."""
-    from mmaemu.cuda import sass
+    from tools import sass
 
     sm = sm_name(cc)
     lines = []
@@ -105,7 +108,7 @@ def offset_costs(cc):
     kernels for one compute capability (what ``--json`` prints, and ``scripts/gpu_check.py`` reads): presets as
     ``hopper``, ``ada`` for E4M3 x E4M3 (power sums) and ``hopper/add-max``, ``ada/add-max`` for the other pairs;
     registers and spills of the kernel that uses more."""
-    from mmaemu.cuda import launch
+    from mmaemu.cuda.dispatch import launch
 
     report = {"registers": 0, "spills": 0, "per_product": {}, "parts": {}}
     for name, suffix in OFFSET_KERNELS.items():
@@ -120,7 +123,8 @@ def offset_costs(cc):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernels", default="offset_powers,offset", help="names of mmaemu.cuda.launch.signatures() "
+    parser.add_argument("--kernels", default="offset_powers,offset", help="names of "
+                        "mmaemu.cuda.dispatch.launch.signatures() "
                         "or .native_signatures(instruction)")
     parser.add_argument("--cc", default="9.0,8.9,12.0", help="compute capabilities, e.g. 9.0,8.9 (9.0a: sm_90a)")
     parser.add_argument("--json", action="store_true", help="print the offset kernels' block loop costs as JSON")

@@ -5,6 +5,9 @@ import pytest
 
 # Test helpers (oracle.py, vectors.py) live next to the tests.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+# The repository's developer tooling (tools/: offline PTX and SASS) is not installed with the package: found last,
+# after whatever mmaemu the interpreter imports (``python -m pytest`` from the root puts the root first anyway).
+sys.path.append(str(pathlib.Path(__file__).resolve().parent.parent))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,5 @@
 """Test workers in subprocesses, for tests that need a fresh interpreter: numba's CUDA simulator must be switched on
-before numba.cuda is imported, and offline compilation (mmaemu.cuda.offline) changes numba process-wide.
+before numba.cuda is imported, and offline compilation (tools.ptx_offline) changes numba process-wide.
 
 A test file that uses them runs itself as a script, ``python tests/test_x.py MODE``, whose last line of output is
 a JSON report; :func:`workers_fixture` starts every mode at once (the machine's cores work in parallel) and hands
@@ -90,9 +90,9 @@ COMPILER_MISSING = ("NVVM", "nvvm", "nvrtc", "NVRTC", "libdevice", "CUDA_HOME", 
 
 
 def offline_ptx(kernel, signature, cc, report):
-    """:func:`mmaemu.cuda.offline.compile_ptx` in a worker; None, with the reason in ``report["skipped"]``, where
+    """:func:`tools.ptx_offline.compile_ptx` in a worker; None, with the reason in ``report["skipped"]``, where
     the CUDA compiler libraries are missing (other errors propagate)."""
-    from mmaemu.cuda import offline
+    from tools import ptx_offline as offline
 
     try:
         return offline.compile_ptx(kernel, signature, cc)
@@ -105,8 +105,8 @@ def offline_ptx(kernel, signature, cc, report):
 
 
 def sass_tools_missing():
-    """Why SASS cannot be made here (ptxas or nvdisasm not found, :func:`mmaemu.cuda.sass.find_tool`), or None."""
-    from mmaemu.cuda import sass
+    """Why SASS cannot be made here (ptxas or nvdisasm not found, :func:`tools.sass.find_tool`), or None."""
+    from tools import sass
 
     missing = [name for name in ("ptxas", "nvdisasm") if sass.find_tool(name) is None]
     if not missing:

@@ -1,5 +1,6 @@
 """Backend selection on a machine without a GPU: rules, environment variables, errors and warnings, status and
-self-test reports, verdict caching (with a fake device whose self-tests are stubbed), and scripts/gpu_check.py."""
+self-test reports, verdict caching (with a fake device whose self-tests are stubbed), and the device checks of
+scripts/gpu_check.py without a device."""
 
 from __future__ import annotations
 
@@ -171,7 +172,7 @@ def test_status_and_selftest_on_a_cpu_machine():
 @pytest.fixture
 def fake_device(monkeypatch):
     """mmaemu.cuda sees one device; ``outcomes[kernel]`` is what its self-test returns (or raises)."""
-    import mmaemu.cuda as cuda_backend
+    from mmaemu.cuda.dispatch import gating
     from mmaemu.cuda.device import DeviceInfo
 
     state = {"outcomes": {}, "runs": [], "info": DeviceInfo(0, "Fake GPU", "GPU-1234", (9, 0), 132,
@@ -189,8 +190,8 @@ def fake_device(monkeypatch):
         details = [{"case": "stub", "mismatches": 0 if outcome else 3, "first": []}]
         return outcome, details
 
-    monkeypatch.setattr(cuda_backend.gating, "_probe", probe)
-    monkeypatch.setattr(cuda_backend.gating, "_run_on_device", run)
+    monkeypatch.setattr(gating, "_probe", probe)
+    monkeypatch.setattr(gating, "_run_on_device", run)
     return state
 
 
@@ -273,7 +274,7 @@ def test_offset_kernel_takes_split_schedules_and_declines_to_the_next_kernel(fak
     sum its window cannot hold, k-tiles that do not start on its stages) goes to the reference kernel without a
     warning, and its self-test is not run for it."""
     import mmaemu.cuda as cuda_backend
-    from mmaemu.cuda import engine
+    from mmaemu.cuda.dispatch import engine
 
     ada = get_preset("ada", warn=False)
     for preset, fast, splits, scheme in ((HOPPER, True, 1, "none"), (HOPPER, False, 1, "none"),
@@ -295,17 +296,18 @@ def test_offset_kernel_takes_split_schedules_and_declines_to_the_next_kernel(fak
     calls = []
     monkeypatch.setattr(engine, "accumulate_tensors", lambda kernel, *args: calls.append(kernel) or torch.zeros(1))
     a = torch.zeros(2, 96).to(torch.float8_e4m3fn)
-    cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, True)
-    cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, False)
+    assert cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, True).kernel == "cuda:offset"
+    assert cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, False).kernel == "cuda:simple"
     assert calls == ["offset", "simple"]
     monkeypatch.setenv("MMAEMU_TEST_FORCE_FAIL", "simple")
-    assert cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, False).device.type == "cpu"
+    fallback = cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, False)
+    assert fallback.values.device.type == "cpu" and fallback.kernel is None  # its epilogue is told: the cpu engine
     assert calls == ["offset", "simple"]  # no kernel left: the cpu engine computed
 
 
 def test_verdicts_are_cached_on_disk_by_device_and_sources(fake_device, tmp_path):
     import mmaemu.cuda as cuda_backend
-    from mmaemu.cuda import selftest
+    from mmaemu.cuda.verdicts import selftest
 
     fake_device["outcomes"]["simple"] = RuntimeError("transient")
     results = backends.selftest(CUDA0)
@@ -381,8 +383,57 @@ def test_epilogue_stays_on_cpu_for_accumulators_not_made_by_a_kernel(fake_device
     import mmaemu.cuda as cuda_backend
 
     acc = torch.zeros(2, 2)
-    assert cuda_backend.epilogue(acc, torch.tensor(1.0), torch.tensor(1.0), None, torch.bfloat16) is None
+    assert cuda_backend.epilogue(acc, torch.tensor(1.0), torch.tensor(1.0), None, torch.bfloat16, None) == (None, ())
     assert fake_device["runs"] == []
+
+
+def test_epilogue_of_a_kernels_accumulator_runs_on_the_device_or_warns_once(fake_device, monkeypatch):
+    """The epilogue is told which kernel computed the accumulator; a failed self-test of the epilogue kernel is a
+    warning returned as data (reported by the edge: once per process)."""
+    import mmaemu.cuda as cuda_backend
+    from mmaemu.cuda.dispatch import engine
+
+    monkeypatch.setattr(engine, "epilogue_tensors", lambda acc, *args: "on the device")
+    acc, one = torch.zeros(2, 2), torch.tensor(1.0)
+    fake_device["outcomes"]["epilogue"] = False
+    outcome = cuda_backend.epilogue(acc, one, one, None, torch.bfloat16, "cuda:simple")
+    assert outcome.result is None and [n.category for n in outcome.notices] == [BackendFallbackWarning]
+    assert outcome.notices[0].message == (
+        "mmaemu on cuda:0 (Fake GPU, sm_90): cuda:epilogue: 1 of 1 cases differ from the CPU reference; first: stub: "
+        "3 outputs, e.g. []; the cpu epilogue computes (result copied back to the device)")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            mmaemu.warn.report(cuda_backend.epilogue(acc, one, one, None, torch.bfloat16, "cuda:simple").notices)
+    assert [str(w.message) for w in caught] == [outcome.notices[0].message]
+    fake_device["outcomes"]["epilogue"] = True
+    backends.selftest(CUDA0, kernels="epilogue", force=True)
+    assert cuda_backend.epilogue(acc, one, one, None, torch.bfloat16, "cuda:simple") == ("on the device", ())
+
+
+def test_one_rule_chooses_a_kernel():
+    """choose(): the first kernel that does not decline and whose verdict passes; a verdict is asked only of a
+    kernel that does not decline; failures are announced only with a device label."""
+    from mmaemu.cuda.catalog import GateResult
+    from mmaemu.cuda.dispatch.gating import choose
+
+    kernels = backends.gemm_kernels()
+    asked = []
+
+    def verdict(kernel):
+        asked.append(kernel.name)
+        return GateResult("selftest", kernel.name == "simple", f"{kernel.name} failed", {}, 0.0, False)
+
+    def decline(kernel):
+        return "not mine" if kernel.name == "native" else None
+
+    choice = choose(kernels, decline, verdict, device_label="cuda:0 (X)")
+    assert choice.kernel.name == "simple" and asked == ["offset", "simple"]
+    assert choice.passed_over == ("cuda:native: not mine", "cuda:offset: offset failed")
+    assert [n.message for n in choice.notices] == ["mmaemu on cuda:0 (X): cuda:offset: offset failed; cuda:simple "
+                                                   "computes instead"]
+    quiet = choose(kernels[:2], decline, verdict)
+    assert quiet.kernel is None and quiet.notices == () and len(quiet.passed_over) == 2
 
 
 def test_kernel_metadata_for_the_cli():
@@ -396,7 +447,7 @@ def test_kernel_metadata_for_the_cli():
 
 
 def test_selftest_cases_cover_the_contract():
-    from mmaemu.cuda import selftest
+    from mmaemu.cuda.verdicts import selftest
 
     cases = selftest.GEMM_CASES
     assert {c.preset for c in cases} == {"hopper", "ada", "b200_mma_sync"}
@@ -413,62 +464,88 @@ def test_selftest_cases_cover_the_contract():
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# scripts/gpu_check.py on a CPU-only machine
+# The device checks (tests/test_gpu_kernels.py, run by scripts/gpu_check.py on a GPU) on a machine without one
 
 
-@pytest.mark.slow
-@pytest.mark.sim
 @pytest.mark.subprocess
-def test_gpu_check_dry_run_on_the_simulator(tmp_path):
-    """scripts/gpu_check.py --dry-run on a machine without a GPU: the device stages are skipped, saying why, and
-    the code of the timing and cuda:native stages runs on numba's CUDA simulator with tiny shapes - every timed case
-    of the offset kernel checked against the CPU path, TMAC/s and the fraction of the instruction-issue bound
-    computed; both native instructions (with their CPU twins) through the probe and an 8 x 8 x 160 GEMM, fast and
-    slow, every output checked."""
-    from subprocess_workers import sass_required
-
-    out = tmp_path / "report"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
-    env.pop("OUT", None)
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--out", str(out),
-                          "--budget", "240"], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=400)
+def test_the_device_checks_are_collected_under_the_cuda_marker():
+    """``pytest -m cuda`` (what scripts/gpu_check.py runs) imports and collects every device check here too."""
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+               "tests/test_gpu_kernels.py", "tests/test_cuda_device.py"]
+    run = subprocess.run(command, capture_output=True, text=True, cwd=str(ROOT),
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    report = json.loads((out / "gpu_check.json").read_text())
-    stages = {s["name"]: s for s in report["stages"]}
-    assert list(stages) == ["environment", "cpu_reference", "native_probe", "selftest", "native_timing", "compare",
-                            "timing"]
-    assert stages["environment"]["status"] == "ok" and stages["cpu_reference"]["status"] == "ok"
-    for name in ("selftest", "compare"):
-        assert stages[name]["status"] == "skipped" and stages[name]["error"].startswith("no usable CUDA device")
-    # The offset kernel's timing stage.
-    timing = stages["timing"]
-    assert timing["status"] == "ok", timing
-    result = timing["result"]
-    assert result["dry_run"] and result["issue_rate"] == pytest.approx(132 * 128 * 1.98e9)
-    cases = result["cases"]
-    assert [(c["kernel"], c["case"]) for c in cases] == [("cuda:offset", label) for label in (
-        "hopper fast", "hopper slow", "hopper 4-way split", "ada fast", "hopper e4m3 x e5m2 fast")]
-    assert all(c["mismatches"] == 0 and c["checked_rows"] == c["shape"][0] and c["tmac_per_s"] > 0 for c in cases)
-    counted = result["sass_per_product"] is not None
-    if counted or sass_required():
-        assert counted, result["sass_source"]
-        for c in cases:
-            key = c["case"].split()[0] + ("/add-max" if "e5m2" in c["case"] else "")  # the add-max kernel's count
-            bound = result["issue_rate"] / result["sass_per_product"][key] / 1e12
-            assert c["bound_tmac_per_s"] == pytest.approx(bound, rel=1e-3)
-            assert c["fraction_of_bound"] == pytest.approx(c["tmac_per_s"] / bound, rel=1e-2)
-    # cuda:native's stages: its probe (two tiles) and timing for both instructions.
-    assert stages["native_probe"]["status"] == stages["native_timing"]["status"] == "ok"
-    probe_result = stages["native_probe"]["result"]
-    assert {k for k in probe_result if k != "failed"} == {"wgmma", "mma_sync"}
-    assert all(probe_result[i]["passed"] and probe_result[i]["tiles"] == 2 for i in ("wgmma", "mma_sync"))
-    shapes = stages["native_timing"]["result"]["shapes"]
-    assert [(e["instruction"], e["preset"]) for e in shapes] == [("wgmma", "hopper"), ("mma_sync", "ada")]
-    assert all(e[mode]["mismatches"] == 0 and e[mode]["checked_rows"] == 8 for e in shapes for mode in ("fast", "slow"))
-    markdown = (out / "gpu_check.md").read_text()
-    assert "| selftest | skipped |" in markdown and "dry run on the simulator" in markdown
-    assert "| [8, 8, 160] | mma_sync ada slow |" in markdown
-    assert "[gpu_check" in run.stdout and "stage timing" in run.stdout and "stage native_probe" in run.stdout
+    ids = {line.split("[")[0] for line in run.stdout.splitlines() if "::" in line}
+    assert {f"tests/test_gpu_kernels.py::{name}" for name in (
+        "test_every_kernel_passes_its_selftest", "test_native_instruction_probe_computes_the_presets_block",
+        "test_kernel_matches_the_cpu_reference_on_larger_gemms",
+        "test_scaled_mm_through_each_kernel_matches_the_cpu_backend")} <= ids
+    assert any(i.startswith("tests/test_cuda_device.py::") for i in ids)
+
+
+def test_the_device_checks_cases_run_against_the_cpu_reference():
+    """The larger GEMMs of the device checks, shrunk, through the self-test harness with the CPU fast path as the
+    'device': their operands, schedules and reference are sound, and a wrong result is caught."""
+    import numpy as np
+
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.cuda.verdicts import selftest
+    from test_gpu_kernels import COMPARE_CASES
+
+    def compute(case, a, b):
+        return accumulate_codes(a, b, case.fmt_a, case.fmt_b, get_preset(case.preset, warn=False), case.fast,
+                                case.splits, case.scheme)
+
+    cases = [case.shrunk() for case in COMPARE_CASES]
+    passed, details = selftest.run_gemm_cases(compute, cases)
+    assert passed and [d["case"] for d in details] == [c.label for c in COMPARE_CASES]
+    wrong, _ = selftest.run_gemm_cases(lambda case, a, b: np.nextafter(compute(case, a, b), np.float32(np.inf)),
+                                       cases[:1])
+    assert not wrong
+
+
+def test_gpu_check_reads_the_device_checks_report(tmp_path):
+    """scripts/gpu_check.py's summary of the device checks (pytest's JUnit XML): counts and the failures' ids."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    xml = tmp_path / "pytest.xml"
+    xml.write_text('<testsuites><testsuite><testcase classname="tests.test_gpu_kernels" name="test_a"/>'
+                   '<testcase classname="tests.test_gpu_kernels" name="test_b[simple]"><failure message="3 differ"/>'
+                   '</testcase><testcase classname="t" name="c"><skipped message="no GPU"/></testcase>'
+                   '<testcase classname="t" name="d"><error message="fixture"/></testcase></testsuite></testsuites>')
+    assert gpu_check._junit_counts(xml) == {
+        "counts": {"passed": 1, "failed": 1, "errors": 1, "skipped": 1},
+        "failures": [("tests.test_gpu_kernels::test_b[simple]", "3 differ"), ("t::d", "fixture")]}
+    assert gpu_check._junit_counts(tmp_path / "missing.xml") == {"counts": None, "failures": []}
+    assert {"tests/test_gpu_kernels.py", "tests/test_cuda_device.py"} <= set(gpu_check.cuda_test_files())
+
+
+def test_bench_cuda_without_a_device_skips_saying_why_and_renders_its_tables(tmp_path):
+    """scripts/bench.py --cuda (the speed part of gpu_check) on a machine without a GPU: both sections skipped with
+    the reason; the tables of a device run render (their figures come from the run, not from here)."""
+    import importlib.util
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    spec = importlib.util.spec_from_file_location("bench_cuda", ROOT / "scripts" / "bench_cuda.py")
+    bench_cuda = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_cuda)
+    path = tmp_path / "bench_cuda.json"
+    assert bench_cuda.main(["--json", str(path), "--budget", "60"]) == 0
+    report = json.loads(path.read_text())
+    assert [(s["name"], s["status"]) for s in report["sections"]] == [("offset", "skipped"), ("native", "skipped")]
+    assert all(s["error"].startswith("no usable CUDA device") for s in report["sections"])
+    case = {"kernel": "cuda:offset", "case": "hopper fast", "shape": [2048, 5760, 1920], "best_s": 0.01,
+            "tmac_per_s": 2.265, "checked_rows": 32, "mismatches": 0, "first": [], "sass_per_product": 3.16,
+            "bound_tmac_per_s": 10.58, "fraction_of_bound": 0.2141}
+    report["sections"] = [{"name": "offset", "status": "ok", "seconds": 1.0, "error": None, "result": {
+        "dry_run": False, "issue_rate": 3.345e13, "issue_rate_source": "132 SMs", "sass_per_product": {"hopper": 3.16},
+        "sass_source": "--sass-per-product", "cases": [case], "native": {}, "agreement": {}}}]
+    text = bench_cuda.markdown(report)
+    assert "| cuda:offset | hopper fast | [2048, 5760, 1920] | 0.01 | 2.265 | 3.16 | 10.58 | 21% | 0 (32) |" in text
 
 
 def test_damaged_or_unprotected_verdicts_are_ignored_and_the_selftest_runs_again(fake_device, tmp_path,

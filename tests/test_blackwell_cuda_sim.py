@@ -40,7 +40,8 @@ def _worker():
     from instruction_cases import instruction_cases
 
     from mmaemu.cpu import accumulate_codes
-    from mmaemu.cuda import engine, schedule_skip
+    from mmaemu.cuda import schedule_skip
+    from mmaemu.cuda.dispatch import engine
 
     runs = []
     for index, preset in enumerate(_designs()):

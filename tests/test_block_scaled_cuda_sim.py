@@ -27,7 +27,7 @@ def _worker():
     from test_mmasim_block_scale import make_cases
 
     from mmaemu.cpu.block_scaled import accumulate_block_scaled
-    from mmaemu.cuda.block_scaled import accumulate_block_scaled_numpy
+    from mmaemu.cuda.block_scaled.kernel import accumulate_block_scaled_numpy
     from mmaemu.model.presets import get_preset
 
     runs = []

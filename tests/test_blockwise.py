@@ -1,4 +1,4 @@
-"""Block-wise FP8 (mmaemu.arith.scaled, mmaemu.cpu.chunked, mmaemu.cuda.blockwise, mmaemu.deepgemm) against the
+"""Block-wise FP8 (mmaemu.arith.scaled, mmaemu.cpu.chunked, mmaemu.cuda.blockwise.kernel, mmaemu.deepgemm) against the
 independent oracle (tests/oracle.py, section g: plain integers) and MMA-Sim's Hopper WGMMA k32 chains.
 
 * the round-to-nearest fp32 FMA against the oracle's integer FMA and against Fractions, on random and adversarial
@@ -394,6 +394,13 @@ def test_assertions_are_clear_errors():
         dg.fp8_gemm_nt(a1, b1, torch.zeros(16, 256), c=torch.zeros(16, 256), recipe=(1, 1, 128))
     with pytest.raises(BackendUnavailableError, match="offset kernel"):
         dg.fp8_gemm_nt(a, b, d, backend="cuda:offset")
+    for backend, text in (("cuda", r"only cuda:simple computes block-wise kernels \('cuda' is not one of them\)"),
+                          ("cuda:native", "gated for cuBLASLt's chains only")):
+        with pytest.raises(BackendUnavailableError, match=text):
+            dg.fp8_gemm_nt(a, b, d, backend=backend)
+    from mmaemu.cuda.blockwise.kernel import chunked_decline
+
+    assert chunked_decline("cuda:simple") is None  # the one backend the block-wise kernels' rule accepts
 
 
 def test_a_flushing_thread_is_refused():
@@ -562,7 +569,7 @@ def _sim_worker():
 
     assert config.ENABLE_CUDASIM
     from mmaemu.cpu.chunked import accumulate_chunked_codes
-    from mmaemu.cuda.blockwise import accumulate_chunked_numpy
+    from mmaemu.cuda.blockwise.kernel import accumulate_chunked_numpy
     from mmaemu.model.chunked import CHUNKED_KERNELS
 
     rng = np.random.default_rng(16)
@@ -587,7 +594,7 @@ def _ptx_worker():
     from numba import types
 
     from mmaemu.arith.params import preset_params
-    from mmaemu.cuda.blockwise import gemm_chunked_simple
+    from mmaemu.cuda.blockwise.kernel import gemm_chunked_simple
     from mmaemu.model.presets import HOPPER
     from subprocess_workers import offline_ptx
 

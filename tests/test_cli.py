@@ -403,7 +403,7 @@ def test_demo_returns_plain_data(quick_demo):
 
 def test_demo_reference_is_ieee_accumulation():
     """The reference of the demo: exact products summed in float64, one rounding to fp32, mmaemu's epilogue."""
-    from mmaemu import demo
+    from mmaemu.cli import demo_run as demo
 
     g = torch.Generator().manual_seed(3)
     a, sa, _ = demo._quantise_e4m3(torch.randn(4, 32, generator=g))

@@ -9,11 +9,11 @@
   multiply-add other than the round-toward-zero ones the offset kernels ask for (``fma.rz``: present there, and no
   float64 emulation of them) and the power sums' ``fma.rn.bf16x2`` (only in ``offset_powers``), no flush-to-zero and
   no approximate instruction. The worker compiles through
-  :func:`mmaemu.cuda.offline.compile_ptx` (a fake current device of the target capability - in this test's
+  :func:`tools.ptx_offline.compile_ptx` (a fake current device of the target capability - in this test's
   subprocess only); it needs libNVVM (a CUDA toolkit) and, with numba-cuda, NVRTC.
 * SASS gate: ``ptxas -v`` assembles every kernel for each target (no kernel may spill) and ``nvdisasm -c``
   disassembles the offset kernels, whose block loops must stay within :data:`BUDGETS` (hopper; :data:`ADA_BUDGETS`
-  ada) SASS instructions per product (:func:`mmaemu.cuda.sass.block_loop_cost`). A mutated loop and a mutated budget
+  ada) SASS instructions per product (:func:`tools.sass.block_loop_cost`). A mutated loop and a mutated budget
   must fail the gate. Without ptxas or nvdisasm these tests skip and say which tool is missing; with
   ``MMAEMU_TEST_REQUIRE_SASS=1`` (set by ``.ci/run``) they fail instead.
 
@@ -74,7 +74,7 @@ def _offset_case(case):
 def _gemm_cases():
     """(case, kernel) pairs of the simulator run: every self-test case shrunk on the reference kernel, those of
     OFFSET_CASES on the offset kernel."""
-    from mmaemu.cuda import selftest
+    from mmaemu.cuda.verdicts import selftest
 
     shrunk = [c.shrunk() for c in selftest.GEMM_CASES]
     return [(c, "simple") for c in shrunk] + [(_offset_case(c), "offset") for c in shrunk if c.label in OFFSET_CASES]
@@ -84,7 +84,9 @@ def _run_gemm(kernel, case, report):
     import numpy as np
 
     from mmaemu.cpu import accumulate_codes
-    from mmaemu.cuda import engine, launch, schedule_skip, selftest
+    from mmaemu.cuda import schedule_skip
+    from mmaemu.cuda.dispatch import engine, launch
+    from mmaemu.cuda.verdicts import selftest
     from mmaemu.model.presets import get_preset
 
     preset = get_preset(case.preset, warn=False)
@@ -113,7 +115,9 @@ def _panels(report):
     split-K, so that the slot array is cut into panels too; E4M3 x E4M3, so that the power sums' paired rows meet
     odd row counts and panel starts."""
     from mmaemu.cpu import accumulate_codes
-    from mmaemu.cuda import engine, launch, offset_kernel, selftest
+    from mmaemu.cuda.dispatch import engine, launch
+    from mmaemu.cuda.offset import kernel as offset_kernel
+    from mmaemu.cuda.verdicts import selftest
     from mmaemu.model.presets import get_preset
 
     limits = (launch.MAX_GRID_Y, launch.PANEL_BYTES)
@@ -142,7 +146,7 @@ def _launch_errors():
     and a preset the offset kernel declines."""
     import numpy as np
 
-    from mmaemu.cuda import launch
+    from mmaemu.cuda.dispatch import launch
 
     attempts = {
         "unknown": lambda z: launch.launch_gemm("nope", z, z, z, z, (64, 1, 0, 0, 0, 0), (32,) + (0,) * 6,
@@ -167,7 +171,10 @@ def _sim_worker():
     from numba.core import config
 
     assert config.ENABLE_CUDASIM, "the simulator worker needs NUMBA_ENABLE_CUDASIM=1"
-    from mmaemu.cuda import engine, offset_kernel, selftest, shim
+    from mmaemu.cuda import shim
+    from mmaemu.cuda.dispatch import engine
+    from mmaemu.cuda.offset import kernel as offset_kernel
+    from mmaemu.cuda.verdicts import selftest
 
     report = {"gemm": [], "skipped": [], "implementation": shim.cuda_implementation(),
               "offset_block": [offset_kernel.BLOCK_M, offset_kernel.BLOCK_N]}
@@ -200,7 +207,8 @@ def _ptx_entry(ptx, sm):
 
 def _sass_entry(kernel, ptx, sm):
     """ptxas's resources of one kernel and, for the offset kernels, their block loop's cost per preset and SASS."""
-    from mmaemu.cuda import offset_kernel, sass
+    from mmaemu.cuda.offset import kernel as offset_kernel
+    from tools import sass
 
     assembly = sass.assemble(ptx, sm, getattr(kernel, "targetoptions", {}).get("max_registers"))
     entry = {"registers": assembly.registers, "spills": assembly.spills, "stack": assembly.stack_bytes}
@@ -221,7 +229,8 @@ def _ptx_worker():
         print(json.dumps(report))
         return
 
-    from mmaemu.cuda import launch, shim
+    from mmaemu.cuda import shim
+    from mmaemu.cuda.dispatch import launch
 
     report["implementation"] = shim.cuda_implementation()
     report["sass_skipped"] = sass_tools_missing()
@@ -371,7 +380,7 @@ def test_offset_block_loop_within_budget_and_no_spills(workers):
 
 def _with_longer_product_loop(text, extra):
     """The SASS with ``extra`` more FFMA lines inside the product loop (copies of its first one)."""
-    from mmaemu.cuda import sass
+    from tools import sass
 
     product = sass.block_loop_nest(text)[3]
     lines = text.splitlines()
@@ -385,8 +394,8 @@ def _with_longer_product_loop(text, extra):
 def test_gate_fails_a_longer_loop_and_a_lower_budget(workers):
     """The gate is not vacuous: a product loop made longer until the count passes the budget, a budget just below
     the measured count, or a spill fails it; the lengthened SASS is weighed as the loop trips say."""
-    from mmaemu.cuda import offset_kernel
-    from mmaemu.cuda import sass as sass_module
+    from mmaemu.cuda.offset import kernel as offset_kernel
+    from tools import sass as sass_module
 
     entry = _sass_report(workers)["sm_90"]["offset_powers"]
     measured, budget = entry["per_product"]["hopper"], BUDGETS["offset_powers"]["sm_90"]

@@ -114,7 +114,23 @@ def test_the_graph_sees_deferred_and_relative_imports():
     graph = import_graph(module_files())
     # backends reaches the CUDA package only inside functions; the kernels import the launch-free shim.
     assert "mmaemu.cuda" in graph["mmaemu.backends"]
-    assert "mmaemu.cuda.shim" in graph["mmaemu.cuda.kernels"]
+    assert "mmaemu.cuda.shim" in graph["mmaemu.cuda.simple.kernels"]
+
+
+def test_the_cuda_package_layers_by_kind():
+    """mmaemu.cuda's kernels (native, offset, simple, blockwise, block_scaled) import neither the dispatch nor the verdicts; its
+    metadata, device facts and shim import no kernel; offline PTX/SASS tooling is not in the package."""
+    graph = import_graph(module_files())
+    kernels = {m for m in graph if m.split(".")[2:3] in (["native"], ["offset"], ["simple"], ["blockwise"],
+                                                         ["block_scaled"])}
+    assert {"mmaemu.cuda.native.kernel", "mmaemu.cuda.offset.kernel", "mmaemu.cuda.simple.kernels",
+            "mmaemu.cuda.blockwise.kernel", "mmaemu.cuda.block_scaled.kernel"} <= kernels
+    upward = {m: sorted(t for t in graph[m] if t.startswith(("mmaemu.cuda.dispatch", "mmaemu.cuda.verdicts")))
+              for m in kernels}
+    assert not {m: t for m, t in upward.items() if t}, upward
+    for base in ("mmaemu.cuda.catalog", "mmaemu.cuda.device", "mmaemu.cuda.shim"):
+        assert not {t for t in graph[base] if t.startswith("mmaemu.cuda.") and t != "mmaemu.cuda.shim"}, base
+    assert not [m for m in graph if m.endswith((".offline", ".sass"))]
 
 
 @pytest.mark.subprocess

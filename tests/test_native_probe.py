@@ -1,5 +1,5 @@
 """The native kernel's gate without a GPU: the probe's tiles, its CPU side, its power to reject, and the layout
-and schedule arithmetic of mmaemu.cuda.wgmma / mma_sync / native_kernel; for both instructions (the warpgroup MMA
+and schedule arithmetic of mmaemu.cuda.native.wgmma / mma_sync / native_kernel; for both instructions (the warpgroup MMA
 with the hopper block, mma.sync with the ada block).
 
 * The instruction model equals the hardware: the Khattak-Mikaitis H100 wgmma and Ada mma.sync recordings.
@@ -25,8 +25,9 @@ import oracle
 from mmaemu import formats
 from mmaemu.errors import ExperimentalPresetWarning
 from mmaemu.arith.params import preset_params, schedule_params
-from mmaemu.cuda import mma_sync, native_kernel, probe, wgmma
-from mmaemu.cuda.instruction_model import FORMAT_PAIRS, instruction_outputs
+from mmaemu.cuda.native import mma_sync, kernel as native_kernel, wgmma
+from mmaemu.cuda.verdicts import probe
+from mmaemu.cuda.native.instruction_model import FORMAT_PAIRS, instruction_outputs
 from mmaemu.model import Preset, dot
 from mmaemu.model.presets import ADA, B200_MMA_SYNC, HOPPER
 from vectors import km_cases
@@ -279,7 +280,7 @@ def test_native_declines_every_block_but_the_instructions():
 
 
 def test_device_requirements_of_the_native_kernel():
-    from mmaemu.cuda import gating as cuda_backend
+    from mmaemu.cuda.dispatch import gating as cuda_backend
     from mmaemu.cuda.device import DeviceInfo
 
     def info(capability, compiler):

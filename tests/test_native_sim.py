@@ -3,15 +3,15 @@ their SASS for sm_90a (warpgroup MMA) and sm_89 (mma.sync).
 
 * Simulator (``NUMBA_ENABLE_CUDASIM=1``, a subprocess): the native GEMM kernel on the shrunk hopper self-test cases
   (the warpgroup MMA) and the shrunk ada ones (mma.sync): fast, slow, every split scheme, every format pair,
-  NaN/Inf, and cases over several thread blocks with ragged M, N, K, through mmaemu.cuda.engine (padding, stage
+  NaN/Inf, and cases over several thread blocks with ragged M, N, K, through mmaemu.cuda.dispatch.engine (padding, stage
   plan, split combination, NaN/Inf override), bit for bit against the CPU reference; the instruction probe end to
   end for both instructions; the probe catching a kernel whose instruction reads the staged operands with the
   wrong layout (core matrices half as far apart in K as staged).
 * SASS (a second subprocess): every native kernel compiles to PTX (with numba's built-in target too: sm_90a code is
-  compiled for sm_90 and the ``.target`` renamed, :func:`mmaemu.cuda.offline.compile_ptx`), ptxas assembles it for
+  compiled for sm_90 and the ``.target`` renamed, :func:`tools.ptx_offline.compile_ptx`), ptxas assembles it for
   its target without spills, and ``nvdisasm -c`` shows the format pair's tensor-core instruction (``QGMMA`` on
   sm_90a, ``QMMA.16832`` on sm_89), as many as the kernel issues, and no other floating-point instruction
-  (:func:`native_sass_problems`, on the instructions :mod:`mmaemu.cuda.sass` reads; the allowances: ptxas's empty
+  (:func:`native_sass_problems`, on the instructions :mod:`tools.sass` reads; the allowances: ptxas's empty
   ``HGMMA`` closing a wgmma group, and the slow kernels' 64 ``FADD`` that add each chain into the split's
   partial). The same mma.sync compiled for sm_90 is
   shown not to be native there. With numba-cuda, its direct sm_90a compilation gives the same SASS as the
@@ -43,8 +43,8 @@ PROBE_FAMILIES = ("chained", "chained from an accumulator", "NaN/Inf")
 
 
 def instructions(listing):
-    """[(opcode with modifiers, operands)] of a SASS listing (``nvdisasm -c``), as :mod:`mmaemu.cuda.sass` reads it."""
-    from mmaemu.cuda import sass
+    """[(opcode with modifiers, operands)] of a SASS listing (``nvdisasm -c``), as :mod:`tools.sass` reads it."""
+    from tools import sass
 
     return [(i.opcode, i.operands) for i in sass.instructions(listing)[0]]
 
@@ -53,7 +53,7 @@ def native_sass_problems(name, sass):
     """What is wrong with the SASS of native kernel ``name`` (``<instruction>_<fast|slow|probe>_<fmt_a>_<fmt_b>``):
     the expected tensor-core instruction, as many as the kernel issues, and no other floating-point instruction
     (slow kernels: exactly the 64 FADD of the chain sum; wgmma: the empty HGMMA). [] if nothing."""
-    from mmaemu.cuda import native_kernel
+    from mmaemu.cuda.native import kernel as native_kernel
 
     instruction, kind, fmt_a, fmt_b = re.fullmatch(r"(\w+?)_(fast|slow|probe)_(e\dm\d)_(e\dm\d)", name).groups()
     form = native_kernel.INSTRUCTIONS[instruction].SASS_MMA.format(a=fmt_a.upper(), b=fmt_b.upper())
@@ -87,7 +87,9 @@ def _sim_worker():
     import numpy as np
 
     from mmaemu.cpu import accumulate_codes
-    from mmaemu.cuda import engine, launch, native_kernel, probe, selftest
+    from mmaemu.cuda.dispatch import engine, launch
+    from mmaemu.cuda.native import kernel as native_kernel
+    from mmaemu.cuda.verdicts import probe, selftest
     from mmaemu.model.presets import get_preset
 
     report = {"gemm": [], "probe": {}, "mutated_probe": {}, "declined": None}
@@ -155,8 +157,8 @@ def _sim_worker():
 
 
 def _assemble(ptx, sm):
-    """What the SASS check reads of one PTX module assembled for ``sm`` (:func:`mmaemu.cuda.sass.assemble`)."""
-    from mmaemu.cuda import sass
+    """What the SASS check reads of one PTX module assembled for ``sm`` (:func:`tools.sass.assemble`)."""
+    from tools import sass
 
     try:
         assembly = sass.assemble(ptx, sm)
@@ -168,7 +170,10 @@ def _assemble(ptx, sm):
 
 def _sass_worker():
     report = {"skipped": None, "kernels": {}, "mma_sync_on_sm90": None, "numba_cuda_same_sass": None}
-    from mmaemu.cuda import launch, native_kernel, offline, shim
+    from mmaemu.cuda import shim
+    from mmaemu.cuda.dispatch import launch
+    from mmaemu.cuda.native import kernel as native_kernel
+    from tools import ptx_offline as offline
 
     report["skipped"] = sass_tools_missing()
     if report["skipped"]:
@@ -257,7 +262,7 @@ def test_sass_holds_the_native_mma_and_no_other_float_instruction(workers):
 
 
 def test_the_sass_check_rejects_what_it_must(workers):
-    from mmaemu.cuda import sass
+    from tools import sass
 
     kernels = _sass_report(workers)["kernels"]
     for name in ("wgmma_fast_e5m2_e4m3", "mma_sync_slow_e4m3_e5m2", "mma_sync_probe_e5m2_e5m2"):

@@ -405,7 +405,7 @@ def test_tensorwise_calls_are_unchanged_in_scope():
 _SIM_WORKER = r"""
 import numpy as np
 from mmaemu.cpu import accumulate_codes, rowwise_epilogue_codes
-from mmaemu.cuda import engine
+from mmaemu.cuda.dispatch import engine
 from mmaemu.model.presets import HOPPER
 import test_rowwise as t
 

@@ -9,7 +9,7 @@
 
 Each is an exact function of its arguments. CPUs and numba's CUDA simulator run the twins here
 (:func:`fma_bf16x2_exact`, :func:`low_halves_exact`, :func:`high_halves_exact`); CUDA kernels get the PTX,
-registered as ``target="cuda"`` overloads by :mod:`mmaemu.cuda.ptx`. ``tests/test_offset.py`` checks the twins
+registered as ``target="cuda"`` overloads by :mod:`mmaemu.cuda.offset.ptx`. ``tests/test_offset.py`` checks the twins
 against exact rationals (ties, the overflow threshold, subnormals, signed zeros).
 
 The bf16 twin: a bf16 value is the fp32 with the same top 16 bits, so ``p = a * b`` is exact in float64 (8 + 8

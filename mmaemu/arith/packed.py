@@ -14,10 +14,10 @@
 
 Each is an exact function of its integer arguments. CPUs and numba's CUDA simulator run the plain integer twins
 here (:func:`dp4a_exact`, :func:`max_u16x2_exact`, :func:`add_u16x2_exact`); CUDA kernels get one PTX instruction
-each, registered as ``target="cuda"`` overloads by :mod:`mmaemu.cuda.ptx` (inline PTX: libdevice has none of
+each, registered as ``target="cuda"`` overloads by :mod:`mmaemu.cuda.offset.ptx` (inline PTX: libdevice has none of
 them). ``tests/test_offset.py`` checks the twins against Python integers.
 
-Below sm_90 PTX has neither ``max.u16x2`` nor ``add.u16x2``; :mod:`mmaemu.cuda.ptx` then emits
+Below sm_90 PTX has neither ``max.u16x2`` nor ``add.u16x2``; :mod:`mmaemu.cuda.offset.ptx` then emits
 
 * ``max.f16x2``, which equals :func:`max_u16x2_exact` whenever both halves of both words are bit patterns of
   positive normal fp16 numbers (0x0400 to 0x7BFF: positive finite fp16 numbers are ordered as their patterns, and
@@ -114,7 +114,7 @@ _CALLERS = {1: lambda f: lambda a: f(a), 2: lambda f: lambda a, b: f(a, b), 3: l
 def overload_on_words(function, implementation, target):
     """Register ``implementation`` (a jitted function or an intrinsic with ``function``'s arguments) as
     ``function`` for integer arguments on a numba target: ``"generic"`` (CPU loops and the simulator run the exact
-    twins) or ``"cuda"`` (kernels run the instruction, :mod:`mmaemu.cuda.ptx`)."""
+    twins) or ``"cuda"`` (kernels run the instruction, :mod:`mmaemu.cuda.offset.ptx`)."""
     call = _CALLERS[function.__code__.co_argcount](implementation)
 
     @overload(function, target=target, strict=False)

@@ -10,7 +10,7 @@ fp32 accumulator that starts at +0, in k order, by one combine step:
   multiply-add rounded once to nearest (DeepGEMM's ``final += (sa * sb) * partial``, contracted to FFMA by nvcc).
 
 :func:`fma_nearest` is IEEE 754 ``fusedMultiplyAdd`` rounded to nearest, ties to even: on CUDA devices the
-hardware ``fma.rn.f32`` (registered by :mod:`mmaemu.cuda.blockwise`), elsewhere :func:`fma_nearest_exact`, an
+hardware ``fma.rn.f32`` (registered by :mod:`mmaemu.cuda.blockwise.kernel`), elsewhere :func:`fma_nearest_exact`, an
 exact float64 emulation (``tests/test_blockwise.py`` checks it against rationals). Both are correctly rounded, so
 their bits are fixed by the standard.
 """

@@ -1,4 +1,4 @@
-"""``mmaemu demo``: the results of :func:`mmaemu.demo.run_demo` (an FP8 GEMM of the Evo 2 1B projection shape
+"""``mmaemu demo``: the results of :func:`mmaemu.cli.demo_run.run_demo` (an FP8 GEMM of the Evo 2 1B projection shape
 under hopper and ada, or the profiles named with ``--profile``, compared with IEEE accumulation) as text or JSON."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ _READING = [
 
 
 def format_demo(result: dict) -> str:
-    """The text form of a :func:`~mmaemu.demo.run_demo` result."""
+    """The text form of a :func:`~mmaemu.cli.demo_run.run_demo` result."""
     n_out = result["outputs"]
     width = max(len(name) for name in result["profiles"])
     lines = _intro(result) + [_profile_line(name, r, width, n_out) for name, r in result["profiles"].items()]
@@ -78,7 +78,7 @@ def format_demo(result: dict) -> str:
 def demo(quick, profiles, json_path):
     """An FP8 GEMM of the Evo 2 1B projection shape under hopper and ada (or the --profile names), compared with
     IEEE accumulation."""
-    from ..demo import run_demo
+    from .demo_run import run_demo
     from ..platform import get_profile
 
     for name in profiles:

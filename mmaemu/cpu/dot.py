@@ -1,7 +1,7 @@
 """CPU loop of the instruction-level model: one chain per row from a given fp32 accumulator c.
 
 :func:`dot_codes` is the model from FP8 codes and fp32 accumulators (``mmaemu.model.dot`` for finite inputs, and
-the expected side of ``cuda:native``'s instruction twins and probe, :mod:`mmaemu.cuda.instruction_model`);
+the expected side of ``cuda:native``'s instruction twins and probe, :mod:`mmaemu.cuda.native.instruction_model`);
 :func:`dot_chains` its loop over decoded operands.
 """
 

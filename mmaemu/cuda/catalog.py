@@ -32,7 +32,7 @@ KERNELS: Dict[str, KernelInfo] = {
     for k in (
         KernelInfo("native", "gemm", 60, "the GPU's own FP8 tensor-core instruction computes every block (sm_90: the "
                    "warpgroup MMA, hopper preset, with numba-cuda; sm_89: mma.sync m16n8k32, ada preset; inline PTX), "
-                   "mmaemu walks the chains, slow restarts and split-K (mmaemu.cuda.native_kernel); used after the "
+                   "mmaemu walks the chains, slow restarts and split-K (mmaemu.cuda.native.kernel); used after the "
                    "instruction probe and the self-test pass on the device", gated=True, min_cc=(8, 9)),
         KernelInfo("offset", "gemm", 50, "128x64 outputs per thread block, an 8x4 register tile per thread; FP8 codes "
                    "packed once into k-major panels (value, exponent, lowest-bit and sign bytes), staged 32 k at a "
@@ -80,16 +80,18 @@ class BackendStatus:
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
-    """The engine chosen for a call, and why the faster ones before it were not used."""
+    """The engine chosen for a call, why the faster ones before it were not used, and the warnings of the choice
+    (:class:`mmaemu.warn.Notice`, reported by :func:`mmaemu.backends.select`; not part of the comparison)."""
 
     name: str
     fallbacks: List[str]
+    notices: Tuple = dataclasses.field(default=(), compare=False, repr=False)
 
 
 # cuda:native: the FP8 MMA instruction each compute capability runs natively, the preset whose block it computes
 # (the instruction probe checks that on each device) and the target it is compiled for (an architecture-specific
 # one, sm_90a, needs numba-cuda). Nowhere else: FP8 mma.sync on sm_90/sm_100 is rewritten by ptxas with fp16 MMAs
-# (other numerics), and no recording says what sm_120's computes. The instructions: mmaemu.cuda.wgmma, .mma_sync.
+# (other numerics), and no recording says what sm_120's computes. The instructions: mmaemu.cuda.native.wgmma, .mma_sync.
 NATIVE_INSTRUCTIONS = {(9, 0): ("wgmma", "hopper", "sm_90a"), (8, 9): ("mma_sync", "ada", "sm_89")}
 
 # Kernels that take the FP8 codes and decode them themselves, and decline schedules they do not walk.

@@ -132,14 +132,13 @@ def _final(a_codes, b_codes, scales_a, scales_b, kernel, backend):
 
         return accumulate_chunked_codes(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, kernel,
                                         reference=backend == "reference")
-    if backend == "cuda:simple":
-        from ..cuda.blockwise import accumulate_chunked_numpy
-
-        return accumulate_chunked_numpy(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, kernel)
     if isinstance(backend, str) and (backend == "cuda" or backend.startswith("cuda:")):
-        from ..cuda.blockwise import chunked_decline
+        from ..cuda.blockwise.kernel import accumulate_chunked_numpy, chunked_decline
 
-        raise BackendUnavailableError(f"backend {backend!r} cannot run {kernel.name}: {chunked_decline(backend)}; "
+        why = chunked_decline(backend)  # the block-wise kernels' decline rule: only cuda:simple computes them
+        if why is None:
+            return accumulate_chunked_numpy(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, kernel)
+        raise BackendUnavailableError(f"backend {backend!r} cannot run {kernel.name}: {why}; "
                                       "use backend='cuda:simple', 'cpu' or 'auto'")
     raise ValueError(f"unknown backend {backend!r} for mmaemu.deepgemm; expected one of {BACKENDS}")
 

@@ -2,7 +2,7 @@
 
 A :class:`ChunkedKernel` is a record: the preset of its tensor-core chains, the chunk length, the combine rule
 (:mod:`mmaemu.arith.scaled`), the output step, the split policy and where its rules come from. The engines
-(:mod:`mmaemu.cpu.chunked`, :mod:`mmaemu.cuda.blockwise`) take the record and run the same arithmetic for every
+(:mod:`mmaemu.cpu.chunked`, :mod:`mmaemu.cuda.blockwise.kernel`) take the record and run the same arithmetic for every
 kernel; a new kernel of this family is one more entry of :data:`CHUNKED_KERNELS`.
 """
 

@@ -3,7 +3,7 @@ decision, compared bit for bit on every output.
 
 For every distinct (S, customOption, out, fast, format pair) among the recorded split rows at torch's workspace,
 and for one unsplit row of every (out, fast, format pair), the smallest such shape is run on random and on
-adversarial operands (the generators of the CUDA self-test, :func:`mmaemu.cuda.selftest.gemm_operands`). The
+adversarial operands (the generators of the CUDA self-test, :func:`mmaemu.cuda.verdicts.selftest.gemm_operands`). The
 GPU computes ``torch._scaled_mm``; mmaemu computes the same call with ``splitk=(S, scheme)`` for each scheme the
 preset can compute, so the replays also tell which reduction scheme a customOption selects on this GPU:
 
@@ -107,7 +107,7 @@ def replay_cases(cols: dict, workspaces: List[int], ws: int, max_macs: int) -> L
 
 def case_operands(case: ReplayCase, preset: str):
     """(a_codes [M, K], b_codes [N, K]) uint8 of a replay, from the self-test's generators."""
-    from ..cuda.selftest import GemmCase, gemm_operands
+    from ..cuda.verdicts.selftest import GemmCase, gemm_operands
 
     return gemm_operands(GemmCase(case.label(), preset, case.fa, case.fb, case.fast, 1, "none", case.M, case.N,
                                   case.K, case.data, case.seed))
@@ -117,7 +117,7 @@ def run_replays(cases: List[ReplayCase], preset: str, schemes_of: Callable[[int]
                 emulate: Callable, deadline: Optional[float] = None, progress=None) -> List[ReplayResult]:
     """Replay ``cases`` until done or ``deadline``; ``gpu_gemm(case, a, b, scale_a, scale_b)`` and
     ``emulate(case, a, b, scale_a, scale_b, splitk)`` return the output's bits as integer numpy arrays [M, N]."""
-    from ..cuda.selftest import compare_bits
+    from ..cuda.verdicts.selftest import compare_bits
 
     results = []
     for n, case in enumerate(cases):

@@ -12,14 +12,15 @@ import warnings
 import numpy as np
 from numba import cuda
 
-from ..arith import offset as _offset
-from . import offset_kernel, shim
-from .catalog import CODES_KERNELS, gemm_kernels
-from .kernels import (BLOCK, EPILOGUE_THREADS, MAX_GRID_Y, epilogue, gemm_simple, override_nonfinite,
-                      rowwise_epilogue)
-from .native_kernel import (CTA_M, CTA_N, COMBINE_THREADS, GROUP_THREADS, INSTRUCTIONS, THREADS, combine_partials,
-                            gemm_kernel, instruction_of, native_decline, pad_codes, padded_shape, stage_plan)
-from .probe_kernel import probe_kernel
+from ...arith import offset as _offset
+from .. import shim
+from ..offset import kernel as offset_kernel
+from ..catalog import CODES_KERNELS, gemm_kernels
+from ..simple.kernels import (BLOCK, EPILOGUE_THREADS, MAX_GRID_Y, epilogue, gemm_simple, override_nonfinite,
+                              rowwise_epilogue, simple_decline)
+from ..native.kernel import (CTA_M, CTA_N, COMBINE_THREADS, GROUP_THREADS, INSTRUCTIONS, THREADS, combine_partials,
+                             gemm_kernel, instruction_of, native_decline, pad_codes, padded_shape, stage_plan)
+from ..native.probe_kernel import probe_kernel
 
 # Packed operand panels of the offset kernel are kept below this size (rows of A or B per launch).
 PANEL_BYTES = 256 * 2**20
@@ -27,13 +28,16 @@ PACKED_BYTES = 8  # value (fp32), half an exponent word, a low byte and a sign b
 BF16X2_CAPABILITY = (8, 0)  # fma.rn.bf16x2, the power-sum exponent pass of the offset kernel
 
 
-def codes_kernel_decline(kernel, schedule, params):
-    """Why a codes kernel does not compute this schedule and preset (None if it does)."""
-    if kernel == "native":
-        return native_decline(schedule, params)
-    if kernel == "offset":
-        return offset_kernel.offset_decline(schedule, params)
-    raise ValueError(f"unknown codes kernel {kernel!r}; expected one of {CODES_KERNELS}")
+# Each GEMM kernel's decline rule, declared beside the kernel: (schedule, params) -> why it does not compute them
+# (None: it does). The dispatcher asks every kernel through kernel_decline, never by name.
+DECLINES = {"native": native_decline, "offset": offset_kernel.offset_decline, "simple": simple_decline}
+
+
+def kernel_decline(kernel, schedule, params):
+    """Why the GEMM kernel ``kernel`` does not compute this schedule and preset (None if it does): its own rule."""
+    if kernel not in DECLINES:
+        raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {sorted(DECLINES)}")
+    return DECLINES[kernel](schedule, params)
 
 
 def launch_codes(kernel, a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):
@@ -129,8 +133,8 @@ def signatures():
     import numba
     from numba import types
 
-    from ..arith.params import preset_params, schedule_params
-    from ..model.presets import HOPPER
+    from ...arith.params import preset_params, schedule_params
+    from ...model.presets import HOPPER
 
     a8, a16, f32 = types.int8[:, ::1], types.int16[:, ::1], types.float32[:, ::1]
     schedule = numba.typeof(schedule_params(HOPPER, 256, False, 2, "contiguous"))
@@ -280,9 +284,9 @@ def _check_native_device(instruction):
 def launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):
     """out [M, N] (fp32) = accumulators of A [M, K] and B [N, K] (uint8 FP8 codes, device arrays) with the native
     kernel, before the NaN/Inf rule; the instruction is the one whose block is the preset's
-    (:func:`~mmaemu.cuda.native_kernel.instruction_of`), and the current device must be the one it runs on.
+    (:func:`~mmaemu.cuda.native.kernel.instruction_of`), and the current device must be the one it runs on.
     ``alloc(shape, dtype)``: device work arrays (padded operands, stage plan, split partials; default numba's
-    allocator). RuntimeError if the kernel declines the call (:func:`~mmaemu.cuda.native_kernel.native_decline`).
+    allocator). RuntimeError if the kernel declines the call (:func:`~mmaemu.cuda.native.kernel.native_decline`).
     """
     why = native_decline(schedule, params)
     if why is not None:
@@ -315,9 +319,9 @@ def launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
 
 
 def launch_probe(tiles, instruction, stream=0, *, leading_bytes=None):
-    """fp32 [64, 128] results of every instruction-probe tile (:class:`mmaemu.cuda.probe.ProbeTile`) through
-    ``instruction`` (a name of :data:`~mmaemu.cuda.native_kernel.INSTRUCTIONS`; one launch of
-    :func:`~mmaemu.cuda.probe_kernel.probe_kernel` per format pair and step count). ``leading_bytes`` (tests): a
+    """fp32 [64, 128] results of every instruction-probe tile (:class:`mmaemu.cuda.verdicts.probe.ProbeTile`) through
+    ``instruction`` (a name of :data:`~mmaemu.cuda.native.kernel.INSTRUCTIONS`; one launch of
+    :func:`~mmaemu.cuda.native.probe_kernel.probe_kernel` per format pair and step count). ``leading_bytes`` (tests): a
     K distance between core matrices other than the staging's, to show the probe catches a layout bug."""
     _check_native_device(INSTRUCTIONS[instruction])
     options = {} if leading_bytes is None else {"leading_bytes": leading_bytes}
@@ -345,12 +349,12 @@ def launch_probe(tiles, instruction, stream=0, *, leading_bytes=None):
 
 def native_signatures(instruction):
     """``{name: (kernel, argument types)}`` of the native kernels of ``instruction`` (a name of
-    :data:`~mmaemu.cuda.native_kernel.INSTRUCTIONS`), for its target ``INSTRUCTIONS[instruction].TARGET`` only (so
+    :data:`~mmaemu.cuda.native.kernel.INSTRUCTIONS`), for its target ``INSTRUCTIONS[instruction].TARGET`` only (so
     apart from :func:`signatures`: ``scripts/sass_report.py``, the offline SASS check of tests/test_native_sim.py).
     """
     from numba import types
 
-    from .instruction_model import FORMAT_PAIRS
+    from ..native.instruction_model import FORMAT_PAIRS
 
     codes, plan = types.uint8[::1], types.int32[:, :, ::1]
     gemm_args = (codes, codes, types.int64, plan, types.int32[::1], types.float32[:, :, ::1])

@@ -18,7 +18,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from . import shim
+from .. import shim
 
 COPY_BYTES = 16
 SIM_SHARED_BASE = 0x4030  # simulator: the shared buffer's fake address (16-aligned, not 128-aligned)

@@ -30,12 +30,12 @@ from typing import Callable, List, Optional
 
 import numpy as np
 
-from .. import formats
-from .._version import __version__
+from ... import formats
+from ..._version import __version__
 
 SELFTEST_VERSION = 1
 VERDICT_FORMAT = "mmaemu-verdict/1"
-_CUDA_DIR = pathlib.Path(__file__).resolve().parent
+_CUDA_DIR = pathlib.Path(__file__).resolve().parent.parent  # mmaemu/cuda, every sub-package
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +172,7 @@ def _inject_nonfinite(rng, codes, fmt, pattern):
 
 def gemm_operands(case: GemmCase):
     """(a_codes [M, K], b_codes [N, K]) uint8 of a case."""
-    from ..model.presets import get_preset
+    from ...model.presets import get_preset
 
     rng = np.random.default_rng(20261012 + case.seed)
     nfma = get_preset(case.preset, warn=False).nfma
@@ -219,8 +219,8 @@ def run_gemm_cases(compute: Callable, cases, *, stop_on_error=False, skip: Optio
     kernel does not compute the case by design (None if it does); such a case is not run and is listed with
     ``"skipped": reason`` (a skip is never a failure: the dispatcher gives such calls to another kernel).
     """
-    from ..cpu import accumulate_codes
-    from ..model.presets import get_preset
+    from ...cpu import accumulate_codes
+    from ...model.presets import get_preset
 
     details = []
     passed = True
@@ -279,7 +279,7 @@ def epilogue_inputs(size="full"):
 
 def run_epilogue_cases(compute: Callable, size="full"):
     """Run ``compute(acc, sa_bits, sb_bits, sr_bits, out_name) -> uint bits`` against mmaemu.cpu.epilogue_codes."""
-    from ..cpu import epilogue_codes
+    from ...cpu import epilogue_codes
 
     acc = epilogue_inputs(size)
     scales = _SCALES if size != "tiny" else _SCALES[:4] + _SCALES[5:6]
@@ -302,11 +302,11 @@ def run_epilogue_cases(compute: Callable, size="full"):
 
 def sources_hash() -> str:
     """sha256 (16 hex digits) of the arithmetic's sources (mmaemu._cache.source_hash) and of mmaemu/cuda."""
-    from .. import _cache
+    from ... import _cache
 
     digest = hashlib.sha256(_cache.source_hash().encode())
-    for path in sorted(_CUDA_DIR.glob("*.py")):
-        digest.update(path.name.encode())
+    for path in sorted(_CUDA_DIR.rglob("*.py")):
+        digest.update(path.relative_to(_CUDA_DIR).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -329,7 +329,7 @@ def key_digest(key: dict) -> str:
 def verdict_dir(location=None) -> Optional[pathlib.Path]:
     """``verdicts/`` of the cache folder in use (mmaemu._cache.cache_location), None if there is none or the
     folder breaks the rules of mmaemu._private (a planted "pass" could put a wrong kernel to work)."""
-    from .. import _cache
+    from ... import _cache
 
     return (location or _cache.cache_location()).subfolder("verdicts")
 
@@ -337,7 +337,7 @@ def verdict_dir(location=None) -> Optional[pathlib.Path]:
 def load_verdict(key: dict) -> Optional[dict]:
     """The stored verdict of a key, or None (missing, not private, damaged, or written for another key). A file
     that cannot be read or parsed is reported once per process (CacheWarning) and the self-test runs again."""
-    from .. import _cache, _private
+    from ... import _cache, _private
 
     directory = verdict_dir()
     if directory is None:
@@ -359,7 +359,7 @@ def load_verdict(key: dict) -> Optional[dict]:
 def store_verdict(key: dict, passed: bool, reason: str, details, seconds: float) -> Optional[pathlib.Path]:
     """Write a verdict (0600, atomically) into a private folder; None if the cache is not writable (never
     raises)."""
-    from .. import _cache, _private
+    from ... import _cache, _private
 
     location = _cache.cache_location()
     directory = verdict_dir(location)

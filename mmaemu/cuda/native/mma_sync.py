@@ -13,7 +13,7 @@ computes the ada block there, so it is not used there either.
 
 A group of four warps (128 threads) computes 64 x 128 outputs per 32 k, warp ``w`` the columns ``32 w .. 32 w + 31``
 as 4 x 4 tiles of m16n8 (tile ``(mt, nt)`` in accumulator registers ``4 (4 mt + nt) .. + 3``): the same 64 fp32
-accumulators per thread as the warpgroup MMA (:mod:`mmaemu.cuda.fragment`), from the same staged operands.
+accumulators per thread as the warpgroup MMA (:mod:`mmaemu.cuda.native.fragment`), from the same staged operands.
 
 Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k32", 8-bit types; ``g = lane >> 2``, ``q = lane & 3``):
 
@@ -30,7 +30,7 @@ contiguous bytes per register (no bank conflicts).
 Twins: a load twin reads the calling thread's bytes; the MMA is warp-collective (a thread's outputs depend on the
 registers of other lanes), so its twin is too: every thread of the simulated block posts its registers, meets the
 others at the block's barrier, rebuilds its warp's A and B tiles from the 32 lanes' registers with the fragment
-rules above, and computes its own outputs with the ada block step (:mod:`mmaemu.cuda.instruction_model`). The
+rules above, and computes its own outputs with the ada block step (:mod:`mmaemu.cuda.native.instruction_model`). The
 simulator runs one thread block at a time, and every thread of a native kernel issues every MMA.
 """
 
@@ -43,9 +43,10 @@ from llvmlite import ir
 from numba import cuda, types
 from numba.core.extending import intrinsic
 
-from .._jit import arithmetic
-from ..model.presets import ADA
-from . import cp_async, shim
+from ..._jit import arithmetic
+from ...model.presets import ADA
+from .. import shim
+from . import cp_async
 from .cp_async import SIM_SHARED_BASE
 from .fragment import FRAGMENT, FRAGMENT_TYPE, fragment_zero
 from .instruction_model import instruction_outputs

@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .. import formats
-from ..arith import block_scaled as _block_scaled
-from ..arith.params import preset_params
-from ..cpu.block_scaled import BlockScaledGemm, reference_operands
-from . import shim
-from .kernels import BLOCK, MAX_GRID_Y
+from ... import formats
+from ...arith import block_scaled as _block_scaled
+from ...arith.params import preset_params
+from ...cpu.block_scaled import BlockScaledGemm, reference_operands
+from .. import shim
+from ..simple.kernels import BLOCK, MAX_GRID_Y
 
 shim.restore_numpy_row_stack()
 shim.install_builtin_minmax()

@@ -46,7 +46,7 @@ def _ieee_reference(a, b, scale_a, scale_b):
     """bf16 output of the IEEE reference (see the module docstring) and its fp32 accumulator."""
     import torch
 
-    from .cpu.engine import epilogue_codes
+    from ..cpu.engine import epilogue_codes
 
     acc = (a.to(torch.float64) @ b.to(torch.float64).t()).to(torch.float32)
     bits = epilogue_codes(acc.numpy(), _fp32_bits(scale_a), _fp32_bits(scale_b), None, "bfloat16")

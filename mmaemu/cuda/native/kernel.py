@@ -3,7 +3,7 @@
 On an sm_90 GPU ``wgmma.mma_async ... m64nNk32.f32.e4m3/e5m2`` computes one 32-product block per output with the
 fp32 accumulator inside the alignment: the hopper preset's block step (semantics.md b.1); on an sm_89 GPU
 ``mma.sync ... m16n8k32`` computes two 16-product blocks of the ada preset in k order. That holds on a device if
-its probe (:mod:`mmaemu.cuda.probe`) says so. What differs between GPUs is the structure around the blocks, and
+its probe (:mod:`mmaemu.cuda.verdicts.probe`) says so. What differs between GPUs is the structure around the blocks, and
 that stays here, walked with the same schedule functions as every other backend:
 
 * the k-stages each split computes come from :func:`stage_plan`, built on the host with
@@ -24,11 +24,11 @@ it).
 
 Geometry: a thread block of 256 threads owns 128 x 128 outputs, two groups of 128 threads 64 rows each (a group is
 one warpgroup issuing one ``m64n128k32`` per 32 k, or four warps issuing 16 ``m16n8k32`` each), 64 fp32
-accumulators per thread either way (:mod:`mmaemu.cuda.fragment`). Operands are staged 64 k at a time with
-``cp.async`` (16 bytes per copy, :mod:`mmaemu.cuda.cp_async`) into two shared-memory buffers (the next stage loads
+accumulators per thread either way (:mod:`.fragment`). Operands are staged 64 k at a time with
+``cp.async`` (16 bytes per copy, :mod:`.cp_async`) into two shared-memory buffers (the next stage loads
 while the tensor cores work on this one), K-major in 8 x 16-byte core matrices without swizzle
 (:func:`stage_offset`): the layout wgmma's descriptors read, and one mma.sync's fragment loads read without bank
-conflicts. The instructions and their simulator twins: :mod:`mmaemu.cuda.wgmma`, :mod:`mmaemu.cuda.mma_sync`
+conflicts. The instructions and their simulator twins: :mod:`.wgmma`, :mod:`.mma_sync`
 (:data:`INSTRUCTIONS`); each kernel is made for one of them.
 """
 
@@ -37,15 +37,16 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, uint8
 
-from .._jit import arithmetic
-from ..arith import chain as _chain
-from ..arith import schedule as _schedule
-from . import mma_sync, shim, wgmma
+from ..._jit import arithmetic
+from ...arith import chain as _chain
+from ...arith import schedule as _schedule
+from .. import shim
+from . import mma_sync, wgmma
 from .cp_async import copies_commit, copy16, shared_address
 from .fragment import FRAGMENT, fragment_add, fragment_to_array, fragment_zero
-from .kernels import combine, combine_step
+from ..simple.kernels import combine, combine_step
 
-# The instructions, by name (each module offers the same names; see mmaemu.cuda.wgmma's docstring).
+# The instructions, by name (each module offers the same names; see mmaemu.cuda.native.wgmma's docstring).
 INSTRUCTIONS = {wgmma.NAME: wgmma, mma_sync.NAME: mma_sync}
 GROUP_THREADS = 128  # threads that compute one instruction group's 64 x 128 outputs
 GROUP_M, GROUP_N, MMA_K = 64, 128, 32
@@ -96,10 +97,10 @@ def instruction_of(params):
 def native_decline(schedule, params):
     """Why the native kernel does not compute this schedule and preset (None if it does).
 
-    Each instruction computes the block of one preset (``PRESET`` of :mod:`~mmaemu.cuda.wgmma`: hopper's,
-    :mod:`~mmaemu.cuda.mma_sync`: ada's), so the preset must have exactly one of those blocks; every chain must
-    start on a stage. Which device runs which instruction is the gate's business (:func:`mmaemu.cuda.gating.
-    device_skip`).
+    Each instruction computes the block of one preset (``PRESET`` of :mod:`~mmaemu.cuda.native.wgmma`: hopper's,
+    :mod:`~mmaemu.cuda.native.mma_sync`: ada's), so the preset must have exactly one of those blocks; every chain must
+    start on a stage. Which device runs which instruction is the rule of :func:`mmaemu.cuda.native.devices.
+    device_decline`.
     """
     tile, splits, interleaved, chain_tiles, pairwise, padded = (int(v) for v in schedule)
     if instruction_of(params) is None:

@@ -12,7 +12,7 @@ Instructions (PTX ISA 8.0+, target ``sm_90a``):
 * ``wgmma.fence.sync.aligned`` before a wgmma reads registers written otherwise; ``wgmma.commit_group.sync.aligned``
   and ``wgmma.wait_group.sync.aligned N`` before its results are read. The fence and the wait take the fragment in
   and out (tied registers), so the compiler cannot move a use of the accumulator across them.
-* ``fence.proxy.async.shared::cta`` after the ``cp.async`` copies landed (:mod:`mmaemu.cuda.cp_async`): data
+* ``fence.proxy.async.shared::cta`` after the ``cp.async`` copies landed (:mod:`mmaemu.cuda.native.cp_async`): data
   written to shared memory through the generic proxy must be made visible to the async proxy that wgmma reads it
   through.
 
@@ -33,16 +33,16 @@ formula above); TensorRT-LLM's ``gmma_impl.cuh`` (the ``m64nNk32.f32.e4m3.e4m3``
 scale-d) and CUTLASS's ``GmmaDescriptor`` (the same bit fields). Numba specifics: the fragment is a
 ``UniTuple(float32, 64)`` (an LLVM ``[64 x float]`` value that stays in registers); on a device the intrinsics
 compile with numba-cuda, which targets ``sm_90a`` on a CC 9.0 device (numba's built-in target cannot name it;
-offline, :func:`mmaemu.cuda.offline.compile_ptx` renames its sm_90 target).
+offline, :func:`tools.ptx_offline.compile_ptx` renames its sm_90 target).
 
 The twins (selected when ``NUMBA_ENABLE_CUDASIM=1``) compute what the instruction computes for the calling
 thread: a wgmma twin decodes the descriptors, reads the two tiles from the kernel's shared buffer, and returns
-the thread's 64 outputs of the hopper preset's block step (:mod:`mmaemu.cuda.instruction_model`) from the
+the thread's 64 outputs of the hopper preset's block step (:mod:`mmaemu.cuda.native.instruction_model`) from the
 thread's own accumulator registers. No output depends on another thread's registers (each accumulator element
 lives in exactly one thread, the operands come from shared memory), so a per-thread twin is faithful. Fences,
 commits and waits are no-ops there (the simulator's copies are synchronous).
 
-This module is one of the two instructions of ``cuda:native`` (the other is :mod:`mmaemu.cuda.mma_sync`); both
+This module is one of the two instructions of ``cuda:native`` (the other is :mod:`mmaemu.cuda.native.mma_sync`); both
 offer the names the native kernels use: ``NAME``, ``PRESET``, ``TARGET``, ``SASS_MMA``, ``GROUP_M`` x ``GROUP_N``
 outputs per group of 128 threads and ``MMA_K``, :func:`fragment_coord`, :func:`make_step`, ``begin`` / ``end``
 around a stage's steps, and ``copies_wait_one`` / ``copies_wait_all``.
@@ -54,9 +54,9 @@ import numpy as np
 from numba import cuda, types
 from numba.core.extending import intrinsic
 
-from .._jit import arithmetic
-from ..model.presets import HOPPER
-from . import shim
+from ..._jit import arithmetic
+from ...model.presets import HOPPER
+from .. import shim
 from .cp_async import SIM_SHARED_BASE, statement_or_nothing
 from .fragment import FRAGMENT, FRAGMENT_TYPE, asm_fragment, statement_or_identity
 from .instruction_model import FORMAT_PAIRS, instruction_outputs

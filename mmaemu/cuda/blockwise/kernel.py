@@ -16,12 +16,12 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .. import formats
-from ..arith import scaled as _scaled
-from ..arith.params import preset_params
-from ..model.presets import get_preset
-from . import shim
-from .kernels import BLOCK, MAX_GRID_Y
+from ... import formats
+from ...arith import scaled as _scaled
+from ...arith.params import preset_params
+from ...model.presets import get_preset
+from .. import shim
+from ..simple.kernels import BLOCK, MAX_GRID_Y
 
 shim.restore_numpy_row_stack()
 shim.install_builtin_minmax()
@@ -62,9 +62,12 @@ DECLINES = {
 }
 
 
-def chunked_decline(backend: str) -> str:
-    """Why a CUDA backend other than cuda:simple does not compute a chunked kernel."""
+def chunked_decline(backend: str):
+    """Why a CUDA backend does not compute a chunked kernel: the decline rule of the block-wise kernels. None for
+    ``cuda:simple``, whose :func:`gemm_chunked_simple` computes every chunked kernel."""
     name = backend.split(":", 1)[1] if ":" in backend else "cuda"
+    if name == "simple":
+        return None
     return DECLINES.get(name, f"only cuda:simple computes block-wise kernels ({name!r} is not one of them)")
 
 

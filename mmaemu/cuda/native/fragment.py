@@ -1,7 +1,7 @@
 """The accumulator fragment of ``cuda:native``: the 64 fp32 accumulator registers one thread holds, as a value.
 
 Both native instructions leave 64 accumulators per thread for a group of 128 threads computing 64 x 128 outputs
-(:mod:`mmaemu.cuda.wgmma`: one warpgroup's ``m64n128k32``; :mod:`mmaemu.cuda.mma_sync`: four warps of 16
+(:mod:`mmaemu.cuda.native.wgmma`: one warpgroup's ``m64n128k32``; :mod:`mmaemu.cuda.native.mma_sync`: four warps of 16
 ``m16n8k32`` each). In a kernel the fragment is a ``UniTuple(float32, 64)``, an LLVM ``[64 x float]`` value that
 stays in registers (an array indexed at run time would go to local memory); the helpers here read and write it
 with constant indices only. Each has an exact CPU twin that kernels call under numba's CUDA simulator
@@ -16,7 +16,7 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from . import shim
+from .. import shim
 
 FRAGMENT = 64  # fp32 accumulator registers per thread
 FRAGMENT_TYPE = types.UniTuple(types.float32, FRAGMENT)

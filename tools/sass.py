@@ -2,7 +2,7 @@
 
 The speed of a CUDA-core kernel is bound by instruction issue (shared/design/gpu-kernels.md, section 1), so the
 offset kernel's budget is a static count: SASS instructions per product in its block loop. This module measures
-it from PTX (:func:`mmaemu.cuda.offline.compile_ptx`) without a device:
+it from PTX (:func:`tools.ptx_offline.compile_ptx`) without a device:
 
 * :func:`assemble` runs ``ptxas -v`` (registers, spill stores and loads, stack frame) and ``nvdisasm -c`` (the
   SASS of the cubin);

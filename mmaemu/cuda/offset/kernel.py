@@ -14,7 +14,7 @@ exponent pass:
 * :func:`gemm_offset` (add-max) and :func:`gemm_offset_powers` (power sums): a TY x TX thread block owns BLOCK_M x
   BLOCK_N outputs, each thread a ROWS x COLS tile of them (rows ``ty * ROWS + r``, columns ``tx * COLS + j``:
   adjacent words, vector loads). The block copies STAGE_K k of its rows of A and of B into shared memory (48 KiB,
-  the static limit), each thread 16 bytes per load (:func:`mmaemu.cuda.ptx.load4`); each thread runs
+  the static limit), each thread 16 bytes per load (:func:`mmaemu.cuda.offset.ptx.load4`); each thread runs
   :func:`mmaemu.arith.offset.offset_block` (or :func:`~mmaemu.arith.offset.power_offset_block`) on every block of
   its chains, state in registers, and ends each chain with :func:`mmaemu.arith.offset.offset_chain_value`.
 
@@ -28,10 +28,11 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, uint32
 
-from ..arith import offset as _offset
-from . import ptx, shim
+from ...arith import offset as _offset
+from .. import shim
+from . import ptx
 from .ptx import load4
-from .kernels import chain_range, chain_range_count, chain_tiles_of, combine, combine_step, split_chains
+from ..simple.kernels import chain_range, chain_range_count, chain_tiles_of, combine, combine_step, split_chains
 
 shim.install_fma_toward_zero()
 ptx.install()
@@ -77,7 +78,7 @@ def offset_decline(schedule, params):
 
 def block_loop_trips(nfma: int):
     """(blocks per stage, passes of the exponent-pass loop per block, passes of the product loop per block) for a
-    preset's nfma: what :func:`mmaemu.cuda.sass.block_loop_cost` weighs the loops by."""
+    preset's nfma: what :func:`tools.sass.block_loop_cost` weighs the loops by."""
     words = nfma // 2  # exponent words per block (two k each)
     return (STAGE_K // nfma, words // _offset.EXPONENT_PASS_WORDS - 1,
             nfma // (_offset.K_GROUP * _offset.PRODUCT_PASS_GROUPS))

@@ -41,7 +41,7 @@ def compile_ptx(kernel, signature, cc):
     import numba.cuda.dispatcher as cuda_dispatcher
     from numba import cuda
 
-    from .shim import cuda_implementation
+    from mmaemu.cuda.shim import cuda_implementation
 
     try:
         from numba.cuda import config as cuda_config

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import formats
-from ..arith.epilogue import OUT_CODES
-from ..arith.params import codes_gemm, preset_params, schedule_params
+from ... import formats
+from ...arith.epilogue import OUT_CODES
+from ...arith.params import codes_gemm, preset_params, schedule_params
 from . import launch
-from .catalog import CODES_KERNELS
+from ..catalog import CODES_KERNELS
 
 # Output dtype name -> (bit width, signed integer view used by the kernel).
 OUT_WIDTH = {"float32": 32, "bfloat16": 16, "float16": 16, "float8_e4m3fn": 8, "float8_e5m2": 8}

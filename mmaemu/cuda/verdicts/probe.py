@@ -1,13 +1,13 @@
 """The instruction-level probe that gates ``cuda:native``: does this GPU's FP8 MMA compute the preset's block step?
 
-The native kernel's results are whatever the tensor cores compute, so before it is used on a device the device's
-own instruction is compared bit for bit with mmaemu's block step (:mod:`mmaemu.cuda.instruction_model`, i.e.
-:func:`mmaemu.arith.chain.chain_early`) on crafted tiles, through the very instruction forms the kernel issues
-(on sm_90 ``wgmma ... m64n128k32`` with scale-d 0 and 1, the fence/commit/wait sequence and the descriptor layout
-of :mod:`mmaemu.cuda.wgmma`; on sm_89 the sixteen ``mma.sync ... m16n8k32`` per warp and the register fragments of
-:mod:`mmaemu.cuda.mma_sync`; the cp.async staging and the accumulator layout of each). The expected side is the
-block step of the instruction's preset (hopper's for wgmma, ada's for mma.sync). Any difference rejects the device
-for the kernel; the report names the first differing case.
+The native kernel's results are whatever the tensor cores compute, so before it is used on a device the device's own
+instruction is compared bit for bit with mmaemu's block step (:mod:`mmaemu.cuda.native.instruction_model`, i.e.
+:func:`mmaemu.arith.chain.chain_early`) on crafted tiles, through the very instruction forms the kernel issues (on
+sm_90 ``wgmma ... m64n128k32`` with scale-d 0 and 1, the fence/commit/wait sequence and the descriptor layout of
+:mod:`mmaemu.cuda.native.wgmma`; on sm_89 the sixteen ``mma.sync ... m16n8k32`` per warp and the register fragments
+of :mod:`~mmaemu.cuda.native.mma_sync`; the cp.async staging and the accumulator layout of each). The expected side
+is the block step of the instruction's preset (hopper's for wgmma, ada's for mma.sync). Any difference rejects the
+device for the kernel; the report names the first differing case.
 
 Families of tiles (:func:`probe_tiles`; every format pair; every one of the 64 x 128 outputs of a tile is
 compared, a row of A against a column of B):
@@ -38,12 +38,12 @@ from typing import Callable, List
 
 import numpy as np
 
-from .. import formats
-from ..formats import TOP_FIELD, encode, random_codes
-from .instruction_model import FORMAT_PAIRS, instruction_outputs
+from ... import formats
+from ...formats import TOP_FIELD, encode, random_codes
+from ..native.instruction_model import FORMAT_PAIRS, instruction_outputs
 
 # A probe tile: the outputs of one group of 128 threads (rows of A x columns of B) per 32-k step of either
-# instruction (mmaemu.cuda.wgmma, mmaemu.cuda.mma_sync).
+# instruction (mmaemu.cuda.native.wgmma, mmaemu.cuda.native.mma_sync).
 MMA_M, MMA_N, MMA_K = 64, 128, 32
 
 PROBE_VERSION = 2
@@ -266,8 +266,8 @@ def summarize(details) -> str:
 
 def device_runner(instruction, stream=0):
     """``compute(tiles)`` for :func:`run_probe` that launches the probe kernel of ``instruction`` (a name of
-    :data:`mmaemu.cuda.native_kernel.INSTRUCTIONS`) on a device, or under the simulator."""
-    from .launch import launch_probe
+    :data:`mmaemu.cuda.native.kernel.INSTRUCTIONS`) on a device, or under the simulator."""
+    from ..dispatch.launch import launch_probe
 
     def compute(tiles):
         return launch_probe(tiles, instruction, stream)

@@ -9,7 +9,7 @@ no fused multiply-add appears in their PTX, see ``tests/test_cuda_sim.py``).
 * :func:`gemm_simple` - the GPU reference: one thread per output calls ``accumulate_one`` on the output's row of A
   and row of B (significands int8 [rows, K], alignment exponents int16 [rows, K], decoded on the device) in global
   memory; any K, any schedule, any preset. Obviously correct, slow; the fast kernel is
-  :mod:`mmaemu.cuda.offset_kernel`, which walks its schedules with the functions exported here
+  :mod:`mmaemu.cuda.offset.kernel`, which walks its schedules with the functions exported here
   (``combine_step``, ``split_chains``, ``chain_tiles_of``, ``chain_range``);
 * :func:`override_nonfinite` - the NaN/Inf rule on every output whose row of A or of B holds a non-finite code;
 * :func:`epilogue` - the scaled_mm epilogue (semantics.md (e)) from the fp32 accumulators and the scales' bits;
@@ -25,13 +25,13 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from ..arith import chain as _chain
-from ..arith import epilogue as _epilogue
-from ..arith import rounding as _rounding
-from ..arith import rowwise as _rowwise
-from ..arith import schedule as _schedule
-from ..arith import special as _special
-from . import shim
+from ...arith import chain as _chain
+from ...arith import epilogue as _epilogue
+from ...arith import rounding as _rounding
+from ...arith import rowwise as _rowwise
+from ...arith import schedule as _schedule
+from ...arith import special as _special
+from .. import shim
 
 shim.restore_numpy_row_stack()  # before numba-cuda compiles anything (see shim)
 shim.install_builtin_minmax()
@@ -126,3 +126,10 @@ def rowwise_epilogue(acc, x_scale_bits, w_scale_bits, bias_bits, has_bias, x_fir
         else:
             bits = rowwise_epilogue_one(acc[m, n], w, x, bias)
         out_bits[m, n] = _signed(bits, 16)
+
+
+def simple_decline(schedule, params):
+    """Why :func:`gemm_simple` does not compute this schedule and preset: never (None). It runs ``accumulate_one``,
+    the CPU reference's own walk, so every preset and schedule is its; this rule is declared so that the dispatcher
+    asks every kernel the same question (:data:`mmaemu.cuda.dispatch.launch.DECLINES`)."""
+    return None

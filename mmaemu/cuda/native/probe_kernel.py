@@ -1,6 +1,7 @@
-"""The kernel of the instruction probe (:mod:`mmaemu.cuda.probe`): one group of 128 threads per tile runs the
+"""The kernel of the instruction probe (:mod:`mmaemu.cuda.verdicts.probe`):
+one group of 128 threads per tile runs the
 tile's chained 32-k steps with the native kernel's instruction forms, staging layout and fragment layout
-(:mod:`mmaemu.cuda.wgmma` on sm_90, :mod:`mmaemu.cuda.mma_sync` on sm_89), from the tile's accumulator (loaded
+(:mod:`.wgmma` on sm_90, :mod:`.mma_sync` on sm_89), from the tile's accumulator (loaded
 into the fragment) or from +0 (scale-d = 0), and stores the fragment. On a device it runs the tensor cores; under
 numba's CUDA simulator the instructions' CPU twins.
 """
@@ -10,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, uint8
 
-from . import shim
+from .. import shim
 from .cp_async import copies_commit, copy16
 from .fragment import FRAGMENT, fragment_from_array, fragment_to_array
-from .native_kernel import (ALIGN, GROUP_M, GROUP_N, GROUP_THREADS, INSTRUCTIONS, LEADING_BYTES, MMA_K,
-                            OPERAND_STAGE_BYTES, STRIDE_BYTES, aligned_start, stage_offset)
+from .kernel import (ALIGN, GROUP_M, GROUP_N, GROUP_THREADS, INSTRUCTIONS, LEADING_BYTES, MMA_K, OPERAND_STAGE_BYTES,
+                     STRIDE_BYTES, aligned_start, stage_offset)
 
 _stage_offset = shim.device(stage_offset)
 SMEM_BYTES = 2 * OPERAND_STAGE_BYTES + ALIGN

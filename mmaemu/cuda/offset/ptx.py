@@ -11,7 +11,7 @@ in kernels, so the arithmetic stays one function for both targets:
   ``max.u16x2`` into ``VIADDMNMX.U16x2``); below, ``add.u32``, the same sums on the words the arithmetic gives it.
   The architecture is chosen when NVVM compiles for its target, through ``__nvvm_reflect("__CUDA_ARCH")``.
 * :func:`mmaemu.arith.bf16.fma_bf16x2` -> ``fma.rn.bf16x2`` (SASS ``HFMA2.BF16_V2``, sm_80 and newer: the
-  kernel that calls it is launched on those devices only, see :mod:`mmaemu.cuda.launch`);
+  kernel that calls it is launched on those devices only, see :mod:`mmaemu.cuda.dispatch.launch`);
 * :func:`mmaemu.arith.bf16.low_halves` / :func:`~mmaemu.arith.bf16.high_halves` -> two ``mov.b32`` through 16-bit
   registers, which ptxas folds into the bf16x2 instruction that reads the result (operand swizzle ``.H0_H0`` /
   ``.H1_H1``, no instruction of its own).
@@ -177,15 +177,15 @@ def _intrinsics():
 def install():
     """Register the CUDA bodies of the packed primitives (no-op under the simulator, which runs the twins)."""
     global _INSTALLED
-    from .shim import simulator_enabled
+    from ..shim import simulator_enabled
 
     if _INSTALLED or simulator_enabled():
         return
     from numba.core import types
     from numba.core.extending import overload
 
-    from ..arith.bf16 import fma_bf16x2, high_halves, low_halves
-    from ..arith.packed import add_u16x2, dp4a, load_words4, max_u16x2, overload_on_words
+    from ...arith.bf16 import fma_bf16x2, high_halves, low_halves
+    from ...arith.packed import add_u16x2, dp4a, load_words4, max_u16x2, overload_on_words
 
     (dp4a_u32, max_u16x2_word, add_u16x2_word, fma_bf16x2_word, low_halves_word, high_halves_word,
      load4_global, load_words4_aligned) = _intrinsics()

@@ -7,15 +7,15 @@ decode to excluded terms (:mod:`mmaemu.formats`): an output whose row or column 
 (the GEMM's NaN/Inf rule overrides it, semantics.md c.4).
 
 Used by the CPU twins of the native kernels' instructions under numba's CUDA simulator
-(:mod:`mmaemu.cuda.wgmma`, :mod:`mmaemu.cuda.mma_sync`) and as the expected side of the device probe
-(:mod:`mmaemu.cuda.probe`). Nothing here runs on a GPU.
+(:mod:`mmaemu.cuda.native.wgmma`, :mod:`mmaemu.cuda.native.mma_sync`) and as the expected side of the device probe
+(:mod:`mmaemu.cuda.verdicts.probe`). Nothing here runs on a GPU.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..cpu.dot import dot_codes
+from ...cpu.dot import dot_codes
 
 # The operand formats of the FP8 MMA instructions (A, B): every pair.
 FORMAT_PAIRS = (("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"), ("e5m2", "e5m2"))
