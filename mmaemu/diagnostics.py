@@ -13,11 +13,10 @@ on a device, so it is not used here.)
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any, Dict, List, Optional
 
-from . import environment
+from . import device_facts, environment
 from ._version import __version__
 
 __all__ = ["INFO_FORMAT", "NO_CUDA_REASON", "build_info", "cuda_disabled_value", "cuda_unusable",
@@ -238,67 +237,37 @@ def _device_info(ordinal: Optional[int]) -> dict:
     import torch
 
     index = torch.cuda.current_device() if ordinal is None else ordinal
-    props = torch.cuda.get_device_properties(index)
+    return device_section(device_facts.read(index))
+
+
+def device_section(facts: device_facts.DeviceFacts) -> dict:
+    """The Device section of an available device (:class:`~mmaemu.device_facts.DeviceFacts`) with the cuBLASLt
+    and NVRTC versions; a version that cannot be read is None, its error in "errors"."""
     info = {
         "available": True,
-        "index": index,
-        "name": props.name,
-        "capability": f"sm_{props.major}{props.minor}",
-        "sm_count": props.multi_processor_count,
-        "memory_bytes": int(props.total_memory),
-        "torch_cuda": torch.version.cuda,
+        "index": facts.index,
+        "name": facts.name,
+        "capability": f"sm_{facts.capability[0]}{facts.capability[1]}",
+        "sm_count": facts.sm_count,
+        "memory_bytes": facts.memory_bytes,
+        "torch_cuda": facts.torch_cuda,
     }
-    _add_driver_versions(info)
-    return info
-
-
-def _add_driver_versions(info: dict) -> None:
-    """The driver and library versions into ``info``; one that cannot be read is None, its error in "errors"."""
-    for key, probe in (("display_driver", _display_driver), ("cuda_driver_api", _cuda_driver_api),
-                       ("cublaslt", _cublaslt_version), ("nvrtc", _nvrtc_version)):
+    for key in ("display_driver", "cuda_driver_api"):
+        info[key] = getattr(facts, key)
+        if facts.error(key) is not None:
+            info.setdefault("errors", {})[key] = error_text(facts.error(key))
+    for key, probe in (("cublaslt", _cublaslt_version), ("nvrtc", _nvrtc_version)):
         try:
             info[key] = probe()
         except Exception as exc:
             info[key] = None
             info.setdefault("errors", {})[key] = error_text(exc)
-
-
-def _display_driver() -> str:
-    """The NVIDIA display driver version (NVML, else /proc/driver/nvidia/version)."""
-    import ctypes
-
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-        if nvml.nvmlInit_v2() == 0:
-            buf = ctypes.create_string_buffer(96)
-            status = nvml.nvmlSystemGetDriverVersion(buf, ctypes.c_uint(len(buf)))
-            nvml.nvmlShutdown()
-            if status == 0:
-                return buf.value.decode()
-    except OSError:
-        pass
-    with open("/proc/driver/nvidia/version", encoding="utf-8") as fh:
-        words = fh.readline().split()
-    return next(w for w in words if w[:1].isdigit() and "." in w)
-
-
-def _cuda_driver_api() -> str:
-    import ctypes
-
-    from .platform import cublaslt
-
-    cuda = cublaslt._load_libcuda()
-    version = ctypes.c_int(0)
-    if cuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
-        raise RuntimeError("cuDriverGetVersion failed")
-    return f"{version.value // 1000}.{version.value % 1000 // 10}"
+    return info
 
 
 def _cublaslt_version() -> str:
-    from .platform import cublaslt
-
-    lib, path = cublaslt.load_cublaslt()
-    return ".".join(str(x) for x in cublaslt.loaded_cublaslt_version()) + f" ({path})"
+    lib, path = device_facts.load_cublaslt()
+    return ".".join(str(x) for x in device_facts.loaded_cublaslt_version()) + f" ({path})"
 
 
 def _nvrtc_version() -> str:
@@ -347,14 +316,7 @@ def _profiles(device: dict, device_arg) -> List[dict]:
     for name in list_profiles():
         p = get_profile(name)
         match, why = _profile_match(p, device, device_arg)
-        out.append({
-            "name": p.name, "preset": p.preset_name, "gpu": p.gpu_name,
-            "capability": f"sm_{p.capability[0]}{p.capability[1]}", "sm_count": p.sm_count,
-            "cublaslt": p.cublaslt_version, "caller": p.caller, "workspace_bytes": p.workspace_bytes,
-            "align": p.align, "table": p.splitk_table, "maturity": p.maturity,
-            "splitk_maturity": p.splitk_maturity, "description": p.description, "match": match,
-            "match_note": why,
-        })
+        out.append(dict(p.describe(), match=match, match_note=why))
     return out
 
 
@@ -381,13 +343,7 @@ def _profile_match(p, device: dict, device_arg) -> tuple:
 def _presets() -> List[dict]:
     from .model import presets
 
-    aliases = getattr(presets, "_ALIASES", {})
-    out = []
-    for name in presets.list_presets():
-        p = presets.get_preset(name, warn=False)
-        out.append({"name": p.name, "maturity": p.maturity, "scope": p.validated_scope,
-                    "aliases": sorted(a for a, target in aliases.items() if target == p.name)})
-    return out
+    return presets.describe()
 
 
 def _backends(device_arg) -> List[dict]:
@@ -408,32 +364,23 @@ def _backends(device_arg) -> List[dict]:
 
 
 def _splitk_tables() -> List[dict]:
-    """Per table id of the profiles: its files (bytes, sha256), row counts from the json and the index's own
-    ``rows`` member (the big arrays are not loaded)."""
-    from importlib import resources
-
+    """Per table id of the profiles, the table's own description (a recorded bundle's, else the packaged one's:
+    files with bytes and sha256, row counts) and the profiles that use it."""
     from .platform.bundles import loaded_bundles
+    from .platform.tables import describe_packaged
 
-    data = resources.files("mmaemu.platform").joinpath("data")
     recorded = {b.table.table_id: b for b in loaded_bundles()}
-    return [_recorded_table(recorded[table_id], profiles) if table_id in recorded
-            else _splitk_table(data, table_id, profiles) for table_id, profiles in _table_users().items()]
+    out = []
+    for table_id, profiles in _table_users().items():
+        described = recorded[table_id].describe() if table_id in recorded else describe_packaged(table_id)
+        out.append({"table_id": described.pop("table_id"), "profiles": profiles, **described})
+    return out
 
 
 def _refused_bundles() -> List[dict]:
     from .platform.bundles import refused_bundles
 
     return [{"component": f"profile bundle {path}", "reason": reason} for path, reason in refused_bundles().items()]
-
-
-def _recorded_table(bundle, profiles: List[str]) -> dict:
-    """A recorded bundle's table (``mmaemu record``): indexed in memory when loaded, files in its folder."""
-    meta = bundle.table.meta
-    return {"table_id": bundle.table.table_id, "profiles": profiles, "rows": meta.get("rows"),
-            "split_rows": meta.get("split_rows"), "index_rows": len(bundle.table),
-            "index_format": f"in memory (recorded bundle {bundle.path})",
-            "verified_combos": len(bundle.table.verified),
-            "files": [_describe_file(bundle.path, name) for name in sorted(bundle.manifest["files"])]}
 
 
 def _table_users() -> Dict[str, List[str]]:
@@ -446,35 +393,6 @@ def _table_users() -> Dict[str, List[str]]:
         if table_id:
             users.setdefault(table_id, []).append(name)
     return users
-
-
-def _splitk_table(data, table_id: str, profiles: List[str]) -> dict:
-    import numpy as np
-
-    meta = json.loads(data.joinpath(f"{table_id}.json").read_text(encoding="utf-8"))
-    combos_name = meta.get("verified_combos", "verified_split_combos.json")
-    combos = json.loads(data.joinpath(combos_name).read_text(encoding="utf-8"))
-    index_name = f"{table_id}.index.npz"
-    with data.joinpath(index_name).open("rb") as fh, np.load(fh, allow_pickle=False) as npz:
-        index_rows = int(npz["rows"])
-        index_format = str(npz["format"])
-    return {
-        "table_id": table_id,
-        "profiles": profiles,
-        "rows": meta.get("rows"),
-        "split_rows": meta.get("split_rows"),
-        "index_rows": index_rows,
-        "index_format": index_format,
-        "verified_combos": sum(1 for c in combos.get("combos", []) if c.get("verified")),
-        "files": [_describe_file(data, name) for name in (f"{table_id}.json", index_name, combos_name)],
-    }
-
-
-def _describe_file(data, file_name: str) -> dict:
-    import hashlib
-
-    blob = data.joinpath(file_name).read_bytes()
-    return {"name": file_name, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
 
 
 def _numba_cache() -> dict:

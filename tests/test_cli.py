@@ -18,7 +18,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from mmaemu import cli, diagnostics, environment
+from mmaemu import cli, device_facts, diagnostics, environment
 
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -579,8 +579,9 @@ def test_info_device_section_on_a_simulated_gpu(monkeypatch):
     props = types.SimpleNamespace(name="Fake GPU", major=9, minor=0, multi_processor_count=132,
                                   total_memory=80 * 2**30)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
-    monkeypatch.setattr(diagnostics, "_display_driver", lambda: "570.148.08")
-    monkeypatch.setattr(diagnostics, "_cuda_driver_api", lambda: "12.8")
+    monkeypatch.setattr(device_facts, "_FACTS", {})  # the fake device is read afresh and forgotten afterwards
+    monkeypatch.setattr(device_facts, "display_driver", lambda: "570.148.08")
+    monkeypatch.setattr(device_facts, "cuda_driver_api", lambda: "12.8")
     monkeypatch.setattr(diagnostics, "_cublaslt_version", lambda: "12.8.3.14 (/x/libcublasLt.so.12)")
 
     def no_nvrtc():

@@ -143,6 +143,16 @@ class Profile:
             text += f"; split-K decisions with S > 1 are {self.splitk_maturity}: {note}"
         return text
 
+    def describe(self) -> dict:
+        """What the profile is, as plain data (``mmaemu info``)."""
+        return {
+            "name": self.name, "preset": self.preset_name, "gpu": self.gpu_name,
+            "capability": f"sm_{self.capability[0]}{self.capability[1]}", "sm_count": self.sm_count,
+            "cublaslt": self.cublaslt_version, "caller": self.caller, "workspace_bytes": self.workspace_bytes,
+            "align": self.align, "table": self.splitk_table, "maturity": self.maturity,
+            "splitk_maturity": self.splitk_maturity, "description": self.description,
+        }
+
     def rejection(self, fmt_a, fmt_b, out_dtype) -> Optional[RejectRule]:
         """The first RejectRule matching (mat1 format, mat2 format, output dtype), or None."""
         fa, fb, out = formats.fmt_of(fmt_a), formats.fmt_of(fmt_b), out_dtype_name(out_dtype)
