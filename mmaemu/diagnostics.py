@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional
 
 from . import device_facts, environment
 from ._version import __version__
+from .context import Context
 
 __all__ = ["INFO_FORMAT", "NO_CUDA_REASON", "build_info", "cuda_disabled_value", "cuda_unusable",
            "environment_problems", "error_text", "jsonable"]
@@ -118,9 +119,9 @@ def _dist_version(name: str) -> Optional[str]:
         return None
 
 
-def _environment() -> Dict[str, str]:
+def _environment(env: environment.Snapshot) -> Dict[str, str]:
     """The variables mmaemu reads that are set (:mod:`mmaemu.environment`); other MMAEMU_* ones are never shown."""
-    return environment.set_variables()
+    return dict(env.raw)
 
 
 def _profile_problem(value: str) -> Optional[str]:
@@ -161,11 +162,11 @@ ENVIRONMENT_CHECKS = {"MMAEMU_PROFILE": _profile_problem, "MMAEMU_BACKEND": _bac
                       "MMAEMU_SPLITK_POLICY": _split_policy_problem, "MMAEMU_PROFILE_PATH": _profile_path_problem}
 
 
-def environment_problems() -> Dict[str, str]:
-    """{name: what is wrong} of the set variables whose value is invalid (flagged by ``mmaemu info``): a value
-    its parser refuses (a boolean that is none, a relative cache folder) or that is no profile, backend or
-    folder."""
-    return environment.problems(ENVIRONMENT_CHECKS)
+def environment_problems(env: Optional[environment.Snapshot] = None) -> Dict[str, str]:
+    """{name: what is wrong} of the set variables (of the snapshot ``env``; None: now) whose value is invalid
+    (flagged by ``mmaemu info``): a value its parser refuses (a boolean that is none, a relative cache folder) or
+    that is no profile, backend or folder."""
+    return environment.problems(ENVIRONMENT_CHECKS, env)
 
 
 def _unread_variables() -> int:
@@ -176,36 +177,36 @@ def _unread_variables() -> int:
 # What a call does by default here
 
 
-def _default_profile(problems: Dict[str, str]) -> str:
+def _default_profile(problems: Dict[str, str], context: Context) -> str:
     from .platform import get_profile
 
-    value = environment.snapshot().raw.get("MMAEMU_PROFILE")
+    value = context.environment.raw.get("MMAEMU_PROFILE")
     if "MMAEMU_PROFILE" in problems:
         return f"none: MMAEMU_PROFILE={value!r} is not a profile, so every call with profile=None raises KeyError"
     if value:
-        return f"{get_profile(None).name} (from MMAEMU_PROFILE)"
-    return f"{get_profile(None).name} (MMAEMU_PROFILE is not set)"
+        return f"{get_profile(None, context=context).name} (from MMAEMU_PROFILE)"
+    return f"{get_profile(None, context=context).name} (MMAEMU_PROFILE is not set)"
 
 
-def _default_backend(problems: Dict[str, str], device: dict, backend_states: List[dict]) -> str:
+def _default_backend(problems: Dict[str, str], device: dict, backend_states: List[dict], context: Context) -> str:
     """The engine of a call with backend="auto": MMAEMU_BACKEND, else the CPU engine for CPU tensors and, for CUDA
     tensors, the first CUDA kernel that passed its self-test here (read from cached verdicts; none is run)."""
     from . import backends
 
-    value = environment.snapshot().raw.get("MMAEMU_BACKEND")
+    value = context.environment.raw.get("MMAEMU_BACKEND")
     if "MMAEMU_BACKEND" in problems:
         return f"none: MMAEMU_BACKEND={value!r} is not a backend, so every call with backend='auto' raises ValueError"
     if value and value != "auto":
         return f"{value} for every call with backend='auto' (from MMAEMU_BACKEND)"
-    cpu = backends.select(_torch_device("cpu"), "auto", "e4m3", "e4m3", None).name
-    return f"{cpu} for CPU tensors; CUDA tensors: {_default_cuda_engine(device, backend_states)}"
+    cpu = backends.select(_torch_device("cpu"), "auto", "e4m3", "e4m3", None, context=context).name
+    return f"{cpu} for CPU tensors; CUDA tensors: {_default_cuda_engine(device, backend_states, context)}"
 
 
-def _default_cuda_engine(device: dict, backend_states: List[dict]) -> str:
+def _default_cuda_engine(device: dict, backend_states: List[dict], context: Context) -> str:
     """What "auto" picks for CUDA tensors: the kernels are tried by priority, each after its self-test."""
     from . import backends
 
-    if backends.cuda_disabled():
+    if context.cuda_disabled:
         return "the CPU engine, the result copied back (CUDA disabled by MMAEMU_DISABLE_CUDA)"
     if not device.get("available"):
         return f"none here ({device.get('reason')})"
@@ -219,25 +220,37 @@ def _default_cuda_engine(device: dict, backend_states: List[dict]) -> str:
             f"(no verdict cached for {kernels[0]} yet: mmaemu selftest runs the self-tests)")
 
 
-def _defaults(report: dict) -> dict:
+def _defaults(report: dict, context: Context) -> dict:
     problems = report["environment_problems"]
-    return {"profile": _default_profile(problems),
-            "backend": _default_backend(problems, report["device"], report["backends"])}
+    return {"profile": _default_profile(problems, context),
+            "backend": _default_backend(problems, report["device"], report["backends"], context)}
 
 
 # ================================================================================================================
 # The CUDA device
 
 
-def _device_info(ordinal: Optional[int]) -> dict:
-    """The Device section: the CUDA device's facts, or {"available": False, "reason": ...}."""
-    reason = cuda_unusable(ordinal)
-    if reason is not None:
-        return {"available": False, "reason": reason}
-    import torch
+def report_context(ordinal: Optional[int], env: Optional[environment.Snapshot] = None) -> Context:
+    """The context ``mmaemu info`` prints: the environment (``env``, or as it is now) and the facts of CUDA device
+    ``ordinal`` (None: the current one), or why there are none; never raises."""
+    env = environment.snapshot() if env is None else env
+    try:
+        reason = cuda_unusable(ordinal)
+        if reason is not None:
+            return Context(env, device_problem=reason)
+        import torch
 
-    index = torch.cuda.current_device() if ordinal is None else ordinal
-    return device_section(device_facts.read(index))
+        index = torch.cuda.current_device() if ordinal is None else ordinal
+        return Context(env, device=device_facts.read(index))
+    except Exception as exc:  # info reports every failure instead of raising it
+        return Context(env, device_problem="probe failed", device_error=error_text(exc))
+
+
+def _device_info(context: Context) -> dict:
+    """The Device section: the CUDA device's facts, or {"available": False, "reason": ...}."""
+    if context.device is None:
+        return {"available": False, "reason": context.device_problem}
+    return device_section(context.device)
 
 
 def device_section(facts: device_facts.DeviceFacts) -> dict:
@@ -437,10 +450,14 @@ def build_info(device: Optional[int] = None) -> dict:
     for name, error in versions.pop("_errors", {}).items():
         report["unavailable"].append({"component": name, "reason": error})
     report["versions"] = versions
-    report["environment"] = _environment()
-    report["environment_problems"] = _probe(report, "environment", environment_problems, default={})
+    env = environment.snapshot()
+    report["environment"] = _environment(env)
+    report["environment_problems"] = _probe(report, "environment", environment_problems, env, default={})
     report["environment_unread"] = _unread_variables()
-    report["device"] = _probe(report, "device", _device_info, device,
+    context = report_context(device, env)
+    if context.device_error is not None:
+        report["unavailable"].append({"component": "device", "reason": context.device_error})
+    report["device"] = _probe(report, "device", _device_info, context,
                               default={"available": False, "reason": "probe failed"})
     if not report["device"].get("available"):
         report["unavailable"].append({"component": "cuda", "reason": report["device"]["reason"]})
@@ -448,7 +465,7 @@ def build_info(device: Optional[int] = None) -> dict:
     report["profiles"] = _probe(report, "profiles", _profiles, report["device"], device_arg, default=[])
     report["presets"] = _probe(report, "presets", _presets, default=[])
     report["backends"] = _probe(report, "backends", _backends, device_arg, default=[])
-    report["defaults"] = _probe(report, "defaults", _defaults, report, default={})
+    report["defaults"] = _probe(report, "defaults", _defaults, report, context, default={})
     report["splitk_tables"] = _probe(report, "split-K tables", _splitk_tables, default=[])
     report["unavailable"] += _refused_bundles()
     report["numba_cache"] = _probe(report, "numba cache", _numba_cache, default=None)
