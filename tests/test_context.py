@@ -74,6 +74,22 @@ def test_the_backend_selection_reads_its_context(clean_environment):
         backends.requested_backend("auto", context=context_of(MMAEMU_BACKEND="gpu"))
 
 
+def test_device_matching_reads_its_context(clean_environment, monkeypatch):
+    from mmaemu.platform import cublaslt
+
+    probed = []
+
+    def device_info(ordinal):
+        probed.append(ordinal)
+        return "NVIDIA H100 PCIe", 114
+
+    monkeypatch.setattr(cublaslt, "driver_device_info", device_info)
+    monkeypatch.setattr(cublaslt, "loaded_cublaslt_version", lambda: (12, 8, 3, 14))
+    hopper = get_profile("hopper")
+    assert hopper.matches_device(0, context=context_of(MMAEMU_DISABLE_CUDA="1")) is False and probed == []
+    assert hopper.matches_device(0, context=context_of()) is True and probed == [0]
+
+
 def test_the_planner_takes_the_context_of_its_entry_point(clean_environment):
     from mmaemu.plan.planner import plan_accumulate
 

@@ -135,6 +135,8 @@ class _Call:
     out: str
     fast: bool
     profile: Profile
+    # the mmaemu.context.Context of the decision (None: the environment now); not part of the call's key
+    context: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def pair(self) -> str:
@@ -369,7 +371,7 @@ def _table_row(call: _Call, table, pending: _Pending) -> Optional[SplitDecision]
 
 def _live_answer(call: _Call, table, pending: _Pending) -> Optional[SplitDecision]:
     """3.5: ask the loaded cuBLASLt, only when the current device is the profile's reference GPU (3.6)."""
-    if not call.profile.matches_device():
+    if not call.profile.matches_device(context=call.context):
         return None
     from . import heuristic  # lazy: numpy and NVIDIA's bindings are only needed on the reference GPU
 
@@ -685,7 +687,7 @@ def _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profil
     out = out_dtype_name(out_dtype) if out_dtype is not None else formats.TORCH_NAMES[fa]
     if not (isinstance(use_fast_accum, bool) or _is_numpy_bool(use_fast_accum)):
         raise TypeError(f"use_fast_accum must be a bool, got {use_fast_accum!r}")
-    return _Call(*sizes, fa, fb, out, bool(use_fast_accum), get_profile(profile, context=context))
+    return _Call(*sizes, fa, fb, out, bool(use_fast_accum), get_profile(profile, context=context), context)
 
 
 def _is_numpy_bool(value) -> bool:
