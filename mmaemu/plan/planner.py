@@ -21,7 +21,7 @@ from ..errors import UnsupportedFeatureError
 from ..model.presets import Preset, get_preset
 from ..platform import get_profile, rowwise
 from ..platform.profiles import profile_maturity_notices
-from ..platform.splitk import POLICIES, SplitDecision, check_scheme_for_preset, decide_splitk
+from ..platform.splitk import POLICIES, SplitDecision, asks_one_split, check_scheme_for_preset, decide_splitk
 from ..warn import Notice, collecting, report
 from .flush import check_no_flush_to_zero
 from .validate import split_key, validate_accumulate, validate_scaled_mm
@@ -137,18 +137,6 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
     return plan
 
 
-def _asks_no_split(splitk) -> bool:
-    """True for the splitk values that mean one split: "auto" and "assume-unsplit" (the kernel decides), 1,
-    (1, "none")."""
-    if isinstance(splitk, str):
-        return splitk in POLICIES
-    if isinstance(splitk, bool):
-        return False
-    if isinstance(splitk, (tuple, list)):
-        return len(splitk) == 2 and splitk[0] == 1 and splitk[1] == "none"
-    return getattr(splitk, "S", splitk) == 1
-
-
 def _plan_rowwise(plan: Plan, splitk, backend, context) -> Plan:
     """A row-wise call (torch's CUTLASS kernel, :mod:`mmaemu.platform.rowwise`): experimental; one CTA per output
     over all of K, so S = 1 whatever the shape; the scale order of the epilogue is in the split note."""
@@ -156,7 +144,7 @@ def _plan_rowwise(plan: Plan, splitk, backend, context) -> Plan:
     _note(plan, [rowwise.rowwise_maturity_notice()])
     if call.out_resize_warns:
         _out_warning(plan, OUT_RESIZED_MESSAGE.format(old=tuple(call.out.shape), new=(call.M, call.N)))
-    if not _asks_no_split(splitk):
+    if not asks_one_split(splitk):
         raise UnsupportedFeatureError(
             f"splitk={splitk!r}: torch 2.7.1's row-wise kernel never splits K ({rowwise.NO_SPLIT_REASON}); use "
             f"splitk='auto' or 1"

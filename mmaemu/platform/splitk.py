@@ -51,6 +51,7 @@ __all__ = [
     "ASSUME_UNSPLIT",
     "POLICIES",
     "POLICY_ENV",
+    "asks_one_split",
     "ENVELOPE_MARGIN",
 ]
 
@@ -61,6 +62,19 @@ SOURCES = ("explicit", "workspace0", "table", "live-query", "envelope", "assumed
 ASSUME_UNSPLIT = "assume-unsplit"
 POLICIES = ("auto", ASSUME_UNSPLIT)
 POLICY_ENV = "MMAEMU_SPLITK_POLICY"  # replaces splitk="auto" (mmaemu.environment)
+
+
+def asks_one_split(splitk) -> bool:
+    """True for the ``splitk`` values a kernel without split-K accepts: the policies (the kernel decides, and it
+    never splits), 1, ``(1, "none")`` and a decision with S = 1. The one rule for torch's row-wise kernel, its
+    layer and the block-wise layer."""
+    if isinstance(splitk, str):
+        return splitk in POLICIES
+    if isinstance(splitk, bool):
+        return False
+    if isinstance(splitk, (tuple, list)):
+        return len(splitk) == 2 and splitk[0] == 1 and splitk[1] == "none"
+    return getattr(splitk, "S", splitk) == 1
 # platform.md 3.9 (RTX 4060): S = 1 only above 2x the largest recorded split M*N (peer choice; the RTX 4060 was
 # seen splitting up to 1.27x the largest recorded split M*N).
 ENVELOPE_MARGIN = 2
