@@ -50,6 +50,7 @@ def _check(status, what: str) -> None:
     if status != 0:
         raise CublasLtError(f"{what} returned cuBLAS status {status}")
 
+
 # ----------------------------------------------------------------------------------------------------------------
 # One device as torch sees it
 
@@ -192,6 +193,7 @@ def load_libcuda():
         except OSError as exc:
             errors.append(f"{path}: {exc}")
     raise CublasLtError("libcuda not found: " + "; ".join(errors))
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # The libcublasLt of this process
