@@ -321,19 +321,19 @@ def _nvrtc_candidates() -> List[Optional[str]]:
 # Profiles, presets, backends
 
 
-def _profiles(device: dict, device_arg) -> List[dict]:
+def _profiles(device: dict, device_arg, context: Context) -> List[dict]:
     """Every profile, with whether it matches the device (``device``: the report's Device section)."""
     from .platform import get_profile, list_profiles
 
     out = []
     for name in list_profiles():
         p = get_profile(name)
-        match, why = _profile_match(p, device, device_arg)
+        match, why = _profile_match(p, device, device_arg, context)
         out.append(dict(p.describe(), match=match, match_note=why))
     return out
 
 
-def _profile_match(p, device: dict, device_arg) -> tuple:
+def _profile_match(p, device: dict, device_arg, context: Context) -> tuple:
     """(True | False | None for unknown, why) of profile ``p`` on the device."""
     if not (p.gpu_name and p.sm_count and p.cublaslt_version):
         return None, "no reference GPU"
@@ -341,7 +341,7 @@ def _profile_match(p, device: dict, device_arg) -> tuple:
     if disabled is not None:
         return None, f"{DISABLE_ENV}={disabled}"
     try:
-        match = bool(p.matches_device(device_arg))
+        match = bool(p.matches_device(device_arg, context=context))
     except Exception as exc:
         return None, error_text(exc)
     if match:
@@ -462,7 +462,7 @@ def build_info(device: Optional[int] = None) -> dict:
     if not report["device"].get("available"):
         report["unavailable"].append({"component": "cuda", "reason": report["device"]["reason"]})
     device_arg = None if device is None else _torch_device("cuda", device)
-    report["profiles"] = _probe(report, "profiles", _profiles, report["device"], device_arg, default=[])
+    report["profiles"] = _probe(report, "profiles", _profiles, report["device"], device_arg, context, default=[])
     report["presets"] = _probe(report, "presets", _presets, default=[])
     report["backends"] = _probe(report, "backends", _backends, device_arg, default=[])
     report["defaults"] = _probe(report, "defaults", _defaults, report, context, default={})
