@@ -101,16 +101,17 @@ def cycles(graph):
 
 
 # The layers, lowest first: (name, modules and packages). A module belongs to the layer of its longest listed
-# prefix; it may import its own layer and those below, never one above.
+# prefix (the package itself, "mmaemu", is no prefix: a new top-level module must be given a layer here); it may
+# import its own layer and those below, never one above.
 LAYERS = (
     ("base", ("mmaemu._version", "mmaemu.errors", "mmaemu.environment", "mmaemu.warn", "mmaemu._private",
               "mmaemu._cache", "mmaemu._numba_cache", "mmaemu._jit", "mmaemu._untraced", "mmaemu.device_facts",
-              "mmaemu.context",
+              "mmaemu.context", "mmaemu.scale_layout",
               "mmaemu.fpmode", "mmaemu.tensor_kinds", "mmaemu.formats", "mmaemu.plan.flush")),
     ("arithmetic", ("mmaemu.arith",)),
     ("presets", ("mmaemu.model.presets", "mmaemu.model.chunked")),
     ("kernels", ("mmaemu.cpu", "mmaemu.cuda", "mmaemu.model")),
-    ("plan", ("mmaemu.plan", "mmaemu.platform", "mmaemu.backends", "mmaemu.quantize")),
+    ("plan", ("mmaemu.plan", "mmaemu.platform", "mmaemu.backends", "mmaemu.quantize", "mmaemu.block_quantize")),
     ("api", ("mmaemu.api", "mmaemu.deepgemm", "mmaemu.audit")),
     ("edge", ("mmaemu", "mmaemu.cli", "mmaemu.nn", "mmaemu.nn_recipes", "mmaemu.patching", "mmaemu.diagnostics",
               "mmaemu.record", "mmaemu.testing", "mmaemu.demo", "mmaemu.__main__")),
@@ -122,7 +123,8 @@ def layer_of(module):
     best = None
     for index, (name, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[2]):
+            inside = module == prefix or (prefix != "mmaemu" and module.startswith(prefix + "."))
+            if inside and (best is None or len(prefix) > best[2]):
                 best = (index, name, len(prefix))
     return None if best is None else best[:2]
 
