@@ -4,9 +4,11 @@ The policy layers decide from a :class:`Context` instead of reading the surround
 choice (:func:`mmaemu.platform.profiles.get_profile`), the split-K decision
 (:func:`mmaemu.platform.splitk.decide_splitk`) and the backend selection (:func:`mmaemu.backends.select`) take
 ``context=`` and return data (the profile, the decision with its warnings, the selection with its fallbacks).
-Only the edge builds a context: the entry points of :mod:`mmaemu.api` (:func:`for_call`, once per call) and
-``mmaemu info`` (:func:`mmaemu.diagnostics.report_context`, which also reads the device), so a call sees one
-reading of the environment from its first decision to its last.
+Only the entry points build a context: a call that is planned gets one from :func:`for_call` (``explain``,
+:mod:`mmaemu.patching`, and the plan cache of :mod:`mmaemu.plan.cache` behind ``scaled_mm``, ``accumulate`` and
+the ``nn`` layers, on a miss), and ``mmaemu info`` one with the device facts
+(:func:`mmaemu.diagnostics.report_context`), so a call sees one reading of the environment from its first
+decision to its last.
 
 What a context does not hold yet: for a call, the device facts and the kernels' verdicts are read by the CUDA
 dispatcher when CUDA tensors are seen (:mod:`mmaemu.cuda.device`, :mod:`mmaemu.device_facts`, once per device

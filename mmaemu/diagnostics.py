@@ -95,11 +95,9 @@ def cuda_driver_absent() -> bool:
     asking torch (an import of seconds) can be skipped. False does not mean that a device is usable."""
     if cuda_disabled_value() is not None:
         return True
-    from .platform import cublaslt
-
     try:
-        cublaslt._load_libcuda()
-    except cublaslt.CublasLtError:  # no candidate path loads
+        device_facts.load_libcuda()
+    except device_facts.CublasLtError:  # no candidate path loads
         return True
     return False
 
