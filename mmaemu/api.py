@@ -14,6 +14,7 @@ import numpy
 import torch
 
 from ._untraced import untraced
+from .context import for_call
 from .plan.cache import cached_plan_accumulate, cached_plan_scaled_mm
 from .plan.planner import CallPlan, explain_scaled_mm
 from .warn import edge, report
@@ -264,6 +265,6 @@ def explain(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dty
             *, out=None, profile=None, splitk="auto", backend="auto") -> CallPlan:
     """What ``scaled_mm`` would do with these arguments, as a :class:`CallPlan`; never raises for a bad call."""
     return explain_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out=out,
-                             profile=profile, splitk=splitk, backend=backend)
+                             profile=profile, splitk=splitk, backend=backend, context=for_call())
 
 

@@ -197,15 +197,15 @@ def test_explain_on_the_cpu_does_not_import_torch(disable_cuda):
 
 
 def test_cuda_driver_absent_reads_the_driver_and_the_switch(monkeypatch):
-    from mmaemu.platform import cublaslt
+    from mmaemu import device_facts
 
     def missing():
-        raise cublaslt.CublasLtError("libcuda not found")
+        raise device_facts.CublasLtError("libcuda not found")
 
     monkeypatch.delenv("MMAEMU_DISABLE_CUDA", raising=False)
-    monkeypatch.setattr(cublaslt, "_load_libcuda", missing)
+    monkeypatch.setattr(device_facts, "load_libcuda", missing)
     assert diagnostics.cuda_driver_absent() is True
-    monkeypatch.setattr(cublaslt, "_load_libcuda", lambda: object())
+    monkeypatch.setattr(device_facts, "load_libcuda", lambda: object())
     assert diagnostics.cuda_driver_absent() is False
     monkeypatch.setenv("MMAEMU_DISABLE_CUDA", "1")
     assert diagnostics.cuda_driver_absent() is True

@@ -24,6 +24,10 @@ with the plan and reported again on every hit (:func:`mmaemu.warn.report`), so t
 :mod:`mmaemu.warn` decides once-per-process emission as before. The one per-thread check, that the calling CPU
 thread does not flush subnormals (:mod:`mmaemu.plan.flush`), is the planner's last step and runs again on every
 hit. The cache holds at most :data:`MAX_PLANS` plans (least recently used dropped first) and is thread-safe.
+
+A call that is planned (a miss, or a call that is never kept) is planned with one :class:`mmaemu.context.Context`
+(:func:`mmaemu.context.for_call`): every decision of the plan reads the same environment snapshot. A hit reuses a
+plan decided from the same environment texts (they are part of the signature).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from .. import environment
+from ..context import for_call
 from ..platform.definitions import _BY_NAME as _BUILTIN_PROFILES
 from ..platform.definitions import DEFAULT_PROFILE
 from ..platform.profiles import PROFILE_ENV, get_profile
@@ -256,7 +261,7 @@ def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result
     options = dict(out=out, profile=resolved, splitk=splitk, backend=backend)
     if key is None:
         _count_uncached()
-        return plan_scaled_mm(*arguments, **options)
+        return plan_scaled_mm(*arguments, **options, context=for_call())
     entry = _lookup(key)
     if entry is not None:
         _replay(entry)
@@ -265,7 +270,7 @@ def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result
                      bias=bias if entry.template.call.rowwise else None)
         return _bind(entry, given)
     try:
-        plan, notices = _plan_reporting(plan_scaled_mm, *arguments, **options)
+        plan, notices = _plan_reporting(plan_scaled_mm, *arguments, **options, context=for_call())
     except BaseException:
         _count_uncached()
         raise
@@ -285,13 +290,13 @@ def cached_plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto",
                    out_dtype_for_split=out_dtype_for_split)
     if key is None:
         _count_uncached()
-        return plan_accumulate(a, b, **options)
+        return plan_accumulate(a, b, **options, context=for_call())
     entry = _lookup(key)
     if entry is not None:
         _replay(entry)
         return _bind(entry, dict(a=a, b=b))
     try:
-        plan, notices = _plan_reporting(plan_accumulate, a, b, **options)
+        plan, notices = _plan_reporting(plan_accumulate, a, b, **options, context=for_call())
     except BaseException:
         _count_uncached()
         raise

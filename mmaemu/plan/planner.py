@@ -6,7 +6,8 @@ Each decision returns its warnings as data (:class:`mmaemu.warn.Notice`); the pl
 (:func:`mmaemu.warn.report`), so that a call refused later in the plan still gives the warnings found before.
 The entry point decides what happens to them: ``scaled_mm``/``accumulate`` emit them (once per process per key,
 at the user's line); ``explain`` plans inside :func:`mmaemu.warn.collecting`, so it emits nothing and consumes no
-once-per-process slot.
+once-per-process slot. The entry point also gives the plan its :class:`mmaemu.context.Context` (``context=``),
+which every decision of the plan reads (None: each decision reads the environment as it is then).
 """
 
 from __future__ import annotations
@@ -92,21 +93,21 @@ def _maturity_warnings(plan: Plan):
     _note(plan, profile_maturity_notices(plan.profile))
 
 
-def _decide(plan: Plan, M, N, K, fmt_a, fmt_b, out_dtype, fast, splitk, layout_std):
+def _decide(plan: Plan, M, N, K, fmt_a, fmt_b, out_dtype, fast, splitk, layout_std, context):
     """f.7.3: the split-K decision, with the planner's checks of the preset's GEMM level and split scheme."""
     require_gemm_level(plan.preset, fast)
     plan.split, notices = decide_splitk(M, N, K, a_dtype=fmt_a, b_dtype=fmt_b, out_dtype=out_dtype,
                                         use_fast_accum=fast, profile=plan.profile, splitk=splitk,
-                                        layout_std=layout_std)
+                                        layout_std=layout_std, context=context)
     _note(plan, notices)
     require_gemm_level(plan.preset, fast, plan.split.S)
     check_scheme_for_preset(plan.split.splitk, plan.preset)
 
 
-def _choose_backend(plan: Plan, device, backend, fmt_a, fmt_b):
+def _choose_backend(plan: Plan, device, backend, fmt_a, fmt_b, context):
     """f.7.4: the engine; then f.7.5, the refusal of a CPU thread that flushes subnormals (semantics.md (e)),
     made while planning so that explain reports it and a refused call computes nothing."""
-    selection = backends.select(device, backend, fmt_a, fmt_b, plan.preset)
+    selection = backends.select(device, backend, fmt_a, fmt_b, plan.preset, context=context)
     plan.backend, plan.fallbacks = selection.name, list(selection.fallbacks)
     if device.type == "cpu":
         check_no_flush_to_zero()
@@ -114,14 +115,14 @@ def _choose_backend(plan: Plan, device, backend, fmt_a, fmt_b):
 
 def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
                    use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto",
-                   global_scales=None) -> Plan:
+                   global_scales=None, context=None) -> Plan:
     """Validate and plan a ``scaled_mm`` call in the order of semantics.md (f); raises what scaled_mm raises.
     ``global_scales``: NVFP4's (global_scale_a, global_scale_b) or None (:mod:`mmaemu.plan.block_scaled`); they
     may also come as ``(block scales, global scale)`` pairs in scale_a and scale_b.
 
     The operands may also be :class:`~mmaemu.plan.descriptors.TensorDescriptor` (all of them, on a descriptor
     device, with a TorchName out_dtype): the call is then planned without importing torch, and only explained."""
-    profile = get_profile(profile)
+    profile = get_profile(profile, context=context)
     if global_scales is None:
         scale_a, scale_b, global_scales = split_two_level(scale_a, scale_b)
     call = validate_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out,
@@ -131,11 +132,11 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
         plan.action = "zeros"
         return plan
     if call.block_scaled is not None:
-        return _plan_block_scaled(plan, splitk, backend)
+        return _plan_block_scaled(plan, splitk, backend, context)
     _refuse_block_scaled_preset(plan)
     _maturity_warnings(plan)
     if call.rowwise:
-        return _plan_rowwise(plan, splitk, backend)
+        return _plan_rowwise(plan, splitk, backend, context)
     if call.out_unusable:
         _out_warning(plan, OUT_UNCHANGED_MESSAGE)
         plan.action = "out-unchanged"
@@ -144,12 +145,13 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
         _out_warning(plan, OUT_RESIZED_MESSAGE.format(old=tuple(out.shape), new=(call.M, call.N)))
     M, N, K, fmt_a, fmt_b = split_key(call)
     # the output dtype by name: the split decision reads only its name, which an operand descriptor's dtype has too
-    _decide(plan, M, N, K, fmt_a, fmt_b, dtype_name(call.out_dtype), call.use_fast_accum, splitk, call.layout_std)
-    _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b)
+    _decide(plan, M, N, K, fmt_a, fmt_b, dtype_name(call.out_dtype), call.use_fast_accum, splitk, call.layout_std,
+            context)
+    _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b, context)
     return plan
 
 
-def _plan_rowwise(plan: Plan, splitk, backend) -> Plan:
+def _plan_rowwise(plan: Plan, splitk, backend, context) -> Plan:
     """A row-wise call (torch's CUTLASS kernel, :mod:`mmaemu.platform.rowwise`): experimental; one CTA per output
     over all of K, so S = 1 whatever the shape; the scale order of the epilogue is in the split note."""
     call = plan.call
@@ -165,7 +167,7 @@ def _plan_rowwise(plan: Plan, splitk, backend) -> Plan:
     order = rowwise.scale_order(call.M, call.N)
     plan.kernel = rowwise.KERNEL
     plan.split = SplitDecision(1, "none", "kernel", False, None, f"{rowwise.NO_SPLIT_REASON}; {order.note}")
-    _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b)
+    _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b, context)
     return plan
 
 
@@ -178,7 +180,7 @@ def _refuse_block_scaled_preset(plan: Plan) -> None:
             f"or use profile 'tcgen05-f8f6f4-experimental' for tensor-wise scales")
 
 
-def _plan_block_scaled(plan: Plan, splitk, backend) -> Plan:
+def _plan_block_scaled(plan: Plan, splitk, backend, context) -> Plan:
     """An MXFP8 / NVFP4 call (:mod:`mmaemu.platform.block_scaled`): experimental; one chain of the instruction per
     output over all of K, so S = 1 only; CPU engines, or ``cuda:simple`` when asked for by name."""
     call = plan.call
@@ -197,18 +199,18 @@ def _plan_block_scaled(plan: Plan, splitk, backend) -> Plan:
                                f"{block_scaled.NO_SPLIT_REASON}; instruction {spec.preset.name}, "
                                f"{spec.recipe.name.upper()} block {spec.block}; unknown: "
                                f"{'; '.join(block_scaled.UNKNOWNS)}")
-    _choose_block_scaled_backend(plan, call.device, backend)
+    _choose_block_scaled_backend(plan, call.device, backend, context)
     return plan
 
 
-def _choose_block_scaled_backend(plan: Plan, device, backend) -> None:
+def _choose_block_scaled_backend(plan: Plan, device, backend, context) -> None:
     """The engines of block-scaled calls: "reference" and "cpu"; on CUDA tensors "cuda:simple" when named, else
     the CPU engine (the result is copied back)."""
-    name = backends.requested_backend(backend)
+    name = backends.requested_backend(backend, context=context)
     on_cuda = getattr(device, "type", str(device)) == "cuda"
     if name in backends.CPU_ENGINES:
         plan.backend = name
-    elif name == "cuda:simple" and on_cuda and not backends.cuda_disabled():
+    elif name == "cuda:simple" and on_cuda and not backends.cuda_disabled(context=context):
         plan.backend = name
     elif name == "auto" or backend == "auto":  # $MMAEMU_BACKEND naming another CUDA kernel is a preference
         plan.backend = "cpu"
@@ -223,11 +225,11 @@ def _choose_block_scaled_backend(plan: Plan, device, backend) -> None:
 
 
 def plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="auto",
-                    out_dtype_for_split=None) -> Plan:
+                    out_dtype_for_split=None, context=None) -> Plan:
     """Validate and plan an ``accumulate`` call (semantics.md f.8)."""
     import torch
 
-    profile = get_profile(profile)
+    profile = get_profile(profile, context=context)
     call = validate_accumulate(a, b, use_fast_accum=use_fast_accum)
     plan = Plan(call, profile, get_preset(profile.preset, warn=False))
     if call.zero_size:
@@ -236,8 +238,9 @@ def plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backen
     _refuse_block_scaled_preset(plan)
     _maturity_warnings(plan)
     out_dtype = torch.float32 if out_dtype_for_split is None else out_dtype_for_split
-    _decide(plan, call.M, call.N, call.K, call.fmt_a, call.fmt_b, out_dtype, call.use_fast_accum, splitk, True)
-    _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b)
+    _decide(plan, call.M, call.N, call.K, call.fmt_a, call.fmt_b, out_dtype, call.use_fast_accum, splitk, True,
+            context)
+    _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b, context)
     return plan
 
 
@@ -248,13 +251,13 @@ def explain_scaled_mm(*args, **kwargs) -> CallPlan:
         try:
             return plan_scaled_mm(*args, **kwargs).describe()
         except Exception as error:  # explain reports every failure of the call instead of raising it
-            return _failed_plan(error, kwargs.get("profile"))
+            return _failed_plan(error, kwargs.get("profile"), kwargs.get("context"))
 
 
-def _failed_plan(error: Exception, profile) -> CallPlan:
+def _failed_plan(error: Exception, profile, context=None) -> CallPlan:
     name = preset = maturity = None
     try:
-        resolved = get_profile(profile)
+        resolved = get_profile(profile, context=context)
         name, preset_obj = resolved.name, get_preset(resolved.preset, warn=False)
         preset, maturity = preset_obj.name, preset_obj.maturity
     except Exception:  # an unknown profile is itself the error being reported

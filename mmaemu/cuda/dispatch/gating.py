@@ -20,6 +20,7 @@ import time
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from ... import environment
+from ...arith.params import Schedule
 from ...errors import BackendFallbackWarning, BackendUnavailableError
 from ...warn import Notice
 from ..catalog import KERNELS, NATIVE_INSTRUCTIONS, BackendStatus, GateResult, KernelInfo, Selection, gemm_kernels
@@ -48,7 +49,7 @@ def _probe(device):
 
 
 # A schedule that only the preset and formats shape: one split, fast accumulation (see design_skip).
-UNSPLIT_FAST = (1, 1, 0, 0, 0, 0)
+UNSPLIT_FAST = Schedule(1, 1, 0, 0, 0, 0)
 # Kernels with a decline rule for devices, beside the kernel: (device info, preset or None) -> why not, or None.
 DEVICE_DECLINES = {"native": device_decline}
 
