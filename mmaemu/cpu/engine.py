@@ -7,13 +7,14 @@ import threading
 
 import numpy as np
 
-from .. import formats
+from .. import environment, formats
 from ..arith.epilogue import OUT_CODES, scale_product
 from ..arith.params import codes_gemm
 from ..arith.rounding import BFLOAT16, FLOAT32, value_of_bits
 from ..arith.rowwise import exact_values, rowwise_epilogue_rows
 from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_decode
 from . import threads
+from .features import CPU_ENGINE_ENV, EngineChoice, choose_cpu_engine, numba_target
 from .gemm import (TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, decode_panel, epilogue_gemm,
                    nonfinite_rows, override_nonfinite)
 
@@ -118,6 +119,16 @@ def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, ou
     threads.run_tasks(lambda t=t: task(*t) for t in tasks)
 
 
+def cpu_engine_choice(preset, schedule, fmt_a: str, fmt_b: str, requested=None) -> EngineChoice:
+    """The engine of the fast path for a call (:func:`mmaemu.cpu.features.choose_cpu_engine`): ``requested``
+    (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE``), the CPU Numba compiles for and whether the offset method
+    computes the preset, schedule and formats (:func:`mmaemu.cpu.offset_engine.offset_call_decline`)."""
+    from .offset_engine import offset_call_decline
+
+    requested = environment.snapshot()[CPU_ENGINE_ENV] if requested is None else requested
+    return choose_cpu_engine(requested, numba_target(), offset_call_decline(preset, schedule, fmt_a, fmt_b))
+
+
 # NaN and Inf codes are exactly the codes with ``code & mask == pattern`` (E4M3: S.1111.111; E5M2: S.11111.xx).
 NONFINITE_PATTERN = {"e4m3": (0x7F, 0x7F), "e5m2": (0x7C, 0x7C)}
 
@@ -131,11 +142,13 @@ def nonfinite_flags(codes, fmt: str):
 
 
 def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none", *,
-                     reference=False):
+                     reference=False, cpu_engine=None):
     """fp32 accumulators [M, N] of A [M, K] times B [N, K]^T given as uint8 FP8 codes (semantics.md (c), (d)).
 
     Every format pair is accepted (E5M2 x E5M2 included); non-finite codes follow the rule of c.4.
-    ``reference=True`` runs the straightforward loop (one chain walk per output) instead of the fast path.
+    ``reference=True`` runs the straightforward loop (one chain walk per output) instead of the fast path;
+    ``cpu_engine`` (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE``) picks the fast path's engine
+    (:func:`cpu_engine_choice`).
     """
     gemm = codes_gemm(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
     a_codes, b_codes, schedule, params = gemm.a_codes, gemm.b_codes, gemm.schedule, gemm.params
@@ -148,6 +161,10 @@ def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, spl
         jobs = -(-sa.shape[0] // TILE_M) * -(-sb.shape[0] // TILE_N)
         job_work = REFERENCE_PRODUCT_WORK * TILE_M * TILE_N * sa.shape[1]
         threads.parallel_for(accumulate_gemm_reference, jobs, job_work, sa, ea, sb, eb, schedule, params, out)
+    elif cpu_engine_choice(preset, schedule, fmt_a, fmt_b, cpu_engine).engine == "offset":
+        from .offset_engine import accumulate_offset
+
+        accumulate_offset(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out)
     else:
         accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out)
     a_flags = nonfinite_flags(a_codes, fmt_a)

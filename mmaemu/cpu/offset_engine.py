@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ..arith.offset import ADD_MAX, offset_decline, offset_params, offset_tables
+from ..arith.offset import ADD_MAX, offset_decline, offset_floor_decline, offset_params, offset_tables
 from ..arith.params import preset_params
 from . import threads
 
@@ -58,11 +58,11 @@ def packing_tables(fmt: str):
 def offset_call_decline(preset, schedule, fmt_a: str, fmt_b: str) -> Optional[str]:
     """Why the offset engine does not compute a call (None if it does): the method's conditions
     (:func:`mmaemu.arith.offset.offset_decline`: early-accumulator presets whose block sums fit the window,
-    frac_out >= frac, nfma a multiple of 16), nfma <= MAX_NFMA (the byte counters), and k-tiles that whole blocks
+    frac_out >= frac, nfma a multiple of 16; :func:`~mmaemu.arith.offset.offset_floor_decline`), nfma <= MAX_NFMA (the byte counters), and k-tiles that whole blocks
     fill (split or slow schedules: nfma divides the tile, so no block ends inside a tile before K)."""
     params = preset_params(preset, fmt_a, fmt_b)
     nfma, frac, frac_out, late_c = params[0], params[3], params[4], params[6]
-    why = offset_decline(nfma, frac, frac_out, late_c)
+    why = offset_decline(nfma, frac, frac_out, late_c) or offset_floor_decline(params[5], frac)
     if why is not None:
         return why
     if nfma > MAX_NFMA:

@@ -1,0 +1,255 @@
+"""The CPU's offset engine (mmaemu.cpu.offset_engine on mmaemu.cpu.simd's AVX-512 intrinsics) equals the reference
+engine and the tile engine bit for bit; every vector intrinsic equals its exact twin; every constant of the block
+step matters; the engine is chosen from the CPU Numba compiles for, never compiled without AVX-512.
+
+The input families are those of tests/test_fast_path.py (random, wide exponent spreads with subnormals, exact
+cancellations) plus hand-built blocks (one huge product among tiny ones, subnormals only, grid-edge significands,
+a growing accumulator), on shapes from (1, 1, 1) to (13, 200, 517) with K rarely a multiple of 16 or 32.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mmaemu import environment
+from mmaemu.arith.offset import ADD_MAX, offset_params
+from mmaemu.arith.params import codes_gemm, preset_params
+from mmaemu.cpu import features
+from mmaemu.cpu.engine import accumulate_codes, cpu_engine_choice
+from mmaemu.cpu.offset_engine import accumulate_prepared, offset_call_decline, prepare_b
+from mmaemu.model.presets import ADA, B200_MMA_SYNC, HOPPER, Preset
+
+from test_fast_path import EXTREMES, PAIRS, cancelling_codes, random_codes, spread_codes
+
+AVX512 = features.offset_engine_decline(features.numba_target()) is None
+needs_avx512 = pytest.mark.skipif(not AVX512, reason="the target CPU has no AVX-512 F/BW/DQ/VL")
+
+
+def _bits(x):
+    return np.asarray(x, np.float32).view(np.uint32)
+
+
+def _engines_agree(a, b, fmt_a, fmt_b, preset, fast, splits=1, scheme="none"):
+    ref = accumulate_codes(a, b, fmt_a, fmt_b, preset, fast, splits, scheme, reference=True)
+    tile = accumulate_codes(a, b, fmt_a, fmt_b, preset, fast, splits, scheme, cpu_engine="tile")
+    got = accumulate_codes(a, b, fmt_a, fmt_b, preset, fast, splits, scheme, cpu_engine="offset")
+    assert np.array_equal(_bits(ref), _bits(tile))
+    bad = np.argwhere(_bits(ref) != _bits(got))
+    assert not len(bad), (f"{len(bad)} outputs differ ({preset.name} {fmt_a}x{fmt_b} fast={fast} S={splits} "
+                          f"{scheme}, shape {a.shape} x {b.shape}); first at {tuple(bad[0])}")
+
+
+def adversarial_rows(fmt, K):
+    """Rows that defeat each step of the method: one huge product among tiny ones, cancellation to +0, a sum
+    that grows through the blocks (its grid coarsens), subnormals only with mixed signs, only +-0, a late first
+    product, and grid-edge significands (odd significands next to the largest magnitude, so that products sit one
+    unit either side of the block grid)."""
+    big, tiny, norm = EXTREMES[fmt]
+    rows = []
+    r = np.zeros(K, np.uint8); r[0] = big; r[1:32] = tiny; rows.append(r)
+    r = np.zeros(K, np.uint8); r[0] = big; r[1:2] = big ^ 0x80; r[2:3] = tiny; rows.append(r)
+    r = np.full(K, norm, np.uint8); r[::7] = big - 2; rows.append(r)
+    r = np.full(K, tiny, np.uint8); r[::2] |= 0x80; rows.append(r)
+    r = np.zeros(K, np.uint8); r[::5] = 0x80; rows.append(r)
+    r = np.zeros(K, np.uint8); r[min(129, K - 1)] = big; rows.append(r)
+    r = np.array([(big - 1 - (k % 3)) | (0x80 * (k % 2)) for k in range(K)], np.uint8); r[1::9] = tiny; rows.append(r)
+    return np.stack(rows)
+
+
+@needs_avx512
+@pytest.mark.parametrize("fmt_a,fmt_b", PAIRS)
+def test_random_families_and_shapes(fmt_a, fmt_b):
+    rng = np.random.default_rng(abs(hash((fmt_a, fmt_b))) % 2**32)
+    shapes = [(1, 1, 1), (2, 64, 16), (3, 65, 33), (5, 17, 100), (13, 200, 517), (4, 130, 257)]
+    for (M, N, K), (preset, fast) in zip(shapes, [(HOPPER, True), (ADA, False), (HOPPER, False), (ADA, True),
+                                                   (HOPPER, True), (ADA, True)]):
+        for family in range(3):
+            if family == 0:
+                a, b = random_codes(rng, fmt_a, (M, K)), random_codes(rng, fmt_b, (N, K))
+            elif family == 1:
+                a, b = spread_codes(rng, fmt_a, (M, K)), spread_codes(rng, fmt_b, (N, K))
+            else:
+                a, b = cancelling_codes(rng, fmt_a, fmt_b, M, N, K)
+            _engines_agree(a, b, fmt_a, fmt_b, preset, fast)
+
+
+@needs_avx512
+@pytest.mark.parametrize("fmt_a,fmt_b", PAIRS)
+def test_adversarial_blocks_and_schedules(fmt_a, fmt_b):
+    rng = np.random.default_rng(7)
+    K = 300
+    a = adversarial_rows(fmt_a, K)
+    b = np.concatenate([adversarial_rows(fmt_b, K), random_codes(rng, fmt_b, (60, K))])
+    for preset in (HOPPER, ADA):
+        for fast in (True, False):
+            for k in (K, 33, 129):
+                _engines_agree(np.ascontiguousarray(a[:, :k]), np.ascontiguousarray(b[:, :k]), fmt_a, fmt_b,
+                               preset, fast)
+    _engines_agree(a, b, fmt_a, fmt_b, HOPPER, True, 3, "contiguous")
+    _engines_agree(a, b, fmt_a, fmt_b, HOPPER, False, 5, "contiguous")
+    _engines_agree(a, b, fmt_a, fmt_b, ADA, False, 5, "pairwise")
+    _engines_agree(a, b, fmt_a, fmt_b, ADA, True, 24, "serial")  # splits made of padding tiles only
+
+
+@needs_avx512
+def test_nonfinite_codes_follow_c4():
+    rng = np.random.default_rng(9)
+    a, b = random_codes(rng, "e4m3", (5, 97)), random_codes(rng, "e5m2", (40, 97))
+    a[1, 5], b[7, 0], b[20, 50] = 0x7F, 0x7C, 0xFE
+    _engines_agree(a, b, "e4m3", "e5m2", HOPPER, True)
+    _engines_agree(a, b, "e4m3", "e5m2", ADA, False, 4, "pairwise")
+
+
+@needs_avx512
+def test_prepared_b_is_reused_and_read_only():
+    rng = np.random.default_rng(1)
+    a1, a2 = random_codes(rng, "e4m3", (3, 70)), random_codes(rng, "e5m2", (4, 70))
+    b = random_codes(rng, "e4m3", (33, 70))
+    kept = b.copy()
+    prepared = prepare_b(b, "e4m3")
+    b[:] = 0  # the prepared panels hold no reference to B's storage
+    assert not prepared.val.flags.writeable and prepared.nbytes == prepared.val.size * 8
+    for a, fmt_a in ((a1, "e4m3"), (a2, "e5m2")):
+        gemm = codes_gemm(a, kept, fmt_a, "e4m3", HOPPER, True)
+        out = np.zeros((a.shape[0], 33), np.float32)
+        accumulate_prepared(gemm.a_codes, prepared, fmt_a, HOPPER, gemm.schedule, out)
+        want = accumulate_codes(a, kept, fmt_a, "e4m3", HOPPER, True, reference=True)
+        assert np.array_equal(_bits(out), _bits(want))
+    with pytest.raises(ValueError, match="K=70"):
+        accumulate_prepared(np.zeros((1, 71), np.uint8), prepared, "e4m3", HOPPER, (71, 1, 0, 0, 0, 0),
+                            np.zeros((1, 33), np.float32))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Every constant of the block step matters: each altered constant is caught by the families above
+# ----------------------------------------------------------------------------------------------------------------
+
+MIN_EXP_0 = Preset("offset-minexp0", nfma=32, frac=13, frac_out=13, min_exp=0, late_c=False, slow_chunk=128)
+CONSTANT_NAMES = ("nfma", "frac_out", "p_add", "floor_bits", "m_add", "tau_add", "tau_max", "top4", "mantissa")
+
+
+def _mutation_operands():
+    rng = np.random.default_rng(21)
+    K = 160
+    a = np.concatenate([adversarial_rows("e4m3", K), spread_codes(rng, "e4m3", (4, K)),
+                        cancelling_codes(rng, "e4m3", "e4m3", 4, 1, K)[0], random_codes(rng, "e4m3", (3, K))])
+    b = np.concatenate([adversarial_rows("e4m3", K), spread_codes(rng, "e4m3", (20, K)),
+                        random_codes(rng, "e4m3", (30, K)), cancelling_codes(rng, "e4m3", "e4m3", 1, 7, K)[1]])
+    return a, b
+
+
+@needs_avx512
+@pytest.mark.parametrize("name", CONSTANT_NAMES)
+@pytest.mark.parametrize("delta", [-1, 1], ids=["minus", "plus"])
+def test_every_constant_matters(name, delta):
+    """Each constant of offset_params moved by one unit of its own scale (a count, an exponent step of 2**23 in a
+    pattern, a byte of the threshold word) changes some output of the adversarial families (runtime values: no
+    recompilation)."""
+    a, b = _mutation_operands()
+    # The floor 2**e_floor decides E only where min_exp lies above every product's exponent sum (with min_exp
+    # below lo it changes nothing: condition 2), so it is moved on a preset whose min_exp is 0.
+    preset = MIN_EXP_0 if name == "floor_bits" else HOPPER
+    gemm = codes_gemm(a, b, "e4m3", "e4m3", preset, True)
+    want = accumulate_codes(a, b, "e4m3", "e4m3", preset, True, reference=True)
+    constants = list(offset_params(preset_params(preset, "e4m3", "e4m3"), "e4m3", "e4m3", ADD_MAX))
+    i = CONSTANT_NAMES.index(name)
+    step = {"p_add": 1 << 23, "floor_bits": 1 << 23, "m_add": 1 << 23, "top4": 1, "mantissa": 1 << 21}.get(name, 1)
+    if name == "nfma":
+        step = 16  # blocks are read as whole passes of 16 k
+    constants[i] = int(np.array((constants[i] + delta * step) % 2**32, np.uint32).view(np.int32))
+    prepared = prepare_b(gemm.b_codes, "e4m3")
+    out = np.zeros(gemm.shape[:2], np.float32)
+    accumulate_prepared(gemm.a_codes, prepared, "e4m3", preset, gemm.schedule, out, tuple(constants))
+    assert not np.array_equal(_bits(out), _bits(want)), f"{name} {delta:+d} went unnoticed"
+    constants[i] = offset_params(preset_params(preset, "e4m3", "e4m3"), "e4m3", "e4m3", ADD_MAX)[i]
+    accumulate_prepared(gemm.a_codes, prepared, "e4m3", preset, gemm.schedule, out, tuple(constants))
+    assert np.array_equal(_bits(out), _bits(want))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The choice of the engine
+# ----------------------------------------------------------------------------------------------------------------
+
+ZEN4 = features.TargetCpu("znver4", frozenset(features.REQUIRED_FEATURES + ("avx2",)), "x86_64")
+GENERIC = features.TargetCpu("generic", frozenset(), "x86_64")
+HASWELL = features.TargetCpu("haswell", frozenset({"avx2", "fma"}), "x86_64")
+
+
+def test_choice_from_the_target_cpu():
+    assert features.choose_cpu_engine("auto", ZEN4, None).engine == "offset"
+    for target in (GENERIC, HASWELL, features.TargetCpu("apple-m1", frozenset(), "arm64")):
+        choice = features.choose_cpu_engine("auto", target, None)
+        assert choice.engine == "tile" and "AVX-512" in choice.reason or "x86-64" in choice.reason
+        with pytest.raises(ValueError, match="MMAEMU_CPU_ENGINE=offset.*unset MMAEMU_CPU_ENGINE"):
+            features.choose_cpu_engine("offset", target, None)
+    assert features.choose_cpu_engine("tile", ZEN4, None) == ("tile", "MMAEMU_CPU_ENGINE=tile")
+    assert features.choose_cpu_engine("auto", ZEN4, "needs x").engine == "tile"
+    with pytest.raises(ValueError, match="needs x"):
+        features.choose_cpu_engine("offset", ZEN4, "needs x")
+
+
+def test_feature_strings_as_llvm_writes_them():
+    assert features.parse_features("+avx512f,-avx512fp16,+avx512bw, +sse2") == {"avx512f", "avx512bw", "sse2"}
+    assert features.parse_features("") == frozenset()
+
+
+def test_calls_the_method_fits():
+    fast = (4096, 1, 0, 0, 0, 0)
+    for preset in (HOPPER, ADA):
+        for fmt_a, fmt_b in PAIRS:
+            assert offset_call_decline(preset, fast, fmt_a, fmt_b) is None
+            assert offset_call_decline(preset, (128, 1, 0, 1, 0, 0), fmt_a, fmt_b) is None
+            assert offset_call_decline(preset, (64, 5, 1, 2, 1, 1), fmt_a, fmt_b) is None
+    assert "late" in offset_call_decline(B200_MMA_SYNC, fast, "e4m3", "e4m3")
+    assert "16" in offset_call_decline(Preset("c8", nfma=8, frac=13, frac_out=13, min_exp=-132, late_c=False,
+                                              slow_chunk=128), fast, "e4m3", "e4m3")
+    assert "frac_out" in offset_call_decline(Preset("c", nfma=16, frac=13, frac_out=10, min_exp=-132, late_c=False,
+                                                    slow_chunk=128), fast, "e4m3", "e4m3")
+
+
+def test_environment_variable():
+    assert environment.snapshot({})["MMAEMU_CPU_ENGINE"] == "auto"
+    assert environment.snapshot({"MMAEMU_CPU_ENGINE": " Tile "})["MMAEMU_CPU_ENGINE"] == "tile"
+    env = environment.snapshot({"MMAEMU_CPU_ENGINE": "fast"})
+    assert env["MMAEMU_CPU_ENGINE"] == "auto" and "MMAEMU_CPU_ENGINE" in env.invalid
+
+
+def test_reported_choice_follows_the_variable(monkeypatch):
+    schedule = (100, 1, 0, 0, 0, 0)
+    monkeypatch.setenv("MMAEMU_CPU_ENGINE", "tile")
+    assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3").engine == "tile"
+    monkeypatch.setenv("MMAEMU_CPU_ENGINE", "auto")
+    assert cpu_engine_choice(B200_MMA_SYNC, schedule, "e4m3", "e4m3").engine == "tile"
+    assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3").engine == ("offset" if AVX512 else "tile")
+
+
+GENERIC_RUN = """
+import numpy as np, sys
+from mmaemu.cpu import features
+from mmaemu.cpu.engine import accumulate_codes, cpu_engine_choice
+from mmaemu.model.presets import HOPPER
+rng = np.random.default_rng(0)
+a = rng.integers(0, 0x70, (3, 40), dtype=np.uint8); b = rng.integers(0, 0x70, (5, 40), dtype=np.uint8)
+choice = cpu_engine_choice(HOPPER, (40, 1, 0, 0, 0, 0), "e4m3", "e4m3")
+got = accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True)
+want = accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True, reference=True)
+try:
+    accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True, cpu_engine="offset")
+    refused = "no"
+except ValueError as exc:
+    refused = str(exc)
+print(choice.engine, np.array_equal(got.view(np.uint32), want.view(np.uint32)),
+      "mmaemu.cpu.offset_kernel" in sys.modules, "unset MMAEMU_CPU_ENGINE" in refused)
+"""
+
+
+def test_generic_cpu_keeps_the_tile_engine_and_never_compiles_the_offset_one(tmp_path):
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", MMAEMU_CACHE_DIR=str(tmp_path))
+    env.pop("NUMBA_CPU_FEATURES", None)
+    env.pop("MMAEMU_CPU_ENGINE", None)
+    run = subprocess.run([sys.executable, "-c", GENERIC_RUN], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["tile", "True", "False", "True"]
