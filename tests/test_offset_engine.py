@@ -141,13 +141,19 @@ def _mutation_operands():
     return a, b
 
 
+# (constant, signed step): one unit of the constant's own scale (a count, an exponent step of 2**23 in a pattern, a
+# byte of the threshold word), both ways. tau_max, the upper clamp of the threshold's shift (R + 1 = 35 for E4M3 x
+# E4M3), is moved down only: it guards condition 4 for shifts above R, which the shipped presets' products and
+# accumulators cannot reach (E - frac - lo <= 23 here), so a clamp raised, or lowered by one, is never read; a clamp
+# of 19 is read by every block whose shift exceeds it.
+MUTATIONS = [(name, delta) for name in CONSTANT_NAMES if name != "tau_max" for delta in (-1, 1)] + [("tau_max", -16)]
+
+
 @needs_avx512
-@pytest.mark.parametrize("name", CONSTANT_NAMES)
-@pytest.mark.parametrize("delta", [-1, 1], ids=["minus", "plus"])
+@pytest.mark.parametrize("name,delta", MUTATIONS, ids=[f"{n}{d:+d}" for n, d in MUTATIONS])
 def test_every_constant_matters(name, delta):
-    """Each constant of offset_params moved by one unit of its own scale (a count, an exponent step of 2**23 in a
-    pattern, a byte of the threshold word) changes some output of the adversarial families (runtime values: no
-    recompilation)."""
+    """Each constant of offset_params moved (MUTATIONS) changes some output of the adversarial families (runtime
+    values: nothing is recompiled), and the unchanged constants give the reference's bits."""
     a, b = _mutation_operands()
     # The floor 2**e_floor decides E only where min_exp lies above every product's exponent sum (with min_exp
     # below lo it changes nothing: condition 2), so it is moved on a preset whose min_exp is 0.
@@ -227,29 +233,33 @@ def test_reported_choice_follows_the_variable(monkeypatch):
 
 
 GENERIC_RUN = """
-import numpy as np, sys
-from mmaemu.cpu import features
+import sys
+import numpy as np
 from mmaemu.cpu.engine import accumulate_codes, cpu_engine_choice
 from mmaemu.model.presets import HOPPER
-rng = np.random.default_rng(0)
-a = rng.integers(0, 0x70, (3, 40), dtype=np.uint8); b = rng.integers(0, 0x70, (5, 40), dtype=np.uint8)
+a, b = (np.frombuffer(bytes.fromhex(text), np.uint8).reshape(rows, 40) for text, rows in zip(sys.argv[1:], (3, 5)))
 choice = cpu_engine_choice(HOPPER, (40, 1, 0, 0, 0, 0), "e4m3", "e4m3")
 got = accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True)
-want = accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True, reference=True)
 try:
     accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True, cpu_engine="offset")
     refused = "no"
 except ValueError as exc:
     refused = str(exc)
-print(choice.engine, np.array_equal(got.view(np.uint32), want.view(np.uint32)),
-      "mmaemu.cpu.offset_kernel" in sys.modules, "unset MMAEMU_CPU_ENGINE" in refused)
+print(choice.engine, "mmaemu.cpu.offset_kernel" in sys.modules, "unset MMAEMU_CPU_ENGINE" in refused,
+      got.view(np.uint32).tobytes().hex())
 """
 
 
 def test_generic_cpu_keeps_the_tile_engine_and_never_compiles_the_offset_one(tmp_path):
+    """NUMBA_CPU_NAME=generic (Numba then enables no feature): the tile engine computes, the offset engine's module
+    is never imported (so nothing of it is compiled), and forcing it raises the error that names the way out."""
+    rng = np.random.default_rng(0)
+    a, b = random_codes(rng, "e4m3", (3, 40)), random_codes(rng, "e4m3", (5, 40))
+    want = accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True, reference=True)
     env = dict(os.environ, NUMBA_CPU_NAME="generic", MMAEMU_CACHE_DIR=str(tmp_path))
     env.pop("NUMBA_CPU_FEATURES", None)
     env.pop("MMAEMU_CPU_ENGINE", None)
-    run = subprocess.run([sys.executable, "-c", GENERIC_RUN], env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-c", GENERIC_RUN, a.tobytes().hex(), b.tobytes().hex()], env=env,
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["tile", "True", "False", "True"]
+    assert run.stdout.split() == ["tile", "False", "True", want.view(np.uint32).tobytes().hex()]

@@ -38,7 +38,8 @@ class EngineChoice(NamedTuple):
 
 def parse_features(text: str) -> frozenset:
     """The enabled features of an LLVM feature string ("+avx512f,-avx512fp16,...")."""
-    return frozenset(item[1:].strip() for item in text.split(",") if item.strip().startswith("+"))
+    items = (item.strip() for item in text.split(","))
+    return frozenset(item[1:] for item in items if item.startswith("+"))
 
 
 @functools.lru_cache(maxsize=None)
