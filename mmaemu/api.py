@@ -37,7 +37,8 @@ def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b:
     from .cpu import accumulate_codes
 
     acc = accumulate_codes(_codes_rows(a), _codes_rows(b_rows), fmt_a, fmt_b, plan.preset, fast, split.S,
-                           split.scheme, reference=plan.backend == "reference")
+                           split.scheme, reference=plan.backend == "reference",
+                           cpu_engine=None if plan.cpu_engine is None else plan.cpu_engine.engine)
     return torch.from_numpy(acc).to(device)
 
 

@@ -250,6 +250,8 @@ print(choice.engine, "mmaemu.cpu.offset_kernel" in sys.modules, "unset MMAEMU_CP
 """
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_generic_cpu_keeps_the_tile_engine_and_never_compiles_the_offset_one(tmp_path):
     """NUMBA_CPU_NAME=generic (Numba then enables no feature): the tile engine computes, the offset engine's module
     is never imported (so nothing of it is compiled), and forcing it raises the error that names the way out."""

@@ -82,3 +82,17 @@ def choose_cpu_engine(requested: str, target: TargetCpu, call_decline: Optional[
         return EngineChoice("tile", f"the offset engine {why}")
     return EngineChoice("offset", f"AVX-512 F/BW/DQ/VL on {target.name}, the call fits the offset method")
 
+
+
+def engine_summary(requested: str, target: TargetCpu) -> str:
+    """One line for ``mmaemu info``: which engine the cpu backend runs here and why (no call needed)."""
+    if requested == "tile":
+        return f"engine: tile ({CPU_ENGINE_ENV}=tile)"
+    why = offset_engine_decline(target)
+    if why is not None:
+        if requested == "offset":
+            return (f"engine: none: {CPU_ENGINE_ENV}=offset, but the offset engine {why} (calls raise; unset "
+                    f"{CPU_ENGINE_ENV} for the tile engine)")
+        return f"engine: tile (the offset engine {why})"
+    return (f"engine: offset (AVX-512 F/BW/DQ/VL on {target.name}) for the calls the offset method fits (hopper, "
+            "ada: fast and slow, every split scheme, every FP8 pair), tile for the others")

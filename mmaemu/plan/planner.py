@@ -45,6 +45,7 @@ class CallPlan:
     fallbacks: List[str]
     warnings: List[str]
     kernel: Optional[str] = None
+    cpu_engine: Optional[str] = None  # the cpu backend's engine and why (mmaemu.cpu.features)
 
 
 @dataclasses.dataclass
@@ -60,6 +61,7 @@ class Plan:
     notices: List[Notice] = dataclasses.field(default_factory=list)
     action: str = "compute"  # "compute" | "zeros" | "out-unchanged"
     kernel: Optional[str] = None  # the reference kernel when it is not cuBLASLt ("cutlass rowwise")
+    cpu_engine: Optional[object] = None  # EngineChoice of the cpu backend (mmaemu.cpu.features)
 
     @property
     def warnings(self) -> List[str]:
@@ -70,7 +72,8 @@ class Plan:
         backend = {"zeros": "none (zero-size result)", "out-unchanged": "none (out= is returned unchanged)"}
         return CallPlan(validation, self.profile.name, self.preset.name, self.preset.maturity, self.split,
                         backend.get(self.action, self.backend), list(self.fallbacks), list(self.warnings),
-                        self.kernel)
+                        self.kernel, None if self.cpu_engine is None or self.action != "compute" else
+                        f"{self.cpu_engine.engine}: {self.cpu_engine.reason}")
 
 
 def _note(plan: Plan, notices: Iterable[Notice]):
@@ -106,8 +109,21 @@ def _choose_backend(plan: Plan, device, backend, fmt_a, fmt_b):
     made while planning so that explain reports it and a refused call computes nothing."""
     selection = backends.select(device, backend, fmt_a, fmt_b, plan.preset)
     plan.backend, plan.fallbacks = selection.name, list(selection.fallbacks)
+    if plan.backend == "cpu" and plan.split is not None and fmt_a is not None and fmt_b is not None:
+        plan.cpu_engine = _cpu_engine(plan, fmt_a, fmt_b)
     if device.type == "cpu":
         check_no_flush_to_zero()
+
+
+def _cpu_engine(plan: Plan, fmt_a, fmt_b):
+    """The cpu backend's engine for the call (offset or tile, :func:`mmaemu.cpu.engine.cpu_engine_choice`);
+    ``MMAEMU_CPU_ENGINE=offset`` where it cannot run raises here, so that explain reports it and nothing runs."""
+    from ..arith.params import schedule_params
+    from ..cpu.engine import cpu_engine_choice
+
+    call = plan.call
+    schedule = schedule_params(plan.preset, call.K, call.use_fast_accum, plan.split.S, plan.split.scheme)
+    return cpu_engine_choice(plan.preset, schedule, fmt_a, fmt_b)
 
 
 def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
