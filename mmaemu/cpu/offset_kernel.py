@@ -28,9 +28,9 @@ import numpy as np
 
 from .._jit import arithmetic
 from ..arith.chain import chain_range, chain_range_count
-from ..arith.offset import (BYTE_ONES, EXPONENT_FIELD, K_PASS, block_range, offset_chain_value, offset_empty_block,
-                            offset_pack)
 from ..arith.fp32 import FP32_FRACTION_BITS
+from ..arith.offset import EXPONENT_FIELD, K_PASS, block_range, offset_chain_value, offset_empty_block, offset_pack
+from ..arith.packed import BYTE_ONES
 from ..arith.schedule import chain_tiles_of, combine, combine_step, split_chains
 from .simd import (add_f32, add_i32, and_i32, andnot_i32, bits_of_f32, broadcast_f32, broadcast_i32, f32_of_bits,
                    fma_toward_zero_f32, load_f32, load_u32, lshr_i32, max_f32, max_i32, max_u16x2_i32, min_i32,

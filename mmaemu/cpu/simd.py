@@ -13,8 +13,8 @@ Every operation has an exact *twin* on NumPy arrays of 16 lanes (``*_twin``): th
 bits, written with NumPy integer arithmetic or the scalar :func:`mmaemu.arith.fp32.fma_toward_zero_exact`.
 ``tests/test_simd.py`` compares each intrinsic with its twin on random and edge inputs (subnormals, +-0, large and
 small exponents). The vector operations compile only for a target with AVX-512 F/BW/DQ/VL
-(:func:`mmaemu.cpu.features.offset_engine_decline` checks that before anything here is compiled); nothing here
-runs at import.
+(:func:`mmaemu.cpu.features.offset_engine_decline` checks that before :mod:`.offset_kernel`, their only user, is
+imported); defining them compiles nothing.
 """
 
 import numpy as np
@@ -23,6 +23,9 @@ from numba import types
 from numba.core import cgutils
 from numba.core.datamodel import models, register_default
 from numba.core.extending import intrinsic
+
+from ..arith.fp32 import fma_toward_zero_exact
+from ..arith.packed import max_u16x2_exact, swap_halves
 
 LANES = 16  # fp32 / int32 lanes of a 512-bit vector
 ROUND_TOWARD_ZERO_SAE = 11  # _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC: the embedded-rounding operand
@@ -257,7 +260,7 @@ def fma_toward_zero_f32(typingctx, a, b, c):
 
 
 def _u32(x):
-    return np.asarray(x).astype(np.uint32) if np.asarray(x).dtype != np.uint32 else np.asarray(x)
+    return np.asarray(x, np.uint32)
 
 
 def _i32(x):
@@ -301,7 +304,6 @@ def min_i32_twin(a, b):
 
 
 def max_u16x2_twin(a, b):
-    from ..arith.packed import max_u16x2_exact
     return np.array([max_u16x2_exact(int(x), int(y)) for x, y in zip(_u32(a), _u32(b))], np.uint32)
 
 
@@ -314,11 +316,9 @@ def lshr_i32_twin(a, n):
 
 
 def rotate16_i32_twin(a):
-    from ..arith.packed import swap_halves
     return np.array([swap_halves(int(x)) for x in _u32(a)], np.uint32)
 
 
 def fma_toward_zero_twin(a, b, c):
-    from ..arith.fp32 import fma_toward_zero_exact
     return np.array([fma_toward_zero_exact(np.float32(x), np.float32(y), np.float32(z)) for x, y, z in zip(a, b, c)],
                     np.float32)
