@@ -105,7 +105,7 @@ def exponent_patterns_disagree():
     bad = 0
     for fa, fb in PAIRS:
         params = offset.offset_params((32, 0, 0, 13, 13, -132, 0), fa, fb)
-        p_shift, floor_bits = params[2], params[3]
+        p_shift, floor_bits = params.p_add, params.floor_bits
         for total, real in _exponent_sums(fa, fb).items():
             pattern = int(np.array(((total << 23) + p_shift) % 2**32, np.uint32).view(np.int32))
             if real:
@@ -332,8 +332,8 @@ def empty_power_reading(start):
     for _ in range(32):
         total = bf16.fma_bf16_exact(np.uint32(0), np.uint32(0x3F80), total)  # an absent (+0) term
     total = np.uint32(int(total) * 0x10001)
-    readings = [int(power_sums.power_product_bits(total, high, np.int32(params[2]))) for high in (0, 1)]
-    return readings, params[3]
+    readings = [int(power_sums.power_product_bits(total, high, np.int32(params.p_add))) for high in (0, 1)]
+    return readings, params.floor_bits
 
 
 @pytest.mark.parametrize("start,below_floor", [(power_sums.POWER_START, True), (0x0000, False), (0x8000, False)])
@@ -537,7 +537,7 @@ def test_empty_block_truncates_the_accumulator_onto_its_grid(preset):
     rng = np.random.default_rng(21)
     for fa, fb in PAIRS:
         params = offset.offset_params(preset_params(preset, fa, fb), fa, fb)
-        e_floor = (params[3] >> 23) - 127
+        e_floor = (params.floor_bits >> 23) - 127
         lo = offset.format_low_range(fa)[0] + offset.format_low_range(fb)[0]
         # accumulators of GEMM chains: +0 or multiples of 2**lo below 2**40, both signs
         c = np.array([0.0] + [float(np.float32(rng.integers(1, 2**24) * 2.0 ** rng.integers(lo, 17)) *
@@ -653,7 +653,7 @@ def count_flags_disagree(method=offset.ADD_MAX, frac=13):
         lo_b = np.where(fin_b, tb[2].astype(np.int64) + la_b, 10**6)
         neg = (np.sign(va)[:, None] * np.sign(vb)[None, :]) < 0
         params = offset.offset_params((16, 0, 0, frac, frac, -132, 0), fa, fb, method)
-        floor_bits, tau_add, tau_max, top4 = params[3], params[5], params[6], params[7]
+        floor_bits, tau_add, tau_max, top4 = params.floor_bits, params.tau_add, params.tau_max, params.top4
         e_floor = (floor_bits >> 23) - 127
         clamp_low = method == offset.ADD_MAX
         for e in range(e_floor - 3 * clamp_low, frac + la_a + la_b + tau_max + 4):  # both clamps and beyond

@@ -2,8 +2,8 @@
 (semantics.md (c)). A chain starts from the accumulator it is given (+0 in every GEMM chain); the last block
 of a range is padded with zero products, which are excluded terms.
 
-``params`` is the preset as integers, built by :func:`mmaemu.arith.params.preset_params`:
-``(nfma, lshift, rshift, frac, frac_out, min_exp, late_c)``.
+``params`` is the preset as integers, a :class:`mmaemu.arith.params.BlockParams` built by
+:func:`mmaemu.arith.params.preset_params`.
 """
 
 import math
@@ -30,21 +30,22 @@ def chain_early(sa, ea, sb, eb, k0, k1, c_sig, c_exp, c_lead, params):
     custom preset with frac < frac_out, and, for the arbitrary c of ``model.dot``, a cut of c's extra bits and of
     anything below the result grid 2**(-126 - frac_out).
     """
-    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    nfma = params.nfma
     for kb in range(k0, k1, nfma):
         c_sig, c_exp, c_lead = block_step_early(sa, ea, sb, eb, kb, min(kb + nfma, k1, sa.shape[0]), c_sig, c_exp,
-                                                c_lead, lshift, rshift, frac, frac_out, min_exp)
+                                                c_lead, params.lshift, params.rshift, params.frac, params.frac_out,
+                                                params.min_exp)
     return c_sig, c_exp, c_lead
 
 
 @arithmetic
 def chain_late(sa, ea, sb, eb, k0, k1, c, params):
     """Late-accumulator chain (b200_mma_sync): each block's product sum is added to c with one fp32 RNE add."""
-    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    nfma = params.nfma
     for kb in range(k0, k1, nfma):
-        d_sig, d_exp, d_lead = block_products_late(sa, ea, sb, eb, kb, min(kb + nfma, k1, sa.shape[0]), lshift,
-                                                   rshift, frac,
-                                                   frac_out, min_exp)
+        d_sig, d_exp, d_lead = block_products_late(sa, ea, sb, eb, kb, min(kb + nfma, k1, sa.shape[0]),
+                                                   params.lshift, params.rshift, params.frac, params.frac_out,
+                                                   params.min_exp)
         c = np.float32(exact_to_float32(d_sig, d_exp) + c)
     return c
 
@@ -75,7 +76,7 @@ def chain_over_tiles(sa, ea, sb, eb, K, first, stride, count, tile, padded, para
     end of the last tile and whole padding tiles (k >= K) are zero codes whose blocks still run (see
     chain_early); without it the chain stops at K.
     """
-    late_c = params[6]
+    late_c = params.late_c
     c = np.float32(0.0)
     sig, exp, lead = 0, 0, NO_LEAD
     for i in range(chain_range_count(stride, count)):

@@ -96,6 +96,8 @@ words are read, 16 k per pass (elements past K are zero codes). :func:`offset_ta
 and :func:`offset_pack` packs four k of a row.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .. import formats
@@ -103,6 +105,7 @@ from .._jit import arithmetic
 from .fp32 import (FP32_EXPONENT_BIAS, FP32_FRACTION_BITS, float32_bits, float32_from_bits, fma_toward_zero,
                    truncate_significand)
 from .packed import BYTE_ONES, add_u16x2, dp4a, load_words4, max_u16x2, swap_halves
+from .params import BlockParams
 from .power_sums import (POWER_FORMATS, POWER_START, POWER_TERMS, power_add, power_bits, power_exponent_pass,
                          power_product_bits)
 
@@ -120,6 +123,22 @@ K_PASS = 16  # blocks start on multiples of this many k and are read as whole pa
 EXPONENT_PASS_WORDS = 4  # exponent words per pass of offset_exponent_pass (the first pass is outside its loop)
 PRODUCT_PASS_GROUPS = 4  # 4-k groups per pass of offset_products
 ADD_MAX, POWER_SUMS = "add-max", "power sums"  # the two exponent passes (module docstring)
+
+
+class OffsetConstants(NamedTuple):
+    """The offset block step's constants for one preset, format pair and exponent pass (int32 values, built by
+    :func:`offset_params`; module docstring)."""
+
+    nfma: int  # products per block
+    frac_out: int  # fraction bits kept of a chain's result (deferred truncation, condition 8)
+    p_add: int  # P_SHIFT of condition 9 (add-max), or the power sums' ``(127 - q0) * 2**23`` (condition 13)
+    floor_bits: int  # the fp32 pattern of 2**e_floor, e_floor = max(min_exp, lo)
+    m_add: int  # M's pattern is ``E_field * 2**23 + m_add`` (E_field = E + 127)
+    tau_add: int  # the threshold's shift is clamp(E_field + tau_add, 0, tau_max) (power sums: no lower clamp)
+    tau_max: int
+    top4: int  # THRESHOLD_TOP in each byte (T in each byte is ``top4 - shift * 0x01010101``)
+    mantissa: int  # OFFSET_MANTISSA, M's mantissa field
+    start: int  # POWER_START in both halves (the power sums' first word)
 
 
 def format_low_range(fmt):
@@ -166,25 +185,16 @@ def exponent_method(fmt_a: str, fmt_b: str, nfma: int) -> str:
     return POWER_SUMS if (fmt_a, fmt_b) == POWER_FORMATS and nfma <= POWER_TERMS else ADD_MAX
 
 
-def offset_params(params, fmt_a: str, fmt_b: str, method: str = ADD_MAX):
-    """The block step's constants for a preset (as :func:`~.params.preset_params` gives it), a format pair and an
-    exponent pass: ``(nfma, frac_out, p_add, floor_bits, m_add, tau_add, tau_max, top4, mantissa, start)``, int32
-    values (module docstring):
-
-    * ``p_add``: P_SHIFT of condition 9 (add-max), or the power sums' ``(127 - q0) * 2**23`` of condition 13;
-    * ``floor_bits``: the fp32 pattern of ``2**e_floor``, ``e_floor = max(min_exp, lo)``;
-    * ``m_add``: M's pattern is ``E_field * 2**23 + m_add`` (``E_field = E + 127``);
-    * ``tau_add``, ``tau_max``: the threshold's shift is ``clamp(E_field + tau_add, 0, tau_max)`` (power sums:
-      ``min(E_field + tau_add, tau_max)``, condition 14);
-    * ``top4``: THRESHOLD_TOP in each byte (T in each byte is ``top4 - shift * 0x01010101``);
-    * ``mantissa``: OFFSET_MANTISSA, M's mantissa field;
-    * ``start``: POWER_START in both halves (the power sums' first word).
-    """
-    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = (int(v) for v in params)
+def offset_params(params, fmt_a: str, fmt_b: str, method: str = ADD_MAX) -> OffsetConstants:
+    """The block step's :class:`OffsetConstants` for a preset's block parameters
+    (:class:`~.params.BlockParams`), a format pair and an exponent pass (module docstring; power sums:
+    ``min(E_field + tau_add, tau_max)``, condition 14)."""
+    params = BlockParams(*(int(v) for v in params))
+    nfma, frac, frac_out = params.nfma, params.frac, params.frac_out
     la_a, ra = format_low_range(fmt_a)
     la_b, rb = format_low_range(fmt_b)
     lo = la_a + la_b
-    e_floor = max(min_exp, lo)
+    e_floor = max(params.min_exp, lo)
     bias = FP32_EXPONENT_BIAS
     if method == POWER_SUMS:
         if exponent_method(fmt_a, fmt_b, nfma) != POWER_SUMS:
@@ -194,9 +204,9 @@ def offset_params(params, fmt_a: str, fmt_b: str, method: str = ADD_MAX):
     else:
         p_add = ((bias - 2 * EXP_BIAS) % 512) << FP32_FRACTION_BITS
     m_add = ((FP32_FRACTION_BITS - frac) << FP32_FRACTION_BITS) + OFFSET_MANTISSA
-    return tuple(int(np.array(v % 2**32, np.uint32).view(np.int32)) for v in (
+    return OffsetConstants(*(int(np.array(v % 2**32, np.uint32).view(np.int32)) for v in (
         nfma, frac_out, p_add, (e_floor + bias) << FP32_FRACTION_BITS, m_add, -(bias + frac + lo), ra + rb + 1,
-        THRESHOLD_TOP * BYTE_ONES, OFFSET_MANTISSA, POWER_START * 0x00010001))
+        THRESHOLD_TOP * BYTE_ONES, OFFSET_MANTISSA, POWER_START * 0x00010001)))
 
 
 def offset_tables(fmt: str, method: str = ADD_MAX):
@@ -301,14 +311,14 @@ def offset_exponent_pass(a_exp, r0, b_exp, j0, w0, w1, e_pair):
 
 
 @arithmetic
-def offset_start(params, product_bits, c, clamp_low):
+def offset_start(constants, product_bits, c, clamp_low):
     """b.1 steps 2-3 and the accumulator's term of step 4 for one output: E from ``product_bits`` (the int32
     pattern of 2**E_prod, or a pattern below the floor's when the block has no product), c and the floor; returns
     the offset sum ``M + trunc(c / u) * u`` and the threshold word (four copies of T). ``clamp_low``: clamp the
     threshold's shift at 0 (the power sums' tables do without, condition 14)."""
     i32, u32 = np.int32, np.uint32
-    floor_bits, m_add = i32(params[3]), i32(params[4])
-    tau_add, tau_max, top4 = i32(params[5]), i32(params[6]), u32(params[7])
+    floor_bits, m_add = i32(constants.floor_bits), i32(constants.m_add)
+    tau_add, tau_max, top4 = i32(constants.tau_add), i32(constants.tau_max), u32(constants.top4)
     c_bits = float32_bits(c)
     # the largest of 2**E_prod, 2**e_floor and |c|, as fp32 numbers (conditions 9, 13)
     top = float32_bits(max(max(float32_from_bits(i32(product_bits)), float32_from_bits(floor_bits)), abs(c)))
@@ -325,31 +335,31 @@ def offset_start(params, product_bits, c, clamp_low):
 
 
 @arithmetic
-def offset_block_start(params, c_val, e_pair, acc, thresh, count):
+def offset_block_start(constants, c_val, e_pair, acc, thresh, count):
     """:func:`offset_start` for every output, E_prod from its exponent maxima ``e_pair[r, j]`` (add-max pass), and
     ``count = 0``."""
     i32, u32 = np.int32, np.uint32
-    p_shift = i32(params[2])
+    p_shift = i32(constants.p_add)
     rows, lanes = c_val.shape
     for r in range(rows):
         for j in range(lanes):
             pair = e_pair[r, j]
             largest = max_u16x2(pair, swap_halves(pair))  # the block's largest exponent sum, in both halves
             product_bits = i32(i32(largest << u32(FP32_FRACTION_BITS)) + p_shift)  # 2**E_prod (condition 9)
-            acc[r, j], thresh[r, j] = offset_start(params, product_bits, c_val[r, j], True)
+            acc[r, j], thresh[r, j] = offset_start(constants, product_bits, c_val[r, j], True)
             count[r, j] = u32(0)
 
 
 @arithmetic
-def power_block_start(params, c_val, e_pair, acc, thresh, count):
+def power_block_start(constants, c_val, e_pair, acc, thresh, count):
     """:func:`offset_start` for every output, E_prod from the power sums ``e_pair[r // 2, j]`` (the half ``r % 2``;
     power-sum pass), and ``count = 0``."""
-    add = np.int32(params[2])
+    add = np.int32(constants.p_add)
     rows, lanes = c_val.shape
     for r in range(rows):
         for j in range(lanes):
             product_bits = power_product_bits(e_pair[r >> 1, j], r & 1, add)
-            acc[r, j], thresh[r, j] = offset_start(params, product_bits, c_val[r, j], False)
+            acc[r, j], thresh[r, j] = offset_start(constants, product_bits, c_val[r, j], False)
             count[r, j] = np.uint32(0)
 
 
@@ -392,11 +402,11 @@ def offset_products(a_val, a_bytes, r0, b_val, b_bytes, j0, g0, g1, acc, thresh,
 
 
 @arithmetic
-def offset_block_end(params, acc, count, c_val):
+def offset_block_end(constants, acc, count, c_val):
     """The block sum ``c = S + count/128 units - M`` (exact; +0 when zero); its truncation is deferred. M is read
-    back from S's exponent (S stays in M's binade); its mantissa comes from ``params`` (a register operand, so
+    back from S's exponent (S stays in M's binade); its mantissa comes from ``constants`` (a register operand, so
     that one logic instruction rebuilds M)."""
-    mantissa = np.int32(params[8])
+    mantissa = np.int32(constants.mantissa)
     rows, lanes = acc.shape
     for r in range(rows):
         for j in range(lanes):
@@ -406,7 +416,7 @@ def offset_block_end(params, acc, count, c_val):
 
 
 @arithmetic
-def offset_block(a_val, a_exp, a_bytes, r0, b_val, b_exp, b_bytes, j0, kb, ke, params, c_val, work):
+def offset_block(a_val, a_exp, a_bytes, r0, b_val, b_exp, b_bytes, j0, kb, ke, constants, c_val, work):
     """One early-accumulator block step (b.1, result truncation deferred) over k in [kb, ke) for the tile of rows
     r0 ... of A and columns j0 ... of B, E by the add-max pass; updates ``c_val`` in place. kb is a multiple of 16,
     ke > kb, and the staged operands hold zero codes from ke up to the next multiple of 16 (past K), which are read
@@ -416,23 +426,23 @@ def offset_block(a_val, a_exp, a_bytes, r0, b_val, b_exp, b_bytes, j0, kb, ke, p
     e_pair, acc, thresh, count = work
     first, end = block_range(kb, ke)
     offset_exponent_pass(a_exp, r0, b_exp, j0, first >> np.uint32(1), end >> np.uint32(1), e_pair)
-    offset_block_start(params, c_val, e_pair, acc, thresh, count)
+    offset_block_start(constants, c_val, e_pair, acc, thresh, count)
     offset_products(a_val, a_bytes, r0, b_val, b_bytes, j0, first >> np.uint32(2), end >> np.uint32(2), acc, thresh,
                     count)
-    offset_block_end(params, acc, count, c_val)
+    offset_block_end(constants, acc, count, c_val)
 
 
 @arithmetic
-def power_offset_block(a_val, a_exp, a_bytes, r0, b_val, b_exp, b_bytes, j0, kb, ke, params, c_val, work):
+def power_offset_block(a_val, a_exp, a_bytes, r0, b_val, b_exp, b_bytes, j0, kb, ke, constants, c_val, work):
     """:func:`offset_block` with E by power sums (E4M3 x E4M3, paired exponent words; :mod:`.power_sums`)."""
     e_pair, acc, thresh, count = work
     first, end = block_range(kb, ke)
-    power_exponent_pass(a_exp, r0, b_exp, j0, first >> np.uint32(1), end >> np.uint32(1), np.uint32(params[9]),
+    power_exponent_pass(a_exp, r0, b_exp, j0, first >> np.uint32(1), end >> np.uint32(1), np.uint32(constants.start),
                         e_pair)
-    power_block_start(params, c_val, e_pair, acc, thresh, count)
+    power_block_start(constants, c_val, e_pair, acc, thresh, count)
     offset_products(a_val, a_bytes, r0, b_val, b_bytes, j0, first >> np.uint32(2), end >> np.uint32(2), acc, thresh,
                     count)
-    offset_block_end(params, acc, count, c_val)
+    offset_block_end(constants, acc, count, c_val)
 
 
 @arithmetic
@@ -443,17 +453,17 @@ def block_range(kb, ke):
 
 
 @arithmetic
-def offset_empty_block(params, c_val, work):
+def offset_empty_block(constants, c_val, work):
     """A block without products (zero padding past K in a split tile): ``c_val`` truncated toward zero onto the
     grid of ``E = max(exponent of c, e_floor)``, the block step on the accumulator alone (b.1 with no term)."""
     e_pair, acc, thresh, count = work
-    floor_bits = np.int32(params[3])  # no product: E from c and the floor alone
+    floor_bits = np.int32(constants.floor_bits)  # no product: E from c and the floor alone
     rows, lanes = c_val.shape
     for r in range(rows):
         for j in range(lanes):
-            acc[r, j], thresh[r, j] = offset_start(params, floor_bits, c_val[r, j], True)
+            acc[r, j], thresh[r, j] = offset_start(constants, floor_bits, c_val[r, j], True)
             count[r, j] = np.uint32(0)
-    offset_block_end(params, acc, count, c_val)
+    offset_block_end(constants, acc, count, c_val)
 
 
 @arithmetic

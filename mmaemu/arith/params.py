@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Tuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,14 +19,39 @@ SLOW_CHAIN_TILES = {"contiguous": 1, "serial": 2, "pairwise": 2}
 SCHEMES = ("none", "contiguous", "serial", "pairwise")
 
 
-def preset_params(preset, fmt_a: str, fmt_b: str):
-    """``(nfma, lshift, rshift, frac, frac_out, min_exp, late_c)`` for a preset and a format pair.
+class BlockParams(NamedTuple):
+    """A preset's block algorithm for one format pair, as the compiled arithmetic reads it (semantics.md b.1, b.2;
+    :mod:`mmaemu.arith.block`): integers, built by :func:`preset_params`."""
+
+    nfma: int  # products per block
+    lshift: int  # left shift of a product's integer significand onto the grid 2**(E - frac)
+    rshift: int  # right shift of it (one of the two is 0)
+    frac: int  # fraction bits of the block's alignment grid
+    frac_out: int  # fraction bits kept of a block result
+    min_exp: int  # floor of the block's alignment exponent
+    late_c: int  # 1: the accumulator is added after the block's products (b.2), 0: it takes part (b.1)
+
+
+class Schedule(NamedTuple):
+    """How one call's K is cut into chains and split partials and how these are combined (semantics.md (c), (d);
+    :mod:`mmaemu.arith.schedule`): integers, built by :func:`schedule_params`."""
+
+    tile: int  # width of a k-tile
+    splits: int  # S, the number of partials
+    interleaved: int  # 1: split s owns the tiles t = s (mod S) (d.2), 0: contiguous runs of tiles (d.1)
+    chain_tiles: int  # a chain restarts from +0 every this many of a split's own tiles (0 = never)
+    pairwise: int  # 1: partials combined in the pairwise order of d.2, 0: left to right
+    padded: int  # 1: split tiles walked at full width, zero padding included; 0: a chain stops at K
+
+
+def preset_params(preset, fmt_a: str, fmt_b: str) -> BlockParams:
+    """The :class:`BlockParams` of a preset and a format pair.
 
     A product's integer significand carries ``MANT_BITS[a] + MANT_BITS[b]`` fraction bits; moving it onto the
     grid 2**(E - frac) shifts it left by ``frac`` minus those bits (see :mod:`mmaemu.arith.block`).
     """
     shift = preset.frac - MANT_BITS[fmt_a] - MANT_BITS[fmt_b]
-    return (
+    return BlockParams(
         preset.nfma,
         max(shift, 0),
         max(-shift, 0),
@@ -55,8 +80,8 @@ def require_gemm_level(preset, use_fast_accum: bool, splits: int = 1) -> None:
         )
 
 
-def schedule_params(preset, K: int, use_fast_accum: bool, splits: int = 1, scheme: str = "none"):
-    """``(tile, splits, interleaved, chain_tiles, pairwise, padded)`` of semantics.md (c)/(d) for one call.
+def schedule_params(preset, K: int, use_fast_accum: bool, splits: int = 1, scheme: str = "none") -> Schedule:
+    """The :class:`Schedule` of semantics.md (c)/(d) for one call.
 
     Raises UnsupportedFeatureError where the preset has no GEMM level (slow or split with b200_mma_sync or a
     custom preset whose slow_chunk is None), and where a custom preset's nfma does not divide an interleaved
@@ -73,8 +98,8 @@ def schedule_params(preset, K: int, use_fast_accum: bool, splits: int = 1, schem
     require_gemm_level(preset, use_fast_accum, splits)
     if splits == 1:
         if use_fast_accum:
-            return (max(K, 1), 1, 0, 0, 0, 0)
-        return (preset.slow_chunk, 1, 0, 1, 0, 0)
+            return Schedule(max(K, 1), 1, 0, 0, 0, 0)
+        return Schedule(preset.slow_chunk, 1, 0, 1, 0, 0)
     interleaved = scheme in ("serial", "pairwise")
     tile = INTERLEAVED_TILE if interleaved else CONTIGUOUS_TILE
     if interleaved and tile % preset.nfma:
@@ -83,17 +108,17 @@ def schedule_params(preset, K: int, use_fast_accum: bool, splits: int = 1, schem
             "scheme, so a block would straddle two tiles of one split; no recording says how hardware does that"
         )
     chain_tiles = 0 if use_fast_accum else SLOW_CHAIN_TILES[scheme]
-    return (tile, splits, int(interleaved), chain_tiles, int(scheme == "pairwise"), 1)
+    return Schedule(tile, splits, int(interleaved), chain_tiles, int(scheme == "pairwise"), 1)
 
 
 @dataclasses.dataclass(frozen=True)
 class CodesGemm:
-    """A GEMM of FP8 codes ready for an engine: C-contiguous uint8 operands and the integer tuples."""
+    """A GEMM of FP8 codes ready for an engine: C-contiguous uint8 operands, the schedule and the block parameters."""
 
     a_codes: np.ndarray  # [M, K]
     b_codes: np.ndarray  # [N, K]
-    schedule: Tuple[int, ...]
-    params: Tuple[int, ...]
+    schedule: Schedule
+    params: BlockParams
 
     @property
     def shape(self):

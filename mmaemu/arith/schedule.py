@@ -1,7 +1,7 @@
 """How K is cut into chains, chains into split partials, and partials combined (semantics.md c.1, c.2, d).
 
-A *schedule* is a tuple of six integers, built by :func:`mmaemu.arith.params.schedule_params`, that
-describes every accumulation of the reference GPUs:
+A *schedule* (:class:`mmaemu.arith.params.Schedule`) is six integers, built by
+:func:`mmaemu.arith.params.schedule_params`, that describe every accumulation of the reference GPUs:
 
 * ``tile``: width of a k-tile (K for an unsplit fast call, the preset's slow_chunk for an unsplit slow call,
   128 for ``contiguous`` splits, 64 for ``serial``/``pairwise`` splits);
@@ -26,9 +26,9 @@ from .chain import chain_over_tiles
 @arithmetic
 def split_tiles(K, s, schedule):
     """``(first, stride, count)``: the k-tiles of split s (count 0 for a contiguous split that owns none)."""
-    tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
+    tile, splits = schedule.tile, schedule.splits
     n_tiles = (K + tile - 1) // tile
-    if interleaved:
+    if schedule.interleaved:
         # d.2: the tile count is padded to a multiple of S, so every split owns ceil(T / S) tiles, the last
         # ones possibly pure zero padding.
         return s, splits, (n_tiles + splits - 1) // splits
@@ -89,7 +89,7 @@ def combine(acc, slot, partial, target, flush):
 def split_chains(K, s, schedule):
     """Number of chains of split s: one over all of its tiles (chain_tiles = 0), or one per chain_tiles tiles;
     0 for a split that owns no tile."""
-    tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
+    chain_tiles = schedule.chain_tiles
     first, stride, count = split_tiles(K, s, schedule)
     if count == 0:
         return 0
@@ -99,7 +99,7 @@ def split_chains(K, s, schedule):
 @arithmetic
 def chain_tiles_of(K, s, c, schedule):
     """``(first, stride, count)``: the k-tiles of chain c of split s (the arguments of chain_over_tiles)."""
-    tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
+    chain_tiles = schedule.chain_tiles
     first, stride, count = split_tiles(K, s, schedule)
     done = c * chain_tiles
     n = count if chain_tiles == 0 else min(chain_tiles, count - done)
@@ -109,11 +109,11 @@ def chain_tiles_of(K, s, c, schedule):
 @arithmetic
 def split_partial(sa, ea, sb, eb, K, s, schedule, params):
     """Partial p_s: the fp32 sum, in increasing k, of the chains over split s's own tiles (+0 if it owns none)."""
-    tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
     partial = np.float32(0.0)
     for c in range(split_chains(K, s, schedule)):
         first, stride, n = chain_tiles_of(K, s, c, schedule)
-        partial = np.float32(partial + chain_over_tiles(sa, ea, sb, eb, K, first, stride, n, tile, padded, params))
+        chain = chain_over_tiles(sa, ea, sb, eb, K, first, stride, n, schedule.tile, schedule.padded, params)
+        partial = np.float32(partial + chain)
     return partial
 
 
@@ -121,10 +121,9 @@ def split_partial(sa, ea, sb, eb, K, s, schedule, params):
 def accumulate_one(sa, ea, sb, eb, K, schedule, params):
     """The fp32 accumulator of one output: every split partial, combined serially or pairwise (d.1, d.2), in the
     order of :func:`combine_step`."""
-    tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
     acc = np.float32(0.0)
     slot = np.float32(0.0)
-    for i in range(splits):
-        s, target, flush = combine_step(splits, pairwise, i)
+    for i in range(schedule.splits):
+        s, target, flush = combine_step(schedule.splits, schedule.pairwise, i)
         acc, slot = combine(acc, slot, split_partial(sa, ea, sb, eb, K, s, schedule, params), target, flush)
     return acc

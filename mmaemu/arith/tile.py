@@ -272,7 +272,7 @@ def tile_normalize(total, e_max, r, frac, frac_out, c_sig, c_lead):
 @arithmetic
 def tile_block_early(a_val, a_exp, b_val, b_exp, rows, kb, ke, params, c_sig, c_lead, e_max, scale, total):
     """One hopper/ada block step (b.1) over k in [kb, ke) for the tile; updates (c_sig, c_lead) in place."""
-    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    frac, frac_out, min_exp = params.frac, params.frac_out, params.min_exp
     T = total.dtype.type
     cap = lane_cap(T)
     lanes = total.shape[1]
@@ -294,7 +294,7 @@ def tile_block_early(a_val, a_exp, b_val, b_exp, rows, kb, ke, params, c_sig, c_
 @arithmetic
 def tile_block_late(a_val, a_exp, b_val, b_exp, rows, kb, ke, params, c_val, c_sig, c_lead, e_max, scale, total):
     """One b200_mma_sync block (b.2): products aligned among themselves, then ``c = fp32(d + c)`` (RNE)."""
-    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    frac, frac_out, min_exp = params.frac, params.frac_out, params.min_exp
     T = total.dtype.type
     lanes = total.shape[1]
     for r in range(rows):
@@ -321,7 +321,7 @@ def tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, rows, K, first, stride, co
     As in the reference, padded tiles are walked at full width: blocks past K hold no product but still run
     their block step on the accumulator (for these GEMM accumulators the identity unless frac < frac_out).
     """
-    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    nfma, frac_out, late_c = params.nfma, params.frac_out, params.late_c
     c_sig, c_lead, e_max, scale, total = work
     lanes = total.shape[1]
     for r in range(rows):
@@ -349,14 +349,14 @@ def tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, rows, K, first, stride, co
 @arithmetic
 def tile_split_partial(a_val, a_exp, b_val, b_exp, rows, K, s, schedule, params, work, result, partial):
     """:func:`~.schedule.split_partial` for the tile: ``partial`` = fp32 sum of split s's chains (+0 if none)."""
-    tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
     lanes = partial.shape[1]
     for r in range(rows):
         for j in range(lanes):
             partial[r, j] = np.float32(0.0)
     for c in range(split_chains(K, s, schedule)):
         first, stride, n = chain_tiles_of(K, s, c, schedule)
-        tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, rows, K, first, stride, n, tile, padded, params, work, result)
+        tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, rows, K, first, stride, n, schedule.tile, schedule.padded,
+                              params, work, result)
         for r in range(rows):
             for j in range(lanes):
                 partial[r, j] = np.float32(partial[r, j] + result[r, j])
@@ -369,7 +369,7 @@ def tile_accumulate(a_val, a_exp, b_val, b_exp, rows, K, schedule, params, work,
     ``work`` = (c_sig, c_lead, e_max, scale, total), ``sums`` = (result, partial, slot): arrays [rows, lanes] of
     dtypes (lane int, int32, int16, float32, lane int) and float32.
     """
-    tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
+    splits, pairwise = schedule.splits, schedule.pairwise
     result, partial, slot = sums
     lanes = acc.shape[1]
     for r in range(rows):

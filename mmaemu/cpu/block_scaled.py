@@ -18,7 +18,6 @@ PRODUCT_WORK = 16
 @arithmetic
 def scaled_block_rows(lo, hi, sa, ea, sb, eb, c, special, has_special, k, params, out):
     """Rows lo .. hi-1 of a chain of scaled-block instructions (``ea``/``eb`` include the scale exponents)."""
-    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
     K = sa.shape[1]
     for r in range(lo, hi):
         acc = c[r]
@@ -26,8 +25,8 @@ def scaled_block_rows(lo, hi, sa, ea, sb, eb, c, special, has_special, k, params
             if has_special[r, i]:
                 acc = np.float32(np.float64(acc) + special[r, i])
             else:
-                acc = block_scaled_instruction(sa[r], ea[r], sb[r], eb[r], i * k, (i + 1) * k, acc, lshift, rshift,
-                                               frac, frac_out, min_exp)
+                acc = block_scaled_instruction(sa[r], ea[r], sb[r], eb[r], i * k, (i + 1) * k, acc, params.lshift,
+                                               params.rshift, params.frac, params.frac_out, params.min_exp)
         out[r] = acc
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import formats
 from .._jit import arithmetic
+from ..arith.params import Schedule
 from ..arith.scaled import accumulate_chunked_one, chunked_output_bits, combine_chunk, combine_chunk_rows
 from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_accumulate, tile_decode
 from ..model.presets import get_preset
@@ -81,7 +82,7 @@ def accumulate_chunked_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, n0, 
                 for k in range(width):
                     a_val[r, k], a_exp[r, k] = tile_decode(a_codes[m0 + r, k0 + k], fmt_a)
             tile_accumulate(a_val, a_exp, b_val[k0:k0 + width], b_exp[k0:k0 + width], rows, width,
-                            (width, 1, 0, 0, 0, 0), params, (c_sig, c_lead, e_max, scale, total),
+                            Schedule(width, 1, 0, 0, 0, 0), params, (c_sig, c_lead, e_max, scale, total),
                             (result, partial, slot), acc)
             for r in range(rows):
                 sa = scales_a[m0 + r, kb]

@@ -25,7 +25,7 @@ def dot_chains_loop(lo, hi, sa, ea, sb, eb, c_sig, c_exp, c_lead, c_value, param
     Early presets take c as the exact pair (c_sig, c_exp, c_lead); late presets take its fp32 value.
     """
     K = sa.shape[1]
-    late_c = params[6]
+    late_c = params.late_c
     for r in range(lo, hi):
         if late_c:
             out[r] = chain_late(sa[r], ea[r], sb[r], eb[r], 0, K, c_value[r], params)

@@ -18,7 +18,7 @@ from numba import cuda
 
 from .. import formats
 from ..arith import scaled as _scaled
-from ..arith.params import preset_params
+from ..arith.params import BlockParams, preset_params
 from ..model.presets import get_preset
 from . import shim
 from .kernels import BLOCK, MAX_GRID_Y
@@ -90,7 +90,7 @@ def accumulate_chunked_numpy(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b,
     chunks = -(-K // kernel.chunk)
     scales_a = np.ascontiguousarray(scales_a, dtype=np.float32).reshape(M, chunks)
     scales_b = np.ascontiguousarray(scales_b, dtype=np.float32).reshape(N, chunks)
-    params = tuple(int(v) for v in preset_params(get_preset(kernel.preset), fmt_a, fmt_b))
+    params = BlockParams(*(int(v) for v in preset_params(get_preset(kernel.preset), fmt_a, fmt_b)))
     sig_a, exp_a = formats.significands(fmt_a)[a_codes], formats.exponents(fmt_a)[a_codes]
     sig_b, exp_b = formats.significands(fmt_b)[b_codes], formats.exponents(fmt_b)[b_codes]
     tables = [cuda.to_device(np.array(formats.values(fmt))) for fmt in (fmt_a, fmt_b)]

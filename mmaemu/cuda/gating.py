@@ -50,11 +50,11 @@ def _probe(device):
 def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
     """Why ``kernel`` cannot compute this preset by design (None if it can). Never a failure, never warned."""
     if kernel in CODES_KERNELS:
-        from ..arith.params import preset_params
+        from ..arith.params import Schedule, preset_params
         from .launch import codes_kernel_decline
 
         # Judged on an unsplit fast schedule: what the preset and formats alone rule out.
-        why = codes_kernel_decline(kernel, (1, 1, 0, 0, 0, 0), preset_params(preset, fmt_a, fmt_b))
+        why = codes_kernel_decline(kernel, Schedule(1, 1, 0, 0, 0, 0), preset_params(preset, fmt_a, fmt_b))
         if why is not None:
             return f"{why} (preset {preset.name!r})"
     return None

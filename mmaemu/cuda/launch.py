@@ -13,6 +13,7 @@ import numpy as np
 from numba import cuda
 
 from ..arith import offset as _offset
+from ..arith.params import BlockParams, Schedule
 from . import offset_kernel, shim
 from .catalog import CODES_KERNELS, gemm_kernels
 from .kernels import (BLOCK, EPILOGUE_THREADS, MAX_GRID_Y, epilogue, gemm_simple, override_nonfinite,
@@ -65,8 +66,8 @@ def launch_gemm(kernel, sa, ea, sb, eb, schedule, params, out, stream=0):
     M, N = out.shape
     if M == 0 or N == 0:
         return
-    schedule = tuple(int(v) for v in schedule)
-    params = tuple(int(v) for v in params)
+    schedule = Schedule(*(int(v) for v in schedule))
+    params = BlockParams(*(int(v) for v in params))
     if kernel in CODES_KERNELS:
         raise ValueError(f"the {kernel} kernel takes FP8 codes: use launch_codes")
     if kernel != "simple":
@@ -138,8 +139,8 @@ def signatures():
     i64 = types.int64
     codes, flags, table = types.uint8[:, ::1], types.uint8[::1], types.float64[::1]
     u32 = types.uint32[::1]
-    offset_params = numba.typeof(_offset.offset_params(preset_params(HOPPER, "e4m3", "e4m3"), "e4m3", "e4m3"))
-    offset_args = (types.float32[::1], u32, u32, i64) * 2 + (i64, schedule, offset_params, types.float32[:, :],
+    constants = numba.typeof(_offset.offset_params(preset_params(HOPPER, "e4m3", "e4m3"), "e4m3", "e4m3"))
+    offset_args = (types.float32[::1], u32, u32, i64) * 2 + (i64, schedule, constants, types.float32[:, :],
                                                               types.float32[:, :])
     tables = numba.typeof(tuple(_offset.offset_tables("e4m3")))
     return {
@@ -205,8 +206,8 @@ def launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
     K = a_codes.shape[1]
     if M == 0 or N == 0:
         return
-    schedule = tuple(int(v) for v in schedule)
-    params = tuple(int(v) for v in params)
+    schedule = Schedule(*(int(v) for v in schedule))
+    params = BlockParams(*(int(v) for v in params))
     why = offset_kernel.offset_decline(schedule, params)
     block_rows = max(offset_kernel.BLOCK_M, offset_kernel.BLOCK_N)
     if why is None and _round_up(K, offset_kernel.STAGE_K) * block_rows >= 2**32:
@@ -214,16 +215,16 @@ def launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
     if why is not None:
         raise RuntimeError(f"the offset kernel {why}")
     alloc = alloc or _numba_allocator(stream)
-    method = _exponent_method(fmt_a, fmt_b, params[0])
-    block_params = _offset.offset_params(params, fmt_a, fmt_b, method)
+    method = _exponent_method(fmt_a, fmt_b, params.nfma)
+    constants = _offset.offset_params(params, fmt_a, fmt_b, method)
     kernel = offset_kernel.gemm_offset_powers if method == _offset.POWER_SUMS else offset_kernel.gemm_offset
     if shim.simulator_enabled():
         offset_kernel.compile_for_simulator(
-            _offset.power_offset_block if method == _offset.POWER_SUMS else _offset.offset_block, block_params)
+            _offset.power_offset_block if method == _offset.POWER_SUMS else _offset.offset_block, constants)
     bm, bn = offset_kernel.BLOCK_M, offset_kernel.BLOCK_N
     rows_a, rows_b = _panel_rows(K, bm), _panel_rows(K, bn)
     # The pairwise scheme's slot per output (gemm_offset); other schedules never touch it.
-    slot = alloc((M, N) if schedule[1] > 1 and schedule[4] else (1, 1), np.float32)
+    slot = alloc((M, N) if schedule.splits > 1 and schedule.pairwise else (1, 1), np.float32)
     with quiet_launches():
         # A in one panel is packed once; in several, once per panel of B (a panel of each at a time).
         whole_a = _packed_panel(a_codes, fmt_a, method, 0, _round_up(M, bm), K, alloc, stream) if M <= rows_a else None
@@ -235,7 +236,7 @@ def launch_offset(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
                 a = whole_a or _packed_panel(a_codes, fmt_a, method, m0, _round_up(m1 - m0, bm), K, alloc, stream)
                 grid = ((n1 - n0 + bn - 1) // bn, (m1 - m0 + bm - 1) // bm)
                 kernel[grid, (offset_kernel.TX, offset_kernel.TY), stream](
-                    *a, *b, K, schedule, block_params, out[m0:m1, n0:n1], slot if slot.shape[0] == 1 else
+                    *a, *b, K, schedule, constants, out[m0:m1, n0:n1], slot if slot.shape[0] == 1 else
                     slot[m0:m1, n0:n1])
 
 
@@ -284,6 +285,8 @@ def launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
     ``alloc(shape, dtype)``: device work arrays (padded operands, stage plan, split partials; default numba's
     allocator). RuntimeError if the kernel declines the call (:func:`~mmaemu.cuda.native_kernel.native_decline`).
     """
+    schedule = Schedule(*(int(v) for v in schedule))
+    params = BlockParams(*(int(v) for v in params))
     why = native_decline(schedule, params)
     if why is not None:
         raise RuntimeError(f"the native kernel {why}")
@@ -296,14 +299,13 @@ def launch_native(a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=
     if (M + CTA_M - 1) // CTA_M > MAX_GRID_Y:
         raise RuntimeError(f"the native kernel launches at most {MAX_GRID_Y * CTA_M} rows of A at once, got {M}")
     alloc = alloc or _numba_allocator(stream)
-    schedule = tuple(int(v) for v in schedule)
-    splits, pairwise = schedule[1], schedule[4]
+    splits, pairwise = schedule.splits, schedule.pairwise
     plan, counts = stage_plan(K, schedule)
     with quiet_launches():
         a = _padded(a_codes, CTA_M, alloc, stream)
         b = _padded(b_codes, CTA_N, alloc, stream)
         partials = alloc((splits, M, N), np.float32) if splits > 1 else out.reshape(1, M, N)
-        kernel = gemm_kernel(instruction.NAME, fmt_a, fmt_b, schedule[3] != 0)
+        kernel = gemm_kernel(instruction.NAME, fmt_a, fmt_b, schedule.chain_tiles != 0)
         plan_d, counts_d = alloc(plan.shape, np.int32), alloc(counts.shape, np.int32)
         plan_d.copy_to_device(plan, stream=stream)
         counts_d.copy_to_device(counts, stream=stream)

@@ -85,10 +85,10 @@ def stage_offset(row, chunk):
 
 def instruction_of(params):
     """The instruction module (:data:`INSTRUCTIONS`) whose block is the preset's (``preset_params``), or None."""
-    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = (int(v) for v in params)
+    block = (params.nfma, params.frac, params.frac_out, params.min_exp, params.late_c)
     for instruction in INSTRUCTIONS.values():
         p = instruction.PRESET
-        if (nfma, frac, frac_out, min_exp, late_c) == (p.nfma, p.frac, p.frac_out, p.min_exp, int(p.late_c)):
+        if tuple(int(v) for v in block) == (p.nfma, p.frac, p.frac_out, p.min_exp, int(p.late_c)):
             return instruction
     return None
 
@@ -101,7 +101,7 @@ def native_decline(schedule, params):
     start on a stage. Which device runs which instruction is the gate's business (:func:`mmaemu.cuda.gating.
     device_skip`).
     """
-    tile, splits, interleaved, chain_tiles, pairwise, padded = (int(v) for v in schedule)
+    tile, splits, chain_tiles = int(schedule.tile), int(schedule.splits), int(schedule.chain_tiles)
     if instruction_of(params) is None:
         blocks = "; ".join(f"{i.PRESET.name}'s on sm_{i.TARGET[0]}{i.TARGET[1]} (nfma={i.PRESET.nfma}, "
                            f"frac={i.PRESET.frac}, frac_out={i.PRESET.frac_out})" for i in INSTRUCTIONS.values())
@@ -116,7 +116,7 @@ def stage_plan(K, schedule):
     """(plan int32 [S, n, 2], counts int32 [S]): for split s the k offset and flags of each stage it computes, in
     order (the walk of ``accumulate_one``: ``split_chains``, ``chain_tiles_of``, ``chain_range_count``,
     ``chain_range``), stopped at K; flags = PLAN_START | PLAN_END | steps << PLAN_STEPS_SHIFT."""
-    tile, splits, interleaved, chain_tiles, pairwise, padded = schedule
+    tile, splits, padded = schedule.tile, schedule.splits, schedule.padded
     per_split = []
     for s in range(splits):
         stages = []

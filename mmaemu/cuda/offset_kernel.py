@@ -63,9 +63,9 @@ def offset_decline(schedule, params):
     """Why the offset kernel does not compute this schedule and preset (None if it does): a preset that
     :func:`mmaemu.arith.offset.offset_decline` accepts, whose blocks tile the STAGE_K-wide stages, and whose
     k-tiles start on a stage (an unsplit fast chain is one range from k = 0)."""
-    tile, splits, interleaved, chain_tiles, pairwise, padded = (int(v) for v in schedule)
-    nfma, frac, frac_out, late_c = int(params[0]), int(params[3]), int(params[4]), int(params[6])
-    why = _offset.offset_decline(nfma, frac, frac_out, late_c)
+    tile, splits, chain_tiles = int(schedule.tile), int(schedule.splits), int(schedule.chain_tiles)
+    nfma = int(params.nfma)
+    why = _offset.offset_decline(nfma, int(params.frac), int(params.frac_out), int(params.late_c))
     if why is not None:
         return why
     if STAGE_K % nfma:
@@ -169,13 +169,13 @@ def _combine_into(out, slot, paired, partial, first, target, flush):
 _COMPILED_HERE = set()
 
 
-def compile_for_simulator(block_step, params):
+def compile_for_simulator(block_step, constants):
     """Compile ``block_step`` (an arithmetic dispatcher of :mod:`mmaemu.arith.offset`) and the block-end helpers
     in the calling thread for the types the GEMM kernel's threads call them with (stage arrays, uint32 offsets,
-    ``params``), once per process and block step. Only for numba's simulator: there each thread of a block is a
+    ``constants``), once per process and block step. Only for numba's simulator: there each thread of a block is a
     Python thread, and a compilation started inside a block competes with the other 255 threads for the
     interpreter, taking several times longer than here (the results are the same)."""
-    if (block_step, params) in _COMPILED_HERE:
+    if (block_step, constants) in _COMPILED_HERE:
         return
     sh_a = (np.zeros((STAGE_K, BLOCK_M), np.float32), np.zeros((STAGE_WORDS2, BLOCK_M), np.uint32),
             np.zeros((STAGE_WORDS4, BYTES_M), np.uint32))
@@ -184,10 +184,10 @@ def compile_for_simulator(block_step, params):
     work = tuple(np.zeros((ROWS, COLS), t) for t in (np.uint32, np.float32, np.uint32, np.uint32))
     c_val = np.zeros((ROWS, COLS), np.float32)
     u = np.uint32
-    block_step(*sh_a, u(0), *sh_b, u(0), u(0), u(params[0]), params, c_val, work)
-    _offset.offset_empty_block(params, c_val, work)
-    _offset.offset_chain_value(np.float32(0.0), params[1])
-    _COMPILED_HERE.add((block_step, params))
+    block_step(*sh_a, u(0), *sh_b, u(0), u(0), u(constants.nfma), constants, c_val, work)
+    _offset.offset_empty_block(constants, c_val, work)
+    _offset.offset_chain_value(np.float32(0.0), constants.frac_out)
+    _COMPILED_HERE.add((block_step, constants))
 
 
 def _gemm_kernel(block_step):
@@ -195,7 +195,7 @@ def _gemm_kernel(block_step):
     :func:`~mmaemu.arith.offset.power_offset_block`) on every block: one source, one kernel per exponent pass."""
 
     @cuda.jit(device=True, fastmath=False)
-    def chain(a, b, K, first, stride, count, schedule, params, sh_a, sh_b, work, c_val):
+    def chain(a, b, K, first, stride, count, schedule, constants, sh_a, sh_b, work, c_val):
         """One chain from +0 over ``count`` k-tiles (``chain_range``), staged STAGE_K k at a time; ``c_val`` ends
         with its deferred accumulator. Blocks start every nfma k from each range's start (a multiple of STAGE_K,
         and nfma divides STAGE_K); those past K (zero padding of a split tile) run on the accumulator alone, as in
@@ -205,12 +205,12 @@ def _gemm_kernel(block_step):
         n0 = i32(cuda.blockIdx.x * BLOCK_N)
         r0 = np.uint32(cuda.threadIdx.y * ROWS)
         j0 = np.uint32(cuda.threadIdx.x * COLS)
-        nfma = i32(params[0])
+        nfma = i32(constants.nfma)
         for r in range(ROWS):
             for j in range(COLS):
                 c_val[r, j] = np.float32(0.0)
         for i in range(chain_range_count(stride, count)):
-            k0, k1 = chain_range(K, first, stride, count, schedule[0], schedule[5], i)
+            k0, k1 = chain_range(K, first, stride, count, schedule.tile, schedule.padded, i)
             data_end = i32(min(i32(k1), K))
             c0 = i32(k0)
             while c0 < data_end:  # the block loop: one stage per pass
@@ -223,36 +223,36 @@ def _gemm_kernel(block_step):
                 kb = i32(0)
                 while kb < stop:
                     block_step(sh_a[0], sh_a[1], sh_a[2], r0, sh_b[0], sh_b[1], sh_b[2], j0, np.uint32(kb),
-                               np.uint32(min(i32(kb + nfma), valid)), params, c_val, work)
+                               np.uint32(min(i32(kb + nfma), valid)), constants, c_val, work)
                     kb += nfma
                 c0 += i32(STAGE_K)
             kb = i32(k0)
             while kb < data_end:
                 kb += nfma
             while kb < i32(k1):  # blocks past K
-                offset_empty_block(params, c_val, work)
+                offset_empty_block(constants, c_val, work)
                 kb += nfma
 
     @cuda.jit(device=True, fastmath=False)
-    def split_partial(a, b, K, s, schedule, params, sh_a, sh_b, partial):
+    def split_partial(a, b, K, s, schedule, constants, sh_a, sh_b, partial):
         """``partial`` = the fp32 sum, in increasing k, of the chains of split s from +0 (``split_partial``); the
         thread's block state lives here (local arrays are handed down to callees, never returned)."""
         work = (cuda.local.array((ROWS, COLS), uint32), cuda.local.array((ROWS, COLS), float32),
                 cuda.local.array((ROWS, COLS), uint32), cuda.local.array((ROWS, COLS), uint32))
         c_val = cuda.local.array((ROWS, COLS), float32)
-        frac_out = params[1]
+        frac_out = constants.frac_out
         for r in range(ROWS):
             for j in range(COLS):
                 partial[r, j] = np.float32(0.0)
         for c in range(split_chains(K, s, schedule)):
             first, stride, count = chain_tiles_of(K, s, c, schedule)
-            chain(a, b, K, first, stride, count, schedule, params, sh_a, sh_b, work, c_val)
+            chain(a, b, K, first, stride, count, schedule, constants, sh_a, sh_b, work, c_val)
             for r in range(ROWS):
                 for j in range(COLS):
                     partial[r, j] = np.float32(partial[r, j] + offset_chain_value(c_val[r, j], frac_out))
 
     @cuda.jit(fastmath=False, **shim.register_cap(REGISTERS))
-    def gemm(a_val, a_exp, a_bytes, a_cols, b_val, b_exp, b_bytes, b_cols, K, schedule, params, out, slot):
+    def gemm(a_val, a_exp, a_bytes, a_cols, b_val, b_exp, b_bytes, b_cols, K, schedule, constants, out, slot):
         """out[m, n] for a BLOCK_M x BLOCK_N tile per thread block; see the module docstring. The operands are
         packed panels (:func:`decode_operand`) seen flat with a_cols / b_cols rows, K the operands' own length.
         The split partials are combined in the order of ``combine_step`` (one partial, added to +0, when unsplit);
@@ -262,11 +262,11 @@ def _gemm_kernel(block_step):
         partial = cuda.local.array((ROWS, COLS), float32)
         a = (a_val, a_exp, a_bytes, a_cols)
         b = (b_val, b_exp, b_bytes, b_cols)
-        splits = schedule[1]
-        paired = splits > 1 and schedule[4] != 0
+        splits = schedule.splits
+        paired = splits > 1 and schedule.pairwise != 0
         for i in range(splits):
-            s, target, flush = combine_step(splits, schedule[4], i)
-            split_partial(a, b, np.int32(K), s, schedule, params, sh_a, sh_b, partial)
+            s, target, flush = combine_step(splits, schedule.pairwise, i)
+            split_partial(a, b, np.int32(K), s, schedule, constants, sh_a, sh_b, partial)
             _combine_into(out, slot, paired, partial, i == 0, target, flush)
 
     return gemm

@@ -42,9 +42,10 @@ def cuda_implementation() -> str:
 
 def _unwrap(value):
     """The numpy array behind a simulator array (inside or outside a kernel), also inside tuples; anything else
-    unchanged."""
+    unchanged (a named tuple stays one: the arithmetic reads its fields by name)."""
     if isinstance(value, tuple):
-        return tuple(_unwrap(item) for item in value)
+        items = [_unwrap(item) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
     name = type(value).__name__
     if name == "FakeWithinKernelCUDAArray":
         value = value._item
