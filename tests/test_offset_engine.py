@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mmaemu import environment
-from mmaemu.arith.offset import ADD_MAX, offset_params
+from mmaemu.arith.offset import ADD_MAX, OffsetConstants, offset_params
 from mmaemu.arith.params import codes_gemm, preset_params
 from mmaemu.cpu import features
 from mmaemu.cpu.engine import accumulate_codes, cpu_engine_choice
@@ -128,7 +128,7 @@ def test_prepared_b_is_reused_and_read_only():
 # ----------------------------------------------------------------------------------------------------------------
 
 MIN_EXP_0 = Preset("offset-minexp0", nfma=32, frac=13, frac_out=13, min_exp=0, late_c=False, slow_chunk=128)
-CONSTANT_NAMES = ("nfma", "frac_out", "p_add", "floor_bits", "m_add", "tau_add", "tau_max", "top4", "mantissa")
+CONSTANT_NAMES = tuple(name for name in OffsetConstants._fields if name != "start")  # start: power sums only
 
 
 def _mutation_operands():
@@ -168,10 +168,10 @@ def test_every_constant_matters(name, delta):
     constants[i] = int(np.array((constants[i] + delta * step) % 2**32, np.uint32).view(np.int32))
     prepared = prepare_b(gemm.b_codes, "e4m3")
     out = np.zeros(gemm.shape[:2], np.float32)
-    accumulate_prepared(gemm.a_codes, prepared, "e4m3", preset, gemm.schedule, out, tuple(constants))
+    accumulate_prepared(gemm.a_codes, prepared, "e4m3", preset, gemm.schedule, out, OffsetConstants(*constants))
     assert not np.array_equal(_bits(out), _bits(want)), f"{name} {delta:+d} went unnoticed"
     constants[i] = offset_params(preset_params(preset, "e4m3", "e4m3"), "e4m3", "e4m3", ADD_MAX)[i]
-    accumulate_prepared(gemm.a_codes, prepared, "e4m3", preset, gemm.schedule, out, tuple(constants))
+    accumulate_prepared(gemm.a_codes, prepared, "e4m3", preset, gemm.schedule, out, OffsetConstants(*constants))
     assert np.array_equal(_bits(out), _bits(want))
 
 

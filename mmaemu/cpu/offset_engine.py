@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ..arith.offset import ADD_MAX, offset_decline, offset_floor_decline, offset_params, offset_tables
-from ..arith.params import preset_params
+from ..arith.params import Schedule, preset_params
 from . import threads
 
 # The byte counters hold nfma / 4 products each and their sum is taken by one multiply (offset_kernel docstring).
@@ -61,15 +61,15 @@ def offset_call_decline(preset, schedule, fmt_a: str, fmt_b: str) -> Optional[st
     frac_out >= frac, nfma a multiple of 16; :func:`~mmaemu.arith.offset.offset_floor_decline`), nfma <= MAX_NFMA (the byte counters), and k-tiles that whole blocks
     fill (split or slow schedules: nfma divides the tile, so no block ends inside a tile before K)."""
     params = preset_params(preset, fmt_a, fmt_b)
-    nfma, frac, frac_out, late_c = params[0], params[3], params[4], params[6]
-    why = offset_decline(nfma, frac, frac_out, late_c) or offset_floor_decline(params[5], frac)
+    nfma, frac = params.nfma, params.frac
+    why = offset_decline(nfma, frac, params.frac_out, params.late_c) or offset_floor_decline(params.min_exp, frac)
     if why is not None:
         return why
     if nfma > MAX_NFMA:
         return f"counts corrections in bytes, which needs nfma <= {MAX_NFMA} (nfma={nfma})"
-    tile, splits, chain_tiles = schedule[0], schedule[1], schedule[3]
-    if (splits > 1 or chain_tiles) and tile % nfma:
-        return f"needs k-tiles of whole blocks, the schedule's tiles are {tile} wide and nfma={nfma}"
+    schedule = Schedule(*(int(v) for v in schedule))
+    if (schedule.splits > 1 or schedule.chain_tiles) and schedule.tile % nfma:
+        return f"needs k-tiles of whole blocks, the schedule's tiles are {schedule.tile} wide and nfma={nfma}"
     return None
 
 
@@ -112,8 +112,8 @@ def accumulate_prepared(a_codes, prepared: PreparedB, fmt_a: str, preset, schedu
     the call must satisfy :func:`offset_call_decline` and the CPU :func:`mmaemu.cpu.features.offset_engine_decline`.
 
     Contract: ``prepared`` is only read (any number of calls, from any threads, may share it); its K must be A's.
-    ``constants``: the block step's constants, :func:`mmaemu.arith.offset.offset_params` by default (tests give
-    altered ones to show that each matters).
+    ``constants``: the block step's :class:`~mmaemu.arith.offset.OffsetConstants`,
+    :func:`mmaemu.arith.offset.offset_params` by default (tests give altered ones to show that each matters).
     """
     from .offset_kernel import offset_panel_rows
 
@@ -122,7 +122,7 @@ def accumulate_prepared(a_codes, prepared: PreparedB, fmt_a: str, preset, schedu
         raise ValueError(f"prepared B has K={prepared.shape[1]}, A has K={K}")
     if constants is None:
         constants = offset_params(preset_params(preset, fmt_a, prepared.fmt), fmt_a, prepared.fmt, ADD_MAX)
-    schedule = tuple(int(v) for v in schedule)
+    schedule = Schedule(*(int(v) for v in schedule))
     a_tables = packing_tables(fmt_a)
     tasks = offset_tasks(M, prepared.val.shape[0], K, threads.num_threads())
     from .offset_kernel import PANEL

@@ -93,11 +93,11 @@ def row_exponent_max(e, x):
 
 
 @arithmetic
-def vector_start(e, c, constants):
+def vector_start(e, c, vectors):
     """:func:`mmaemu.arith.offset.offset_start` on one vector, E_prod from its exponent maxima (as
     :func:`~mmaemu.arith.offset.offset_block_start`): the offset sum and the threshold word."""
     p_shift, floor, m_add, tau_add, tau_max, top4, ones, sign_bit, magnitude, one, zero, exp_field, mantissa = \
-        constants
+        vectors
     largest = max_u16x2_i32(e, rotate16_i32(e, 16))
     product_bits = add_i32(shl_i32(largest, FP32_FRACTION_BITS), p_shift)
     c_bits = bits_of_f32(c)
@@ -112,13 +112,13 @@ def vector_start(e, c, constants):
 
 
 @arithmetic
-def row_start(e, c_val, r, constants):
+def row_start(e, c_val, r, vectors):
     """:func:`vector_start` for the VECTORS vectors of row r (c from ``c_val[r]``), counts at 0."""
-    s0, t0 = vector_start(e[0], load_f32(c_val, r, 0), constants)
-    s1, t1 = vector_start(e[1], load_f32(c_val, r, 16), constants)
-    s2, t2 = vector_start(e[2], load_f32(c_val, r, 32), constants)
-    s3, t3 = vector_start(e[3], load_f32(c_val, r, 48), constants)
-    zero = constants[10]
+    s0, t0 = vector_start(e[0], load_f32(c_val, r, 0), vectors)
+    s1, t1 = vector_start(e[1], load_f32(c_val, r, 16), vectors)
+    s2, t2 = vector_start(e[2], load_f32(c_val, r, 32), vectors)
+    s3, t3 = vector_start(e[3], load_f32(c_val, r, 48), vectors)
+    zero = vectors[10]
     return (s0, s1, s2, s3), (t0, t1, t2, t3), (zero, zero, zero, zero)
 
 
@@ -150,10 +150,10 @@ def row_group(a_val, a_low, a_sign, r, b_val, b_low, b_sign, g, s, t, n):
 
 
 @arithmetic
-def vector_end(s, n, constants):
+def vector_end(s, n, vectors):
     """:func:`~mmaemu.arith.offset.offset_block_end` on one vector: the count n (the byte counters' sum) added to
     S's pattern, M rebuilt from S's exponent, ``S - M``."""
-    ones, exp_field, mantissa = constants[6], constants[11], constants[12]
+    ones, exp_field, mantissa = vectors[6], vectors[11], vectors[12]
     count = lshr_i32(mul_i32(n, ones), 24)
     bits = add_i32(bits_of_f32(s), count)
     m = f32_of_bits(or_i32(and_i32(bits, exp_field), mantissa))
@@ -161,26 +161,28 @@ def vector_end(s, n, constants):
 
 
 @arithmetic
-def row_end(s, n, c_val, r, constants):
+def row_end(s, n, c_val, r, vectors):
     """:func:`vector_end` for the vectors of row r, into ``c_val[r]``."""
-    store_f32(c_val, r, 0, vector_end(s[0], n[0], constants))
-    store_f32(c_val, r, 16, vector_end(s[1], n[1], constants))
-    store_f32(c_val, r, 32, vector_end(s[2], n[2], constants))
-    store_f32(c_val, r, 48, vector_end(s[3], n[3], constants))
+    store_f32(c_val, r, 0, vector_end(s[0], n[0], vectors))
+    store_f32(c_val, r, 16, vector_end(s[1], n[1], vectors))
+    store_f32(c_val, r, 32, vector_end(s[2], n[2], vectors))
+    store_f32(c_val, r, 48, vector_end(s[3], n[3], vectors))
 
 
 @arithmetic
-def vector_constants(params):
-    """The vectors of :func:`mmaemu.arith.offset.offset_params`' constants that the block step reads."""
-    return (broadcast_i32(np.int32(params[2])), broadcast_i32(np.int32(params[3])), broadcast_i32(np.int32(params[4])),
-            broadcast_i32(np.int32(params[5])), broadcast_i32(np.int32(params[6])), broadcast_i32(np.int32(params[7])),
-            broadcast_i32(np.int32(BYTE_ONES)), broadcast_i32(np.int32(SIGN_BIT)), broadcast_i32(np.int32(MAGNITUDE)),
-            broadcast_f32(np.float32(1.0)), broadcast_i32(np.int32(0)),
-            broadcast_i32(np.int32(EXPONENT_FIELD - 2**32)), broadcast_i32(np.int32(params[8])))
+def vector_constants(constants):
+    """The vectors the block step reads: :class:`~mmaemu.arith.offset.OffsetConstants` and the bit masks, in the
+    order :func:`vector_start` unpacks them."""
+    i32 = np.int32
+    return (broadcast_i32(i32(constants.p_add)), broadcast_i32(i32(constants.floor_bits)),
+            broadcast_i32(i32(constants.m_add)), broadcast_i32(i32(constants.tau_add)),
+            broadcast_i32(i32(constants.tau_max)), broadcast_i32(i32(constants.top4)), broadcast_i32(i32(BYTE_ONES)),
+            broadcast_i32(i32(SIGN_BIT)), broadcast_i32(i32(MAGNITUDE)), broadcast_f32(np.float32(1.0)),
+            broadcast_i32(i32(0)), broadcast_i32(i32(EXPONENT_FIELD - 2**32)), broadcast_i32(i32(constants.mantissa)))
 
 
 @arithmetic
-def tile_block(a, r0, b, kb, ke, constants, c_val):
+def tile_block(a, r0, b, kb, ke, vectors, c_val):
     """One early-accumulator block step (b.1, truncation deferred) over k in [kb, ke) for rows r0, r0 + 1 of the
     task's A and the panel ``b``; updates ``c_val`` [ROWS, PANEL]. kb is a multiple of K_PASS and the packed operands
     hold zero codes from ke up to the next multiple of K_PASS (:func:`~mmaemu.arith.offset.block_range`)."""
@@ -193,38 +195,38 @@ def tile_block(a, r0, b, kb, ke, constants, c_val):
     for w in range(w0 + 1, w1):
         e0 = row_exponent_max(e0, row_exponent_sums(a_exp, w, r0, b_exp))
         e1 = row_exponent_max(e1, row_exponent_sums(a_exp, w, r0 + 1, b_exp))
-    s0, t0, n0 = row_start(e0, c_val, 0, constants)
-    s1, t1, n1 = row_start(e1, c_val, 1, constants)
+    s0, t0, n0 = row_start(e0, c_val, 0, vectors)
+    s1, t1, n1 = row_start(e1, c_val, 1, vectors)
     for g in range(first >> np.uint32(2), end >> np.uint32(2)):
         s0, n0 = row_group(a_val, a_low, a_sign, r0, b_val, b_low, b_sign, g, s0, t0, n0)
         s1, n1 = row_group(a_val, a_low, a_sign, r0 + 1, b_val, b_low, b_sign, g, s1, t1, n1)
-    row_end(s0, n0, c_val, 0, constants)
-    row_end(s1, n1, c_val, 1, constants)
+    row_end(s0, n0, c_val, 0, vectors)
+    row_end(s1, n1, c_val, 1, vectors)
 
 
 @arithmetic
-def tile_chain(a, r0, b, K, first, stride, count, schedule, params, constants, c_val, work):
+def tile_chain(a, r0, b, K, first, stride, count, schedule, constants, vectors, c_val, work):
     """One chain from +0 over ``count`` k-tiles (``chain_range``); ``c_val`` ends with its deferred accumulator.
     Blocks start every nfma k from each range's start; those past K run on the accumulator alone."""
-    nfma = params[0]
+    nfma = constants.nfma
     for r in range(ROWS):
         for j in range(PANEL):
             c_val[r, j] = np.float32(0.0)
     for i in range(chain_range_count(stride, count)):
-        k0, k1 = chain_range(K, first, stride, count, schedule[0], schedule[5], i)
+        k0, k1 = chain_range(K, first, stride, count, schedule.tile, schedule.padded, i)
         for kb in range(k0, k1, nfma):
             if kb < K:
-                tile_block(a, r0, b, np.uint32(kb), np.uint32(min(kb + nfma, k1, K)), constants, c_val)
+                tile_block(a, r0, b, np.uint32(kb), np.uint32(min(kb + nfma, k1, K)), vectors, c_val)
             else:
-                offset_empty_block(params, c_val, work)
+                offset_empty_block(constants, c_val, work)
 
 
 @arithmetic
-def tile_accumulate(a, r0, b, K, schedule, params, constants, work, sums):
+def tile_accumulate(a, r0, b, K, schedule, constants, vectors, work, sums):
     """:func:`mmaemu.arith.schedule.accumulate_one` for the tile: ``acc[r, j]`` (of ``sums`` = (c_val, partial,
     acc, slot), float32 [ROWS, PANEL]) = the fp32 accumulator of output (r0 + r, j)."""
     c_val, partial, acc, slot = sums
-    splits, pairwise, frac_out = schedule[1], schedule[4], params[1]
+    splits, pairwise, frac_out = schedule.splits, schedule.pairwise, constants.frac_out
     for r in range(ROWS):
         for j in range(PANEL):
             acc[r, j] = np.float32(0.0)
@@ -236,7 +238,7 @@ def tile_accumulate(a, r0, b, K, schedule, params, constants, work, sums):
                 partial[r, j] = np.float32(0.0)
         for c in range(split_chains(K, s, schedule)):
             first, stride, n = chain_tiles_of(K, s, c, schedule)
-            tile_chain(a, r0, b, K, first, stride, n, schedule, params, constants, c_val, work)
+            tile_chain(a, r0, b, K, first, stride, n, schedule, constants, vectors, c_val, work)
             for r in range(ROWS):
                 for j in range(PANEL):
                     partial[r, j] = np.float32(partial[r, j] + offset_chain_value(c_val[r, j], frac_out))
@@ -246,10 +248,11 @@ def tile_accumulate(a, r0, b, K, schedule, params, constants, work, sums):
 
 
 @arithmetic
-def offset_panel_rows(m_lo, m_hi, a_codes, a_tables, b_val, b_exp, b_low, b_sign, n0, schedule, params, out):
+def offset_panel_rows(m_lo, m_hi, a_codes, a_tables, b_val, b_exp, b_low, b_sign, n0, schedule, constants, out):
     """out[m, n0:n0+PANEL] = fp32 accumulators of rows m_lo .. m_hi-1 of A and one packed panel of B (finite
-    codes), bit-identical to ``accumulate_codes(..., reference=True)``. ``params``: the offset constants
-    (:func:`mmaemu.arith.offset.offset_params`, add-max); ``schedule`` as ``accumulate_one`` takes it."""
+    codes), bit-identical to ``accumulate_codes(..., reference=True)``. ``constants``: the
+    :class:`~mmaemu.arith.offset.OffsetConstants` of the call (add-max); ``schedule`` as ``accumulate_one`` takes
+    it (:class:`~mmaemu.arith.params.Schedule`)."""
     K = a_codes.shape[1]
     kp = b_val.shape[0]
     rows = m_hi - m_lo
@@ -262,7 +265,7 @@ def offset_panel_rows(m_lo, m_hi, a_codes, a_tables, b_val, b_exp, b_low, b_sign
         pack_into(a_codes, m_lo + r if r < rows else a_codes.shape[0], r, a_tables, a_val, a_exp, a_low, a_sign)
     a = (a_val, a_exp, a_low, a_sign)
     b = (b_val, b_exp, b_low, b_sign)
-    constants = vector_constants(params)
+    vectors = vector_constants(constants)
     shape = (ROWS, PANEL)
     work = (np.empty(shape, np.uint32), np.empty(shape, np.float32), np.empty(shape, np.uint32),
             np.empty(shape, np.uint32))
@@ -271,7 +274,7 @@ def offset_panel_rows(m_lo, m_hi, a_codes, a_tables, b_val, b_exp, b_low, b_sign
     acc = sums[2]
     N = out.shape[1]
     for r0 in range(0, columns, ROWS):
-        tile_accumulate(a, r0, b, K, schedule, params, constants, work, sums)
+        tile_accumulate(a, r0, b, K, schedule, constants, vectors, work, sums)
         for r in range(min(ROWS, rows - r0)):
             for j in range(min(PANEL, N - n0)):
                 out[m_lo + r0 + r, n0 + j] = acc[r, j]
