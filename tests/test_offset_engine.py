@@ -19,7 +19,8 @@ from mmaemu.arith.offset import ADD_MAX, OffsetConstants, offset_params
 from mmaemu.arith.params import codes_gemm, preset_params
 from mmaemu.cpu import features
 from mmaemu.cpu.engine import accumulate_codes, cpu_engine_choice
-from mmaemu.cpu.offset_engine import accumulate_prepared, offset_call_decline, prepare_b
+from mmaemu.cpu.features import offset_call_decline
+from mmaemu.cpu.offset_engine import accumulate_prepared, prepare_b
 from mmaemu.model.presets import ADA, B200_MMA_SYNC, HOPPER, Preset
 
 from test_fast_path import EXTREMES, PAIRS, cancelling_codes, random_codes, spread_codes

@@ -14,7 +14,7 @@ from ..arith.rounding import BFLOAT16, FLOAT32, value_of_bits
 from ..arith.rowwise import exact_values, rowwise_epilogue_rows
 from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_decode
 from . import threads
-from .features import CPU_ENGINE_ENV, EngineChoice, choose_cpu_engine, numba_target
+from .features import CPU_ENGINE_ENV, EngineChoice, choose_cpu_engine, numba_target, offset_call_decline
 from .gemm import (TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, decode_panel, epilogue_gemm,
                    nonfinite_rows, override_nonfinite)
 
@@ -122,9 +122,7 @@ def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, ou
 def cpu_engine_choice(preset, schedule, fmt_a: str, fmt_b: str, requested=None) -> EngineChoice:
     """The engine of the fast path for a call (:func:`mmaemu.cpu.features.choose_cpu_engine`): ``requested``
     (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE``), the CPU Numba compiles for and whether the offset method
-    computes the preset, schedule and formats (:func:`mmaemu.cpu.offset_engine.offset_call_decline`)."""
-    from .offset_engine import offset_call_decline
-
+    computes the preset, schedule and formats (:func:`mmaemu.cpu.features.offset_call_decline`)."""
     requested = environment.snapshot()[CPU_ENGINE_ENV] if requested is None else requested
     return choose_cpu_engine(requested, numba_target(), offset_call_decline(preset, schedule, fmt_a, fmt_b))
 

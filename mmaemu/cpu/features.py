@@ -2,9 +2,10 @@
 has AVX-512 and the call fits the method, the tile engine (:mod:`mmaemu.arith.tile`) everywhere else.
 
 The decision is :func:`choose_cpu_engine`, a pure function of the request (``MMAEMU_CPU_ENGINE``: auto, offset or
-tile), the target CPU and the call's own decline reason; it returns the engine and why. The target CPU is the one
-Numba really compiles for (:func:`numba_target`): ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` when set (with
-``NUMBA_CPU_NAME=generic`` Numba adds no feature at all), the host's otherwise, with ``NUMBA_ENABLE_AVX=0``
+tile), the target CPU and the call's own decline reason (:func:`offset_call_decline`: preset, schedule, formats); it
+returns the engine and why. The target CPU is the one Numba really compiles for (:func:`numba_target`):
+``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` when set (with ``NUMBA_CPU_NAME=generic`` Numba adds no feature at
+all), the host's otherwise, with ``NUMBA_ENABLE_AVX=0``
 clearing every AVX feature, as :mod:`numba.core.codegen` does. The offset engine needs embedded rounding, which
 only AVX-512 has (AVX2 has no per-instruction rounding mode); its vectors also use 16-bit lane maxima (BW) and
 masks of 16 lanes (F, VL, DQ in LLVM's lowering), so it asks for AVX-512 F, BW, DQ and VL. Nothing of the offset
@@ -17,8 +18,13 @@ import functools
 import platform
 from typing import NamedTuple, Optional
 
+from ..arith.offset import offset_decline, offset_floor_decline
+from ..arith.params import Schedule, preset_params
+
 CPU_ENGINE_ENV = "MMAEMU_CPU_ENGINE"
 REQUIRED_FEATURES = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
+# The byte counters hold nfma / 4 products each and their sum is taken by one multiply (offset_kernel docstring).
+MAX_NFMA = 255
 
 
 class TargetCpu(NamedTuple):
@@ -67,7 +73,7 @@ def offset_engine_decline(target: TargetCpu) -> Optional[str]:
 
 def choose_cpu_engine(requested: str, target: TargetCpu, call_decline: Optional[str]) -> EngineChoice:
     """The CPU engine for a call: ``requested`` (auto, offset, tile), the target CPU and the call's decline reason
-    (:func:`mmaemu.cpu.offset_engine.offset_call_decline`, None if the offset method computes it). Forcing
+    (:func:`offset_call_decline`, None if the offset method computes it). Forcing
     ``offset`` where it cannot run raises ValueError naming the rule and the way out."""
     if requested == "tile":
         return EngineChoice("tile", f"{CPU_ENGINE_ENV}=tile")
@@ -96,3 +102,21 @@ def engine_summary(requested: str, target: TargetCpu) -> str:
         return f"engine: tile (the offset engine {why})"
     return (f"engine: offset (AVX-512 F/BW/DQ/VL on {target.name}) for the calls the offset method fits (hopper, "
             "ada: fast and slow, every split scheme, every FP8 pair), tile for the others")
+
+
+def offset_call_decline(preset, schedule, fmt_a: str, fmt_b: str) -> Optional[str]:
+    """Why the offset engine does not compute a call (None if it does): the method's conditions
+    (:func:`mmaemu.arith.offset.offset_decline`: early-accumulator presets whose block sums fit the window,
+    frac_out >= frac, nfma a multiple of 16; :func:`~mmaemu.arith.offset.offset_floor_decline`), nfma <= MAX_NFMA (the byte counters), and k-tiles that whole blocks
+    fill (split or slow schedules: nfma divides the tile, so no block ends inside a tile before K)."""
+    params = preset_params(preset, fmt_a, fmt_b)
+    nfma, frac = params.nfma, params.frac
+    why = offset_decline(nfma, frac, params.frac_out, params.late_c) or offset_floor_decline(params.min_exp, frac)
+    if why is not None:
+        return why
+    if nfma > MAX_NFMA:
+        return f"counts corrections in bytes, which needs nfma <= {MAX_NFMA} (nfma={nfma})"
+    schedule = Schedule(*(int(v) for v in schedule))
+    if (schedule.splits > 1 or schedule.chain_tiles) and schedule.tile % nfma:
+        return f"needs k-tiles of whole blocks, the schedule's tiles are {schedule.tile} wide and nfma={nfma}"
+    return None

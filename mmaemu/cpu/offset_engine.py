@@ -7,22 +7,21 @@ Two steps, so that B's packing can be kept across calls (a weight's panels):
   :func:`mmaemu.cpu.engine.accumulate_fast`.
 
 Whether the engine can run at all is :func:`mmaemu.cpu.features.offset_engine_decline` (the CPU Numba compiles
-for); whether it computes a call is :func:`offset_call_decline` (preset, schedule, formats).
+for); whether it computes a call is :func:`mmaemu.cpu.features.offset_call_decline` (preset, schedule, formats).
+This module is imported only where the offset engine runs.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ..arith.offset import ADD_MAX, offset_decline, offset_floor_decline, offset_params, offset_tables
+from ..arith.offset import ADD_MAX, offset_params, offset_tables
 from ..arith.params import Schedule, preset_params
 from . import threads
-
-# The byte counters hold nfma / 4 products each and their sum is taken by one multiply (offset_kernel docstring).
-MAX_NFMA = 255
-
+from .offset_kernel import PANEL, ROWS, offset_panel_rows, pack_panels, padded_k
 
 class PreparedB(NamedTuple):
     """B [N, K] packed for the offset engine (:mod:`.offset_kernel`'s layout), read-only: ``panels`` panels of
@@ -55,24 +54,6 @@ def packing_tables(fmt: str):
     return _TABLES[fmt]
 
 
-def offset_call_decline(preset, schedule, fmt_a: str, fmt_b: str) -> Optional[str]:
-    """Why the offset engine does not compute a call (None if it does): the method's conditions
-    (:func:`mmaemu.arith.offset.offset_decline`: early-accumulator presets whose block sums fit the window,
-    frac_out >= frac, nfma a multiple of 16; :func:`~mmaemu.arith.offset.offset_floor_decline`), nfma <= MAX_NFMA (the byte counters), and k-tiles that whole blocks
-    fill (split or slow schedules: nfma divides the tile, so no block ends inside a tile before K)."""
-    params = preset_params(preset, fmt_a, fmt_b)
-    nfma, frac = params.nfma, params.frac
-    why = offset_decline(nfma, frac, params.frac_out, params.late_c) or offset_floor_decline(params.min_exp, frac)
-    if why is not None:
-        return why
-    if nfma > MAX_NFMA:
-        return f"counts corrections in bytes, which needs nfma <= {MAX_NFMA} (nfma={nfma})"
-    schedule = Schedule(*(int(v) for v in schedule))
-    if (schedule.splits > 1 or schedule.chain_tiles) and schedule.tile % nfma:
-        return f"needs k-tiles of whole blocks, the schedule's tiles are {schedule.tile} wide and nfma={nfma}"
-    return None
-
-
 def prepare_b(b_codes: np.ndarray, fmt_b: str) -> PreparedB:
     """B's FP8 codes [N, K] (uint8, any layout) packed into the offset engine's panels.
 
@@ -80,8 +61,6 @@ def prepare_b(b_codes: np.ndarray, fmt_b: str) -> PreparedB:
     ``b_codes`` (a cache may keep it while B's storage changes, keyed on what changes B). Its arrays are
     read-only. Cost: one pass over B; memory 8 bytes per element of B (rounded up to whole panels and 16 k).
     """
-    from .offset_kernel import PANEL, pack_panels, padded_k
-
     b_codes = np.ascontiguousarray(b_codes, dtype=np.uint8)
     N, K = b_codes.shape
     panels, kp = max(1, -(-N // PANEL)), padded_k(K)
@@ -98,8 +77,6 @@ def prepare_b(b_codes: np.ndarray, fmt_b: str) -> PreparedB:
 def offset_tasks(M: int, panels: int, K: int, n_threads: int):
     """The tasks, ``(panel, m_lo, m_hi)``: every panel with each range of row pairs of A
     (:func:`mmaemu.cpu.threads.job_ranges`; a job: one tile of ROWS rows), panel by panel."""
-    from .offset_kernel import PANEL, ROWS
-
     row_tiles = -(-M // ROWS)
     ranges = threads.job_ranges(row_tiles, ROWS * PANEL * K, n_threads, repeats=panels)
     return [(p, lo * ROWS, min(hi * ROWS, M)) for p in range(panels) for lo, hi in ranges]
@@ -109,32 +86,76 @@ def accumulate_prepared(a_codes, prepared: PreparedB, fmt_a: str, preset, schedu
     """``out`` [M, N] (float32, C-contiguous) = the fp32 accumulators of A [M, K] (uint8 codes, C-contiguous)
     times the prepared B, for finite codes (the caller applies c.4 to rows with NaN or Inf codes, as
     :func:`mmaemu.cpu.engine.accumulate_fast`'s callers do). ``preset``/``schedule``: as accumulate_fast takes them;
-    the call must satisfy :func:`offset_call_decline` and the CPU :func:`mmaemu.cpu.features.offset_engine_decline`.
+    the call must satisfy :func:`~mmaemu.cpu.features.offset_call_decline` and the CPU :func:`mmaemu.cpu.features.offset_engine_decline`.
 
     Contract: ``prepared`` is only read (any number of calls, from any threads, may share it); its K must be A's.
     ``constants``: the block step's :class:`~mmaemu.arith.offset.OffsetConstants`,
     :func:`mmaemu.arith.offset.offset_params` by default (tests give altered ones to show that each matters).
     """
-    from .offset_kernel import offset_panel_rows
+    if prepared.shape[1] != a_codes.shape[1]:
+        raise ValueError(f"prepared B has K={prepared.shape[1]}, A has K={a_codes.shape[1]}")
 
+    def panel_of(p):
+        return prepared.val[p], prepared.exp[p], prepared.low[p], prepared.sign[p]
+
+    _run(a_codes, fmt_a, prepared.fmt, prepared.val.shape[0], panel_of, lambda p: None, preset, schedule, out,
+         constants)
+
+
+class PanelsOnDemand:
+    """B's panels packed by the first task that needs each and dropped after its last one (``uses`` tasks per
+    panel), as :class:`mmaemu.cpu.engine.DecodedPanels` does for the tile engine: tasks are handed out panel by
+    panel, so about one panel per thread is held at a time (a call without a kept :class:`PreparedB`)."""
+
+    def __init__(self, b_codes, fmt_b: str, uses: int):
+        self._codes, self._tables, self._kp = b_codes, packing_tables(fmt_b), padded_k(b_codes.shape[1])
+        self.count = max(1, -(-b_codes.shape[0] // PANEL))
+        self._locks = [threading.Lock() for _ in range(self.count)]
+        self._left = [uses] * self.count
+        self._packed = {}
+
+    def acquire(self, p: int):
+        with self._locks[p]:
+            if p not in self._packed:
+                kp, width = self._kp, PANEL
+                arrays = (np.empty((1, kp, width), np.float32), np.empty((1, kp // 2, width), np.uint32),
+                          np.empty((1, kp // 4, width), np.uint32), np.empty((1, kp // 4, width), np.uint32))
+                pack_panels(0, 1, self._codes[p * width:(p + 1) * width], self._tables, *arrays)
+                self._packed[p] = tuple(x[0] for x in arrays)
+            return self._packed[p]
+
+    def release(self, p: int):
+        with self._locks[p]:
+            self._left[p] -= 1
+            if not self._left[p]:
+                del self._packed[p]
+
+
+def _run(a_codes, fmt_a, fmt_b, panels, acquire, release, preset, schedule, out, constants):
+    """The tasks of :func:`offset_tasks` on the threads; ``acquire(p)`` gives panel p's four arrays and
+    ``release(p)`` is called after each task that used it."""
     M, K = a_codes.shape
-    if prepared.shape[1] != K:
-        raise ValueError(f"prepared B has K={prepared.shape[1]}, A has K={K}")
     if constants is None:
-        constants = offset_params(preset_params(preset, fmt_a, prepared.fmt), fmt_a, prepared.fmt, ADD_MAX)
+        constants = offset_params(preset_params(preset, fmt_a, fmt_b), fmt_a, fmt_b, ADD_MAX)
     schedule = Schedule(*(int(v) for v in schedule))
     a_tables = packing_tables(fmt_a)
-    tasks = offset_tasks(M, prepared.val.shape[0], K, threads.num_threads())
-    from .offset_kernel import PANEL
 
     def task(panel, m_lo, m_hi):
-        offset_panel_rows(m_lo, m_hi, a_codes, a_tables, prepared.val[panel], prepared.exp[panel],
-                          prepared.low[panel], prepared.sign[panel], panel * PANEL, schedule, constants, out)
+        try:
+            offset_panel_rows(m_lo, m_hi, a_codes, a_tables, *acquire(panel), panel * PANEL, schedule, constants,
+                              out)
+        finally:
+            release(panel)
 
-    threads.run_tasks(lambda t=t: task(*t) for t in tasks)
+    threads.run_tasks(lambda t=t: task(*t) for t in offset_tasks(M, panels, K, threads.num_threads()))
 
 
 def accumulate_offset(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out):
-    """:func:`mmaemu.cpu.engine.accumulate_fast`'s interface on the offset engine: :func:`prepare_b` then
-    :func:`accumulate_prepared` (``params``, the preset's integer tuple, is implied by the preset)."""
-    accumulate_prepared(a_codes, prepare_b(b_codes, fmt_b), fmt_a, preset, schedule, out)
+    """:func:`mmaemu.cpu.engine.accumulate_fast`'s interface on the offset engine (``params``, the preset's
+    :class:`~mmaemu.arith.params.BlockParams`, is implied by the preset and the formats): B's panels packed on
+    demand (:class:`PanelsOnDemand`), the same bits as :func:`prepare_b` then :func:`accumulate_prepared`."""
+    M, K = a_codes.shape
+    panels = max(1, -(-b_codes.shape[0] // PANEL))
+    uses = len(offset_tasks(M, panels, K, threads.num_threads())) // panels
+    on_demand = PanelsOnDemand(b_codes, fmt_b, uses)
+    _run(a_codes, fmt_a, fmt_b, on_demand.count, on_demand.acquire, on_demand.release, preset, schedule, out, None)
