@@ -176,6 +176,62 @@ def test_every_constant_matters(name, delta):
     assert np.array_equal(_bits(out), _bits(want))
 
 
+def _mutated_call(preset=HOPPER, constants=None, masks=None):
+    """The adversarial families through accumulate_prepared with altered constants or masks, and the reference."""
+    from mmaemu.cpu.offset_kernel import MASKS
+
+    a, b = _mutation_operands()
+    gemm = codes_gemm(a, b, "e4m3", "e4m3", preset, True)
+    want = accumulate_codes(a, b, "e4m3", "e4m3", preset, True, reference=True)
+    out = np.zeros(gemm.shape[:2], np.float32)
+    accumulate_prepared(gemm.a_codes, prepare_b(gemm.b_codes, "e4m3"), "e4m3", preset, gemm.schedule, out,
+                        constants, MASKS if masks is None else masks)
+    return _bits(out), _bits(want)
+
+
+# (index in MASKS, altered value): the byte sum without its top byte, no sign on M, no magnitude of c (the maximum
+# then passes over every negative accumulator), the exponent field without its lowest bit.
+MASK_MUTATIONS = [(0, 0x00010101), (1, 0), (2, -1), (3, -0x01000000)]
+
+
+@needs_avx512
+@pytest.mark.parametrize("index,value", MASK_MUTATIONS, ids=["byte_sum", "sign", "magnitude", "exponent_field"])
+def test_every_mask_matters(index, value):
+    from mmaemu.cpu.offset_kernel import MASKS
+
+    masks = list(MASKS)
+    masks[index] = value
+    got, want = _mutated_call(masks=tuple(masks))
+    assert not np.array_equal(got, want)
+
+
+# (table, what is altered): zero codes' low byte at 0 (a zero term next to a negative one then counts), the sign
+# byte at 0x40 (bit 7 never set: no correction), zero codes' exponent half as a real one (absent terms then set E),
+# every real low byte one higher.
+TABLE_MUTATIONS = ["zero_low", "sign_byte", "exp_absent", "low_bytes"]
+
+
+@needs_avx512
+@pytest.mark.parametrize("mutation", TABLE_MUTATIONS)
+def test_every_table_constant_matters(mutation, monkeypatch):
+    from mmaemu.arith import offset
+    from mmaemu.cpu import offset_engine
+
+    values, exps, lows, signs = (t.copy() for t in offset.offset_tables("e4m3", ADD_MAX))
+    zero = values == 0
+    if mutation == "zero_low":
+        lows[zero] = 0
+    elif mutation == "sign_byte":
+        signs[signs == offset.SIGN_BYTE] = 0x40
+    elif mutation == "exp_absent":
+        exps[zero] = offset.EXP_BIAS + 15
+    else:
+        lows[~zero] += 1
+    monkeypatch.setitem(offset_engine._TABLES, "e4m3", (values, exps, lows, signs))
+    got, want = _mutated_call()
+    assert not np.array_equal(got, want)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The choice of the engine
 # ----------------------------------------------------------------------------------------------------------------

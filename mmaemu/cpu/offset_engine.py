@@ -21,7 +21,7 @@ import numpy as np
 from ..arith.offset import ADD_MAX, offset_params, offset_tables
 from ..arith.params import Schedule, preset_params
 from . import threads
-from .offset_kernel import PANEL, ROWS, offset_panel_rows, pack_panels, padded_k
+from .offset_kernel import MASKS, PANEL, ROWS, offset_panel_rows, pack_panels, padded_k
 
 class PreparedB(NamedTuple):
     """B [N, K] packed for the offset engine (:mod:`.offset_kernel`'s layout), read-only: ``panels`` panels of
@@ -82,7 +82,8 @@ def offset_tasks(M: int, panels: int, K: int, n_threads: int):
     return [(p, lo * ROWS, min(hi * ROWS, M)) for p in range(panels) for lo, hi in ranges]
 
 
-def accumulate_prepared(a_codes, prepared: PreparedB, fmt_a: str, preset, schedule, out, constants=None):
+def accumulate_prepared(a_codes, prepared: PreparedB, fmt_a: str, preset, schedule, out, constants=None,
+                        masks=MASKS):
     """``out`` [M, N] (float32, C-contiguous) = the fp32 accumulators of A [M, K] (uint8 codes, C-contiguous)
     times the prepared B, for finite codes (the caller applies c.4 to rows with NaN or Inf codes, as
     :func:`mmaemu.cpu.engine.accumulate_fast`'s callers do). ``preset``/``schedule``: as accumulate_fast takes them;
@@ -90,7 +91,8 @@ def accumulate_prepared(a_codes, prepared: PreparedB, fmt_a: str, preset, schedu
 
     Contract: ``prepared`` is only read (any number of calls, from any threads, may share it); its K must be A's.
     ``constants``: the block step's :class:`~mmaemu.arith.offset.OffsetConstants`,
-    :func:`mmaemu.arith.offset.offset_params` by default (tests give altered ones to show that each matters).
+    :func:`mmaemu.arith.offset.offset_params` by default, and ``masks`` the bit masks
+    (:data:`mmaemu.cpu.offset_kernel.MASKS`): tests give altered ones to show that each matters.
     """
     if prepared.shape[1] != a_codes.shape[1]:
         raise ValueError(f"prepared B has K={prepared.shape[1]}, A has K={a_codes.shape[1]}")
@@ -99,7 +101,7 @@ def accumulate_prepared(a_codes, prepared: PreparedB, fmt_a: str, preset, schedu
         return prepared.val[p], prepared.exp[p], prepared.low[p], prepared.sign[p]
 
     _run(a_codes, fmt_a, prepared.fmt, prepared.val.shape[0], panel_of, lambda p: None, preset, schedule, out,
-         constants)
+         constants, masks)
 
 
 class PanelsOnDemand:
@@ -131,7 +133,7 @@ class PanelsOnDemand:
                 del self._packed[p]
 
 
-def _run(a_codes, fmt_a, fmt_b, panels, acquire, release, preset, schedule, out, constants):
+def _run(a_codes, fmt_a, fmt_b, panels, acquire, release, preset, schedule, out, constants, masks):
     """The tasks of :func:`offset_tasks` on the threads; ``acquire(p)`` gives panel p's four arrays and
     ``release(p)`` is called after each task that used it."""
     M, K = a_codes.shape
@@ -143,7 +145,7 @@ def _run(a_codes, fmt_a, fmt_b, panels, acquire, release, preset, schedule, out,
     def task(panel, m_lo, m_hi):
         try:
             offset_panel_rows(m_lo, m_hi, a_codes, a_tables, *acquire(panel), panel * PANEL, schedule, constants,
-                              out)
+                              masks, out)
         finally:
             release(panel)
 
@@ -158,4 +160,5 @@ def accumulate_offset(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, 
     panels = max(1, -(-b_codes.shape[0] // PANEL))
     uses = len(offset_tasks(M, panels, K, threads.num_threads())) // panels
     on_demand = PanelsOnDemand(b_codes, fmt_b, uses)
-    _run(a_codes, fmt_a, fmt_b, on_demand.count, on_demand.acquire, on_demand.release, preset, schedule, out, None)
+    _run(a_codes, fmt_a, fmt_b, on_demand.count, on_demand.acquire, on_demand.release, preset, schedule, out, None,
+         MASKS)

@@ -41,6 +41,10 @@ VECTORS = 4  # 16-lane vectors per row of a tile
 PANEL = 16 * VECTORS  # columns of B per panel
 SIGN_BIT = -0x80000000
 MAGNITUDE = 0x7FFFFFFF
+# The bit masks of the block step (int32 values, passed at run time like the offset constants, so that a test can
+# alter each without recompiling): the byte sum's multiplier, fp32's sign bit, its magnitude, its sign and
+# exponent field.
+MASKS = (BYTE_ONES, SIGN_BIT, MAGNITUDE, EXPONENT_FIELD - 2**32)
 
 
 def padded_k(K: int) -> int:
@@ -170,15 +174,15 @@ def row_end(s, n, c_val, r, vectors):
 
 
 @arithmetic
-def vector_constants(constants):
+def vector_constants(constants, masks):
     """The vectors the block step reads: :class:`~mmaemu.arith.offset.OffsetConstants` and the bit masks, in the
-    order :func:`vector_start` unpacks them."""
+    order :func:`vector_start` unpacks them (``masks``: :data:`MASKS`)."""
     i32 = np.int32
     return (broadcast_i32(i32(constants.p_add)), broadcast_i32(i32(constants.floor_bits)),
             broadcast_i32(i32(constants.m_add)), broadcast_i32(i32(constants.tau_add)),
-            broadcast_i32(i32(constants.tau_max)), broadcast_i32(i32(constants.top4)), broadcast_i32(i32(BYTE_ONES)),
-            broadcast_i32(i32(SIGN_BIT)), broadcast_i32(i32(MAGNITUDE)), broadcast_f32(np.float32(1.0)),
-            broadcast_i32(i32(0)), broadcast_i32(i32(EXPONENT_FIELD - 2**32)), broadcast_i32(i32(constants.mantissa)))
+            broadcast_i32(i32(constants.tau_max)), broadcast_i32(i32(constants.top4)), broadcast_i32(i32(masks[0])),
+            broadcast_i32(i32(masks[1])), broadcast_i32(i32(masks[2])), broadcast_f32(np.float32(1.0)),
+            broadcast_i32(i32(0)), broadcast_i32(i32(masks[3])), broadcast_i32(i32(constants.mantissa)))
 
 
 @arithmetic
@@ -248,11 +252,12 @@ def tile_accumulate(a, r0, b, K, schedule, constants, vectors, work, sums):
 
 
 @arithmetic
-def offset_panel_rows(m_lo, m_hi, a_codes, a_tables, b_val, b_exp, b_low, b_sign, n0, schedule, constants, out):
+def offset_panel_rows(m_lo, m_hi, a_codes, a_tables, b_val, b_exp, b_low, b_sign, n0, schedule, constants, masks,
+                      out):
     """out[m, n0:n0+PANEL] = fp32 accumulators of rows m_lo .. m_hi-1 of A and one packed panel of B (finite
     codes), bit-identical to ``accumulate_codes(..., reference=True)``. ``constants``: the
     :class:`~mmaemu.arith.offset.OffsetConstants` of the call (add-max); ``schedule`` as ``accumulate_one`` takes
-    it (:class:`~mmaemu.arith.params.Schedule`)."""
+    it (:class:`~mmaemu.arith.params.Schedule`); ``masks``: :data:`MASKS`."""
     K = a_codes.shape[1]
     kp = b_val.shape[0]
     rows = m_hi - m_lo
@@ -265,7 +270,7 @@ def offset_panel_rows(m_lo, m_hi, a_codes, a_tables, b_val, b_exp, b_low, b_sign
         pack_into(a_codes, m_lo + r if r < rows else a_codes.shape[0], r, a_tables, a_val, a_exp, a_low, a_sign)
     a = (a_val, a_exp, a_low, a_sign)
     b = (b_val, b_exp, b_low, b_sign)
-    vectors = vector_constants(constants)
+    vectors = vector_constants(constants, masks)
     shape = (ROWS, PANEL)
     work = (np.empty(shape, np.uint32), np.empty(shape, np.float32), np.empty(shape, np.uint32),
             np.empty(shape, np.uint32))
