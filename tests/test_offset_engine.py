@@ -105,6 +105,36 @@ def test_nonfinite_codes_follow_c4():
 
 
 @needs_avx512
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_packed_layout_is_offset_packs(fmt):
+    """B's panels and A's columns hold exactly the words of mmaemu.arith.offset.offset_pack_rows (the CUDA kernel's
+    packing), ragged rows and K included (zero codes past them)."""
+    from mmaemu.arith.offset import offset_pack_rows, offset_tables
+    from mmaemu.cpu.offset_engine import pack_a
+    from mmaemu.cpu.offset_kernel import PANEL, padded_k
+
+    rng = np.random.default_rng(2)
+    for rows, K in ((1, 1), (3, 17), (65, 70), (130, 33)):
+        codes = rng.integers(0, 256, (rows, K), dtype=np.uint8)
+        kp, columns = padded_k(K), -(-rows // PANEL) * PANEL
+        val, exp = np.zeros((kp, columns), np.float32), np.zeros((kp // 2, columns), np.uint32)
+        words = np.zeros((kp // 4, 2 * columns), np.uint32)
+        offset_pack_rows(codes, offset_tables(fmt, ADD_MAX), val, exp, words, False)
+        prepared = prepare_b(codes, fmt)
+        for p in range(columns // PANEL):
+            part = slice(p * PANEL, (p + 1) * PANEL)
+            assert np.array_equal(prepared.val[p].view(np.uint32), val[:, part].view(np.uint32))
+            assert np.array_equal(prepared.exp[p], exp[:, part])
+            assert np.array_equal(prepared.low[p], words[:, 0::2][:, part])
+            assert np.array_equal(prepared.sign[p], words[:, 1::2][:, part])
+        a_val, a_exp, a_low, a_sign = pack_a(codes, fmt)
+        used = a_val.shape[1]
+        assert np.array_equal(a_val.view(np.uint32), val[:, :used].view(np.uint32))
+        assert np.array_equal(a_exp, exp[:, :used])
+        assert np.array_equal(a_low, words[:, 0::2][:, :used]) and np.array_equal(a_sign, words[:, 1::2][:, :used])
+
+
+@needs_avx512
 def test_prepared_b_is_reused_and_read_only():
     rng = np.random.default_rng(1)
     a1, a2 = random_codes(rng, "e4m3", (3, 70)), random_codes(rng, "e5m2", (4, 70))

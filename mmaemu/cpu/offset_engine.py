@@ -21,7 +21,7 @@ import numpy as np
 from ..arith.offset import ADD_MAX, offset_params, offset_tables
 from ..arith.params import Schedule, preset_params
 from . import threads
-from .offset_kernel import MASKS, PANEL, ROWS, offset_panel_rows, pack_panels, padded_k
+from .offset_kernel import MASKS, PANEL, ROWS, offset_panel_rows, pack_panels, pack_row_blocks, padded_k
 
 class PreparedB(NamedTuple):
     """B [N, K] packed for the offset engine (:mod:`.offset_kernel`'s layout), read-only: ``panels`` panels of
@@ -133,6 +133,18 @@ class PanelsOnDemand:
                 del self._packed[p]
 
 
+def pack_a(a_codes, fmt_a: str):
+    """A's codes [M, K] packed once per call, a column per row (M rounded up to whole tiles of ROWS rows, K to
+    whole passes; zero codes there): the four arrays every task reads."""
+    M, K = a_codes.shape
+    kp, columns = padded_k(K), max(ROWS, -(-M // ROWS) * ROWS)
+    arrays = (np.empty((kp, columns), np.float32), np.empty((kp // 2, columns), np.uint32),
+              np.empty((kp // 4, columns), np.uint32), np.empty((kp // 4, columns), np.uint32))
+    threads.parallel_for(pack_row_blocks, -(-columns // PANEL), 8 * kp * PANEL, a_codes, packing_tables(fmt_a),
+                         *arrays)
+    return arrays
+
+
 def _run(a_codes, fmt_a, fmt_b, panels, acquire, release, preset, schedule, out, constants, masks):
     """The tasks of :func:`offset_tasks` on the threads; ``acquire(p)`` gives panel p's four arrays and
     ``release(p)`` is called after each task that used it."""
@@ -140,12 +152,11 @@ def _run(a_codes, fmt_a, fmt_b, panels, acquire, release, preset, schedule, out,
     if constants is None:
         constants = offset_params(preset_params(preset, fmt_a, fmt_b), fmt_a, fmt_b, ADD_MAX)
     schedule = Schedule(*(int(v) for v in schedule))
-    a_tables = packing_tables(fmt_a)
+    a = pack_a(a_codes, fmt_a)
 
     def task(panel, m_lo, m_hi):
         try:
-            offset_panel_rows(m_lo, m_hi, a_codes, a_tables, *acquire(panel), panel * PANEL, schedule, constants,
-                              masks, out)
+            offset_panel_rows(m_lo, m_hi, a, acquire(panel), panel * PANEL, K, schedule, constants, masks, out)
         finally:
             release(panel)
 

@@ -53,19 +53,38 @@ def padded_k(K: int) -> int:
 
 
 @arithmetic
-def pack_into(codes, row, column, tables, val, exp, low, sign):
-    """Every 4-k group of row ``row`` of ``codes`` (zero codes past its rows or past K) into column ``column`` of
-    the k-major arrays (:func:`~mmaemu.arith.offset.offset_pack`, add-max words)."""
+def pack_columns(codes, row0, c0, c1, tables, val, exp, low, sign):
+    """Rows ``row0 + c`` of ``codes`` (zero codes past its rows or past K) into columns c in [c0, c1) of the k-major
+    arrays, in the words of :func:`~mmaemu.arith.offset.offset_pack` (add-max), 4 k at a time for every column so
+    that the stores of one group are adjacent. Groups inside the codes are read directly (the same table entries
+    offset_pack reads); the ragged edge goes through offset_pack itself, which supplies the zero codes
+    (``tests/test_offset_engine.py`` compares the whole layout with offset_pack's)."""
+    values, exps, lows, signs = tables
+    N, K = codes.shape
+    whole = K // 4  # groups with all four k inside K
     for g in range(low.shape[0]):
-        v0, v1, v2, v3, e01, e23, lw, sg = offset_pack(codes, row, g, tables, 0, False)
-        val[4 * g, column] = v0
-        val[4 * g + 1, column] = v1
-        val[4 * g + 2, column] = v2
-        val[4 * g + 3, column] = v3
-        exp[2 * g, column] = e01
-        exp[2 * g + 1, column] = e23
-        low[g, column] = lw
-        sign[g, column] = sg
+        k = 4 * g
+        for c in range(c0, c1):
+            row = row0 + c
+            if row < N and g < whole:
+                x0, x1, x2, x3 = codes[row, k], codes[row, k + 1], codes[row, k + 2], codes[row, k + 3]
+                v0, v1, v2, v3 = values[x0], values[x1], values[x2], values[x3]
+                e01 = np.uint32(exps[x0] | (exps[x1] << np.uint32(16)))
+                e23 = np.uint32(exps[x2] | (exps[x3] << np.uint32(16)))
+                lw = np.uint32(lows[x0] | (lows[x1] << np.uint32(8)) | (lows[x2] << np.uint32(16))
+                               | (lows[x3] << np.uint32(24)))
+                sg = np.uint32(signs[x0] | (signs[x1] << np.uint32(8)) | (signs[x2] << np.uint32(16))
+                               | (signs[x3] << np.uint32(24)))
+            else:
+                v0, v1, v2, v3, e01, e23, lw, sg = offset_pack(codes, row, g, tables, 0, False)
+            val[k, c] = v0
+            val[k + 1, c] = v1
+            val[k + 2, c] = v2
+            val[k + 3, c] = v3
+            exp[2 * g, c] = e01
+            exp[2 * g + 1, c] = e23
+            low[g, c] = lw
+            sign[g, c] = sg
 
 
 @arithmetic
@@ -73,8 +92,15 @@ def pack_panels(lo, hi, codes, tables, val, exp, low, sign):
     """Panels lo .. hi-1 of B (rows ``p * PANEL ...`` of ``codes``) into ``val[p]``, ``exp[p]``, ``low[p]``,
     ``sign[p]``."""
     for p in range(lo, hi):
-        for j in range(PANEL):
-            pack_into(codes, p * PANEL + j, j, tables, val[p], exp[p], low[p], sign[p])
+        pack_columns(codes, p * PANEL, 0, PANEL, tables, val[p], exp[p], low[p], sign[p])
+
+
+@arithmetic
+def pack_row_blocks(lo, hi, codes, tables, val, exp, low, sign):
+    """Blocks lo .. hi-1 of PANEL rows of A into the same columns of the k-major arrays (columns past A's rows:
+    zero codes)."""
+    for block in range(lo, hi):
+        pack_columns(codes, 0, block * PANEL, min((block + 1) * PANEL, val.shape[1]), tables, val, exp, low, sign)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -252,24 +278,12 @@ def tile_accumulate(a, r0, b, K, schedule, constants, vectors, work, sums):
 
 
 @arithmetic
-def offset_panel_rows(m_lo, m_hi, a_codes, a_tables, b_val, b_exp, b_low, b_sign, n0, schedule, constants, masks,
-                      out):
+def offset_panel_rows(m_lo, m_hi, a, b, n0, K, schedule, constants, masks, out):
     """out[m, n0:n0+PANEL] = fp32 accumulators of rows m_lo .. m_hi-1 of A and one packed panel of B (finite
-    codes), bit-identical to ``accumulate_codes(..., reference=True)``. ``constants``: the
-    :class:`~mmaemu.arith.offset.OffsetConstants` of the call (add-max); ``schedule`` as ``accumulate_one`` takes
-    it (:class:`~mmaemu.arith.params.Schedule`); ``masks``: :data:`MASKS`."""
-    K = a_codes.shape[1]
-    kp = b_val.shape[0]
-    rows = m_hi - m_lo
-    columns = rows + rows % ROWS
-    a_val = np.empty((kp, columns), np.float32)
-    a_exp = np.empty((kp // 2, columns), np.uint32)
-    a_low = np.empty((kp // 4, columns), np.uint32)
-    a_sign = np.empty((kp // 4, columns), np.uint32)
-    for r in range(columns):
-        pack_into(a_codes, m_lo + r if r < rows else a_codes.shape[0], r, a_tables, a_val, a_exp, a_low, a_sign)
-    a = (a_val, a_exp, a_low, a_sign)
-    b = (b_val, b_exp, b_low, b_sign)
+    codes), bit-identical to ``accumulate_codes(..., reference=True)``. ``a``: A packed (:func:`pack_row_blocks`,
+    a column per row, an even number of columns), ``b``: the panel's four arrays, both (val, exp, low, sign);
+    m_lo even. ``constants``: the :class:`~mmaemu.arith.offset.OffsetConstants` of the call (add-max);
+    ``schedule`` as ``accumulate_one`` takes it (:class:`~mmaemu.arith.params.Schedule`); ``masks``: :data:`MASKS`."""
     vectors = vector_constants(constants, masks)
     shape = (ROWS, PANEL)
     work = (np.empty(shape, np.uint32), np.empty(shape, np.float32), np.empty(shape, np.uint32),
@@ -278,8 +292,8 @@ def offset_panel_rows(m_lo, m_hi, a_codes, a_tables, b_val, b_exp, b_low, b_sign
             np.empty(shape, np.float32))
     acc = sums[2]
     N = out.shape[1]
-    for r0 in range(0, columns, ROWS):
+    for r0 in range(m_lo, m_hi, ROWS):
         tile_accumulate(a, r0, b, K, schedule, constants, vectors, work, sums)
-        for r in range(min(ROWS, rows - r0)):
+        for r in range(min(ROWS, m_hi - r0)):
             for j in range(min(PANEL, N - n0)):
-                out[m_lo + r0 + r, n0 + j] = acc[r, j]
+                out[r0 + r, n0 + j] = acc[r, j]
