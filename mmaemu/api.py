@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ._untraced import untraced
+from .context import for_call
 from .plan.planner import CallPlan, explain_scaled_mm, plan_accumulate, plan_scaled_mm
 from .warn import edge
 
@@ -131,7 +132,7 @@ def scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_d
     """
     with edge():  # the warnings of the call are emitted here, at the caller's line
         plan = plan_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out=out,
-                              profile=profile, splitk=splitk, backend=backend)
+                              profile=profile, splitk=splitk, backend=backend, context=for_call())
         return run_scaled_mm_plan(plan)
 
 
@@ -158,7 +159,7 @@ def accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="au
     """
     with edge():
         plan = plan_accumulate(a, b, use_fast_accum=use_fast_accum, profile=profile, splitk=splitk, backend=backend,
-                               out_dtype_for_split=out_dtype_for_split)
+                               out_dtype_for_split=out_dtype_for_split, context=for_call())
         call = plan.call
         if plan.action == "zeros":
             return torch.zeros((call.M, call.N), dtype=torch.float32, device=call.device)
@@ -170,6 +171,6 @@ def explain(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dty
             *, out=None, profile=None, splitk="auto", backend="auto") -> CallPlan:
     """What ``scaled_mm`` would do with these arguments, as a :class:`CallPlan`; never raises for a bad call."""
     return explain_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out=out,
-                             profile=profile, splitk=splitk, backend=backend)
+                             profile=profile, splitk=splitk, backend=backend, context=for_call())
 
 

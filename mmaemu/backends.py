@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from . import environment
+from .context import environment_of
 from .cuda.catalog import KERNELS, BackendStatus, GateResult, KernelInfo, Selection, gemm_kernels
 from .errors import BackendUnavailableError
 
@@ -41,14 +41,15 @@ BACKEND_ENV = "MMAEMU_BACKEND"
 DISABLE_ENV = "MMAEMU_DISABLE_CUDA"
 
 
-def requested_backend(backend) -> str:
+def requested_backend(backend, *, context=None) -> str:
     """The backend name asked for: ``backend``, with "auto" replaced by ``$MMAEMU_BACKEND`` when set (an unknown
-    name from there is a ValueError that names the variable)."""
+    name from there is a ValueError that names the variable); the variable of ``context`` (a
+    :class:`mmaemu.context.Context`; without one, read now)."""
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a string such as 'auto', 'cpu' or 'cuda', got {type(backend).__name__}")
     source = ""
     if backend == "auto":
-        env = environment.snapshot()
+        env = environment_of(context)
         if env[BACKEND_ENV]:
             backend, source = env[BACKEND_ENV], f" (from {BACKEND_ENV})"
     if backend not in ("auto", "cuda") + CPU_ENGINES and not backend.startswith("cuda:"):
@@ -58,18 +59,21 @@ def requested_backend(backend) -> str:
     return backend
 
 
-def cuda_disabled() -> bool:
-    """``MMAEMU_DISABLE_CUDA`` is true (1/true/yes/on, :func:`mmaemu.environment.parse_bool`): never touch CUDA."""
-    return environment.snapshot()[DISABLE_ENV]
+def cuda_disabled(*, context=None) -> bool:
+    """``MMAEMU_DISABLE_CUDA`` is true (1/true/yes/on, :func:`mmaemu.environment.parse_bool`): never touch CUDA
+    (the variable of ``context``; without one, read now)."""
+    return environment_of(context)[DISABLE_ENV]
 
 
-def select(device, backend, fmt_a, fmt_b, preset) -> Selection:
-    """Choose the engine for tensors on ``device`` (platform.md 4.4, with our engines)."""
-    name = requested_backend(backend)
+def select(device, backend, fmt_a, fmt_b, preset, *, context=None) -> Selection:
+    """Choose the engine for tensors on ``device`` (platform.md 4.4, with our engines), from the variables of
+    ``context`` (a :class:`mmaemu.context.Context`; without one, read now). On CUDA tensors the CUDA dispatcher
+    probes the device and reads the kernels' verdicts (:func:`mmaemu.cuda.select`)."""
+    name = requested_backend(backend, context=context)
     if name in CPU_ENGINES:
         return Selection(name, [])
     on_cuda = getattr(device, "type", str(device)) == "cuda"
-    if not on_cuda or cuda_disabled():
+    if not on_cuda or cuda_disabled(context=context):
         reason = "cuda: tensors on cpu" if not on_cuda else "cuda: disabled by MMAEMU_DISABLE_CUDA"
         if name == "auto":
             return Selection("cpu", [reason])

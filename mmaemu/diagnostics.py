@@ -13,12 +13,12 @@ on a device, so it is not used here.)
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any, Dict, List, Optional
 
-from . import environment
+from . import device_facts, environment
 from ._version import __version__
+from .context import Context
 
 __all__ = ["INFO_FORMAT", "NO_CUDA_REASON", "build_info", "cuda_disabled_value", "cuda_unusable",
            "environment_problems", "error_text", "jsonable"]
@@ -119,9 +119,9 @@ def _dist_version(name: str) -> Optional[str]:
         return None
 
 
-def _environment() -> Dict[str, str]:
+def _environment(env: environment.Snapshot) -> Dict[str, str]:
     """The variables mmaemu reads that are set (:mod:`mmaemu.environment`); other MMAEMU_* ones are never shown."""
-    return environment.set_variables()
+    return dict(env.raw)
 
 
 def _profile_problem(value: str) -> Optional[str]:
@@ -162,11 +162,11 @@ ENVIRONMENT_CHECKS = {"MMAEMU_PROFILE": _profile_problem, "MMAEMU_BACKEND": _bac
                       "MMAEMU_SPLITK_POLICY": _split_policy_problem, "MMAEMU_PROFILE_PATH": _profile_path_problem}
 
 
-def environment_problems() -> Dict[str, str]:
-    """{name: what is wrong} of the set variables whose value is invalid (flagged by ``mmaemu info``): a value
-    its parser refuses (a boolean that is none, a relative cache folder) or that is no profile, backend or
-    folder."""
-    return environment.problems(ENVIRONMENT_CHECKS)
+def environment_problems(env: Optional[environment.Snapshot] = None) -> Dict[str, str]:
+    """{name: what is wrong} of the set variables (of the snapshot ``env``; None: now) whose value is invalid
+    (flagged by ``mmaemu info``): a value its parser refuses (a boolean that is none, a relative cache folder) or
+    that is no profile, backend or folder."""
+    return environment.problems(ENVIRONMENT_CHECKS, env)
 
 
 def _unread_variables() -> int:
@@ -177,36 +177,36 @@ def _unread_variables() -> int:
 # What a call does by default here
 
 
-def _default_profile(problems: Dict[str, str]) -> str:
+def _default_profile(problems: Dict[str, str], context: Context) -> str:
     from .platform import get_profile
 
-    value = environment.snapshot().raw.get("MMAEMU_PROFILE")
+    value = context.environment.raw.get("MMAEMU_PROFILE")
     if "MMAEMU_PROFILE" in problems:
         return f"none: MMAEMU_PROFILE={value!r} is not a profile, so every call with profile=None raises KeyError"
     if value:
-        return f"{get_profile(None).name} (from MMAEMU_PROFILE)"
-    return f"{get_profile(None).name} (MMAEMU_PROFILE is not set)"
+        return f"{get_profile(None, context=context).name} (from MMAEMU_PROFILE)"
+    return f"{get_profile(None, context=context).name} (MMAEMU_PROFILE is not set)"
 
 
-def _default_backend(problems: Dict[str, str], device: dict, backend_states: List[dict]) -> str:
+def _default_backend(problems: Dict[str, str], device: dict, backend_states: List[dict], context: Context) -> str:
     """The engine of a call with backend="auto": MMAEMU_BACKEND, else the CPU engine for CPU tensors and, for CUDA
     tensors, the first CUDA kernel that passed its self-test here (read from cached verdicts; none is run)."""
     from . import backends
 
-    value = environment.snapshot().raw.get("MMAEMU_BACKEND")
+    value = context.environment.raw.get("MMAEMU_BACKEND")
     if "MMAEMU_BACKEND" in problems:
         return f"none: MMAEMU_BACKEND={value!r} is not a backend, so every call with backend='auto' raises ValueError"
     if value and value != "auto":
         return f"{value} for every call with backend='auto' (from MMAEMU_BACKEND)"
-    cpu = backends.select(_torch_device("cpu"), "auto", "e4m3", "e4m3", None).name
-    return f"{cpu} for CPU tensors; CUDA tensors: {_default_cuda_engine(device, backend_states)}"
+    cpu = backends.select(_torch_device("cpu"), "auto", "e4m3", "e4m3", None, context=context).name
+    return f"{cpu} for CPU tensors; CUDA tensors: {_default_cuda_engine(device, backend_states, context)}"
 
 
-def _default_cuda_engine(device: dict, backend_states: List[dict]) -> str:
+def _default_cuda_engine(device: dict, backend_states: List[dict], context: Context) -> str:
     """What "auto" picks for CUDA tensors: the kernels are tried by priority, each after its self-test."""
     from . import backends
 
-    if backends.cuda_disabled():
+    if context.cuda_disabled:
         return "the CPU engine, the result copied back (CUDA disabled by MMAEMU_DISABLE_CUDA)"
     if not device.get("available"):
         return f"none here ({device.get('reason')})"
@@ -220,85 +220,67 @@ def _default_cuda_engine(device: dict, backend_states: List[dict]) -> str:
             f"(no verdict cached for {kernels[0]} yet: mmaemu selftest runs the self-tests)")
 
 
-def _defaults(report: dict) -> dict:
+def _defaults(report: dict, context: Context) -> dict:
     problems = report["environment_problems"]
-    return {"profile": _default_profile(problems),
-            "backend": _default_backend(problems, report["device"], report["backends"])}
+    return {"profile": _default_profile(problems, context),
+            "backend": _default_backend(problems, report["device"], report["backends"], context)}
 
 
 # ================================================================================================================
 # The CUDA device
 
 
-def _device_info(ordinal: Optional[int]) -> dict:
-    """The Device section: the CUDA device's facts, or {"available": False, "reason": ...}."""
-    reason = cuda_unusable(ordinal)
-    if reason is not None:
-        return {"available": False, "reason": reason}
-    import torch
+def report_context(ordinal: Optional[int], env: Optional[environment.Snapshot] = None) -> Context:
+    """The context ``mmaemu info`` prints: the environment (``env``, or as it is now) and the facts of CUDA device
+    ``ordinal`` (None: the current one), or why there are none; never raises."""
+    env = environment.snapshot() if env is None else env
+    try:
+        reason = cuda_unusable(ordinal)
+        if reason is not None:
+            return Context(env, device_problem=reason)
+        import torch
 
-    index = torch.cuda.current_device() if ordinal is None else ordinal
-    props = torch.cuda.get_device_properties(index)
+        index = torch.cuda.current_device() if ordinal is None else ordinal
+        return Context(env, device=device_facts.read(index))
+    except Exception as exc:  # info reports every failure instead of raising it
+        return Context(env, device_problem="probe failed", device_error=error_text(exc))
+
+
+def _device_info(context: Context) -> dict:
+    """The Device section: the CUDA device's facts, or {"available": False, "reason": ...}."""
+    if context.device is None:
+        return {"available": False, "reason": context.device_problem}
+    return device_section(context.device)
+
+
+def device_section(facts: device_facts.DeviceFacts) -> dict:
+    """The Device section of an available device (:class:`~mmaemu.device_facts.DeviceFacts`) with the cuBLASLt
+    and NVRTC versions; a version that cannot be read is None, its error in "errors"."""
     info = {
         "available": True,
-        "index": index,
-        "name": props.name,
-        "capability": f"sm_{props.major}{props.minor}",
-        "sm_count": props.multi_processor_count,
-        "memory_bytes": int(props.total_memory),
-        "torch_cuda": torch.version.cuda,
+        "index": facts.index,
+        "name": facts.name,
+        "capability": f"sm_{facts.capability[0]}{facts.capability[1]}",
+        "sm_count": facts.sm_count,
+        "memory_bytes": facts.memory_bytes,
+        "torch_cuda": facts.torch_cuda,
     }
-    _add_driver_versions(info)
-    return info
-
-
-def _add_driver_versions(info: dict) -> None:
-    """The driver and library versions into ``info``; one that cannot be read is None, its error in "errors"."""
-    for key, probe in (("display_driver", _display_driver), ("cuda_driver_api", _cuda_driver_api),
-                       ("cublaslt", _cublaslt_version), ("nvrtc", _nvrtc_version)):
+    for key in ("display_driver", "cuda_driver_api"):
+        info[key] = getattr(facts, key)
+        if facts.error(key) is not None:
+            info.setdefault("errors", {})[key] = error_text(facts.error(key))
+    for key, probe in (("cublaslt", _cublaslt_version), ("nvrtc", _nvrtc_version)):
         try:
             info[key] = probe()
         except Exception as exc:
             info[key] = None
             info.setdefault("errors", {})[key] = error_text(exc)
-
-
-def _display_driver() -> str:
-    """The NVIDIA display driver version (NVML, else /proc/driver/nvidia/version)."""
-    import ctypes
-
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-        if nvml.nvmlInit_v2() == 0:
-            buf = ctypes.create_string_buffer(96)
-            status = nvml.nvmlSystemGetDriverVersion(buf, ctypes.c_uint(len(buf)))
-            nvml.nvmlShutdown()
-            if status == 0:
-                return buf.value.decode()
-    except OSError:
-        pass
-    with open("/proc/driver/nvidia/version", encoding="utf-8") as fh:
-        words = fh.readline().split()
-    return next(w for w in words if w[:1].isdigit() and "." in w)
-
-
-def _cuda_driver_api() -> str:
-    import ctypes
-
-    from .platform import cublaslt
-
-    cuda = cublaslt._load_libcuda()
-    version = ctypes.c_int(0)
-    if cuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
-        raise RuntimeError("cuDriverGetVersion failed")
-    return f"{version.value // 1000}.{version.value % 1000 // 10}"
+    return info
 
 
 def _cublaslt_version() -> str:
-    from .platform import cublaslt
-
-    lib, path = cublaslt.load_cublaslt()
-    return ".".join(str(x) for x in cublaslt.loaded_cublaslt_version()) + f" ({path})"
+    lib, path = device_facts.load_cublaslt()
+    return ".".join(str(x) for x in device_facts.loaded_cublaslt_version()) + f" ({path})"
 
 
 def _nvrtc_version() -> str:
@@ -339,26 +321,19 @@ def _nvrtc_candidates() -> List[Optional[str]]:
 # Profiles, presets, backends
 
 
-def _profiles(device: dict, device_arg) -> List[dict]:
+def _profiles(device: dict, device_arg, context: Context) -> List[dict]:
     """Every profile, with whether it matches the device (``device``: the report's Device section)."""
     from .platform import get_profile, list_profiles
 
     out = []
     for name in list_profiles():
         p = get_profile(name)
-        match, why = _profile_match(p, device, device_arg)
-        out.append({
-            "name": p.name, "preset": p.preset_name, "gpu": p.gpu_name,
-            "capability": f"sm_{p.capability[0]}{p.capability[1]}", "sm_count": p.sm_count,
-            "cublaslt": p.cublaslt_version, "caller": p.caller, "workspace_bytes": p.workspace_bytes,
-            "align": p.align, "table": p.splitk_table, "maturity": p.maturity,
-            "splitk_maturity": p.splitk_maturity, "description": p.description, "match": match,
-            "match_note": why,
-        })
+        match, why = _profile_match(p, device, device_arg, context)
+        out.append(dict(p.describe(), match=match, match_note=why))
     return out
 
 
-def _profile_match(p, device: dict, device_arg) -> tuple:
+def _profile_match(p, device: dict, device_arg, context: Context) -> tuple:
     """(True | False | None for unknown, why) of profile ``p`` on the device."""
     if not (p.gpu_name and p.sm_count and p.cublaslt_version):
         return None, "no reference GPU"
@@ -366,7 +341,7 @@ def _profile_match(p, device: dict, device_arg) -> tuple:
     if disabled is not None:
         return None, f"{DISABLE_ENV}={disabled}"
     try:
-        match = bool(p.matches_device(device_arg))
+        match = bool(p.matches_device(device_arg, context=context))
     except Exception as exc:
         return None, error_text(exc)
     if match:
@@ -381,13 +356,7 @@ def _profile_match(p, device: dict, device_arg) -> tuple:
 def _presets() -> List[dict]:
     from .model import presets
 
-    aliases = getattr(presets, "_ALIASES", {})
-    out = []
-    for name in presets.list_presets():
-        p = presets.get_preset(name, warn=False)
-        out.append({"name": p.name, "maturity": p.maturity, "scope": p.validated_scope,
-                    "aliases": sorted(a for a, target in aliases.items() if target == p.name)})
-    return out
+    return presets.describe()
 
 
 def _backends(device_arg) -> List[dict]:
@@ -408,32 +377,23 @@ def _backends(device_arg) -> List[dict]:
 
 
 def _splitk_tables() -> List[dict]:
-    """Per table id of the profiles: its files (bytes, sha256), row counts from the json and the index's own
-    ``rows`` member (the big arrays are not loaded)."""
-    from importlib import resources
-
+    """Per table id of the profiles, the table's own description (a recorded bundle's, else the packaged one's:
+    files with bytes and sha256, row counts) and the profiles that use it."""
     from .platform.bundles import loaded_bundles
+    from .platform.tables import describe_packaged
 
-    data = resources.files("mmaemu.platform").joinpath("data")
     recorded = {b.table.table_id: b for b in loaded_bundles()}
-    return [_recorded_table(recorded[table_id], profiles) if table_id in recorded
-            else _splitk_table(data, table_id, profiles) for table_id, profiles in _table_users().items()]
+    out = []
+    for table_id, profiles in _table_users().items():
+        described = recorded[table_id].describe() if table_id in recorded else describe_packaged(table_id)
+        out.append({"table_id": described.pop("table_id"), "profiles": profiles, **described})
+    return out
 
 
 def _refused_bundles() -> List[dict]:
     from .platform.bundles import refused_bundles
 
     return [{"component": f"profile bundle {path}", "reason": reason} for path, reason in refused_bundles().items()]
-
-
-def _recorded_table(bundle, profiles: List[str]) -> dict:
-    """A recorded bundle's table (``mmaemu record``): indexed in memory when loaded, files in its folder."""
-    meta = bundle.table.meta
-    return {"table_id": bundle.table.table_id, "profiles": profiles, "rows": meta.get("rows"),
-            "split_rows": meta.get("split_rows"), "index_rows": len(bundle.table),
-            "index_format": f"in memory (recorded bundle {bundle.path})",
-            "verified_combos": len(bundle.table.verified),
-            "files": [_describe_file(bundle.path, name) for name in sorted(bundle.manifest["files"])]}
 
 
 def _table_users() -> Dict[str, List[str]]:
@@ -446,35 +406,6 @@ def _table_users() -> Dict[str, List[str]]:
         if table_id:
             users.setdefault(table_id, []).append(name)
     return users
-
-
-def _splitk_table(data, table_id: str, profiles: List[str]) -> dict:
-    import numpy as np
-
-    meta = json.loads(data.joinpath(f"{table_id}.json").read_text(encoding="utf-8"))
-    combos_name = meta.get("verified_combos", "verified_split_combos.json")
-    combos = json.loads(data.joinpath(combos_name).read_text(encoding="utf-8"))
-    index_name = f"{table_id}.index.npz"
-    with data.joinpath(index_name).open("rb") as fh, np.load(fh, allow_pickle=False) as npz:
-        index_rows = int(npz["rows"])
-        index_format = str(npz["format"])
-    return {
-        "table_id": table_id,
-        "profiles": profiles,
-        "rows": meta.get("rows"),
-        "split_rows": meta.get("split_rows"),
-        "index_rows": index_rows,
-        "index_format": index_format,
-        "verified_combos": sum(1 for c in combos.get("combos", []) if c.get("verified")),
-        "files": [_describe_file(data, name) for name in (f"{table_id}.json", index_name, combos_name)],
-    }
-
-
-def _describe_file(data, file_name: str) -> dict:
-    import hashlib
-
-    blob = data.joinpath(file_name).read_bytes()
-    return {"name": file_name, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
 
 
 def _numba_cache() -> dict:
@@ -519,18 +450,22 @@ def build_info(device: Optional[int] = None) -> dict:
     for name, error in versions.pop("_errors", {}).items():
         report["unavailable"].append({"component": name, "reason": error})
     report["versions"] = versions
-    report["environment"] = _environment()
-    report["environment_problems"] = _probe(report, "environment", environment_problems, default={})
+    env = environment.snapshot()
+    report["environment"] = _environment(env)
+    report["environment_problems"] = _probe(report, "environment", environment_problems, env, default={})
     report["environment_unread"] = _unread_variables()
-    report["device"] = _probe(report, "device", _device_info, device,
+    context = report_context(device, env)
+    if context.device_error is not None:
+        report["unavailable"].append({"component": "device", "reason": context.device_error})
+    report["device"] = _probe(report, "device", _device_info, context,
                               default={"available": False, "reason": "probe failed"})
     if not report["device"].get("available"):
         report["unavailable"].append({"component": "cuda", "reason": report["device"]["reason"]})
     device_arg = None if device is None else _torch_device("cuda", device)
-    report["profiles"] = _probe(report, "profiles", _profiles, report["device"], device_arg, default=[])
+    report["profiles"] = _probe(report, "profiles", _profiles, report["device"], device_arg, context, default=[])
     report["presets"] = _probe(report, "presets", _presets, default=[])
     report["backends"] = _probe(report, "backends", _backends, device_arg, default=[])
-    report["defaults"] = _probe(report, "defaults", _defaults, report, default={})
+    report["defaults"] = _probe(report, "defaults", _defaults, report, context, default={})
     report["splitk_tables"] = _probe(report, "split-K tables", _splitk_tables, default=[])
     report["unavailable"] += _refused_bundles()
     report["numba_cache"] = _probe(report, "numba cache", _numba_cache, default=None)

@@ -157,7 +157,8 @@ class EmulatedFP8Linear(torch.nn.Module):
 
     @classmethod
     def from_linear(cls, linear, *, profile=None, input_scale=None, pad_m_to=None, use_fast_accum=True,
-                    out_dtype=None, splitk="auto", backend="auto", weight_scale=None, recipe="tensorwise"):
+                    out_dtype=None, splitk="auto", backend="auto", weight_scale=None, recipe="tensorwise",
+                    **recipe_options):
         """Quantise a ``torch.nn.Linear`` (or any module with ``weight`` [out, in] and ``bias``) once, as TE does.
 
         The weight scale is TE's current-scaling factor of the weight, ``448 / amax(W)`` in fp32
@@ -166,7 +167,9 @@ class EmulatedFP8Linear(torch.nn.Module):
         the input's amax (current scaling). The bias, if any, is added after the GEMM in the output dtype
         (``out_dtype``, or the input's dtype when it is None).
         ``recipe``: "tensorwise" (this layer), or another recipe of :data:`mmaemu.nn_recipes.RECIPES` (e.g.
-        "blockwise": DeepGEMM's block-wise FP8), whose layer class builds the module from the same options.
+        "blockwise": DeepGEMM's block-wise FP8), whose layer class builds the module from the same options;
+        ``recipe_options`` are the options only that recipe's ``from_linear`` takes (``use_ue8m0=`` for
+        "blockwise"). The tensor-wise layer takes none: one raises TypeError.
         """
         if recipe != "tensorwise":  # another recipe's layer (mmaemu.nn_recipes.RECIPES), same options
             from .nn_recipes import recipe_layer
@@ -174,7 +177,10 @@ class EmulatedFP8Linear(torch.nn.Module):
             return recipe_layer(recipe).from_linear(linear, profile=profile, input_scale=input_scale,
                                                     pad_m_to=pad_m_to, use_fast_accum=use_fast_accum,
                                                     out_dtype=out_dtype, splitk=splitk, backend=backend,
-                                                    weight_scale=weight_scale)
+                                                    weight_scale=weight_scale, **recipe_options)
+        if recipe_options:
+            raise TypeError(f"from_linear(recipe='tensorwise') takes no option {sorted(recipe_options)[0]!r} (an "
+                            "option of another recipe's layer, mmaemu.nn_recipes.RECIPES)")
         weight = linear.weight.detach()
         if weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise TypeError(f"from_linear: the weight must be float32, bfloat16 or float16, got {weight.dtype}")

@@ -17,6 +17,7 @@ import torch
 
 from ._untraced import untraced
 from .errors import UnsupportedFeatureError
+from .platform.splitk import asks_one_split
 
 # torch.compile never traces a recipe layer: its casts must run eagerly to give the bits they give (docs/api.md).
 _GRAPH_BREAK_REASON = ("mmaemu recipe layers are a graph break on purpose: their FP8 casts and the emulated GEMM run "
@@ -84,7 +85,7 @@ class BlockwiseFP8Linear(torch.nn.Module):
 
         Takes the options of :meth:`mmaemu.nn.EmulatedFP8Linear.from_linear`; those without a meaning for DeepGEMM
         raise: a ``profile``, an ``input_scale`` or ``weight_scale`` (its scales are per strip and per block, computed
-        here), ``splitk`` other than "auto"/1 (DeepGEMM has no split-K), an ``out_dtype`` other than bf16. With
+        here), a ``splitk`` of more than one split (DeepGEMM has no split-K), an ``out_dtype`` other than bf16. With
         ``out_dtype=None`` (the default, as for the tensor-wise layer) the layer returns DeepGEMM's bf16 result
         converted to the input's dtype (exact for fp32 and bf16 inputs).
         ``use_fast_accum`` and ``pad_m_to`` change nothing (DeepGEMM always promotes every 128 k; rows are
@@ -95,8 +96,9 @@ class BlockwiseFP8Linear(torch.nn.Module):
                 raise UnsupportedFeatureError(
                     f"recipe='blockwise' takes no {name}=: DeepGEMM's bits are those of any sm_90 GPU (no profile) "
                     "and its scales are one per 1 x 128 input strip and 128 x 128 weight block, computed by its casts")
-        if splitk not in ("auto", 1):
-            raise UnsupportedFeatureError("recipe='blockwise' has no split-K (DeepGEMM's CTAs loop over all of K)")
+        if not asks_one_split(splitk):
+            raise UnsupportedFeatureError("recipe='blockwise' has no split-K (DeepGEMM's CTAs loop over all of K); "
+                                          "use splitk='auto' or 1")
         from .deepgemm import per_block_cast_to_fp8
 
         weight = linear.weight.detach()
@@ -177,7 +179,7 @@ class RowwiseFP8Linear(torch.nn.Module):
         if out_dtype not in (None, torch.bfloat16):
             raise UnsupportedFeatureError(f"recipe='rowwise' writes bfloat16 (torch 2.7.1's row-wise kernel), not "
                                           f"{out_dtype}")
-        if splitk not in ("auto", 1, "assume-unsplit"):
+        if not asks_one_split(splitk):
             raise UnsupportedFeatureError("recipe='rowwise' has no split-K (torch 2.7.1's row-wise kernel never "
                                           "splits K); use splitk='auto' or 1")
         self.profile, self.use_fast_accum, self.out_dtype = profile, bool(use_fast_accum), out_dtype

@@ -199,12 +199,14 @@ def is_patched() -> bool:
 def _compute(block: _Block, args, kwargs):
     """mmaemu.scaled_mm on torch._scaled_mm's arguments, returning (result, plan or None)."""
     from . import api
+    from .context import for_call
     from .plan.planner import plan_scaled_mm
 
     from .warn import edge
 
     with edge():  # the warnings of the call are emitted here, at the line that called torch._scaled_mm
-        plan = plan_scaled_mm(*args, **kwargs, profile=block.profile, splitk=block.splitk, backend=block.backend)
+        plan = plan_scaled_mm(*args, **kwargs, profile=block.profile, splitk=block.splitk, backend=block.backend,
+                              context=for_call())
         return api.run_scaled_mm_plan(plan), plan
 
 

@@ -525,6 +525,34 @@ def test_convert_linears_blockwise_quantises_as_deepgemm():
     assert mmaemu.nn.EmulatedFP8Linear.from_linear(torch.nn.Linear(4, 4)).recipe == "tensorwise"
 
 
+def test_recipe_options_reach_the_recipe_layer():
+    """``use_ue8m0=`` (an option only the block-wise layer has) passes through from_linear and convert_linears;
+    the tensor-wise layer refuses it instead of dropping it."""
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(256, 128)
+    w_fp8, sfb = dg.per_block_cast_to_fp8(linear.weight.detach(), use_ue8m0=True)
+    layer = mmaemu.nn.EmulatedFP8Linear.from_linear(linear, recipe="blockwise", use_ue8m0=True)
+    assert layer.use_ue8m0 and torch.equal(layer.weight_scale, sfb.float())
+    assert torch.equal(layer.weight.view(torch.uint8), w_fp8.view(torch.uint8))
+    model = mmaemu.nn.convert_linears(torch.nn.Sequential(torch.nn.Linear(256, 128)), recipe="blockwise",
+                                      use_ue8m0=True)
+    assert model[0].use_ue8m0
+    with pytest.raises(TypeError, match="no option 'use_ue8m0'"):
+        mmaemu.nn.EmulatedFP8Linear.from_linear(linear, use_ue8m0=True)
+
+
+@pytest.mark.parametrize("splitk", ["auto", "assume-unsplit", 1, (1, "none")])
+def test_the_recipe_layers_take_every_one_split_value(splitk):
+    """One rule (platform.splitk.asks_one_split) for what a kernel without split-K accepts: the row-wise planner,
+    its layer and the block-wise layer agree."""
+    linear = torch.nn.Linear(128, 16)
+    for recipe in ("rowwise", "blockwise"):
+        mmaemu.nn.EmulatedFP8Linear.from_linear(linear, recipe=recipe, splitk=splitk)
+    for recipe in ("rowwise", "blockwise"):
+        with pytest.raises(UnsupportedFeatureError, match="no split-K"):
+            mmaemu.nn.EmulatedFP8Linear.from_linear(linear, recipe=recipe, splitk=(2, "contiguous"))
+
+
 # ------------------------------------------------------------------------------------------------------------
 # cuda:simple under the simulator
 

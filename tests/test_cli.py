@@ -18,7 +18,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from mmaemu import cli, diagnostics, environment
+from mmaemu import cli, device_facts, diagnostics, environment
 
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -457,6 +457,18 @@ class Gate:
         self.seconds, self.cached, self.ran = seconds, cached, ran
 
 
+def fake_gpu(monkeypatch, name, capability):
+    """torch describes CUDA device 0 as ``name`` of ``capability`` (read afresh by mmaemu.device_facts)."""
+    import types
+
+    props = types.SimpleNamespace(name=name, major=capability[0], minor=capability[1], multi_processor_count=24,
+                                  total_memory=8 * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=None: props)
+    monkeypatch.setattr(device_facts, "_FACTS", {})
+    monkeypatch.setattr(device_facts, "display_driver", lambda: "570.148.08")
+    monkeypatch.setattr(device_facts, "cuda_driver_api", lambda: "12.8")
+
+
 @pytest.fixture
 def fake_device(monkeypatch):
     """A pretend sm_89 device 0 and kernel metadata: v1 not gated (min_cc 7.5), v9 gated on sm_89, h4 gated
@@ -467,8 +479,7 @@ def fake_device(monkeypatch):
 
     monkeypatch.setattr(diagnostics, "cuda_unusable", lambda ordinal, exact=False: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Fake GPU")
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (8, 9))
+    fake_gpu(monkeypatch, "Fake GPU", (8, 9))
     meta = {"v1": types.SimpleNamespace(gated=False, validated_on=("sm_89",), min_cc=(7, 5)),
             "v9": {"gated": True, "validated_on": ["sm_89"], "min_cc": "8.0"},
             "h4": {"gated": True, "validated_on": [(9, 0)], "min_cc": 80},
@@ -581,8 +592,9 @@ def test_info_device_section_on_a_simulated_gpu(monkeypatch):
     props = types.SimpleNamespace(name="Fake GPU", major=9, minor=0, multi_processor_count=132,
                                   total_memory=80 * 2**30)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
-    monkeypatch.setattr(diagnostics, "_display_driver", lambda: "570.148.08")
-    monkeypatch.setattr(diagnostics, "_cuda_driver_api", lambda: "12.8")
+    monkeypatch.setattr(device_facts, "_FACTS", {})  # the fake device is read afresh and forgotten afterwards
+    monkeypatch.setattr(device_facts, "display_driver", lambda: "570.148.08")
+    monkeypatch.setattr(device_facts, "cuda_driver_api", lambda: "12.8")
     monkeypatch.setattr(diagnostics, "_cublaslt_version", lambda: "12.8.3.14 (/x/libcublasLt.so.12)")
 
     def no_nvrtc():
@@ -628,8 +640,7 @@ def test_selftest_with_the_library_on_a_disabled_device(fake_device):
     fake_device.undo()  # the real kernel metadata and selftest; keep a pretend device visible
     fake_device.setattr(diagnostics, "cuda_unusable", lambda ordinal, exact=False: None)
     fake_device.setattr(torch.cuda, "current_device", lambda: 0)
-    fake_device.setattr(torch.cuda, "get_device_name", lambda index=None: "Fake GPU")
-    fake_device.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    fake_gpu(fake_device, "Fake GPU", (9, 0))
     fake_device.setenv("MMAEMU_DISABLE_CUDA", "1")
     result = invoke("selftest", "--json", "-")
     assert result.exit_code == 4

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mmaemu
-from mmaemu import _cache, diagnostics, environment, warn
+from mmaemu import _cache, device_facts, diagnostics, environment, warn
 from mmaemu.errors import CacheWarning
 from mmaemu.platform import cublaslt
 
@@ -141,7 +141,7 @@ def test_disable_cuda_true_keeps_the_device_matching_off_cuda(monkeypatch):
 
     monkeypatch.setattr(cublaslt, "driver_device_info", probe)
     monkeypatch.setattr(cublaslt, "load_cublaslt", probe)
-    monkeypatch.setattr(cublaslt, "_load_libcuda", probe)
+    monkeypatch.setattr(device_facts, "load_libcuda", probe)
     for value in ("true", "yes", "ON"):
         monkeypatch.setenv("MMAEMU_DISABLE_CUDA", value)
         assert mmaemu.get_profile("hopper").matches_device("cuda:0") is False

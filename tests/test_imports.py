@@ -1,5 +1,6 @@
-"""The package's import graph: every module imports, and no two modules import each other, directly or through
-others (data flows one way: formats -> arithmetic -> kernels -> plan -> API -> CLI).
+"""The package's import graph: every module imports, no two modules import each other, directly or through
+others, and no module imports one of a layer above its own (data flows one way: formats -> arithmetic -> kernels ->
+plan -> API -> CLI; :data:`LAYERS`, drawn in docs/architecture.md).
 
 The graph is read statically from every ``import`` statement of every module, at module level or inside a
 function (a deferred import is still a dependency); the implicit import of a submodule's parent package is not an
@@ -97,6 +98,59 @@ def cycles(graph):
                 if len(component) > 1:
                     found.append(sorted(component))
     return found
+
+
+# The layers, lowest first: (name, modules and packages). A module belongs to the layer of its longest listed
+# prefix; it may import its own layer and those below, never one above.
+LAYERS = (
+    ("base", ("mmaemu._version", "mmaemu.errors", "mmaemu.environment", "mmaemu.warn", "mmaemu._private",
+              "mmaemu._cache", "mmaemu._numba_cache", "mmaemu._jit", "mmaemu._untraced", "mmaemu.device_facts",
+              "mmaemu.context",
+              "mmaemu.fpmode", "mmaemu.tensor_kinds", "mmaemu.formats", "mmaemu.plan.flush")),
+    ("arithmetic", ("mmaemu.arith",)),
+    ("presets", ("mmaemu.model.presets", "mmaemu.model.chunked")),
+    ("kernels", ("mmaemu.cpu", "mmaemu.cuda", "mmaemu.model")),
+    ("plan", ("mmaemu.plan", "mmaemu.platform", "mmaemu.backends", "mmaemu.quantize")),
+    ("api", ("mmaemu.api", "mmaemu.deepgemm", "mmaemu.audit")),
+    ("edge", ("mmaemu", "mmaemu.cli", "mmaemu.nn", "mmaemu.nn_recipes", "mmaemu.patching", "mmaemu.diagnostics",
+              "mmaemu.record", "mmaemu.testing", "mmaemu.demo", "mmaemu.__main__")),
+)
+
+
+def layer_of(module):
+    """(index, name) of the layer of a module: that of its longest prefix in LAYERS; None if it has none."""
+    best = None
+    for index, (name, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[2]):
+                best = (index, name, len(prefix))
+    return None if best is None else best[:2]
+
+
+def upward_imports(graph):
+    """["importer [layer] -> imported [layer]"] of the imports that reach a higher layer."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            low, high = layer_of(module), layer_of(target)
+            if low is not None and high is not None and high[0] > low[0]:
+                found.append(f"{module} [{low[1]}] -> {target} [{high[1]}]")
+    return found
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in module_files() if layer_of(m) is None] == []
+
+
+def test_no_module_imports_a_higher_layer():
+    found = upward_imports(import_graph(module_files()))
+    assert not found, "imports that reach up the layers: " + "; ".join(found)
+
+
+def test_the_layer_check_finds_a_planted_upward_import():
+    graph = {"mmaemu.arith.block": {"mmaemu.formats"}, "mmaemu.formats": {"mmaemu.api"}, "mmaemu.api": set()}
+    assert upward_imports(graph) == ["mmaemu.formats [base] -> mmaemu.api [api]"]
+    assert layer_of("mmaemu.model.presets") == (2, "presets") and layer_of("mmaemu.model.dot") == (3, "kernels")
 
 
 def test_no_import_cycles():

@@ -742,7 +742,7 @@ def test_a_session_reuses_descriptors_and_preferences():
 def on_reference_gpu(monkeypatch):
     """Pretend the current device is every profile's reference GPU, with fake cuBLASLt bindings."""
     state = {"api": answering()}
-    monkeypatch.setattr(Profile, "matches_device", lambda self, device=None: True)
+    monkeypatch.setattr(Profile, "matches_device", lambda self, device=None, *, context=None: True)
     monkeypatch.setattr(heuristic, "nvmath_api", lambda: state["api"])
     monkeypatch.setattr(heuristic, "device_scale_pointer", lambda: 0x1000)
     return state

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Optional, Tuple
 
+from .. import device_facts
+
 _METADATA_MODULES = ("..backends", "..cuda")
 
 
@@ -46,9 +48,7 @@ def _kernel_spec(name: str):
 def kernel_requirement(name: str, device_index: int) -> Tuple[bool, str]:
     """(required, why) of kernel ``name`` on CUDA device ``device_index``; without metadata every kernel is
     required."""
-    import torch
-
-    cc = tuple(torch.cuda.get_device_capability(device_index))
+    cc = device_facts.read(device_index).capability
     cc_text = f"sm_{cc[0]}{cc[1]}"
     spec = _kernel_spec(name)
     if spec is None:

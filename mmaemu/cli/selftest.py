@@ -7,7 +7,7 @@ from typing import List
 
 import click
 
-from .. import diagnostics
+from .. import device_facts, diagnostics
 from ..diagnostics import error_text, jsonable
 from .kernel_requirements import kernel_requirement
 from .output import CPU_USED, EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, json_option, write_json
@@ -132,7 +132,7 @@ def _selftest(report: dict, device, force: bool, echo) -> _Verdict:
     import torch
 
     index = torch.cuda.current_device() if device is None else device
-    report["device"] = {"index": index, "name": torch.cuda.get_device_name(index)}
+    report["device"] = {"index": index, "name": device_facts.read(index).name}
     results = _run_gates(torch.device("cuda", index), report["kernels_requested"], force)
     for name, gates in results.items():
         entry = _kernel_entry(str(name), gates, index)

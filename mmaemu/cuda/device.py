@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
-from .. import environment
+from .. import device_facts, environment
 
 
 class DeviceUnavailable(Exception):
@@ -61,20 +61,6 @@ def compiler_description() -> str:
         except Exception:  # pragma: no cover - metadata missing
             return f"numba {numba.__version__} + numba-cuda"
     return f"numba {numba.__version__} ({implementation} CUDA target)"
-
-
-def _display_driver() -> Optional[str]:
-    try:
-        import pynvml  # nvidia-ml-py
-
-        pynvml.nvmlInit()
-        try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-        return version.decode() if isinstance(version, bytes) else str(version)
-    except Exception:
-        return None
 
 
 def _index_of(device) -> Optional[int]:
@@ -132,7 +118,7 @@ def _probe_index(index: int) -> DeviceInfo:
     count = torch.cuda.device_count()
     if not 0 <= index < count:
         raise DeviceUnavailable(f"no CUDA device {index} ({count} visible to torch)")
-    props = torch.cuda.get_device_properties(index)
+    facts = device_facts.read(index)
     try:
         from numba import cuda
     except Exception as exc:
@@ -152,27 +138,21 @@ def _probe_index(index: int) -> DeviceInfo:
                 why = ""
         why = " ".join(why.split())[:300]
         raise DeviceUnavailable(f"numba.cuda finds no usable CUDA driver{': ' + why if why else ''}")
-    try:
-        from numba.cuda.cudadrv.driver import driver
-
-        api = ".".join(str(v) for v in driver.get_version())
-    except Exception:
-        api = "unknown"
-    display = _display_driver()
+    api, display = facts.cuda_driver_api or "unknown", facts.display_driver
     driver_text = f"CUDA driver API {api}" + (f", display driver {display}" if display else "")
-    uuid = getattr(props, "uuid", None)
     return DeviceInfo(
         index=index,
-        name=str(props.name),
-        uuid=str(uuid) if uuid is not None else None,
-        capability=(int(props.major), int(props.minor)),
-        sm_count=int(getattr(props, "multi_processor_count", 0)) or None,
+        name=facts.name,
+        uuid=facts.uuid,
+        capability=facts.capability,
+        sm_count=facts.sm_count,
         driver=driver_text,
         compiler=compiler_description(),
-        torch_version=str(torch.__version__),
+        torch_version=facts.torch_version,
     )
 
 
 def reset():
     """Forget probed devices (tests)."""
     _PROBES.clear()
+    device_facts.forget()

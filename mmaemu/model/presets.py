@@ -14,7 +14,7 @@ bit; no hardware recording of them is available to this project.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..errors import ExperimentalPresetWarning
 from ..warn import Notice, report
@@ -233,6 +233,13 @@ def list_presets(*, with_maturity: bool = False):
     if with_maturity:
         return {name: _REGISTRY[name].maturity for name in names}
     return names
+
+
+def describe() -> List[dict]:
+    """Every registered preset as ``{name, maturity, scope, aliases}``, sorted by name (``mmaemu info``)."""
+    return [{"name": p.name, "maturity": p.maturity, "scope": p.validated_scope,
+             "aliases": sorted(a for a, target in _ALIASES.items() if target == p.name)}
+            for p in (_REGISTRY[name] for name in list_presets())]
 
 
 def is_registered(preset: Preset) -> bool:

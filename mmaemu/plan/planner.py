@@ -6,7 +6,8 @@ Each decision returns its warnings as data (:class:`mmaemu.warn.Notice`); the pl
 (:func:`mmaemu.warn.report`), so that a call refused later in the plan still gives the warnings found before.
 The entry point decides what happens to them: ``scaled_mm``/``accumulate`` emit them (once per process per key,
 at the user's line); ``explain`` plans inside :func:`mmaemu.warn.collecting`, so it emits nothing and consumes no
-once-per-process slot.
+once-per-process slot. The entry point also gives the plan its :class:`mmaemu.context.Context` (``context=``),
+which every decision of the plan reads (None: each decision reads the environment as it is then).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ..errors import UnsupportedFeatureError
 from ..model.presets import Preset, get_preset
 from ..platform import get_profile, rowwise
 from ..platform.profiles import profile_maturity_notices
-from ..platform.splitk import POLICIES, SplitDecision, check_scheme_for_preset, decide_splitk
+from ..platform.splitk import POLICIES, SplitDecision, asks_one_split, check_scheme_for_preset, decide_splitk
 from ..warn import Notice, collecting, report
 from .flush import check_no_flush_to_zero
 from .validate import split_key, validate_accumulate, validate_scaled_mm
@@ -93,21 +94,21 @@ def _maturity_warnings(plan: Plan):
     _note(plan, profile_maturity_notices(plan.profile))
 
 
-def _decide(plan: Plan, M, N, K, fmt_a, fmt_b, out_dtype, fast, splitk, layout_std):
+def _decide(plan: Plan, M, N, K, fmt_a, fmt_b, out_dtype, fast, splitk, layout_std, context):
     """f.7.3: the split-K decision, with the planner's checks of the preset's GEMM level and split scheme."""
     require_gemm_level(plan.preset, fast)
     plan.split, notices = decide_splitk(M, N, K, a_dtype=fmt_a, b_dtype=fmt_b, out_dtype=out_dtype,
                                         use_fast_accum=fast, profile=plan.profile, splitk=splitk,
-                                        layout_std=layout_std)
+                                        layout_std=layout_std, context=context)
     _note(plan, notices)
     require_gemm_level(plan.preset, fast, plan.split.S)
     check_scheme_for_preset(plan.split.splitk, plan.preset)
 
 
-def _choose_backend(plan: Plan, device, backend, fmt_a, fmt_b):
+def _choose_backend(plan: Plan, device, backend, fmt_a, fmt_b, context):
     """f.7.4: the engine; then f.7.5, the refusal of a CPU thread that flushes subnormals (semantics.md (e)),
     made while planning so that explain reports it and a refused call computes nothing."""
-    selection = backends.select(device, backend, fmt_a, fmt_b, plan.preset)
+    selection = backends.select(device, backend, fmt_a, fmt_b, plan.preset, context=context)
     plan.backend, plan.fallbacks = selection.name, list(selection.fallbacks)
     if plan.backend == "cpu" and plan.split is not None and fmt_a is not None and fmt_b is not None:
         plan.cpu_engine = _cpu_engine(plan, fmt_a, fmt_b)
@@ -127,9 +128,10 @@ def _cpu_engine(plan: Plan, fmt_a, fmt_b):
 
 
 def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
-                   use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto") -> Plan:
+                   use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto",
+                   context=None) -> Plan:
     """Validate and plan a ``scaled_mm`` call in the order of semantics.md (f); raises what scaled_mm raises."""
-    profile = get_profile(profile)
+    profile = get_profile(profile, context=context)
     call = validate_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out,
                               profile=profile)
     plan = Plan(call, profile, get_preset(profile.preset, warn=False))
@@ -138,7 +140,7 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
         return plan
     _maturity_warnings(plan)
     if call.rowwise:
-        return _plan_rowwise(plan, splitk, backend)
+        return _plan_rowwise(plan, splitk, backend, context)
     if call.out_unusable:
         _out_warning(plan, OUT_UNCHANGED_MESSAGE)
         plan.action = "out-unchanged"
@@ -146,31 +148,19 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
     if call.out_resize_warns:
         _out_warning(plan, OUT_RESIZED_MESSAGE.format(old=tuple(out.shape), new=(call.M, call.N)))
     M, N, K, fmt_a, fmt_b = split_key(call)
-    _decide(plan, M, N, K, fmt_a, fmt_b, call.out_dtype, call.use_fast_accum, splitk, call.layout_std)
-    _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b)
+    _decide(plan, M, N, K, fmt_a, fmt_b, call.out_dtype, call.use_fast_accum, splitk, call.layout_std, context)
+    _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b, context)
     return plan
 
 
-def _asks_no_split(splitk) -> bool:
-    """True for the splitk values that mean one split: "auto" and "assume-unsplit" (the kernel decides), 1,
-    (1, "none")."""
-    if isinstance(splitk, str):
-        return splitk in POLICIES
-    if isinstance(splitk, bool):
-        return False
-    if isinstance(splitk, (tuple, list)):
-        return len(splitk) == 2 and splitk[0] == 1 and splitk[1] == "none"
-    return getattr(splitk, "S", splitk) == 1
-
-
-def _plan_rowwise(plan: Plan, splitk, backend) -> Plan:
+def _plan_rowwise(plan: Plan, splitk, backend, context) -> Plan:
     """A row-wise call (torch's CUTLASS kernel, :mod:`mmaemu.platform.rowwise`): experimental; one CTA per output
     over all of K, so S = 1 whatever the shape; the scale order of the epilogue is in the split note."""
     call = plan.call
     _note(plan, [rowwise.rowwise_maturity_notice()])
     if call.out_resize_warns:
         _out_warning(plan, OUT_RESIZED_MESSAGE.format(old=tuple(call.out.shape), new=(call.M, call.N)))
-    if not _asks_no_split(splitk):
+    if not asks_one_split(splitk):
         raise UnsupportedFeatureError(
             f"splitk={splitk!r}: torch 2.7.1's row-wise kernel never splits K ({rowwise.NO_SPLIT_REASON}); use "
             f"splitk='auto' or 1"
@@ -179,16 +169,16 @@ def _plan_rowwise(plan: Plan, splitk, backend) -> Plan:
     order = rowwise.scale_order(call.M, call.N)
     plan.kernel = rowwise.KERNEL
     plan.split = SplitDecision(1, "none", "kernel", False, None, f"{rowwise.NO_SPLIT_REASON}; {order.note}")
-    _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b)
+    _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b, context)
     return plan
 
 
 def plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="auto",
-                    out_dtype_for_split=None) -> Plan:
+                    out_dtype_for_split=None, context=None) -> Plan:
     """Validate and plan an ``accumulate`` call (semantics.md f.8)."""
     import torch
 
-    profile = get_profile(profile)
+    profile = get_profile(profile, context=context)
     call = validate_accumulate(a, b, use_fast_accum=use_fast_accum)
     plan = Plan(call, profile, get_preset(profile.preset, warn=False))
     if call.zero_size:
@@ -196,8 +186,9 @@ def plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backen
         return plan
     _maturity_warnings(plan)
     out_dtype = torch.float32 if out_dtype_for_split is None else out_dtype_for_split
-    _decide(plan, call.M, call.N, call.K, call.fmt_a, call.fmt_b, out_dtype, call.use_fast_accum, splitk, True)
-    _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b)
+    _decide(plan, call.M, call.N, call.K, call.fmt_a, call.fmt_b, out_dtype, call.use_fast_accum, splitk, True,
+            context)
+    _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b, context)
     return plan
 
 
@@ -208,13 +199,13 @@ def explain_scaled_mm(*args, **kwargs) -> CallPlan:
         try:
             return plan_scaled_mm(*args, **kwargs).describe()
         except Exception as error:  # explain reports every failure of the call instead of raising it
-            return _failed_plan(error, kwargs.get("profile"))
+            return _failed_plan(error, kwargs.get("profile"), kwargs.get("context"))
 
 
-def _failed_plan(error: Exception, profile) -> CallPlan:
+def _failed_plan(error: Exception, profile, context=None) -> CallPlan:
     name = preset = maturity = None
     try:
-        resolved = get_profile(profile)
+        resolved = get_profile(profile, context=context)
         name, preset_obj = resolved.name, get_preset(resolved.preset, warn=False)
         preset, maturity = preset_obj.name, preset_obj.maturity
     except Exception:  # an unknown profile is itself the error being reported

@@ -90,6 +90,17 @@ class Bundle:
     table: object
     replays: Optional[dict]
 
+    def describe(self) -> dict:
+        """What its table is, for diagnostics such as ``mmaemu info`` (the keys of
+        :func:`mmaemu.platform.tables.describe_packaged`): indexed in memory when loaded, files in its folder."""
+        from .tables import describe_file
+
+        meta = self.table.meta
+        return {"table_id": self.table.table_id, "rows": meta.get("rows"), "split_rows": meta.get("split_rows"),
+                "index_rows": len(self.table), "index_format": f"in memory (recorded bundle {self.path})",
+                "verified_combos": len(self.table.verified),
+                "files": [describe_file(self.path, name) for name in sorted(self.manifest["files"])]}
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Reading and checking

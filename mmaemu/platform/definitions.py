@@ -143,20 +143,31 @@ class Profile:
             text += f"; split-K decisions with S > 1 are {self.splitk_maturity}: {note}"
         return text
 
+    def describe(self) -> dict:
+        """What the profile is, as plain data (``mmaemu info``)."""
+        return {
+            "name": self.name, "preset": self.preset_name, "gpu": self.gpu_name,
+            "capability": f"sm_{self.capability[0]}{self.capability[1]}", "sm_count": self.sm_count,
+            "cublaslt": self.cublaslt_version, "caller": self.caller, "workspace_bytes": self.workspace_bytes,
+            "align": self.align, "table": self.splitk_table, "maturity": self.maturity,
+            "splitk_maturity": self.splitk_maturity, "description": self.description,
+        }
+
     def rejection(self, fmt_a, fmt_b, out_dtype) -> Optional[RejectRule]:
         """The first RejectRule matching (mat1 format, mat2 format, output dtype), or None."""
         fa, fb, out = formats.fmt_of(fmt_a), formats.fmt_of(fmt_b), out_dtype_name(out_dtype)
         return next((rule for rule in self.rejects if rule.matches(fa, fb, out)), None)
 
-    def matches_device(self, device=None) -> bool:
+    def matches_device(self, device=None, *, context=None) -> bool:
         """Whether ``device`` (default: the current CUDA device) is this profile's reference GPU (section 3.6).
 
         Never the compute capability alone: device name, SM count and the loaded cuBLASLt version must match.
-        False on any probe error, and without touching CUDA when MMAEMU_DISABLE_CUDA=1.
+        False on any probe error, and without touching CUDA when MMAEMU_DISABLE_CUDA=1 (in the environment of
+        ``context``, a :class:`mmaemu.context.Context`; without one, read now).
         """
         from . import cublaslt  # lazy: ctypes probing is only needed here
 
-        return cublaslt.profile_matches_device(self, device)
+        return cublaslt.profile_matches_device(self, device, context=context)
 
 
 def _bytes_text(n: Optional[int]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from .. import environment
+from ..context import environment_of
 from ..errors import ExperimentalPresetWarning, UnsupportedFeatureError
 from ..warn import Notice, report
 from . import definitions
@@ -43,8 +43,9 @@ def list_profiles() -> list:
 PROFILE_ENV = "MMAEMU_PROFILE"
 
 
-def get_profile(name_or_profile=None) -> Profile:
-    """A Profile as is; None → $MMAEMU_PROFILE (read now; empty = unset) or "hopper"; a name → its profile.
+def get_profile(name_or_profile=None, *, context=None) -> Profile:
+    """A Profile as is; None → $MMAEMU_PROFILE (of ``context``, a :class:`mmaemu.context.Context`; without one, read
+    now; empty = unset) or "hopper"; a name → its profile.
 
     Unknown names raise KeyError listing the known ones (the peer's pre-rename names are not accepted; a name from
     $MMAEMU_PROFILE says so); anything else raises TypeError.
@@ -53,7 +54,7 @@ def get_profile(name_or_profile=None) -> Profile:
         return name_or_profile
     from_env = False
     if name_or_profile is None:
-        env = environment.snapshot()
+        env = environment_of(context)
         from_env = env.is_set(PROFILE_ENV)
         name_or_profile = env[PROFILE_ENV] or DEFAULT_PROFILE
     if not isinstance(name_or_profile, str):

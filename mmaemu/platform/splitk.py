@@ -27,6 +27,7 @@ import numbers
 from typing import List, NamedTuple, Optional, Tuple
 
 from .. import environment, formats
+from ..context import environment_of
 from ..arith.params import CONTIGUOUS_TILE, INTERLEAVED_TILE, require_gemm_level
 from ..errors import AssumedUnsplitWarning, SplitKUnknownError, UnvalidatedEnvelopeWarning, UnverifiedSplitWarning
 from ..model.presets import SPLIT_SCHEMES, split_schemes
@@ -50,6 +51,7 @@ __all__ = [
     "ASSUME_UNSPLIT",
     "POLICIES",
     "POLICY_ENV",
+    "asks_one_split",
     "ENVELOPE_MARGIN",
 ]
 
@@ -60,6 +62,19 @@ SOURCES = ("explicit", "workspace0", "table", "live-query", "envelope", "assumed
 ASSUME_UNSPLIT = "assume-unsplit"
 POLICIES = ("auto", ASSUME_UNSPLIT)
 POLICY_ENV = "MMAEMU_SPLITK_POLICY"  # replaces splitk="auto" (mmaemu.environment)
+
+
+def asks_one_split(splitk) -> bool:
+    """True for the ``splitk`` values a kernel without split-K accepts: the policies (the kernel decides, and it
+    never splits), 1, ``(1, "none")`` and a decision with S = 1. The one rule for torch's row-wise kernel, its
+    layer and the block-wise layer."""
+    if isinstance(splitk, str):
+        return splitk in POLICIES
+    if isinstance(splitk, bool):
+        return False
+    if isinstance(splitk, (tuple, list)):
+        return len(splitk) == 2 and splitk[0] == 1 and splitk[1] == "none"
+    return getattr(splitk, "S", splitk) == 1
 # platform.md 3.9 (RTX 4060): S = 1 only above 2x the largest recorded split M*N (peer choice; the RTX 4060 was
 # seen splitting up to 1.27x the largest recorded split M*N).
 ENVELOPE_MARGIN = 2
@@ -134,6 +149,8 @@ class _Call:
     out: str
     fast: bool
     profile: Profile
+    # the mmaemu.context.Context of the decision (None: the environment now); not part of the call's key
+    context: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def pair(self) -> str:
@@ -164,54 +181,57 @@ STRICT_ENV = "MMAEMU_SPLITK_STRICT"
 
 
 def resolve_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, profile=None, splitk="auto",
-                   layout_std=True, strict=None) -> SplitDecision:
+                   layout_std=True, strict=None, context=None) -> SplitDecision:
     """Decide S and the reduction scheme of a call (platform.md 3.1-3.10, in that order): :func:`decide_splitk`,
     whose warnings are reported (:func:`mmaemu.warn.report`: once per process per key, at the caller's line;
     recorded instead inside :func:`mmaemu.warn.collecting`)."""
     outcome = decide_splitk(M, N, K, a_dtype=a_dtype, b_dtype=b_dtype, out_dtype=out_dtype,
                             use_fast_accum=use_fast_accum, profile=profile, splitk=splitk, layout_std=layout_std,
-                            strict=strict)
+                            strict=strict, context=context)
     report(outcome.warnings)
     return outcome.decision
 
 
 def decide_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, profile=None, splitk="auto",
-                  layout_std=True, strict=None) -> SplitOutcome:
+                  layout_std=True, strict=None, context=None) -> SplitOutcome:
     """The split decision of a call and its warnings, as data (nothing is emitted).
 
     ``splitk``: "auto" (``$MMAEMU_SPLITK_POLICY`` when set), "assume-unsplit" (S = 1 where the evidence does not
     decide, warning AssumedUnsplitWarning), 1, (S, scheme) or a SplitK.
     ``a_dtype``/``b_dtype``: float8 dtypes or "e4m3"/"e5m2" (mat1, mat2); ``out_dtype`` None means a_dtype;
     ``layout_std`` False skips the table and the live query (padded leading dimensions, section 2); ``strict``
-    None reads MMAEMU_SPLITK_STRICT (a boolean: 1/true/yes/on).
+    None reads MMAEMU_SPLITK_STRICT (a boolean: 1/true/yes/on). The variables are those of ``context`` (a
+    :class:`mmaemu.context.Context`; without one, the environment as it is now).
     Raises SplitKUnknownError when the evidence cannot decide, ValueError/TypeError for a bad ``splitk``.
     """
-    call = _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile)
+    call = _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile, context)
+    env = environment_of(context)
     pending: _Pending = []
     if isinstance(splitk, str) and splitk == "auto":
-        splitk = policy_from_environment()
+        splitk = policy_from_environment(env)
     if not (isinstance(splitk, str) and splitk in POLICIES):
         decision = _explicit(call, splitk, pending)
     else:
         if strict is None:
-            strict = strict_from_environment()
+            strict = strict_from_environment(env)
         decision = _auto(call, layout_std, bool(strict), pending, assume_unsplit=splitk == ASSUME_UNSPLIT)
     return SplitOutcome(decision, tuple(pending))
 
 
-def strict_from_environment() -> bool:
-    """``$MMAEMU_SPLITK_STRICT`` as a boolean (1/true/yes/on, 0/false/no/off; unset: False). Another value raises
-    ValueError: a strict mode that a typo turned off would be a silent guess."""
-    env = environment.snapshot()
+def strict_from_environment(env=None) -> bool:
+    """``$MMAEMU_SPLITK_STRICT`` of the snapshot ``env`` (None: the environment now) as a boolean (1/true/yes/on,
+    0/false/no/off; unset: False). Another value raises ValueError: a strict mode that a typo turned off would be
+    a silent guess."""
+    env = environment.snapshot() if env is None else env
     if STRICT_ENV in env.invalid:
         raise ValueError(f"{STRICT_ENV}={env.raw[STRICT_ENV]!r}: {env.invalid[STRICT_ENV]} (or unset it)")
     return bool(env[STRICT_ENV])
 
 
-def policy_from_environment() -> str:
-    """The policy that ``splitk="auto"`` stands for: ``$MMAEMU_SPLITK_POLICY`` (one of POLICIES), unset or empty:
-    "auto". ValueError for another value."""
-    value = environment.snapshot()[POLICY_ENV] or "auto"
+def policy_from_environment(env=None) -> str:
+    """The policy that ``splitk="auto"`` stands for: ``$MMAEMU_SPLITK_POLICY`` of the snapshot ``env`` (None: the
+    environment now; one of POLICIES), unset or empty: "auto". ValueError for another value."""
+    value = (environment.snapshot() if env is None else env)[POLICY_ENV] or "auto"
     if value not in POLICIES:
         raise ValueError(f"{POLICY_ENV}={value!r} is not a split-K policy: use one of "
                          + ", ".join(repr(p) for p in POLICIES) + " (or unset it)")
@@ -365,7 +385,7 @@ def _table_row(call: _Call, table, pending: _Pending) -> Optional[SplitDecision]
 
 def _live_answer(call: _Call, table, pending: _Pending) -> Optional[SplitDecision]:
     """3.5: ask the loaded cuBLASLt, only when the current device is the profile's reference GPU (3.6)."""
-    if not call.profile.matches_device():
+    if not call.profile.matches_device(context=call.context):
         return None
     from . import heuristic  # lazy: numpy and NVIDIA's bindings are only needed on the reference GPU
 
@@ -675,13 +695,13 @@ def _queue_assumed(call: _Call, note: str, pending: _Pending) -> None:
 # Argument normalisation
 
 
-def _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile) -> _Call:
+def _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile, context=None) -> _Call:
     sizes = [_size(name, value) for name, value in (("M", M), ("N", N), ("K", K))]
     fa, fb = formats.fmt_of(a_dtype), formats.fmt_of(b_dtype)
     out = out_dtype_name(out_dtype) if out_dtype is not None else formats.TORCH_NAMES[fa]
     if not (isinstance(use_fast_accum, bool) or _is_numpy_bool(use_fast_accum)):
         raise TypeError(f"use_fast_accum must be a bool, got {use_fast_accum!r}")
-    return _Call(*sizes, fa, fb, out, bool(use_fast_accum), get_profile(profile))
+    return _Call(*sizes, fa, fb, out, bool(use_fast_accum), get_profile(profile, context=context), context)
 
 
 def _is_numpy_bool(value) -> bool:

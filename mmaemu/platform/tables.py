@@ -290,6 +290,35 @@ def register_table(table_id: str, factory: Callable[[], SplitTable]) -> None:
         _tables.pop(table_id, None)
 
 
+def describe_file(folder, file_name: str) -> dict:
+    """{name, bytes, sha256} of a file of a table (``folder``: a path or a package resource folder)."""
+    blob = folder.joinpath(file_name).read_bytes()
+    return {"name": file_name, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+
+
+def describe_packaged(table_id: str) -> dict:
+    """What a packaged table is, for diagnostics such as ``mmaemu info``: ``{table_id, rows, split_rows,
+    index_rows, index_format, verified_combos, files}``, the row counts from its json and the index's own ``rows``
+    member (the big arrays are not loaded)."""
+    data = resources.files(_DATA_PACKAGE).joinpath("data")
+    meta = json.loads(data.joinpath(f"{table_id}.json").read_text(encoding="utf-8"))
+    combos_name = meta.get("verified_combos", DEFAULT_VERIFIED_COMBOS)
+    combos = json.loads(data.joinpath(combos_name).read_text(encoding="utf-8"))
+    index_name = f"{table_id}.index.npz"
+    with data.joinpath(index_name).open("rb") as fh, np.load(fh, allow_pickle=False) as npz:
+        index_rows = int(npz["rows"])
+        index_format = str(npz["format"])
+    return {
+        "table_id": table_id,
+        "rows": meta.get("rows"),
+        "split_rows": meta.get("split_rows"),
+        "index_rows": index_rows,
+        "index_format": index_format,
+        "verified_combos": sum(1 for c in combos.get("combos", []) if c.get("verified")),
+        "files": [describe_file(data, name) for name in (f"{table_id}.json", index_name, combos_name)],
+    }
+
+
 def packaged_files() -> List[dict]:
     """[{name, bytes, sha256}] of the shipped split-K data files (for diagnostics such as ``mmaemu info``)."""
     out = []

@@ -11,7 +11,7 @@ import dataclasses
 import re
 from typing import Callable, Optional, Tuple
 
-from .. import environment
+from .. import device_facts, environment
 from ..errors import BackendUnavailableError
 from ..platform.heuristic import LtApi
 
@@ -82,7 +82,7 @@ def cuda_machine(device=None) -> Machine:
     """The CUDA device ``device`` (default: torch's current one) with torch's cuBLASLt."""
     import torch
 
-    from ..platform import cublaslt, heuristic
+    from ..platform import heuristic
     from . import probe, replay
 
     if not torch.cuda.is_available() or environment.snapshot()["MMAEMU_DISABLE_CUDA"]:
@@ -91,13 +91,14 @@ def cuda_machine(device=None) -> Machine:
     dev = torch.device("cuda", torch.cuda.current_device() if device is None else int(device))
     torch.cuda.set_device(dev)
     torch.zeros(1, device=dev) @ torch.zeros(1, device=dev)  # loads torch's cuBLAS(Lt) into the process
-    name, sm_count = cublaslt.driver_device_info(dev.index)
-    capability = list(torch.cuda.get_device_capability(dev))
+    name, sm_count = device_facts.driver_device_info(dev.index)  # the facts a profile is matched by
+    facts = device_facts.read(dev.index)
+    capability = list(facts.capability)
     api = _bindings()
-    platform = {"gpu": name, "sm_count": sm_count, "capability": capability, "driver": _driver_version(),
-                "cublaslt": ".".join(str(x) for x in cublaslt.loaded_cublaslt_version()),
-                "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
-                "cublaslt_path": (cublaslt.mapped_cublaslt_paths() or [None])[0], "bindings": api.source}
+    platform = {"gpu": name, "sm_count": sm_count, "capability": capability, "driver": facts.display_driver,
+                "cublaslt": ".".join(str(x) for x in device_facts.loaded_cublaslt_version()),
+                "torch": facts.torch_version, "cuda_runtime": facts.torch_cuda,
+                "cublaslt_path": (device_facts.mapped_cublaslt_paths() or [None])[0], "bindings": api.source}
     return Machine(platform, api, heuristic.device_scale_pointer(),
                    lambda: probe.run_probe(dev.index), replay.torch_gemm(dev), te_workspace(capability),
                    str(dev))
@@ -112,11 +113,3 @@ def _bindings() -> LtApi:
     except cublaslt.CublasLtError as exc:
         raise RecordUnavailableError(str(exc)) from exc
 
-
-def _driver_version() -> Optional[str]:
-    try:
-        from ..diagnostics import _display_driver
-
-        return _display_driver()
-    except Exception:
-        return None
