@@ -106,11 +106,12 @@ _CPU_STATUS = {
 }
 
 
-def cpu_engine_summary() -> str:
-    """Which engine the cpu backend runs on this CPU and why (``MMAEMU_CPU_ENGINE``, :mod:`mmaemu.cpu.features`)."""
+def cpu_engine_summary(*, context=None) -> str:
+    """Which engine the cpu backend runs on this CPU and why (``MMAEMU_CPU_ENGINE`` of ``context``; without one,
+    read now; :mod:`mmaemu.cpu.features`)."""
     from .cpu.features import CPU_ENGINE_ENV, engine_summary, numba_target
 
-    return engine_summary(environment.snapshot()[CPU_ENGINE_ENV], numba_target())
+    return engine_summary(environment_of(context)[CPU_ENGINE_ENV], numba_target())
 
 
 def backends_status(device=None) -> Dict[str, BackendStatus]:

@@ -319,6 +319,30 @@ def test_reported_choice_follows_the_variable(monkeypatch):
     assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3").engine == ("offset" if AVX512 else "tile")
 
 
+def test_explain_names_the_engine_that_runs(monkeypatch):
+    """explain's cpu_engine is the choice of the call's own environment; a forced offset engine that cannot compute
+    the call is the call's error (explain reports it, scaled_mm raises it before computing)."""
+    import torch
+
+    import mmaemu
+
+    x, w = torch.zeros(16, 64, dtype=torch.float8_e4m3fn), torch.zeros(16, 64, dtype=torch.float8_e4m3fn)
+    one = torch.tensor(1.0)
+    monkeypatch.setenv("MMAEMU_CPU_ENGINE", "tile")
+    plan = mmaemu.explain(x, w.t(), one, one, out_dtype=torch.bfloat16, splitk=1)
+    assert plan.backend == "cpu" and plan.cpu_engine == "tile: MMAEMU_CPU_ENGINE=tile"
+    monkeypatch.setenv("MMAEMU_CPU_ENGINE", "auto")
+    plan = mmaemu.explain(x, w.t(), one, one, out_dtype=torch.bfloat16, splitk=1)
+    assert plan.cpu_engine.startswith("offset: " if AVX512 else "tile: the offset engine needs")
+    monkeypatch.setenv("MMAEMU_CPU_ENGINE", "offset")
+    plan = mmaemu.explain(x, w.t(), one, one, out_dtype=torch.float32, splitk=1, use_fast_accum=True,
+                          profile="b200-mma-sync-experimental")
+    assert plan.validation[0] == "ValueError" and "unset MMAEMU_CPU_ENGINE" in plan.validation[1]
+    with pytest.raises(ValueError, match="adds c late"):
+        mmaemu.scaled_mm(x, w.t(), one, one, out_dtype=torch.float32, splitk=1, use_fast_accum=True,
+                         profile="b200-mma-sync-experimental")
+
+
 GENERIC_RUN = """
 import sys
 import numpy as np
