@@ -319,6 +319,7 @@ def test_reported_choice_follows_the_variable(monkeypatch):
     assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3").engine == ("offset" if AVX512 else "tile")
 
 
+@pytest.mark.filterwarnings("ignore::mmaemu.ExperimentalPresetWarning")  # b200_mma_sync, the preset refused here
 def test_explain_names_the_engine_that_runs(monkeypatch):
     """explain's cpu_engine is the choice of the call's own environment; a forced offset engine that cannot compute
     the call is the call's error (explain reports it, scaled_mm raises it before computing)."""
