@@ -1,7 +1,9 @@
 """The public entry points: ``scaled_mm``, ``accumulate`` and ``explain`` (platform.md section 6).
 
 ``scaled_mm`` takes torch 2.7.1's ``torch._scaled_mm`` arguments in the same order with the same defaults, plus
-``out=``, ``profile=``, ``splitk=`` and ``backend=``, and returns the reference GPU's bits. The entry points are
+``out=``, ``profile=``, ``splitk=`` and ``backend=``, and returns the reference GPU's bits. With the B200 profile
+(``b200-mx-experimental``) it also takes the MXFP8 and NVFP4 operands and swizzled block scales of torch's sm_100
+``_scaled_mm`` (NVFP4: torch 2.8's rules; :mod:`mmaemu.plan.block_scaled`). The entry points are
 excluded from ``torch.compile`` tracing (a graph break): a compiler must not trace into, or re-round, the
 emulation.
 """
@@ -70,6 +72,56 @@ def _epilogue(acc: torch.Tensor, call) -> torch.Tensor:
     return result.to(acc.device)
 
 
+_ONE_F32_BITS = 0x3F800000
+
+
+def _block_scaled_codes(t: torch.Tensor, fmt: str):
+    """One uint8 code per element [rows, K] of a row-major float8 or packed float4_e2m1fn_x2 operand."""
+    from . import formats
+
+    codes = _codes_rows(t)
+    return formats.unpack_fp4(codes) if fmt == "e2m1" else codes
+
+
+def _block_scaled_accumulator(plan) -> torch.Tensor:
+    """fp32 accumulators [M, N] of an MXFP8 / NVFP4 call: the swizzled scales mapped back to their blocks
+    (:func:`mmaemu.scale_layout.from_blocked`), then one chain of the instruction per output."""
+    from .scale_layout import from_blocked
+
+    call = plan.call
+    spec = call.block_scaled
+    a = _block_scaled_codes(call.input, spec.fmt_a)
+    b = _block_scaled_codes(call.mat2.t(), spec.fmt_b)
+    blocks = spec.K // spec.block
+    sa = from_blocked(_codes_rows(call.scale_a.reshape(-1)), call.M, blocks)
+    sb = from_blocked(_codes_rows(call.scale_b.reshape(-1)), call.N, blocks)
+    if plan.backend == "cuda:simple":
+        from .cuda.block_scaled import accumulate_block_scaled_cuda
+
+        return accumulate_block_scaled_cuda(a, b, spec.fmt_a, spec.fmt_b, sa, sb, spec.recipe.scale_fmt, spec.preset,
+                                            call.device)
+    from .cpu.block_scaled import accumulate_block_scaled
+
+    acc = accumulate_block_scaled(a, b, spec.fmt_a, spec.fmt_b, sa, sb, spec.recipe.scale_fmt, spec.preset,
+                                  reference=plan.backend == "reference")
+    return torch.from_numpy(acc)
+
+
+def _block_scaled_epilogue(acc: torch.Tensor, call) -> torch.Tensor:
+    """cuBLASLt's epilogue of a block-scaled call (:mod:`mmaemu.platform.block_scaled`): alpha = 1, or
+    fp32(global_scale_a * global_scale_b) for two-level NVFP4, applied as semantics.md (e) applies scale_a *
+    scale_b; on the CPU, the result copied to the call's device."""
+    from .cpu import epilogue_codes
+
+    out_name = str(call.out_dtype).replace("torch.", "")
+    if call.global_scales is None:
+        alpha_bits = (_ONE_F32_BITS, _ONE_F32_BITS)
+    else:
+        alpha_bits = tuple(_scale_bits(g) for g in call.global_scales)
+    bits = epilogue_codes(acc.cpu().numpy(), *alpha_bits, None, out_name)
+    return torch.from_numpy(bits).view(_BITS_DTYPE[out_name]).view(call.out_dtype).to(call.device)
+
+
 def _bits(t: torch.Tensor, view) -> "numpy.ndarray":  # noqa: F821
     return t.detach().contiguous().reshape(-1).view(view).cpu().numpy()
 
@@ -124,7 +176,17 @@ def scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_d
     """``torch._scaled_mm`` (torch 2.7.1) as the profile's reference GPU computes it, bit for bit.
 
     ``input`` [M, K] and ``mat2`` [K, N] (column-major, e.g. ``w.t()``) are float8 tensors; tensor-wise fp32
-    scales; ``out_dtype`` defaults to input's dtype. ``profile``: a name from :func:`mmaemu.list_profiles`
+    scales; ``out_dtype`` defaults to input's dtype.
+
+    MXFP8 and NVFP4 (profile ``"b200-mx-experimental"``, experimental): ``input`` [M, K] / ``mat2`` [K, N] float8
+    with ``float8_e8m0fnu`` scales (one per 32 elements of K), or ``float4_e2m1fn_x2`` [M, K/2] / [K/2, N] with
+    ``float8_e4m3fn`` scales (UE4M3, one per 16); each scale tensor holds the operand's [rows, K / block] scales in
+    the swizzled 32_4_4 layout (:func:`mmaemu.scale_layout.to_blocked`), ``128*ceil(rows/128) *
+    4*ceil(K/block/4)`` codes. NVFP4's two-level scaling: pass ``scale_a=(block_scales_a, global_a)`` and
+    ``scale_b=(block_scales_b, global_b)`` with one-element fp32 global scales (torch's ``_scaled_mm_v2`` list
+    form; alpha = fp32(global_a * global_b)). Outputs float32, bfloat16 or float16; ``splitk=1`` only.
+
+    ``profile``: a name from :func:`mmaemu.list_profiles`
     (default ``$MMAEMU_PROFILE`` or "hopper"). ``splitk``: "auto" (the reference's recorded decision), 1, or
     ``(S, scheme)``. ``backend``: "auto", "reference", "cpu", "cuda" or "cuda:<kernel>".
     Raises what torch 2.7.1 / cuBLASLt would (ReferenceRejectsError, TypeError), and UnsupportedFeatureError
@@ -143,6 +205,8 @@ def run_scaled_mm_plan(plan):
         return call.out
     if plan.action == "zeros":
         return _deliver(torch.zeros((call.M, call.N), dtype=call.out_dtype, device=call.device), call.out)
+    if call.block_scaled is not None:
+        return _deliver(_block_scaled_epilogue(_block_scaled_accumulator(plan), call), call.out)
     acc = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum)
     if call.rowwise:
         return _deliver(_rowwise_epilogue(acc, call), call.out)

@@ -61,6 +61,8 @@ def parse_args(argv=None):
     parser.add_argument("--rowwise-only", action="store_true",
                         help="only the row-wise against tensor-wise scaled_mm comparison")
     parser.add_argument("--blockwise", action="store_true", help="only the block-wise section")
+    parser.add_argument("--block-scaled", action="store_true",
+                        help="only the block-scaled (MXFP8/NVFP4) against unscaled tcgen05_f8f6f4 section")
     return parser.parse_args(argv)
 
 
@@ -336,6 +338,44 @@ def blockwise_section(rng, quick, repeats):
         print(f"| {label} | {t_tensor:.3f} | {t_block:.3f} | {t_block / t_tensor:.2f} |")
 
 
+BLOCK_SCALED_SHAPES = [(256, 1024, 2048)]
+QUICK_BLOCK_SCALED_SHAPES = [(64, 512, 1024)]
+
+
+def block_scaled_section(rng, quick, repeats):
+    """Print the block-scaled GEMMs (tcgen05 kind::mxf8f6f4 with UE8M0 scales, kind::mxf4nvf4 with UE4M3 scales)
+    against the unscaled tcgen05_f8f6f4 preset on the same shape, fast CPU paths, interleaved runs (target for
+    mxf8f6f4: within 2x, issue 20)."""
+    import numpy as np
+
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.cpu.block_scaled import accumulate_block_scaled
+    from mmaemu.model.presets import TCGEN05_F8F6F4, TCGEN05_MXF4NVF4, TCGEN05_MXF8F6F4
+
+    print("\n| M | N | K | tcgen05_f8f6f4 (s) | mxf8f6f4 e4m3 (s) | ratio | mxf4nvf4 nvfp4 (s) | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for M, N, K in QUICK_BLOCK_SCALED_SHAPES if quick else BLOCK_SCALED_SHAPES:
+        a, b = fp8_codes(rng, "e4m3", (M, K)), fp8_codes(rng, "e4m3", (N, K))
+        sa, sb = (rng.integers(120, 135, (rows, K // 32)).astype(np.uint8) for rows in (M, N))
+        a4, b4 = (rng.integers(0, 16, (rows, K)).astype(np.uint8) for rows in (M, N))
+        sa4, sb4 = (rng.integers(0x20, 0x50, (rows, K // 16)).astype(np.uint8) for rows in (M, N))
+        runs = {
+            "unscaled": lambda: accumulate_codes(a, b, "e4m3", "e4m3", TCGEN05_F8F6F4, True),
+            "mxf8": lambda: accumulate_block_scaled(a, b, "e4m3", "e4m3", sa, sb, "ue8m0", TCGEN05_MXF8F6F4),
+            "nvf4": lambda: accumulate_block_scaled(a4, b4, "e2m1", "e2m1", sa4, sb4, "ue4m3", TCGEN05_MXF4NVF4),
+        }
+        for run in runs.values():  # compile / load outside the timings
+            run()
+        best = {name: float("inf") for name in runs}
+        for _ in range(repeats):
+            for name, run in runs.items():
+                best[name] = min(best[name], best_of(run, 1))
+        t0 = best["unscaled"]
+        print(f"| {M} | {N} | {K} | {t0:.3f} | {best['mxf8']:.3f} | {best['mxf8'] / t0:.2f} | {best['nvf4']:.3f} | "
+              f"{best['nvf4'] / t0:.2f} |")
+    print(f"# load average while measuring: {os.getloadavg()}")
+
+
 def main(argv=None):
     args = parse_args(argv)
     _set_thread_env(args.threads)
@@ -354,6 +394,9 @@ def main(argv=None):
 
     if args.blockwise:
         blockwise_section(np.random.default_rng(args.seed), args.quick, args.repeats or (2 if args.quick else 3))
+        return
+    if args.block_scaled:
+        block_scaled_section(np.random.default_rng(args.seed), args.quick, args.repeats or (2 if args.quick else 3))
         return
 
     import mmaemu

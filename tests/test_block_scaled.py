@@ -126,9 +126,13 @@ def test_dot_refuses_what_the_instructions_do_not_take():
                              preset="tcgen05_mxf8f6f4", scale_a=_ue8m0((4, 1)), scale_b=_ue8m0((4, 1)))
 
 
-def test_block_scaled_presets_are_instruction_level_only():
-    with pytest.raises(mmaemu.UnsupportedFeatureError, match="instruction level only"):
-        mmaemu.profile_from_preset("tcgen05_mxf8f6f4", base="hopper")
+def test_block_scaled_presets_have_no_unscaled_gemm_schedule():
+    """Their GEMMs are block-scaled scaled_mm calls (tests/test_block_scaled_scaled_mm.py); a tensor-wise call or
+    the unscaled schedule is refused."""
+    profile = mmaemu.profile_from_preset("tcgen05_mxf8f6f4", base="hopper")
+    x = torch.zeros(16, 32, dtype=torch.float8_e4m3fn)
+    with pytest.raises(mmaemu.UnsupportedFeatureError, match="block-scaled"):
+        mmaemu.accumulate(x, x, use_fast_accum=True, profile=profile, splitk=1)
     preset = mmaemu.get_preset("sm120_mxf4nvf4", warn=False)
     from mmaemu.arith.params import schedule_params
 

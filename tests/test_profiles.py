@@ -31,6 +31,7 @@ EXPECTED = {
     "b200-mma-sync-experimental": ("b200_mma_sync", NONE, "torch._scaled_mm", None, None, "experimental", "none"),
     "tcgen05-f8f6f4-experimental": ("tcgen05_f8f6f4", NONE, "torch._scaled_mm", None, None, "experimental", "none"),
     "sm120-mma-sync-experimental": ("sm120_mma_sync", NONE, "torch._scaled_mm", None, None, "experimental", "none"),
+    "b200-mx-experimental": ("tcgen05_mxf8f6f4", NONE, "torch._scaled_mm", None, None, "experimental", "none"),
 }
 REFERENCE = ["ada", "ada-te", "ada-ws0", "hopper", "hopper-te", "hopper-ws0"]
 
@@ -45,7 +46,7 @@ def fresh_warning_slots():
 def test_listing_order():
     assert list_profiles() == ["ada", "ada-te", "ada-ws0", "hopper", "hopper-te", "hopper-ws0",
                                "hopper-experimental", "b200-mma-sync-experimental",
-                               "tcgen05-f8f6f4-experimental", "sm120-mma-sync-experimental"]
+                               "tcgen05-f8f6f4-experimental", "sm120-mma-sync-experimental", "b200-mx-experimental"]
 
 
 def test_field_names():
@@ -63,7 +64,8 @@ def test_profile_fields(name):
     assert (p.gpu_name, p.sm_count, p.cublaslt_version, p.torch_version, p.splitk_table) == (gpu, sms, lt, torch_v,
                                                                                             table)
     assert p.capability == (cap if cap is not None else {"hopper": (9, 0), "b200_mma_sync": (10, 0),
-                                                          "tcgen05_f8f6f4": (10, 0), "sm120_mma_sync": (12, 0)}[preset])
+                                                          "tcgen05_f8f6f4": (10, 0), "sm120_mma_sync": (12, 0),
+                                                          "tcgen05_mxf8f6f4": (10, 0)}[preset])
     assert (p.maturity, p.splitk_maturity) == (maturity, sk_maturity)
     assert isinstance(p.description, str) and p.description
     if gpu:
@@ -132,7 +134,7 @@ def test_rejection_with_torch_dtypes():
 
 
 @pytest.mark.parametrize("name", ["hopper-experimental", "b200-mma-sync-experimental", "tcgen05-f8f6f4-experimental",
-                                  "sm120-mma-sync-experimental"])
+                                  "sm120-mma-sync-experimental", "b200-mx-experimental"])
 def test_experimental_profiles_reject_nothing(name):
     p = get_profile(name)
     assert p.rejects == ()

@@ -26,9 +26,11 @@ import math
 import numpy as np
 
 from .._jit import arithmetic
-from .block import NO_LEAD, block_step_early, normalize
+from .block import NO_LEAD, RESULT_EXP_FLOOR, block_step_early, normalize
 from .chain import exact_to_float32
 from .intbits import shift_toward_zero
+from .tile import (EMAX_NONE, lane_cap, lane_shift_toward_zero, pow2_scale, tile_exponent_max, tile_normalize,
+                   tile_product_sum)
 
 # fp32's minimum normal exponent: the alignment exponent of a subnormal accumulator.
 FP32_MIN_EXP = -126
@@ -99,3 +101,216 @@ def group_scaled_instruction(sa, ea, sb, eb, k0, k1, group, block, ssa, sea, ssb
         acc += shift_toward_zero(scaled, sea[s] + seb[s] + e_floor - lift - grid_exp)
     sig, exp, _ = normalize(acc, grid_exp, frac_out)
     return exact_to_float32(sig, exp)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# GEMM chains: one chain of instructions per output (semantics.md b.5), the reference of every engine
+
+
+@arithmetic
+def instruction_ieee_sum(va, vb, sva, svb, k0, k1, block):
+    """The float64 sum of the scaled products ``va[k] * vb[k] * (sva[s] * svb[s])``, k in [k0, k1), s = k // block:
+    what an instruction that holds a NaN/Inf element or a NaN scale adds to its accumulator (NaN, or an infinity:
+    every finite term is far below float64's range, so the order of the sum does not matter)."""
+    total = 0.0
+    for k in range(k0, k1):
+        s = k // block
+        total += (va[k] * vb[k]) * (sva[s] * svb[s])
+    return total
+
+
+@arithmetic
+def scaled_block_chain(sa, ea, sb, eb, va, vb, sva, svb, bad_a, bad_b, k, block, params):
+    """The fp32 result of one output's chain of scaled-block instructions of ``k`` elements from +0.
+
+    ``ea``/``eb`` hold each element's exponent plus its block scale's exponent; ``va``/``vb`` (float64 element
+    values, NaN/Inf included) and ``sva``/``svb`` (float64 scale values, one per ``block``) serve the
+    instructions flagged in ``bad_a``/``bad_b`` (one flag per instruction: a NaN/Inf element or a NaN scale), which
+    add their IEEE sum (:func:`instruction_ieee_sum`) to the accumulator in float64, rounded to fp32.
+    """
+    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    acc = np.float32(0.0)
+    for i in range(sa.shape[0] // k):
+        if bad_a[i] or bad_b[i]:
+            acc = np.float32(np.float64(acc) + instruction_ieee_sum(va, vb, sva, svb, i * k, (i + 1) * k, block))
+        else:
+            acc = block_scaled_instruction(sa, ea, sb, eb, i * k, (i + 1) * k, acc, lshift, rshift, frac, frac_out,
+                                           min_exp)
+    return acc
+
+
+@arithmetic
+def scaled_group_chain(sa, ea, sb, eb, va, vb, ssa, sea, ssb, seb, sva, svb, bad_a, bad_b, k, group, block,
+                       e_floor, lift, frac, frac_out, min_exp):
+    """The fp32 result of one output's chain of scaled-groups instructions of ``k`` elements from +0 (flagged
+    instructions as in :func:`scaled_block_chain`)."""
+    acc = np.float32(0.0)
+    for i in range(sa.shape[0] // k):
+        if bad_a[i] or bad_b[i]:
+            acc = np.float32(np.float64(acc) + instruction_ieee_sum(va, vb, sva, svb, i * k, (i + 1) * k, block))
+        else:
+            acc = group_scaled_instruction(sa, ea, sb, eb, i * k, (i + 1) * k, group, block, ssa, sea, ssb, seb, acc,
+                                           e_floor, lift, frac, frac_out, min_exp)
+    return acc
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fast formulation of a scaled-block chain for a tile of outputs (the CPU fast path)
+#
+# The tile layout of :mod:`mmaemu.arith.tile` (fp32 element values, int8 exponents, TILE_ABSENT_EXP for zero and
+# non-finite codes) with, per output, the sum ``s`` of its two block scales' exponents. In units of the unscaled
+# products the instruction is the f8f6f4 block step: with E = max(alignment exponent of c, largest exponent sum
+# of a real product + s, min_exp), a product's term is ``trunc(a * b * 2**(frac - E + s))`` and c's term
+# ``trunc(c / 2**(E - frac))``. Exactness follows mmaemu.arith.tile's proof (1)-(4) in the unscaled units: a
+# nonzero product has an unscaled exponent sum >= -28 and E - s >= that sum, so frac - E + s <= frac + 28 < 91; when
+# frac - E + s < -33 every product (below 2**32) truncates to 0, as with the clamped multiplier. The block maximum
+# of the products is taken apart from c (products with an absent factor have sums <= -85, far above the scaled
+# exponents c can meet), so only real products raise E. c is carried exactly as (c_sig, c_lead); its alignment
+# exponent is max(c_lead, -126), as MMA-Sim's normalisation of a subnormal accumulator. A result at or above
+# 2**128 (c_lead >= 128) is infinite: the output is flagged and recomputed by the reference chain, as are outputs
+# with a NaN/Inf element or a NaN scale.
+
+# Unscaled exponent sums of the tile layout: real products >= -28, products with an absent factor <= -85.
+TILE_REAL_PRODUCT_FROM = -60
+# The leading exponent of a result that fp32 cannot hold.
+OVERFLOW_LEAD = 128
+
+
+@arithmetic
+def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, i, kb, ke, params, work, overflow):
+    """Instruction i (k in [kb, ke)) of a scaled-block chain for the tile: updates (c_sig, c_lead) in place.
+
+    ``a_sexp[r, i]``/``b_sexp[i, j]``: the scale exponents of row r of A and lane j of the panel of B for
+    instruction i; ``work`` = (c_sig, c_lead, e_max, scale, total) as in :func:`mmaemu.arith.tile.tile_accumulate`;
+    ``overflow[r, j]`` is set when a result reaches 2**128.
+    """
+    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    c_sig, c_lead, e_max, scale, total = work
+    T = total.dtype.type
+    cap = lane_cap(T)
+    lanes = total.shape[1]
+    for r in range(rows):
+        for j in range(lanes):
+            e_max[r, j] = EMAX_NONE
+        tile_exponent_max(a_exp[r], b_exp, kb, ke, e_max[r])
+        for j in range(lanes):
+            s = np.int32(a_sexp[r, i] + b_sexp[i, j])
+            lead = c_lead[r, j]
+            c_align = max(lead, FP32_MIN_EXP) if c_sig[r, j] != 0 else np.int32(EMAX_NONE)
+            top = np.int32(e_max[r, j])
+            e_prod = top + s if top >= TILE_REAL_PRODUCT_FROM else np.int32(EMAX_NONE)
+            e = np.int32(max(max(c_align, e_prod), min_exp))
+            e_max[r, j] = e
+            scale[r, j] = pow2_scale(np.int32(frac - e + s))
+            shift = np.int32(max(lead, RESULT_EXP_FLOOR) - frac_out - e + frac)
+            total[r, j] = lane_shift_toward_zero(c_sig[r, j], shift, T, cap)
+        tile_product_sum(a_val[r], b_val, kb, ke, scale[r], total[r])
+        tile_normalize(total, e_max, r, frac, frac_out, c_sig, c_lead)
+        for j in range(lanes):
+            if c_lead[r, j] >= OVERFLOW_LEAD:
+                overflow[r, j] = 1
+
+
+@arithmetic
+def tile_scaled_chain(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, K, k, params, work, overflow, result):
+    """``result[r, j]``: the fp32 value of the chain of scaled-block instructions of ``k`` elements from +0 over
+    all of K for the tile (exact where ``overflow`` stays 0)."""
+    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    c_sig, c_lead, e_max, scale, total = work
+    lanes = total.shape[1]
+    for r in range(rows):
+        for j in range(lanes):
+            c_sig[r, j] = 0
+            c_lead[r, j] = NO_LEAD
+            overflow[r, j] = 0
+    for i in range(K // k):
+        tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, i, i * k, (i + 1) * k, params, work,
+                          overflow)
+    for r in range(rows):
+        for j in range(lanes):
+            result[r, j] = exact_to_float32(c_sig[r, j], max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fast formulation of a scaled-groups chain (kind::mxf4nvf4) for a tile of outputs
+#
+# E2M1 values are multiples of 1/2 of magnitude <= 6, so a product is a multiple of 1/4 below 37 and a group sum of
+# 16 products a multiple of 1/4 below 2**10: every fp32 partial sum of a group is exact, and so is its product with
+# the two scales' integer significands (at most 4 bits each): at most 20 significant bits. A group's term
+# trunc(G * SA * SB / 2**(E - frac)) is that fp32 value times the power of two 2**(ea_s + eb_s - 2 m_s - E + frac)
+# (m_s: the scales' mantissa bits), exact while the multiplier lies in [2**-33, 2**91] (pow2_scale): a group that
+# sets E has ea_s + eb_s <= E, so the exponent is at most frac; below 2**-33 every group value (< 2**20) truncates to
+# 0, as with the clamped multiplier. Terms are below 2**(frac + 20) and four of them with c's fit int64 lanes. A group
+# takes part in the alignment when one of its products is nonzero (its sum of |products| is not 0) and its scale
+# product is not 0, exactly the reference's rule.
+
+
+@arithmetic
+def tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, kb, ke, group, block, scale_bits, params,
+                       work, gsum, gabs, overflow):
+    """One scaled-groups instruction over k in [kb, ke) for the tile: updates (c_sig, c_lead) in place.
+
+    ``a_ssig[r, s]``/``a_sexp[r, s]`` (``b_ssig[s, j]``/``b_sexp[s, j]``): the integer significand (float32) and
+    exponent of the scale of block s of row r of A (lane j of the panel of B); ``scale_bits`` = twice the scales'
+    mantissa bits; ``gsum``/``gabs`` [groups, lanes] float32 work arrays; ``params`` as for the block presets.
+    """
+    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    c_sig, c_lead, e_max, scale, total = work
+    T = total.dtype.type
+    cap = lane_cap(T)
+    lanes = total.shape[1]
+    groups = (ke - kb) // group
+    for r in range(rows):
+        for j in range(lanes):
+            c_align = max(c_lead[r, j], FP32_MIN_EXP) if c_sig[r, j] != 0 else np.int32(EMAX_NONE)
+            e_max[r, j] = max(c_align, min_exp)
+        for g in range(groups):
+            g0 = kb + g * group
+            for j in range(lanes):
+                gsum[g, j] = np.float32(0.0)
+                gabs[g, j] = np.float32(0.0)
+            for k in range(g0, g0 + group):
+                a = a_val[r, k]
+                for j in range(lanes):
+                    p = a * b_val[k, j]
+                    gsum[g, j] += p
+                    gabs[g, j] += abs(p)
+            s = g0 // block
+            for j in range(lanes):
+                counted = gabs[g, j] != 0 and a_ssig[r, s] * b_ssig[s, j] != 0
+                e = max(np.int32(e_max[r, j]), np.int32(a_sexp[r, s] + b_sexp[s, j]))
+                e_max[r, j] = e if counted else e_max[r, j]
+        for j in range(lanes):
+            shift = np.int32(max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out - e_max[r, j] + frac)
+            total[r, j] = lane_shift_toward_zero(c_sig[r, j], shift, T, cap)
+        for g in range(groups):
+            s = (kb + g * group) // block
+            for j in range(lanes):
+                n = np.int32(a_sexp[r, s] + b_sexp[s, j] - scale_bits - e_max[r, j] + frac)
+                v = gsum[g, j] * (a_ssig[r, s] * b_ssig[s, j]) * pow2_scale(n)
+                total[r, j] = T(total[r, j] + T(v))
+        tile_normalize(total, e_max, r, frac, frac_out, c_sig, c_lead)
+        for j in range(lanes):
+            if c_lead[r, j] >= OVERFLOW_LEAD:
+                overflow[r, j] = 1
+
+
+@arithmetic
+def tile_scaled_group_chain(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, K, k, group, block, scale_bits,
+                            params, work, gsum, gabs, overflow, result):
+    """``result[r, j]``: the fp32 value of the chain of scaled-groups instructions of ``k`` elements from +0 over
+    all of K for the tile (exact where ``overflow`` stays 0)."""
+    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    c_sig, c_lead, e_max, scale, total = work
+    lanes = total.shape[1]
+    for r in range(rows):
+        for j in range(lanes):
+            c_sig[r, j] = 0
+            c_lead[r, j] = NO_LEAD
+            overflow[r, j] = 0
+    for i in range(K // k):
+        tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, i * k, (i + 1) * k, group, block,
+                           scale_bits, params, work, gsum, gabs, overflow)
+    for r in range(rows):
+        for j in range(lanes):
+            result[r, j] = exact_to_float32(c_sig[r, j], max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out)

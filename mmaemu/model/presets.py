@@ -43,8 +43,10 @@ class Preset:
     * ``slow_chunk``: the unsplit slow-accumulation restart length in K elements, or None when the preset has no
       GEMM level (slow accumulation and split-K then raise :class:`~mmaemu.errors.UnsupportedFeatureError`).
     * ``scale_kinds``: for a block-scaled instruction (semantics.md b.5), the accepted (elements of K per scale,
-      scale format) pairs; empty for an unscaled preset. A block-scaled preset is instruction-level only
-      (:func:`mmaemu.model.dot` with ``scale_a``/``scale_b``); ``nfma`` is then the instruction's K.
+      scale format) pairs; empty for an unscaled preset. A block-scaled preset is evaluated by
+      :func:`mmaemu.model.dot` with ``scale_a``/``scale_b`` and computes GEMMs only as block-scaled ``scaled_mm``
+      calls, one chain of the instruction per output (:mod:`mmaemu.platform.block_scaled`); ``nfma`` is then the
+      instruction's K.
     * ``group``: 0 = every product aligned on its own (the block algorithm); g > 0 = groups of g products summed
       exactly, then scaled and aligned as one term each (``kind::mxf4nvf4``).
     * ``operand_formats``: the element formats the instruction takes.
@@ -95,7 +97,7 @@ class Preset:
 
     @property
     def block_scaled(self) -> bool:
-        """Whether the preset models a block-scaled instruction (instruction level only)."""
+        """Whether the preset models a block-scaled instruction (no unscaled GEMM schedule)."""
         return bool(self.scale_kinds)
 
     @property
@@ -180,7 +182,8 @@ _MX_BLOCK = dict(nfma=32, frac=25, frac_out=23, min_exp=-133, late_c=False, slow
                  scale_kinds=((32, "ue8m0"),), operand_formats=_F8F6F4_OPERANDS)
 _MX_FP4 = dict(nfma=64, frac=35, frac_out=23, min_exp=-139, late_c=False, slow_chunk=None, maturity="experimental",
                scale_kinds=((32, "ue8m0"), (16, "ue8m0"), (16, "ue4m3")), group=16, operand_formats=("e2m1",))
-_MX_NOTE = "no hardware recording here; not a GEMM (instruction level only)"
+_MX_NOTE = ("no hardware recording here; GEMMs (scaled_mm MXFP8/NVFP4, profile 'b200-mx-experimental') are "
+            "modelled as one chain of the instruction per output")
 TCGEN05_MXF8F6F4 = Preset(
     "tcgen05_mxf8f6f4", **_MX_BLOCK,
     validated_scope="B200/GB200 tcgen05.mma kind::mxf8f6f4 block32 (UE8M0 scales) with an fp32 accumulator, as "

@@ -18,12 +18,13 @@ from typing import Iterable, List, Optional, Tuple, Union
 from .. import backends
 from ..arith.params import require_gemm_level
 from ..context import environment_of
-from ..errors import UnsupportedFeatureError
+from ..errors import BackendUnavailableError, ExperimentalPresetWarning, UnsupportedFeatureError
 from ..model.presets import Preset, get_preset
-from ..platform import get_profile, rowwise
+from ..platform import block_scaled, get_profile, rowwise
 from ..platform.profiles import profile_maturity_notices
 from ..platform.splitk import POLICIES, SplitDecision, asks_one_split, check_scheme_for_preset, decide_splitk
 from ..warn import Notice, collecting, report
+from .block_scaled import split_two_level
 from .flush import check_no_flush_to_zero
 from .validate import split_key, validate_accumulate, validate_scaled_mm
 
@@ -132,15 +133,22 @@ def _cpu_engine(plan: Plan, fmt_a, fmt_b, context):
 
 def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
                    use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto",
-                   context=None) -> Plan:
-    """Validate and plan a ``scaled_mm`` call in the order of semantics.md (f); raises what scaled_mm raises."""
+                   global_scales=None, context=None) -> Plan:
+    """Validate and plan a ``scaled_mm`` call in the order of semantics.md (f); raises what scaled_mm raises.
+    ``global_scales``: NVFP4's (global_scale_a, global_scale_b) or None (:mod:`mmaemu.plan.block_scaled`); they
+    may also come as ``(block scales, global scale)`` pairs in scale_a and scale_b."""
     profile = get_profile(profile, context=context)
+    if global_scales is None:
+        scale_a, scale_b, global_scales = split_two_level(scale_a, scale_b)
     call = validate_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out,
-                              profile=profile)
+                              profile=profile, global_scales=global_scales)
     plan = Plan(call, profile, get_preset(profile.preset, warn=False))
     if call.zero_size:
         plan.action = "zeros"
         return plan
+    if call.block_scaled is not None:
+        return _plan_block_scaled(plan, splitk, backend, context)
+    _refuse_block_scaled_preset(plan)
     _maturity_warnings(plan)
     if call.rowwise:
         return _plan_rowwise(plan, splitk, backend, context)
@@ -176,6 +184,59 @@ def _plan_rowwise(plan: Plan, splitk, backend, context) -> Plan:
     return plan
 
 
+def _refuse_block_scaled_preset(plan: Plan) -> None:
+    """A profile whose preset is a block-scaled instruction computes MXFP8/NVFP4 calls only."""
+    if plan.preset.block_scaled:
+        raise UnsupportedFeatureError(
+            f"profile {plan.profile.name!r} computes block-scaled (MXFP8/NVFP4) calls only: its preset "
+            f"{plan.preset.name!r} is a block-scaled instruction; pass float8_e8m0fnu / float8_e4m3fn block scales, "
+            f"or use profile 'tcgen05-f8f6f4-experimental' for tensor-wise scales")
+
+
+def _plan_block_scaled(plan: Plan, splitk, backend, context) -> Plan:
+    """An MXFP8 / NVFP4 call (:mod:`mmaemu.platform.block_scaled`): experimental; one chain of the instruction per
+    output over all of K, so S = 1 only; CPU engines, or ``cuda:simple`` when asked for by name."""
+    call = plan.call
+    spec = call.block_scaled
+    plan.preset = spec.preset
+    _note(plan, [Notice(ExperimentalPresetWarning, block_scaled.maturity_message(spec.recipe, spec.preset.name),
+                        (f"block-scaled:{plan.profile.name}:{spec.recipe.name}",))])
+    if call.out_resize_warns:
+        _out_warning(plan, OUT_RESIZED_MESSAGE.format(old=tuple(call.out.shape), new=(call.M, call.N)))
+    if not asks_one_split(splitk):
+        raise UnsupportedFeatureError(
+            f"splitk={splitk!r}: {spec.recipe.name.upper()} calls are modelled with one chain per output "
+            f"({block_scaled.NO_SPLIT_REASON}); use splitk='auto' or 1")
+    plan.kernel = block_scaled.KERNEL
+    plan.split = SplitDecision(1, "none", "kernel", False, None,
+                               f"{block_scaled.NO_SPLIT_REASON}; instruction {spec.preset.name}, "
+                               f"{spec.recipe.name.upper()} block {spec.block}; unknown: "
+                               f"{'; '.join(block_scaled.UNKNOWNS)}")
+    _choose_block_scaled_backend(plan, call.device, backend, context)
+    return plan
+
+
+def _choose_block_scaled_backend(plan: Plan, device, backend, context) -> None:
+    """The engines of block-scaled calls: "reference" and "cpu"; on CUDA tensors "cuda:simple" when named, else
+    the CPU engine (the result is copied back)."""
+    name = backends.requested_backend(backend, context=context)
+    on_cuda = getattr(device, "type", str(device)) == "cuda"
+    if name in backends.CPU_ENGINES:
+        plan.backend = name
+    elif name == "cuda:simple" and on_cuda and not backends.cuda_disabled(context=context):
+        plan.backend = name
+    elif name == "auto" or backend == "auto":  # $MMAEMU_BACKEND naming another CUDA kernel is a preference
+        plan.backend = "cpu"
+        if on_cuda or name != "auto":
+            plan.fallbacks = [f"{name if name != 'auto' else 'cuda'}: block-scaled calls run on a CUDA device only "
+                              f"with backend='cuda:simple'"]
+    else:
+        raise BackendUnavailableError(
+            f"backend {name!r} cannot run a block-scaled call: it runs on 'cpu', 'reference' and, for CUDA "
+            f"tensors, 'cuda:simple'")
+    check_no_flush_to_zero()
+
+
 def plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="auto",
                     out_dtype_for_split=None, context=None) -> Plan:
     """Validate and plan an ``accumulate`` call (semantics.md f.8)."""
@@ -187,6 +248,7 @@ def plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backen
     if call.zero_size:
         plan.action = "zeros"
         return plan
+    _refuse_block_scaled_preset(plan)
     _maturity_warnings(plan)
     out_dtype = torch.float32 if out_dtype_for_split is None else out_dtype_for_split
     _decide(plan, call.M, call.N, call.K, call.fmt_a, call.fmt_b, out_dtype, call.use_fast_accum, splitk, True,

@@ -45,6 +45,7 @@ from .layout import (
     leading_dimensions,
     mat2_is_column_major,
 )
+from .block_scaled import FP4_DTYPE, BlockScaledSpec, block_scaling, check_block_scaled_call
 from .rowwise import check_rowwise_call
 
 __all__ = [
@@ -109,6 +110,9 @@ class ScaledMMCall:
     * ``rowwise``: scale_a [M, 1] and scale_b [1, N] (torch's CUTLASS row-wise kernel, :mod:`.rowwise`); then
       ``bias`` is the validated bias (bf16 [N]) or None, and the out flags other than the resize are False (the
       kernel refuses an out that is not row-major).
+    * ``block_scaled``: an MXFP8 or NVFP4 call (:mod:`.block_scaled`): the recipe, its preset, the element formats
+      and K in elements (fmt_a/fmt_b are then None: the formats are the spec's); ``global_scales``: NVFP4's
+      (global_scale_a, global_scale_b) or None.
     """
 
     input: torch.Tensor = dataclasses.field(repr=False)
@@ -134,6 +138,8 @@ class ScaledMMCall:
     device: torch.device
     rowwise: bool = False
     bias: Optional[torch.Tensor] = dataclasses.field(default=None, repr=False)
+    block_scaled: Optional[BlockScaledSpec] = None
+    global_scales: Optional[tuple] = dataclasses.field(default=None, repr=False)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -184,12 +190,14 @@ def validate_scaled_mm(
     out: Any = None,
     *,
     profile: Any,
+    global_scales: Any = None,
 ) -> ScaledMMCall:
     """Validate a ``scaled_mm`` call exactly as torch 2.7.1 + cuBLASLt 12.8.3.14 would (semantics.md f.1-f.6).
 
     ``profile`` needs ``.name`` and ``.rejection(fmt_a, fmt_b, out_dtype_name) -> RejectRule | None``
     (platform.md section 1). Raises TypeError, ReferenceRejectsError or UnsupportedFeatureError for the first
-    failing rule; returns a :class:`ScaledMMCall` otherwise.
+    failing rule; returns a :class:`ScaledMMCall` otherwise. Block scales (MXFP8, NVFP4; ``global_scales``:
+    NVFP4's pair of fp32 global scales or None) follow :mod:`.block_scaled` from f.2.4 on.
     """
     # f.1 Python types
     _check_python_types(input, mat2, scale_a, scale_b, bias, scale_result, out, out_dtype, use_fast_accum)
@@ -198,14 +206,21 @@ def validate_scaled_mm(
     _check_matrices(input, mat2)  # f.2.1-3
     M, K = input.shape
     N = mat2.shape[1]
-    rowwise = _is_rowwise_scaling(scale_a, scale_b, M, N)  # f.2.4-5
+    scaling = block_scaling(scale_a, scale_b, input, mat2)  # B.1 (torch's scaling type, block scales)
+    rowwise = scaling is None and _is_rowwise_scaling(scale_a, scale_b, M, N)  # f.2.4-5
     _check_scale_result(scale_result)  # f.2.6
     _check_bias_size(bias, N)  # f.2.7
     _check_divisible_by_16(M, K, N)  # f.2.8-9
     od = _effective_out_dtype(input, out, out_dtype)  # f.2.10
-    _check_float8_operands(input, mat2)  # f.2.11-12
+    _check_float8_operands(input, mat2, fp4=scaling is not None)  # f.2.11-12
+    if scaling is not None:
+        _check_fp4_fast_accum(input, mat2, use_fast_accum)
     _check_bias_dtype(bias, od)  # f.2.13
     _check_same_device(input, mat2, scale_a, scale_b, bias, scale_result, out)  # f.2.14
+    for name, g in zip(("global_scale_a", "global_scale_b"), global_scales or ()):
+        if isinstance(g, torch.Tensor) and g.device != input.device:
+            raise _torch_rejects(f"Expected all tensors to be on the same device: {name} is on {g.device} but mat1 "
+                                 f"(input) is on {input.device}; move it with .to(input.device)")
     _check_out_receives(out, M, N)  # torch's autograd check of out= and resize_output (before f.3)
     for name, value in _named_tensors(input, mat2, scale_a, scale_b, bias, scale_result, out):
         require_data("scaled_mm", name, value)  # mmaemu's addition: meta tensors hold nothing to compute on
@@ -221,6 +236,8 @@ def validate_scaled_mm(
 
     if rowwise:  # torch 2.7.1 sends it to its CUTLASS kernel before any cuBLASLt argument handling
         return _rowwise_call(input, mat2, bias, profile, **common)
+    if scaling is not None:
+        return _block_scaled_call(input, mat2, scaling, bias, profile, global_scales, **common)
 
     # f.4 cuBLAS / cuBLASLt-level checks (f.4.1, row-wise output, is the row-wise branch's first rule)
     input, input_copied = _check_layout(input, mat2)  # f.4.2 (may copy input)
@@ -254,6 +271,22 @@ def _zero_size_call(input, mat2, **common) -> ScaledMMCall:
         zero_size=True, layout_std=is_layout_std(input, mat2), input_copied=False,
         out_column_major=False, out_unusable=False, out_resize=resize, out_resize_warns=resize_warns,
         **common,
+    )
+
+
+def _block_scaled_call(input, mat2, scaling, bias, profile, global_scales, **common) -> ScaledMMCall:
+    """An MXFP8 / NVFP4 call after f.3: the rules of :mod:`.block_scaled` (B.2-B.4)."""
+    grad = dict(input=input, mat2=mat2, scale_a=common["scale_a"], scale_b=common["scale_b"],
+                scale_result=common["scale_result"])
+    for name, g in zip(("global_scale_a", "global_scale_b"), global_scales or ()):
+        grad[name] = g
+    spec = check_block_scaled_call(input, mat2, scaling, common["out_dtype"], bias, common["out"], profile,
+                                   global_scales, grad)
+    resize, resize_warns = _out_resize(common["out"], common["M"], common["N"])
+    return ScaledMMCall(
+        input=input, mat2=mat2, fmt_a=None, fmt_b=None, zero_size=False, layout_std=True, input_copied=False,
+        out_column_major=False, out_unusable=False, out_resize=resize, out_resize_warns=resize_warns,
+        block_scaled=spec, global_scales=global_scales, **common,
     )
 
 
@@ -406,9 +439,14 @@ def _effective_out_dtype(input: torch.Tensor, out: Optional[torch.Tensor], out_d
     return input.dtype
 
 
-def _check_float8_operands(input: torch.Tensor, mat2: torch.Tensor) -> None:
-    """f.2.11-12: both operands of a torch float8 dtype, and not both float8_e5m2."""
+def _check_float8_operands(input: torch.Tensor, mat2: torch.Tensor, fp4: bool = False) -> None:
+    """f.2.11-12: both operands of a torch float8 dtype (or, with block scales, float4_e2m1fn_x2: torch 2.8's
+    rule), and not both float8_e5m2."""
     for name, tensor in (("mat1", input), ("mat2", mat2)):  # f.2.11
+        if fp4 and FP4_DTYPE is not None and tensor.dtype == FP4_DTYPE:
+            continue
+        if fp4 and tensor.dtype not in _TORCH_FLOAT8_DTYPES:
+            raise _torch_rejects(f"Expected {name} to be Float8 or Float4_x2 matrix got {tensor.dtype}")
         if tensor.dtype not in _TORCH_FLOAT8_DTYPES:
             raise _torch_rejects(
                 f"Expected {name} to be Float8 matrix got {tensor.dtype}; quantize it to torch.float8_e4m3fn or "
@@ -419,6 +457,13 @@ def _check_float8_operands(input: torch.Tensor, mat2: torch.Tensor) -> None:
             "Multiplication of two Float8_e5m2 matrices is not supported; make one operand float8_e4m3fn "
             "(mmaemu.accumulate computes E5M2 x E5M2)"
         )
+
+
+def _check_fp4_fast_accum(input: torch.Tensor, mat2: torch.Tensor, use_fast_accum: bool) -> None:
+    """torch 2.8 (block scales): use_fast_accum is refused with FP4 operands."""
+    if use_fast_accum and FP4_DTYPE is not None and FP4_DTYPE in (input.dtype, mat2.dtype):
+        raise _torch_rejects("`use_fast_accum` is not supported when `mat1` or `mat2` tensors have the "
+                             "`Float4_e2m1fn_x2` dtype; pass use_fast_accum=False")
 
 
 def _check_bias_dtype(bias: Optional[torch.Tensor], od: torch.dtype) -> None:

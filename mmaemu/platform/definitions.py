@@ -128,6 +128,8 @@ class Profile:
     @property
     def description(self) -> str:
         """Free text: the platform, the caller and its workspace, the table, and maturity remarks."""
+        if self.gpu_name is None and self.name in _NO_PLATFORM_DESCRIPTIONS:
+            return _NO_PLATFORM_DESCRIPTIONS[self.name]
         if self.gpu_name is None:
             major, minor = self.capability
             return (f"the {self.preset_name} preset on an unspecified GPU of compute capability {major}.{minor}: "
@@ -186,6 +188,15 @@ _SPLITK_MATURITY_NOTES = {
     "ada-te": "46 Transformer Engine split outputs had their reduction scheme filled from the table",
 }
 
+# Profiles without a reference platform whose calls are not "state split-K explicitly" (mmaemu.platform.block_scaled).
+_NO_PLATFORM_DESCRIPTIONS = {
+    "b200-mx-experimental": "MXFP8 and NVFP4 torch._scaled_mm on a B200 (sm_100; swizzled block scales): "
+                            "tcgen05.mma kind::mxf8f6f4 / kind::mxf4nvf4 as MMA-Sim models them, one chain per "
+                            "output, no split-K (modelled, not recorded); block-scaled calls only; experimental "
+                            "profile",
+}
+
+
 def splitk_maturity_note(profile: Profile) -> str:
     """Why the profile's S > 1 decisions are not validated ("" when they are, or when no note is recorded)."""
     if profile.splitk_maturity == "validated":
@@ -221,6 +232,8 @@ _PROFILES = (
     # Blackwell GEMM instructions as MMA-Sim models them (mmaemu.model.presets): no recorded platform yet.
     Profile("tcgen05-f8f6f4-experimental", "tcgen05_f8f6f4", capability=(10, 0), caller=_TORCH, **_NO_PLATFORM),
     Profile("sm120-mma-sync-experimental", "sm120_mma_sync", capability=(12, 0), caller=_TORCH, **_NO_PLATFORM),
+    # B200 MXFP8/NVFP4 _scaled_mm (mmaemu.platform.block_scaled): tcgen05_mxf8f6f4, and tcgen05_mxf4nvf4 for NVFP4.
+    Profile("b200-mx-experimental", "tcgen05_mxf8f6f4", capability=(10, 0), caller=_TORCH, **_NO_PLATFORM),
 )
 _BY_NAME = {p.name: p for p in _PROFILES}
 

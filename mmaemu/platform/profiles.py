@@ -12,7 +12,7 @@ import dataclasses
 from typing import Optional
 
 from ..context import environment_of
-from ..errors import ExperimentalPresetWarning, UnsupportedFeatureError
+from ..errors import ExperimentalPresetWarning
 from ..warn import Notice, report
 from . import definitions
 from .definitions import (_BY_NAME, _PROFILES, _RECORDED, DEFAULT_PROFILE, FORMATS, OUT_DTYPES, Profile,
@@ -34,8 +34,8 @@ __all__ = [
 
 def list_profiles() -> list:
     """Profile names in the documented order: ada, ada-te, ada-ws0, hopper, hopper-te, hopper-ws0,
-    hopper-experimental, b200-mma-sync-experimental, tcgen05-f8f6f4-experimental, sm120-mma-sync-experimental;
-    then the recorded profiles added by ``mmaemu.load_profile`` or found on ``$MMAEMU_PROFILE_PATH``, in the order
+    hopper-experimental, b200-mma-sync-experimental, tcgen05-f8f6f4-experimental, sm120-mma-sync-experimental,
+    b200-mx-experimental; then the recorded profiles added by ``mmaemu.load_profile`` or found on ``$MMAEMU_PROFILE_PATH``, in the order
     they were added."""
     return [p.name for p in _PROFILES] + list(_recorded_profiles())
 
@@ -88,13 +88,6 @@ class PresetProfile(Profile):
                 f"{self.maturity} profile")
 
 
-def block_scaled_gemm_refusal(preset) -> str:
-    """Why a block-scaled instruction preset cannot compute a GEMM (yet)."""
-    return (f"preset {preset.name!r} models a block-scaled instruction: it is instruction level only "
-            "(mmaemu.model.dot with scale_a= and scale_b=); GEMMs with MXFP8/NVFP4 scales (scaled_mm, accumulate, "
-            "profiles) are not modelled yet (docs/limitations.md)")
-
-
 def profile_from_preset(preset, base="hopper", *, name: Optional[str] = None) -> Profile:
     """A profile that computes with ``preset`` on the platform of ``base``: one call from a tensor-core design to
     ``scaled_mm`` / ``accumulate`` / ``explain`` / ``EmulatedFP8Linear`` / ``patch``.
@@ -104,15 +97,15 @@ def profile_from_preset(preset, base="hopper", *, name: Optional[str] = None) ->
     rejections the new profile keeps — cuBLASLt's split decision depends on the shape and the platform, not on the
     tensor core's arithmetic, so "what if this GPU's tensor core were different" keeps the GPU's decisions. The
     preset's own rules still apply: a preset without GEMM level refuses slow accumulation and split-K, and a
-    custom preset accepts every split scheme. ``name`` defaults to ``"<preset>@<base>"``.
+    custom preset accepts every split scheme. A block-scaled instruction preset makes a profile that computes the
+    MXFP8 (``kind::mxf8f6f4``) or NVFP4 (``kind::mxf4nvf4``) calls it takes, one chain per output, and refuses
+    tensor-wise calls (:mod:`mmaemu.platform.block_scaled`). ``name`` defaults to ``"<preset>@<base>"``.
 
     The profile is "validated" only when ``preset`` is the base's own preset; otherwise it is "custom" (or the
     preset's "experimental"), and using it warns (ExperimentalPresetWarning) like the preset does.
     """
     base_profile = get_profile(base)
     design = _presets().get_preset(preset, warn=False)
-    if design.block_scaled:
-        raise UnsupportedFeatureError(block_scaled_gemm_refusal(design))
     own = design is _presets().get_preset(base_profile.preset, warn=False)
     if own:
         maturity = base_profile.maturity

@@ -1,0 +1,337 @@
+"""MX and NVFP4 quantisation of a tensor, as torchao 0.18.0 computes it (experimental: modelled from source).
+
+Both recipes cut the last axis of ``x`` into blocks (32 elements for MX, 16 for NVFP4), give each block one scale
+and round ``x / scale`` to the element format. Sources: the OCP Microscaling Formats (MX) specification v1.0,
+section 6.3 (the shared scale ``X = 2**(floor(log2(amax)) - emax_elem)``, elements ``quantize(V / X)``), and
+torchao 0.18.0 (the PyPI wheel ``torchao-0.18.0-cp310-abi3``), ``torchao/prototype/mx_formats/mx_tensor.py``
+(``to_mx``), ``nvfp4_tensor.py`` (``nvfp4_quantize``, ``per_tensor_amax_to_scale``), ``config.py``
+(``ScaleCalculationMode``) and ``constants.py``, which fix every detail the specification leaves open. Where
+torchao departs from the specification, mmaemu follows torchao and says so below.
+
+**MX** (:func:`quantize_mx`; elements e4m3, e5m2, e2m3, e3m2, e2m1; UE8M0 scales). With ``amax`` the largest
+``|x|`` of the block in fp32 (NaN if the block holds a NaN) and ``emax_elem`` the exponent of the element format's
+largest power of two (e4m3 8, e5m2 15, e2m3 2, e3m2 4, e2m1 2), the scale exponent is ``E - emax_elem`` clamped to
+[-127, 127], where ``E`` depends on ``scaling_mode`` (torchao's ``ScaleCalculationMode``):
+
+* ``"floor"`` (the OCP specification's rule, torchao's default): ``E = floor(log2(amax))``;
+* ``"ceil"``: ``E = ceil(log2(amax))``;
+* ``"even"``: ``E = floor(log2(amax'))``, ``amax'`` being amax rounded to ``MANT_BITS[fmt]`` fraction bits, ties
+  away from zero.
+
+``E`` is read from amax's fp32 exponent field: an all-zero block and an fp32-subnormal amax take E = -127 (scale
+code 0 after the clamp); an infinite amax takes E = 128 (so a finite scale, 2**(128 - emax_elem): torchao 0.18.0
+does not map Inf to the NaN scale; later torchao versions do). A NaN in the block gives the NaN scale code 0xFF.
+``"rceil"`` is refused: torchao 0.18.0 computes it with a floating ``log2`` whose rounding near powers of two is
+the device's, and later versions changed the rule (:class:`BlockQuantizeError`).
+
+Each element is ``fp32(x / d)`` rounded to nearest, ties to even, saturating at the format's largest finite value
+(the OCP rule for normal values above the maximum; ±Inf saturates too), where ``d = 2**(code - 127)``, except:
+scale code 0 divides by 2**-126 (torchao clamps the fp32 divisor to the smallest normal, so such a block
+dequantises to half its value with the stored scale 2**-127: torchao's behaviour, kept); the NaN scale divides by
++Inf (finite elements give signed zeros).
+
+**NVFP4** (:func:`quantize_nvfp4`; e2m1 elements, UE4M3 scales per 16, an optional fp32 global scale ``g``).
+``b = fp32(amax / 6)``. Without a global scale: ``s = e4m3(clamp(b, 2**-6, 448))`` and the elements are
+``e2m1(clamp(fp32(x * fp32(1 / s)), -6, 6))``. With one: ``s = e4m3(clamp(fp32(b / g), 2**-6, 448))`` and the
+elements are ``e2m1(clamp(fp32(x * fp32(fp32(1 / g) / s)), -6, 6))``. The dynamic global scale (torchao's
+``per_tensor_amax_to_scale``) is ``g = fp32(amax_tensor / 2688)`` (2688 = 448 * 6). Each cast rounds to nearest
+even; the clamps precede it. A NaN amax gives the NaN scale 0x7F; a zero global scale (an all-zero tensor with the
+dynamic choice) gives NaN scales, as torchao computes them. The dequantised value is ``e2m1 * s * g``; ``g`` goes
+into ``_scaled_mm``'s alpha (the product of both operands' global scales).
+
+**Special element codes.** A negative value that rounds to zero keeps its sign (code 0x80 for FP8, the sign bit of
+FP6/FP4). NaN elements (only in a NaN-scale block; the block decodes to NaN whatever its codes) get the code 0x7F
+in FP8 and 0 in FP6/FP4, which have no NaN; torchao leaves those FP6/FP4 codes unspecified and keeps the NaN's
+sign in FP8.
+
+Everything is computed in IEEE fp32 on the CPU (numpy), after widening bf16/fp16 inputs exactly, which is what
+torchao's eager torch operations compute on any device; results go back to the input's device. Refused on a CPU
+thread in flush-to-zero mode.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from . import formats, scale_layout
+from .errors import MmaemuError
+
+__all__ = ["MX_FORMATS", "SCALING_MODES", "BlockQuantized", "BlockQuantizeError", "quantize_mx", "quantize_nvfp4",
+           "nvfp4_global_scale", "round_to_format", "dequantize_blocks"]
+
+MX_FORMATS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1")
+SCALING_MODES = ("floor", "ceil", "even")
+MX_BLOCK, NVFP4_BLOCK = 32, 16
+#: Exponent of the largest power of two of each element format (torchao's ``*_MAX_POW2``).
+EMAX_ELEM = {"e4m3": 8, "e5m2": 15, "e2m3": 2, "e3m2": 4, "e2m1": 2}
+E8M0_BIAS, E8M0_NAN = 127, 0xFF
+UE4M3_MIN, UE4M3_MAX = np.float32(2.0 ** -6), np.float32(448.0)
+FP4_MAX = np.float32(6.0)
+NVFP4_GLOBAL_DIVISOR = np.float32(448.0 * 6.0)
+_FP32_MANT_BITS = 23
+_SMALLEST_NORMAL_CODE = 1  # the fp32 divisor of scale code 0 (torchao clamps 2**-127 to 2**-126)
+
+
+class BlockQuantizeError(MmaemuError, ValueError):
+    """A block quantisation mmaemu does not model or an input it cannot quantise."""
+
+
+class BlockQuantized(NamedTuple):
+    """A block-quantised tensor.
+
+    ``codes``: element codes [..., K] (FP8 as float8 tensors or uint8 arrays, FP6 as uint8), FP4 packed two per
+    byte, low nibble first, [..., K / 2] (``torch.float4_e2m1fn_x2`` for torch inputs). ``scales``: one code per
+    block [..., K / block] (``float8_e8m0fnu`` / ``float8_e4m3fn`` tensors, or uint8 arrays), or, when
+    ``swizzled``, the flat 32_4_4 buffer of the scales viewed as [rows, K / block] (:mod:`mmaemu.scale_layout`).
+    ``global_scale``: NVFP4's fp32 per-tensor scale (None for MX and single-level NVFP4).
+    """
+
+    codes: object
+    scales: object
+    fmt: str
+    scale_fmt: str
+    block_size: int
+    global_scale: Optional[float]
+    swizzled: bool
+    shape: tuple
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rounding onto an element grid
+
+
+def _positive_grid(fmt):
+    """(values, codes) of the format's finite non-negative codes in increasing order (codes increase with value)."""
+    table = formats.values(fmt)
+    size = 1 << (formats.CODE_BITS[fmt] - 1)
+    codes = np.arange(size)
+    codes = codes[np.isfinite(table[:size])]
+    return table[codes], codes
+
+
+_GRIDS = {fmt: _positive_grid(fmt) for fmt in MX_FORMATS}
+
+
+def round_to_format(y, fmt):
+    """uint8 codes of fp32 values ``y`` rounded to nearest, ties to the even code, saturating at ±max (±Inf too).
+
+    A value rounding to zero keeps its sign bit; NaN gives 0x7F in FP8 and code 0 in FP6/FP4 (no NaN there).
+    FP4 codes are one per element (pack them with :func:`mmaemu.formats.pack_fp4`).
+    """
+    grid, grid_codes = _GRIDS[fmt]
+    y = np.asarray(y, np.float32)
+    magnitude = np.abs(y).astype(np.float64)
+    nan = np.isnan(y)
+    magnitude = np.where(nan, 0.0, np.minimum(magnitude, grid[-1]))
+    upper = np.minimum(np.searchsorted(grid, magnitude, side="left"), grid.size - 1)  # grid[upper] >= magnitude
+    lower = np.maximum(upper - 1, 0)
+    # The midpoint of two adjacent grid values is exact in float64, so the comparisons are exact.
+    midpoint = (grid[lower] + grid[upper]) / 2
+    tie_to_upper = (magnitude == midpoint) & (grid_codes[upper] % 2 == 0)
+    take_upper = (grid[upper] == magnitude) | (magnitude > midpoint) | tie_to_upper
+    index = np.where(take_upper, upper, lower)
+    codes = grid_codes[index].astype(np.uint8)
+    sign = np.signbit(y) & ~nan
+    codes = codes | (sign.astype(np.uint8) << (formats.CODE_BITS[fmt] - 1))
+    nan_code = 0x7F if formats.CODE_BITS[fmt] == 8 else 0
+    return np.where(nan, np.uint8(nan_code), codes).astype(np.uint8)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Inputs and outputs
+
+
+def _input_blocks(x, block, name):
+    """(fp32 blocks [..., K / block, block], original shape, torch device or None) of a torch tensor or array."""
+    device = None
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise BlockQuantizeError(f"{name}: x must be float32, bfloat16 or float16, got {x.dtype}")
+        device = x.device
+        values = x.detach().to("cpu", torch.float32).numpy()
+    else:
+        values = np.asarray(x)
+        if values.dtype not in (np.float32, np.float16):
+            raise BlockQuantizeError(f"{name}: numpy x must be float32 or float16, got {values.dtype}")
+        values = values.astype(np.float32)
+    if values.ndim < 1 or values.shape[-1] % block:
+        raise BlockQuantizeError(f"{name}: the last axis of x (shape {values.shape}) must be a multiple of the "
+                                 f"block size {block}; pad K first")
+    from .plan.flush import check_no_flush_to_zero
+
+    check_no_flush_to_zero()
+    return values.reshape(values.shape[:-1] + (-1, block)), values.shape, device
+
+
+def _block_amax(blocks):
+    """max |x| per block in fp32; NaN where the block holds a NaN (torch.amax propagates NaN)."""
+    return np.max(np.abs(blocks), axis=-1)
+
+
+def _output(codes, scales, fmt, scale_fmt, block, global_scale, shape, device, swizzle):
+    """Pack FP4, swizzle the scales on request, and return torch tensors on ``device`` for torch inputs."""
+    if fmt == "e2m1":
+        codes = formats.pack_fp4(codes)
+    if swizzle:
+        rows = int(np.prod(scales.shape[:-1])) if scales.ndim > 1 else 1
+        scales = scale_layout.to_blocked(scales.reshape(rows, scales.shape[-1]))
+    if device is not None:
+        import torch
+
+        code_dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2,
+                      "e2m1": getattr(torch, "float4_e2m1fn_x2", torch.uint8)}.get(fmt, torch.uint8)
+        scale_dtype = torch.float8_e8m0fnu if scale_fmt == "ue8m0" else torch.float8_e4m3fn
+        codes = torch.from_numpy(np.ascontiguousarray(codes)).view(code_dtype).to(device)
+        scales = torch.from_numpy(np.ascontiguousarray(scales)).view(scale_dtype).to(device)
+    return BlockQuantized(codes, scales, fmt, scale_fmt, block, global_scale, bool(swizzle), tuple(shape))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# MX
+
+
+def _scale_exponent(amax, fmt, mode):
+    """Unclamped E of the module rule from the fp32 bits of amax (NaN handled by the caller)."""
+    bits = amax.astype(np.float32).view(np.uint32).astype(np.int64)
+    if mode == "even":
+        # Round the significand to MANT_BITS[fmt] fraction bits, ties away from zero; a carry bumps the exponent.
+        bits = (bits + (1 << (_FP32_MANT_BITS - formats.MANT_BITS[fmt] - 1))) & ~((1 << _FP32_MANT_BITS) - 1)
+    exponent = ((bits >> _FP32_MANT_BITS) & 0xFF) - E8M0_BIAS
+    if mode == "ceil":
+        exponent = exponent + ((bits & ((1 << _FP32_MANT_BITS) - 1)) != 0)
+    return exponent
+
+
+def mx_scale_codes(amax, fmt="e4m3", scaling_mode="floor"):
+    """UE8M0 scale codes (uint8) of fp32 block amaxes (module rule)."""
+    _check_mx(fmt, scaling_mode)
+    amax = np.asarray(amax, np.float32)
+    unbiased = np.clip(_scale_exponent(amax, fmt, scaling_mode) - EMAX_ELEM[fmt], -E8M0_BIAS, E8M0_BIAS)
+    return np.where(np.isnan(amax), E8M0_NAN, unbiased + E8M0_BIAS).astype(np.uint8)
+
+
+def _mx_divisors(scale_codes):
+    """The fp32 divisor of each scale code: 2**(code - 127), 2**-126 for code 0, +Inf for the NaN code."""
+    field = np.maximum(scale_codes.astype(np.uint32), _SMALLEST_NORMAL_CODE)
+    return (field << _FP32_MANT_BITS).view(np.float32)
+
+
+def _check_mx(fmt, scaling_mode):
+    if fmt not in MX_FORMATS:
+        raise BlockQuantizeError(f"quantize_mx: element format {fmt!r} is not an MX format; expected one of "
+                                 f"{MX_FORMATS}")
+    if scaling_mode == "rceil":
+        raise BlockQuantizeError(
+            "quantize_mx: scaling_mode='rceil' is not modelled (torchao 0.18.0 derives it with a floating log2 "
+            "whose rounding near powers of two depends on the device, and later torchao versions changed the "
+            "rule); use 'floor' (the OCP MX specification's rule), 'ceil' or 'even'")
+    if scaling_mode not in SCALING_MODES:
+        raise BlockQuantizeError(f"quantize_mx: unknown scaling_mode {scaling_mode!r}; expected one of "
+                                 f"{SCALING_MODES}")
+
+
+def quantize_mx(x, fmt="e4m3", *, scaling_mode="floor", block_size=MX_BLOCK, swizzle=False) -> BlockQuantized:
+    """MX quantisation of ``x`` [..., K] along its last axis (module rule; torchao 0.18.0 ``to_mx``).
+
+    ``fmt``: the element format ("e4m3", "e5m2" for MXFP8, "e2m3", "e3m2" for MXFP6, "e2m1" for MXFP4).
+    ``swizzle=True`` returns the scales in the 32_4_4 layout of the scales viewed as [prod(leading dims),
+    K / 32], as ``_scaled_mm`` takes them on sm_100. Only blocks of 32 (the OCP and sm_100 block) are modelled.
+    """
+    _check_mx(fmt, scaling_mode)
+    if block_size != MX_BLOCK:
+        raise BlockQuantizeError(f"quantize_mx: block_size={block_size!r} is not modelled; MX uses blocks of "
+                                 f"{MX_BLOCK}")
+    blocks, shape, device = _input_blocks(x, MX_BLOCK, "quantize_mx")
+    scale_codes = mx_scale_codes(_block_amax(blocks), fmt, scaling_mode)
+    with np.errstate(all="ignore"):
+        scaled = blocks / _mx_divisors(scale_codes)[..., None]
+    codes = round_to_format(scaled, fmt).reshape(shape)
+    return _output(codes, scale_codes, fmt, "ue8m0", MX_BLOCK, None, shape, device, swizzle)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# NVFP4
+
+
+def nvfp4_global_scale(x) -> float:
+    """torchao's dynamic NVFP4 global scale of a tensor: ``fp32(max|x| / 2688)`` (``per_tensor_amax_to_scale``);
+    NaN when x holds a NaN."""
+    blocks, _, _ = _input_blocks(x, 1, "nvfp4_global_scale")
+    amax = np.float32(np.max(np.abs(blocks))) if blocks.size else np.float32(0.0)
+    with np.errstate(all="ignore"):
+        return float(np.float32(amax / NVFP4_GLOBAL_DIVISOR))
+
+
+def _e4m3_scale_codes(values):
+    """UE4M3 codes of fp32 block scales: clamp to [2**-6, 448], then round to nearest even (NaN -> 0x7F)."""
+    clamped = np.where(np.isnan(values), values, np.clip(values, UE4M3_MIN, UE4M3_MAX))
+    return round_to_format(clamped, "e4m3")
+
+
+def quantize_nvfp4(x, *, global_scale="dynamic", swizzle=False) -> BlockQuantized:
+    """NVFP4 quantisation of ``x`` [..., K] along its last axis (module rule; torchao 0.18.0 ``nvfp4_quantize``).
+
+    ``global_scale``: "dynamic" (torchao's ``per_tensor_amax_to_scale`` of x, :func:`nvfp4_global_scale`), a
+    number (an fp32 value, e.g. a calibrated one), or None (single-level scaling). ``swizzle`` as in
+    :func:`quantize_mx`.
+    """
+    blocks, shape, device = _input_blocks(x, NVFP4_BLOCK, "quantize_nvfp4")
+    if isinstance(global_scale, str):
+        if global_scale != "dynamic":
+            raise BlockQuantizeError(f"quantize_nvfp4: global_scale must be 'dynamic', a number or None, got "
+                                     f"{global_scale!r}")
+        global_scale = nvfp4_global_scale(x)
+    elif global_scale is not None:
+        global_scale = float(np.float32(float(global_scale)))
+    with np.errstate(all="ignore"):
+        block_scale = np.float32(_block_amax(blocks) / FP4_MAX)
+        if global_scale is None:
+            scale_codes = _e4m3_scale_codes(block_scale)
+            reciprocal = np.float32(1.0) / _ue4m3_values(scale_codes)
+        else:
+            g = np.float32(global_scale)
+            scale_codes = _e4m3_scale_codes(np.float32(block_scale / g))
+            reciprocal = (np.float32(1.0) / g) / _ue4m3_values(scale_codes)
+        scaled = blocks * reciprocal.astype(np.float32)[..., None]
+    clamped = np.where(np.isnan(scaled), scaled, np.clip(scaled, -FP4_MAX, FP4_MAX))
+    codes = round_to_format(clamped, "e2m1").reshape(shape)
+    return _output(codes, scale_codes, "e2m1", "ue4m3", NVFP4_BLOCK, global_scale, shape, device, swizzle)
+
+
+def _ue4m3_values(codes):
+    return formats.decode_scales(codes, "ue4m3").astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Dequantisation (exact, for inspection and tests)
+
+
+def dequantize_blocks(q: BlockQuantized) -> np.ndarray:
+    """float64 values [..., K] of a :class:`BlockQuantized`: element * block scale (* global scale), exact except
+    where the product leaves float64's range; NaN scales give NaN blocks."""
+    codes, scales = _as_uint8(q.codes), _as_uint8(q.scales)
+    if q.fmt == "e2m1":
+        codes = formats.unpack_fp4(codes)
+    shape = q.shape
+    blocks_per_row = shape[-1] // q.block_size
+    if q.swizzled:
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        scales = scale_layout.from_blocked(scales, rows, blocks_per_row)
+    scales = scales.reshape(shape[:-1] + (blocks_per_row, 1))
+    values = formats.decode(codes.reshape(shape[:-1] + (blocks_per_row, q.block_size)), q.fmt)
+    result = values * formats.decode_scales(scales, q.scale_fmt)
+    if q.global_scale is not None:
+        result = result * q.global_scale
+    return result.reshape(shape)
+
+
+def _as_uint8(array):
+    if type(array).__module__.startswith("torch"):
+        import torch
+
+        return array.detach().cpu().contiguous().view(torch.uint8).numpy()
+    return np.asarray(array, np.uint8)

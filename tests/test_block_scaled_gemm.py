@@ -1,0 +1,162 @@
+"""Block-scaled GEMMs (semantics.md b.5): every output one chain of the instruction along K. The CPU fast path, the
+reference loop and ``model.dot``'s chains give the same bits on random and adversarial inputs (the whole UE8M0 /
+UE4M3 scale range, the NaN scale code, zero blocks, FP4/FP6 operands, overflow and underflow)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import mmaemu
+from mmaemu import formats
+from mmaemu.cpu.block_scaled import BlockScaledGemm, _run_fast_blocks, accumulate_block_scaled
+from test_mmasim_block_scale import make_cases
+
+FORMATS = ("e5m2", "e4m3", "e3m2", "e2m3", "e2m1")
+SCALED_KINDS = [("tcgen05_mxf4nvf4", 16, "ue4m3"), ("tcgen05_mxf4nvf4", 16, "ue8m0"),
+                ("tcgen05_mxf4nvf4", 32, "ue8m0"), ("sm120_mxf4nvf4", 16, "ue4m3")]
+
+
+def _preset(name):
+    return mmaemu.get_preset(name, warn=False)
+
+
+def _operands(fmt_a, fmt_b, M, N, K, block, scale_fmt, seed):
+    """A [M, K], B [N, K] codes and their scales: rows of the adversarial case kinds of the MMA-Sim test."""
+    a = make_cases(fmt_a, fmt_b, K, block, scale_fmt, M, seed)
+    b = make_cases(fmt_b, fmt_a, K, block, scale_fmt, N, seed + 1)
+    return a.a, b.a, a.sa, b.sa
+
+
+def _dot_chains(preset, fmt_a, fmt_b, a, b, sa, sb, scale_fmt):
+    """model.dot over every (m, n) pair: the instruction-level chain of each output from +0."""
+    M, N = a.shape[0], b.shape[0]
+    rows_a, rows_b = np.repeat(a, N, axis=0), np.tile(b, (M, 1))
+    srows_a, srows_b = np.repeat(sa, N, axis=0), np.tile(sb, (M, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mmaemu.ExperimentalPresetWarning)
+        out = mmaemu.model.dot(torch.from_numpy(rows_a), torch.from_numpy(rows_b), torch.zeros(M * N),
+                               preset=preset, fmt=(fmt_a, fmt_b), scale_a=torch.from_numpy(srows_a),
+                               scale_b=torch.from_numpy(srows_b), scale_fmt=scale_fmt)
+    return out.numpy().view(np.uint32).reshape(M, N)
+
+
+def _check(preset_name, fmt_a, fmt_b, M, N, K, block, scale_fmt, seed):
+    preset = _preset(preset_name)
+    a, b, sa, sb = _operands(fmt_a, fmt_b, M, N, K, block, scale_fmt, seed)
+    fast = accumulate_block_scaled(a, b, fmt_a, fmt_b, sa, sb, scale_fmt, preset).view(np.uint32)
+    ref = accumulate_block_scaled(a, b, fmt_a, fmt_b, sa, sb, scale_fmt, preset, reference=True).view(np.uint32)
+    dot = _dot_chains(preset, fmt_a, fmt_b, a, b, sa, sb, scale_fmt)
+    for name, other in (("reference", ref), ("model.dot", dot)):
+        bad = np.argwhere(fast != other)
+        assert not bad.size, (f"{preset_name} {fmt_a}x{fmt_b}: {len(bad)} of {M * N} outputs differ from {name}; "
+                              f"first {bad[0].tolist()}: fast {fast[tuple(bad[0])]:08X}, {name} "
+                              f"{other[tuple(bad[0])]:08X}")
+    return fast
+
+
+@pytest.mark.parametrize("fmt_a", FORMATS)
+@pytest.mark.parametrize("fmt_b", FORMATS)
+def test_mxf8f6f4_gemm_fast_equals_reference_and_dot(fmt_a, fmt_b):
+    _check("tcgen05_mxf8f6f4", fmt_a, fmt_b, 11, 37, 128, 32, "ue8m0", seed=hash((fmt_a, fmt_b)) % 1000)
+
+
+@pytest.mark.parametrize("preset,block,scale_fmt", SCALED_KINDS)
+def test_mxf4nvf4_gemm_equals_reference_and_dot(preset, block, scale_fmt):
+    _check(preset, "e2m1", "e2m1", 9, 21, 192, block, scale_fmt, seed=block)
+
+
+def test_sm120_mxf8f6f4_gemm_and_outputs_that_leave_the_fast_path():
+    out = _check("sm120_mxf8f6f4", "e4m3", "e5m2", 23, 70, 96, 32, "ue8m0", seed=7)
+    bits = out.reshape(-1)
+    assert (bits == 0x7FFFFFFF).any()  # NaN scales and NaN elements reached some outputs
+    assert np.isinf(bits.view(np.float32)).any()  # and overflow others
+
+
+def test_k_must_be_whole_instructions():
+    preset = _preset("tcgen05_mxf8f6f4")
+    a = np.zeros((2, 48), np.uint8)
+    with pytest.raises(ValueError, match="scales"):
+        accumulate_block_scaled(a, a, "e4m3", "e4m3", np.zeros((2, 2), np.uint8), np.zeros((2, 2), np.uint8),
+                                "ue8m0", preset)
+    a = np.zeros((2, 16), np.uint8)
+    with pytest.raises(ValueError, match="K = 16 is not a whole number of 'mx16' instructions"):
+        accumulate_block_scaled(a, a, "e4m3", "e4m3", np.zeros((2, 1), np.uint8), np.zeros((2, 1), np.uint8),
+                                "ue8m0", _preset("tcgen05_mxf8f6f4").variant("mx16", scale_kinds=((16, "ue8m0"),)))
+
+
+@pytest.mark.parametrize("fmt_a,fmt_b", [("e4m3", "e4m3"), ("e5m2", "e2m1"), ("e3m2", "e2m3")])
+def test_the_fast_path_alone_covers_finite_inputs_over_the_whole_scale_range(fmt_a, fmt_b):
+    """Finite elements and scales 2**-127 .. 2**127 (no NaN code): the tiles compute every output that stays
+    below 2**128 themselves, subnormal and zero results included, and equal the reference."""
+    rng = np.random.default_rng(5)
+    M, N, K = 13, 40, 256
+    a = rng.choice(np.flatnonzero(~formats.nonfinite_codes(fmt_a)), (M, K)).astype(np.uint8)
+    b = rng.choice(np.flatnonzero(~formats.nonfinite_codes(fmt_b)), (N, K)).astype(np.uint8)
+    a[:, 64:96] = 0  # a zero block
+    sa = rng.integers(0, 255, (M, K // 32)).astype(np.uint8)
+    sb = rng.integers(0, 255, (N, K // 32)).astype(np.uint8)
+    sa[:6], sb[:20] = rng.integers(45, 53, (6, K // 32)), rng.integers(45, 53, (20, K // 32))  # near 2**-140
+    gemm = BlockScaledGemm(a, b, fmt_a, fmt_b, sa, sb, "ue8m0", _preset("tcgen05_mxf8f6f4"))
+    fast = np.zeros((M, N), np.float32)
+    handed_over = _run_fast_blocks(gemm, fast)
+    ref = accumulate_block_scaled(a, b, fmt_a, fmt_b, sa, sb, "ue8m0", gemm.preset, reference=True)
+    covered = ~handed_over
+    assert covered.mean() > 0.2  # the rest reach 2**128 (random scale sums up to 2**254)
+    assert np.array_equal(fast.view(np.uint32)[covered], ref.view(np.uint32)[covered])
+    finite = np.abs(ref[covered])
+    assert (finite < 2.0 ** -126).any() and (finite > 2.0 ** 60).any()
+
+
+@pytest.mark.parametrize("preset,block,scale_fmt", [("tcgen05_mxf4nvf4", 16, "ue4m3"), ("sm120_mxf4nvf4", 32, "ue8m0")])
+def test_the_group_fast_path_alone_covers_finite_nvfp4_inputs(preset, block, scale_fmt):
+    """kind::mxf4nvf4 tiles: zero groups, cancelling groups, zero UE4M3 scales, the whole scale range (no NaN code)
+    give the reference's bits without a hand-over."""
+    rng = np.random.default_rng(8)
+    M, N, K = 9, 36, 192
+    a, b = rng.integers(0, 16, (M, K)).astype(np.uint8), rng.integers(0, 16, (N, K)).astype(np.uint8)
+    a[:, 16:32] = 0  # a zero group
+    a[:3, 48:64], b[:, 48:64] = 1, 1  # all products 0.25 ...
+    a[:3, 56:64] = 9  # ... half of them -0.25: a group that cancels to zero
+    top = 0x7F if scale_fmt == "ue4m3" else 0xFF
+    sa, sb = (rng.integers(0, top, (rows, K // block)).astype(np.uint8) for rows in (M, N))
+    if scale_fmt == "ue8m0":
+        sa, sb = sa // 4 + 96, sb // 4 + 96  # 2**-31 .. 2**32: no result reaches 2**128
+    gemm = BlockScaledGemm(a, b, "e2m1", "e2m1", sa, sb, scale_fmt, _preset(preset))
+    fast = np.zeros((M, N), np.float32)
+    handed_over = _run_fast_blocks(gemm, fast)
+    ref = accumulate_block_scaled(a, b, "e2m1", "e2m1", sa, sb, scale_fmt, gemm.preset, reference=True)
+    assert not handed_over.any()
+    assert np.array_equal(fast.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("preset,fmt,K,block,scale_fmt", [("tcgen05_mxf8f6f4", "e4m3", 128, 32, "ue8m0"),
+                                                          ("tcgen05_mxf8f6f4", "e2m3", 96, 32, "ue8m0"),
+                                                          ("tcgen05_mxf4nvf4", "e2m1", 128, 16, "ue4m3")])
+def test_gemm_equals_chains_of_the_fraction_oracle(preset, fmt, K, block, scale_fmt):
+    """Every output of a small GEMM (finite data, scales from 2**-40 to 2**40) equals the chain of the design
+    note's instruction rules computed with fractions (tests/test_block_scaled.py's oracle)."""
+    from test_block_scaled import oracle_mxf4, oracle_mxf8
+
+    rng = np.random.default_rng(17)
+    M, N = 3, 8
+    finite = np.flatnonzero(~formats.nonfinite_codes(fmt))
+    a, b = rng.choice(finite, (M, K)).astype(np.uint8), rng.choice(finite, (N, K)).astype(np.uint8)
+    a[0, :block] = 0  # a zero block at the start of a chain
+    if scale_fmt == "ue8m0":
+        sa, sb = (rng.integers(87, 168, (rows, K // block)).astype(np.uint8) for rows in (M, N))
+    else:
+        sa, sb = (rng.integers(0, 0x7F, (rows, K // block)).astype(np.uint8) for rows in (M, N))
+    out = accumulate_block_scaled(a, b, fmt, fmt, sa, sb, scale_fmt, _preset(preset)).view(np.uint32)
+    k = _preset(preset).nfma
+    for m in range(M):
+        for n in range(N):
+            c = 0
+            for i in range(K // k):
+                x, y = a[m, i * k:(i + 1) * k], b[n, i * k:(i + 1) * k]
+                s, t = sa[m, i * k // block:(i + 1) * k // block], sb[n, i * k // block:(i + 1) * k // block]
+                c = oracle_mxf8(x, y, s, t, c, fmt, fmt) if k == 32 else oracle_mxf4(x, y, s, t, c, block, scale_fmt)
+            assert int(out[m, n]) == c, (m, n, f"{int(out[m, n]):08X}", f"{c:08X}")
