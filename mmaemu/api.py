@@ -10,11 +10,13 @@ emulation.
 
 from __future__ import annotations
 
+import numpy
 import torch
 
 from ._untraced import untraced
 from .context import for_call
-from .plan.planner import CallPlan, explain_scaled_mm, plan_accumulate, plan_scaled_mm
+from .plan.cache import cached_plan_accumulate, cached_plan_scaled_mm
+from .plan.planner import CallPlan, explain_scaled_mm
 from .warn import edge
 
 __all__ = ["scaled_mm", "accumulate", "explain", "CallPlan"]
@@ -28,8 +30,10 @@ def _codes_rows(t: torch.Tensor) -> "numpy.ndarray":  # noqa: F821
     return t.detach().contiguous().view(torch.uint8).cpu().numpy()
 
 
-def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b: str, fast: bool) -> torch.Tensor:
-    """fp32 accumulators [M, N] of a [M, K] times b_rows [N, K]^T on the tensors' device."""
+def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b: str, fast: bool,
+                 weights=None) -> torch.Tensor:
+    """fp32 accumulators [M, N] of a [M, K] times b_rows [N, K]^T on the tensors' device. ``weights``: where the
+    fast CPU engine keeps B's prepared panels between calls (:mod:`mmaemu.cpu.prepared`), or None."""
     device = a.device
     split = plan.split
     if plan.backend.startswith("cuda"):
@@ -39,14 +43,29 @@ def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b:
                                        split.scheme)
     from .cpu import accumulate_codes
 
-    acc = accumulate_codes(_codes_rows(a), _codes_rows(b_rows), fmt_a, fmt_b, plan.preset, fast, split.S,
-                           split.scheme, reference=plan.backend == "reference",
-                           cpu_engine=None if plan.cpu_engine is None else plan.cpu_engine.engine)
-    return torch.from_numpy(acc).to(device)
+    b_codes = _codes_rows(b_rows)
+    reference = plan.backend == "reference"
+    engine = None if plan.cpu_engine is None else plan.cpu_engine.engine
+    prepared = None
+    if (weights is not None and not reference and engine == "tile" and b_codes.size >= _PREPARED_MIN_CODES
+            and device.type == "cpu"):
+        from .cpu.engine import TILE
+
+        prepared = weights.prepared(TILE, fmt_b, b_rows, b_codes)
+    acc = accumulate_codes(_codes_rows(a), b_codes, fmt_a, fmt_b, plan.preset, fast, split.S, split.scheme,
+                           reference=reference, cpu_engine=engine, prepared_b=prepared)
+    acc = torch.from_numpy(acc)
+    return acc if device.type == "cpu" else acc.to(device)
+
+
+# A B of fewer codes is decoded at each call: its decode (about 2 ns a code) costs less than finding and checking
+# its kept panels.
+_PREPARED_MIN_CODES = 1 << 14
 
 
 def _scale_bits(scale) -> int:
-    return int(scale.detach().reshape(()).view(torch.int32).item()) & 0xFFFFFFFF
+    """The fp32 bit pattern of a one-element fp32 scale, read once through numpy (no float conversion)."""
+    return int(scale.detach().cpu().numpy().reshape(-1).view(numpy.uint32)[0])
 
 
 def _epilogue(acc: torch.Tensor, call) -> torch.Tensor:
@@ -66,10 +85,10 @@ def _epilogue(acc: torch.Tensor, call) -> torch.Tensor:
 
     out_name = str(call.out_dtype).replace("torch.", "")
     scale_result = _scale_bits(call.scale_result) if call.scale_result is not None else None
-    bits = epilogue_codes(acc.cpu().numpy(), _scale_bits(call.scale_a), _scale_bits(call.scale_b), scale_result,
-                          out_name)
+    acc_values = acc.numpy() if acc.device.type == "cpu" else acc.cpu().numpy()
+    bits = epilogue_codes(acc_values, _scale_bits(call.scale_a), _scale_bits(call.scale_b), scale_result, out_name)
     result = torch.from_numpy(bits).view(_BITS_DTYPE[out_name]).view(call.out_dtype)
-    return result.to(acc.device)
+    return result if acc.device.type == "cpu" else result.to(acc.device)
 
 
 _ONE_F32_BITS = 0x3F800000
@@ -193,13 +212,22 @@ def scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_d
     or SplitKUnknownError where mmaemu cannot reproduce the call exactly: it never approximates.
     """
     with edge():  # the warnings of the call are emitted here, at the caller's line
-        plan = plan_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out=out,
-                              profile=profile, splitk=splitk, backend=backend, context=for_call())
-        return run_scaled_mm_plan(plan)
+        plan = cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum,
+                                     out=out, profile=profile, splitk=splitk, backend=backend)
+        return run_scaled_mm_plan(plan, weights=_process_weights())
 
 
-def run_scaled_mm_plan(plan):
-    """Compute a planned scaled_mm call (:func:`mmaemu.plan.planner.plan_scaled_mm`): the result, or ``out``."""
+def _process_weights():
+    """The process-wide store of prepared B (:data:`mmaemu.cpu.prepared.WEIGHTS`)."""
+    from .cpu.prepared import WEIGHTS
+
+    return WEIGHTS
+
+
+def run_scaled_mm_plan(plan, weights=None):
+    """Compute a planned scaled_mm call (:func:`mmaemu.plan.planner.plan_scaled_mm`): the result, or ``out``.
+    ``weights``: where the CPU engine keeps mat2's prepared panels between calls (:mod:`mmaemu.cpu.prepared`:
+    the process-wide store, a layer's slot), or None (decoded for this call only)."""
     call = plan.call
     if plan.action == "out-unchanged":
         return call.out
@@ -207,7 +235,7 @@ def run_scaled_mm_plan(plan):
         return _deliver(torch.zeros((call.M, call.N), dtype=call.out_dtype, device=call.device), call.out)
     if call.block_scaled is not None:
         return _deliver(_block_scaled_epilogue(_block_scaled_accumulator(plan), call), call.out)
-    acc = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum)
+    acc = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum, weights)
     if call.rowwise:
         return _deliver(_rowwise_epilogue(acc, call), call.out)
     return _deliver(_epilogue(acc, call), call.out)
@@ -222,8 +250,8 @@ def accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="au
     decision is keyed as a standard-layout call with output dtype ``out_dtype_for_split``.
     """
     with edge():
-        plan = plan_accumulate(a, b, use_fast_accum=use_fast_accum, profile=profile, splitk=splitk, backend=backend,
-                               out_dtype_for_split=out_dtype_for_split, context=for_call())
+        plan = cached_plan_accumulate(a, b, use_fast_accum=use_fast_accum, profile=profile, splitk=splitk,
+                                      backend=backend, out_dtype_for_split=out_dtype_for_split)
         call = plan.call
         if plan.action == "zeros":
             return torch.zeros((call.M, call.N), dtype=torch.float32, device=call.device)

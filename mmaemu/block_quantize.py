@@ -39,6 +39,11 @@ even; the clamps precede it. A NaN amax gives the NaN scale 0x7F; a zero global 
 dynamic choice) gives NaN scales, as torchao computes them. The dequantised value is ``e2m1 * s * g``; ``g`` goes
 into ``_scaled_mm``'s alpha (the product of both operands' global scales).
 
+**Zero blocks and subnormals.** An all-zero MX block takes scale code 0 (2**-127) and zero elements; an all-zero
+NVFP4 block the smallest clamped scale 2**-6 (code 0x08) and zero elements. Subnormal element values are kept
+(gradual underflow onto the format's subnormal grid, rounded to nearest even like the normals), and fp32-subnormal
+inputs are exact operands throughout.
+
 **Special element codes.** A negative value that rounds to zero keeps its sign (code 0x80 for FP8, the sign bit of
 FP6/FP4). NaN elements (only in a NaN-scale block; the block decodes to NaN whatever its codes) get the code 0x7F
 in FP8 and 0 in FP6/FP4, which have no NaN; torchao leaves those FP6/FP4 codes unspecified and keeps the NaN's
@@ -51,6 +56,7 @@ thread in flush-to-zero mode.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -58,8 +64,8 @@ import numpy as np
 from . import formats, scale_layout
 from .errors import MmaemuError
 
-__all__ = ["MX_FORMATS", "SCALING_MODES", "BlockQuantized", "BlockQuantizeError", "quantize_mx", "quantize_nvfp4",
-           "nvfp4_global_scale", "round_to_format", "dequantize_blocks"]
+__all__ = ["MX_FORMATS", "SCALING_MODES", "BlockQuantized", "BlockQuantizeError", "quantize_mx", "mx_scale_codes",
+           "quantize_nvfp4", "nvfp4_global_scale", "round_to_format", "dequantize_blocks"]
 
 MX_FORMATS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1")
 SCALING_MODES = ("floor", "ceil", "even")
@@ -287,6 +293,9 @@ def quantize_nvfp4(x, *, global_scale="dynamic", swizzle=False) -> BlockQuantize
         global_scale = nvfp4_global_scale(x)
     elif global_scale is not None:
         global_scale = float(np.float32(float(global_scale)))
+        if not (math.isfinite(global_scale) and global_scale > 0):
+            raise BlockQuantizeError(f"quantize_nvfp4: a given global_scale must be positive and finite in fp32, "
+                                     f"got {global_scale!r}; use 'dynamic' or None")
     with np.errstate(all="ignore"):
         block_scale = np.float32(_block_amax(blocks) / FP4_MAX)
         if global_scale is None:

@@ -20,8 +20,8 @@ from . import device_facts, environment
 from ._version import __version__
 from .context import Context
 
-__all__ = ["INFO_FORMAT", "NO_CUDA_REASON", "build_info", "cuda_disabled_value", "cuda_unusable",
-           "environment_problems", "error_text", "jsonable"]
+__all__ = ["INFO_FORMAT", "NO_CUDA_REASON", "build_info", "cuda_disabled_value", "cuda_driver_absent",
+           "cuda_unusable", "environment_problems", "error_text", "jsonable"]
 
 INFO_FORMAT = "mmaemu-info/1"
 NO_CUDA_REASON = "no CUDA device visible to torch"
@@ -87,6 +87,21 @@ def cuda_unusable(ordinal: Optional[int]) -> Optional[str]:
     if ordinal is not None and not 0 <= ordinal < count:
         return f"CUDA device {ordinal} does not exist ({count} device(s) visible to torch)"
     return None
+
+
+def cuda_driver_absent() -> bool:
+    """True when CUDA is disabled (MMAEMU_DISABLE_CUDA) or no CUDA driver library (libcuda) loads: then
+    :func:`cuda_unusable` gives a reason for every device, since torch reaches the GPU only through libcuda, and
+    asking torch (an import of seconds) can be skipped. False does not mean that a device is usable."""
+    if cuda_disabled_value() is not None:
+        return True
+    from .platform import cublaslt
+
+    try:
+        cublaslt._load_libcuda()
+    except cublaslt.CublasLtError:  # no candidate path loads
+        return True
+    return False
 
 
 # ================================================================================================================

@@ -20,8 +20,8 @@ import os
 import types
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
-__all__ = ["EnvVar", "VARIABLES", "NAMES", "Snapshot", "snapshot", "parse_bool", "set_variables", "problems",
-           "unread_count"]
+__all__ = ["EnvVar", "VARIABLES", "NAMES", "Snapshot", "snapshot", "texts", "parse_bool", "set_variables",
+           "problems", "unread_count"]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -154,6 +154,12 @@ def snapshot(environ: Optional[Mapping[str, str]] = None) -> Snapshot:
         except ValueError as exc:
             invalid[var.name] = str(exc)
     return Snapshot(types.MappingProxyType(raw), types.MappingProxyType(invalid), types.MappingProxyType(values))
+
+
+def texts() -> Tuple[Optional[str], ...]:
+    """The raw text of every variable of :data:`VARIABLES` (None when unset), in declaration order: what
+    :func:`snapshot` parses, read without parsing (a key of everything the variables can decide, for caches)."""
+    return tuple(map(os.environ.get, NAMES))
 
 
 def set_variables() -> Dict[str, str]:

@@ -109,6 +109,10 @@ class EmulatedFP8Linear(torch.nn.Module):
     """
 
     recipe = "tensorwise"  # the FP8 recipe (from_linear's recipe=; mmaemu.nn_recipes holds the others)
+    #: On the CPU the layer keeps its weight's decoded panels from the first forward on (6 bytes per weight
+    #: element with the tile engine; :mod:`mmaemu.cpu.prepared`), used only while the weight's codes are
+    #: byte-identical to those decoded. Set it to False (on the class or a layer) to decode at every call.
+    keep_prepared_weight = True
 
     def __init__(self, weight_fp8, weight_scale_inv, *, input_scale=None, input_scale_inv=None, bias=None,
                  profile=None, pad_m_to=None, use_fast_accum=True, out_dtype=None, splitk="auto",
@@ -257,20 +261,36 @@ class EmulatedFP8Linear(torch.nn.Module):
         """The layer's output for ``x`` [..., in_features]. Excluded from ``torch.compile`` tracing: dynamo breaks
         the graph at the layer and runs it eagerly (also under ``torch.inference_mode()``), so a compiled model gets
         the eager bits; ``fullgraph=True`` refuses it, naming this break."""
-        from .api import scaled_mm
-
         x_fp8, M, lead, s_inv = self._gemm_arguments(x)
         out_dtype = self._output_dtype(x)
         try:
-            y = scaled_mm(x_fp8, self.weight.t(), s_inv, self.weight_scale_inv, out_dtype=out_dtype,
-                          use_fast_accum=self.use_fast_accum, profile=self.profile, splitk=self.splitk,
-                          backend=self.backend)
+            y = self._gemm(x_fp8, s_inv, out_dtype)
         except SplitKUnknownError as error:
             raise _undecided_layer_error(self, error) from None
         y = y[:M]
         if self.bias is not None:
             y = y + self.bias.to(out_dtype)
         return y.reshape(lead + (self.out_features,))
+
+    def _gemm(self, x_fp8, s_inv, out_dtype):
+        """``mmaemu.scaled_mm`` of the layer, with the weight's prepared panels kept in the layer's slot
+        (:class:`mmaemu.cpu.prepared.WeightSlot`; see ``keep_prepared_weight``)."""
+        from .api import run_scaled_mm_plan
+        from .plan.cache import cached_plan_scaled_mm
+        from .warn import edge
+
+        weights = None
+        if self.keep_prepared_weight:
+            weights = self.__dict__.get("_prepared_weight")
+            if weights is None:
+                from .cpu.prepared import WeightSlot
+
+                weights = self.__dict__["_prepared_weight"] = WeightSlot()
+        with edge():  # as in mmaemu.scaled_mm: the call's warnings at the caller's line
+            plan = cached_plan_scaled_mm(x_fp8, self.weight.t(), s_inv, self.weight_scale_inv, out_dtype=out_dtype,
+                                         use_fast_accum=self.use_fast_accum, profile=self.profile,
+                                         splitk=self.splitk, backend=self.backend)
+            return run_scaled_mm_plan(plan, weights=weights)
 
     def explain(self, x):
         """The :class:`mmaemu.CallPlan` of the GEMM this layer would run for input ``x`` (nothing computed)."""

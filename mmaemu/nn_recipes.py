@@ -8,7 +8,10 @@
   (``per_token_cast_to_fp8``), the GEMM by :func:`mmaemu.deepgemm.fp8_gemm_nt` with bf16 output;
 * ``"rowwise"``: :class:`RowwiseFP8Linear`, torchao's row-wise float8 recipe: the weight cast once per output
   channel and every input per row (:func:`mmaemu.quantize.quantize_rowwise`, power-of-two scales), the GEMM by
-  :func:`mmaemu.scaled_mm` with (M, 1) and (1, N) scales, which torch 2.7.1 runs on its CUTLASS row-wise kernel.
+  :func:`mmaemu.scaled_mm` with (M, 1) and (1, N) scales, which torch 2.7.1 runs on its CUTLASS row-wise kernel;
+* ``"mxfp8"`` and ``"nvfp4"`` (experimental): :class:`MXFP8Linear` and :class:`NVFP4Linear`, torchao 0.18.0's MX
+  and NVFP4 inference recipes: weight and inputs cast per block of K (:mod:`mmaemu.block_quantize`), the GEMM by
+  :func:`mmaemu.scaled_mm` with swizzled block scales on the B200 profile ``b200-mx-experimental``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ._untraced import untraced
-from .errors import UnsupportedFeatureError
+from .errors import ExperimentalPresetWarning, UnsupportedFeatureError
 from .platform.splitk import asks_one_split
 
 # torch.compile never traces a recipe layer: its casts must run eagerly to give the bits they give (docs/api.md).
@@ -239,7 +242,215 @@ class RowwiseFP8Linear(torch.nn.Module):
                 f"use_fast_accum={self.use_fast_accum}")
 
 
-RECIPES = {"blockwise": BlockwiseFP8Linear, "rowwise": RowwiseFP8Linear}
+class _BlockScaledLinear(torch.nn.Module):
+    """The block-scaled recipes (:class:`MXFP8Linear`, :class:`NVFP4Linear`): torchao 0.18.0's inference casts and
+    ``_scaled_mm`` call, computed by :func:`mmaemu.scaled_mm` on a block-scaled profile (default
+    ``b200-mx-experimental``). Experimental: the casts are modelled from torchao's source, the GEMM from MMA-Sim's
+    instructions; nothing was recorded on a B200 (docs/limitations.md). Inference only; inputs float32 or bfloat16
+    (the dtypes torchao casts).
+
+    Buffers: ``weight`` (the weight's element codes), ``weight_scale`` (its block scales in plain layout [out_features,
+    in_features / block]; swizzled per call), ``weight_global_scale`` (NVFP4 only) and ``bias``.
+    """
+
+    recipe = None
+    block = None
+    weight_dtype = scale_dtype = None
+
+    def __init__(self, weight, weight_scale, *, weight_global_scale=None, bias=None, profile=None, backend="auto",
+                 out_dtype=None):
+        super().__init__()
+        weight_dtype, scale_dtype = getattr(torch, self.weight_dtype), getattr(torch, self.scale_dtype)
+        packing = 2 if self.recipe == "nvfp4" else 1
+        if not isinstance(weight, torch.Tensor) or weight.dtype != weight_dtype or weight.dim() != 2:
+            raise TypeError(f"weight must be a 2-D {self.weight_dtype} tensor [out_features, in_features"
+                            f"{' / 2' if packing == 2 else ''}]")
+        self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1]) * packing
+        blocks = (self.out_features, self.in_features // self.block)
+        if not isinstance(weight_scale, torch.Tensor) or weight_scale.dtype != scale_dtype or \
+                tuple(weight_scale.shape) != blocks:
+            raise ValueError(f"weight_scale must be a {self.scale_dtype} tensor of shape {blocks} (one per "
+                             f"{self.block} elements of in_features, plain layout)")
+        allowed = (None, torch.bfloat16) if self.recipe == "mxfp8" else (None,)
+        if out_dtype not in allowed:
+            raise UnsupportedFeatureError(f"recipe={self.recipe!r} returns {self._output_text}, not {out_dtype}")
+        self.profile = profile if profile is not None else _BLOCK_SCALED_PROFILE
+        from .platform.block_scaled import refusal
+        from .platform.profiles import get_profile
+
+        refused = refusal(get_profile(self.profile))  # an unknown name raises KeyError here, as scaled_mm would
+        if refused:
+            raise UnsupportedFeatureError(f"recipe={self.recipe!r}: {refused}")
+        self.backend, self.out_dtype = backend, out_dtype
+        self.register_buffer("weight", weight.detach().contiguous())
+        self.register_buffer("weight_scale", weight_scale.detach().contiguous())
+        if self.recipe == "nvfp4":
+            if not isinstance(weight_global_scale, torch.Tensor) or weight_global_scale.dtype != torch.float32 or \
+                    weight_global_scale.numel() != 1:
+                raise ValueError("weight_global_scale must be a one-element float32 tensor (NVFP4's per-tensor scale)")
+            self.register_buffer("weight_global_scale", weight_global_scale.detach().reshape(()))
+        if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (self.out_features,)):
+            raise ValueError(f"bias must be a tensor of shape ({self.out_features},)")
+        self.register_buffer("bias", None if bias is None else bias.detach().to(weight.device))
+        from .warn import Notice, report
+
+        report([Notice(ExperimentalPresetWarning, self._maturity, ("nn recipe", self.recipe))])
+
+    @classmethod
+    def from_linear(cls, linear, *, profile=None, input_scale=None, pad_m_to=None, use_fast_accum=True,
+                    out_dtype=None, splitk="auto", backend="auto", weight_scale=None):
+        """Cast a ``torch.nn.Linear``'s weight once along in_features, as torchao 0.18.0 casts it.
+
+        Takes the options of :meth:`mmaemu.nn.EmulatedFP8Linear.from_linear`; ``input_scale`` and ``weight_scale``
+        raise (the recipe's scales are per block, computed by its casts), ``splitk`` must be "auto" or 1 (the
+        profile never splits K), ``profile`` must be a block-scaled one (default ``b200-mx-experimental``).
+        ``use_fast_accum`` and ``pad_m_to`` change nothing: torchao's ``_scaled_mm`` calls leave
+        ``use_fast_accum=False``, and rows are independent.
+        """
+        for name, value in (("input_scale", input_scale), ("weight_scale", weight_scale)):
+            if value is not None:
+                raise UnsupportedFeatureError(f"recipe={cls.recipe!r} takes no {name}=: its scales are one per block "
+                                              f"of {cls.block} elements, computed by torchao's casts")
+        if not asks_one_split(splitk):
+            raise UnsupportedFeatureError(f"recipe={cls.recipe!r} has no split-K (the profile "
+                                          f"{_BLOCK_SCALED_PROFILE!r} computes one chain per output, splitk=1)")
+        weight = linear.weight.detach()
+        if weight.dim() != 2 or weight.shape[1] % cls.k_multiple:
+            raise UnsupportedFeatureError(f"recipe={cls.recipe!r} needs in_features to be a multiple of "
+                                          f"{cls.k_multiple}, got weight shape {tuple(weight.shape)}")
+        bias = getattr(linear, "bias", None)
+        return cls(*cls._cast_weight(weight), bias=None if bias is None else bias.detach(), profile=profile,
+                   backend=backend, out_dtype=out_dtype)
+
+    def _input_rows(self, x):
+        rows = _inference_rows(self, x)
+        if rows.dtype not in (torch.float32, torch.bfloat16):
+            raise UnsupportedFeatureError(f"recipe={self.recipe!r} casts float32 or bfloat16 inputs (torchao's), "
+                                          f"got {rows.dtype}")
+        return rows
+
+    def _scaled_mm_options(self, out_dtype):
+        return dict(out_dtype=out_dtype, use_fast_accum=False, profile=self.profile, splitk=1,
+                    backend=self.backend)
+
+    @untraced(reason=_GRAPH_BREAK_REASON)
+    def forward(self, x):
+        from .api import scaled_mm
+
+        args, options, finish = self._gemm(x)
+        y = finish(scaled_mm(*args, **options))
+        return y.reshape(tuple(x.shape[:-1]) + (self.out_features,))
+
+    def explain(self, x):
+        """The :class:`mmaemu.CallPlan` of the layer's GEMM for input ``x`` (its casts run; the GEMM does not)."""
+        from .api import explain
+
+        args, options, _ = self._gemm(x)
+        return explain(*args, **options)
+
+    _apply = BlockwiseFP8Linear._apply
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"recipe={self.recipe!r} (torchao 0.18.0 casts, block-scaled scaled_mm, experimental), "
+                f"profile={getattr(self.profile, 'name', self.profile)!r}")
+
+
+_BLOCK_SCALED_PROFILE = "b200-mx-experimental"
+
+
+class MXFP8Linear(_BlockScaledLinear):
+    """``y = x W^T (+ b)`` as torchao 0.18.0's MXFP8 inference recipe runs on a B200 (experimental, modelled).
+
+    Weight and inputs: :func:`mmaemu.block_quantize.quantize_mx` (E4M3 elements, one UE8M0 scale per 32 elements
+    of in_features, torchao's default ``"floor"`` scale rule). GEMM: ``scaled_mm(x_codes, weight.t(),
+    scale_a=swizzled input scales, scale_b=swizzled weight scales, out_dtype=torch.bfloat16)``, torchao's
+    ``_scaled_mm`` call. The bias is added to the bf16 result in bf16 afterwards: torchao passes it to
+    ``_scaled_mm``, whose fused bias epilogue on a B200 is not modelled, so with a bias the result is that of a
+    model adding it after the GEMM. With ``out_dtype=None`` the layer returns the bf16 result in the input's dtype.
+    """
+
+    recipe, block, k_multiple = "mxfp8", 32, 32
+    weight_dtype, scale_dtype = "float8_e4m3fn", "float8_e8m0fnu"
+    _output_text = "bfloat16 (torchao's _scaled_mm call), or with out_dtype=None the input's dtype"
+    _maturity = ("mmaemu: recipe='mxfp8' is experimental: torchao 0.18.0's MX cast (modelled from its source) and "
+                 "the B200 block-scaled GEMM of profile 'b200-mx-experimental' (modelled, not recorded); a bias is "
+                 "added after the GEMM (docs/limitations.md)")
+
+    @staticmethod
+    def _cast_weight(weight):
+        from .block_quantize import quantize_mx
+
+        q = quantize_mx(weight, "e4m3")
+        return q.codes, q.scales
+
+    def _gemm(self, x):
+        from .block_quantize import quantize_mx
+        from .scale_layout import to_blocked
+
+        q = quantize_mx(self._input_rows(x), "e4m3", swizzle=True)
+        args = (q.codes, self.weight.t(), q.scales, to_blocked(self.weight_scale))
+        out_dtype = x.dtype if self.out_dtype is None else self.out_dtype
+
+        def finish(y):
+            if self.bias is not None:
+                y = y + self.bias.to(torch.bfloat16)
+            return y.to(out_dtype)
+
+        return args, self._scaled_mm_options(torch.bfloat16), finish
+
+
+class NVFP4Linear(_BlockScaledLinear):
+    """``y = x W^T (+ b)`` as torchao 0.18.0's NVFP4 inference recipe (dynamic per-tensor scales) runs on a B200
+    (experimental, modelled).
+
+    Weight and inputs: :func:`mmaemu.block_quantize.quantize_nvfp4` with the dynamic global scale (E2M1 elements,
+    one UE4M3 scale per 16 elements of in_features, fp32 ``max|t| / 2688`` per tensor). GEMM, as torchao's
+    ``_addmm_nvfp4_dispatch``: ``scaled_mm(x_codes, weight.t(), scale_a=swizzled input scales,
+    scale_b=swizzled weight scales, out_dtype=the input's dtype)`` (no global scale inside the GEMM), then the result
+    times ``fp32(g_x * g_w)`` converted to the input's dtype, then plus the bias in the input's dtype: each one
+    torch operation, exactly as torchao computes them.
+    """
+
+    recipe, block, k_multiple = "nvfp4", 16, 64
+    weight_dtype, scale_dtype = "float4_e2m1fn_x2", "float8_e4m3fn"
+    _output_text = "the input's dtype (torchao's out_dtype); use out_dtype=None"
+    _maturity = ("mmaemu: recipe='nvfp4' is experimental: torchao 0.18.0's NVFP4 cast (modelled from its source) "
+                 "and the B200 block-scaled GEMM of profile 'b200-mx-experimental' (modelled, not recorded) "
+                 "(docs/limitations.md)")
+
+    @staticmethod
+    def _cast_weight(weight):
+        from .block_quantize import quantize_nvfp4
+
+        q = quantize_nvfp4(weight, global_scale="dynamic")
+        return q.codes, q.scales, torch.tensor(q.global_scale, dtype=torch.float32, device=weight.device)
+
+    def __init__(self, weight, weight_scale, weight_global_scale=None, **options):
+        super().__init__(weight, weight_scale, weight_global_scale=weight_global_scale, **options)
+
+    def _gemm(self, x):
+        from .block_quantize import quantize_nvfp4
+        from .scale_layout import to_blocked
+
+        rows = self._input_rows(x)
+        q = quantize_nvfp4(rows, global_scale="dynamic", swizzle=True)
+        args = (q.codes, self.weight.t(), q.scales, to_blocked(self.weight_scale))
+        dtype = rows.dtype
+        scale_result = torch.tensor(q.global_scale, dtype=torch.float32, device=rows.device) * \
+            self.weight_global_scale.to(rows.device)
+
+        def finish(y):
+            y = y * scale_result.to(dtype)
+            if self.bias is not None:
+                y = y + self.bias.to(dtype)
+            return y
+
+        return args, self._scaled_mm_options(dtype), finish
+
+
+RECIPES = {"blockwise": BlockwiseFP8Linear, "rowwise": RowwiseFP8Linear, "mxfp8": MXFP8Linear,
+           "nvfp4": NVFP4Linear}
 
 
 def recipe_layer(recipe):

@@ -16,11 +16,9 @@ _RULE = "mmaemu computes only on dense (strided) tensors with data on the CPU or
 
 def require_dense(caller: str, name: str, tensor) -> None:
     """TypeError("<caller>: <name> is a sparse_coo / nested ... tensor; ...") unless ``tensor`` is strided."""
-    import torch
-
     if tensor.is_nested:
         what, way_out = "a nested tensor", "pass its components one by one (tensor.unbind())"
-    elif tensor.layout != torch.strided:
+    elif str(tensor.layout) != "torch.strided":  # by name: no torch import for an operand descriptor
         what, way_out = f"a {str(tensor.layout).replace('torch.', '')} tensor", "pass tensor.to_dense()"
     else:
         return

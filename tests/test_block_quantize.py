@@ -5,6 +5,7 @@ itself where it is installed."""
 from bisect import bisect_left
 from fractions import Fraction
 import math
+import os
 
 import numpy as np
 import pytest
@@ -205,7 +206,7 @@ def as_floats(array):
 @pytest.mark.parametrize("mode", bq.SCALING_MODES)
 @pytest.mark.parametrize("fmt", bq.MX_FORMATS)
 def test_mx_matches_the_derivation(fmt, mode):
-    for rows in (random_rows(hash((fmt, mode)) % 1000), adversarial_rows(fmt)):
+    for rows in (random_rows(bq.MX_FORMATS.index(fmt) * 10 + bq.SCALING_MODES.index(mode)), adversarial_rows(fmt)):
         q = bq.quantize_mx(rows, fmt, scaling_mode=mode)
         codes, scales = oracle_mx(as_floats(rows), fmt, mode)
         np.testing.assert_array_equal(q.scales, scales, err_msg=f"{fmt} {mode} scales")
@@ -263,6 +264,9 @@ def test_refusals():
         bq.quantize_mx(torch.zeros(1, 32, dtype=torch.float64))
     with pytest.raises(bq.BlockQuantizeError, match="global_scale"):
         bq.quantize_nvfp4(np.zeros((1, 16), np.float32), global_scale="amax")
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(bq.BlockQuantizeError, match="positive and finite"):
+            bq.quantize_nvfp4(np.zeros((1, 16), np.float32), global_scale=bad)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -305,11 +309,23 @@ def test_nvfp4_special_values():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# torchao itself (when installed: pip install --no-deps torchao==0.18.0)
+# torchao itself (when installed: pip install --no-deps torchao==0.18.0; MMAEMU_TEST_REQUIRE_TORCHAO=1 turns the
+# skip into a failure)
+
+TORCHAO_VERSION = "0.18.0"
 
 
 def _torchao():
-    pytest.importorskip("torchao")
+    required = os.environ.get("MMAEMU_TEST_REQUIRE_TORCHAO") == "1"
+    try:
+        import torchao
+    except ImportError as error:
+        if required:
+            pytest.fail(f"MMAEMU_TEST_REQUIRE_TORCHAO=1 but torchao does not import: {error}")
+        pytest.skip("torchao is not installed (pip install --no-deps torchao==0.18.0)")
+    if torchao.__version__.split("+")[0] != TORCHAO_VERSION:
+        message = f"the rules are pinned to torchao {TORCHAO_VERSION}, installed: {torchao.__version__}"
+        pytest.fail(message) if required else pytest.skip(message)
     from torchao.prototype.mx_formats import config, mx_tensor, nvfp4_tensor
 
     return config, mx_tensor, nvfp4_tensor
@@ -348,3 +364,34 @@ def test_nvfp4_equals_torchao(two_level):
         assert q.global_scale == float(pts)
     np.testing.assert_array_equal(q.scales.view(torch.uint8).numpy(), scales.view(torch.uint8).numpy())
     np.testing.assert_array_equal(q.codes.view(torch.uint8).numpy(), data.view(torch.uint8).numpy())
+
+
+def test_flush_to_zero_mode_is_refused():
+    """Subnormal fp32 amaxes and quotients would be flushed: refused with the cast's error, computing nothing."""
+    from mmaemu.errors import MmaemuError
+
+    x = np.full((1, 32), 2.0 ** -140, np.float32)
+    want = bq.quantize_mx(x, "e4m3").codes
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        for call in (lambda: bq.quantize_mx(x, "e4m3"), lambda: bq.quantize_nvfp4(x)):
+            with pytest.raises(MmaemuError, match=r"set_flush_denormal\(False\)"):
+                call()
+    finally:
+        torch.set_flush_denormal(False)
+    np.testing.assert_array_equal(bq.quantize_mx(x, "e4m3").codes, want)
+
+
+@pytest.mark.parametrize("fmt", bq.MX_FORMATS)
+def test_rounding_at_every_grid_point_tie_and_neighbour(fmt):
+    """Every grid value, every midpoint of two neighbours and the fp32 values one ulp either side of them, both
+    signs, beyond the maximum, and the fp32 subnormals."""
+    values, _ = GRIDS[fmt]
+    points = [float(v) for v in values] + [float((a + b) / 2) for a, b in zip(values, values[1:])]
+    points += [float(values[-1]) * 1.5, float(values[-1]) * 2, 3e38, math.inf, 2.0 ** -149, 2.0 ** -130]
+    y = np.array(points, np.float32)
+    y = np.concatenate([y, np.nextafter(y, np.float32(np.inf)), np.nextafter(y, np.float32(0))])
+    y = np.concatenate([y, -y])
+    want = [rne_saturate(exact(float(v)) if v != 0 else float(v), fmt) for v in y]
+    np.testing.assert_array_equal(bq.round_to_format(y, fmt), np.array(want, np.uint8))

@@ -88,7 +88,7 @@ def entry(folder, pattern):
 def test_damaged_entries_are_recompiled_with_one_warning_then_repaired(warm_copy):
     for data in warm_copy.rglob("gemm.accumulate_*.nbc"):  # the GEMM loops' compiled code
         os.truncate(data, 100)
-    entry(warm_copy, "gemm.nonfinite_rows-*.nbi").write_bytes(os.urandom(300))
+    entry(warm_copy, "gemm.decode_panel-*.nbi").write_bytes(os.urandom(300))
     report, warnings = run_child(child_env(warm_copy))
     assert report["result"] == 64.0 and report["misses"] == 2
     assert len(warnings) == 1 and "mmaemu ignores the compiled-code cache entry" in warnings[0]
@@ -152,8 +152,8 @@ def test_read_only_populated_cache_is_loaded_not_recompiled(warm_copy):
 
 
 def plant(folder):
-    """An index of the child's nonfinite loop whose unpickling would create ``folder/PWNED`` (valid checksum)."""
-    index = entry(folder, "gemm.nonfinite_rows-*.nbi")
+    """An index of the child's panel decode loop whose unpickling would create ``folder/PWNED`` (valid checksum)."""
+    index = entry(folder, "gemm.decode_panel-*.nbi")
 
     class Payload:
         def __reduce__(self):

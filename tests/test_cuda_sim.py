@@ -22,6 +22,7 @@ Both workers start at once (this file run as a script) and the tests read their 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -48,26 +49,35 @@ PRESET_NFMA = {"hopper": 32, "ada": 16}
 # Workers (run as: python tests/test_cuda_sim.py sim|ptx)
 
 
-# The self-test cases the offset kernel runs under the simulator (256 simulated threads per block make each run take
-# seconds): both presets fast and slow, every split scheme with an empty split and a padding tile, every format
-# pair, adversarial operands, NaN/Inf codes. The reference kernel runs all of them.
-OFFSET_CASES = ("random hopper fast", "random ada fast, ragged K", "adversarial ada slow",
-                "hopper contiguous S=4 fast, empty split",
-                "hopper contiguous S=3 slow e4m3 x e5m2", "ada serial S=3 fast, padding tile",
-                "ada pairwise S=5 slow e5m2 x e4m3", "hopper slow e5m2 x e5m2", "NaN/Inf e5m2 x e4m3 hopper slow",
-                "NaN/Inf e4m3 x e5m2 ada serial S=2", "b200_mma_sync fast")
+# The offset kernel under the simulator costs about its thread count times its stages (each of the 256 threads of a
+# block is a Python thread; the decode kernel packs whole 128- and 64-row thread blocks), whatever M and N up to one
+# block. So each path is reached once, on the fewest stages that reach it: {label: K}. Together they cover both
+# presets fast and slow, both exponent passes (power sums: E4M3 x E4M3; add-max), every format pair, every split
+# scheme (an unsplit fast chain, which is one range from k = 0, and an unsplit slow one), splits that own no tile
+# and tiles past K, splits whose partials are all nonzero (serial and pairwise, K = 96 over 64-wide tiles),
+# adversarial operands, NaN/Inf codes, a stage ragged in K and a block cut short by K (K = 40 for ada's 16-k
+# blocks, 48 for hopper's 32-k ones), and one row of outputs with a split that is not pairwise (the split
+# combination must not touch the slot array). Where another case reaches the same paths a self-test case is left
+# out here (the reference kernel runs all of them); b200_mma_sync is declined by the offset kernel by design.
+OFFSET_CASES = {"random ada fast, ragged K": 40, "hopper contiguous S=4 fast, empty split": 64,
+                "ada serial S=3 fast, padding tile": 96, "ada pairwise S=5 slow e5m2 x e4m3": 96,
+                "hopper slow e5m2 x e5m2": 48, "NaN/Inf e4m3 x e5m2 ada serial S=2": 40, "b200_mma_sync fast": 96}
+ONE_ROW_CASE = "hopper contiguous S=4 fast, empty split"  # run on a 1 x 3 output
+
+
+def _offset_case(case):
+    """The offset kernel's version of a shrunk self-test case: K of OFFSET_CASES, one row for ONE_ROW_CASE."""
+    rows, cols = (1, 3) if case.label == ONE_ROW_CASE else (case.M, case.N)
+    return dataclasses.replace(case, M=rows, N=cols, K=OFFSET_CASES[case.label])
 
 
 def _gemm_cases():
-    """(case, kernels) pairs of the simulator run: every self-test case shrunk on the reference kernel, those of
-    OFFSET_CASES on the offset kernel too, and one single-row split GEMM on the offset kernel."""
+    """(case, kernel) pairs of the simulator run: every self-test case shrunk on the reference kernel, those of
+    OFFSET_CASES on the offset kernel."""
     from mmaemu.cuda import selftest
 
-    cases = [(c.shrunk(), ("simple", "offset") if c.label in OFFSET_CASES else ("simple",))
-             for c in selftest.GEMM_CASES]
-    # One row of outputs with a split that is not pairwise: the split combination must not touch the slot array.
-    return cases + [(selftest.GemmCase("offset one row, hopper contiguous S=2 fast", "hopper", "e4m3", "e4m3", True,
-                                       2, "contiguous", 1, 3, 64, "random", 108), ("offset",))]
+    shrunk = [c.shrunk() for c in selftest.GEMM_CASES]
+    return [(c, "simple") for c in shrunk] + [(_offset_case(c), "offset") for c in shrunk if c.label in OFFSET_CASES]
 
 
 def _run_gemm(kernel, case, report):
@@ -107,8 +117,8 @@ def _panels(report):
     from mmaemu.model.presets import get_preset
 
     limits = (launch.MAX_GRID_Y, launch.PANEL_BYTES)
-    K = 72  # 18 groups of four k: more than MAX_GRID_Y x DECODE_BLOCK[1] = 16, ragged in its last stage
-    launch.MAX_GRID_Y, launch.PANEL_BYTES = 2, launch.PACKED_BYTES * 96 * 64  # panels of 64 rows (Kp = 96)
+    K = 40  # 10 groups of four k: more than MAX_GRID_Y x DECODE_BLOCK[1] = 8, ragged in its last stage
+    launch.MAX_GRID_Y, launch.PANEL_BYTES = 1, launch.PACKED_BYTES * 64 * 64  # panels of 64 rows (Kp = 64)
     try:
         case = selftest.GemmCase("offset panels, pairwise S=2 hopper slow", "hopper", "e4m3", "e4m3", False, 2,
                                  "pairwise", offset_kernel.BLOCK_M + 3, offset_kernel.BLOCK_N + 5, K, "adversarial",
@@ -161,9 +171,8 @@ def _sim_worker():
 
     report = {"gemm": [], "skipped": [], "implementation": shim.cuda_implementation(),
               "offset_block": [offset_kernel.BLOCK_M, offset_kernel.BLOCK_N]}
-    for case, kernels in _gemm_cases():
-        for kernel in kernels:
-            _run_gemm(kernel, case, report)
+    for case, kernel in _gemm_cases():
+        _run_gemm(kernel, case, report)
     start = time.perf_counter()
     passed, details = selftest.run_epilogue_cases(engine.epilogue_numpy, size="tiny")
     report["epilogue"] = {"passed": passed, "cases": len(details), "bad": [d for d in details if d["mismatches"]][:3],
@@ -267,6 +276,9 @@ def test_simulated_kernels_equal_cpu_reference(workers):
     assert {r["data"] for r in offset} == {"random", "adversarial", "nonfinite"}
     assert {r["method"] for r in offset} == {"add-max", "power sums"}  # both exponent passes (both kernels)
     assert any("empty split" in r["case"] for r in offset) and any("padding tile" in r["case"] for r in offset)
+    assert any(r["shape"][0] == 1 and r["splits"] > 1 and r["scheme"] != "pairwise" for r in offset)
+    assert any(r["shape"][2] % 32 for r in offset)  # a stage ragged in K
+    assert {r["case"] for r in offset} | {s["case"] for s in report["skipped"]} == set(OFFSET_CASES)
     assert [(s["kernel"], s["preset"]) for s in report["skipped"]] == [("offset", "b200_mma_sync")]
     assert all(max(r["shape"][:2]) <= 4 and r["shape"][2] <= 96 for r in runs)
 

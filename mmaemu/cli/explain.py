@@ -1,5 +1,6 @@
-"""``mmaemu explain``: what scaled_mm would do with an [M, K] x [K, N] call, from :func:`mmaemu.explain` on zero
-operands of that shape (exit 0 valid, 1 the call would raise, 4 the device is unusable or explain cannot run)."""
+"""``mmaemu explain``: what scaled_mm would do with an [M, K] x [K, N] call, the plan of :func:`mmaemu.explain` for
+operands of that shape (descriptors on the CPU, so that no torch is imported; zero tensors on a CUDA device) (exit 0
+valid, 1 the call would raise, 4 the device is unusable or explain cannot run)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import click
 
 from .. import diagnostics
 from ..diagnostics import error_text, jsonable
-from .operands import FP8_DTYPES, OUT_DTYPES, explain_call
+from .operands import CPU, FP8_DTYPES, OUT_DTYPES, explain_call
 from .output import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, emit, json_option, line
 
 EXPLAIN_FORMAT = "mmaemu-explain/1"
@@ -44,17 +45,21 @@ def _parse_device(ctx, param, value: str):
 
 
 def _resolve_device(spec: str):
-    """(torch device, None) or (None, why unusable); "auto" is the current CUDA device, else the CPU."""
-    import torch
+    """(device, None) or (None, why unusable); "auto" is the current CUDA device, else the CPU.
 
-    if spec == "cpu":
-        return torch.device("cpu"), None
+    The CPU is :data:`~.operands.CPU`, a device descriptor: a CPU call is planned on operand descriptors, without
+    importing torch (seconds of start-up). torch is imported only to ask for a CUDA device, and for "auto" only
+    where a CUDA driver is installed."""
+    if spec == "cpu" or (spec == "auto" and diagnostics.cuda_driver_absent()):
+        return CPU, None
     ordinal = int(spec.partition(":")[2]) if ":" in spec else None
     why = diagnostics.cuda_unusable(ordinal)
     if why is not None:
         if spec == "auto":
-            return torch.device("cpu"), None
+            return CPU, None
         return None, why
+    import torch
+
     return torch.device("cuda", torch.cuda.current_device() if ordinal is None else ordinal), None
 
 

@@ -1,5 +1,7 @@
-"""The operands ``mmaemu explain`` hands to :func:`mmaemu.explain`: zero tensors with the shape, strides, dtype,
-device and alignment of a call, that need no memory when they are large (explain reads no element).
+"""The operands ``mmaemu explain`` plans a call on: on the CPU, operand descriptors (the shape, strides, dtype and
+device of each tensor, :mod:`mmaemu.plan.descriptors`), so that explaining needs no torch; on a CUDA device, zero
+tensors with the shape, strides, dtype, device and alignment of the call, that need no memory when they are large
+(explain reads no element).
 
 No click here: this is library logic that ``mmaemu explain`` needs and the library does not offer yet.
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 import warnings
 
 from .. import formats
+from ..plan.descriptors import DeviceDescriptor, TorchName, row_major
 
 FP8_DTYPES = formats.TORCH_NAMES
 OUT_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
@@ -16,6 +19,8 @@ OUT_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bflo
 #: Operands up to this many bytes are ordinary zero tensors; larger CPU operands are zero pages mapped read-only
 #: (no memory is committed), larger CUDA operands views of a small allocation (explain never reads them).
 SMALL_OPERAND_BYTES = 64 << 20
+#: The CPU, as explain plans on it: a device descriptor (no torch).
+CPU = DeviceDescriptor("cpu")
 
 
 def zero_rows(rows: int, cols: int, dtype, device):
@@ -65,8 +70,13 @@ def _cuda_view(rows: int, cols: int, dtype, device):
 
 
 def explain_call(M, N, K, a, b, out, fast, scale_a, scale_b, scale_result, profile, splitk, backend, device):
-    """The CallPlan of a scaled_mm call on zero-filled operands of the given shape on ``device`` (``a``, ``b``:
-    keys of FP8_DTYPES; ``out``: a key of OUT_DTYPES or None)."""
+    """The CallPlan of a scaled_mm call with operands of the given shape on ``device`` (``a``, ``b``: keys of
+    FP8_DTYPES; ``out``: a key of OUT_DTYPES or None): operand descriptors on a device descriptor (the CPU), else
+    zero-filled torch tensors. Both describe a contiguous input [M, K], a mat2 [K, N] that is the transpose of a
+    contiguous [N, K] and one-element float32 scales, so the plan is the same."""
+    if isinstance(device, DeviceDescriptor):
+        return _explain_described(M, N, K, a, b, out, fast, scale_a, scale_b, scale_result, profile, splitk,
+                                  backend, device)
     import torch
 
     import mmaemu
@@ -80,3 +90,19 @@ def explain_call(M, N, K, a, b, out, fast, scale_a, scale_b, scale_result, profi
             input, mat2, scalar(scale_a), scalar(scale_b), scale_result=None if scale_result is None else
             scalar(scale_result), out_dtype=None if out is None else getattr(torch, OUT_DTYPES[out]),
             use_fast_accum=fast, profile=profile, splitk=splitk, backend=backend)
+
+
+def _explain_described(M, N, K, a, b, out, fast, scale_a, scale_b, scale_result, profile, splitk, backend, device):
+    """explain_call on operand descriptors: the planner reads only metadata, so no torch is imported. The scale
+    values are not part of the plan (explain reads no element), as with the zero tensors of a CUDA call."""
+    from ..plan.planner import explain_scaled_mm
+
+    input = row_major((M, K), TorchName(formats.TORCH_NAMES[a]), device)
+    mat2 = row_major((N, K), TorchName(formats.TORCH_NAMES[b]), device).t()
+    scalar = row_major((), TorchName("float32"), device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # explain records every warning in the plan; do not print them twice
+        return explain_scaled_mm(
+            input, mat2, scalar, scalar, scale_result=None if scale_result is None else scalar,
+            out_dtype=None if out is None else TorchName(OUT_DTYPES[out]), use_fast_accum=fast, profile=profile,
+            splitk=splitk, backend=backend)

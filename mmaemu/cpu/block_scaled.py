@@ -303,12 +303,15 @@ def _run_fast_blocks(gemm: BlockScaledGemm, out):
     row_ranges = threads.job_ranges(row_tiles, TILE_ROWS * lanes * K, threads.num_threads(), repeats=panels)
     decoded = {}
     lock = threading.Lock()
+    # The panel decode also flags rows holding NaN/Inf codes; this path applies its own rule (scales included),
+    # so it asks for no flags (an all-zero table) and drops them.
+    no_nonfinite, unused_flags = np.zeros(256, np.uint8), np.zeros(N, np.bool_)
 
     def panel(p):
         with lock:
             if p not in decoded:
                 val, exp = np.empty((K, lanes), np.float32), np.empty((K, lanes), np.int8)
-                decode_panel(gemm.b, p * lanes, val_b, exp_b, val, exp)
+                decode_panel(gemm.b, p * lanes, val_b, exp_b, no_nonfinite, val, exp, unused_flags)
                 width = min(lanes, N - p * lanes)
                 sexp = np.zeros((b_sexp.shape[1], lanes), np.int32)
                 sexp[:, :width] = b_sexp[p * lanes:p * lanes + width].T

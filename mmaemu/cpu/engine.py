@@ -4,6 +4,7 @@ backend's threads (:mod:`mmaemu.cpu.threads`)."""
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple, Tuple
 
 import numpy as np
 
@@ -15,8 +16,9 @@ from ..arith.rowwise import exact_values, rowwise_epilogue_rows
 from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_decode
 from . import threads
 from .features import CPU_ENGINE_ENV, EngineChoice, choose_cpu_engine, numba_target, offset_call_decline
-from .gemm import (TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, decode_panel, epilogue_gemm,
-                   nonfinite_rows, override_nonfinite)
+from .gemm import (TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, decode_panel, decode_panels,
+                   epilogue_gemm, nonfinite_rows, override_nonfinite)
+from .prepared import Engine
 
 _OUT_VIEW = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16,
              "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
@@ -50,24 +52,51 @@ MAX_LANES = 128
 # about 250 (26 ns against 0.104 ns).
 REFERENCE_PRODUCT_WORK = 25
 EPILOGUE_WORK = 256
+# Decoding one code of a panel costs about 2 ns (design note cpu-simd.md), some 20 products of the fast path.
+PANEL_DECODE_WORK = 20
+
+
+def panel_lanes(N: int) -> int:
+    """Lanes of the fast path's panels of B: as wide as N needs, 16 .. MAX_LANES (a power of two)."""
+    lanes = 16
+    while lanes < MAX_LANES and lanes < N:
+        lanes *= 2
+    return lanes
 
 
 def tile_shape(M: int, N: int, K: int):
     """``(tile_rows, lanes)`` of the fast path: panels as wide as N needs (16 .. 128 lanes), tiles of up to
     TILE_ROWS rows."""
-    lanes = 16
-    while lanes < MAX_LANES and lanes < N:
-        lanes *= 2
-    return min(TILE_ROWS, M), lanes
+    return min(TILE_ROWS, M), panel_lanes(N)
+
+
+# NaN and Inf codes are exactly the codes with ``code & mask == pattern`` (E4M3: S.1111.111; E5M2: S.11111.xx).
+NONFINITE_PATTERN = {"e4m3": (0x7F, 0x7F), "e5m2": (0x7C, 0x7C)}
+
+
+def nonfinite_table(fmt: str) -> np.ndarray:
+    """uint8 [256]: 1 for the NaN and Inf codes of a format (:data:`NONFINITE_PATTERN`), else 0."""
+    if fmt not in _NONFINITE_TABLES:
+        mask, pattern = NONFINITE_PATTERN[fmt]
+        table = ((np.arange(256) & mask) == pattern).astype(np.uint8)
+        table.setflags(write=False)
+        _NONFINITE_TABLES[fmt] = table
+    return _NONFINITE_TABLES[fmt]
+
+
+_NONFINITE_TABLES = {}
 
 
 class DecodedPanels:
     """The panels of B in the tile layout (:func:`mmaemu.cpu.gemm.decode_panel`), each decoded by the first task
     that needs it and dropped after the last one (``uses`` tasks per panel): tasks are handed out panel by panel,
-    so about one panel per thread is held at a time."""
+    so about one panel per thread is held at a time. ``flags[n]``: row n of B holds a NaN or Inf code, found by
+    the decode (complete once every panel was acquired)."""
 
     def __init__(self, b_codes, fmt_b: str, lanes: int, uses: int):
         self._codes, self._tables, self._lanes = b_codes, tile_tables(fmt_b), lanes
+        self._nonfinite = nonfinite_table(fmt_b)
+        self.flags = np.zeros(b_codes.shape[0], np.bool_)
         panels = -(-b_codes.shape[0] // lanes)
         self._locks = [threading.Lock() for _ in range(panels)]
         self._left = [uses] * panels
@@ -78,7 +107,8 @@ class DecodedPanels:
             if panel not in self._decoded:
                 K = self._codes.shape[1]
                 val, exp = np.empty((K, self._lanes), np.float32), np.empty((K, self._lanes), np.int8)
-                decode_panel(self._codes, panel * self._lanes, self._tables[0], self._tables[1], val, exp)
+                decode_panel(self._codes, panel * self._lanes, self._tables[0], self._tables[1], self._nonfinite, val,
+                             exp, self.flags)
                 self._decoded[panel] = val, exp
             return self._decoded[panel]
 
@@ -87,6 +117,58 @@ class DecodedPanels:
             self._left[panel] -= 1
             if not self._left[panel]:
                 del self._decoded[panel]
+
+
+class PreparedB(NamedTuple):
+    """B [N, K] prepared once by an engine, for any number of products with it (:func:`prepare_b`; kept by
+    :mod:`mmaemu.cpu.prepared`). For the tile engine: every panel in the tile layout, ``val`` float32 and ``exp``
+    int8 [panels, K, lanes], and ``nonfinite`` bool [N] (row n holds a NaN or Inf code). It depends only on B's
+    codes, their format and the engine."""
+
+    engine: str
+    fmt: str
+    shape: Tuple[int, int]
+    val: np.ndarray
+    exp: np.ndarray
+    nonfinite: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.val.nbytes + self.exp.nbytes + self.nonfinite.nbytes
+
+
+#: The tile engine's name in prepared data and cache keys (another CPU engine prepares B its own way).
+TILE_ENGINE = "tile"
+
+
+def prepared_b_nbytes(N: int, K: int) -> int:
+    """Bytes of the tile engine's :class:`PreparedB` of a [N, K] B (5 per code of its panels, 1 per row)."""
+    lanes = panel_lanes(N)
+    return -(-N // lanes) * lanes * K * 5 + N
+
+
+def prepare_b(b_codes, fmt_b: str) -> PreparedB:
+    """Decode every panel of B [N, K] (uint8 codes) for the tile engine, in parallel over the panels."""
+    b_codes = np.ascontiguousarray(b_codes, dtype=np.uint8)
+    N, K = b_codes.shape
+    lanes = panel_lanes(N)
+    panels = -(-N // lanes)
+    val, exp = np.empty((panels, K, lanes), np.float32), np.empty((panels, K, lanes), np.int8)
+    flags = np.zeros(N, np.bool_)
+    value_table, exp_table = tile_tables(fmt_b)
+    threads.parallel_for(decode_panels, panels, lanes * K * PANEL_DECODE_WORK, b_codes, value_table, exp_table,
+                         nonfinite_table(fmt_b), val, exp, flags)
+    return PreparedB(TILE_ENGINE, fmt_b, (N, K), val, exp, flags)
+
+
+#: The tile engine as :mod:`mmaemu.cpu.prepared` keeps its prepared B.
+TILE = Engine(TILE_ENGINE, prepare_b, prepared_b_nbytes)
+
+
+def _check_prepared(prepared: PreparedB, b_codes, fmt_b: str) -> None:
+    if prepared.engine != TILE_ENGINE or prepared.fmt != fmt_b or prepared.shape != b_codes.shape:
+        raise ValueError(f"prepared_b was prepared by engine {prepared.engine!r} for a {prepared.fmt} B of shape "
+                         f"{prepared.shape}, not for this {fmt_b} B of shape {b_codes.shape} (tile engine)")
 
 
 def fast_path_tasks(M: int, N: int, K: int, n_threads: int):
@@ -98,25 +180,52 @@ def fast_path_tasks(M: int, N: int, K: int, n_threads: int):
     return [(p, lo * tile_rows, min(hi * tile_rows, M)) for p in range(panels) for lo, hi in row_ranges]
 
 
-def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out):
+def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out, prepared=None):
     """Run the fast path (:func:`mmaemu.cpu.gemm.accumulate_panel_rows`) into ``out`` [M, N] (finite outputs),
-    one call per task of :func:`fast_path_tasks`."""
+    one call per task of :func:`fast_path_tasks`; B's panels from ``prepared`` (:func:`prepare_b`) when given,
+    else decoded as the tasks need them. Returns ``(a_flags, b_flags)``: per row of A and of B, whether it holds
+    a NaN or Inf code, found by the decode passes (no separate scan). A call of one task runs on the calling
+    thread without the task machinery."""
     (M, K), N = a_codes.shape, b_codes.shape[0]
     tile_rows, lanes = tile_shape(M, N, K)
     tasks = fast_path_tasks(M, N, K, threads.num_threads())
-    decoded = DecodedPanels(b_codes, fmt_b, lanes, uses=len(tasks) // -(-N // lanes))
     lane_proto = np.empty(0, np.int32 if lane_bits_needed(preset) == 32 else np.int64)
     fmt = TILE_FORMATS[fmt_a]
+    mask, pattern = NONFINITE_PATTERN[fmt_a]
+    a_flags = np.zeros(M, np.bool_)
+    if prepared is None and len(tasks) == 1:
+        value_table, exp_table = tile_tables(fmt_b)
+        b_val, b_exp = np.empty((K, lanes), np.float32), np.empty((K, lanes), np.int8)
+        b_flags = np.zeros(N, np.bool_)
+        decode_panel(b_codes, 0, value_table, exp_table, nonfinite_table(fmt_b), b_val, b_exp, b_flags)
+        accumulate_panel_rows(0, M, a_codes, fmt, b_val, b_exp, 0, schedule, params, tile_rows, lane_proto, out,
+                              a_flags, mask, pattern)
+        return a_flags, b_flags
+    if prepared is not None:
+        def acquire(panel):
+            return prepared.val[panel], prepared.exp[panel]
+
+        def release(panel):
+            pass
+
+        b_flags = prepared.nonfinite
+    else:
+        decoded = DecodedPanels(b_codes, fmt_b, lanes, uses=len(tasks) // -(-N // lanes))
+        acquire, release, b_flags = decoded.acquire, decoded.release, decoded.flags
 
     def task(panel, m_lo, m_hi):
-        b_val, b_exp = decoded.acquire(panel)
+        b_val, b_exp = acquire(panel)
         try:
             accumulate_panel_rows(m_lo, m_hi, a_codes, fmt, b_val, b_exp, panel * lanes, schedule, params,
-                                  tile_rows, lane_proto, out)
+                                  tile_rows, lane_proto, out, a_flags, mask, pattern)
         finally:
-            decoded.release(panel)
+            release(panel)
 
-    threads.run_tasks(lambda t=t: task(*t) for t in tasks)
+    if len(tasks) == 1:
+        task(*tasks[0])
+    else:
+        threads.run_tasks(lambda t=t: task(*t) for t in tasks)
+    return a_flags, b_flags
 
 
 def cpu_engine_choice(preset, schedule, fmt_a: str, fmt_b: str, requested=None) -> EngineChoice:
@@ -125,10 +234,6 @@ def cpu_engine_choice(preset, schedule, fmt_a: str, fmt_b: str, requested=None) 
     computes the preset, schedule and formats (:func:`mmaemu.cpu.features.offset_call_decline`)."""
     requested = environment.snapshot()[CPU_ENGINE_ENV] if requested is None else requested
     return choose_cpu_engine(requested, numba_target(), offset_call_decline(preset, schedule, fmt_a, fmt_b))
-
-
-# NaN and Inf codes are exactly the codes with ``code & mask == pattern`` (E4M3: S.1111.111; E5M2: S.11111.xx).
-NONFINITE_PATTERN = {"e4m3": (0x7F, 0x7F), "e5m2": (0x7C, 0x7C)}
 
 
 def nonfinite_flags(codes, fmt: str):
@@ -140,13 +245,15 @@ def nonfinite_flags(codes, fmt: str):
 
 
 def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none", *,
-                     reference=False, cpu_engine=None):
+                     reference=False, cpu_engine=None, prepared_b=None):
     """fp32 accumulators [M, N] of A [M, K] times B [N, K]^T given as uint8 FP8 codes (semantics.md (c), (d)).
 
     Every format pair is accepted (E5M2 x E5M2 included); non-finite codes follow the rule of c.4.
     ``reference=True`` runs the straightforward loop (one chain walk per output) instead of the fast path;
     ``cpu_engine`` (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE``) picks the fast path's engine
-    (:func:`cpu_engine_choice`).
+    (:func:`cpu_engine_choice`). ``prepared_b``: B's prepared panels for the tile engine (:class:`PreparedB` from
+    :func:`prepare_b`; the fast path then decodes nothing of B), used only where the tile engine runs; it must have
+    been prepared from these codes (the caller's guarantee: :mod:`mmaemu.cpu.prepared` checks it).
     """
     gemm = codes_gemm(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
     a_codes, b_codes, schedule, params = gemm.a_codes, gemm.b_codes, gemm.schedule, gemm.params
@@ -159,14 +266,19 @@ def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, spl
         jobs = -(-sa.shape[0] // TILE_M) * -(-sb.shape[0] // TILE_N)
         job_work = REFERENCE_PRODUCT_WORK * TILE_M * TILE_N * sa.shape[1]
         threads.parallel_for(accumulate_gemm_reference, jobs, job_work, sa, ea, sb, eb, schedule, params, out)
+        a_flags = nonfinite_flags(a_codes, fmt_a)
+        b_flags = nonfinite_flags(b_codes, fmt_b)
     elif cpu_engine_choice(preset, schedule, fmt_a, fmt_b, cpu_engine).engine == "offset":
         from .offset_engine import accumulate_offset
 
         accumulate_offset(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out)
+        a_flags = nonfinite_flags(a_codes, fmt_a)
+        b_flags = nonfinite_flags(b_codes, fmt_b)
     else:
-        accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out)
-    a_flags = nonfinite_flags(a_codes, fmt_a)
-    b_flags = nonfinite_flags(b_codes, fmt_b)
+        if prepared_b is not None:
+            _check_prepared(prepared_b, b_codes, fmt_b)
+        a_flags, b_flags = accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out,
+                                           prepared_b)
     if a_flags.any() or b_flags.any():
         threads.parallel_for(override_nonfinite, out.shape[0], out.shape[1], a_codes, a_flags,
                              formats.values(fmt_a), b_codes, b_flags, formats.values(fmt_b), out.view(np.int32))

@@ -55,11 +55,12 @@ def decode_rows(codes, m0, rows, fmt, val, exp):
 
 
 @arithmetic
-def decode_panel(codes, n0, val_table, exp_table, val, exp):
+def decode_panel(codes, n0, val_table, exp_table, nonfinite_table, val, exp, flags):
     """Rows n0 .. n0+lanes-1 of B (columns of the product) transposed into the tile layout ``val[k, j]``,
     ``exp[k, j]``; lanes past the last row are zero codes. ``val_table``/``exp_table``: tile_decode of the 256
     codes (engine.tile_tables). Eight rows of codes are read side by side, so that each k writes 8 adjacent
-    lanes."""
+    lanes. The same pass finds the rows holding a NaN or Inf code: ``flags[n]`` (n = n0 .. n0+lanes-1, n < N)
+    is set to whether row n holds a code whose ``nonfinite_table`` entry is 1."""
     N, K = codes.shape
     lanes = val.shape[1]
     flat_val = val.reshape(K * lanes)
@@ -68,31 +69,46 @@ def decode_panel(codes, n0, val_table, exp_table, val, exp):
     while j + 8 <= lanes and n0 + j + 8 <= N:
         r0, r1, r2, r3 = codes[n0 + j], codes[n0 + j + 1], codes[n0 + j + 2], codes[n0 + j + 3]
         r4, r5, r6, r7 = codes[n0 + j + 4], codes[n0 + j + 5], codes[n0 + j + 6], codes[n0 + j + 7]
+        h0 = h1 = h2 = h3 = h4 = h5 = h6 = h7 = np.uint8(0)
         for k in range(K):
             i = k * lanes + j
             c = r0[k]
             flat_val[i], flat_exp[i] = val_table[c], exp_table[c]
+            h0 |= nonfinite_table[c]
             c = r1[k]
             flat_val[i + 1], flat_exp[i + 1] = val_table[c], exp_table[c]
+            h1 |= nonfinite_table[c]
             c = r2[k]
             flat_val[i + 2], flat_exp[i + 2] = val_table[c], exp_table[c]
+            h2 |= nonfinite_table[c]
             c = r3[k]
             flat_val[i + 3], flat_exp[i + 3] = val_table[c], exp_table[c]
+            h3 |= nonfinite_table[c]
             c = r4[k]
             flat_val[i + 4], flat_exp[i + 4] = val_table[c], exp_table[c]
+            h4 |= nonfinite_table[c]
             c = r5[k]
             flat_val[i + 5], flat_exp[i + 5] = val_table[c], exp_table[c]
+            h5 |= nonfinite_table[c]
             c = r6[k]
             flat_val[i + 6], flat_exp[i + 6] = val_table[c], exp_table[c]
+            h6 |= nonfinite_table[c]
             c = r7[k]
             flat_val[i + 7], flat_exp[i + 7] = val_table[c], exp_table[c]
+            h7 |= nonfinite_table[c]
+        flags[n0 + j], flags[n0 + j + 1], flags[n0 + j + 2], flags[n0 + j + 3] = h0 != 0, h1 != 0, h2 != 0, h3 != 0
+        flags[n0 + j + 4], flags[n0 + j + 5], flags[n0 + j + 6], flags[n0 + j + 7] = (h4 != 0, h5 != 0, h6 != 0,
+                                                                                      h7 != 0)
         j += 8
     while j < lanes:
         if n0 + j < N:
             row = codes[n0 + j]
+            hit = np.uint8(0)
             for k in range(K):
                 c = row[k]
                 flat_val[k * lanes + j], flat_exp[k * lanes + j] = val_table[c], exp_table[c]
+                hit |= nonfinite_table[c]
+            flags[n0 + j] = hit != 0
         else:
             for k in range(K):
                 flat_val[k * lanes + j], flat_exp[k * lanes + j] = val_table[0], exp_table[0]
@@ -100,8 +116,17 @@ def decode_panel(codes, n0, val_table, exp_table, val, exp):
 
 
 @arithmetic
+def decode_panels(lo, hi, codes, val_table, exp_table, nonfinite_table, val, exp, flags):
+    """Panels lo .. hi-1 of B decoded by :func:`decode_panel` into ``val[p]``, ``exp[p]`` ([panels, K, lanes]),
+    with the NaN/Inf flags of their rows."""
+    lanes = val.shape[2]
+    for p in range(lo, hi):
+        decode_panel(codes, p * lanes, val_table, exp_table, nonfinite_table, val[p], exp[p], flags)
+
+
+@arithmetic
 def accumulate_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, n0, schedule, params, tile_rows, lane_proto,
-                          out):
+                          out, a_flags, nonfinite_mask, nonfinite_pattern):
     """The fast path: out[m, n0:n0+lanes] = fp32 accumulators of rows m_lo .. m_hi-1 of A and of one panel of B,
     bit-identical to :func:`accumulate_gemm_reference` (finite codes; semantics.md (c), (d)).
 
@@ -109,7 +134,9 @@ def accumulate_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, n0, schedule
     ``b_val``/``b_exp`` [K, lanes]: the panel of B that starts at row ``n0`` of B, decoded by :func:`decode_panel`.
     Rows are taken ``tile_rows`` at a time from m_lo (m_lo is a multiple of tile_rows). ``lane_proto``: an empty
     array whose dtype (int32 or int64) is the lane integer type of the block sums
-    (mmaemu.arith.tile.lane_bits_needed). The work arrays are the task's own.
+    (mmaemu.arith.tile.lane_bits_needed). The work arrays are the task's own. The tasks of the first panel
+    (``n0 == 0``) also set ``a_flags[m]``: row m of A holds a NaN or Inf code (``code & nonfinite_mask ==
+    nonfinite_pattern``), scanned right after the rows are decoded, while they are in the cache.
     """
     K = a_codes.shape[1]
     N = out.shape[1]
@@ -124,6 +151,12 @@ def accumulate_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, n0, schedule
     for m0 in range(m_lo, m_hi, tile_rows):
         rows = min(tile_rows, m_hi - m0)
         decode_rows(a_codes, m0, rows, fmt_a, a_val, a_exp)
+        if n0 == 0:
+            for r in range(rows):
+                hit = 0
+                for k in range(K):
+                    hit |= (a_codes[m0 + r, k] & nonfinite_mask) == nonfinite_pattern
+                a_flags[m0 + r] = hit != 0
         tile_accumulate(a_val, a_exp, b_val, b_exp, rows, K, schedule, params,
                         (c_sig, c_lead, e_max, scale, total), (result, partial, slot), acc)
         for r in range(rows):
@@ -165,3 +198,4 @@ def epilogue_gemm(lo, hi, acc, alpha, out_code, scale_result, has_scale_result, 
     """out_bits[i] = output bits of acc[i] (semantics.md (e)) for i in lo .. hi-1; acc and out_bits are flat."""
     for i in range(lo, hi):
         out_bits[i] = epilogue_one(acc[i], alpha, out_code, scale_result, has_scale_result)
+

@@ -151,4 +151,7 @@ def parallel_for(kernel, n_jobs: int, job_work: int, *args) -> None:
     """``kernel(lo, hi, *args)`` for [lo, hi) ranges covering range(n_jobs), in parallel (see the module
     docstring). ``job_work``: the cost of one job in products of the fast path."""
     ranges = job_ranges(n_jobs, job_work, num_threads())
+    if len(ranges) == 1:  # one task: on the calling thread, without the task machinery
+        kernel(*ranges[0], *args)
+        return
     run_tasks(lambda lo=lo, hi=hi: kernel(lo, hi, *args) for lo, hi in ranges)

@@ -39,17 +39,16 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-import torch
-
 from ..errors import ReferenceRejectsError, UnsupportedFeatureError
 from ..platform.block_scaled import RECIPES, Recipe, recipe_preset, refusal
+from .descriptors import dtype_name
 from .layout import is_row_major, mat2_is_column_major
 
-__all__ = ["BlockScaling", "block_scaling", "BlockScaledSpec", "check_block_scaled_call", "FP4_DTYPE"]
+__all__ = ["BlockScaling", "block_scaling", "BlockScaledSpec", "check_block_scaled_call", "FP4_DTYPE_NAME"]
 
 _TORCH = "[torch _scaled_mm]"
 _SCOPE = "[mmaemu scope]"
-FP4_DTYPE = getattr(torch, "float4_e2m1fn_x2", None)
+FP4_DTYPE_NAME = "float4_e2m1fn_x2"  # by name (torch 2.8's dtype): operand descriptors plan without torch
 _SCALE_BLOCK = {"float8_e8m0fnu": 32, "float8_e4m3fn": 16}
 _MN_TILE, _K_TILE = 128, 4
 
@@ -153,16 +152,18 @@ def check_block_scaled_call(input, mat2, scaling: BlockScaling, od, bias, out, p
     if out is not None and tuple(out.shape) == (input.shape[0], mat2.shape[1]) and not is_row_major(out):
         raise _scope(f"{recipe.name.upper()} scaled_mm: out= must be row-major, got strides {tuple(out.stride())}; "
                      f"pass a contiguous out or out=None")
-    if od not in (torch.float32, torch.bfloat16, torch.float16):
+    if dtype_name(od) not in ("float32", "bfloat16", "float16"):
         raise _scope(f"{recipe.name.upper()} scaled_mm with output dtype {od}: only float32, bfloat16 and float16 "
                      f"outputs are modelled (an FP8 output needs cuBLASLt's D scale and amax)")
     if bias is not None:
         raise _scope(f"{recipe.name.upper()} scaled_mm: bias is not modelled (the fused bias epilogue is never "
                      f"approximated); add the bias to the result yourself")
     _check_globals(recipe, globals_)
-    if torch.is_grad_enabled():
-        needing = [name for name, t in grad.items() if t is not None and t.requires_grad]
-        if needing:
+    needing = [name for name, t in grad.items() if t is not None and t.requires_grad]
+    if needing:
+        import torch
+
+        if torch.is_grad_enabled():
             raise _scope(f"{', '.join(needing)} require(s) grad while grad mode is enabled: mmaemu is inference "
                          f"only; wrap the call in torch.no_grad() or pass .detach()ed tensors")
     return BlockScaledSpec(recipe, preset, _format_of(input), _format_of(mat2), K, scaling.block)
@@ -174,6 +175,8 @@ def _check_globals(recipe: Recipe, globals_) -> None:
     if recipe.name != "nvfp4":
         raise _scope("global scales (scale_a / scale_b given as (block scales, global scale) pairs) belong to "
                      "two-level NVFP4 only; pass the MXFP8 block scales alone")
+    import torch  # global scales come with real tensors (NVFP4 calls)
+
     for label, g in zip(("global_scale_a", "global_scale_b"), globals_):
         if not isinstance(g, torch.Tensor) or g.numel() != 1 or g.dtype != torch.float32:
             raise _scope(f"{label} must be a one-element float32 tensor, got "

@@ -13,7 +13,10 @@ row-major [N, K] weight ``w``).
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the rules read only shapes, strides and offsets: a TensorDescriptor answers them too
+    import torch
 
 __all__ = [
     "is_row_major",

@@ -25,6 +25,7 @@ from ..platform.profiles import profile_maturity_notices
 from ..platform.splitk import POLICIES, SplitDecision, asks_one_split, check_scheme_for_preset, decide_splitk
 from ..warn import Notice, collecting, report
 from .block_scaled import split_two_level
+from .descriptors import dtype_name
 from .flush import check_no_flush_to_zero
 from .validate import split_key, validate_accumulate, validate_scaled_mm
 
@@ -136,7 +137,10 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
                    global_scales=None, context=None) -> Plan:
     """Validate and plan a ``scaled_mm`` call in the order of semantics.md (f); raises what scaled_mm raises.
     ``global_scales``: NVFP4's (global_scale_a, global_scale_b) or None (:mod:`mmaemu.plan.block_scaled`); they
-    may also come as ``(block scales, global scale)`` pairs in scale_a and scale_b."""
+    may also come as ``(block scales, global scale)`` pairs in scale_a and scale_b.
+
+    The operands may also be :class:`~mmaemu.plan.descriptors.TensorDescriptor` (all of them, on a descriptor
+    device, with a TorchName out_dtype): the call is then planned without importing torch, and only explained."""
     profile = get_profile(profile, context=context)
     if global_scales is None:
         scale_a, scale_b, global_scales = split_two_level(scale_a, scale_b)
@@ -159,7 +163,9 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
     if call.out_resize_warns:
         _out_warning(plan, OUT_RESIZED_MESSAGE.format(old=tuple(out.shape), new=(call.M, call.N)))
     M, N, K, fmt_a, fmt_b = split_key(call)
-    _decide(plan, M, N, K, fmt_a, fmt_b, call.out_dtype, call.use_fast_accum, splitk, call.layout_std, context)
+    # the output dtype by name: the split decision reads only its name, which an operand descriptor's dtype has too
+    _decide(plan, M, N, K, fmt_a, fmt_b, dtype_name(call.out_dtype), call.use_fast_accum, splitk, call.layout_std,
+            context)
     _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b, context)
     return plan
 

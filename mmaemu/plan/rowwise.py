@@ -22,13 +22,15 @@ Tags: ``[torch 2.7.1 _scaled_mm]`` for Blas.cpp, ``[torch 2.7.1 f8f8bf16_rowwise
 
 from __future__ import annotations
 
-from typing import Optional
-
-import torch
+from typing import TYPE_CHECKING, Optional
 
 from ..errors import ReferenceRejectsError, UnsupportedFeatureError
 from ..platform.rowwise import platform_refusal
+from .descriptors import dtype_name
 from .layout import byte_misalignment
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["check_rowwise_call"]
 
@@ -44,7 +46,7 @@ def _kernel_rejects(condition: str, why: str) -> ReferenceRejectsError:
 def check_rowwise_call(input: torch.Tensor, mat2: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                        bias: Optional[torch.Tensor], out: Optional[torch.Tensor], od: torch.dtype, profile) -> None:
     """R.1-R.4 above for a row-wise call with M, N, K > 0 that passed f.1-f.2."""
-    if od != torch.bfloat16:  # R.1
+    if dtype_name(od) != "bfloat16":  # R.1
         raise ReferenceRejectsError(
             f"Only bf16 high precision output types are supported for row-wise scaling: got {od}; pass "
             f"out_dtype=torch.bfloat16 {_BLAS}"
@@ -60,10 +62,10 @@ def check_rowwise_call(input: torch.Tensor, mat2: torch.Tensor, scale_a: torch.T
 def _check_kernel_inputs(input, mat2, scale_a, scale_b, bias, out) -> None:
     """R.2: torch 2.7.1's ``check_inputs`` of RowwiseScaledMM.cu (the checks f.2 has not already made)."""
     K, N = mat2.shape
-    if input.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+    if dtype_name(input.dtype) not in ("float8_e4m3fn", "float8_e5m2"):
         raise _kernel_rejects("a.dtype() == at::kFloat8_e4m3fn || a.dtype() == at::kFloat8_e5m2",
                               f"the row-wise kernel takes input as float8_e4m3fn or float8_e5m2, got {input.dtype}")
-    if mat2.dtype != torch.float8_e4m3fn:
+    if dtype_name(mat2.dtype) != "float8_e4m3fn":
         raise _kernel_rejects("b.dtype() == at::kFloat8_e4m3fn",
                               f"the row-wise kernel takes mat2 only as float8_e4m3fn, got {mat2.dtype}; quantise "
                               f"the weight to float8_e4m3fn (an E5M2 operand may be input)")

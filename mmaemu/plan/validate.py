@@ -28,14 +28,14 @@ naming who refuses: ``[torch 2.7.1 _scaled_mm]``, ``[cuBLASLt 12.8.3.14]``, ``[p
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy
-import torch
 
 from .. import formats
 from ..errors import ReferenceRejectsError, UnsupportedFeatureError
 from ..tensor_kinds import require_data, require_dense
+from .descriptors import TensorDescriptor, TorchName, dtype_name
 from .layout import (
     byte_misalignment,
     is_column_major,
@@ -45,8 +45,11 @@ from .layout import (
     leading_dimensions,
     mat2_is_column_major,
 )
-from .block_scaled import FP4_DTYPE, BlockScaledSpec, block_scaling, check_block_scaled_call
+from .block_scaled import FP4_DTYPE_NAME, BlockScaledSpec, block_scaling, check_block_scaled_call
 from .rowwise import check_rowwise_call
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "ScaledMMCall",
@@ -54,26 +57,52 @@ __all__ = [
     "validate_scaled_mm",
     "validate_accumulate",
     "split_key",
-    "FP8_FORMAT_OF_DTYPE",
+    "FP8_FORMAT_OF_DTYPE_NAME",
 ]
 
+# Dtypes are compared by name (:func:`~mmaemu.plan.descriptors.dtype_name`), so that a call described by
+# :class:`~mmaemu.plan.descriptors.TensorDescriptor` operands is validated without importing torch.
 
-def _dtypes(*names: str) -> tuple[torch.dtype, ...]:
-    """The torch dtypes of these names that exist in the running torch."""
-    return tuple(getattr(torch, name) for name in names if hasattr(torch, name))
-
-
-#: The two FP8 formats mmaemu models, by torch dtype.
-FP8_FORMAT_OF_DTYPE = {formats.DTYPE_OF[fmt]: fmt for fmt in formats.FORMATS}
+#: The two FP8 formats mmaemu models, by torch dtype name.
+FP8_FORMAT_OF_DTYPE_NAME = {name: fmt for fmt, name in formats.TORCH_NAMES.items()}
 
 #: torch's ``isFloat8Type`` in 2.7.1 (f.2.11).
-_TORCH_FLOAT8_DTYPES = _dtypes("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+_TORCH_FLOAT8_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
 
 #: FP8 dtypes torch 2.7.1 accepts in f.2 but that fail on CUDA (f.4.3).
-_UNSUPPORTED_FLOAT8_DTYPES = _dtypes("float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+_UNSUPPORTED_FLOAT8_DTYPES = ("float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
 
 #: Output dtypes cuBLASLt 12.8.3 has an FP8 GEMM for (f.4.4).
-_CUBLAS_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
+_CUBLAS_OUT_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
+
+
+def _fp8_format(dtype) -> Optional[str]:
+    """"e4m3" / "e5m2" of a modelled FP8 dtype, None for any other dtype."""
+    return FP8_FORMAT_OF_DTYPE_NAME.get(dtype_name(dtype))
+
+
+def _is_tensor(value) -> bool:
+    """A torch.Tensor or a TensorDescriptor (torch is imported only for a value that is not a descriptor)."""
+    if isinstance(value, TensorDescriptor):
+        return True
+    import torch
+
+    return isinstance(value, torch.Tensor)
+
+
+def _is_dtype(value) -> bool:
+    """A torch.dtype or the TorchName of one (torch is imported only for a value that is not a TorchName)."""
+    if isinstance(value, TorchName):
+        return True
+    import torch
+
+    return isinstance(value, torch.dtype)
+
+
+def _grad_enabled() -> bool:
+    import torch
+
+    return torch.is_grad_enabled()
 
 _TORCH = "[torch 2.7.1 _scaled_mm]"
 _CUBLASLT = "[cuBLASLt 12.8.3.14]"
@@ -218,7 +247,7 @@ def validate_scaled_mm(
     _check_bias_dtype(bias, od)  # f.2.13
     _check_same_device(input, mat2, scale_a, scale_b, bias, scale_result, out)  # f.2.14
     for name, g in zip(("global_scale_a", "global_scale_b"), global_scales or ()):
-        if isinstance(g, torch.Tensor) and g.device != input.device:
+        if _is_tensor(g) and g.device != input.device:
             raise _torch_rejects(f"Expected all tensors to be on the same device: {name} is on {g.device} but mat1 "
                                  f"(input) is on {input.device}; move it with .to(input.device)")
     _check_out_receives(out, M, N)  # torch's autograd check of out= and resize_output (before f.3)
@@ -246,8 +275,8 @@ def validate_scaled_mm(
     _check_alignment(input, mat2)  # f.4.5
     _check_leading_dimensions(input, mat2)  # f.4.6
 
-    fmt_a = FP8_FORMAT_OF_DTYPE[input.dtype]
-    fmt_b = FP8_FORMAT_OF_DTYPE[mat2.dtype]
+    fmt_a = _fp8_format(input.dtype)
+    fmt_b = _fp8_format(mat2.dtype)
 
     # f.5 profile rejections
     _check_profile(profile, fmt_a, fmt_b, od)
@@ -267,7 +296,7 @@ def _zero_size_call(input, mat2, **common) -> ScaledMMCall:
     resize, resize_warns = _out_resize(common["out"], common["M"], common["N"])
     return ScaledMMCall(
         input=input, mat2=mat2,
-        fmt_a=FP8_FORMAT_OF_DTYPE.get(input.dtype), fmt_b=FP8_FORMAT_OF_DTYPE.get(mat2.dtype),
+        fmt_a=_fp8_format(input.dtype), fmt_b=_fp8_format(mat2.dtype),
         zero_size=True, layout_std=is_layout_std(input, mat2), input_copied=False,
         out_column_major=False, out_unusable=False, out_resize=resize, out_resize_warns=resize_warns,
         **common,
@@ -298,7 +327,7 @@ def _rowwise_call(input, mat2, bias, profile, **common) -> ScaledMMCall:
                         scale_result=common["scale_result"], bias=bias))
     resize, resize_warns = _out_resize(common["out"], common["M"], common["N"])
     return ScaledMMCall(
-        input=input, mat2=mat2, fmt_a=FP8_FORMAT_OF_DTYPE[input.dtype], fmt_b=FP8_FORMAT_OF_DTYPE[mat2.dtype],
+        input=input, mat2=mat2, fmt_a=_fp8_format(input.dtype), fmt_b=_fp8_format(mat2.dtype),
         zero_size=False, layout_std=True, input_copied=False, out_column_major=False, out_unusable=False,
         out_resize=resize, out_resize_warns=resize_warns, rowwise=True, bias=bias, **common,
     )
@@ -318,17 +347,17 @@ def _check_python_types(input, mat2, scale_a, scale_b, bias, scale_result, out, 
     """f.1: tensors where tensors are required, a torch.dtype or None, and an exact Python bool."""
     # f.1.1
     for name, value in (("input", input), ("mat2", mat2), ("scale_a", scale_a), ("scale_b", scale_b)):
-        if not isinstance(value, torch.Tensor):
+        if not _is_tensor(value):
             raise TypeError(f"scaled_mm: {name} must be a torch.Tensor, got {type(value).__name__}")
     # f.1.2
     for name, value in (("bias", bias), ("scale_result", scale_result), ("out", out)):
-        if value is not None and not isinstance(value, torch.Tensor):
+        if value is not None and not _is_tensor(value):
             raise TypeError(f"scaled_mm: {name} must be None or a torch.Tensor, got {type(value).__name__}")
     # mmaemu's addition to f.1: a sparse or nested tensor has no dense layout of codes
     for name, value in _named_tensors(input, mat2, scale_a, scale_b, bias, scale_result, out):
         require_dense("scaled_mm", name, value)
     # f.1.3
-    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+    if out_dtype is not None and not _is_dtype(out_dtype):
         raise TypeError(
             f"scaled_mm: out_dtype must be None or a torch.dtype such as torch.bfloat16, got {out_dtype!r}"
         )
@@ -369,7 +398,7 @@ def _check_matrices(input: torch.Tensor, mat2: torch.Tensor) -> None:
 def _is_rowwise_scaling(scale_a: torch.Tensor, scale_b: torch.Tensor, M: int, N: int) -> bool:
     """f.2.4-5 (torch's get_scaling_type): fp32 scales; tensor-wise (one element each) or row-wise (2-D, shapes
     (M, 1) and (1, N), both contiguous). Returns True for row-wise."""
-    if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:  # f.2.4
+    if dtype_name(scale_a.dtype) != "float32" or dtype_name(scale_b.dtype) != "float32":  # f.2.4
         raise _torch_rejects(
             f"Both scale_a and scale_b must be float (fp32) tensors: got scale_a {scale_a.dtype} and scale_b "
             f"{scale_b.dtype}; pass scale.float()"
@@ -398,7 +427,7 @@ def _is_rowwise_scaling(scale_a: torch.Tensor, scale_b: torch.Tensor, M: int, N:
 
 def _check_scale_result(scale_result: Optional[torch.Tensor]) -> None:
     """f.2.6: scale_result, when given, is a one-element float32 tensor."""
-    if scale_result is not None and (scale_result.numel() != 1 or scale_result.dtype != torch.float32):
+    if scale_result is not None and (scale_result.numel() != 1 or dtype_name(scale_result.dtype) != "float32"):
         raise _torch_rejects(
             f"scale_result must be a float scalar: got {scale_result.numel()} element(s) of {scale_result.dtype}; "
             f"pass a one-element float32 tensor"
@@ -443,16 +472,16 @@ def _check_float8_operands(input: torch.Tensor, mat2: torch.Tensor, fp4: bool = 
     """f.2.11-12: both operands of a torch float8 dtype (or, with block scales, float4_e2m1fn_x2: torch 2.8's
     rule), and not both float8_e5m2."""
     for name, tensor in (("mat1", input), ("mat2", mat2)):  # f.2.11
-        if fp4 and FP4_DTYPE is not None and tensor.dtype == FP4_DTYPE:
+        if fp4 and dtype_name(tensor.dtype) == FP4_DTYPE_NAME:
             continue
-        if fp4 and tensor.dtype not in _TORCH_FLOAT8_DTYPES:
+        if fp4 and dtype_name(tensor.dtype) not in _TORCH_FLOAT8_DTYPES:
             raise _torch_rejects(f"Expected {name} to be Float8 or Float4_x2 matrix got {tensor.dtype}")
-        if tensor.dtype not in _TORCH_FLOAT8_DTYPES:
+        if dtype_name(tensor.dtype) not in _TORCH_FLOAT8_DTYPES:
             raise _torch_rejects(
                 f"Expected {name} to be Float8 matrix got {tensor.dtype}; quantize it to torch.float8_e4m3fn or "
                 f"torch.float8_e5m2"
             )
-    if input.dtype == torch.float8_e5m2 and mat2.dtype == torch.float8_e5m2:  # f.2.12
+    if dtype_name(input.dtype) == dtype_name(mat2.dtype) == "float8_e5m2":  # f.2.12
         raise _torch_rejects(
             "Multiplication of two Float8_e5m2 matrices is not supported; make one operand float8_e4m3fn "
             "(mmaemu.accumulate computes E5M2 x E5M2)"
@@ -461,7 +490,7 @@ def _check_float8_operands(input: torch.Tensor, mat2: torch.Tensor, fp4: bool = 
 
 def _check_fp4_fast_accum(input: torch.Tensor, mat2: torch.Tensor, use_fast_accum: bool) -> None:
     """torch 2.8 (block scales): use_fast_accum is refused with FP4 operands."""
-    if use_fast_accum and FP4_DTYPE is not None and FP4_DTYPE in (input.dtype, mat2.dtype):
+    if use_fast_accum and FP4_DTYPE_NAME in (dtype_name(input.dtype), dtype_name(mat2.dtype)):
         raise _torch_rejects("`use_fast_accum` is not supported when `mat1` or `mat2` tensors have the "
                              "`Float4_e2m1fn_x2` dtype; pass use_fast_accum=False")
 
@@ -470,13 +499,14 @@ def _check_bias_dtype(bias: Optional[torch.Tensor], od: torch.dtype) -> None:
     """f.2.13: no bias with fp32 output; bias bf16 or fp16, matching a bf16 / fp16 output."""
     if bias is None:
         return
-    if od == torch.float32:
+    od_name, bias_name = dtype_name(od), dtype_name(bias.dtype)
+    if od_name == "float32":
         raise _torch_rejects("Bias is not supported when out_dtype is set to Float32")
-    if bias.dtype not in (torch.bfloat16, torch.float16):
+    if bias_name not in ("bfloat16", "float16"):
         raise _torch_rejects(f"Bias must be either Half or BFloat16, but got {bias.dtype}")
-    if od == torch.bfloat16 and bias.dtype != torch.bfloat16:
+    if od_name == "bfloat16" and bias_name != "bfloat16":
         raise _torch_rejects(f"Bias must be BFloat16 to compute {od} output, but got {bias.dtype}")
-    if od == torch.float16 and bias.dtype != torch.float16:
+    if od_name == "float16" and bias_name != "float16":
         raise _torch_rejects(f"Bias must be Float16 to compute {od} output, but got {bias.dtype}")
 
 
@@ -503,7 +533,7 @@ def _check_out_receives(out: Optional[torch.Tensor], M: int, N: int) -> None:
     """
     if out is None:
         return
-    if out.requires_grad and torch.is_grad_enabled():
+    if out.requires_grad and _grad_enabled():
         raise _torch_rejects(
             "_scaled_mm(): functions with out=... arguments don't support automatic differentiation, but one of "
             "the arguments requires grad: out requires grad; wrap the call in torch.no_grad() or pass "
@@ -555,7 +585,7 @@ def _check_layout(input: torch.Tensor, mat2: torch.Tensor) -> tuple[torch.Tensor
 def _check_modelled_float8(input: torch.Tensor, mat2: torch.Tensor) -> None:
     """f.4.3: fnuz and e8m0 operands pass torch's checks but fail on CUDA in torch 2.7.1."""
     for name, tensor in (("input", input), ("mat2", mat2)):
-        if tensor.dtype in _UNSUPPORTED_FLOAT8_DTYPES:
+        if dtype_name(tensor.dtype) in _UNSUPPORTED_FLOAT8_DTYPES:
             raise _cublaslt_rejects(
                 f"{name} dtype {tensor.dtype} is not supported by the FP8 GEMM on sm_89 / sm_90 (torch 2.7.1 fails "
                 f"on CUDA for fnuz and e8m0 operands); use torch.float8_e4m3fn or torch.float8_e5m2"
@@ -564,7 +594,7 @@ def _check_modelled_float8(input: torch.Tensor, mat2: torch.Tensor) -> None:
 
 def _check_cublas_out_dtype(od: torch.dtype) -> None:
     """f.4.4: cuBLASLt has FP8 GEMMs only for fp32, bf16, fp16, e4m3fn and e5m2 outputs."""
-    if od not in _CUBLAS_OUT_DTYPES:
+    if dtype_name(od) not in _CUBLAS_OUT_DTYPES:
         raise _cublaslt_rejects(
             f"CUBLAS_STATUS_NOT_SUPPORTED: no FP8 GEMM with output dtype {od}; use torch.float32, torch.bfloat16, "
             f"torch.float16, torch.float8_e4m3fn or torch.float8_e5m2"
@@ -597,14 +627,9 @@ def _check_leading_dimensions(input: torch.Tensor, mat2: torch.Tensor) -> None:
 # --- f.5 profile rejections -> ReferenceRejectsError -------------------------------------------------------------
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    """'float8_e5m2' for torch.float8_e5m2: the form RejectRule.out_dtype uses (platform.md section 1)."""
-    return str(dtype).rpartition(".")[2]
-
-
 def _check_profile(profile, fmt_a: str, fmt_b: str, od: torch.dtype) -> None:
     """f.5: the first RejectRule of the profile matching (fmt_a, fmt_b, od) refuses the call."""
-    rule = profile.rejection(fmt_a, fmt_b, _dtype_name(od))
+    rule = profile.rejection(fmt_a, fmt_b, dtype_name(od))  # the form RejectRule.out_dtype uses
     if rule is not None:
         raise ReferenceRejectsError(f"{rule.message} [profile {profile.name}]")
 
@@ -625,10 +650,8 @@ def _check_scope(bias, **grad_candidates) -> None:
 
 def _check_no_grad(tensors: dict) -> None:
     """f.6 / f.8: inference only; requires_grad=True is refused while grad mode is enabled."""
-    if not torch.is_grad_enabled():
-        return
     needing_grad = [name for name, tensor in tensors.items() if tensor is not None and tensor.requires_grad]
-    if needing_grad:
+    if needing_grad and _grad_enabled():
         raise UnsupportedFeatureError(
             f"{', '.join(needing_grad)} require(s) grad while grad mode is enabled: mmaemu is inference only (no "
             f"autograd); wrap the call in torch.no_grad() or pass .detach()ed tensors {_SCOPE}"
@@ -693,17 +716,17 @@ def validate_accumulate(a: Any, b: Any, *, use_fast_accum: Any) -> AccumulateCal
     M, K = a.shape
     N = b.shape[0]
     return AccumulateCall(
-        a=a, b=b, M=M, N=N, K=K, fmt_a=FP8_FORMAT_OF_DTYPE[a.dtype], fmt_b=FP8_FORMAT_OF_DTYPE[b.dtype],
+        a=a, b=b, M=M, N=N, K=K, fmt_a=_fp8_format(a.dtype), fmt_b=_fp8_format(b.dtype),
         use_fast_accum=bool(use_fast_accum), zero_size=(M == 0 or N == 0 or K == 0), device=a.device,
     )
 
 
 def _check_accumulate_operand_type(name: str, tensor: Any) -> None:
     """f.8: a and b are float8_e4m3fn or float8_e5m2 tensors (TypeError; the fnuz formats are named)."""
-    if not isinstance(tensor, torch.Tensor):
+    if not _is_tensor(tensor):
         raise TypeError(f"accumulate: {name} must be a torch.Tensor, got {type(tensor).__name__}")
     require_dense("accumulate", name, tensor)
-    if tensor.dtype not in FP8_FORMAT_OF_DTYPE:
+    if _fp8_format(tensor.dtype) is None:
         raise TypeError(
             f"accumulate: {name} must be torch.float8_e4m3fn or torch.float8_e5m2, got {tensor.dtype} (the fnuz "
             f"formats float8_e4m3fnuz / float8_e5m2fnuz and float8_e8m0fnu are not modelled)"

@@ -1,0 +1,173 @@
+"""B decoded once: the prepared panels of a repeated ``mat2`` (a weight), kept between calls on the CPU.
+
+An engine prepares B its own way (the tile engine: every panel decoded into its tile layout, 5 bytes per code;
+:func:`mmaemu.cpu.engine.prepare_b`); what is kept here is generic: an :class:`Engine` names itself and gives its
+``prepare_b(codes, fmt) -> prepared`` and the bytes a prepared B of a shape takes.
+
+The rule that keeps a changed weight from ever being served stale: a prepared B is a pure function of B's codes,
+their format and the engine, and it is used only for codes **byte-identical** to the codes it was prepared from
+(a copy of them is kept and compared with the call's codes on every use, about 0.2 ms per MB). The tensor's
+identity (data pointer, storage offset, shape, strides, dtype, device) and torch's version counter
+(``tensor._version``, which every in-place update through the tensor or a view of it increments) only find the
+candidate and drop it early; the comparison also covers what the counter does not see (writes through ``.data``,
+a numpy array sharing the memory, a freed and reused address).
+
+Memory:
+
+* :data:`WEIGHTS`, the process-wide store of ``scaled_mm``: a B is prepared and kept only the second time the
+  same tensor is seen unchanged (same identity and version; a one-off product keeps nothing), at most
+  :data:`MAX_BYTES` of prepared data and code copies in all (least recently used dropped first; a B larger than
+  that is never kept); a B whose version moved is dropped at once.
+* :class:`WeightSlot`, one per :class:`mmaemu.nn.EmulatedFP8Linear`: its weight's prepared B from the first
+  forward on, replaced when the weight changes, freed with the layer (6 bytes per weight element for the tile
+  engine: 5 of panels, 1 of the copy).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Callable, NamedTuple, Optional
+
+import numpy as np
+
+
+__all__ = ["Engine", "WeightSlot", "PreparedStore", "WEIGHTS", "MAX_BYTES", "tensor_identity"]
+
+MAX_BYTES = 256 << 20
+MAX_SEEN = 4096
+
+
+class Engine(NamedTuple):
+    """A CPU engine as the store sees it: ``name`` (part of every key), ``prepare_b(codes [N, K] uint8, fmt) ->
+    prepared`` and ``nbytes(N, K)``, the bytes of a prepared B of that shape."""
+
+    name: str
+    prepare_b: Callable
+    nbytes: Callable
+
+
+class _Kept(NamedTuple):
+    version: Optional[int]
+    codes: np.ndarray  # flat copy of the codes prepared from
+    prepared: object
+    nbytes: int
+
+
+def tensor_identity(t) -> tuple:
+    """What finds a tensor's prepared B again: data pointer, storage offset, shape, strides, dtype, device."""
+    return t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device
+
+
+def version_of(t) -> Optional[int]:
+    """torch's version counter of ``t``; None for an inference tensor, which has none (the comparison of the
+    codes still guards it)."""
+    return None if t.is_inference() else t._version
+
+
+def _matches(kept: Optional[_Kept], version: int, codes: np.ndarray) -> bool:
+    return (kept is not None and kept.version == version and kept.codes.size == codes.size
+            and np.array_equal(kept.codes, codes.reshape(-1)))
+
+
+def _prepare(engine: Engine, codes: np.ndarray, fmt: str, version: int) -> _Kept:
+    prepared = engine.prepare_b(codes, fmt)
+    copy = np.array(codes.reshape(-1), copy=True)
+    return _Kept(version, copy, prepared, engine.nbytes(*codes.shape) + copy.nbytes)
+
+
+class PreparedStore:
+    """The process-wide store (see the module docstring); thread-safe."""
+
+    def __init__(self, max_bytes: int = MAX_BYTES, max_seen: int = MAX_SEEN):
+        self.max_bytes, self.max_seen = max_bytes, max_seen
+        self._lock = threading.Lock()
+        self._kept: "collections.OrderedDict[tuple, _Kept]" = collections.OrderedDict()
+        self._seen: "collections.OrderedDict[tuple, int]" = collections.OrderedDict()
+        self._bytes = 0
+        self.prepares = 0  # how many B were prepared (tests count them)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+            self._seen.clear()
+            self._bytes = 0
+            self.prepares = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def prepared(self, engine: Engine, fmt: str, tensor, codes: np.ndarray):
+        """The prepared B of ``codes`` (the uint8 codes [N, K] of ``tensor``, B's rows), or None: not kept (yet),
+        the caller decodes as it goes."""
+        key = (engine.name, fmt) + tensor_identity(tensor)
+        version = version_of(tensor)
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None:
+                self._kept.move_to_end(key)
+        if _matches(kept, version, codes):
+            return kept.prepared
+        with self._lock:
+            if kept is not None and self._kept.get(key) is kept:  # changed: dropped at once
+                self._drop(key)
+            if key not in self._seen or self._seen[key] != version:
+                self._seen[key] = version
+                self._seen.move_to_end(key)
+                while len(self._seen) > self.max_seen:
+                    self._seen.popitem(last=False)
+                return None
+            del self._seen[key]
+        if engine.nbytes(*codes.shape) + codes.size > self.max_bytes:
+            return None
+        fresh = _prepare(engine, codes, fmt, version)
+        with self._lock:
+            self.prepares += 1
+            if key in self._kept:
+                self._drop(key)
+            self._kept[key] = fresh
+            self._bytes += fresh.nbytes
+            while self._bytes > self.max_bytes:
+                self._drop(next(iter(self._kept)))
+        return fresh.prepared
+
+    def _drop(self, key) -> None:
+        self._bytes -= self._kept.pop(key).nbytes
+
+
+class WeightSlot:
+    """One layer's prepared weight (see the module docstring): kept from the first use, replaced when the weight
+    changes. Copies and pickles of a layer start with an empty slot."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._key = None
+        self._kept: Optional[_Kept] = None
+        self.prepares = 0
+
+    def __reduce__(self):
+        return (WeightSlot, ())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._key, self._kept = None, None
+
+    def prepared(self, engine: Engine, fmt: str, tensor, codes: np.ndarray):
+        key = (engine.name, fmt) + tensor_identity(tensor)
+        version = version_of(tensor)
+        with self._lock:
+            kept = self._kept if self._key == key else None
+        if _matches(kept, version, codes):
+            return kept.prepared
+        fresh = _prepare(engine, codes, fmt, version)
+        with self._lock:
+            self._key, self._kept = key, fresh
+            self.prepares += 1
+        return fresh.prepared
+
+
+WEIGHTS = PreparedStore()

@@ -1,0 +1,299 @@
+"""Plans kept per call signature: a repeated ``scaled_mm`` / ``accumulate`` call is validated, split-K-decided and
+given its backend once (platform.md 6.1 is unchanged: the plan of a hit is the plan the planner returned).
+
+The rule: a plan is a pure function of its *signature*, and a kept plan is used only for a call of the same
+signature. The signature holds everything the planner reads:
+
+* per tensor argument: its Python type, dtype, shape, strides, storage offset and ``requires_grad`` (and for
+  ``out=``, the size and resizability of its storage, which torch's resize check reads); a position holding None,
+  or something that is not a tensor, is part of it too;
+* every other argument, with its type (``1`` and ``True`` differ), and the profile: a built-in profile by name
+  (None stands for ``$MMAEMU_PROFILE`` or "hopper"; built-in names never change meaning), any other one by the
+  *object* it resolves to now (a recorded name is resolved on every call, as the planner does; the entry holds
+  the profile, so its ``id`` cannot be reused while it is kept);
+* the process state the decisions read: every variable of :mod:`mmaemu.environment` as text (profile, backend,
+  split-K policy and strictness, CUDA switch, profile path, ...), torch's grad mode, and the CUDA device ordinal
+  the live cuBLASLt query would ask.
+
+Only calls whose tensors are all dense CPU tensors of type ``torch.Tensor`` or ``torch.nn.Parameter`` are kept
+(a CUDA call's backend depends on self-test verdicts that change during the process); anything else is planned
+every time. A call that raises is never kept: it is planned, and raises, again every time.
+
+Warnings stay exactly as without the cache: the notices the planner reported while planning (in order) are kept
+with the plan and reported again on every hit (:func:`mmaemu.warn.report`), so the registry of
+:mod:`mmaemu.warn` decides once-per-process emission as before. The one per-thread check, that the calling CPU
+thread does not flush subnormals (:mod:`mmaemu.plan.flush`), is the planner's last step and runs again on every
+hit. The cache holds at most :data:`MAX_PLANS` plans (least recently used dropped first) and is thread-safe.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+
+from .. import environment
+from ..platform.definitions import _BY_NAME as _BUILTIN_PROFILES
+from ..platform.definitions import DEFAULT_PROFILE
+from ..platform.profiles import PROFILE_ENV, get_profile
+from ..warn import Notice, collecting, report
+from .flush import check_no_flush_to_zero
+from .planner import Plan, plan_accumulate, plan_scaled_mm
+
+__all__ = ["cached_plan_scaled_mm", "cached_plan_accumulate", "clear", "stats", "MAX_PLANS", "PlanCacheStats"]
+
+MAX_PLANS = 256
+_CACHEABLE_TYPES = (torch.Tensor, torch.nn.Parameter)
+_SCALED_MM_TENSORS = ("input", "mat2", "scale_a", "scale_b", "scale_result", "out", "bias")
+
+
+class PlanCacheStats(NamedTuple):
+    """Counts since the last :func:`clear`: ``hits``, ``misses`` (planned and kept), ``uncached`` (planned, not
+    keepable or raised) and ``size`` (plans kept)."""
+
+    hits: int
+    misses: int
+    uncached: int
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    template: Plan  # the plan with every tensor of its call replaced by None
+    notices: Tuple[Notice, ...]  # what the planner reported, in order
+    profile: object  # keeps the profile alive: its id is part of the key
+    copies_input: bool  # the planner copied a neither-major input (torch does): the hit copies it again
+    checks_flush: bool  # the plan ended with the CPU flush-to-zero check
+
+
+_lock = threading.Lock()
+_plans: "collections.OrderedDict[tuple, _Entry]" = collections.OrderedDict()
+_counts = {"hits": 0, "misses": 0, "uncached": 0}
+
+
+def clear() -> None:
+    """Forget every kept plan and reset the counts (tests; a plan never goes stale by itself)."""
+    with _lock:
+        _plans.clear()
+        for name in _counts:
+            _counts[name] = 0
+
+
+def stats() -> PlanCacheStats:
+    with _lock:
+        return PlanCacheStats(_counts["hits"], _counts["misses"], _counts["uncached"], len(_plans))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Signatures
+
+
+def _process_state() -> tuple:
+    """What the decisions read besides the arguments: the environment variables' texts, grad mode, and the CUDA
+    ordinal a live cuBLASLt query would ask (0 while torch has not initialised CUDA)."""
+    texts = environment.texts()
+    ordinal = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    return texts, torch.is_grad_enabled(), ordinal
+
+
+def _tensor_signature(t) -> Optional[tuple]:
+    """The facts of a dense CPU tensor the planner reads; None for anything the cache does not keep plans of."""
+    if type(t) not in _CACHEABLE_TYPES or not t.is_cpu or t.layout is not torch.strided or t.is_nested:
+        return None
+    return type(t), t.dtype, t.shape, t.stride(), t.storage_offset(), t.requires_grad
+
+
+def _out_signature(out) -> Optional[tuple]:
+    signature = _tensor_signature(out)
+    if signature is None:
+        return None
+    storage = out.untyped_storage()
+    return signature + (storage.nbytes(), storage.resizable())
+
+
+def _typed(value) -> Optional[tuple]:
+    """A hashable key of a plain argument that tells apart values of other types (1, True and 1.0); None when the
+    value is not hashable."""
+    if isinstance(value, tuple):
+        parts = tuple(_typed(v) for v in value)
+        return None if None in parts else (tuple, parts)
+    if isinstance(value, torch.Tensor):  # hashed by identity, compared by value: never a key
+        return None
+    try:
+        hash(value)
+    except TypeError:
+        return None
+    return type(value), value
+
+
+_NOT_KEPT = object()
+
+
+def _signature_part(value, out=False):
+    """The key part of an argument position: None stays None; a tensor its signature; else _NOT_KEPT."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        signature = _out_signature(value) if out else _tensor_signature(value)
+        return _NOT_KEPT if signature is None else signature
+    return _NOT_KEPT
+
+
+_PROFILE_TEXT = environment.NAMES.index(PROFILE_ENV)
+
+
+def _resolve_profile(profile, state):
+    """(key part, Profile) of the profile argument: a built-in profile by name, without reading the environment
+    twice (its text is in the process state); any other one through get_profile, which raises as the planner's
+    first step does."""
+    name = profile
+    if profile is None:
+        name = state[0][_PROFILE_TEXT] or DEFAULT_PROFILE
+    if isinstance(name, str):
+        builtin = _BUILTIN_PROFILES.get(name)
+        if builtin is not None:
+            return ("builtin", name), builtin
+    resolved = get_profile(profile)
+    return ("object", id(resolved)), resolved
+
+
+def _key(kind: str, tensors: tuple, out, plain: tuple, profile_part, state) -> Optional[tuple]:
+    parts = [_signature_part(t) for t in tensors]
+    parts.append(_signature_part(out, out=True))
+    if _NOT_KEPT in parts:
+        return None
+    typed = tuple(_typed(v) for v in plain)
+    if None in typed:
+        return None
+    return (kind, tuple(parts), typed, profile_part, state)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Lookup and keeping
+
+
+def _lookup(key) -> Optional[_Entry]:
+    with _lock:
+        entry = _plans.get(key)
+        if entry is None:
+            return None
+        _plans.move_to_end(key)
+        _counts["hits"] += 1
+        return entry
+
+
+def _keep(key, entry: _Entry) -> None:
+    with _lock:
+        _plans[key] = entry
+        _plans.move_to_end(key)
+        while len(_plans) > MAX_PLANS:
+            _plans.popitem(last=False)
+        _counts["misses"] += 1
+
+
+def _count_uncached() -> None:
+    with _lock:
+        _counts["uncached"] += 1
+
+
+def _plan_reporting(planner, *args, **kwargs):
+    """Plan, collecting what the planner reports, then report it on (also when planning raises): (plan,
+    notices)."""
+    found = []
+    try:
+        with collecting() as found:
+            plan = planner(*args, **kwargs)
+    finally:
+        report(found)
+    return plan, tuple(found)
+
+
+def _replay(entry: _Entry) -> None:
+    report(entry.notices)
+    if entry.checks_flush:
+        check_no_flush_to_zero()
+
+
+def _strip(plan: Plan, fields) -> Plan:
+    call = dataclasses.replace(plan.call, **{name: None for name in fields})
+    return dataclasses.replace(plan, call=call, notices=list(plan.notices), fallbacks=list(plan.fallbacks))
+
+
+def _bind(entry: _Entry, tensors: dict) -> Plan:
+    """A copy of the kept plan whose call holds this call's tensors (the fields are copied as they are: the kept
+    plan is never changed after it was made)."""
+    template = entry.template
+    call = object.__new__(type(template.call))
+    call.__dict__.update(template.call.__dict__)
+    call.__dict__.update(tensors)
+    plan = object.__new__(Plan)
+    plan.__dict__.update(template.__dict__)
+    plan.call = call
+    return plan
+
+
+def _entry(plan: Plan, notices, profile, fields) -> _Entry:
+    call = plan.call
+    return _Entry(_strip(plan, fields), notices, profile, bool(getattr(call, "input_copied", False)),
+                  plan.action == "compute")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Entry points
+
+
+def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
+                          use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto") -> Plan:
+    """:func:`mmaemu.plan.planner.plan_scaled_mm`, planned once per signature (see the module docstring)."""
+    state = _process_state()
+    profile_part, resolved = _resolve_profile(profile, state)  # the planner's first step; raises as it does
+    key = _key("scaled_mm", (input, mat2, scale_a, scale_b, bias, scale_result), out,
+               (out_dtype, use_fast_accum, splitk, backend), profile_part, state)
+    arguments = (input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
+    options = dict(out=out, profile=resolved, splitk=splitk, backend=backend)
+    if key is None:
+        _count_uncached()
+        return plan_scaled_mm(*arguments, **options)
+    entry = _lookup(key)
+    if entry is not None:
+        _replay(entry)
+        given = dict(input=input.contiguous() if entry.copies_input else input, mat2=mat2, scale_a=scale_a,
+                     scale_b=scale_b, scale_result=scale_result, out=out,
+                     bias=bias if entry.template.call.rowwise else None)
+        return _bind(entry, given)
+    try:
+        plan, notices = _plan_reporting(plan_scaled_mm, *arguments, **options)
+    except BaseException:
+        _count_uncached()
+        raise
+    if getattr(plan.call, "global_scales", None) is None:  # NVFP4's global scales come in tuples: never kept
+        _keep(key, _entry(plan, notices, resolved, _SCALED_MM_TENSORS))
+    return plan
+
+
+def cached_plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="auto",
+                           out_dtype_for_split=None) -> Plan:
+    """:func:`mmaemu.plan.planner.plan_accumulate`, planned once per signature (see the module docstring)."""
+    state = _process_state()
+    profile_part, resolved = _resolve_profile(profile, state)
+    key = _key("accumulate", (a, b), None, (use_fast_accum, splitk, backend, out_dtype_for_split), profile_part,
+               state)
+    options = dict(use_fast_accum=use_fast_accum, profile=resolved, splitk=splitk, backend=backend,
+                   out_dtype_for_split=out_dtype_for_split)
+    if key is None:
+        _count_uncached()
+        return plan_accumulate(a, b, **options)
+    entry = _lookup(key)
+    if entry is not None:
+        _replay(entry)
+        return _bind(entry, dict(a=a, b=b))
+    try:
+        plan, notices = _plan_reporting(plan_accumulate, a, b, **options)
+    except BaseException:
+        _count_uncached()
+        raise
+    _keep(key, _entry(plan, notices, resolved, ("a", "b")))
+    return plan
