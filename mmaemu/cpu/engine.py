@@ -165,6 +165,20 @@ def prepare_b(b_codes, fmt_b: str) -> PreparedB:
 TILE = Engine(TILE_ENGINE, prepare_b, prepared_b_nbytes)
 
 
+def _offset_prepare_b(b_codes, fmt_b: str):
+    from .offset_engine import prepare_b as offset_prepare_b
+
+    return offset_prepare_b(b_codes, fmt_b)
+
+
+def _offset_nbytes(N: int, K: int) -> int:
+    """Bytes of the offset engine's prepared B: 8 per code, in whole panels of 64 columns and passes of 16 k."""
+    return max(1, -(-N // 64)) * 64 * max(16, -(-K // 16) * 16) * 8
+
+
+OFFSET = Engine("offset", _offset_prepare_b, _offset_nbytes)  # the offset engine (mmaemu.cpu.offset_engine)
+
+
 def _check_prepared(prepared: PreparedB, b_codes, fmt_b: str) -> None:
     if prepared.engine != TILE_ENGINE or prepared.fmt != fmt_b or prepared.shape != b_codes.shape:
         raise ValueError(f"prepared_b was prepared by engine {prepared.engine!r} for a {prepared.fmt} B of shape "
@@ -252,8 +266,8 @@ def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, spl
     ``reference=True`` runs the straightforward loop (one chain walk per output) instead of the fast path;
     ``cpu_engine`` (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE``) picks the fast path's engine
     (:func:`cpu_engine_choice`). ``prepared_b``: B's prepared panels for the tile engine (:class:`PreparedB` from
-    :func:`prepare_b`; the fast path then decodes nothing of B), used only where the tile engine runs; it must have
-    been prepared from these codes (the caller's guarantee: :mod:`mmaemu.cpu.prepared` checks it).
+    :func:`prepare_b`, or the offset engine's :class:`mmaemu.cpu.offset_engine.PreparedB`; the fast path then
+    decodes nothing of B): a tile PreparedB runs the tile engine whatever ``cpu_engine`` says; it must have been prepared from these codes (the caller's guarantee: :mod:`mmaemu.cpu.prepared` checks it).
     """
     gemm = codes_gemm(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
     a_codes, b_codes, schedule, params = gemm.a_codes, gemm.b_codes, gemm.schedule, gemm.params
@@ -268,10 +282,17 @@ def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, spl
         threads.parallel_for(accumulate_gemm_reference, jobs, job_work, sa, ea, sb, eb, schedule, params, out)
         a_flags = nonfinite_flags(a_codes, fmt_a)
         b_flags = nonfinite_flags(b_codes, fmt_b)
-    elif cpu_engine_choice(preset, schedule, fmt_a, fmt_b, cpu_engine).engine == "offset":
-        from .offset_engine import accumulate_offset
+    elif (getattr(prepared_b, "engine", None) != TILE_ENGINE
+          and cpu_engine_choice(preset, schedule, fmt_a, fmt_b, cpu_engine).engine == "offset"):
+        from .offset_engine import accumulate_offset, accumulate_prepared
 
-        accumulate_offset(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out)
+        if prepared_b is None:
+            accumulate_offset(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out)
+        else:
+            if prepared_b.fmt != fmt_b or prepared_b.shape != b_codes.shape:
+                raise ValueError(f"prepared_b was prepared for a {prepared_b.fmt} B of shape {prepared_b.shape}, "
+                                 f"not for this {fmt_b} B of shape {b_codes.shape} (offset engine)")
+            accumulate_prepared(a_codes, prepared_b, fmt_a, preset, schedule, out)
         a_flags = nonfinite_flags(a_codes, fmt_a)
         b_flags = nonfinite_flags(b_codes, fmt_b)
     else:

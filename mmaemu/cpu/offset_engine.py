@@ -30,6 +30,7 @@ class PreparedB(NamedTuple):
 
     fmt: str
     shape: tuple  # (N, K) of B's codes
+    engine = "offset"  # the engine that prepared it (mmaemu.cpu.prepared keys on it)
     val: np.ndarray  # float32 [panels, Kp, PANEL]
     exp: np.ndarray  # uint32 [panels, Kp // 2, PANEL]
     low: np.ndarray  # uint32 [panels, Kp // 4, PANEL]
