@@ -45,13 +45,14 @@ def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b:
 
     b_codes = _codes_rows(b_rows)
     reference = plan.backend == "reference"
+    engine = None if plan.cpu_engine is None else plan.cpu_engine.engine
     prepared = None
     if weights is not None and not reference and b_codes.size >= _PREPARED_MIN_CODES and device.type == "cpu":
-        from .cpu.engine import TILE
+        from .cpu.engine import OFFSET, TILE
 
-        prepared = weights.prepared(TILE, fmt_b, b_rows, b_codes)
+        prepared = weights.prepared(OFFSET if engine == "offset" else TILE, fmt_b, b_rows, b_codes)
     acc = accumulate_codes(_codes_rows(a), b_codes, fmt_a, fmt_b, plan.preset, fast, split.S, split.scheme,
-                           reference=reference, prepared_b=prepared)
+                           reference=reference, cpu_engine=engine, prepared_b=prepared)
     acc = torch.from_numpy(acc)
     return (acc if device.type == "cpu" else acc.to(device)), None
 

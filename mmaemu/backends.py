@@ -110,6 +110,14 @@ _CPU_STATUS = {
 }
 
 
+def cpu_engine_summary(*, context=None) -> str:
+    """Which engine the cpu backend runs on this CPU and why (``MMAEMU_CPU_ENGINE`` of ``context``; without one,
+    read now; :mod:`mmaemu.cpu.features`)."""
+    from .cpu.features import CPU_ENGINE_ENV, engine_summary, numba_target
+
+    return engine_summary(environment_of(context)[CPU_ENGINE_ENV], numba_target())
+
+
 def backends_status(device=None) -> Dict[str, BackendStatus]:
     """{name: BackendStatus} of every CUDA kernel on ``device`` (None: torch's current CUDA device), then "cpu" and
     "reference". Reads cached self-test verdicts; runs none (see :func:`selftest`)."""
@@ -122,7 +130,8 @@ def backends_status(device=None) -> Dict[str, BackendStatus]:
 
         result.update(cuda_backend.status(device))
     for name in ("cpu", "reference"):
-        result[name] = BackendStatus(name, True, "numba (CPU)", True, [], _CPU_STATUS[name])
+        reason = _CPU_STATUS[name] + (f"; {cpu_engine_summary()}" if name == "cpu" else "")
+        result[name] = BackendStatus(name, True, "numba (CPU)", True, [], reason)
     return result
 
 

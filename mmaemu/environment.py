@@ -25,6 +25,7 @@ __all__ = ["EnvVar", "VARIABLES", "NAMES", "Snapshot", "snapshot", "texts", "par
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
+CPU_ENGINES = ("auto", "offset", "tile")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -60,6 +61,14 @@ def parse_absolute_path(text: str) -> str:
     return path
 
 
+def parse_cpu_engine(text: str) -> str:
+    """auto, offset or tile (case and surrounding blanks ignored); else ValueError."""
+    word = text.strip().lower()
+    if word not in CPU_ENGINES:
+        raise ValueError(f"not a CPU engine: use one of {', '.join(CPU_ENGINES)}")
+    return word
+
+
 def parse_name_list(text: str) -> Tuple[str, ...]:
     """A comma list of names (blanks around names and empty entries dropped)."""
     return tuple(name.strip() for name in text.split(",") if name.strip())
@@ -88,6 +97,9 @@ VARIABLES = (
            parse_bool, False),
     EnvVar("MMAEMU_DISABLE_CUDA", "true (1/true/yes/on): never touch CUDA; no live cuBLASLt query",
            parse_bool, False),
+    EnvVar("MMAEMU_CPU_ENGINE", "the CPU backend's engine: auto (the offset engine where the CPU has AVX-512 and "
+           "the call fits it, else the tile engine), offset (raises where it cannot run) or tile",
+           parse_cpu_engine, "auto"),
     EnvVar("MMAEMU_CACHE_DIR", "where compiled code and self-test verdicts are cached (an absolute path)",
            parse_absolute_path),
     EnvVar("MMAEMU_LIBCUDA_PATH", "explicit path of libcuda for the device probe"),

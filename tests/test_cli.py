@@ -193,7 +193,8 @@ def test_info_shows_backends_status(monkeypatch):
 
 
 def test_explain_evo2_shape_golden():
-    result = invoke(*EXPLAIN_EVO2)
+    # the cpu backend's engine depends on the CPU (AVX-512 or not): the golden output names the forced tile engine
+    result = invoke(*EXPLAIN_EVO2, env={"MMAEMU_CPU_ENGINE": "tile"})
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
     assert lines[0] == ("explain M=64 N=5760 K=1920 e4m3 x e4m3 -> bfloat16, use_fast_accum=True, device=cpu")
@@ -205,7 +206,8 @@ def test_explain_evo2_shape_golden():
 
 def test_explain_keys_are_padded_to_16():
     lines = invoke(*EXPLAIN_EVO2).stdout.splitlines()[1:]
-    keys = ["validation", "profile", "preset", "preset_maturity", "split", "backend", "fallbacks", "warnings"]
+    keys = ["validation", "profile", "preset", "preset_maturity", "split", "backend", "fallbacks", "warnings",
+            "cpu_engine"]
     assert [line[:16].rstrip() for line in lines] == keys
     assert all(len(line) > 16 and line[15] == " " for line in lines if not line.startswith("backend"))
 
@@ -427,7 +429,7 @@ def _env():
 @pytest.mark.subprocess
 def test_python_dash_m_smoke():
     proc = subprocess.run([sys.executable, "-m", "mmaemu", *EXPLAIN_EVO2], capture_output=True, text=True,
-                          env=_env(), cwd=REPO, timeout=120)
+                          env=dict(_env(), MMAEMU_CPU_ENGINE="tile"), cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == (GOLDEN / "explain_64_5760_1920_bf16_fast.txt").read_text(encoding="utf-8")
 

@@ -168,6 +168,17 @@ def offset_decline(nfma: int, frac: int, frac_out: int, late_c: int):
     return None
 
 
+def offset_floor_decline(min_exp: int, frac: int):
+    """Why the offset formulation does not compute a preset's min_exp (None if it does): condition 2's top.
+    ``E >= min_exp`` puts M at ``2**f``, ``f = E - frac + 23``, which must stay a finite fp32 (``f <= 127``);
+    products and accumulators alone keep E below 93 (K below 2**60), so only a min_exp above ``frac + 104``
+    breaks it (a custom preset: the shipped ones have min_exp below 0)."""
+    if min_exp - frac + FP32_FRACTION_BITS > 127:
+        return (f"places its offset at 2**(E - frac + 23), which overflows fp32 for min_exp={min_exp} > "
+                f"frac + 104 = {frac + 104}")
+    return None
+
+
 def exponent_method(fmt_a: str, fmt_b: str, nfma: int) -> str:
     """The exponent pass of a format pair and block length: POWER_SUMS for E4M3 x E4M3 blocks of at most
     POWER_TERMS products (conditions 10-11), ADD_MAX otherwise."""

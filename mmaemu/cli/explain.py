@@ -67,8 +67,8 @@ def _plan_lines(plan) -> List[str]:
     lines = []
     for field in dataclasses.fields(plan):
         value = getattr(plan, field.name)
-        if field.name == "kernel" and value is None:
-            continue  # only a call outside cuBLASLt (a row-wise call) names its kernel
+        if field.name in ("kernel", "cpu_engine") and value is None:
+            continue  # only a call outside cuBLASLt (a row-wise call) names its kernel; only the cpu backend an engine
         if field.name == "validation" and value != "ok":
             value = f"{value[0]}: {value[1]}"
         elif field.name == "split" and value is not None:

@@ -8,16 +8,17 @@ from typing import NamedTuple, Tuple
 
 import numpy as np
 
-from .. import formats
+from .. import environment, formats
 from ..arith.epilogue import OUT_CODES, scale_product
 from ..arith.params import codes_gemm
 from ..arith.rounding import BFLOAT16, FLOAT32, value_of_bits
 from ..arith.rowwise import exact_values, rowwise_epilogue_rows
 from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_decode
 from . import threads
-from .prepared import Engine
+from .features import CPU_ENGINE_ENV, EngineChoice, choose_cpu_engine, numba_target, offset_call_decline
 from .gemm import (TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, decode_panel, decode_panels,
                    epilogue_gemm, nonfinite_rows, override_nonfinite)
+from .prepared import Engine
 
 _OUT_VIEW = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16,
              "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
@@ -164,6 +165,20 @@ def prepare_b(b_codes, fmt_b: str) -> PreparedB:
 TILE = Engine(TILE_ENGINE, prepare_b, prepared_b_nbytes)
 
 
+def _offset_prepare_b(b_codes, fmt_b: str):
+    from .offset_engine import prepare_b as offset_prepare_b
+
+    return offset_prepare_b(b_codes, fmt_b)
+
+
+def _offset_nbytes(N: int, K: int) -> int:
+    """Bytes of the offset engine's prepared B: 8 per code, in whole panels of 64 columns and passes of 16 k."""
+    return max(1, -(-N // 64)) * 64 * max(16, -(-K // 16) * 16) * 8
+
+
+OFFSET = Engine("offset", _offset_prepare_b, _offset_nbytes)  # the offset engine (mmaemu.cpu.offset_engine)
+
+
 def _check_prepared(prepared: PreparedB, b_codes, fmt_b: str) -> None:
     if prepared.engine != TILE_ENGINE or prepared.fmt != fmt_b or prepared.shape != b_codes.shape:
         raise ValueError(f"prepared_b was prepared by engine {prepared.engine!r} for a {prepared.fmt} B of shape "
@@ -227,6 +242,14 @@ def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, ou
     return a_flags, b_flags
 
 
+def cpu_engine_choice(preset, schedule, fmt_a: str, fmt_b: str, requested=None) -> EngineChoice:
+    """The engine of the fast path for a call (:func:`mmaemu.cpu.features.choose_cpu_engine`): ``requested``
+    (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE``), the CPU Numba compiles for and whether the offset method
+    computes the preset, schedule and formats (:func:`mmaemu.cpu.features.offset_call_decline`)."""
+    requested = environment.snapshot()[CPU_ENGINE_ENV] if requested is None else requested
+    return choose_cpu_engine(requested, numba_target(), offset_call_decline(preset, schedule, fmt_a, fmt_b))
+
+
 def nonfinite_flags(codes, fmt: str):
     """Per row of ``codes``: True if it holds a NaN or Inf code (formats.nonfinite_mask(...).any(axis=1))."""
     flags = np.empty(codes.shape[0], np.bool_)
@@ -236,13 +259,15 @@ def nonfinite_flags(codes, fmt: str):
 
 
 def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none", *,
-                     reference=False, prepared_b=None):
+                     reference=False, cpu_engine=None, prepared_b=None):
     """fp32 accumulators [M, N] of A [M, K] times B [N, K]^T given as uint8 FP8 codes (semantics.md (c), (d)).
 
     Every format pair is accepted (E5M2 x E5M2 included); non-finite codes follow the rule of c.4.
-    ``reference=True`` runs the straightforward loop (one chain walk per output) instead of the fast path.
-    ``prepared_b``: B's :class:`PreparedB` from :func:`prepare_b` (the fast path then decodes nothing of B); it
-    must have been prepared from these codes (the caller's guarantee: :mod:`mmaemu.cpu.prepared` checks it).
+    ``reference=True`` runs the straightforward loop (one chain walk per output) instead of the fast path;
+    ``cpu_engine`` (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE``) picks the fast path's engine
+    (:func:`cpu_engine_choice`). ``prepared_b``: B's prepared panels for the tile engine (:class:`PreparedB` from
+    :func:`prepare_b`, or the offset engine's :class:`mmaemu.cpu.offset_engine.PreparedB`; the fast path then
+    decodes nothing of B): a tile PreparedB runs the tile engine whatever ``cpu_engine`` says; it must have been prepared from these codes (the caller's guarantee: :mod:`mmaemu.cpu.prepared` checks it).
     """
     gemm = codes_gemm(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
     a_codes, b_codes, schedule, params = gemm.a_codes, gemm.b_codes, gemm.schedule, gemm.params
@@ -255,6 +280,19 @@ def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, spl
         jobs = -(-sa.shape[0] // TILE_M) * -(-sb.shape[0] // TILE_N)
         job_work = REFERENCE_PRODUCT_WORK * TILE_M * TILE_N * sa.shape[1]
         threads.parallel_for(accumulate_gemm_reference, jobs, job_work, sa, ea, sb, eb, schedule, params, out)
+        a_flags = nonfinite_flags(a_codes, fmt_a)
+        b_flags = nonfinite_flags(b_codes, fmt_b)
+    elif (getattr(prepared_b, "engine", None) != TILE_ENGINE
+          and cpu_engine_choice(preset, schedule, fmt_a, fmt_b, cpu_engine).engine == "offset"):
+        from .offset_engine import accumulate_offset, accumulate_prepared
+
+        if prepared_b is None:
+            accumulate_offset(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out)
+        else:
+            if prepared_b.fmt != fmt_b or prepared_b.shape != b_codes.shape:
+                raise ValueError(f"prepared_b was prepared for a {prepared_b.fmt} B of shape {prepared_b.shape}, "
+                                 f"not for this {fmt_b} B of shape {b_codes.shape} (offset engine)")
+            accumulate_prepared(a_codes, prepared_b, fmt_a, preset, schedule, out)
         a_flags = nonfinite_flags(a_codes, fmt_a)
         b_flags = nonfinite_flags(b_codes, fmt_b)
     else:

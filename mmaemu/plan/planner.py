@@ -17,6 +17,7 @@ from typing import Iterable, List, Optional, Tuple, Union
 
 from .. import backends
 from ..arith.params import require_gemm_level
+from ..context import environment_of
 from ..errors import BackendUnavailableError, ExperimentalPresetWarning, UnsupportedFeatureError
 from ..model.presets import Preset, get_preset
 from ..platform import block_scaled, get_profile, rowwise
@@ -48,6 +49,7 @@ class CallPlan:
     fallbacks: List[str]
     warnings: List[str]
     kernel: Optional[str] = None
+    cpu_engine: Optional[str] = None  # the cpu backend's engine and why (mmaemu.cpu.features)
 
 
 @dataclasses.dataclass
@@ -63,6 +65,7 @@ class Plan:
     notices: List[Notice] = dataclasses.field(default_factory=list)
     action: str = "compute"  # "compute" | "zeros" | "out-unchanged"
     kernel: Optional[str] = None  # the reference kernel when it is not cuBLASLt ("cutlass rowwise")
+    cpu_engine: Optional[object] = None  # EngineChoice of the cpu backend (mmaemu.cpu.features)
 
     @property
     def warnings(self) -> List[str]:
@@ -73,7 +76,8 @@ class Plan:
         backend = {"zeros": "none (zero-size result)", "out-unchanged": "none (out= is returned unchanged)"}
         return CallPlan(validation, self.profile.name, self.preset.name, self.preset.maturity, self.split,
                         backend.get(self.action, self.backend), list(self.fallbacks), list(self.warnings),
-                        self.kernel)
+                        self.kernel, None if self.cpu_engine is None or self.action != "compute" else
+                        f"{self.cpu_engine.engine}: {self.cpu_engine.reason}")
 
 
 def _note(plan: Plan, notices: Iterable[Notice]):
@@ -109,8 +113,23 @@ def _choose_backend(plan: Plan, device, backend, fmt_a, fmt_b, context):
     made while planning so that explain reports it and a refused call computes nothing."""
     selection = backends.select(device, backend, fmt_a, fmt_b, plan.preset, context=context)
     plan.backend, plan.fallbacks = selection.name, list(selection.fallbacks)
+    if plan.backend == "cpu" and plan.split is not None and fmt_a is not None and fmt_b is not None:
+        plan.cpu_engine = _cpu_engine(plan, fmt_a, fmt_b, context)
     if device.type == "cpu":
         check_no_flush_to_zero()
+
+
+def _cpu_engine(plan: Plan, fmt_a, fmt_b, context):
+    """The cpu backend's engine for the call (offset or tile, :func:`mmaemu.cpu.engine.cpu_engine_choice`, with
+    ``MMAEMU_CPU_ENGINE`` of ``context``); ``MMAEMU_CPU_ENGINE=offset`` where it cannot run raises here, so that
+    explain reports it and nothing runs."""
+    from ..arith.params import schedule_params
+    from ..cpu.engine import cpu_engine_choice
+    from ..cpu.features import CPU_ENGINE_ENV
+
+    call = plan.call
+    schedule = schedule_params(plan.preset, call.K, call.use_fast_accum, plan.split.S, plan.split.scheme)
+    return cpu_engine_choice(plan.preset, schedule, fmt_a, fmt_b, environment_of(context)[CPU_ENGINE_ENV])
 
 
 def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,

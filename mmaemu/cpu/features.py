@@ -1,0 +1,122 @@
+"""Which CPU engine computes a call: the offset engine (:mod:`.offset_engine`) where the CPU Numba compiles for
+has AVX-512 and the call fits the method, the tile engine (:mod:`mmaemu.arith.tile`) everywhere else.
+
+The decision is :func:`choose_cpu_engine`, a pure function of the request (``MMAEMU_CPU_ENGINE``: auto, offset or
+tile), the target CPU and the call's own decline reason (:func:`offset_call_decline`: preset, schedule, formats); it
+returns the engine and why. The target CPU is the one Numba really compiles for (:func:`numba_target`):
+``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` when set (with ``NUMBA_CPU_NAME=generic`` Numba adds no feature at
+all), the host's otherwise, with ``NUMBA_ENABLE_AVX=0``
+clearing every AVX feature, as :mod:`numba.core.codegen` does. The offset engine needs embedded rounding, which
+only AVX-512 has (AVX2 has no per-instruction rounding mode); its vectors also use 16-bit lane maxima (BW) and
+masks of 16 lanes (F, VL, DQ in LLVM's lowering), so it asks for AVX-512 F, BW, DQ and VL. Nothing of the offset
+engine is compiled unless they are present.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from typing import NamedTuple, Optional
+
+from ..arith.offset import offset_decline, offset_floor_decline
+from ..arith.params import Schedule, preset_params
+
+CPU_ENGINE_ENV = "MMAEMU_CPU_ENGINE"
+REQUIRED_FEATURES = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
+# The byte counters hold nfma / 4 products each and their sum is taken by one multiply (offset_kernel docstring).
+MAX_NFMA = 255
+
+
+class TargetCpu(NamedTuple):
+    """The CPU Numba compiles for: its LLVM name, the features it enables, the machine's architecture."""
+
+    name: str
+    features: frozenset
+    machine: str
+
+
+class EngineChoice(NamedTuple):
+    """The CPU engine of a call ("offset" or "tile") and why."""
+
+    engine: str
+    reason: str
+
+
+def parse_features(text: str) -> frozenset:
+    """The enabled features of an LLVM feature string ("+avx512f,-avx512fp16,...")."""
+    items = (item.strip() for item in text.split(","))
+    return frozenset(item[1:] for item in items if item.startswith("+"))
+
+
+@functools.lru_cache(maxsize=None)
+def numba_target() -> TargetCpu:
+    """The target of Numba's CPU JIT in this process (read from numba's configuration as its codegen reads it)."""
+    import llvmlite.binding as ll
+    from numba.core import config
+    from numba.core.codegen import get_host_cpu_features
+
+    name = config.CPU_NAME or ll.get_host_cpu_name()
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
+    return TargetCpu(str(name), parse_features(features or ""), platform.machine().lower())
+
+
+def offset_engine_decline(target: TargetCpu) -> Optional[str]:
+    """Why the offset engine cannot run on this target (None if it can)."""
+    if target.machine not in ("x86_64", "amd64"):
+        return f"needs an x86-64 CPU with AVX-512 (this is {target.machine})"
+    missing = [f for f in REQUIRED_FEATURES if f not in target.features]
+    if missing:
+        return (f"needs AVX-512 F/BW/DQ/VL for its round-toward-zero vector FMA; the target Numba compiles for "
+                f"({target.name}) lacks {', '.join(missing)}")
+    return None
+
+
+def choose_cpu_engine(requested: str, target: TargetCpu, call_decline: Optional[str]) -> EngineChoice:
+    """The CPU engine for a call: ``requested`` (auto, offset, tile), the target CPU and the call's decline reason
+    (:func:`offset_call_decline`, None if the offset method computes it). Forcing
+    ``offset`` where it cannot run raises ValueError naming the rule and the way out."""
+    if requested == "tile":
+        return EngineChoice("tile", f"{CPU_ENGINE_ENV}=tile")
+    cpu_why = offset_engine_decline(target)
+    why = cpu_why or call_decline
+    if requested == "offset":
+        if why is not None:
+            raise ValueError(f"{CPU_ENGINE_ENV}=offset: the offset engine {why}; unset {CPU_ENGINE_ENV} (or set it "
+                             "to auto or tile) to use the tile engine")
+        return EngineChoice("offset", f"{CPU_ENGINE_ENV}=offset, AVX-512 on {target.name}")
+    if why is not None:
+        return EngineChoice("tile", f"the offset engine {why}")
+    return EngineChoice("offset", f"AVX-512 F/BW/DQ/VL on {target.name}, the call fits the offset method")
+
+
+
+def engine_summary(requested: str, target: TargetCpu) -> str:
+    """One line for ``mmaemu info``: which engine the cpu backend runs here and why (no call needed)."""
+    if requested == "tile":
+        return f"engine: tile ({CPU_ENGINE_ENV}=tile)"
+    why = offset_engine_decline(target)
+    if why is not None:
+        if requested == "offset":
+            return (f"engine: none: {CPU_ENGINE_ENV}=offset, but the offset engine {why} (calls raise; unset "
+                    f"{CPU_ENGINE_ENV} for the tile engine)")
+        return f"engine: tile (the offset engine {why})"
+    return (f"engine: offset (AVX-512 F/BW/DQ/VL on {target.name}) for the calls the offset method fits (hopper, "
+            "ada: fast and slow, every split scheme, every FP8 pair), tile for the others")
+
+
+def offset_call_decline(preset, schedule, fmt_a: str, fmt_b: str) -> Optional[str]:
+    """Why the offset engine does not compute a call (None if it does): the method's conditions
+    (:func:`mmaemu.arith.offset.offset_decline`: early-accumulator presets whose block sums fit the window,
+    frac_out >= frac, nfma a multiple of 16; :func:`~mmaemu.arith.offset.offset_floor_decline`), nfma <= MAX_NFMA (the byte counters), and k-tiles that whole blocks
+    fill (split or slow schedules: nfma divides the tile, so no block ends inside a tile before K)."""
+    params = preset_params(preset, fmt_a, fmt_b)
+    nfma, frac = params.nfma, params.frac
+    why = offset_decline(nfma, frac, params.frac_out, params.late_c) or offset_floor_decline(params.min_exp, frac)
+    if why is not None:
+        return why
+    if nfma > MAX_NFMA:
+        return f"counts corrections in bytes, which needs nfma <= {MAX_NFMA} (nfma={nfma})"
+    schedule = Schedule(*(int(v) for v in schedule))
+    if (schedule.splits > 1 or schedule.chain_tiles) and schedule.tile % nfma:
+        return f"needs k-tiles of whole blocks, the schedule's tiles are {schedule.tile} wide and nfma={nfma}"
+    return None

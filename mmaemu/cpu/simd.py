@@ -1,0 +1,324 @@
+"""512-bit vectors for the CPU's offset engine (:mod:`mmaemu.cpu.offset_engine`): Numba types for LLVM's
+``<16 x float>`` and ``<16 x i32>`` and ``@intrinsic`` operations on them, each the LLVM instruction of one
+AVX-512 operation.
+
+Numba has no SIMD types, and LLVM's vectoriser cannot emit the one operation the offset method needs per product:
+a fused multiply-add rounding toward zero. AVX-512 has it as *embedded rounding*: LLVM's target intrinsic
+``llvm.x86.avx512.vfmadd.ps.512(a, b, c, i32 11)`` (11 = round toward zero with exceptions suppressed) compiles to
+one ``vfmadd231ps {rz-sae}``, which rounds that one instruction toward zero and leaves MXCSR (and so every other
+operation of the process) as it is. The other operations are plain LLVM vector instructions (``add``, ``and``,
+``umax`` on 16-bit halves, ``fsub`` rounding to nearest, ...), which LLVM lowers to one AVX-512 instruction each.
+
+Every operation has an exact *twin* on NumPy arrays of 16 lanes (``*_twin``): the same function of the lanes'
+bits, written with NumPy integer arithmetic or the scalar :func:`mmaemu.arith.fp32.fma_toward_zero_exact`.
+``tests/test_simd.py`` compares each intrinsic with its twin on random and edge inputs (subnormals, +-0, large and
+small exponents). The vector operations compile only for a target with AVX-512 F/BW/DQ/VL
+(:func:`mmaemu.cpu.features.offset_engine_decline` checks that before :mod:`.offset_kernel`, their only user, is
+imported); defining them compiles nothing.
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.datamodel import models, register_default
+from numba.core.extending import intrinsic
+
+from ..arith.fp32 import fma_toward_zero_exact
+from ..arith.packed import max_u16x2_exact, swap_halves
+
+LANES = 16  # fp32 / int32 lanes of a 512-bit vector
+ROUND_TOWARD_ZERO_SAE = 11  # _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC: the embedded-rounding operand
+
+
+class Vector(types.Type):
+    """A 512-bit vector of 16 lanes of ``element`` (types.float32 or types.int32), kept in one register."""
+
+    def __init__(self, element):
+        self.element = element
+        super().__init__(name=f"vector16x{element}")
+
+
+@register_default(Vector)
+class _VectorModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, ir.VectorType(dmm.lookup(fe_type.element).get_value_type(), LANES))
+
+
+f32x16 = Vector(types.float32)
+i32x16 = Vector(types.int32)
+_I32 = ir.IntType(32)
+_F32 = ir.FloatType()
+_V_I32 = ir.VectorType(_I32, LANES)
+_V_F32 = ir.VectorType(_F32, LANES)
+_V_I16 = ir.VectorType(ir.IntType(16), 2 * LANES)
+
+
+def _is_row_array(array, dtype):
+    return isinstance(array, types.Array) and array.ndim == 2 and array.dtype == dtype and array.layout == "C"
+
+
+def _item_pointer(context, builder, array_type, array, row, column):
+    ary = context.make_array(array_type)(context, builder, array)
+    return cgutils.get_item_pointer(context, builder, array_type, ary, [row, column], wraparound=False,
+                                    boundscheck=False)
+
+
+def _load(element, vector_type):
+    @intrinsic
+    def load(typingctx, array, row, column):
+        if not (_is_row_array(array, element) and isinstance(row, types.Integer)
+                and isinstance(column, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            array_type, row_type, column_type = signature.args
+            row_value = context.cast(builder, args[1], row_type, types.intp)
+            column_value = context.cast(builder, args[2], column_type, types.intp)
+            pointer = _item_pointer(context, builder, array_type, args[0], row_value, column_value)
+            vector_pointer = builder.bitcast(pointer, context.get_value_type(vector_type).as_pointer())
+            return builder.load(vector_pointer, align=4)
+
+        return vector_type(array, row, column), codegen
+
+    return load
+
+
+def _store(element, vector_type):
+    @intrinsic
+    def store(typingctx, array, row, column, value):
+        if not (_is_row_array(array, element) and isinstance(row, types.Integer)
+                and isinstance(column, types.Integer) and value == vector_type):
+            return None
+
+        def codegen(context, builder, signature, args):
+            array_type, row_type, column_type, _ = signature.args
+            row_value = context.cast(builder, args[1], row_type, types.intp)
+            column_value = context.cast(builder, args[2], column_type, types.intp)
+            pointer = _item_pointer(context, builder, array_type, args[0], row_value, column_value)
+            vector_pointer = builder.bitcast(pointer, context.get_value_type(vector_type).as_pointer())
+            builder.store(args[3], vector_pointer, align=4)
+            return context.get_dummy_value()
+
+        return types.void(array, row, column, value), codegen
+
+    return store
+
+
+load_f32 = _load(types.float32, f32x16)
+load_f32.__doc__ = "``array[row, column:column + 16]`` of a C-contiguous float32 array as a vector."
+load_u32 = _load(types.uint32, i32x16)
+load_u32.__doc__ = "``array[row, column:column + 16]`` of a C-contiguous uint32 array as an int32 vector."
+store_f32 = _store(types.float32, f32x16)
+store_f32.__doc__ = "``array[row, column:column + 16] = value`` (a float32 array)."
+
+
+@intrinsic
+def broadcast_f32(typingctx, x):
+    """A float32 in every lane."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return _splat(builder, args[0], _V_F32)
+
+    return f32x16(x), codegen
+
+
+@intrinsic
+def broadcast_i32(typingctx, x):
+    """An integer (its low 32 bits) in every lane."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        value = args[0]
+        width = value.type.width
+        if width > 32:
+            value = builder.trunc(value, _I32)
+        elif width < 32:
+            value = builder.zext(value, _I32)
+        return _splat(builder, value, _V_I32)
+
+    return i32x16(x), codegen
+
+
+def _splat(builder, value, vector_type):
+    """``value`` in every lane: insertelement into lane 0 and a zero-mask shufflevector (one vbroadcast)."""
+    first = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(first, ir.Constant(vector_type, ir.Undefined),
+                                  ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+
+
+def _binary(vector_type, emit, doc):
+    @intrinsic
+    def operation(typingctx, a, b):
+        if a != vector_type or b != vector_type:
+            return None
+
+        def codegen(context, builder, signature, args):
+            return emit(builder, args[0], args[1])
+
+        return vector_type(a, b), codegen
+
+    operation.__doc__ = doc
+    return operation
+
+
+add_i32 = _binary(i32x16, lambda b, x, y: b.add(x, y), "Lane-wise sum modulo 2**32 (vpaddd).")
+sub_i32 = _binary(i32x16, lambda b, x, y: b.sub(x, y), "Lane-wise difference modulo 2**32 (vpsubd).")
+and_i32 = _binary(i32x16, lambda b, x, y: b.and_(x, y), "Lane-wise and (vpandd).")
+or_i32 = _binary(i32x16, lambda b, x, y: b.or_(x, y), "Lane-wise or (vpord).")
+xor_i32 = _binary(i32x16, lambda b, x, y: b.xor(x, y), "Lane-wise exclusive or (vpxord).")
+andnot_i32 = _binary(i32x16, lambda b, x, y: b.and_(b.not_(x), y), "Lane-wise ``~a & b`` (vpandnd).")
+mul_i32 = _binary(i32x16, lambda b, x, y: b.mul(x, y), "Lane-wise product modulo 2**32 (vpmulld).")
+max_i32 = _binary(i32x16, lambda b, x, y: b.select(b.icmp_signed(">", x, y), x, y),
+                  "Lane-wise signed maximum (vpmaxsd).")
+min_i32 = _binary(i32x16, lambda b, x, y: b.select(b.icmp_signed("<", x, y), x, y),
+                  "Lane-wise signed minimum (vpminsd).")
+
+
+def _max_u16x2(builder, x, y):
+    x16, y16 = builder.bitcast(x, _V_I16), builder.bitcast(y, _V_I16)
+    return builder.bitcast(builder.select(builder.icmp_unsigned(">", x16, y16), x16, y16), _V_I32)
+
+
+max_u16x2_i32 = _binary(i32x16, _max_u16x2, "Per lane :func:`mmaemu.arith.packed.max_u16x2` (vpmaxuw).")
+add_f32 = _binary(f32x16, lambda b, x, y: b.fadd(x, y), "Lane-wise fp32 sum rounded to nearest (vaddps).")
+sub_f32 = _binary(f32x16, lambda b, x, y: b.fsub(x, y), "Lane-wise fp32 difference rounded to nearest (vsubps).")
+
+
+def _shift(emit, doc):
+    @intrinsic
+    def operation(typingctx, a, amount):
+        if a != i32x16 or not isinstance(amount, types.IntegerLiteral):
+            return None
+        count = amount.literal_value
+        if not 0 <= count < 32:
+            return None
+
+        def codegen(context, builder, signature, args):
+            return emit(builder, args[0], ir.Constant(_V_I32, [count] * LANES))
+
+        return i32x16(a, amount), codegen
+
+    operation.__doc__ = doc
+    return operation
+
+
+shl_i32 = _shift(lambda b, x, n: b.shl(x, n), "Lane-wise left shift by a constant (vpslld).")
+lshr_i32 = _shift(lambda b, x, n: b.lshr(x, n), "Lane-wise logical right shift by a constant (vpsrld).")
+rotate16_i32 = _shift(lambda b, x, n: b.or_(b.lshr(x, n), b.shl(x, n)),
+                      "Per lane :func:`mmaemu.arith.packed.swap_halves` (vprold 16); the amount must be 16.")
+
+
+@intrinsic
+def bits_of_f32(typingctx, x):
+    """The int32 patterns of the lanes (a bitcast, no instruction)."""
+    if x != f32x16:
+        return None
+    return i32x16(x), lambda context, builder, signature, args: builder.bitcast(args[0], _V_I32)
+
+
+@intrinsic
+def f32_of_bits(typingctx, x):
+    """The fp32 numbers whose patterns are the lanes (a bitcast, no instruction)."""
+    if x != i32x16:
+        return None
+    return f32x16(x), lambda context, builder, signature, args: builder.bitcast(args[0], _V_F32)
+
+
+@intrinsic
+def max_f32(typingctx, a, b):
+    """Lane-wise ``a if a > b else b`` (vmaxps: the ordered comparison; no NaN reaches it in mmaemu)."""
+    if a != f32x16 or b != f32x16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.select(builder.fcmp_ordered(">", args[0], args[1]), args[0], args[1])
+
+    return f32x16(a, b), codegen
+
+
+@intrinsic
+def fma_toward_zero_f32(typingctx, a, b, c):
+    """Lane-wise :func:`mmaemu.arith.fp32.fma_toward_zero`: ``a * b + c`` rounded once toward zero, by AVX-512
+    embedded rounding (``vfmadd231ps {rz-sae}``; MXCSR is neither read nor changed)."""
+    if (a, b, c) != (f32x16,) * 3:
+        return None
+
+    def codegen(context, builder, signature, args):
+        function_type = ir.FunctionType(_V_F32, [_V_F32, _V_F32, _V_F32, _I32])
+        function = cgutils.get_or_insert_function(builder.module, function_type, "llvm.x86.avx512.vfmadd.ps.512")
+        return builder.call(function, [*args, ir.Constant(_I32, ROUND_TOWARD_ZERO_SAE)])
+
+    return f32x16(a, b, c), codegen
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The exact twins: the same functions of 16 lanes, on NumPy arrays (uint32 patterns or float32 values)
+
+
+def _u32(x):
+    return np.asarray(x, np.uint32)
+
+
+def _i32(x):
+    return _u32(x).view(np.int32)
+
+
+def add_i32_twin(a, b):
+    return ((_u32(a).astype(np.uint64) + _u32(b)) % 2**32).astype(np.uint32)
+
+
+def sub_i32_twin(a, b):
+    return ((_u32(a).astype(np.int64) - _u32(b).astype(np.int64)) % 2**32).astype(np.uint32)
+
+
+def mul_i32_twin(a, b):
+    return ((_u32(a).astype(object) * _u32(b).astype(object)) % 2**32).astype(np.uint32)
+
+
+def and_i32_twin(a, b):
+    return _u32(a) & _u32(b)
+
+
+def or_i32_twin(a, b):
+    return _u32(a) | _u32(b)
+
+
+def xor_i32_twin(a, b):
+    return _u32(a) ^ _u32(b)
+
+
+def andnot_i32_twin(a, b):
+    return ~_u32(a) & _u32(b)
+
+
+def max_i32_twin(a, b):
+    return np.maximum(_i32(a), _i32(b)).view(np.uint32)
+
+
+def min_i32_twin(a, b):
+    return np.minimum(_i32(a), _i32(b)).view(np.uint32)
+
+
+def max_u16x2_twin(a, b):
+    return np.array([max_u16x2_exact(int(x), int(y)) for x, y in zip(_u32(a), _u32(b))], np.uint32)
+
+
+def shl_i32_twin(a, n):
+    return ((_u32(a).astype(np.uint64) << np.uint64(n)) % 2**32).astype(np.uint32)
+
+
+def lshr_i32_twin(a, n):
+    return _u32(a) >> np.uint32(n)
+
+
+def rotate16_i32_twin(a):
+    return np.array([swap_halves(int(x)) for x in _u32(a)], np.uint32)
+
+
+def fma_toward_zero_twin(a, b, c):
+    return np.array([fma_toward_zero_exact(np.float32(x), np.float32(y), np.float32(z)) for x, y, z in zip(a, b, c)],
+                    np.float32)

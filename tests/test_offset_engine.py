@@ -1,0 +1,379 @@
+"""The CPU's offset engine (mmaemu.cpu.offset_engine on mmaemu.cpu.simd's AVX-512 intrinsics) equals the reference
+engine and the tile engine bit for bit; every vector intrinsic equals its exact twin; every constant of the block
+step matters; the engine is chosen from the CPU Numba compiles for, never compiled without AVX-512.
+
+The input families are those of tests/test_fast_path.py (random, wide exponent spreads with subnormals, exact
+cancellations) plus hand-built blocks (one huge product among tiny ones, subnormals only, grid-edge significands,
+a growing accumulator), on shapes from (1, 1, 1) to (13, 200, 517) with K rarely a multiple of 16 or 32.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mmaemu import environment
+from mmaemu.arith.offset import ADD_MAX, OffsetConstants, offset_params
+from mmaemu.arith.params import codes_gemm, preset_params
+from mmaemu.cpu import features
+from mmaemu.cpu.engine import accumulate_codes, cpu_engine_choice
+from mmaemu.cpu.features import offset_call_decline
+from mmaemu.cpu.offset_engine import accumulate_prepared, prepare_b
+from mmaemu.model.presets import ADA, B200_MMA_SYNC, HOPPER, Preset
+
+from test_fast_path import EXTREMES, PAIRS, cancelling_codes, random_codes, spread_codes
+
+AVX512 = features.offset_engine_decline(features.numba_target()) is None
+needs_avx512 = pytest.mark.skipif(not AVX512, reason="the target CPU has no AVX-512 F/BW/DQ/VL")
+
+
+def _bits(x):
+    return np.asarray(x, np.float32).view(np.uint32)
+
+
+def _engines_agree(a, b, fmt_a, fmt_b, preset, fast, splits=1, scheme="none"):
+    ref = accumulate_codes(a, b, fmt_a, fmt_b, preset, fast, splits, scheme, reference=True)
+    tile = accumulate_codes(a, b, fmt_a, fmt_b, preset, fast, splits, scheme, cpu_engine="tile")
+    got = accumulate_codes(a, b, fmt_a, fmt_b, preset, fast, splits, scheme, cpu_engine="offset")
+    assert np.array_equal(_bits(ref), _bits(tile))
+    bad = np.argwhere(_bits(ref) != _bits(got))
+    assert not len(bad), (f"{len(bad)} outputs differ ({preset.name} {fmt_a}x{fmt_b} fast={fast} S={splits} "
+                          f"{scheme}, shape {a.shape} x {b.shape}); first at {tuple(bad[0])}")
+
+
+def adversarial_rows(fmt, K):
+    """Rows that defeat each step of the method: one huge product among tiny ones, cancellation to +0, a sum
+    that grows through the blocks (its grid coarsens), subnormals only with mixed signs, only +-0, a late first
+    product, and grid-edge significands (odd significands next to the largest magnitude, so that products sit one
+    unit either side of the block grid)."""
+    big, tiny, norm = EXTREMES[fmt]
+    rows = []
+    r = np.zeros(K, np.uint8); r[0] = big; r[1:32] = tiny; rows.append(r)
+    r = np.zeros(K, np.uint8); r[0] = big; r[1:2] = big ^ 0x80; r[2:3] = tiny; rows.append(r)
+    r = np.full(K, norm, np.uint8); r[::7] = big - 2; rows.append(r)
+    r = np.full(K, tiny, np.uint8); r[::2] |= 0x80; rows.append(r)
+    r = np.zeros(K, np.uint8); r[::5] = 0x80; rows.append(r)
+    r = np.zeros(K, np.uint8); r[min(129, K - 1)] = big; rows.append(r)
+    r = np.array([(big - 1 - (k % 3)) | (0x80 * (k % 2)) for k in range(K)], np.uint8); r[1::9] = tiny; rows.append(r)
+    return np.stack(rows)
+
+
+@needs_avx512
+@pytest.mark.parametrize("fmt_a,fmt_b", PAIRS)
+def test_random_families_and_shapes(fmt_a, fmt_b):
+    rng = np.random.default_rng(abs(hash((fmt_a, fmt_b))) % 2**32)
+    shapes = [(1, 1, 1), (2, 64, 16), (3, 65, 33), (5, 17, 100), (13, 200, 517), (4, 130, 257)]
+    for (M, N, K), (preset, fast) in zip(shapes, [(HOPPER, True), (ADA, False), (HOPPER, False), (ADA, True),
+                                                   (HOPPER, True), (ADA, True)]):
+        for family in range(3):
+            if family == 0:
+                a, b = random_codes(rng, fmt_a, (M, K)), random_codes(rng, fmt_b, (N, K))
+            elif family == 1:
+                a, b = spread_codes(rng, fmt_a, (M, K)), spread_codes(rng, fmt_b, (N, K))
+            else:
+                a, b = cancelling_codes(rng, fmt_a, fmt_b, M, N, K)
+            _engines_agree(a, b, fmt_a, fmt_b, preset, fast)
+
+
+@needs_avx512
+@pytest.mark.parametrize("fmt_a,fmt_b", PAIRS)
+def test_adversarial_blocks_and_schedules(fmt_a, fmt_b):
+    rng = np.random.default_rng(7)
+    K = 300
+    a = adversarial_rows(fmt_a, K)
+    b = np.concatenate([adversarial_rows(fmt_b, K), random_codes(rng, fmt_b, (60, K))])
+    for preset in (HOPPER, ADA):
+        for fast in (True, False):
+            for k in (K, 33, 129):
+                _engines_agree(np.ascontiguousarray(a[:, :k]), np.ascontiguousarray(b[:, :k]), fmt_a, fmt_b,
+                               preset, fast)
+    _engines_agree(a, b, fmt_a, fmt_b, HOPPER, True, 3, "contiguous")
+    _engines_agree(a, b, fmt_a, fmt_b, HOPPER, False, 5, "contiguous")
+    _engines_agree(a, b, fmt_a, fmt_b, ADA, False, 5, "pairwise")
+    _engines_agree(a, b, fmt_a, fmt_b, ADA, True, 24, "serial")  # splits made of padding tiles only
+
+
+@needs_avx512
+def test_nonfinite_codes_follow_c4():
+    rng = np.random.default_rng(9)
+    a, b = random_codes(rng, "e4m3", (5, 97)), random_codes(rng, "e5m2", (40, 97))
+    a[1, 5], b[7, 0], b[20, 50] = 0x7F, 0x7C, 0xFE
+    _engines_agree(a, b, "e4m3", "e5m2", HOPPER, True)
+    _engines_agree(a, b, "e4m3", "e5m2", ADA, False, 4, "pairwise")
+
+
+@needs_avx512
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_packed_layout_is_offset_packs(fmt):
+    """B's panels and A's columns hold exactly the words of mmaemu.arith.offset.offset_pack_rows (the CUDA kernel's
+    packing), ragged rows and K included (zero codes past them)."""
+    from mmaemu.arith.offset import offset_pack_rows, offset_tables
+    from mmaemu.cpu.offset_engine import pack_a
+    from mmaemu.cpu.offset_kernel import PANEL, padded_k
+
+    rng = np.random.default_rng(2)
+    for rows, K in ((1, 1), (3, 17), (65, 70), (130, 33)):
+        codes = rng.integers(0, 256, (rows, K), dtype=np.uint8)
+        kp, columns = padded_k(K), -(-rows // PANEL) * PANEL
+        val, exp = np.zeros((kp, columns), np.float32), np.zeros((kp // 2, columns), np.uint32)
+        words = np.zeros((kp // 4, 2 * columns), np.uint32)
+        offset_pack_rows(codes, offset_tables(fmt, ADD_MAX), val, exp, words, False)
+        prepared = prepare_b(codes, fmt)
+        for p in range(columns // PANEL):
+            part = slice(p * PANEL, (p + 1) * PANEL)
+            assert np.array_equal(prepared.val[p].view(np.uint32), val[:, part].view(np.uint32))
+            assert np.array_equal(prepared.exp[p], exp[:, part])
+            assert np.array_equal(prepared.low[p], words[:, 0::2][:, part])
+            assert np.array_equal(prepared.sign[p], words[:, 1::2][:, part])
+        a_val, a_exp, a_low, a_sign = pack_a(codes, fmt)
+        used = a_val.shape[1]
+        assert np.array_equal(a_val.view(np.uint32), val[:, :used].view(np.uint32))
+        assert np.array_equal(a_exp, exp[:, :used])
+        assert np.array_equal(a_low, words[:, 0::2][:, :used]) and np.array_equal(a_sign, words[:, 1::2][:, :used])
+
+
+@needs_avx512
+def test_prepared_b_is_reused_and_read_only():
+    rng = np.random.default_rng(1)
+    a1, a2 = random_codes(rng, "e4m3", (3, 70)), random_codes(rng, "e5m2", (4, 70))
+    b = random_codes(rng, "e4m3", (33, 70))
+    kept = b.copy()
+    prepared = prepare_b(b, "e4m3")
+    b[:] = 0  # the prepared panels hold no reference to B's storage
+    assert not prepared.val.flags.writeable and prepared.nbytes == prepared.val.size * 8
+    for a, fmt_a in ((a1, "e4m3"), (a2, "e5m2")):
+        gemm = codes_gemm(a, kept, fmt_a, "e4m3", HOPPER, True)
+        out = np.zeros((a.shape[0], 33), np.float32)
+        accumulate_prepared(gemm.a_codes, prepared, fmt_a, HOPPER, gemm.schedule, out)
+        want = accumulate_codes(a, kept, fmt_a, "e4m3", HOPPER, True, reference=True)
+        assert np.array_equal(_bits(out), _bits(want))
+    with pytest.raises(ValueError, match="K=70"):
+        accumulate_prepared(np.zeros((1, 71), np.uint8), prepared, "e4m3", HOPPER, (71, 1, 0, 0, 0, 0),
+                            np.zeros((1, 33), np.float32))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Every constant of the block step matters: each altered constant is caught by the families above
+# ----------------------------------------------------------------------------------------------------------------
+
+MIN_EXP_0 = Preset("offset-minexp0", nfma=32, frac=13, frac_out=13, min_exp=0, late_c=False, slow_chunk=128)
+CONSTANT_NAMES = tuple(name for name in OffsetConstants._fields if name != "start")  # start: power sums only
+
+
+def _mutation_operands():
+    rng = np.random.default_rng(21)
+    K = 160
+    a = np.concatenate([adversarial_rows("e4m3", K), spread_codes(rng, "e4m3", (4, K)),
+                        cancelling_codes(rng, "e4m3", "e4m3", 4, 1, K)[0], random_codes(rng, "e4m3", (3, K))])
+    b = np.concatenate([adversarial_rows("e4m3", K), spread_codes(rng, "e4m3", (20, K)),
+                        random_codes(rng, "e4m3", (30, K)), cancelling_codes(rng, "e4m3", "e4m3", 1, 7, K)[1]])
+    return a, b
+
+
+# (constant, signed step): one unit of the constant's own scale (a count, an exponent step of 2**23 in a pattern, a
+# byte of the threshold word), both ways. tau_max, the upper clamp of the threshold's shift (R + 1 = 35 for E4M3 x
+# E4M3), is moved down only: it guards condition 4 for shifts above R, which the shipped presets' products and
+# accumulators cannot reach (E - frac - lo <= 23 here), so a clamp raised, or lowered by one, is never read; a clamp
+# of 19 is read by every block whose shift exceeds it.
+MUTATIONS = [(name, delta) for name in CONSTANT_NAMES if name != "tau_max" for delta in (-1, 1)] + [("tau_max", -16)]
+
+
+@needs_avx512
+@pytest.mark.parametrize("name,delta", MUTATIONS, ids=[f"{n}{d:+d}" for n, d in MUTATIONS])
+def test_every_constant_matters(name, delta):
+    """Each constant of offset_params moved (MUTATIONS) changes some output of the adversarial families (runtime
+    values: nothing is recompiled), and the unchanged constants give the reference's bits."""
+    a, b = _mutation_operands()
+    # The floor 2**e_floor decides E only where min_exp lies above every product's exponent sum (with min_exp
+    # below lo it changes nothing: condition 2), so it is moved on a preset whose min_exp is 0.
+    preset = MIN_EXP_0 if name == "floor_bits" else HOPPER
+    gemm = codes_gemm(a, b, "e4m3", "e4m3", preset, True)
+    want = accumulate_codes(a, b, "e4m3", "e4m3", preset, True, reference=True)
+    constants = list(offset_params(preset_params(preset, "e4m3", "e4m3"), "e4m3", "e4m3", ADD_MAX))
+    i = CONSTANT_NAMES.index(name)
+    step = {"p_add": 1 << 23, "floor_bits": 1 << 23, "m_add": 1 << 23, "top4": 1, "mantissa": 1 << 21}.get(name, 1)
+    if name == "nfma":
+        step = 16  # blocks are read as whole passes of 16 k
+    constants[i] = int(np.array((constants[i] + delta * step) % 2**32, np.uint32).view(np.int32))
+    prepared = prepare_b(gemm.b_codes, "e4m3")
+    out = np.zeros(gemm.shape[:2], np.float32)
+    accumulate_prepared(gemm.a_codes, prepared, "e4m3", preset, gemm.schedule, out, OffsetConstants(*constants))
+    assert not np.array_equal(_bits(out), _bits(want)), f"{name} {delta:+d} went unnoticed"
+    constants[i] = offset_params(preset_params(preset, "e4m3", "e4m3"), "e4m3", "e4m3", ADD_MAX)[i]
+    accumulate_prepared(gemm.a_codes, prepared, "e4m3", preset, gemm.schedule, out, OffsetConstants(*constants))
+    assert np.array_equal(_bits(out), _bits(want))
+
+
+def _mutated_call(preset=HOPPER, constants=None, masks=None):
+    """The adversarial families through accumulate_prepared with altered constants or masks, and the reference."""
+    from mmaemu.cpu.offset_kernel import MASKS
+
+    a, b = _mutation_operands()
+    gemm = codes_gemm(a, b, "e4m3", "e4m3", preset, True)
+    want = accumulate_codes(a, b, "e4m3", "e4m3", preset, True, reference=True)
+    out = np.zeros(gemm.shape[:2], np.float32)
+    accumulate_prepared(gemm.a_codes, prepare_b(gemm.b_codes, "e4m3"), "e4m3", preset, gemm.schedule, out,
+                        constants, MASKS if masks is None else masks)
+    return _bits(out), _bits(want)
+
+
+# (index in MASKS, altered value): the byte sum without its top byte, no sign on M, no magnitude of c (the maximum
+# then passes over every negative accumulator), the exponent field without its lowest bit.
+MASK_MUTATIONS = [(0, 0x00010101), (1, 0), (2, -1), (3, -0x01000000)]
+
+
+@needs_avx512
+@pytest.mark.parametrize("index,value", MASK_MUTATIONS, ids=["byte_sum", "sign", "magnitude", "exponent_field"])
+def test_every_mask_matters(index, value):
+    from mmaemu.cpu.offset_kernel import MASKS
+
+    masks = list(MASKS)
+    masks[index] = value
+    got, want = _mutated_call(masks=tuple(masks))
+    assert not np.array_equal(got, want)
+
+
+# (table, what is altered): zero codes' low byte at 0 (a zero term next to a negative one then counts), the sign
+# byte at 0x40 (bit 7 never set: no correction), zero codes' exponent half as a real one (absent terms then set E),
+# every real low byte one higher.
+TABLE_MUTATIONS = ["zero_low", "sign_byte", "exp_absent", "low_bytes"]
+
+
+@needs_avx512
+@pytest.mark.parametrize("mutation", TABLE_MUTATIONS)
+def test_every_table_constant_matters(mutation, monkeypatch):
+    from mmaemu.arith import offset
+    from mmaemu.cpu import offset_engine
+
+    values, exps, lows, signs = (t.copy() for t in offset.offset_tables("e4m3", ADD_MAX))
+    zero = values == 0
+    if mutation == "zero_low":
+        lows[zero] = 0
+    elif mutation == "sign_byte":
+        signs[signs == offset.SIGN_BYTE] = 0x40
+    elif mutation == "exp_absent":
+        exps[zero] = offset.EXP_BIAS + 15
+    else:
+        lows[~zero] += 1
+    monkeypatch.setitem(offset_engine._TABLES, "e4m3", (values, exps, lows, signs))
+    got, want = _mutated_call()
+    assert not np.array_equal(got, want)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The choice of the engine
+# ----------------------------------------------------------------------------------------------------------------
+
+ZEN4 = features.TargetCpu("znver4", frozenset(features.REQUIRED_FEATURES + ("avx2",)), "x86_64")
+GENERIC = features.TargetCpu("generic", frozenset(), "x86_64")
+HASWELL = features.TargetCpu("haswell", frozenset({"avx2", "fma"}), "x86_64")
+
+
+def test_choice_from_the_target_cpu():
+    assert features.choose_cpu_engine("auto", ZEN4, None).engine == "offset"
+    for target in (GENERIC, HASWELL, features.TargetCpu("apple-m1", frozenset(), "arm64")):
+        choice = features.choose_cpu_engine("auto", target, None)
+        assert choice.engine == "tile" and "AVX-512" in choice.reason or "x86-64" in choice.reason
+        with pytest.raises(ValueError, match="MMAEMU_CPU_ENGINE=offset.*unset MMAEMU_CPU_ENGINE"):
+            features.choose_cpu_engine("offset", target, None)
+    assert features.choose_cpu_engine("tile", ZEN4, None) == ("tile", "MMAEMU_CPU_ENGINE=tile")
+    assert features.choose_cpu_engine("auto", ZEN4, "needs x").engine == "tile"
+    with pytest.raises(ValueError, match="needs x"):
+        features.choose_cpu_engine("offset", ZEN4, "needs x")
+
+
+def test_feature_strings_as_llvm_writes_them():
+    assert features.parse_features("+avx512f,-avx512fp16,+avx512bw, +sse2") == {"avx512f", "avx512bw", "sse2"}
+    assert features.parse_features("") == frozenset()
+
+
+def test_calls_the_method_fits():
+    fast = (4096, 1, 0, 0, 0, 0)
+    for preset in (HOPPER, ADA):
+        for fmt_a, fmt_b in PAIRS:
+            assert offset_call_decline(preset, fast, fmt_a, fmt_b) is None
+            assert offset_call_decline(preset, (128, 1, 0, 1, 0, 0), fmt_a, fmt_b) is None
+            assert offset_call_decline(preset, (64, 5, 1, 2, 1, 1), fmt_a, fmt_b) is None
+    assert "late" in offset_call_decline(B200_MMA_SYNC, fast, "e4m3", "e4m3")
+    assert "16" in offset_call_decline(Preset("c8", nfma=8, frac=13, frac_out=13, min_exp=-132, late_c=False,
+                                              slow_chunk=128), fast, "e4m3", "e4m3")
+    assert "frac_out" in offset_call_decline(Preset("c", nfma=16, frac=13, frac_out=10, min_exp=-132, late_c=False,
+                                                    slow_chunk=128), fast, "e4m3", "e4m3")
+
+
+def test_environment_variable():
+    assert environment.snapshot({})["MMAEMU_CPU_ENGINE"] == "auto"
+    assert environment.snapshot({"MMAEMU_CPU_ENGINE": " Tile "})["MMAEMU_CPU_ENGINE"] == "tile"
+    env = environment.snapshot({"MMAEMU_CPU_ENGINE": "fast"})
+    assert env["MMAEMU_CPU_ENGINE"] == "auto" and "MMAEMU_CPU_ENGINE" in env.invalid
+
+
+def test_reported_choice_follows_the_variable(monkeypatch):
+    schedule = (100, 1, 0, 0, 0, 0)
+    monkeypatch.setenv("MMAEMU_CPU_ENGINE", "tile")
+    assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3").engine == "tile"
+    monkeypatch.setenv("MMAEMU_CPU_ENGINE", "auto")
+    assert cpu_engine_choice(B200_MMA_SYNC, schedule, "e4m3", "e4m3").engine == "tile"
+    assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3").engine == ("offset" if AVX512 else "tile")
+
+
+@pytest.mark.filterwarnings("ignore::mmaemu.ExperimentalPresetWarning")  # b200_mma_sync, the preset refused here
+def test_explain_names_the_engine_that_runs(monkeypatch):
+    """explain's cpu_engine is the choice of the call's own environment; a forced offset engine that cannot compute
+    the call is the call's error (explain reports it, scaled_mm raises it before computing)."""
+    import torch
+
+    import mmaemu
+
+    x, w = torch.zeros(16, 64, dtype=torch.float8_e4m3fn), torch.zeros(16, 64, dtype=torch.float8_e4m3fn)
+    one = torch.tensor(1.0)
+    monkeypatch.setenv("MMAEMU_CPU_ENGINE", "tile")
+    plan = mmaemu.explain(x, w.t(), one, one, out_dtype=torch.bfloat16, splitk=1)
+    assert plan.backend == "cpu" and plan.cpu_engine == "tile: MMAEMU_CPU_ENGINE=tile"
+    monkeypatch.setenv("MMAEMU_CPU_ENGINE", "auto")
+    plan = mmaemu.explain(x, w.t(), one, one, out_dtype=torch.bfloat16, splitk=1)
+    assert plan.cpu_engine.startswith("offset: " if AVX512 else "tile: the offset engine needs")
+    monkeypatch.setenv("MMAEMU_CPU_ENGINE", "offset")
+    plan = mmaemu.explain(x, w.t(), one, one, out_dtype=torch.float32, splitk=1, use_fast_accum=True,
+                          profile="b200-mma-sync-experimental")
+    assert plan.validation[0] == "ValueError" and "unset MMAEMU_CPU_ENGINE" in plan.validation[1]
+    with pytest.raises(ValueError, match="adds c late"):
+        mmaemu.scaled_mm(x, w.t(), one, one, out_dtype=torch.float32, splitk=1, use_fast_accum=True,
+                         profile="b200-mma-sync-experimental")
+
+
+GENERIC_RUN = """
+import sys
+import numpy as np
+from mmaemu.cpu.engine import accumulate_codes, cpu_engine_choice
+from mmaemu.model.presets import HOPPER
+a, b = (np.frombuffer(bytes.fromhex(text), np.uint8).reshape(rows, 40) for text, rows in zip(sys.argv[1:], (3, 5)))
+choice = cpu_engine_choice(HOPPER, (40, 1, 0, 0, 0, 0), "e4m3", "e4m3")
+got = accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True)
+try:
+    accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True, cpu_engine="offset")
+    refused = "no"
+except ValueError as exc:
+    refused = str(exc)
+print(choice.engine, "mmaemu.cpu.offset_kernel" in sys.modules, "unset MMAEMU_CPU_ENGINE" in refused,
+      got.view(np.uint32).tobytes().hex())
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_generic_cpu_keeps_the_tile_engine_and_never_compiles_the_offset_one(tmp_path):
+    """NUMBA_CPU_NAME=generic (Numba then enables no feature): the tile engine computes, the offset engine's module
+    is never imported (so nothing of it is compiled), and forcing it raises the error that names the way out."""
+    rng = np.random.default_rng(0)
+    a, b = random_codes(rng, "e4m3", (3, 40)), random_codes(rng, "e4m3", (5, 40))
+    want = accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True, reference=True)
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", MMAEMU_CACHE_DIR=str(tmp_path))
+    env.pop("NUMBA_CPU_FEATURES", None)
+    env.pop("MMAEMU_CPU_ENGINE", None)
+    run = subprocess.run([sys.executable, "-c", GENERIC_RUN, a.tobytes().hex(), b.tobytes().hex()], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["tile", "False", "True", want.view(np.uint32).tobytes().hex()]

@@ -1,0 +1,134 @@
+"""Every 512-bit vector intrinsic of mmaemu.cpu.simd equals its exact twin, lane by lane, on random and edge inputs
+(+-0, subnormals, the smallest and largest normal exponents, sign bits, carries, every shift amount in use), as the
+CUDA primitives equal theirs (tests/test_offset.py). Runs only where the target CPU has AVX-512 F/BW/DQ/VL."""
+
+import numpy as np
+import pytest
+from numba import njit
+
+from mmaemu.arith.fp32 import fma_toward_zero_exact
+from mmaemu.cpu import features, simd
+
+pytestmark = pytest.mark.skipif(features.offset_engine_decline(features.numba_target()) is not None,
+                                reason="the target CPU has no AVX-512 F/BW/DQ/VL")
+
+EDGE_WORDS = [0, 1, 2, 0x7F, 0x80, 0xFF, 0x100, 0x7FFF, 0x8000, 0xFFFF, 0x10000, 0x007FFFFF, 0x00800000, 0x3F800000,
+              0x7F7FFFFF, 0x7FFFFFFF, 0x80000000, 0x80000001, 0xFF7FFFFF, 0xFFFF0000, 0xFFFFFFFF, 0x01010101,
+              0x80808080, 0x7F7F7F7F, 0x0300030F, 0x061E0500]
+
+
+def word_rows(seed, rows=64):
+    """[rows, 16] uint32: edge words in every pairing, then random words, random bytes and random halves."""
+    rng = np.random.default_rng(seed)
+    edges = np.array(EDGE_WORDS, np.uint32)
+    parts = [np.resize(np.roll(edges, s), 16 * 4) for s in range(0, len(edges), 3)]
+    parts.append(rng.integers(0, 2**32, 16 * rows, dtype=np.uint64).astype(np.uint32))
+    parts.append((rng.integers(0, 2**16, 16 * rows, dtype=np.uint64) * 0x10001).astype(np.uint32))
+    flat = np.concatenate(parts)
+    return flat[: len(flat) // 16 * 16].reshape(-1, 16)
+
+
+def _binary_kernel(op):
+    @njit
+    def run(x, y, out):
+        for r in range(x.shape[0]):
+            v = op(simd.load_u32(x, r, 0), simd.load_u32(y, r, 0))
+            simd.store_f32(out, r, 0, simd.f32_of_bits(v))
+    return run
+
+
+BINARY = [(simd.add_i32, simd.add_i32_twin), (simd.sub_i32, simd.sub_i32_twin), (simd.mul_i32, simd.mul_i32_twin),
+          (simd.and_i32, simd.and_i32_twin), (simd.or_i32, simd.or_i32_twin), (simd.xor_i32, simd.xor_i32_twin),
+          (simd.andnot_i32, simd.andnot_i32_twin), (simd.max_i32, simd.max_i32_twin),
+          (simd.min_i32, simd.min_i32_twin), (simd.max_u16x2_i32, simd.max_u16x2_twin)]
+
+
+@pytest.mark.parametrize("op,twin", BINARY, ids=lambda f: getattr(f, "__name__", str(f)))
+def test_integer_operations_equal_their_twins(op, twin):
+    x, y = word_rows(1), word_rows(2)
+    y = np.concatenate([y[1:], y[:1]])
+    out = np.zeros(x.shape, np.float32)
+    _binary_kernel(op)(x, y, out)
+    got = out.view(np.uint32)
+    want = np.stack([twin(x[r], y[r]) for r in range(x.shape[0])])
+    assert np.array_equal(got, want)
+
+
+@njit
+def _shifts(x, out):
+    for r in range(x.shape[0]):
+        v = simd.load_u32(x, r, 0)
+        simd.store_f32(out, 4 * r, 0, simd.f32_of_bits(simd.shl_i32(v, 23)))
+        simd.store_f32(out, 4 * r + 1, 0, simd.f32_of_bits(simd.lshr_i32(v, 23)))
+        simd.store_f32(out, 4 * r + 2, 0, simd.f32_of_bits(simd.lshr_i32(v, 7)))
+        simd.store_f32(out, 4 * r + 3, 0, simd.f32_of_bits(simd.rotate16_i32(v, 16)))
+
+
+def test_shifts_and_the_half_swap_equal_their_twins():
+    x = word_rows(3)
+    out = np.zeros((4 * x.shape[0], 16), np.float32)
+    _shifts(x, out)
+    got = out.view(np.uint32).reshape(x.shape[0], 4, 16)
+    for r in range(x.shape[0]):
+        assert np.array_equal(got[r, 0], simd.shl_i32_twin(x[r], 23))
+        assert np.array_equal(got[r, 1], simd.lshr_i32_twin(x[r], 23))
+        assert np.array_equal(got[r, 2], simd.lshr_i32_twin(x[r], 7))
+        assert np.array_equal(got[r, 3], simd.rotate16_i32_twin(x[r]))
+
+
+@njit
+def _broadcasts(values, words, out):
+    for r in range(values.shape[0]):
+        simd.store_f32(out, 2 * r, 0, simd.broadcast_f32(values[r]))
+        simd.store_f32(out, 2 * r + 1, 0, simd.f32_of_bits(simd.broadcast_i32(words[r])))
+
+
+def test_broadcasts_and_bit_casts():
+    words = np.array(EDGE_WORDS, np.uint32)
+    values = words.view(np.float32)
+    out = np.zeros((2 * len(words), 16), np.float32)
+    _broadcasts(values, words, out)
+    bits = out.view(np.uint32)
+    assert np.array_equal(bits[0::2], np.repeat(words[:, None], 16, axis=1))
+    assert np.array_equal(bits[1::2], np.repeat(words[:, None], 16, axis=1))
+
+
+def float_rows(seed, rows=400):
+    """[rows, 16] float32 triples' operands: +-0, subnormals, the normal extremes, values one ulp apart, and random
+    values of every exponent; NaN and Inf left out (the twins' domain)."""
+    rng = np.random.default_rng(seed)
+    edges = np.array([0.0, -0.0, 1.0, -1.0, 1.5, 2.0**-149, -2.0**-149, 2.0**-126, 2.0**-127, 3 * 2.0**-140,
+                      2.0**60, -2.0**60, 2.0**-60, 1 + 2.0**-23, 1 - 2.0**-24, 3.0, 0.1, -0.7], np.float32)
+    words = rng.integers(0, 2**32, 16 * rows, dtype=np.uint64).astype(np.uint32)
+    words &= np.uint32(0xBFFFFFFF)  # exponents below 2**1: products and sums stay finite
+    flat = np.concatenate([np.resize(edges, 16 * 8), words.view(np.float32)])
+    return flat[: len(flat) // 16 * 16].reshape(-1, 16)
+
+
+@njit
+def _floats(a, b, c, out):
+    for r in range(a.shape[0]):
+        x, y, z = simd.load_f32(a, r, 0), simd.load_f32(b, r, 0), simd.load_f32(c, r, 0)
+        simd.store_f32(out, 4 * r, 0, simd.fma_toward_zero_f32(x, y, z))
+        simd.store_f32(out, 4 * r + 1, 0, simd.add_f32(x, z))
+        simd.store_f32(out, 4 * r + 2, 0, simd.sub_f32(x, z))
+        simd.store_f32(out, 4 * r + 3, 0, simd.max_f32(x, z))
+
+
+def test_float_operations_equal_their_twins():
+    """The embedded-rounding FMA against the exact emulation (round toward zero, +0 for x + (-x), subnormal
+    results), RNE add/sub and the maximum against NumPy; c = -a*b rows give exact cancellations."""
+    a, b, c = float_rows(4), float_rows(5), float_rows(6)
+    rng = np.random.default_rng(7)
+    cancel = rng.random(a.shape) < 0.1
+    c[cancel] = -(a[cancel].astype(np.float64) * b[cancel]).astype(np.float32)
+    out = np.zeros((4 * a.shape[0], 16), np.float32)
+    _floats(a, b, c, out)
+    got = out.view(np.uint32).reshape(a.shape[0], 4, 16)
+    fma = np.array([[fma_toward_zero_exact(x, y, z) for x, y, z in zip(*row)] for row in zip(a, b, c)], np.float32)
+    assert np.array_equal(got[:, 0], fma.view(np.uint32))
+    assert np.array_equal(got[:, 0], np.stack([simd.fma_toward_zero_twin(*row) for row in zip(a[:8], b[:8], c[:8])]
+                                              + list(fma[8:])).view(np.uint32))
+    assert np.array_equal(got[:, 1], (a + c).view(np.uint32))
+    assert np.array_equal(got[:, 2], (a - c).view(np.uint32))
+    assert np.array_equal(got[:, 3], np.where(a > c, a, c).view(np.uint32))
