@@ -589,6 +589,22 @@ def test_decline_rules():
     assert _declined(HOPPER) is None and _declined(ADA) is None
 
 
+def test_both_offset_engines_decline_a_min_exp_whose_offset_overflows():
+    """Condition 2's top (offset_floor_decline): one rule for the CPU engine and the CUDA kernel."""
+    from mmaemu.arith.params import Schedule, preset_params
+    from mmaemu.cpu.features import offset_call_decline
+    from mmaemu.cuda.offset.kernel import offset_decline as cuda_offset_decline
+
+    high = Preset("offset-minexp-high", nfma=32, frac=13, frac_out=13, min_exp=118, late_c=False, slow_chunk=128)
+    edge = Preset("offset-minexp-edge", nfma=32, frac=13, frac_out=13, min_exp=117, late_c=False, slow_chunk=128)
+    unsplit = Schedule(1, 1, 0, 0, 0, 0)
+    for preset, declined in ((high, True), (edge, False)):
+        params = preset_params(preset, "e4m3", "e4m3")
+        for why in (offset.offset_preset_decline(params), offset_call_decline(preset, unsplit, "e4m3", "e4m3"),
+                    cuda_offset_decline(unsplit, params)):
+            assert (why is not None and "overflows fp32" in why) == declined, (preset.name, why)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Mutations: each bound of the docstring, broken on purpose, must make the comparison fail
 

@@ -179,6 +179,15 @@ def offset_floor_decline(min_exp: int, frac: int):
     return None
 
 
+def offset_preset_decline(params):
+    """Why the offset formulation does not compute a preset's block parameters (:class:`~.params.BlockParams`),
+    None if it does: :func:`offset_decline` and :func:`offset_floor_decline`, the one rule that the CPU's offset
+    engine and the CUDA offset kernel both start from."""
+    params = BlockParams(*(int(v) for v in params))
+    return (offset_decline(params.nfma, params.frac, params.frac_out, params.late_c)
+            or offset_floor_decline(params.min_exp, params.frac))
+
+
 def exponent_method(fmt_a: str, fmt_b: str, nfma: int) -> str:
     """The exponent pass of a format pair and block length: POWER_SUMS for E4M3 x E4M3 blocks of at most
     POWER_TERMS products (conditions 10-11), ADD_MAX otherwise."""

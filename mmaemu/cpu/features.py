@@ -18,7 +18,7 @@ import functools
 import platform
 from typing import NamedTuple, Optional
 
-from ..arith.offset import offset_decline, offset_floor_decline
+from ..arith.offset import offset_preset_decline
 from ..arith.params import Schedule, preset_params
 
 CPU_ENGINE_ENV = "MMAEMU_CPU_ENGINE"
@@ -106,12 +106,12 @@ def engine_summary(requested: str, target: TargetCpu) -> str:
 
 def offset_call_decline(preset, schedule, fmt_a: str, fmt_b: str) -> Optional[str]:
     """Why the offset engine does not compute a call (None if it does): the method's conditions
-    (:func:`mmaemu.arith.offset.offset_decline`: early-accumulator presets whose block sums fit the window,
-    frac_out >= frac, nfma a multiple of 16; :func:`~mmaemu.arith.offset.offset_floor_decline`), nfma <= MAX_NFMA (the byte counters), and k-tiles that whole blocks
-    fill (split or slow schedules: nfma divides the tile, so no block ends inside a tile before K)."""
+    (:func:`mmaemu.arith.offset.offset_preset_decline`: early-accumulator presets whose block sums fit the
+    window, frac_out >= frac, nfma a multiple of 16, a min_exp whose offset stays finite), nfma <= MAX_NFMA (the
+    byte counters), and k-tiles that whole blocks fill (split or slow schedules: nfma divides the tile, so no block ends inside a tile before K)."""
     params = preset_params(preset, fmt_a, fmt_b)
     nfma, frac = params.nfma, params.frac
-    why = offset_decline(nfma, frac, params.frac_out, params.late_c) or offset_floor_decline(params.min_exp, frac)
+    why = offset_preset_decline(params)
     if why is not None:
         return why
     if nfma > MAX_NFMA:

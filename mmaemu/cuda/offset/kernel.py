@@ -62,11 +62,11 @@ REGISTERS = 255
 
 def offset_decline(schedule, params):
     """Why the offset kernel does not compute this schedule and preset (None if it does): a preset that
-    :func:`mmaemu.arith.offset.offset_decline` accepts, whose blocks tile the STAGE_K-wide stages, and whose
+    :func:`mmaemu.arith.offset.offset_preset_decline` accepts, whose blocks tile the STAGE_K-wide stages, and whose
     k-tiles start on a stage (an unsplit fast chain is one range from k = 0)."""
     tile, splits, chain_tiles = int(schedule.tile), int(schedule.splits), int(schedule.chain_tiles)
     nfma = int(params.nfma)
-    why = _offset.offset_decline(nfma, int(params.frac), int(params.frac_out), int(params.late_c))
+    why = _offset.offset_preset_decline(params)
     if why is not None:
         return why
     if STAGE_K % nfma:
