@@ -5,6 +5,7 @@ arrive swizzled and are mapped back by mmaemu), torch's validation order for blo
 
 from __future__ import annotations
 
+import types
 import warnings
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 
 import mmaemu
 from mmaemu.scale_layout import to_blocked
+from mmaemu.warn import collecting
 from test_mmasim_block_scale import MXF4, MXF8, make_cases, sim  # noqa: F401  (sim: the MMA-Sim fixture)
 
 PROFILE = "b200-mx-experimental"
@@ -230,3 +232,19 @@ def test_backends_of_block_scaled_calls(monkeypatch):
     monkeypatch.setenv("MMAEMU_BACKEND", "cuda:offset")  # a preference: the CPU computes, and says why
     plan = mmaemu.explain(**_mx_call())
     assert plan.backend == "cpu" and "cuda:simple" in plan.fallbacks[0]
+
+
+def test_cuda_simple_for_a_block_scaled_call_says_its_kernel_has_no_device_self_test(monkeypatch):
+    """Named cuda:simple on CUDA tensors is an explicit choice of a kernel checked only under the simulator: the
+    plan takes it and carries the warning (the plan of a CUDA call, built on the CPU from a device stand-in)."""
+    from mmaemu.plan import planner
+    from mmaemu.platform import block_scaled
+
+    monkeypatch.delenv("MMAEMU_DISABLE_CUDA", raising=False)
+    plan = types.SimpleNamespace(notices=[], fallbacks=[], backend=None)
+    with collecting():
+        planner._choose_block_scaled_backend(plan, torch.device("cuda"), "cuda:simple", None)
+    assert plan.backend == "cuda:simple"
+    assert [(n.category, n.message) for n in plan.notices] == [
+        (mmaemu.ExperimentalPresetWarning, block_scaled.CUDA_SIMPLE_UNCHECKED)]
+    assert "no device self-test" in block_scaled.CUDA_SIMPLE_UNCHECKED

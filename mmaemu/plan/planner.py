@@ -223,14 +223,16 @@ def _plan_block_scaled(plan: Plan, splitk, backend, context) -> Plan:
 
 
 def _choose_block_scaled_backend(plan: Plan, device, backend, context) -> None:
-    """The engines of block-scaled calls: "reference" and "cpu"; on CUDA tensors "cuda:simple" when named, else
-    the CPU engine (the result is copied back)."""
+    """The engines of block-scaled calls: "reference" and "cpu"; on CUDA tensors "cuda:simple" when named (it
+    warns: its kernel has no device self-test), else the CPU engine (the result is copied back)."""
     name = backends.requested_backend(backend, context=context)
     on_cuda = getattr(device, "type", str(device)) == "cuda"
     if name in backends.CPU_ENGINES:
         plan.backend = name
     elif name == "cuda:simple" and on_cuda and not backends.cuda_disabled(context=context):
         plan.backend = name
+        _note(plan, [Notice(ExperimentalPresetWarning, block_scaled.CUDA_SIMPLE_UNCHECKED,
+                            ("block-scaled:cuda:simple",))])
     elif name == "auto" or backend == "auto":  # $MMAEMU_BACKEND naming another CUDA kernel is a preference
         plan.backend = "cpu"
         if on_cuda or name != "auto":

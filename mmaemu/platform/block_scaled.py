@@ -28,6 +28,11 @@ __all__ = ["PROFILE", "KERNEL", "Recipe", "RECIPES", "recipe_preset", "is_block_
 #: The built-in profile of the B200 block-scaled GEMMs.
 PROFILE = "b200-mx-experimental"
 KERNEL = "cuBLASLt block-scaled (B200 tcgen05.mma block_scale)"
+# cuda:simple's block-scaled kernel is an explicit choice with no device self-test (the row-wise epilogue stays on
+# the CPU for the same reason): it computes, and says so once per process.
+CUDA_SIMPLE_UNCHECKED = ("mmaemu: cuda:simple computes this block-scaled call with a kernel that has no device "
+                         "self-test (checked under the CUDA simulator only): its bits on this GPU are not verified; "
+                         "backend='cpu' computes the same call on the CPU (docs/limitations.md)")
 NO_SPLIT_REASON = ("modelled as one chain of the instruction per output over all of K (no split-K, no promotion): "
                    "not recorded on a B200")
 UNKNOWNS = ("split-K and slow accumulation of cuBLASLt's block-scaled kernels", "the effect of use_fast_accum on "
