@@ -284,6 +284,26 @@ def test_choice_from_the_target_cpu():
         features.choose_cpu_engine("offset", ZEN4, "needs x")
 
 
+def test_auto_takes_the_offset_engine_where_it_is_the_faster_one():
+    """A speed rule of "auto" only (docs/performance.md): forcing the offset engine ignores it, and both engines
+    give the same bits whatever the shape (the tests above)."""
+    lo, hi = features.OFFSET_ROWS
+    n = features.OFFSET_MIN_COLUMNS
+    for M, N, faster in ((lo, n, True), (hi, 5760, True), (lo - 1, 5760, False), (hi + 1, 5760, False),
+                         (64, n - 1, False), (1, 5760, False), (16, 16, False)):
+        decline = features.offset_shape_decline(M, N)
+        assert (decline is None) == faster, (M, N, decline)
+        choice = features.choose_cpu_engine("auto", ZEN4, None, decline)
+        assert choice.engine == ("offset" if faster else "tile"), (M, N, choice)
+        assert features.choose_cpu_engine("offset", ZEN4, None, decline).engine == "offset"
+    assert "M = 1, N = 5760" in features.choose_cpu_engine("auto", ZEN4, None,
+                                                           features.offset_shape_decline(1, 5760)).reason
+    schedule = (4096, 1, 0, 0, 0, 0)
+    assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3", "auto", (1, 5760)).engine == "tile"
+    assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3", "auto", (64, 5760)).engine == (
+        "offset" if AVX512 else "tile")
+
+
 def test_feature_strings_as_llvm_writes_them():
     assert features.parse_features("+avx512f,-avx512fp16,+avx512bw, +sse2") == {"avx512f", "avx512bw", "sse2"}
     assert features.parse_features("") == frozenset()
@@ -327,7 +347,7 @@ def test_explain_names_the_engine_that_runs(monkeypatch):
 
     import mmaemu
 
-    x, w = torch.zeros(16, 64, dtype=torch.float8_e4m3fn), torch.zeros(16, 64, dtype=torch.float8_e4m3fn)
+    x, w = torch.zeros(16, 64, dtype=torch.float8_e4m3fn), torch.zeros(384, 64, dtype=torch.float8_e4m3fn)
     one = torch.tensor(1.0)
     monkeypatch.setenv("MMAEMU_CPU_ENGINE", "tile")
     plan = mmaemu.explain(x, w.t(), one, one, out_dtype=torch.bfloat16, splitk=1)

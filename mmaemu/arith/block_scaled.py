@@ -128,7 +128,7 @@ def scaled_block_chain(sa, ea, sb, eb, va, vb, sva, svb, bad_a, bad_b, k, block,
     instructions flagged in ``bad_a``/``bad_b`` (one flag per instruction: a NaN/Inf element or a NaN scale), which
     add their IEEE sum (:func:`instruction_ieee_sum`) to the accumulator in float64, rounded to fp32.
     """
-    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    lshift, rshift, frac, frac_out, min_exp = params.lshift, params.rshift, params.frac, params.frac_out, params.min_exp
     acc = np.float32(0.0)
     for i in range(sa.shape[0] // k):
         if bad_a[i] or bad_b[i]:
@@ -184,7 +184,7 @@ def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, i, kb, k
     instruction i; ``work`` = (c_sig, c_lead, e_max, scale, total) as in :func:`mmaemu.arith.tile.tile_accumulate`;
     ``overflow[r, j]`` is set when a result reaches 2**128.
     """
-    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    frac, frac_out, min_exp = params.frac, params.frac_out, params.min_exp
     c_sig, c_lead, e_max, scale, total = work
     T = total.dtype.type
     cap = lane_cap(T)
@@ -215,7 +215,7 @@ def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, i, kb, k
 def tile_scaled_chain(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, K, k, params, work, overflow, result):
     """``result[r, j]``: the fp32 value of the chain of scaled-block instructions of ``k`` elements from +0 over
     all of K for the tile (exact where ``overflow`` stays 0)."""
-    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    frac, frac_out = params.frac, params.frac_out
     c_sig, c_lead, e_max, scale, total = work
     lanes = total.shape[1]
     for r in range(rows):
@@ -254,7 +254,7 @@ def tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, kb, k
     exponent of the scale of block s of row r of A (lane j of the panel of B); ``scale_bits`` = twice the scales'
     mantissa bits; ``gsum``/``gabs`` [groups, lanes] float32 work arrays; ``params`` as for the block presets.
     """
-    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    frac, frac_out, min_exp = params.frac, params.frac_out, params.min_exp
     c_sig, c_lead, e_max, scale, total = work
     T = total.dtype.type
     cap = lane_cap(T)
@@ -300,7 +300,7 @@ def tile_scaled_group_chain(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, 
                             params, work, gsum, gabs, overflow, result):
     """``result[r, j]``: the fp32 value of the chain of scaled-groups instructions of ``k`` elements from +0 over
     all of K for the tile (exact where ``overflow`` stays 0)."""
-    nfma, lshift, rshift, frac, frac_out, min_exp, late_c = params
+    frac_out = params.frac_out
     c_sig, c_lead, e_max, scale, total = work
     lanes = total.shape[1]
     for r in range(rows):

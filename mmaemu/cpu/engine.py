@@ -15,7 +15,8 @@ from ..arith.rounding import BFLOAT16, FLOAT32, value_of_bits
 from ..arith.rowwise import exact_values, rowwise_epilogue_rows
 from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_decode
 from . import threads
-from .features import CPU_ENGINE_ENV, EngineChoice, choose_cpu_engine, numba_target, offset_call_decline
+from .features import (CPU_ENGINE_ENV, EngineChoice, choose_cpu_engine, numba_target, offset_call_decline,
+                       offset_shape_decline)
 from .gemm import (TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, decode_panel, decode_panels,
                    epilogue_gemm, nonfinite_rows, override_nonfinite)
 from .prepared import Engine
@@ -242,12 +243,15 @@ def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, ou
     return a_flags, b_flags
 
 
-def cpu_engine_choice(preset, schedule, fmt_a: str, fmt_b: str, requested=None) -> EngineChoice:
+def cpu_engine_choice(preset, schedule, fmt_a: str, fmt_b: str, requested=None, shape=None) -> EngineChoice:
     """The engine of the fast path for a call (:func:`mmaemu.cpu.features.choose_cpu_engine`): ``requested``
-    (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE``), the CPU Numba compiles for and whether the offset method
-    computes the preset, schedule and formats (:func:`mmaemu.cpu.features.offset_call_decline`)."""
+    (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE``), the CPU Numba compiles for, whether the offset method
+    computes the preset, schedule and formats (:func:`mmaemu.cpu.features.offset_call_decline`) and, for
+    ``auto``, whether it is the faster engine for the result's ``shape`` (M, N) (None: any shape)."""
     requested = environment.snapshot()[CPU_ENGINE_ENV] if requested is None else requested
-    return choose_cpu_engine(requested, numba_target(), offset_call_decline(preset, schedule, fmt_a, fmt_b))
+    shape_decline = None if shape is None else offset_shape_decline(*shape)
+    return choose_cpu_engine(requested, numba_target(), offset_call_decline(preset, schedule, fmt_a, fmt_b),
+                             shape_decline)
 
 
 def nonfinite_flags(codes, fmt: str):
@@ -284,7 +288,8 @@ def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, spl
         a_flags = nonfinite_flags(a_codes, fmt_a)
         b_flags = nonfinite_flags(b_codes, fmt_b)
     elif (getattr(prepared_b, "engine", None) != TILE_ENGINE
-          and cpu_engine_choice(preset, schedule, fmt_a, fmt_b, cpu_engine).engine == "offset"):
+          and cpu_engine_choice(preset, schedule, fmt_a, fmt_b, cpu_engine,
+                                gemm.shape[:2]).engine == "offset"):
         from .offset_engine import accumulate_offset, accumulate_prepared
 
         if prepared_b is None:

@@ -71,9 +71,29 @@ def offset_engine_decline(target: TargetCpu) -> Optional[str]:
     return None
 
 
-def choose_cpu_engine(requested: str, target: TargetCpu, call_decline: Optional[str]) -> EngineChoice:
-    """The CPU engine for a call: ``requested`` (auto, offset, tile), the target CPU and the call's decline reason
-    (:func:`offset_call_decline`, None if the offset method computes it). Forcing
+# Where "auto" takes the offset engine: the shapes on which it measured faster than the tile engine (both give the
+# same bits; docs/performance.md, "Two engines", 2 Dec 2026, on this project's 2-core Zen 4). Rows 16 to 512 with at
+# least 384 columns: 1.08-1.68x; elsewhere the tile engine was as fast or faster (M <= 8: 0.65-0.99x, M >= 1024:
+# 0.89-0.99x, N = 16: 0.18-0.27x, (256, 256, 4096): 0.96-1.08x).
+OFFSET_ROWS = (16, 512)
+OFFSET_MIN_COLUMNS = 384
+
+
+def offset_shape_decline(M: int, N: int) -> Optional[str]:
+    """Why ``auto`` keeps the tile engine for an [M, N] result although the offset engine could compute it (None
+    where the offset engine is the faster one: :data:`OFFSET_ROWS`, :data:`OFFSET_MIN_COLUMNS`)."""
+    lo, hi = OFFSET_ROWS
+    if lo <= M <= hi and N >= OFFSET_MIN_COLUMNS:
+        return None
+    return (f"is the faster engine for {lo} <= M <= {hi} rows and N >= {OFFSET_MIN_COLUMNS} columns only "
+            f"(docs/performance.md), this call is M = {M}, N = {N}")
+
+
+def choose_cpu_engine(requested: str, target: TargetCpu, call_decline: Optional[str],
+                      shape_decline: Optional[str] = None) -> EngineChoice:
+    """The CPU engine for a call: ``requested`` (auto, offset, tile), the target CPU, the call's decline reason
+    (:func:`offset_call_decline`, None if the offset method computes it) and, for ``auto`` only, the shape's
+    (:func:`offset_shape_decline`: a speed rule, never a correctness one). Forcing
     ``offset`` where it cannot run raises ValueError naming the rule and the way out."""
     if requested == "tile":
         return EngineChoice("tile", f"{CPU_ENGINE_ENV}=tile")
@@ -86,6 +106,8 @@ def choose_cpu_engine(requested: str, target: TargetCpu, call_decline: Optional[
         return EngineChoice("offset", f"{CPU_ENGINE_ENV}=offset, AVX-512 on {target.name}")
     if why is not None:
         return EngineChoice("tile", f"the offset engine {why}")
+    if shape_decline is not None:
+        return EngineChoice("tile", f"the offset engine {shape_decline}; {CPU_ENGINE_ENV}=offset forces it")
     return EngineChoice("offset", f"AVX-512 F/BW/DQ/VL on {target.name}, the call fits the offset method")
 
 
@@ -101,7 +123,8 @@ def engine_summary(requested: str, target: TargetCpu) -> str:
                     f"{CPU_ENGINE_ENV} for the tile engine)")
         return f"engine: tile (the offset engine {why})"
     return (f"engine: offset (AVX-512 F/BW/DQ/VL on {target.name}) for the calls the offset method fits (hopper, "
-            "ada: fast and slow, every split scheme, every FP8 pair), tile for the others")
+            f"ada: fast and slow, every split scheme, every FP8 pair) with {OFFSET_ROWS[0]} <= M <= {OFFSET_ROWS[1]} "
+            f"and N >= {OFFSET_MIN_COLUMNS} (where it is the faster one), tile for the others")
 
 
 def offset_call_decline(preset, schedule, fmt_a: str, fmt_b: str) -> Optional[str]:

@@ -129,7 +129,8 @@ def _cpu_engine(plan: Plan, fmt_a, fmt_b, context):
 
     call = plan.call
     schedule = schedule_params(plan.preset, call.K, call.use_fast_accum, plan.split.S, plan.split.scheme)
-    return cpu_engine_choice(plan.preset, schedule, fmt_a, fmt_b, environment_of(context)[CPU_ENGINE_ENV])
+    return cpu_engine_choice(plan.preset, schedule, fmt_a, fmt_b, environment_of(context)[CPU_ENGINE_ENV],
+                             (call.M, call.N))
 
 
 def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,

@@ -13,7 +13,7 @@ from numba import cuda
 
 from ... import formats
 from ...arith import block_scaled as _block_scaled
-from ...arith.params import preset_params
+from ...arith.params import BlockParams, preset_params
 from ...cpu.block_scaled import BlockScaledGemm, reference_operands
 from .. import shim
 from ..simple.kernels import BLOCK, MAX_GRID_Y
@@ -72,7 +72,7 @@ def accumulate_block_scaled_numpy(a_codes, b_codes, fmt_a, fmt_b, scale_a, scale
                 sa, ea, sb, eb, va, vb, ssa, sea, ssb, seb, sva, svb, bad_a, bad_b, preset.nfma, preset.group,
                 gemm.block, e_floor, lift, preset.frac, preset.frac_out, preset.min_exp, d_out)
         else:
-            params = tuple(int(v) for v in preset_params(preset, fmt_a, fmt_b))
+            params = BlockParams(*(int(v) for v in preset_params(preset, fmt_a, fmt_b)))
             gemm_scaled_block_simple[grid, (BLOCK, BLOCK)](sa, ea, sb, eb, va, vb, sva, svb, bad_a, bad_b,
                                                            preset.nfma, gemm.block, params, d_out)
         out[r0:r1] = d_out.copy_to_host()
