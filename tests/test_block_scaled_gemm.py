@@ -160,3 +160,20 @@ def test_gemm_equals_chains_of_the_fraction_oracle(preset, fmt, K, block, scale_
                 s, t = sa[m, i * k // block:(i + 1) * k // block], sb[n, i * k // block:(i + 1) * k // block]
                 c = oracle_mxf8(x, y, s, t, c, fmt, fmt) if k == 32 else oracle_mxf4(x, y, s, t, c, block, scale_fmt)
             assert int(out[m, n]) == c, (m, n, f"{int(out[m, n]):08X}", f"{c:08X}")
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2", "e3m2", "e2m3", "e2m1"])
+def test_one_tile_table_per_format_in_the_tile_layout(fmt):
+    """The tile tables of every operand format (mmaemu.cpu.engine.tile_tables; the FP8 ones tabulate tile_decode)
+    hold each finite code's value and exponent from mmaemu.formats, and 0 with the absent exponent for zero and
+    non-finite codes."""
+    from mmaemu.arith.tile import TILE_ABSENT_EXP
+    from mmaemu.cpu.engine import tile_tables
+
+    value, exp = tile_tables(fmt)
+    codes = np.arange(256) % (1 << formats.CODE_BITS[fmt])
+    want = np.where(formats.nonfinite_codes(fmt)[codes], 0.0, np.nan_to_num(formats.values(fmt)[codes]))
+    assert np.array_equal(value, want.astype(np.float32))
+    present = want != 0
+    assert np.array_equal(exp[present], formats.exponents(fmt)[codes][present])
+    assert (exp[~present] == TILE_ABSENT_EXP).all()

@@ -22,8 +22,9 @@ from .._jit import arithmetic
 from ..arith.block_scaled import (block_scaled_instruction, group_scaled_instruction, scaled_block_chain,
                                   scaled_group_chain, tile_scaled_chain, tile_scaled_group_chain)
 from ..arith.params import preset_params
-from ..arith.tile import TILE_ABSENT_EXP, lane_bits_needed
+from ..arith.tile import lane_bits_needed
 from . import threads
+from .engine import tile_tables
 from .gemm import decode_panel
 
 # Cost of one product, in products of the fast path (mmaemu.cpu.threads task sizes).
@@ -195,21 +196,9 @@ def _run_reference(gemm: BlockScaledGemm, todo, out):
                          preset.nfma, gemm.block, preset_params(preset, gemm.fmt_a, gemm.fmt_b), todo, out)
 
 
-def tile_tables(fmt: str):
-    """(fp32 value, int8 exponent) of every code of ``fmt`` in the tile layout: 0 and TILE_ABSENT_EXP for zero
-    and non-finite codes (mmaemu.arith.tile's layout, for every operand format)."""
-    size = 1 << formats.CODE_BITS[fmt]
-    codes = np.arange(256) % size
-    finite = ~formats.nonfinite_codes(fmt)[codes]
-    value = np.where(finite, np.nan_to_num(formats.values(fmt)[codes]), 0.0).astype(np.float32)
-    absent = (value == 0)
-    exp = np.where(absent, TILE_ABSENT_EXP, formats.exponents(fmt)[codes]).astype(np.int8)
-    return value, exp
-
-
 @arithmetic
 def decode_tile_rows(codes, m0, rows, val_table, exp_table, val, exp):
-    """Rows m0 .. m0+rows-1 of A in the tile layout through the tables of :func:`tile_tables`."""
+    """Rows m0 .. m0+rows-1 of A in the tile layout through the tables of :func:`mmaemu.cpu.engine.tile_tables`."""
     K = codes.shape[1]
     for r in range(rows):
         for kk in range(K):

@@ -13,7 +13,7 @@ from ..arith.epilogue import OUT_CODES, scale_product
 from ..arith.params import codes_gemm
 from ..arith.rounding import BFLOAT16, FLOAT32, value_of_bits
 from ..arith.rowwise import exact_values, rowwise_epilogue_rows
-from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_decode
+from ..arith.tile import TILE_ABSENT_EXP, TILE_FORMATS, lane_bits_needed, tile_decode
 from . import threads
 from .features import (CPU_ENGINE_ENV, EngineChoice, choose_cpu_engine, numba_target, offset_call_decline,
                        offset_shape_decline)
@@ -31,11 +31,20 @@ def decode_operand(codes: np.ndarray, fmt: str):
 
 
 def tile_tables(fmt: str):
-    """(fp32 value, int8 exponent) of the 256 codes of a format: :func:`mmaemu.arith.tile.tile_decode` tabulated."""
+    """(fp32 value, int8 exponent) of the 256 codes of an operand format in the tile layout (zero and non-finite
+    codes: 0 and TILE_ABSENT_EXP), read-only and built once: the FP8 formats tabulate
+    :func:`mmaemu.arith.tile.tile_decode` (the decode of the tile loops); the FP6/FP4 formats of the block-scaled
+    instructions (codes taken modulo their width) come from :mod:`mmaemu.formats`."""
     if fmt not in _TILE_TABLES:
-        pairs = [tile_decode(np.uint8(code), TILE_FORMATS[fmt]) for code in range(256)]
-        value = np.array([v for v, _ in pairs], np.float32)
-        exp = np.array([e for _, e in pairs], np.int8)
+        if fmt in TILE_FORMATS:
+            pairs = [tile_decode(np.uint8(code), TILE_FORMATS[fmt]) for code in range(256)]
+            value = np.array([v for v, _ in pairs], np.float32)
+            exp = np.array([e for _, e in pairs], np.int8)
+        else:
+            codes = np.arange(256) % (1 << formats.CODE_BITS[fmt])
+            finite = ~formats.nonfinite_codes(fmt)[codes]
+            value = np.where(finite, np.nan_to_num(formats.values(fmt)[codes]), 0.0).astype(np.float32)
+            exp = np.where(value == 0, TILE_ABSENT_EXP, formats.exponents(fmt)[codes]).astype(np.int8)
         value.setflags(write=False)
         exp.setflags(write=False)
         _TILE_TABLES[fmt] = (value, exp)
