@@ -81,6 +81,8 @@ def parse_args(argv=None):
     parser.add_argument("--overhead", action="store_true",
                         help="only the per-call figures of small calls and the kept weight")
     parser.add_argument("--minilm", action="store_true", help="only the MiniLM example against fp32")
+    parser.add_argument("--engines", action="store_true",
+                        help="only the offset engine against the tile engine (the shapes of auto's rule)")
     parser.add_argument("--block-scaled", action="store_true",
                         help="only the block-scaled (MXFP8/NVFP4) against unscaled tcgen05_f8f6f4 section")
     return parser.parse_args(argv)
@@ -460,6 +462,38 @@ BLOCK_SCALED_SHAPES = [(256, 1024, 2048)]
 QUICK_BLOCK_SCALED_SHAPES = [(64, 512, 1024)]
 
 
+# The shapes that decide where "auto" takes the offset engine (mmaemu.cpu.features.OFFSET_ROWS,
+# OFFSET_MIN_COLUMNS; docs/performance.md, "Two engines").
+ENGINE_SHAPES = [(1, 5760, 1920), (8, 5760, 1920), (16, 5760, 1920), (32, 5760, 1920), (64, 5760, 1920),
+                 (128, 5760, 1920), (512, 5760, 1920), (1024, 5760, 1920), (2048, 5760, 1920), (256, 256, 4096),
+                 (16, 16, 65536), (64, 384, 384), (380, 384, 384), (380, 1536, 384)]
+QUICK_ENGINE_SHAPES = [(1, 5760, 1920), (64, 5760, 1920), (16, 16, 8192), (380, 384, 384)]
+
+
+def engines_section(rng, quick, repeats):
+    """Print accumulate_codes with the offset engine against the tile engine (hopper fast, random E4M3 codes,
+    best of ``repeats`` calls, the two interleaved) and check that both give the same bits."""
+    import numpy as np
+
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.model.presets import HOPPER
+
+    print("\n| shape (M, N, K) | offset ms | tile ms | tile / offset | same bits |")
+    print("|---|---:|---:|---:|---|")
+    for M, N, K in QUICK_ENGINE_SHAPES if quick else ENGINE_SHAPES:
+        a = rng.integers(0, 0x7F, (M, K), dtype=np.uint8)
+        b = rng.integers(0, 0x7F, (N, K), dtype=np.uint8)
+        best, bits = {"offset": float("inf"), "tile": float("inf")}, {}
+        for _ in range(repeats):
+            for engine in best:
+                start = time.perf_counter()
+                bits[engine] = accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True, cpu_engine=engine).view(np.uint32)
+                best[engine] = min(best[engine], time.perf_counter() - start)
+        same = np.array_equal(bits["offset"], bits["tile"])
+        print(f"| ({M}, {N}, {K}) | {best['offset'] * 1e3:.2f} | {best['tile'] * 1e3:.2f} | "
+              f"{best['tile'] / best['offset']:.2f} | {same} |")
+
+
 def block_scaled_section(rng, quick, repeats):
     """Print the block-scaled GEMMs (tcgen05 kind::mxf8f6f4 with UE8M0 scales, kind::mxf4nvf4 with UE4M3 scales)
     against the unscaled tcgen05_f8f6f4 preset on the same shape, fast CPU paths, interleaved runs (target for
@@ -525,6 +559,10 @@ def main(argv=None):
 
     if args.blockwise:
         blockwise_section(np.random.default_rng(args.seed), args.quick, args.repeats or (2 if args.quick else 3))
+        return
+    if args.engines:
+        print(f"# load average {os.getloadavg()[0]:.2f}")
+        engines_section(np.random.default_rng(args.seed), args.quick, args.repeats or (2 if args.quick else 4))
         return
     if args.block_scaled:
         block_scaled_section(np.random.default_rng(args.seed), args.quick, args.repeats or (2 if args.quick else 3))
