@@ -10,22 +10,33 @@ the ``nn`` layers, on a miss), and ``mmaemu info`` one with the device facts
 (:func:`mmaemu.diagnostics.report_context`), so a call sees one reading of the environment from its first
 decision to its last.
 
-What a context does not hold yet: for a call, the device facts and the kernels' verdicts are read by the CUDA
-dispatcher when CUDA tensors are seen (:mod:`mmaemu.cuda.device`, :mod:`mmaemu.device_facts`, once per device
-and process), and the split-K tables and recorded bundles are loaded on first use
-(:func:`mmaemu.platform.tables.get_table`, :mod:`mmaemu.platform.bundles`), so that a CPU call never touches CUDA
-and never loads a table it does not consult.
+Beside the environment and the device, a context names the sources of the facts that are read on first use: the
+split-K tables (``tables``: a table id -> its :class:`mmaemu.platform.tables.SplitTable`), the recorded profiles
+of the bundles (``recorded``: the value of ``MMAEMU_PROFILE_PATH`` -> {name: Profile}) and the kernels' self-test
+verdicts (``verdicts``: (device info, kernel name) -> :class:`mmaemu.cuda.catalog.GateResult`). A source answers
+when a decision first asks and remembers its answer for the process, so a CPU call never touches CUDA and never
+loads a table it does not consult; None stands for the process's own source (the package's tables and the loaded
+bundles, the verdicts cached in memory and on disk, run on first use), which the layer that owns it supplies
+(:func:`mmaemu.platform.tables.tables_of`, :func:`mmaemu.platform.bundles.recorded_of`,
+:func:`mmaemu.cuda.dispatch.gating.verdicts_of`). A test or a caller gives a decision other facts by giving it
+a context with other sources; no module global is patched.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Callable, Mapping, Optional
 
 from . import environment
 from .device_facts import DeviceFacts
 
-__all__ = ["Context", "for_call", "environment_of"]
+__all__ = ["Context", "for_call", "environment_of", "TableSource", "RecordedSource", "VerdictSource"]
+
+# The sources of the facts read on first use (see the module docstring); the types are named, not imported, so
+# that the context stays below the layers that own them.
+TableSource = Callable[[str], Any]  # table id -> SplitTable (KeyError-free: an unknown id raises SplitTableError)
+RecordedSource = Callable[[str], Mapping[str, Any]]  # MMAEMU_PROFILE_PATH value -> {name: recorded Profile}
+VerdictSource = Callable[[Any, str], Any]  # (cuda DeviceInfo, kernel name) -> GateResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,18 +46,32 @@ class Context:
     ``environment``: the parsed ``MMAEMU_*`` variables (:func:`mmaemu.environment.snapshot`). ``device``: the facts
     of the CUDA device described (``mmaemu info``; :class:`mmaemu.device_facts.DeviceFacts`), None when none was
     read; then ``device_problem`` says why (CUDA disabled, no device, "probe failed") and ``device_error`` what
-    reading it raised, if it raised.
+    reading it raised, if it raised. ``tables``, ``recorded`` and ``verdicts``: the sources of the split-K tables,
+    the recorded profiles and the kernels' verdicts (None: the process's; see the module docstring).
     """
 
     environment: environment.Snapshot
     device: Optional[DeviceFacts] = None
     device_problem: Optional[str] = None
     device_error: Optional[str] = None
+    tables: Optional[TableSource] = None
+    recorded: Optional[RecordedSource] = None
+    verdicts: Optional[VerdictSource] = None
 
     @property
     def cuda_disabled(self) -> bool:
         """``MMAEMU_DISABLE_CUDA`` is true: no decision may touch CUDA."""
         return bool(self.environment["MMAEMU_DISABLE_CUDA"])
+
+    @property
+    def forced_failures(self) -> frozenset:
+        """The kernels ``MMAEMU_TEST_FORCE_FAIL`` names (tests only): their verdicts fail whatever the source says."""
+        return frozenset(self.environment["MMAEMU_TEST_FORCE_FAIL"])
+
+    @property
+    def profile_path(self) -> str:
+        """``MMAEMU_PROFILE_PATH`` (empty when unset): the folders of the recorded bundles to load."""
+        return self.environment["MMAEMU_PROFILE_PATH"] or ""
 
 
 def for_call() -> Context:
