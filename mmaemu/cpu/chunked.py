@@ -28,23 +28,20 @@ from ..model.presets import get_preset
 from . import threads
 from .engine import (EPILOGUE_WORK, REFERENCE_PRODUCT_WORK, DecodedPanels, accumulate_codes, decode_operand,
                      fast_path_tasks, nonfinite_flags, tile_shape)
-
-_TILE = 16
+from .gemm import TILE_M, TILE_N, output_tile
 
 
 @arithmetic
 def accumulate_chunked_reference(lo, hi, sa, ea, sb, eb, a_codes, b_codes, a_table, b_table, scales_a, scales_b,
                                  chunk, rule, params, out):
     """out[m, n] = accumulate_chunked_one(row m of A, row n of B) for the outputs of jobs lo .. hi-1 (a job: a
-    tile of 16 x 16 outputs, row-major over the tiles)."""
+    tile of TILE_M x TILE_N outputs, :func:`mmaemu.cpu.gemm.output_tile`)."""
     M, K = sa.shape
     N = sb.shape[0]
-    tiles_n = (N + _TILE - 1) // _TILE
     for job in range(lo, hi):
-        m0 = (job // tiles_n) * _TILE
-        n0 = (job % tiles_n) * _TILE
-        for m in range(m0, min(m0 + _TILE, M)):
-            for n in range(n0, min(n0 + _TILE, N)):
+        m0, m1, n0, n1 = output_tile(job, M, N)
+        for m in range(m0, m1):
+            for n in range(n0, n1):
                 out[m, n] = accumulate_chunked_one(sa[m], ea[m], sb[n], eb[n], a_codes[m], b_codes[n], a_table,
                                                    b_table, K, scales_a[m], scales_b[n], chunk, rule, params)
 
@@ -166,9 +163,9 @@ def accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b,
     if reference:
         sa, ea = decode_operand(a_codes, fmt_a)
         sb, eb = decode_operand(b_codes, fmt_b)
-        jobs = -(-M // _TILE) * -(-N // _TILE)
-        threads.parallel_for(accumulate_chunked_reference, jobs, REFERENCE_PRODUCT_WORK * _TILE * _TILE * K, sa, ea,
-                             sb, eb, a_codes, b_codes, np.array(formats.values(fmt_a)),
+        jobs = -(-M // TILE_M) * -(-N // TILE_N)
+        threads.parallel_for(accumulate_chunked_reference, jobs, REFERENCE_PRODUCT_WORK * TILE_M * TILE_N * K, sa,
+                             ea, sb, eb, a_codes, b_codes, np.array(formats.values(fmt_a)),
                              np.array(formats.values(fmt_b)), scales_a, scales_b, kernel.chunk, kernel.combine,
                              params, final)
         return final

@@ -28,6 +28,16 @@ TILE_N = 16
 
 
 @arithmetic
+def output_tile(job, M, N):
+    """The outputs of reference job ``job``: rows m0 .. m1-1 and columns n0 .. n1-1 (returned as m0, m1, n0, n1)
+    of the tile of TILE_M x TILE_N outputs it is, the tiles of [M, N] taken row-major."""
+    tiles_n = (N + TILE_N - 1) // TILE_N
+    m0 = (job // tiles_n) * TILE_M
+    n0 = (job % tiles_n) * TILE_N
+    return m0, min(m0 + TILE_M, M), n0, min(n0 + TILE_N, N)
+
+
+@arithmetic
 def accumulate_gemm_reference(lo, hi, sa, ea, sb, eb, schedule, params, out):
     """out[m, n] = fp32 accumulator of row m of A and row n of B (finite codes; semantics.md (c), (d)), for the
     outputs of jobs lo .. hi-1 (a job: a tile of TILE_M x TILE_N outputs, row-major over the tiles).
@@ -36,12 +46,10 @@ def accumulate_gemm_reference(lo, hi, sa, ea, sb, eb, schedule, params, out):
     """
     M, K = sa.shape
     N = sb.shape[0]
-    tiles_n = (N + TILE_N - 1) // TILE_N
     for job in range(lo, hi):
-        m0 = (job // tiles_n) * TILE_M
-        n0 = (job % tiles_n) * TILE_N
-        for m in range(m0, min(m0 + TILE_M, M)):
-            for n in range(n0, min(n0 + TILE_N, N)):
+        m0, m1, n0, n1 = output_tile(job, M, N)
+        for m in range(m0, m1):
+            for n in range(n0, n1):
                 out[m, n] = accumulate_one(sa[m], ea[m], sb[n], eb[n], K, schedule, params)
 
 
