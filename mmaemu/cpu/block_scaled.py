@@ -25,7 +25,7 @@ from ..arith.params import preset_params
 from ..arith.tile import lane_bits_needed
 from . import threads
 from .engine import tile_tables
-from .gemm import decode_panel
+from .gemm import decode_panel, decoded_rows_arrays, tile_work
 
 # Cost of one product, in products of the fast path (mmaemu.cpu.threads task sizes).
 PRODUCT_WORK = 16
@@ -208,29 +208,38 @@ def decode_tile_rows(codes, m0, rows, val_table, exp_table, val, exp):
 
 
 @arithmetic
+def panel_rows_arrays(tile_rows, K, lanes, lane_proto):
+    """A fast-path task's arrays: its tile of decoded rows of A (:func:`mmaemu.cpu.gemm.decoded_rows_arrays`), the
+    chain's work arrays (:func:`mmaemu.cpu.gemm.tile_work`), and the chain's overflow flags (uint8) and fp32
+    results [tile_rows, lanes]."""
+    a_val, a_exp = decoded_rows_arrays(tile_rows, K)
+    overflow, result = np.empty((tile_rows, lanes), np.uint8), np.empty((tile_rows, lanes), np.float32)
+    return a_val, a_exp, tile_work(tile_rows, lanes, lane_proto), overflow, result
+
+
+@arithmetic
+def store_tile(result, overflow, m0, rows, n0, out, overflowed):
+    """The tile's chains into rows m0 .. m0+rows-1 of ``out`` from column n0 (the lanes within N):
+    ``out = result``, ``overflowed = overflow != 0``."""
+    for r in range(rows):
+        for j in range(min(result.shape[1], out.shape[1] - n0)):
+            out[m0 + r, n0 + j] = result[r, j]
+            overflowed[m0 + r, n0 + j] = overflow[r, j] != 0
+
+
+@arithmetic
 def scaled_block_panel_rows(m_lo, m_hi, a_codes, val_table, exp_table, a_sexp, b_val, b_exp, b_sexp, n0, k, params,
                             tile_rows, lane_proto, out, overflowed):
     """The fast path: out[m, n0:n0+lanes] for rows m_lo .. m_hi-1 of A and one decoded panel of B (b_val/b_exp
     [K, lanes], b_sexp [K / k, lanes]); ``overflowed[m, n]`` marks the outputs whose chain reached 2**128."""
     K = a_codes.shape[1]
-    N = out.shape[1]
-    lanes = b_val.shape[1]
-    shape = (tile_rows, lanes)
-    a_val = np.empty((tile_rows, K), np.float32)
-    a_exp = np.empty((tile_rows, K), np.int8)
-    work = (np.empty(shape, lane_proto.dtype), np.empty(shape, np.int32), np.empty(shape, np.int16),
-            np.empty(shape, np.float32), np.empty(shape, lane_proto.dtype))
-    overflow = np.empty(shape, np.uint8)
-    result = np.empty(shape, np.float32)
+    a_val, a_exp, work, overflow, result = panel_rows_arrays(tile_rows, K, b_val.shape[1], lane_proto)
     for m0 in range(m_lo, m_hi, tile_rows):
         rows = min(tile_rows, m_hi - m0)
         decode_tile_rows(a_codes, m0, rows, val_table, exp_table, a_val, a_exp)
         tile_scaled_chain(a_val, a_exp, b_val, b_exp, a_sexp[m0:m0 + rows], b_sexp, rows, K, k, params, work,
                           overflow, result)
-        for r in range(rows):
-            for j in range(min(lanes, N - n0)):
-                out[m0 + r, n0 + j] = result[r, j]
-                overflowed[m0 + r, n0 + j] = overflow[r, j] != 0
+        store_tile(result, overflow, m0, rows, n0, out, overflowed)
 
 
 @arithmetic
@@ -239,26 +248,16 @@ def scaled_group_panel_rows(m_lo, m_hi, a_codes, val_table, exp_table, a_ssig, a
     """:func:`scaled_block_panel_rows` for the scaled-groups instructions (``b_ssig``/``b_sexp`` [K / block,
     lanes]: the panel's scale significands and exponents)."""
     K = a_codes.shape[1]
-    N = out.shape[1]
     lanes = b_val.shape[1]
-    shape = (tile_rows, lanes)
-    a_val = np.empty((tile_rows, K), np.float32)
-    a_exp = np.empty((tile_rows, K), np.int8)
-    work = (np.empty(shape, lane_proto.dtype), np.empty(shape, np.int32), np.empty(shape, np.int16),
-            np.empty(shape, np.float32), np.empty(shape, lane_proto.dtype))
+    a_val, a_exp, work, overflow, result = panel_rows_arrays(tile_rows, K, lanes, lane_proto)
     gsum = np.empty((k // group, lanes), np.float32)
     gabs = np.empty((k // group, lanes), np.float32)
-    overflow = np.empty(shape, np.uint8)
-    result = np.empty(shape, np.float32)
     for m0 in range(m_lo, m_hi, tile_rows):
         rows = min(tile_rows, m_hi - m0)
         decode_tile_rows(a_codes, m0, rows, val_table, exp_table, a_val, a_exp)
         tile_scaled_group_chain(a_val, b_val, a_ssig[m0:m0 + rows], a_sexp[m0:m0 + rows], b_ssig, b_sexp, rows, K, k,
                                 group, block, scale_bits, params, work, gsum, gabs, overflow, result)
-        for r in range(rows):
-            for j in range(min(lanes, N - n0)):
-                out[m0 + r, n0 + j] = result[r, j]
-                overflowed[m0 + r, n0 + j] = overflow[r, j] != 0
+        store_tile(result, overflow, m0, rows, n0, out, overflowed)
 
 
 def _panel_lanes(N: int) -> int:

@@ -28,7 +28,7 @@ from ..model.presets import get_preset
 from . import threads
 from .engine import (EPILOGUE_WORK, REFERENCE_PRODUCT_WORK, DecodedPanels, accumulate_codes, decode_operand,
                      fast_path_tasks, nonfinite_flags, tile_shape)
-from .gemm import TILE_M, TILE_N, output_tile
+from .gemm import TILE_M, TILE_N, output_tile, tile_accumulate_arrays
 
 
 @arithmetic
@@ -59,13 +59,10 @@ def accumulate_chunked_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, n0, 
     K = a_codes.shape[1]
     N = final.shape[1]
     lanes = b_val.shape[1]
-    shape = (tile_rows, lanes)
     a_val = np.zeros((tile_rows, chunk), np.float32)
     a_exp = np.zeros((tile_rows, chunk), np.int8)
-    c_sig, total = np.empty(shape, lane_proto.dtype), np.empty(shape, lane_proto.dtype)
-    c_lead, e_max, scale = np.empty(shape, np.int32), np.empty(shape, np.int16), np.empty(shape, np.float32)
-    result, partial, slot = np.empty(shape, np.float32), np.empty(shape, np.float32), np.empty(shape, np.float32)
-    acc, tile_final = np.empty(shape, np.float32), np.empty(shape, np.float32)
+    work, sums, acc = tile_accumulate_arrays(tile_rows, lanes, lane_proto)
+    tile_final = np.empty((tile_rows, lanes), np.float32)
     width_n = min(lanes, N - n0)
     for m0 in range(m_lo, m_hi, tile_rows):
         rows = min(tile_rows, m_hi - m0)
@@ -79,8 +76,7 @@ def accumulate_chunked_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, n0, 
                 for k in range(width):
                     a_val[r, k], a_exp[r, k] = tile_decode(a_codes[m0 + r, k0 + k], fmt_a)
             tile_accumulate(a_val, a_exp, b_val[k0:k0 + width], b_exp[k0:k0 + width], rows, width,
-                            Schedule(width, 1, 0, 0, 0, 0), params, (c_sig, c_lead, e_max, scale, total),
-                            (result, partial, slot), acc)
+                            Schedule(width, 1, 0, 0, 0, 0), params, work, sums, acc)
             for r in range(rows):
                 sa = scales_a[m0 + r, kb]
                 for j in range(width_n):

@@ -133,6 +133,31 @@ def decode_panels(lo, hi, codes, val_table, exp_table, nonfinite_table, val, exp
 
 
 @arithmetic
+def decoded_rows_arrays(tile_rows, K):
+    """A task's buffers for ``tile_rows`` decoded rows of A in the tile layout: (val fp32, exp int8) [tile_rows, K]."""
+    return np.empty((tile_rows, K), np.float32), np.empty((tile_rows, K), np.int8)
+
+
+@arithmetic
+def tile_work(tile_rows, lanes, lane_proto):
+    """A task's work arrays of a tile's chains, (c_sig, c_lead, e_max, scale, total) [tile_rows, lanes] of dtypes
+    (lane int, int32, int16, float32, lane int), the lane int being ``lane_proto``'s dtype: the ``work`` of
+    :func:`mmaemu.arith.tile.tile_accumulate` and of the block-scaled tile chains (mmaemu.arith.block_scaled)."""
+    shape = (tile_rows, lanes)
+    return (np.empty(shape, lane_proto.dtype), np.empty(shape, np.int32), np.empty(shape, np.int16),
+            np.empty(shape, np.float32), np.empty(shape, lane_proto.dtype))
+
+
+@arithmetic
+def tile_accumulate_arrays(tile_rows, lanes, lane_proto):
+    """A task's arrays of :func:`mmaemu.arith.tile.tile_accumulate` besides the operands: (``work``, ``sums`` =
+    (result, partial, slot), ``acc``), fp32 but for :func:`tile_work`."""
+    shape = (tile_rows, lanes)
+    sums = np.empty(shape, np.float32), np.empty(shape, np.float32), np.empty(shape, np.float32)
+    return tile_work(tile_rows, lanes, lane_proto), sums, np.empty(shape, np.float32)
+
+
+@arithmetic
 def accumulate_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, n0, schedule, params, tile_rows, lane_proto,
                           out, a_flags, nonfinite_mask, nonfinite_pattern):
     """The fast path: out[m, n0:n0+lanes] = fp32 accumulators of rows m_lo .. m_hi-1 of A and of one panel of B,
@@ -149,13 +174,8 @@ def accumulate_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, n0, schedule
     K = a_codes.shape[1]
     N = out.shape[1]
     lanes = b_val.shape[1]
-    shape = (tile_rows, lanes)
-    a_val = np.empty((tile_rows, K), np.float32)
-    a_exp = np.empty((tile_rows, K), np.int8)
-    c_sig, total = np.empty(shape, lane_proto.dtype), np.empty(shape, lane_proto.dtype)
-    c_lead, e_max, scale = np.empty(shape, np.int32), np.empty(shape, np.int16), np.empty(shape, np.float32)
-    result, partial, slot, acc = (np.empty(shape, np.float32), np.empty(shape, np.float32),
-                                  np.empty(shape, np.float32), np.empty(shape, np.float32))
+    a_val, a_exp = decoded_rows_arrays(tile_rows, K)
+    work, sums, acc = tile_accumulate_arrays(tile_rows, lanes, lane_proto)
     for m0 in range(m_lo, m_hi, tile_rows):
         rows = min(tile_rows, m_hi - m0)
         decode_rows(a_codes, m0, rows, fmt_a, a_val, a_exp)
@@ -165,8 +185,7 @@ def accumulate_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, n0, schedule
                 for k in range(K):
                     hit |= (a_codes[m0 + r, k] & nonfinite_mask) == nonfinite_pattern
                 a_flags[m0 + r] = hit != 0
-        tile_accumulate(a_val, a_exp, b_val, b_exp, rows, K, schedule, params,
-                        (c_sig, c_lead, e_max, scale, total), (result, partial, slot), acc)
+        tile_accumulate(a_val, a_exp, b_val, b_exp, rows, K, schedule, params, work, sums, acc)
         for r in range(rows):
             for j in range(min(lanes, N - n0)):
                 out[m0 + r, n0 + j] = acc[r, j]
