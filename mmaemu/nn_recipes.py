@@ -52,7 +52,45 @@ def _register_weights(layer, weight_fp8, weight_scale, bias):
     layer.register_buffer("bias", bias)
 
 
-class BlockwiseFP8Linear(torch.nn.Module):
+class _RecipeLayer(torch.nn.Module):
+    """What every recipe layer shares: its buffers move between devices but keep their dtypes, and its repr gives
+    its shape, its bias and then what the layer's ``_recipe_repr`` says of its recipe."""
+
+    def _apply(self, fn, recurse=True):
+        """Move buffers between devices but never change their dtypes (FP8 codes and fp32 scales are exact)."""
+        for name, buf in list(self._buffers.items()):
+            if buf is not None:
+                moved = fn(buf)
+                self._buffers[name] = moved if moved.dtype == buf.dtype else buf.to(moved.device)
+        return self
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"{self._recipe_repr()}")
+
+
+class _ScaledMMRecipeLayer(_RecipeLayer):
+    """A recipe layer whose GEMM is one :func:`mmaemu.scaled_mm` call (:class:`RowwiseFP8Linear`, the block-scaled
+    layers): ``self._gemm(x)`` gives the call's arguments and options for input ``x`` (the input's casts run) and
+    ``finish``, which makes the layer's output rows of the call's result."""
+
+    @untraced(reason=_GRAPH_BREAK_REASON)
+    def forward(self, x):
+        from .api import scaled_mm
+
+        args, options, finish = self._gemm(x)
+        y = finish(scaled_mm(*args, **options))
+        return y.reshape(tuple(x.shape[:-1]) + (self.out_features,))
+
+    def explain(self, x):
+        """The :class:`mmaemu.CallPlan` of the layer's GEMM for input ``x`` (its casts run; the GEMM does not)."""
+        from .api import explain
+
+        args, options, _ = self._gemm(x)
+        return explain(*args, **options)
+
+
+class BlockwiseFP8Linear(_RecipeLayer):
     """``y = x W^T (+ b)`` in block-wise FP8 as DeepGEMM's sm_90 ``fp8_gemm_nt`` (recipe (1, 128, 128)) computes it.
 
     Buffers: ``weight`` (float8_e4m3fn [out_features, in_features]), ``weight_scale`` (fp32 [ceil(out/128),
@@ -140,21 +178,12 @@ class BlockwiseFP8Linear(torch.nn.Module):
         raise UnsupportedFeatureError("explain() covers scaled_mm calls; a block-wise layer runs "
                                       "mmaemu.deepgemm.fp8_gemm_nt (see docs/guide.md, 'Block-wise FP8')")
 
-    def _apply(self, fn, recurse=True):
-        """Move buffers between devices but never change their dtypes (FP8 codes and fp32 scales are exact)."""
-        for name, buf in list(self._buffers.items()):
-            if buf is not None:
-                moved = fn(buf)
-                self._buffers[name] = moved if moved.dtype == buf.dtype else buf.to(moved.device)
-        return self
-
-    def extra_repr(self):
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"recipe='blockwise' (DeepGEMM sm_90 fp8_gemm_nt, 1 x 128 inputs, 128 x 128 weights), "
+    def _recipe_repr(self):
+        return (f"recipe='blockwise' (DeepGEMM sm_90 fp8_gemm_nt, 1 x 128 inputs, 128 x 128 weights), "
                 f"use_ue8m0={self.use_ue8m0}")
 
 
-class RowwiseFP8Linear(torch.nn.Module):
+class RowwiseFP8Linear(_ScaledMMRecipeLayer):
     """``y = x W^T (+ b)`` in row-wise FP8 (torchao's row-wise recipe) as torch 2.7.1's CUTLASS row-wise
     ``_scaled_mm`` computes it on the profile's GPU (the H100 profiles whose caller is torch: ``hopper``,
     ``hopper-ws0``; the others refuse it, see docs/guide.md "Row-wise scaling").
@@ -209,40 +238,25 @@ class RowwiseFP8Linear(torch.nn.Module):
         return cls(weight_fp8, scale, bias=None if bias is None else bias.detach(), profile=profile,
                    use_fast_accum=use_fast_accum, out_dtype=out_dtype, splitk=splitk, backend=backend)
 
-    def _gemm_arguments(self, x):
+    def _gemm(self, x):
         from .quantize import quantize_rowwise
 
         x_fp8, x_scale = quantize_rowwise(_inference_rows(self, x))
-        return (x_fp8, self.weight.t(), x_scale.reciprocal(), self.weight_scale.reciprocal().reshape(1, -1)), \
-            dict(bias=self.bias, out_dtype=torch.bfloat16, use_fast_accum=self.use_fast_accum, profile=self.profile,
-                 splitk=self.splitk, backend=self.backend)
+        args = (x_fp8, self.weight.t(), x_scale.reciprocal(), self.weight_scale.reciprocal().reshape(1, -1))
+        options = dict(bias=self.bias, out_dtype=torch.bfloat16, use_fast_accum=self.use_fast_accum,
+                       profile=self.profile, splitk=self.splitk, backend=self.backend)
 
-    @untraced(reason=_GRAPH_BREAK_REASON)
-    def forward(self, x):
-        from .api import scaled_mm
+        def finish(y):
+            return y.to(x.dtype) if self.out_dtype is None else y
 
-        args, options = self._gemm_arguments(x)
-        y = scaled_mm(*args, **options)
-        if self.out_dtype is None:
-            y = y.to(x.dtype)
-        return y.reshape(tuple(x.shape[:-1]) + (self.out_features,))
+        return args, options, finish
 
-    def explain(self, x):
-        """The :class:`mmaemu.CallPlan` of the layer's GEMM for input ``x`` (nothing is computed)."""
-        from .api import explain
-
-        args, options = self._gemm_arguments(x)
-        return explain(*args, **options)
-
-    _apply = BlockwiseFP8Linear._apply
-
-    def extra_repr(self):
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"recipe='rowwise' (torch 2.7.1 CUTLASS row-wise scaled_mm), profile={self.profile!r}, "
+    def _recipe_repr(self):
+        return (f"recipe='rowwise' (torch 2.7.1 CUTLASS row-wise scaled_mm), profile={self.profile!r}, "
                 f"use_fast_accum={self.use_fast_accum}")
 
 
-class _BlockScaledLinear(torch.nn.Module):
+class _BlockScaledLinear(_ScaledMMRecipeLayer):
     """The block-scaled recipes (:class:`MXFP8Linear`, :class:`NVFP4Linear`): torchao 0.18.0's inference casts and
     ``_scaled_mm`` call, computed by :func:`mmaemu.scaled_mm` on a block-scaled profile (default
     ``b200-mx-experimental``). Experimental: the casts are modelled from torchao's source, the GEMM from MMA-Sim's
@@ -333,26 +347,8 @@ class _BlockScaledLinear(torch.nn.Module):
         return dict(out_dtype=out_dtype, use_fast_accum=False, profile=self.profile, splitk=1,
                     backend=self.backend)
 
-    @untraced(reason=_GRAPH_BREAK_REASON)
-    def forward(self, x):
-        from .api import scaled_mm
-
-        args, options, finish = self._gemm(x)
-        y = finish(scaled_mm(*args, **options))
-        return y.reshape(tuple(x.shape[:-1]) + (self.out_features,))
-
-    def explain(self, x):
-        """The :class:`mmaemu.CallPlan` of the layer's GEMM for input ``x`` (its casts run; the GEMM does not)."""
-        from .api import explain
-
-        args, options, _ = self._gemm(x)
-        return explain(*args, **options)
-
-    _apply = BlockwiseFP8Linear._apply
-
-    def extra_repr(self):
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"recipe={self.recipe!r} (torchao 0.18.0 casts, block-scaled scaled_mm, experimental), "
+    def _recipe_repr(self):
+        return (f"recipe={self.recipe!r} (torchao 0.18.0 casts, block-scaled scaled_mm, experimental), "
                 f"profile={getattr(self.profile, 'name', self.profile)!r}")
 
 
