@@ -64,6 +64,20 @@ def quiet_launches():
         yield
 
 
+def _row_slices(M, N):
+    """The launches of a (BLOCK, BLOCK)-thread kernel over the outputs [M, N], one thread per output: (r0, r1,
+    grid) for rows r0 .. r1-1, in slices of at most MAX_GRID_Y blocks of rows (CUDA's limit on a grid's y)."""
+    step = MAX_GRID_Y * BLOCK
+    for r0 in range(0, M, step):
+        r1 = min(M, r0 + step)
+        yield r0, r1, ((N + BLOCK - 1) // BLOCK, (r1 - r0 + BLOCK - 1) // BLOCK)
+
+
+def _rows_of(arrays, r0, r1, M):
+    """Rows r0 .. r1-1 of each of ``arrays`` ([M, ...]): the arrays themselves when that is all M rows."""
+    return arrays if (r0, r1) == (0, M) else tuple(array[r0:r1] for array in arrays)
+
+
 def launch_gemm(kernel, sa, ea, sb, eb, schedule, params, out, stream=0):
     """out [M, N] (fp32) = accumulators of the decoded A [M, K] and B [N, K] with the reference kernel
     (``"simple"``)."""
@@ -76,12 +90,9 @@ def launch_gemm(kernel, sa, ea, sb, eb, schedule, params, out, stream=0):
         raise ValueError(f"the {kernel} kernel takes FP8 codes: use launch_codes")
     if kernel != "simple":
         raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {[k.name for k in gemm_kernels()]}")
-    step = MAX_GRID_Y * BLOCK
     with quiet_launches():
-        for r0 in range(0, M, step):
-            r1 = min(M, r0 + step)
-            grid = ((N + BLOCK - 1) // BLOCK, (r1 - r0 + BLOCK - 1) // BLOCK)
-            a_s, a_e, o = (sa, ea, out) if (r0, r1) == (0, M) else (sa[r0:r1], ea[r0:r1], out[r0:r1])
+        for r0, r1, grid in _row_slices(M, N):
+            a_s, a_e, o = _rows_of((sa, ea, out), r0, r1, M)
             gemm_simple[grid, (BLOCK, BLOCK), stream](a_s, a_e, sb, eb, schedule, params, o)
 
 
@@ -90,17 +101,10 @@ def launch_override(a_codes, a_flags, a_table, b_codes, b_flags, b_table, out_bi
     M, N = out_bits.shape
     if M == 0 or N == 0:
         return
-    step = MAX_GRID_Y * BLOCK
     with quiet_launches():
-        for r0 in range(0, M, step):
-            r1 = min(M, r0 + step)
-            grid = ((N + BLOCK - 1) // BLOCK, (r1 - r0 + BLOCK - 1) // BLOCK)
-            if (r0, r1) == (0, M):
-                override_nonfinite[grid, (BLOCK, BLOCK), stream](a_codes, a_flags, a_table, b_codes, b_flags,
-                                                                 b_table, out_bits)
-            else:
-                override_nonfinite[grid, (BLOCK, BLOCK), stream](a_codes[r0:r1], a_flags[r0:r1], a_table, b_codes,
-                                                                 b_flags, b_table, out_bits[r0:r1])
+        for r0, r1, grid in _row_slices(M, N):
+            a_c, a_f, o = _rows_of((a_codes, a_flags, out_bits), r0, r1, M)
+            override_nonfinite[grid, (BLOCK, BLOCK), stream](a_c, a_f, a_table, b_codes, b_flags, b_table, o)
 
 
 def launch_epilogue(acc_flat, scale_bits, has_scale_result, out_code, width, out_bits_flat, stream=0):
@@ -120,11 +124,8 @@ def launch_rowwise_epilogue(acc, x_scale_bits, w_scale_bits, bias_bits, has_bias
     M, N = acc.shape
     if M == 0 or N == 0:
         return
-    rows = MAX_GRID_Y * BLOCK
     with quiet_launches():
-        for r0 in range(0, M, rows):
-            r1 = min(M, r0 + rows)
-            grid = ((N + BLOCK - 1) // BLOCK, (r1 - r0 + BLOCK - 1) // BLOCK)
+        for r0, r1, grid in _row_slices(M, N):
             rowwise_epilogue[grid, (BLOCK, BLOCK), stream](acc[r0:r1], x_scale_bits[r0:r1], w_scale_bits, bias_bits,
                                                            int(has_bias), int(x_first), out_bits[r0:r1])
 
