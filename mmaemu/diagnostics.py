@@ -216,21 +216,27 @@ def _default_backend(problems: Dict[str, str], device: dict, backend_states: Lis
 
 
 def _default_cuda_engine(device: dict, backend_states: List[dict], context: Context) -> str:
-    """What "auto" picks for CUDA tensors: the kernels are tried by priority, each after its self-test."""
-    from . import backends
+    """What "auto" picks for CUDA tensors, in words: the decision of the CUDA dispatcher's own rule
+    (:func:`mmaemu.cuda.default_choice`: the kernels by priority, each after its self-test, from the verdicts known
+    in ``context``; none is run) on the device of the report's Device section (``device``). ``backend_states``
+    (the Backends section) is not read: the Backends section and this line come from the same verdicts."""
+    from . import cuda as cuda_backend
 
     if context.cuda_disabled:
         return "the CPU engine, the result copied back (CUDA disabled by MMAEMU_DISABLE_CUDA)"
     if not device.get("available"):
         return f"none here ({device.get('reason')})"
-    states = {b.get("name"): b for b in backend_states}
-    kernels = [k.backend for k in backends.gemm_kernels() if states.get(k.backend, {}).get("available")]
-    if not kernels:
+    try:
+        choice = cuda_backend.default_choice(device.get("index"), context=context)
+    except Exception:  # a probe that fails here fails the Backends section too: no kernel can run
+        choice = None
+    if choice is None or choice.kernel is None:
         return "the CPU engine, the result copied back (no CUDA kernel can run here: see Backends)"
-    if states[kernels[0]].get("validated_here"):
-        return f"{kernels[0]} (passed its self-test on this device)"
-    return (f"the first of {', '.join(kernels)} that passes its self-test at the first call, else the CPU engine "
-            f"(no verdict cached for {kernels[0]} yet: mmaemu selftest runs the self-tests)")
+    if choice.validated:
+        return f"{choice.kernel.backend} (passed its self-test on this device)"
+    return (f"the first of {', '.join(k.backend for k in choice.contenders)} that passes its self-test at the first "
+            f"call, else the CPU engine (no verdict cached for {choice.kernel.backend} yet: mmaemu selftest runs the "
+            "self-tests)")
 
 
 def _defaults(report: dict, context: Context) -> dict:
