@@ -15,7 +15,6 @@ import warnings
 import pytest
 import torch
 
-import mmaemu
 from mmaemu import backends, environment
 from mmaemu.context import Context
 from mmaemu.cuda.catalog import GateResult
@@ -31,17 +30,18 @@ H100 = DeviceInfo(0, "Fake GPU", "GPU-1234", (9, 0), 132, "CUDA driver API 13.0"
                   torch.__version__)
 
 
+pytestmark = pytest.mark.usefixtures("fresh_warnings")  # the tests count what the first selection warns
+
+
 @pytest.fixture(autouse=True)
 def clean(monkeypatch, tmp_path):
-    """Fresh process state; no backend variables in the process environment; a private cache folder."""
+    """Fresh verdicts and selections; no backend variables in the process environment; a private cache folder."""
     for name in ("MMAEMU_BACKEND", "MMAEMU_DISABLE_CUDA", "MMAEMU_TEST_FORCE_FAIL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MMAEMU_CACHE_DIR", str(tmp_path / "cache"))
     gating.reset()
-    mmaemu.warn.reset()
     yield
     gating.reset()
-    mmaemu.warn.reset()
 
 
 @pytest.fixture
