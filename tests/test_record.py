@@ -240,6 +240,61 @@ def test_info_reads_the_profile_path_as_the_loader_does(recorded, tmp_path, monk
     assert list_profiles()[-3:] == [NAME, f"{NAME}-te", f"{NAME}-ws0"]  # ~/shelf is loaded, so it is no problem
 
 
+def test_the_profile_path_of_the_context_is_the_one_loaded(recorded, tmp_path, monkeypatch):
+    """A context's MMAEMU_PROFILE_PATH is loaded while the process environment names none; a context whose value
+    is empty ignores the process environment's."""
+    from mmaemu import environment
+    from mmaemu.context import Context
+
+    copy_bundle(recorded, tmp_path / "shelf", NAME)
+    shelf = Context(environment.snapshot({"MMAEMU_PROFILE_PATH": str(tmp_path / "shelf")}))
+    assert NAME not in list_profiles()  # the process environment has no MMAEMU_PROFILE_PATH
+    assert list_profiles(context=shelf)[-3:] == [NAME, f"{NAME}-te", f"{NAME}-ws0"]
+    assert get_profile(NAME, context=shelf).splitk_table == TABLE
+    bundles.forget_loaded_bundles()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = resolve_splitk(48, 64, 8192, a_dtype="e4m3", b_dtype="e4m3", out_dtype="float32", use_fast_accum=False,
+                           profile=NAME, context=shelf)
+    assert (d.S, d.table_id) == (3, TABLE)
+    bundles.forget_loaded_bundles()
+    monkeypatch.setenv("MMAEMU_PROFILE_PATH", str(tmp_path / "shelf"))
+    empty = Context(environment.snapshot({}))
+    assert NAME not in list_profiles(context=empty)
+    with pytest.raises(KeyError, match=f"unknown profile '{NAME}'"):
+        get_profile(NAME, context=empty)
+    assert NAME in list_profiles()  # read now: the process environment's value
+
+
+def test_a_refused_bundle_warns_once_at_the_user_s_line(recorded, tmp_path, monkeypatch):
+    """The skip warning of a refused bundle: once per path and reason, forgotten with the loaded bundles,
+    attributed to the user's line, and emitted even when an ``explain`` meets it first (explain collects the
+    call's notices, not this one)."""
+    copy_bundle(recorded, tmp_path / "shelf", NAME)
+    bad = copy_bundle(recorded, tmp_path / "shelf", "zz-damaged")
+    _edit_manifest(bad, lambda m: m["files"].update({f"{TABLE}.npz": "0" * 64}))
+    monkeypatch.setenv("MMAEMU_PROFILE_PATH", str(tmp_path / "shelf"))
+    gen = torch.Generator().manual_seed(3)
+    a = (torch.randn(16, 4096, generator=gen) * 4).to(torch.float8_e4m3fn)
+    b = (torch.randn(64, 4096, generator=gen) * 4).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0)
+
+    def skip_warnings(fn):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+        return [w for w in caught if issubclass(w.category, RuntimeWarning) and "found on" in str(w.message)]
+
+    (first,) = skip_warnings(lambda: mmaemu.explain(a, b, one, one, out_dtype=torch.bfloat16, profile=NAME))
+    assert "zz-damaged" in str(first.message) and "sha256" in str(first.message)
+    assert first.filename == __file__
+    assert skip_warnings(lambda: mmaemu.scaled_mm(a, b, one, one, out_dtype=torch.bfloat16, profile=NAME)) == []
+    assert skip_warnings(list_profiles) == []
+    bundles.forget_loaded_bundles()
+    (again,) = skip_warnings(list_profiles)
+    assert str(again.message) == str(first.message) and again.filename == __file__
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Resume, findings, descriptor probe
 
