@@ -414,13 +414,13 @@ def test_a_flushing_thread_is_refused():
         torch.set_flush_denormal(False)
 
 
-def test_experimental_maturity_warns_once_per_kernel(monkeypatch):
+def test_experimental_maturity_warns_once_per_kernel(fresh_warnings):
     rng = np.random.default_rng(19)
     _, _, a, b = _operands(rng, 4, 128, 128)
-    monkeypatch.setattr(dg, "_WARNED", set())
     d = torch.empty((4, 128), dtype=torch.bfloat16)
-    with pytest.warns(mmaemu.ExperimentalPresetWarning, match="not recorded on hardware"):
+    with pytest.warns(mmaemu.ExperimentalPresetWarning, match="not recorded on hardware") as caught:
         dg.fp8_gemm_nt(a, b, d)
+    assert [w.filename for w in caught] == [__file__]  # the caller's line (mmaemu.warn's frame finder)
     with warnings.catch_warnings():
         warnings.simplefilter("error", mmaemu.ExperimentalPresetWarning)
         dg.fp8_gemm_nt(a, b, d)

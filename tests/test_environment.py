@@ -91,6 +91,94 @@ def test_the_scan_finds_each_form_of_read():
     assert sorted(texts) == ["HOME", "MMAEMU_A", "MMAEMU_C", "MMAEMU_D", "MMAEMU_X"]
 
 
+# Who may take a reading of the variables (mmaemu.environment.snapshot / texts / set_variables / problems with no
+# snapshot given): the edge, and the few readers of where things are that no call decides. A decision reads the
+# environment of its context (mmaemu.context.environment_of, which is the one reading of a decision called without
+# a context: by a test, or by code outside the entry points).
+READERS = {
+    "mmaemu.environment": "the variables' own module",
+    "mmaemu.context": "for_call (the reading of an entry point) and environment_of (of a call without a context)",
+    "mmaemu._cache": "where the compiled-code cache lives, read when the cache is first opened",
+    "mmaemu.device_facts": "which libcuda the device probe loads",
+    "mmaemu.plan.cache": "the raw texts of the variables, the key of the plan cache at the entry point",
+    "mmaemu.diagnostics": "the edge: mmaemu info",
+    "mmaemu.record": "the edge: mmaemu record",
+    "mmaemu.cli": "the edge: the command line",
+}
+_READING_FUNCTIONS = ("snapshot", "texts", "set_variables", "problems")
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _environment_readings(tree: ast.AST):
+    """Lines of the calls ``environment.<reading function>(...)`` in a module, and of the same functions imported
+    by name from mmaemu.environment (``problems`` counts only without a snapshot given)."""
+    imported = {alias.asname or alias.name: alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and (node.module or "").endswith("environment") for alias in node.names
+                if alias.name in _READING_FUNCTIONS}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = (func.attr if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+                and func.value.id == "environment" else imported.get(func.id) if isinstance(func, ast.Name)
+                else None)
+        if name in _READING_FUNCTIONS and not (name == "problems" and len(node.args) + len(node.keywords) > 1):
+            yield node.lineno
+
+
+def _is_reader(module: str) -> bool:
+    return any(module == reader or module.startswith(reader + ".") for reader in READERS)
+
+
+def test_only_the_edge_takes_a_reading_of_the_variables():
+    """No policy layer reads the environment itself: the profile, split-K, backend, kernel and engine choices read
+    the snapshot of the context they are given (issue 17: one context for every decision)."""
+    offenders = [f"{path.relative_to(ROOT)}:{line}"
+                 for path in sorted(PACKAGE.rglob("*.py")) if not _is_reader(_module_name(path))
+                 for line in _environment_readings(ast.parse(path.read_text(encoding="utf-8")))]
+    assert offenders == [], ("read the environment of the decision's context (mmaemu.context.environment_of): "
+                             + "; ".join(offenders))
+
+
+def test_the_reading_scan_finds_each_form():
+    code = ("from mmaemu import environment\nfrom mmaemu.environment import snapshot as now, problems\n"
+            "a = environment.snapshot()\nb = now()\nc = environment.texts()\nd = problems(CHECKS)\n"
+            "e = problems(CHECKS, env)\nf = other.snapshot()\n")
+    assert list(_environment_readings(ast.parse(code))) == [3, 4, 5, 6]
+
+
+@pytest.mark.parametrize("call", ["scaled_mm", "accumulate"])
+def test_a_planned_call_reads_the_environment_once(monkeypatch, call):
+    """A call that is planned decides everything (profile, split-K, backend, CPU engine) from one reading of the
+    environment, its context's; a call served by the plan cache takes none (the cache's key is the variables'
+    raw texts)."""
+    from mmaemu.plan import cache
+
+    readings = []
+    real = environment.snapshot
+
+    def counting(environ=None):
+        readings.append(environ)
+        return real(environ)
+
+    a = torch.full((4, 32), 0.5).to(torch.float8_e4m3fn)
+    b = torch.full((16, 32), 0.25).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0)
+    mmaemu.scaled_mm(a, b, one, one, out_dtype=torch.bfloat16, splitk=1)  # compiled and cache folder opened
+    monkeypatch.setattr(environment, "snapshot", counting)
+    run = {"scaled_mm": lambda: mmaemu.scaled_mm(a, b, one, one, out_dtype=torch.bfloat16, splitk=1),
+           "accumulate": lambda: mmaemu.accumulate(a, b.t(), use_fast_accum=False, splitk=1)}[call]
+    cache.clear()
+    run()
+    assert readings == [None]
+    run()
+    assert readings == [None]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The parsers and the snapshot
 

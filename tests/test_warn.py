@@ -16,11 +16,7 @@ from mmaemu.errors import BackendUnavailableError, ExperimentalPresetWarning, Un
 ONE = torch.tensor(1.0)
 
 
-@pytest.fixture(autouse=True)
-def fresh_slots():
-    warn.reset()
-    yield
-    warn.reset()
+pytestmark = pytest.mark.usefixtures("fresh_warnings")  # tests/conftest.py
 
 
 def fp8(shape, seed):

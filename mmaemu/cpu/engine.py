@@ -8,7 +8,8 @@ from typing import NamedTuple, Tuple
 
 import numpy as np
 
-from .. import environment, formats
+from .. import formats
+from ..context import environment_of
 from ..arith.epilogue import OUT_CODES, scale_product
 from ..arith.params import codes_gemm
 from ..arith.rounding import BFLOAT16, FLOAT32, value_of_bits
@@ -254,10 +255,11 @@ def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, ou
 
 def cpu_engine_choice(preset, schedule, fmt_a: str, fmt_b: str, requested=None, shape=None) -> EngineChoice:
     """The engine of the fast path for a call (:func:`mmaemu.cpu.features.choose_cpu_engine`): ``requested``
-    (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE``), the CPU Numba compiles for, whether the offset method
-    computes the preset, schedule and formats (:func:`mmaemu.cpu.features.offset_call_decline`) and, for
-    ``auto``, whether it is the faster engine for the result's ``shape`` (M, N) (None: any shape)."""
-    requested = environment.snapshot()[CPU_ENGINE_ENV] if requested is None else requested
+    (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE`` read now, :func:`mmaemu.context.environment_of`), the CPU
+    Numba compiles for, whether the offset method computes the preset, schedule and formats
+    (:func:`mmaemu.cpu.features.offset_call_decline`) and, for ``auto``, whether it is the faster engine for the
+    result's ``shape`` (M, N) (None: any shape)."""
+    requested = environment_of(None)[CPU_ENGINE_ENV] if requested is None else requested
     shape_decline = None if shape is None else offset_shape_decline(*shape)
     return choose_cpu_engine(requested, numba_target(), offset_call_decline(preset, schedule, fmt_a, fmt_b),
                              shape_decline)

@@ -19,14 +19,13 @@ mmaemu's own keyword ``backend``: "auto" (the CPU engine; CUDA tensors get their
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import torch
 
 from ..errors import BackendUnavailableError, ExperimentalPresetWarning, ReferenceRejectsError, \
     UnsupportedFeatureError
 from ..model.chunked import DEEPGEMM_SM90_1D1D, DEEPGEMM_SM90_1D2D
+from ..warn import Notice, report
 from .utils import (align, ceil_div, ceil_to_ue8m0, get_mk_alignment_for_contiguous_layout, per_block_cast_to_fp8,
                     per_channel_cast_to_fp8, per_token_cast_to_fp8)
 
@@ -41,7 +40,6 @@ RECIPE_1D2D = (1, 128, 128)
 RECIPE_1D1D = (1, 1, 128)
 WAVE_ROWS = 64  # WGMMA::M: the rows of one warpgroup's wgmma, the unit of the contiguous layout's validity check
 BACKENDS = ("auto", "cpu", "reference", "cuda:simple")
-_WARNED = set()
 
 
 def _require(condition, rule: str):
@@ -51,12 +49,11 @@ def _require(condition, rule: str):
 
 
 def _warn_experimental(kernel):
-    if kernel.name in _WARNED:
-        return
-    _WARNED.add(kernel.name)
-    warnings.warn(f"mmaemu.deepgemm: {kernel.name} is modelled from pinned source ({kernel.source}), not recorded "
-                  "on hardware (maturity experimental; docs/limitations.md names the probe that would validate it)",
-                  ExperimentalPresetWarning, stacklevel=3)
+    """The kernel's maturity warning, once per process per kernel (:mod:`mmaemu.warn`), at the caller's line."""
+    report([Notice(ExperimentalPresetWarning,
+                   f"mmaemu.deepgemm: {kernel.name} is modelled from pinned source ({kernel.source}), not recorded "
+                   "on hardware (maturity experimental; docs/limitations.md names the probe that would validate it)",
+                   ("deepgemm", kernel.name))])
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -210,8 +207,8 @@ def fp8_gemm_nt(a, b, d, c=None, recipe=None, compiled_dims="nk", disable_ue8m0_
         _require(c is not None and d.dtype == torch.float32,
                  "recipe (1, 1, 128) (sm90_fp8_gemm_1d1d) needs c and a float32 d; pass c=d")
         if c.data_ptr() != d.data_ptr() or c.stride() != d.stride():
-            warnings.warn("mmaemu.deepgemm: DeepGEMM's sm_90 1d1d kernel adds its result into d and never reads "
-                          "c; c is not d here, so c's values are ignored (as on the GPU)", UserWarning, stacklevel=2)
+            report([Notice(UserWarning, "mmaemu.deepgemm: DeepGEMM's sm_90 1d1d kernel adds its result into d and "
+                           "never reads c; c is not d here, so c's values are ignored (as on the GPU)")])
         scales_b = _scales(sfb)
     else:
         kernel = DEEPGEMM_SM90_1D2D
