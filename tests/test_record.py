@@ -840,8 +840,10 @@ def test_bundles_that_others_can_write_or_own_warn_before_they_load(recorded, tm
 
     folder = copy_bundle(recorded, tmp_path, "open")
     os.chmod(folder, 0o777)
-    with pytest.warns(UnsafeBundleWarning, match="the folder can be written by other users \\(mode 0777\\)"):
+    mode = "the folder can be written by other users \\(mode 0777\\)"
+    with pytest.warns(UnsafeBundleWarning, match=mode) as caught:
         assert mmaemu.load_profile(folder)[0].name == NAME  # it loads, with the warning
+    assert [w.filename for w in caught] == [__file__]  # at the caller's line
     bundles.forget_loaded_bundles()
     folder = copy_bundle(recorded, tmp_path, "open-file")
     os.chmod(folder / "replays.json", 0o666)

@@ -124,7 +124,7 @@ def read_bundle(path) -> Bundle:
     if concerns:
         warnings.warn(f"mmaemu: {where}: {'; '.join(concerns)}. Its files are checked against its own manifest, "
                       "which whoever can write them can rewrite: load only bundles from folders that only you (or "
-                      "root) can write", UnsafeBundleWarning, stacklevel=2)
+                      "root) can write", UnsafeBundleWarning, stacklevel=user_stacklevel())
     table_json = manifest["table_json"]
     meta = _parse_json(_listed(blobs, table_json, where), table_json, folder, table_schema(TABLE_FORMAT),
                        check_table_rules)
