@@ -221,8 +221,9 @@ def test_profile_path(recorded, tmp_path, monkeypatch):
     with pytest.raises(KeyError, match="refused bundle"):
         get_profile("no-such-profile")
     from mmaemu import diagnostics
+    from mmaemu.context import for_call
 
-    table = next(t for t in diagnostics._splitk_tables() if t["table_id"] == TABLE)
+    table = next(t for t in diagnostics._splitk_tables(for_call()) if t["table_id"] == TABLE)
     assert table["profiles"] == [NAME, f"{NAME}-te", f"{NAME}-ws0"] and table["index_rows"] == table["rows"]
     assert any("zz-damaged" in u["component"] for u in diagnostics._refused_bundles())
     bundles.forget_loaded_bundles()
