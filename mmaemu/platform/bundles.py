@@ -62,7 +62,8 @@ from .table_format import COLUMN_DTYPES, TABLE_FORMAT, TableFormatError, build_i
 
 __all__ = ["BundleError", "Bundle", "load_profile", "read_bundle", "write_bundle", "load_profile_path",
            "recorded_of", "recorded_profiles", "refused_bundles", "loaded_bundles", "forget_loaded_bundles",
-           "packaged_bundle_folders", "path_entries", "json_bytes", "replay_maturity", "BUNDLE_FORMAT", "MANIFEST", "COMBOS_FORMAT", "REPLAYS_FORMAT", "PATH_ENV"]
+           "packaged_bundle_folders", "path_entries", "json_bytes", "replay_maturity", "BUNDLE_FORMAT", "MANIFEST",
+           "COMBOS_FORMAT", "REPLAYS_FORMAT", "PATH_ENV"]
 
 BUNDLE_FORMAT = "mmaemu-profile-bundle/1"
 COMBOS_FORMAT = "mmaemu-verified-split-combos/1"
