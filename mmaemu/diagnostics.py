@@ -345,8 +345,8 @@ def _profiles(device: dict, device_arg, context: Context) -> List[dict]:
     from .platform import get_profile, list_profiles
 
     out = []
-    for name in list_profiles():
-        p = get_profile(name)
+    for name in list_profiles(context=context):
+        p = get_profile(name, context=context)
         match, why = _profile_match(p, device, device_arg, context)
         out.append(dict(p.describe(), match=match, match_note=why))
     return out
@@ -395,7 +395,7 @@ def _backends(device_arg) -> List[dict]:
 # Split-K tables and the Numba cache
 
 
-def _splitk_tables() -> List[dict]:
+def _splitk_tables(context: Context) -> List[dict]:
     """Per table id of the profiles, the table's own description (a recorded bundle's, else the packaged one's:
     files with bytes and sha256, row counts) and the profiles that use it."""
     from .platform.bundles import loaded_bundles
@@ -403,7 +403,7 @@ def _splitk_tables() -> List[dict]:
 
     recorded = {b.table.table_id: b for b in loaded_bundles()}
     out = []
-    for table_id, profiles in _table_users().items():
+    for table_id, profiles in _table_users(context).items():
         described = recorded[table_id].describe() if table_id in recorded else describe_packaged(table_id)
         out.append({"table_id": described.pop("table_id"), "profiles": profiles, **described})
     return out
@@ -415,13 +415,13 @@ def _refused_bundles() -> List[dict]:
     return [{"component": f"profile bundle {path}", "reason": reason} for path, reason in refused_bundles().items()]
 
 
-def _table_users() -> Dict[str, List[str]]:
+def _table_users(context: Context) -> Dict[str, List[str]]:
     """table id -> the profiles that use it, in profile order."""
     from .platform import get_profile, list_profiles
 
     users: Dict[str, List[str]] = {}
-    for name in list_profiles():
-        table_id = get_profile(name).splitk_table
+    for name in list_profiles(context=context):
+        table_id = get_profile(name, context=context).splitk_table
         if table_id:
             users.setdefault(table_id, []).append(name)
     return users
@@ -485,7 +485,7 @@ def build_info(device: Optional[int] = None) -> dict:
     report["presets"] = _probe(report, "presets", _presets, default=[])
     report["backends"] = _probe(report, "backends", _backends, device_arg, default=[])
     report["defaults"] = _probe(report, "defaults", _defaults, report, context, default={})
-    report["splitk_tables"] = _probe(report, "split-K tables", _splitk_tables, default=[])
+    report["splitk_tables"] = _probe(report, "split-K tables", _splitk_tables, context, default=[])
     report["unavailable"] += _refused_bundles()
     report["numba_cache"] = _probe(report, "numba cache", _numba_cache, default=None)
     report["unavailable"] = report.pop("unavailable")  # listed last
