@@ -201,7 +201,7 @@ def _default_profile(problems: Dict[str, str], context: Context) -> str:
     return f"{get_profile(None, context=context).name} (MMAEMU_PROFILE is not set)"
 
 
-def _default_backend(problems: Dict[str, str], device: dict, backend_states: List[dict], context: Context) -> str:
+def _default_backend(problems: Dict[str, str], device: dict, context: Context) -> str:
     """The engine of a call with backend="auto": MMAEMU_BACKEND, else the CPU engine for CPU tensors and, for CUDA
     tensors, the first CUDA kernel that passed its self-test here (read from cached verdicts; none is run)."""
     from . import backends
@@ -212,14 +212,14 @@ def _default_backend(problems: Dict[str, str], device: dict, backend_states: Lis
     if value and value != "auto":
         return f"{value} for every call with backend='auto' (from MMAEMU_BACKEND)"
     cpu = backends.select(_torch_device("cpu"), "auto", "e4m3", "e4m3", None, context=context).name
-    return f"{cpu} for CPU tensors; CUDA tensors: {_default_cuda_engine(device, backend_states, context)}"
+    return f"{cpu} for CPU tensors; CUDA tensors: {_default_cuda_engine(device, context)}"
 
 
-def _default_cuda_engine(device: dict, backend_states: List[dict], context: Context) -> str:
+def _default_cuda_engine(device: dict, context: Context) -> str:
     """What "auto" picks for CUDA tensors, in words: the decision of the CUDA dispatcher's own rule
     (:func:`mmaemu.cuda.default_choice`: the kernels by priority, each after its self-test, from the verdicts known
-    in ``context``; none is run) on the device of the report's Device section (``device``). ``backend_states``
-    (the Backends section) is not read: the Backends section and this line come from the same verdicts."""
+    in ``context``; none is run) on the device of the report's Device section (``device``): the Backends section
+    and this line come from the same verdicts."""
     from . import cuda as cuda_backend
 
     if context.cuda_disabled:
@@ -242,7 +242,7 @@ def _default_cuda_engine(device: dict, backend_states: List[dict], context: Cont
 def _defaults(report: dict, context: Context) -> dict:
     problems = report["environment_problems"]
     return {"profile": _default_profile(problems, context),
-            "backend": _default_backend(problems, report["device"], report["backends"], context)}
+            "backend": _default_backend(problems, report["device"], context)}
 
 
 # ================================================================================================================
@@ -378,11 +378,11 @@ def _presets() -> List[dict]:
     return presets.describe()
 
 
-def _backends(device_arg) -> List[dict]:
+def _backends(device_arg, context: Context) -> List[dict]:
     from . import backends
 
     out = []
-    for name, s in backends.backends_status(device_arg).items():
+    for name, s in backends.backends_status(device_arg, context=context).items():
         entry = jsonable(s)
         if not isinstance(entry, dict):
             entry = {"status": entry}
@@ -483,7 +483,7 @@ def build_info(device: Optional[int] = None) -> dict:
     device_arg = None if device is None else _torch_device("cuda", device)
     report["profiles"] = _probe(report, "profiles", _profiles, report["device"], device_arg, context, default=[])
     report["presets"] = _probe(report, "presets", _presets, default=[])
-    report["backends"] = _probe(report, "backends", _backends, device_arg, default=[])
+    report["backends"] = _probe(report, "backends", _backends, device_arg, context, default=[])
     report["defaults"] = _probe(report, "defaults", _defaults, report, context, default={})
     report["splitk_tables"] = _probe(report, "split-K tables", _splitk_tables, context, default=[])
     report["unavailable"] += _refused_bundles()

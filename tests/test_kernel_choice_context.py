@@ -238,7 +238,7 @@ def test_info_tells_the_default_engine_the_backends_section_implies(device, capa
     for outcomes in itertools.product((True, False, None), repeat=3):
         given = context(verdict_source(dict(zip(("native", "offset", "simple"), outcomes))))
         expected = _text_from_statuses(backends.backends_status(CUDA0, context=given))
-        assert diagnostics._default_cuda_engine(section, [], given) == expected, outcomes
+        assert diagnostics._default_cuda_engine(section, given) == expected, outcomes
 
 
 def test_default_choice_without_a_usable_device():
