@@ -485,16 +485,18 @@ def accumulate(name, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits=1, 
 
     kernel = name[len("cuda:"):] if name.startswith("cuda:") else name
     if kernel in KERNELS and schedule_skip(kernel, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
-        kernel = _fallback_kernel(kernel, a.device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme,
-                                  _context_of(context))
+        context = _context_of(context)
+        kernel = _fallback_kernel(kernel, a.device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme, context)
         if kernel is None:  # no other kernel can run here: the cpu engine computes, the result goes back
             import torch
 
             from ...cpu import accumulate_codes
+            from ...cpu.features import CPU_ENGINE_ENV
 
             codes = [t.detach().contiguous().view(torch.uint8).cpu().numpy() for t in (a, b_rows)]
-            return Accumulators(torch.from_numpy(accumulate_codes(codes[0], codes[1], fmt_a, fmt_b, preset,
-                                                                  use_fast_accum, splits, scheme)).to(a.device), None)
+            acc = accumulate_codes(codes[0], codes[1], fmt_a, fmt_b, preset, use_fast_accum, splits, scheme,
+                                   cpu_engine=context.environment[CPU_ENGINE_ENV])
+            return Accumulators(torch.from_numpy(acc).to(a.device), None)
     acc = engine.accumulate_tensors(kernel, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
     return Accumulators(acc, f"cuda:{kernel}")
 
