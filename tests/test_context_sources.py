@@ -1,6 +1,6 @@
 """The sources of a context (mmaemu.context): a split decision reads its split-K tables, and a profile lookup its
 recorded profiles, from the context it is given, never from the process's own sources when the context names
-others; and no module of the platform layer reads the environment but through ``environment_of``.
+others (no layer reads the environment itself: tests/test_environment.py).
 
 The recorded bundles named by a context's MMAEMU_PROFILE_PATH are tested in tests/test_record.py, beside the
 fixture that records one.
@@ -8,9 +8,7 @@ fixture that records one.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +20,6 @@ from mmaemu.platform.profiles import get_profile, list_profiles
 from mmaemu.platform.splitk import decide_splitk
 from mmaemu.platform.tables import TableRow, get_table
 
-PLATFORM = Path(__file__).resolve().parents[1] / "mmaemu" / "platform"
 H100_ID = "heur_h100pcie_lt12.8.3.14"
 # A recorded split row of the H100 table (tests/test_splitk.py: test_example_hopper_split_row).
 SPLIT_KEY = dict(a_dtype="e4m3", b_dtype="e4m3", out_dtype="float32", use_fast_accum=False)
@@ -108,25 +105,3 @@ def test_the_process_source_offers_a_read_only_view_in_the_order_added(monkeypat
         view["x"] = get_profile("hopper")
     assert bundles.recorded_of(context_of()) is bundles.recorded_profiles
     assert tables.tables_of(None) is get_table and tables.tables_of(context_of()) is get_table
-
-
-def _snapshot_calls(source: str) -> list:
-    """The lines of calls ``environment.snapshot(...)`` or of a ``snapshot`` imported from mmaemu.environment."""
-    tree = ast.parse(source)
-    lines = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("environment"):
-            lines += [node.lineno for alias in node.names if alias.name == "snapshot"]
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "snapshot"
-              and isinstance(node.func.value, ast.Name) and node.func.value.id == "environment"):
-            lines.append(node.lineno)
-    return lines
-
-
-def test_no_platform_module_reads_the_environment_itself():
-    """The platform layer decides from its context: ``context.environment_of`` is its one "read now"."""
-    modules = sorted(PLATFORM.glob("*.py"))
-    assert modules
-    found = {path.name: lines for path in modules if (lines := _snapshot_calls(path.read_text(encoding="utf-8")))}
-    assert found == {}
-    assert _snapshot_calls("from .. import environment\nenvironment.snapshot()\n") == [2]  # the check sees one
