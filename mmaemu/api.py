@@ -40,7 +40,7 @@ def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b:
         from . import cuda as cuda_backend
 
         return cuda_backend.accumulate(plan.backend, a, b_rows, fmt_a, fmt_b, plan.preset, fast, split.S,
-                                       split.scheme)
+                                       split.scheme, context=plan.context)
     from .cpu import accumulate_codes
 
     b_codes = _codes_rows(b_rows)
@@ -67,19 +67,20 @@ def _scale_bits(scale) -> int:
     return int(scale.detach().cpu().numpy().reshape(-1).view(numpy.uint32)[0])
 
 
-def _epilogue(acc: torch.Tensor, computed_by, call) -> torch.Tensor:
-    """Output tensor of the epilogue (semantics.md (e)) on the accumulator's device.
+def _epilogue(acc: torch.Tensor, computed_by, plan) -> torch.Tensor:
+    """Output tensor of the epilogue (semantics.md (e)) of ``plan``'s call on the accumulator's device.
 
     An accumulator computed by a CUDA kernel (``computed_by``) gets the CUDA epilogue kernel (same arithmetic,
-    validated on the device), so the result never leaves the device; otherwise (a CPU engine computed the
-    accumulator, or that kernel is not validated there: warned) the CPU epilogue computes and the result is copied
-    to the accumulator's device.
+    validated on the device: its verdict read from the plan's context), so the result never leaves the device;
+    otherwise (a CPU engine computed the accumulator, or that kernel is not validated there: warned) the CPU
+    epilogue computes and the result is copied to the accumulator's device.
     """
+    call = plan.call
     if computed_by is not None:
         from . import cuda as cuda_backend
 
         outcome = cuda_backend.epilogue(acc, call.scale_a, call.scale_b, call.scale_result, call.out_dtype,
-                                        computed_by)
+                                        computed_by, context=plan.context)
         report(outcome.notices)
         if outcome.result is not None:
             return outcome.result
@@ -241,7 +242,7 @@ def run_scaled_mm_plan(plan, weights=None):
                                     weights)
     if call.rowwise:
         return _deliver(_rowwise_epilogue(acc, call), call.out)
-    return _deliver(_epilogue(acc, computed_by, call), call.out)
+    return _deliver(_epilogue(acc, computed_by, plan), call.out)
 
 
 @untraced

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from .context import environment_of
+from .context import environment_of, for_call
 from .cuda.catalog import KERNELS, BackendStatus, GateResult, KernelInfo, Selection, gemm_kernels
 from .errors import BackendUnavailableError
 from .warn import report
@@ -68,9 +68,11 @@ def cuda_disabled(*, context=None) -> bool:
 
 def select(device, backend, fmt_a, fmt_b, preset, *, context=None) -> Selection:
     """Choose the engine for tensors on ``device`` (platform.md 4.4, with our engines), from the variables of
-    ``context`` (a :class:`mmaemu.context.Context`; without one, read now). On CUDA tensors the CUDA dispatcher
-    probes the device and reads the kernels' verdicts (:func:`mmaemu.cuda.select`); the choice's warnings (a kernel
-    that failed its self-test, no usable device) are reported (:func:`mmaemu.warn.report`)."""
+    ``context`` (a :class:`mmaemu.context.Context`; without one, read now, once). On CUDA tensors the CUDA
+    dispatcher probes the device and reads the kernels' verdicts from the context's source
+    (:func:`mmaemu.cuda.select`, :func:`mmaemu.cuda.verdicts_of`); the choice's warnings (a kernel that failed its
+    self-test, no usable device) are reported (:func:`mmaemu.warn.report`)."""
+    context = for_call() if context is None else context
     name = requested_backend(backend, context=context)
     if name in CPU_ENGINES:
         return Selection(name, [])
@@ -82,7 +84,7 @@ def select(device, backend, fmt_a, fmt_b, preset, *, context=None) -> Selection:
         raise BackendUnavailableError(f"backend {name!r} cannot run: {reason}; use backend='cpu' or 'auto'")
     from . import cuda as cuda_backend
 
-    selection = cuda_backend.select(device, name, fmt_a, fmt_b, preset)
+    selection = cuda_backend.select(device, name, fmt_a, fmt_b, preset, context=context)
     report(selection.notices)  # the choice's warnings (mmaemu.warn: at the edge, or now when called directly)
     return selection
 
@@ -118,36 +120,40 @@ def cpu_engine_summary(*, context=None) -> str:
     return engine_summary(environment_of(context)[CPU_ENGINE_ENV], numba_target())
 
 
-def backends_status(device=None) -> Dict[str, BackendStatus]:
+def backends_status(device=None, *, context=None) -> Dict[str, BackendStatus]:
     """{name: BackendStatus} of every CUDA kernel on ``device`` (None: torch's current CUDA device), then "cpu" and
-    "reference". Reads cached self-test verdicts; runs none (see :func:`selftest`)."""
+    "reference", for the variables and verdict source of ``context`` (without one, read now, once). Reads known
+    self-test verdicts; runs none (see :func:`selftest`)."""
+    context = for_call() if context is None else context
     result: Dict[str, BackendStatus] = {}
-    if cuda_disabled():
+    if cuda_disabled(context=context):
         for k in KERNELS.values():
             result[k.backend] = BackendStatus(k.backend, False, None, False, [], "disabled by MMAEMU_DISABLE_CUDA")
     else:
         from . import cuda as cuda_backend
 
-        result.update(cuda_backend.status(device))
+        result.update(cuda_backend.status(device, context=context))
     for name in ("cpu", "reference"):
-        reason = _CPU_STATUS[name] + (f"; {cpu_engine_summary()}" if name == "cpu" else "")
+        reason = _CPU_STATUS[name] + (f"; {cpu_engine_summary(context=context)}" if name == "cpu" else "")
         result[name] = BackendStatus(name, True, "numba (CPU)", True, [], reason)
     return result
 
 
-def selftest(device=None, *, kernels="all", force=False) -> Dict[str, List[GateResult]]:
+def selftest(device=None, *, kernels="all", force=False, context=None) -> Dict[str, List[GateResult]]:
     """Run the self-test of every (or the named) CUDA kernel on ``device`` (None: torch's current CUDA device).
 
     Returns {"cuda:<kernel>": [GateResult]}; cached verdicts are reused unless ``force``. Without a usable CUDA
-    device every result has ``ran=False`` and says why (see :func:`selftest_verdict`).
+    device every result has ``ran=False`` and says why (see :func:`selftest_verdict`). The variables and the
+    verdict source are those of ``context`` (without one, read now, once).
     """
     names = kernel_names(kernels)
-    if cuda_disabled():
+    context = for_call() if context is None else context
+    if cuda_disabled(context=context):
         reason = "not run: disabled by MMAEMU_DISABLE_CUDA"
         return {f"cuda:{n}": [GateResult("selftest", False, reason, {}, 0.0, False, ran=False)] for n in names}
     from . import cuda as cuda_backend
 
-    return cuda_backend.run_selftests(device, names, force=force)
+    return cuda_backend.run_selftests(device, names, force=force, context=context)
 
 
 def selftest_verdict(results: Dict[str, List[GateResult]]) -> Tuple[str, str]:

@@ -201,7 +201,7 @@ def _default_profile(problems: Dict[str, str], context: Context) -> str:
     return f"{get_profile(None, context=context).name} (MMAEMU_PROFILE is not set)"
 
 
-def _default_backend(problems: Dict[str, str], device: dict, backend_states: List[dict], context: Context) -> str:
+def _default_backend(problems: Dict[str, str], device: dict, context: Context) -> str:
     """The engine of a call with backend="auto": MMAEMU_BACKEND, else the CPU engine for CPU tensors and, for CUDA
     tensors, the first CUDA kernel that passed its self-test here (read from cached verdicts; none is run)."""
     from . import backends
@@ -212,31 +212,37 @@ def _default_backend(problems: Dict[str, str], device: dict, backend_states: Lis
     if value and value != "auto":
         return f"{value} for every call with backend='auto' (from MMAEMU_BACKEND)"
     cpu = backends.select(_torch_device("cpu"), "auto", "e4m3", "e4m3", None, context=context).name
-    return f"{cpu} for CPU tensors; CUDA tensors: {_default_cuda_engine(device, backend_states, context)}"
+    return f"{cpu} for CPU tensors; CUDA tensors: {_default_cuda_engine(device, context)}"
 
 
-def _default_cuda_engine(device: dict, backend_states: List[dict], context: Context) -> str:
-    """What "auto" picks for CUDA tensors: the kernels are tried by priority, each after its self-test."""
-    from . import backends
+def _default_cuda_engine(device: dict, context: Context) -> str:
+    """What "auto" picks for CUDA tensors, in words: the decision of the CUDA dispatcher's own rule
+    (:func:`mmaemu.cuda.default_choice`: the kernels by priority, each after its self-test, from the verdicts known
+    in ``context``; none is run) on the device of the report's Device section (``device``): the Backends section
+    and this line come from the same verdicts."""
+    from . import cuda as cuda_backend
 
     if context.cuda_disabled:
         return "the CPU engine, the result copied back (CUDA disabled by MMAEMU_DISABLE_CUDA)"
     if not device.get("available"):
         return f"none here ({device.get('reason')})"
-    states = {b.get("name"): b for b in backend_states}
-    kernels = [k.backend for k in backends.gemm_kernels() if states.get(k.backend, {}).get("available")]
-    if not kernels:
+    try:
+        choice = cuda_backend.default_choice(device.get("index"), context=context)
+    except Exception:  # a probe that fails here fails the Backends section too: no kernel can run
+        choice = None
+    if choice is None or choice.kernel is None:
         return "the CPU engine, the result copied back (no CUDA kernel can run here: see Backends)"
-    if states[kernels[0]].get("validated_here"):
-        return f"{kernels[0]} (passed its self-test on this device)"
-    return (f"the first of {', '.join(kernels)} that passes its self-test at the first call, else the CPU engine "
-            f"(no verdict cached for {kernels[0]} yet: mmaemu selftest runs the self-tests)")
+    if choice.validated:
+        return f"{choice.kernel.backend} (passed its self-test on this device)"
+    return (f"the first of {', '.join(k.backend for k in choice.contenders)} that passes its self-test at the first "
+            f"call, else the CPU engine (no verdict cached for {choice.kernel.backend} yet: mmaemu selftest runs the "
+            "self-tests)")
 
 
 def _defaults(report: dict, context: Context) -> dict:
     problems = report["environment_problems"]
     return {"profile": _default_profile(problems, context),
-            "backend": _default_backend(problems, report["device"], report["backends"], context)}
+            "backend": _default_backend(problems, report["device"], context)}
 
 
 # ================================================================================================================
@@ -339,8 +345,8 @@ def _profiles(device: dict, device_arg, context: Context) -> List[dict]:
     from .platform import get_profile, list_profiles
 
     out = []
-    for name in list_profiles():
-        p = get_profile(name)
+    for name in list_profiles(context=context):
+        p = get_profile(name, context=context)
         match, why = _profile_match(p, device, device_arg, context)
         out.append(dict(p.describe(), match=match, match_note=why))
     return out
@@ -372,11 +378,11 @@ def _presets() -> List[dict]:
     return presets.describe()
 
 
-def _backends(device_arg) -> List[dict]:
+def _backends(device_arg, context: Context) -> List[dict]:
     from . import backends
 
     out = []
-    for name, s in backends.backends_status(device_arg).items():
+    for name, s in backends.backends_status(device_arg, context=context).items():
         entry = jsonable(s)
         if not isinstance(entry, dict):
             entry = {"status": entry}
@@ -389,7 +395,7 @@ def _backends(device_arg) -> List[dict]:
 # Split-K tables and the Numba cache
 
 
-def _splitk_tables() -> List[dict]:
+def _splitk_tables(context: Context) -> List[dict]:
     """Per table id of the profiles, the table's own description (a recorded bundle's, else the packaged one's:
     files with bytes and sha256, row counts) and the profiles that use it."""
     from .platform.bundles import loaded_bundles
@@ -397,7 +403,7 @@ def _splitk_tables() -> List[dict]:
 
     recorded = {b.table.table_id: b for b in loaded_bundles()}
     out = []
-    for table_id, profiles in _table_users().items():
+    for table_id, profiles in _table_users(context).items():
         described = recorded[table_id].describe() if table_id in recorded else describe_packaged(table_id)
         out.append({"table_id": described.pop("table_id"), "profiles": profiles, **described})
     return out
@@ -409,13 +415,13 @@ def _refused_bundles() -> List[dict]:
     return [{"component": f"profile bundle {path}", "reason": reason} for path, reason in refused_bundles().items()]
 
 
-def _table_users() -> Dict[str, List[str]]:
+def _table_users(context: Context) -> Dict[str, List[str]]:
     """table id -> the profiles that use it, in profile order."""
     from .platform import get_profile, list_profiles
 
     users: Dict[str, List[str]] = {}
-    for name in list_profiles():
-        table_id = get_profile(name).splitk_table
+    for name in list_profiles(context=context):
+        table_id = get_profile(name, context=context).splitk_table
         if table_id:
             users.setdefault(table_id, []).append(name)
     return users
@@ -477,9 +483,9 @@ def build_info(device: Optional[int] = None) -> dict:
     device_arg = None if device is None else _torch_device("cuda", device)
     report["profiles"] = _probe(report, "profiles", _profiles, report["device"], device_arg, context, default=[])
     report["presets"] = _probe(report, "presets", _presets, default=[])
-    report["backends"] = _probe(report, "backends", _backends, device_arg, default=[])
+    report["backends"] = _probe(report, "backends", _backends, device_arg, context, default=[])
     report["defaults"] = _probe(report, "defaults", _defaults, report, context, default={})
-    report["splitk_tables"] = _probe(report, "split-K tables", _splitk_tables, default=[])
+    report["splitk_tables"] = _probe(report, "split-K tables", _splitk_tables, context, default=[])
     report["unavailable"] += _refused_bundles()
     report["numba_cache"] = _probe(report, "numba cache", _numba_cache, default=None)
     report["unavailable"] = report.pop("unavailable")  # listed last

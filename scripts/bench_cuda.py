@@ -73,12 +73,13 @@ class Run:
         return self.args.kernels is None or kernel in self.args.kernels
 
     def find_device(self):
+        from mmaemu.context import for_call
         from mmaemu.cuda import device as cuda_device
 
         try:
             import torch
 
-            probed = cuda_device.probe(self.args.device)
+            probed = cuda_device.probe(self.args.device, disabled=for_call().cuda_disabled)
             self.device = torch.device("cuda", probed.index)
             self.report["device"] = probed.identity()
         except cuda_device.DeviceUnavailable as exc:

@@ -54,6 +54,7 @@ def environment(device):
     import torch
 
     import mmaemu
+    from mmaemu.context import for_call
     from mmaemu.cuda import device as cuda_device
 
     info = {"python": sys.version.split()[0], "platform": platform.platform(), "numpy": numpy.__version__,
@@ -76,7 +77,8 @@ def environment(device):
         info["device"] = {"index": index, "name": props.name, "capability": [props.major, props.minor],
                           "sm_count": props.multi_processor_count, "memory_gib": round(props.total_memory / 2**30, 1)}
     try:
-        info["probe"], info["kernels_can_run"] = cuda_device.probe(device).identity(), True
+        probed = cuda_device.probe(device, disabled=for_call().cuda_disabled)
+        info["probe"], info["kernels_can_run"] = probed.identity(), True
     except cuda_device.DeviceUnavailable as exc:
         info["probe"], info["kernels_can_run"] = str(exc), False
     log(f"device: {info.get('device')}; kernels can run: {info['kernels_can_run']} ({info['probe']})")

@@ -22,3 +22,15 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU (marker cuda); torch sees none here")
     for item in needing:
         item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh_warnings():
+    """Free once-per-process warning slots (the one registry of mmaemu.warn) before and after the test: for tests
+    that assert what the first call warns. A module whose every test needs them says so with
+    ``pytestmark = pytest.mark.usefixtures("fresh_warnings")``."""
+    from mmaemu import warn
+
+    warn.reset()
+    yield
+    warn.reset()

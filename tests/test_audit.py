@@ -9,15 +9,14 @@ import torch
 import mmaemu
 from mmaemu.errors import SplitKUnknownError
 from mmaemu.nn import EmulatedFP8Linear, ModelAudit, audit, convert_linears
-from mmaemu import warn
+
+pytestmark = pytest.mark.usefixtures("fresh_warnings")  # tests/conftest.py
 
 
 @pytest.fixture(autouse=True)
-def fresh_warning_slots(monkeypatch):
+def no_policy_variables(monkeypatch):
+    """The split policy of each test is its own: none of the caller's variables leaks in."""
     monkeypatch.delenv("MMAEMU_SPLITK_POLICY", raising=False)
-    warn.reset()
-    yield
-    warn.reset()
 
 
 class Branches(torch.nn.Module):

@@ -269,6 +269,22 @@ def test_force_fail_env_and_design_skips(fake_device, monkeypatch):
     assert not [w for w in caught if issubclass(w.category, BackendFallbackWarning)]
 
 
+def test_forced_failures_of_a_context_key_the_selections_of_the_process_verdicts(fake_device, monkeypatch):
+    """A context without a verdict source reads the process's verdicts (run once, kept); its forced failures are
+    part of the kept selection's key, and the process environment's value is not read."""
+    from mmaemu import environment
+    from mmaemu.context import Context
+
+    forced = Context(environment.snapshot({"MMAEMU_TEST_FORCE_FAIL": "native"}))
+    plain = Context(environment.snapshot({}))
+    monkeypatch.setenv("MMAEMU_TEST_FORCE_FAIL", "native,offset")
+    with pytest.warns(BackendFallbackWarning, match="cuda:native: forced to fail"):
+        assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER, context=forced).name == "cuda:offset"
+    assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER, context=plain).name == "cuda:native"
+    assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER, context=forced).name == "cuda:offset"
+    assert fake_device["runs"] == ["offset", "native"]  # each self-test ran once, the forced one never
+
+
 def test_offset_kernel_takes_split_schedules_and_declines_to_the_next_kernel(fake_device, monkeypatch):
     """Every schedule of hopper/ada on the offset kernel; what it declines by design (a late accumulator, a block
     sum its window cannot hold, k-tiles that do not start on its stages) goes to the reference kernel without a

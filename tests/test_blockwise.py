@@ -414,10 +414,9 @@ def test_a_flushing_thread_is_refused():
         torch.set_flush_denormal(False)
 
 
-def test_experimental_maturity_warns_once_per_kernel():
+def test_experimental_maturity_warns_once_per_kernel(fresh_warnings):
     rng = np.random.default_rng(19)
     _, _, a, b = _operands(rng, 4, 128, 128)
-    mmaemu.warn.reset()
     d = torch.empty((4, 128), dtype=torch.bfloat16)
     with pytest.warns(mmaemu.ExperimentalPresetWarning, match="not recorded on hardware") as caught:
         dg.fp8_gemm_nt(a, b, d)

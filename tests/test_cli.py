@@ -151,7 +151,7 @@ def test_info_says_which_profile_and_backend_calls_use_by_default(monkeypatch):
 def test_info_reports_a_failing_component_and_still_exits_0(monkeypatch):
     from mmaemu import backends
 
-    def broken(device=None):
+    def broken(device=None, *, context=None):
         raise RuntimeError("probe exploded")
 
     monkeypatch.setattr(backends, "backends_status", broken, raising=False)
@@ -174,7 +174,7 @@ def test_info_shows_backends_status(monkeypatch):
         gates: list
         reason: str
 
-    def fake(device=None):
+    def fake(device=None, *, context=None):
         return {"cuda:h1": Status("cuda:h1", False, None, False, ["smoke"], "tensors on cpu"),
                 "reference": Status("reference", True, "torch", True, [], "")}
 

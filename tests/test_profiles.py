@@ -36,11 +36,7 @@ EXPECTED = {
 REFERENCE = ["ada", "ada-te", "ada-ws0", "hopper", "hopper-te", "hopper-ws0"]
 
 
-@pytest.fixture(autouse=True)
-def fresh_warning_slots():
-    warn.reset()
-    yield
-    warn.reset()
+pytestmark = pytest.mark.usefixtures("fresh_warnings")  # tests/conftest.py
 
 
 def test_listing_order():

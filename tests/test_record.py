@@ -221,8 +221,9 @@ def test_profile_path(recorded, tmp_path, monkeypatch):
     with pytest.raises(KeyError, match="refused bundle"):
         get_profile("no-such-profile")
     from mmaemu import diagnostics
+    from mmaemu.context import for_call
 
-    table = next(t for t in diagnostics._splitk_tables() if t["table_id"] == TABLE)
+    table = next(t for t in diagnostics._splitk_tables(for_call()) if t["table_id"] == TABLE)
     assert table["profiles"] == [NAME, f"{NAME}-te", f"{NAME}-ws0"] and table["index_rows"] == table["rows"]
     assert any("zz-damaged" in u["component"] for u in diagnostics._refused_bundles())
     bundles.forget_loaded_bundles()
@@ -238,6 +239,61 @@ def test_info_reads_the_profile_path_as_the_loader_does(recorded, tmp_path, monk
     monkeypatch.setenv("MMAEMU_PROFILE_PATH", f"~/shelf{os.pathsep}{os.pathsep}~/nowhere")
     assert diagnostics.environment_problems() == {"MMAEMU_PROFILE_PATH": f"not a folder: {tmp_path / 'nowhere'}"}
     assert list_profiles()[-3:] == [NAME, f"{NAME}-te", f"{NAME}-ws0"]  # ~/shelf is loaded, so it is no problem
+
+
+def test_the_profile_path_of_the_context_is_the_one_loaded(recorded, tmp_path, monkeypatch):
+    """A context's MMAEMU_PROFILE_PATH is loaded while the process environment names none; a context whose value
+    is empty ignores the process environment's."""
+    from mmaemu import environment
+    from mmaemu.context import Context
+
+    copy_bundle(recorded, tmp_path / "shelf", NAME)
+    shelf = Context(environment.snapshot({"MMAEMU_PROFILE_PATH": str(tmp_path / "shelf")}))
+    assert NAME not in list_profiles()  # the process environment has no MMAEMU_PROFILE_PATH
+    assert list_profiles(context=shelf)[-3:] == [NAME, f"{NAME}-te", f"{NAME}-ws0"]
+    assert get_profile(NAME, context=shelf).splitk_table == TABLE
+    bundles.forget_loaded_bundles()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        d = resolve_splitk(48, 64, 8192, a_dtype="e4m3", b_dtype="e4m3", out_dtype="float32", use_fast_accum=False,
+                           profile=NAME, context=shelf)
+    assert (d.S, d.table_id) == (3, TABLE)
+    bundles.forget_loaded_bundles()
+    monkeypatch.setenv("MMAEMU_PROFILE_PATH", str(tmp_path / "shelf"))
+    empty = Context(environment.snapshot({}))
+    assert NAME not in list_profiles(context=empty)
+    with pytest.raises(KeyError, match=f"unknown profile '{NAME}'"):
+        get_profile(NAME, context=empty)
+    assert NAME in list_profiles()  # read now: the process environment's value
+
+
+def test_a_refused_bundle_warns_once_at_the_user_s_line(recorded, tmp_path, monkeypatch):
+    """The skip warning of a refused bundle: once per path and reason, forgotten with the loaded bundles,
+    attributed to the user's line, and emitted even when an ``explain`` meets it first (explain collects the
+    call's notices, not this one)."""
+    copy_bundle(recorded, tmp_path / "shelf", NAME)
+    bad = copy_bundle(recorded, tmp_path / "shelf", "zz-damaged")
+    _edit_manifest(bad, lambda m: m["files"].update({f"{TABLE}.npz": "0" * 64}))
+    monkeypatch.setenv("MMAEMU_PROFILE_PATH", str(tmp_path / "shelf"))
+    gen = torch.Generator().manual_seed(3)
+    a = (torch.randn(16, 4096, generator=gen) * 4).to(torch.float8_e4m3fn)
+    b = (torch.randn(64, 4096, generator=gen) * 4).to(torch.float8_e4m3fn).t()
+    one = torch.tensor(1.0)
+
+    def skip_warnings(fn):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+        return [w for w in caught if issubclass(w.category, RuntimeWarning) and "found on" in str(w.message)]
+
+    (first,) = skip_warnings(lambda: mmaemu.explain(a, b, one, one, out_dtype=torch.bfloat16, profile=NAME))
+    assert "zz-damaged" in str(first.message) and "sha256" in str(first.message)
+    assert first.filename == __file__
+    assert skip_warnings(lambda: mmaemu.scaled_mm(a, b, one, one, out_dtype=torch.bfloat16, profile=NAME)) == []
+    assert skip_warnings(list_profiles) == []
+    bundles.forget_loaded_bundles()
+    (again,) = skip_warnings(list_profiles)
+    assert str(again.message) == str(first.message) and again.filename == __file__
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -785,8 +841,10 @@ def test_bundles_that_others_can_write_or_own_warn_before_they_load(recorded, tm
 
     folder = copy_bundle(recorded, tmp_path, "open")
     os.chmod(folder, 0o777)
-    with pytest.warns(UnsafeBundleWarning, match="the folder can be written by other users \\(mode 0777\\)"):
+    mode = "the folder can be written by other users \\(mode 0777\\)"
+    with pytest.warns(UnsafeBundleWarning, match=mode) as caught:
         assert mmaemu.load_profile(folder)[0].name == NAME  # it loads, with the warning
+    assert [w.filename for w in caught] == [__file__]  # at the caller's line
     bundles.forget_loaded_bundles()
     folder = copy_bundle(recorded, tmp_path, "open-file")
     os.chmod(folder / "replays.json", 0o666)

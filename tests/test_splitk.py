@@ -26,14 +26,8 @@ FMTS = ["e4m3", "e5m2"]
 OUTS = ["float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"]
 MiB = 1 << 20
 
-pytestmark = pytest.mark.skipif(not (DATA / f"{H100_ID}.npz").exists(), reason="recorded tables not present")
-
-
-@pytest.fixture(autouse=True)
-def fresh_warning_slots():
-    warn.reset()
-    yield
-    warn.reset()
+pytestmark = [pytest.mark.skipif(not (DATA / f"{H100_ID}.npz").exists(), reason="recorded tables not present"),
+              pytest.mark.usefixtures("fresh_warnings")]  # tests/conftest.py
 
 
 def meta_of(table_id):

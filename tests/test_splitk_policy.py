@@ -27,13 +27,14 @@ MiB = 1 << 20
 MINILM = dict(M=380, N=384, K=384, fa="e4m3", fb="e4m3", out="bfloat16", fast=True)
 
 
+pytestmark = pytest.mark.usefixtures("fresh_warnings")  # tests/conftest.py
+
+
 @pytest.fixture(autouse=True)
-def fresh_warning_slots(monkeypatch):
+def no_policy_variables(monkeypatch):
+    """The split policy of each test is its own: none of the caller's variables leaks in."""
     monkeypatch.delenv("MMAEMU_SPLITK_POLICY", raising=False)
     monkeypatch.delenv("MMAEMU_SPLITK_STRICT", raising=False)
-    warn.reset()
-    yield
-    warn.reset()
 
 
 def decide(profile, M, N, K, fa="e4m3", fb="e4m3", out="float32", fast=False, **kwargs):

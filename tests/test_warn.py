@@ -16,11 +16,7 @@ from mmaemu.errors import BackendUnavailableError, ExperimentalPresetWarning, Un
 ONE = torch.tensor(1.0)
 
 
-@pytest.fixture(autouse=True)
-def fresh_slots():
-    warn.reset()
-    yield
-    warn.reset()
+pytestmark = pytest.mark.usefixtures("fresh_warnings")  # tests/conftest.py
 
 
 def fp8(shape, seed):
@@ -137,3 +133,24 @@ def test_a_patch_block_warns_at_the_torch_call():
             torch._scaled_mm(a, w.t(), ONE, ONE, out_dtype=torch.float32)  # line: torch
     split = [x for x in caught if issubclass(x.category, UnverifiedSplitWarning)]
     assert [(x.filename, x.lineno) for x in split] == [(__file__, _line_of("# line: torch"))]
+
+
+def test_every_direct_warning_of_the_package_finds_the_users_line():
+    """Outside mmaemu.warn, a module that calls warnings.warn itself (a loader that must warn at once, not as a
+    notice of the call being planned) passes ``stacklevel=user_stacklevel()``: the one frame finder, never a
+    counted stack level (issue 17.1)."""
+    import ast
+    import pathlib
+
+    package = pathlib.Path(mmaemu.__file__).resolve().parent
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        if path == package / "warn.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "warn"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "warnings"):
+                level = next((k.value for k in node.keywords if k.arg == "stacklevel"), None)
+                if not (isinstance(level, ast.Call) and getattr(level.func, "id", None) == "user_stacklevel"):
+                    offenders.append(f"{path.relative_to(package.parent)}:{node.lineno}")
+    assert offenders == [], "report a Notice, or warn with stacklevel=user_stacklevel(): " + "; ".join(offenders)

@@ -19,8 +19,8 @@ Importing this package imports neither numba.cuda nor torch and initialises no C
 """
 
 from .catalog import KERNELS
-from .dispatch.gating import (FORCE_FAIL_ENV, accumulate, design_skip, ensure_verdict, epilogue, reset,
-                              rowwise_epilogue, run_selftests, schedule_skip, select, status)
+from .dispatch.gating import (FORCE_FAIL_ENV, accumulate, default_choice, design_skip, ensure_verdict, epilogue,
+                              reset, rowwise_epilogue, run_selftests, schedule_skip, select, status, verdicts_of)
 
-__all__ = ["KERNELS", "select", "accumulate", "epilogue", "rowwise_epilogue", "status", "run_selftests", "ensure_verdict",
-           "design_skip", "schedule_skip", "reset", "FORCE_FAIL_ENV"]
+__all__ = ["KERNELS", "select", "accumulate", "epilogue", "rowwise_epilogue", "status", "run_selftests",
+           "ensure_verdict", "verdicts_of", "default_choice", "design_skip", "schedule_skip", "reset", "FORCE_FAIL_ENV"]

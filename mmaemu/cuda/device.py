@@ -2,7 +2,8 @@
 
 A probe never raises for an unusable device: it raises :class:`DeviceUnavailable` with the reason, which the
 dispatcher reports ("cuda: <reason>"). Probing a device initialises CUDA (through torch and numba) and is only done
-when CUDA tensors are seen or a status/self-test is asked for.
+when CUDA tensors are seen or a status/self-test is asked for. Whether CUDA is disabled (``MMAEMU_DISABLE_CUDA``) is
+the caller's to say (``disabled=``, from the context of its decision): this module reads no environment.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
-from .. import device_facts, environment
+from .. import device_facts
 
 
 class DeviceUnavailable(Exception):
     """The CUDA kernels cannot run on this device; the message says why."""
+
+
+# Why no kernel runs when the caller's context disables CUDA (the text of every report of it).
+DISABLED_REASON = "disabled by MMAEMU_DISABLE_CUDA"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,13 +84,15 @@ def _index_of(device) -> Optional[int]:
 _PROBES = {}
 
 
-def probe(device=None) -> DeviceInfo:
+def probe(device=None, *, disabled: bool = False) -> DeviceInfo:
     """The DeviceInfo of ``device`` (None: torch's current CUDA device); DeviceUnavailable with the reason if the
-    kernels cannot run there. Results are cached per device index."""
+    kernels cannot run there. ``disabled``: the caller's context disables CUDA (``MMAEMU_DISABLE_CUDA``, e.g.
+    :attr:`mmaemu.context.Context.cuda_disabled`): DeviceUnavailable before anything is probed. Results are cached
+    per device index."""
     from . import shim
 
-    if environment.snapshot()["MMAEMU_DISABLE_CUDA"]:
-        raise DeviceUnavailable("disabled by MMAEMU_DISABLE_CUDA")
+    if disabled:
+        raise DeviceUnavailable(DISABLED_REASON)
     if shim.simulator_enabled():
         raise DeviceUnavailable("numba's CUDA simulator is enabled (NUMBA_ENABLE_CUDASIM=1): the kernels run only on "
                                 "simulator arrays, never on torch CUDA tensors")

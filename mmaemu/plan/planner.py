@@ -17,7 +17,7 @@ from typing import Iterable, List, Optional, Tuple, Union
 
 from .. import backends
 from ..arith.params import require_gemm_level
-from ..context import environment_of
+from ..context import Context, environment_of
 from ..errors import BackendUnavailableError, ExperimentalPresetWarning, UnsupportedFeatureError
 from ..model.presets import Preset, get_preset
 from ..platform import block_scaled, get_profile, rowwise
@@ -66,6 +66,9 @@ class Plan:
     action: str = "compute"  # "compute" | "zeros" | "out-unchanged"
     kernel: Optional[str] = None  # the reference kernel when it is not cuBLASLt ("cutlass rowwise")
     cpu_engine: Optional[object] = None  # EngineChoice of the cpu backend (mmaemu.cpu.features)
+    # The context the plan was decided in: computing it reads the same facts (a CUDA kernel's fallback and the
+    # epilogue's verdict). Not part of what the plan is: never compared, never shown.
+    context: Optional[Context] = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def warnings(self) -> List[str]:
@@ -147,7 +150,7 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
         scale_a, scale_b, global_scales = split_two_level(scale_a, scale_b)
     call = validate_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out,
                               profile=profile, global_scales=global_scales)
-    plan = Plan(call, profile, get_preset(profile.preset, warn=False))
+    plan = Plan(call, profile, get_preset(profile.preset, warn=False), context=context)
     if call.zero_size:
         plan.action = "zeros"
         return plan
@@ -253,7 +256,7 @@ def plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backen
 
     profile = get_profile(profile, context=context)
     call = validate_accumulate(a, b, use_fast_accum=use_fast_accum)
-    plan = Plan(call, profile, get_preset(profile.preset, warn=False))
+    plan = Plan(call, profile, get_preset(profile.preset, warn=False), context=context)
     if call.zero_size:
         plan.action = "zeros"
         return plan

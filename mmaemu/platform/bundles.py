@@ -24,7 +24,9 @@ strict and at most :data:`MAX_JSON_DEPTH` deep, and every field read is checked 
 :func:`load_profile` registers a bundle's profiles (``list_profiles``, ``get_profile``, ``info``, ``explain``,
 ``scaled_mm(profile=...)``); ``$MMAEMU_PROFILE_PATH`` (``os.pathsep``-separated bundle folders, or folders of
 bundle folders) is loaded on the first profile lookup, a damaged bundle or an unreadable folder there being
-skipped with a warning.
+skipped with a warning. The lookup asks the recorded-profile source of its :class:`mmaemu.context.Context`
+(:func:`recorded_of`), giving it the context's value of the variable: the process's source,
+:func:`recorded_profiles`, unless the context names another. This module reads no environment variable itself.
 """
 
 from __future__ import annotations
@@ -42,15 +44,16 @@ import shutil
 import stat
 import tempfile
 import threading
+import types
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from .. import environment
 from ..errors import MmaemuError, UnsafeBundleWarning
+from ..warn import user_stacklevel
 from .bundle_schema import (SchemaError, check_table_rules, combos_schema, manifest_schema, replays_schema,
                             table_schema)
 from .bundle_schema import check as check_schema
@@ -58,9 +61,9 @@ from .definitions import Profile, RejectRule, builtin_profile_names, register_re
 from .table_format import COLUMN_DTYPES, TABLE_FORMAT, TableFormatError, build_index, check_columns
 
 __all__ = ["BundleError", "Bundle", "load_profile", "read_bundle", "write_bundle", "load_profile_path",
-           "refused_bundles", "loaded_bundles", "forget_loaded_bundles", "packaged_bundle_folders", "path_entries",
-           "json_bytes",
-           "replay_maturity", "BUNDLE_FORMAT", "MANIFEST", "COMBOS_FORMAT", "REPLAYS_FORMAT", "PATH_ENV"]
+           "recorded_of", "recorded_profiles", "refused_bundles", "loaded_bundles", "forget_loaded_bundles",
+           "packaged_bundle_folders", "path_entries", "json_bytes", "replay_maturity", "BUNDLE_FORMAT", "MANIFEST",
+           "COMBOS_FORMAT", "REPLAYS_FORMAT", "PATH_ENV"]
 
 BUNDLE_FORMAT = "mmaemu-profile-bundle/1"
 COMBOS_FORMAT = "mmaemu-verified-split-combos/1"
@@ -121,7 +124,7 @@ def read_bundle(path) -> Bundle:
     if concerns:
         warnings.warn(f"mmaemu: {where}: {'; '.join(concerns)}. Its files are checked against its own manifest, "
                       "which whoever can write them can rewrite: load only bundles from folders that only you (or "
-                      "root) can write", UnsafeBundleWarning, stacklevel=2)
+                      "root) can write", UnsafeBundleWarning, stacklevel=user_stacklevel())
     table_json = manifest["table_json"]
     meta = _parse_json(_listed(blobs, table_json, where), table_json, folder, table_schema(TABLE_FORMAT),
                        check_table_rules)
@@ -414,13 +417,13 @@ def _register(bundle: Bundle) -> Bundle:
     return bundle
 
 
-def load_profile_path() -> None:
+def load_profile_path(value: str) -> None:
     """Load the recorded bundles shipped in the package (``mmaemu/platform/data/recorded/<name>/``), then those on
-    ``$MMAEMU_PROFILE_PATH`` (read at call time; each entry a bundle folder or a folder of bundle folders). A
-    bundle that is refused, or a folder that cannot be read (another user's), is skipped with a RuntimeWarning,
-    once per path and reason; the others load."""
+    the profile path ``value`` (a ``$MMAEMU_PROFILE_PATH`` value, which the caller read: each entry a bundle folder
+    or a folder of bundle folders; "" names none). A bundle that is refused, or a folder that cannot be read
+    (another user's), is skipped with a RuntimeWarning, once per path and reason; the others load. The same value
+    again is a no-op."""
     global _path_seen
-    value = environment.snapshot()[PATH_ENV] or ""
     if value == _path_seen:
         return
     with _lock:
@@ -444,10 +447,39 @@ def load_profile_path() -> None:
 
 
 def _skip(folder: Path, reason: str) -> None:
+    """Remember why ``folder`` was refused and warn, at the user's line, the first time it is refused for this
+    reason (:func:`forget_loaded_bundles` forgets it).
+
+    The warning is emitted here, at once, rather than reported as a :class:`mmaemu.warn.Notice`: it is about the
+    process's bundles, not the call being planned, and a notice reported inside :func:`mmaemu.warn.collecting`
+    (``explain``, the plan cache's planning) is collected instead of emitted, so a refusal first met by an
+    ``explain`` would never warn (its once-slot here being taken). The user's line is found by
+    :func:`mmaemu.warn.user_stacklevel`, the frame finder of every mmaemu warning."""
     key = str(folder)
     if _refused.get(key) != reason:
         _refused[key] = reason
-        warnings.warn(f"mmaemu: {reason} (found on {PATH_ENV})", RuntimeWarning, stacklevel=5)
+        warnings.warn(f"mmaemu: {reason} (found on {PATH_ENV})", RuntimeWarning, stacklevel=user_stacklevel())
+
+
+RecordedProfiles = Mapping[str, Profile]
+
+
+def recorded_profiles(value: str) -> RecordedProfiles:
+    """The process's recorded-profile source: the recorded profiles {name: Profile}, in the order they were added
+    (a read-only view), after the packaged bundles and those on the profile path ``value`` were loaded
+    (:func:`load_profile_path`)."""
+    from .definitions import _RECORDED
+
+    load_profile_path(value)
+    return types.MappingProxyType(_RECORDED)
+
+
+def recorded_of(context) -> Callable[[str], RecordedProfiles]:
+    """The recorded-profile source of a decision: its context's (``Context.recorded``, a profile path value ->
+    {name: Profile}), or the process's, :func:`recorded_profiles`, when it has no context or its context names
+    no source."""
+    source = None if context is None else context.recorded
+    return recorded_profiles if source is None else source
 
 
 def packaged_bundle_folders() -> List[Path]:

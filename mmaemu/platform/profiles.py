@@ -1,7 +1,9 @@
 """Profiles by name: the built-in reference platforms and the recorded ones (platform.md section 1).
 
-``get_profile`` and ``list_profiles`` find the built-in profiles of :mod:`.definitions` and the recorded bundles
-of :mod:`.bundles` (loaded when first needed); ``profile_from_preset`` builds a profile for a prototyped preset;
+``get_profile`` and ``list_profiles`` find the built-in profiles of :mod:`.definitions` and the recorded ones
+that the recorded-profile source of their :class:`mmaemu.context.Context` offers for its ``MMAEMU_PROFILE_PATH``
+(:func:`mmaemu.platform.bundles.recorded_of`; the process's: the bundles of :mod:`.bundles`, loaded when first
+needed); ``profile_from_preset`` builds a profile for a prototyped preset;
 maturity warnings. The profile type and the format/output vocabulary live in :mod:`.definitions` and are
 re-exported here.
 """
@@ -9,13 +11,13 @@ re-exported here.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Mapping, Optional
 
-from ..context import environment_of
+from ..context import Context, environment_of
 from ..errors import ExperimentalPresetWarning
 from ..warn import Notice, report
 from . import definitions
-from .definitions import (_BY_NAME, _PROFILES, _RECORDED, DEFAULT_PROFILE, FORMATS, OUT_DTYPES, Profile,
+from .definitions import (_BY_NAME, _PROFILES, DEFAULT_PROFILE, FORMATS, OUT_DTYPES, Profile,
                           RejectRule, builtin_profile_names, out_dtype_name, register_recorded_profile,
                           splitk_maturity_note)
 
@@ -32,12 +34,13 @@ __all__ = [
 
 
 
-def list_profiles() -> list:
+def list_profiles(*, context=None) -> list:
     """Profile names in the documented order: ada, ada-te, ada-ws0, hopper, hopper-te, hopper-ws0,
     hopper-experimental, b200-mma-sync-experimental, tcgen05-f8f6f4-experimental, sm120-mma-sync-experimental,
-    b200-mx-experimental; then the recorded profiles added by ``mmaemu.load_profile`` or found on ``$MMAEMU_PROFILE_PATH``, in the order
-    they were added."""
-    return [p.name for p in _PROFILES] + list(_recorded_profiles())
+    b200-mx-experimental; then the recorded profiles added by ``mmaemu.load_profile`` or found on
+    ``$MMAEMU_PROFILE_PATH`` (of ``context``, a :class:`mmaemu.context.Context`, whose source offers them; without
+    one, read now), in the order they were added."""
+    return [p.name for p in _PROFILES] + list(_recorded_profiles(context))
 
 
 PROFILE_ENV = "MMAEMU_PROFILE"
@@ -45,7 +48,8 @@ PROFILE_ENV = "MMAEMU_PROFILE"
 
 def get_profile(name_or_profile=None, *, context=None) -> Profile:
     """A Profile as is; None → $MMAEMU_PROFILE (of ``context``, a :class:`mmaemu.context.Context`; without one, read
-    now; empty = unset) or "hopper"; a name → its profile.
+    now; empty = unset) or "hopper"; a name → its profile: a built-in one, else a recorded one of the context's
+    source (:func:`list_profiles`).
 
     Unknown names raise KeyError listing the known ones (the peer's pre-rename names are not accepted; a name from
     $MMAEMU_PROFILE says so); anything else raises TypeError.
@@ -65,11 +69,11 @@ def get_profile(name_or_profile=None, *, context=None) -> Profile:
         raise TypeError(f"profile must be a name, a mmaemu.Profile or None, got {type(name_or_profile).__name__}"
                         + hint)
     try:
-        return _BY_NAME.get(name_or_profile) or _recorded_profiles()[name_or_profile]
+        return _BY_NAME.get(name_or_profile) or _recorded_profiles(context)[name_or_profile]
     except KeyError:
         source = f" (from {PROFILE_ENV})" if from_env else ""
-        raise KeyError(f"unknown profile {name_or_profile!r}{source}; known profiles: {list_profiles()}"
-                       + _bundle_refusals_text()) from None
+        raise KeyError(f"unknown profile {name_or_profile!r}{source}; known profiles: "
+                       f"{list_profiles(context=context)}" + _bundle_refusals_text(context)) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,15 +169,21 @@ def warn_profile_maturity(profile) -> list:
 # ----------------------------------------------------------------------------------------------------------------
 # Recorded profiles (``mmaemu record`` bundles), registered by mmaemu.platform.bundles
 
-def _recorded_profiles() -> dict:
+def _recorded_profiles(context) -> Mapping[str, Profile]:
+    """The recorded profiles {name: Profile} that the source of ``context`` offers for its profile path (without
+    a context: the process's source and the environment now)."""
     from . import bundles  # on use: the bundles on $MMAEMU_PROFILE_PATH are loaded when first needed
 
-    bundles.load_profile_path()
-    return _RECORDED
+    context = Context(environment_of(None)) if context is None else context
+    return bundles.recorded_of(context)(context.profile_path)
 
 
-def _bundle_refusals_text() -> str:
+def _bundle_refusals_text(context) -> str:
+    """The bundles the process's source refused, as the end of an unknown-profile error ("" when a context names
+    another source: the process's refusals are not about the profiles it offers)."""
     from . import bundles
 
+    if context is not None and context.recorded is not None:
+        return ""
     refused = bundles.refused_bundles()
     return "".join(f"; refused bundle {path}: {reason}" for path, reason in refused.items())

@@ -26,7 +26,7 @@ import dataclasses
 import numbers
 from typing import List, NamedTuple, Optional, Tuple
 
-from .. import environment, formats
+from .. import formats
 from ..context import environment_of
 from ..arith.params import CONTIGUOUS_TILE, INTERLEAVED_TILE, require_gemm_level
 from ..errors import AssumedUnsplitWarning, SplitKUnknownError, UnvalidatedEnvelopeWarning, UnverifiedSplitWarning
@@ -201,7 +201,8 @@ def decide_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, profi
     ``a_dtype``/``b_dtype``: float8 dtypes or "e4m3"/"e5m2" (mat1, mat2); ``out_dtype`` None means a_dtype;
     ``layout_std`` False skips the table and the live query (padded leading dimensions, section 2); ``strict``
     None reads MMAEMU_SPLITK_STRICT (a boolean: 1/true/yes/on). The variables are those of ``context`` (a
-    :class:`mmaemu.context.Context`; without one, the environment as it is now).
+    :class:`mmaemu.context.Context`; without one, the environment as it is now), the profile and the tables come
+    from its sources (without one, the process's).
     Raises SplitKUnknownError when the evidence cannot decide, ValueError/TypeError for a bad ``splitk``.
     """
     call = _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile, context)
@@ -222,7 +223,7 @@ def strict_from_environment(env=None) -> bool:
     """``$MMAEMU_SPLITK_STRICT`` of the snapshot ``env`` (None: the environment now) as a boolean (1/true/yes/on,
     0/false/no/off; unset: False). Another value raises ValueError: a strict mode that a typo turned off would be
     a silent guess."""
-    env = environment.snapshot() if env is None else env
+    env = environment_of(None) if env is None else env
     if STRICT_ENV in env.invalid:
         raise ValueError(f"{STRICT_ENV}={env.raw[STRICT_ENV]!r}: {env.invalid[STRICT_ENV]} (or unset it)")
     return bool(env[STRICT_ENV])
@@ -231,7 +232,7 @@ def strict_from_environment(env=None) -> bool:
 def policy_from_environment(env=None) -> str:
     """The policy that ``splitk="auto"`` stands for: ``$MMAEMU_SPLITK_POLICY`` of the snapshot ``env`` (None: the
     environment now; one of POLICIES), unset or empty: "auto". ValueError for another value."""
-    value = (environment.snapshot() if env is None else env)[POLICY_ENV] or "auto"
+    value = (environment_of(None) if env is None else env)[POLICY_ENV] or "auto"
     if value not in POLICIES:
         raise ValueError(f"{POLICY_ENV}={value!r} is not a split-K policy: use one of "
                          + ", ".join(repr(p) for p in POLICIES) + " (or unset it)")
@@ -249,7 +250,7 @@ def _auto(call: _Call, layout_std: bool, strict: bool, pending: _Pending,
                           pending)
     if min(call.M, call.N, call.K) == 0:
         return SplitDecision(1, "none", "envelope", True, profile.splitk_table, ZERO_SIZE_NOTE)
-    table = _table(profile.splitk_table)
+    table = _table(call.context, profile.splitk_table)
     if layout_std:  # the recordings were made with ld = K (section 2)
         decision = _table_row(call, table, pending) or _live_answer(call, table, pending)
         if decision is not None:
@@ -273,12 +274,12 @@ def _not_recorded_reason(layout_std: bool) -> str:
 
 def _explicit(call: _Call, splitk, pending: _Pending) -> SplitDecision:
     sk = _as_splitk(splitk, call.profile)
-    check_split_count(sk, call.K, call.profile)
+    check_split_count(sk, call.K, call.profile, context=call.context)
     caveats: List[str] = []
     verified = True
     table_id = call.profile.splitk_table
     if sk.S > 1:
-        table = _table(table_id) if table_id is not None else None
+        table = _table(call.context, table_id) if table_id is not None else None
         caveats = layout_caveats(sk.S, sk.scheme, call.K, table.ragged_k_verified if table else False)
         in_set = table is not None and table.is_verified(call.fast, sk.S, sk.scheme, call.out, call.fa, call.fb)
         verified = in_set and not caveats
@@ -322,7 +323,7 @@ def check_splitk_argument(splitk, profile=None) -> None:
         check_scheme_for_preset(sk, resolved.preset)
 
 
-def check_split_count(splitk: SplitK, K: int, profile: Profile) -> None:
+def check_split_count(splitk: SplitK, K: int, profile: Profile, *, context=None) -> None:
     """Refuse an explicit S that no reference could use: S must be at most max(T, R) (mmaemu's bound, not in 3.1).
 
     T = ceil(K / w) is the number of k-tiles of the scheme's width w (128 contiguous, 64 serial/pairwise,
@@ -331,7 +332,8 @@ def check_split_count(splitk: SplitK, K: int, profile: Profile) -> None:
     the profile's cuBLASLt was recorded using (table rows and replayed live calls: 24 on the H100 PCIe, 32 on the
     RTX 4060; for a profile without recordings, the largest of any shipped table), so that the small-K splits
     with empty splits that the contract describes (K = 384 with S = 4 or 7) stay computable, with their warning.
-    Without a bound, S = 2**40 would run for ever and S = 2**63 overflow the compiled loops.
+    Without a bound, S = 2**40 would run for ever and S = 2**63 overflow the compiled loops. R is read from the
+    tables of ``context`` (a :class:`mmaemu.context.Context`; without one, the process's).
     """
     S = splitk.S
     if S == 1:
@@ -340,7 +342,7 @@ def check_split_count(splitk: SplitK, K: int, profile: Profile) -> None:
     tiles = -(-K // width)
     if S <= tiles:
         return
-    recorded, where = _recorded_max_splits(profile)
+    recorded, where = _recorded_max_splits(profile, context)
     bound = max(tiles, recorded)
     if S > bound:
         raise ValueError(
@@ -350,13 +352,14 @@ def check_split_count(splitk: SplitK, K: int, profile: Profile) -> None:
             f"({where}); pass a smaller S (splits beyond T own no k-tile and only add +0)")
 
 
-def _recorded_max_splits(profile: Profile) -> Tuple[int, str]:
+def _recorded_max_splits(profile: Profile, context=None) -> Tuple[int, str]:
     """(R, where it was recorded) of :func:`check_split_count`."""
     if profile.splitk_table is not None:
-        return _table(profile.splitk_table).max_recorded_splits, f"{profile.gpu_name}, profile {profile.name}"
+        return (_table(context, profile.splitk_table).max_recorded_splits,
+                f"{profile.gpu_name}, profile {profile.name}")
     # The built-in profiles' tables only: a bundle a user loads must not move the bound of other profiles.
     table_ids = sorted({p.splitk_table for p in builtin_profiles() if p.splitk_table})
-    recorded = max(_table(t).max_recorded_splits for t in table_ids)
+    recorded = max(_table(context, t).max_recorded_splits for t in table_ids)
     return recorded, f"the largest in any shipped table; profile {profile.name} has none"
 
 
@@ -366,7 +369,7 @@ def _recorded_max_splits(profile: Profile) -> Tuple[int, str]:
 
 def _workspace0(call: _Call) -> SplitDecision:
     table_id = call.profile.splitk_table
-    note = _table(table_id).workspace0_note if table_id is not None else None
+    note = _table(call.context, table_id).workspace0_note if table_id is not None else None
     return SplitDecision(1, "none", "workspace0", True, table_id, note or DEFAULT_WORKSPACE0_NOTE)
 
 
@@ -716,8 +719,10 @@ def _size(name: str, value) -> int:
     return int(value)
 
 
-def _table(table_id: str):
-    from .tables import get_table  # lazy: numpy and the package data load on the first table decision
+def _table(context, table_id: str):
+    """The split-K table ``table_id`` from the table source of ``context`` (:func:`mmaemu.platform.tables.tables_of`:
+    the context's, or the process's package data and loaded bundles)."""
+    from .tables import tables_of  # lazy: numpy and the package data load on the first table decision
 
-    return get_table(table_id)
+    return tables_of(context)(table_id)
 

@@ -14,7 +14,9 @@ customOption (``custom``), ``algo`` and ``tile``. ``scripts/build_splitk_tables.
 
 The table json (metadata, codes, settings, envelope) and the verified-combos json are shipped unchanged next to it.
 Loading is lazy (first use), checked against the json, thread-safe and done once per process; a lookup is a binary
-search in one setting's slice (platform.md 3.4: every M, N, K < 2**21 can be keyed exactly).
+search in one setting's slice (platform.md 3.4: every M, N, K < 2**21 can be keyed exactly). A decision reads its
+tables from the source of its :class:`mmaemu.context.Context` (:func:`tables_of`): these, unless the context names
+another.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "SplitTable",
     "SplitTableError",
     "get_table",
+    "tables_of",
     "register_table",
     "setting_code",
     "shape_key",
@@ -274,6 +277,13 @@ def get_table(table_id: str) -> SplitTable:
                 factory = _registered.get(table_id)
                 table = _tables[table_id] = factory() if factory is not None else _load(table_id)
     return table
+
+
+def tables_of(context) -> Callable[[str], SplitTable]:
+    """The split-K table source of a decision: its context's (``Context.tables``, a table id -> SplitTable), or
+    the process's own, :func:`get_table`, when the decision has no context or its context names no source."""
+    source = None if context is None else context.tables
+    return get_table if source is None else source
 
 
 _registered: Dict[str, Callable[[], SplitTable]] = {}

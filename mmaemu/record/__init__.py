@@ -28,6 +28,7 @@ from typing import Optional
 
 import numpy as np
 
+from .. import environment
 from ..platform.bundles import write_bundle
 from ..platform.heuristic import HeuristicSession, build_query
 from .assemble import Recording, bundle_files
@@ -178,7 +179,7 @@ def check_name(name, out_dir: Path, error=None) -> None:
     if builtin:
         raise error(f"bundle name {name!r} gives the profile {builtin[0]!r} of a built-in profile: choose another "
                     "--name")
-    bundles.load_profile_path()
+    bundles.load_profile_path(environment.snapshot()[bundles.PATH_ENV] or "")  # the recorder is an entry point
     here = (Path(out_dir) / name).resolve()
     for bundle in bundles.loaded_bundles():
         clash = sorted(names & {p.name for p in bundle.profiles})

@@ -11,6 +11,11 @@ and adversarial GEMMs against the CPU reference). Verdicts are cached in memory 
 its driver, the numba CUDA implementation, the mmaemu version and the sources. Importing this module imports neither
 numba.cuda nor torch: that happens when CUDA tensors are seen (:func:`select`), or a status or self-test is asked
 for.
+
+Every decision here reads its surroundings from the :class:`mmaemu.context.Context` it is given (``context=``;
+None: a direct caller, read now through :func:`mmaemu.context.for_call`): whether CUDA is disabled
+(``context.cuda_disabled``), the kernels forced to fail (``context.forced_failures``) and the source of the
+verdicts (:func:`verdicts_of`). This module reads no environment itself.
 """
 
 from __future__ import annotations
@@ -19,22 +24,24 @@ import threading
 import time
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from ... import environment
 from ...arith.params import Schedule
+from ...context import Context, VerdictSource, for_call
 from ...errors import BackendFallbackWarning, BackendUnavailableError
 from ...warn import Notice
 from ..catalog import KERNELS, NATIVE_INSTRUCTIONS, BackendStatus, GateResult, KernelInfo, Selection, gemm_kernels
-from ..device import DeviceUnavailable
+from ..device import DISABLED_REASON, DeviceUnavailable
 from ..native.devices import device_decline
 
 _lock = threading.RLock()
 _VERDICTS: Dict[tuple, GateResult] = {}
-_SELECTIONS: Dict[tuple, Selection] = {}  # key -> Selection (with its warnings)
+_SELECTIONS: Dict[tuple, Selection] = {}  # key -> Selection (with its warnings), of the process's verdicts only
 FORCE_FAIL_ENV = "MMAEMU_TEST_FORCE_FAIL"
 
 
-def _forced_failures():
-    return set(environment.snapshot()[FORCE_FAIL_ENV])
+def _context_of(context: Optional[Context]) -> Context:
+    """The context of a decision: the one given, or (a direct caller: a test, a script) the environment as it is
+    now."""
+    return for_call() if context is None else context
 
 
 def _fallback_notice(device_label: str, message: str) -> Notice:
@@ -43,9 +50,19 @@ def _fallback_notice(device_label: str, message: str) -> Notice:
 
 
 def _probe(device):
+    """The kernels' view of ``device`` (:func:`mmaemu.cuda.device.probe`; the one step tests replace)."""
     from .. import device as device_module
 
     return device_module.probe(device)
+
+
+def _device_info(device, context: Context):
+    """The DeviceInfo of ``device`` for a decision of ``context``: DeviceUnavailable ("disabled by
+    MMAEMU_DISABLE_CUDA") when the context disables CUDA, before anything is probed (as
+    :func:`mmaemu.cuda.device.probe` with ``disabled=True``), else the probe's answer."""
+    if context.cuda_disabled:
+        raise DeviceUnavailable(DISABLED_REASON)
+    return _probe(device)
 
 
 # A schedule that only the preset and formats shape: one split, fast accumulation (see design_skip).
@@ -168,13 +185,12 @@ def gemm_case_functions(kernel: str, info):
 
 
 def ensure_verdict(info, kernel: str, *, force: bool = False) -> GateResult:
-    """The self-test verdict of ``kernel`` on the device of ``info``: from memory, from disk, or run now."""
+    """The self-test verdict of ``kernel`` on the device of ``info``: from memory, from disk, or run now (the
+    process's verdict source; a decision reads it through :func:`verdicts_of`, which applies forced failures)."""
     from ..verdicts import selftest
 
     key = selftest.verdict_key(info.identity(), kernel)
     memory_key = (selftest.key_digest(key), kernel)
-    if kernel in _forced_failures():
-        return GateResult("selftest", False, f"forced to fail by {FORCE_FAIL_ENV}", {}, 0.0, False)
     why = device_skip(kernel, info)
     if why is not None:
         return GateResult("selftest", False, f"not run: {why}", {}, 0.0, False, ran=False)
@@ -205,14 +221,45 @@ def ensure_verdict(info, kernel: str, *, force: bool = False) -> GateResult:
         return result
 
 
-def run_selftests(device, names: List[str], *, force: bool = False) -> Dict[str, List[GateResult]]:
-    """{"cuda:<name>": [GateResult]} for the named kernels on ``device`` (see :func:`mmaemu.backends.selftest`)."""
+def forced_failure() -> GateResult:
+    """The verdict of a kernel its context forces to fail (``MMAEMU_TEST_FORCE_FAIL``, tests only)."""
+    return GateResult("selftest", False, f"forced to fail by {FORCE_FAIL_ENV}", {}, 0.0, False)
+
+
+def verdicts_of(context: Optional[Context] = None, *, force: bool = False) -> VerdictSource:
+    """The verdict source of a decision: (device info, kernel name) -> GateResult.
+
+    The source is ``context.verdicts`` when the context gives one, else the process's own (:func:`ensure_verdict`:
+    from memory, from disk, or the self-test run now, rerun when ``force``). A kernel among the context's
+    ``forced_failures`` fails (:func:`forced_failure`) whatever the source says, and the source is not asked.
+    ``context`` None: read now (:func:`mmaemu.context.for_call`).
+    """
+    context = _context_of(context)
+    forced = context.forced_failures
+    source = context.verdicts
+
+    def verdict(info, kernel: str) -> GateResult:
+        if kernel in forced:
+            return forced_failure()
+        if source is not None:
+            return source(info, kernel)
+        return ensure_verdict(info, kernel, force=force)
+
+    return verdict
+
+
+def run_selftests(device, names: List[str], *, force: bool = False,
+                  context: Optional[Context] = None) -> Dict[str, List[GateResult]]:
+    """{"cuda:<name>": [GateResult]} for the named kernels on ``device`` (see :func:`mmaemu.backends.selftest`),
+    from the verdict source of ``context`` (:func:`verdicts_of`)."""
+    context = _context_of(context)
     try:
-        info = _probe(device)
+        info = _device_info(device, context)
     except DeviceUnavailable as exc:
         return {f"cuda:{n}": [GateResult("selftest", False, f"not run: {exc}", {}, 0.0, False, ran=False)]
                 for n in names}
-    return {f"cuda:{n}": [ensure_verdict(info, n, force=force)] for n in names}
+    verdict = verdicts_of(context, force=force)
+    return {f"cuda:{n}": [verdict(info, n)] for n in names}
 
 
 def _cached_verdict(info, kernel: str):
@@ -230,10 +277,20 @@ def _cached_verdict(info, kernel: str):
                       float(stored.get("seconds", 0.0)), True)
 
 
-def status(device=None) -> Dict[str, BackendStatus]:
-    """{"cuda:<name>": BackendStatus} of every kernel on ``device``, from cached verdicts (none is run)."""
+def _known_verdict(info, kernel: str, context: Context) -> Optional[GateResult]:
+    """The verdict of ``kernel`` known without running a self-test: the context's source when it gives one, else
+    the process's cached verdict (memory, disk), None when there is none yet."""
+    if context.verdicts is not None:
+        return context.verdicts(info, kernel)
+    return _cached_verdict(info, kernel)
+
+
+def status(device=None, *, context: Optional[Context] = None) -> Dict[str, BackendStatus]:
+    """{"cuda:<name>": BackendStatus} of every kernel on ``device``, from known verdicts (none is run;
+    :func:`_known_verdict`), for a decision of ``context`` (None: read now)."""
+    context = _context_of(context)
     try:
-        info = _probe(device)
+        info = _device_info(device, context)
     except DeviceUnavailable as exc:
         return {k.backend: BackendStatus(k.backend, False, None, False, [], f"unavailable: {exc}")
                 for k in KERNELS.values()}
@@ -243,7 +300,7 @@ def status(device=None) -> Dict[str, BackendStatus]:
         if why is not None:
             result[k.backend] = BackendStatus(k.backend, False, info.compiler, False, [], f"unavailable: {why}")
             continue
-        verdict = _cached_verdict(info, k.name)
+        verdict = _known_verdict(info, k.name, context)
         gates = [verdict] if verdict is not None else []
         if verdict is None and k.gated:
             available, reason = True, (f"not validated yet on {info.label}: its instruction probe and self-test "
@@ -309,15 +366,70 @@ def choose(candidates: Iterable[KernelInfo], decline: Callable[[KernelInfo], Opt
     return Choice(chosen, tuple(passed_over), notices)
 
 
-def select(device, name, fmt_a, fmt_b, preset) -> Selection:
+class DefaultChoice(NamedTuple):
+    """What ``backend="auto"`` picks for CUDA tensors on a device before any call (``mmaemu info``): ``kernel``, the
+    kernel the first call takes if its verdict passes (None: no kernel can run there; ``unavailable`` says why when
+    the device itself cannot be used), ``validated`` (its verdict is known and passed) and ``contenders``, the
+    kernels that may compute at the first call, by priority: ``kernel``, then each kernel the rule would take next
+    if those before it failed their self-tests."""
+
+    kernel: Optional[KernelInfo]
+    validated: bool
+    contenders: Tuple[KernelInfo, ...]
+    unavailable: Optional[str]
+
+
+# The stand-in of a verdict not known yet when auto's default is told (default_choice): the first call runs it.
+_NOT_RUN_YET = GateResult("selftest", True, "not validated yet: its self-test runs on first use", {}, 0.0, False,
+                          ran=False)
+
+
+def default_choice(device=None, *, context: Optional[Context] = None) -> DefaultChoice:
+    """What ``backend="auto"`` picks for CUDA tensors on ``device`` (None: torch's current CUDA device) by the
+    rule of :func:`select`: :func:`choose` over the GEMM kernels by priority, with each kernel's decline rule for
+    the device (:func:`device_skip`; the preset is each call's, so design declines are not judged) and the verdicts
+    known without running anything (:func:`_known_verdict`, as :func:`status` reads them; a kernel without one yet
+    counts as passing: its self-test runs at the first call). ``context``: the decision's (None: read now); its
+    forced failures are not applied, as :func:`status` does not apply them. Runs no self-test."""
+    context = _context_of(context)
+    try:
+        info = _device_info(device, context)
+    except DeviceUnavailable as exc:
+        return DefaultChoice(None, False, (), str(exc))
+    known: Dict[str, Optional[GateResult]] = {}
+
+    def verdict(kernel: KernelInfo) -> GateResult:
+        if kernel.name not in known:
+            known[kernel.name] = _known_verdict(info, kernel.name, context)
+        return known[kernel.name] or _NOT_RUN_YET
+
+    contenders: List[KernelInfo] = []
+    remaining = gemm_kernels()
+    while True:  # the first kernel, then the one the rule takes if it failed, and so on
+        kernel = choose(remaining, lambda k: device_skip(k.name, info), verdict).kernel
+        if kernel is None:
+            break
+        contenders.append(kernel)
+        remaining = remaining[remaining.index(kernel) + 1:]
+    first = contenders[0] if contenders else None
+    return DefaultChoice(first, first is not None and known[first.name] is not None, tuple(contenders), None)
+
+
+def select(device, name, fmt_a, fmt_b, preset, *, context: Optional[Context] = None) -> Selection:
     """The engine for CUDA tensors on ``device`` (platform.md 4.4 with our kernels), with its warnings as data
-    (``Selection.notices``: the caller reports them); runs self-tests on first use."""
+    (``Selection.notices``: the caller reports them), from the verdicts of ``context`` (:func:`verdicts_of`; None:
+    read now); the process's source runs self-tests on first use.
+
+    A selection from the process's verdicts is kept per device, formats, preset, name and forced failures, and
+    gives its warnings again when reused; a context with its own verdict source neither reads nor fills that
+    store (its verdicts are not the process's)."""
+    context = _context_of(context)
     explicit = name[len("cuda:"):] if name.startswith("cuda:") else None
     if explicit is not None and not _is_gemm(explicit):
         known = ", ".join(f"'cuda:{k.name}'" for k in gemm_kernels())
         raise BackendUnavailableError(f"backend {name!r} cannot run: no such CUDA GEMM kernel (known: {known})")
     try:
-        info = _probe(device)
+        info = _device_info(device, context)
     except DeviceUnavailable as exc:
         reason = f"cuda: {exc}"
         if name == "auto":
@@ -325,23 +437,34 @@ def select(device, name, fmt_a, fmt_b, preset) -> Selection:
                 str(device), f"mmaemu: {reason}; the cpu backend computes and the result is copied back to the "
                 "device"),))
         raise BackendUnavailableError(f"backend {name!r} cannot run: {reason}; use backend='cpu' or 'auto'") from None
-    cache_key = (info.index, fmt_a, fmt_b, preset, name, environment.snapshot()[FORCE_FAIL_ENV])
-    with _lock:
-        selection = _SELECTIONS.get(cache_key)
-    if selection is None:
-        candidates = [KERNELS[explicit]] if explicit is not None else gemm_kernels()
-        choice = choose(candidates,
-                        lambda k: design_skip(k.name, preset, fmt_a, fmt_b) or device_skip(k.name, info, preset),
-                        lambda k: ensure_verdict(info, k.name), device_label=info.label)
-        if choice.kernel is None and name != "auto":
-            raise BackendUnavailableError(f"backend {name!r} cannot run on {info.label}: "
-                                          + "; ".join(choice.passed_over))
-        selection = Selection(choice.kernel.backend if choice.kernel is not None else "cpu",
-                              list(choice.passed_over), choice.notices)
+    kept = context.verdicts is None  # only a selection from the process's verdicts is kept
+    cache_key = (info.index, fmt_a, fmt_b, preset, name, context.forced_failures)
+    selection = None
+    if kept:
         with _lock:
-            _SELECTIONS[cache_key] = selection
+            selection = _SELECTIONS.get(cache_key)
+    if selection is None:
+        selection = _select_kernel(info, explicit, name, fmt_a, fmt_b, preset, verdicts_of(context))
+        if kept:
+            with _lock:
+                _SELECTIONS[cache_key] = selection
     # A cached selection gives its warnings again: the caller's report emits them only if no call has yet.
     return Selection(selection.name, list(selection.fallbacks), selection.notices)
+
+
+def _select_kernel(info, explicit: Optional[str], name: str, fmt_a, fmt_b, preset, verdict: VerdictSource):
+    """The Selection of :func:`select` on the device of ``info`` (``explicit``: the kernel named, None: every GEMM
+    kernel by priority), by :func:`choose` with the verdicts of ``verdict``; BackendUnavailableError when a named
+    backend cannot run."""
+    candidates = [KERNELS[explicit]] if explicit is not None else gemm_kernels()
+    choice = choose(candidates,
+                    lambda k: design_skip(k.name, preset, fmt_a, fmt_b) or device_skip(k.name, info, preset),
+                    lambda k: verdict(info, k.name), device_label=info.label)
+    if choice.kernel is None and name != "auto":
+        raise BackendUnavailableError(f"backend {name!r} cannot run on {info.label}: "
+                                      + "; ".join(choice.passed_over))
+    return Selection(choice.kernel.backend if choice.kernel is not None else "cpu", list(choice.passed_over),
+                     choice.notices)
 
 
 class Accumulators(NamedTuple):
@@ -352,43 +475,49 @@ class Accumulators(NamedTuple):
     kernel: Optional[str]
 
 
-def accumulate(name, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none") -> Accumulators:
+def accumulate(name, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none", *,
+               context: Optional[Context] = None) -> Accumulators:
     """The accumulators of a call on the tensors' CUDA device, computed by the selected kernel ``name``
     ("cuda:<kernel>"), or, when its decline rule declines the call's schedule, by the kernel :func:`choose` picks
-    among those below it (or the cpu engine, the result copied to the device). That hand-over is by design:
-    nothing is warned."""
+    among those below it, with the verdicts of the call's ``context`` (:func:`verdicts_of`; None: read now), or
+    the cpu engine, the result copied to the device. That hand-over is by design: nothing is warned."""
     from . import engine
 
     kernel = name[len("cuda:"):] if name.startswith("cuda:") else name
     if kernel in KERNELS and schedule_skip(kernel, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
-        kernel = _fallback_kernel(kernel, a.device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme)
+        context = _context_of(context)
+        kernel = _fallback_kernel(kernel, a.device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme, context)
         if kernel is None:  # no other kernel can run here: the cpu engine computes, the result goes back
             import torch
 
             from ...cpu import accumulate_codes
+            from ...cpu.features import CPU_ENGINE_ENV
 
             codes = [t.detach().contiguous().view(torch.uint8).cpu().numpy() for t in (a, b_rows)]
-            return Accumulators(torch.from_numpy(accumulate_codes(codes[0], codes[1], fmt_a, fmt_b, preset,
-                                                                  use_fast_accum, splits, scheme)).to(a.device), None)
+            acc = accumulate_codes(codes[0], codes[1], fmt_a, fmt_b, preset, use_fast_accum, splits, scheme,
+                                   cpu_engine=context.environment[CPU_ENGINE_ENV])
+            return Accumulators(torch.from_numpy(acc).to(a.device), None)
     acc = engine.accumulate_tensors(kernel, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
     return Accumulators(acc, f"cuda:{kernel}")
 
 
-def _fallback_kernel(declined: str, device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
+def _fallback_kernel(declined: str, device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme, context: Context):
     """The name of the GEMM kernel :func:`choose` picks for a call the kernel ``declined`` does not support by
-    design (its schedule), among the kernels below it in priority; None if none (then the cpu engine computes). A
-    design decline is not a failure, and nothing is announced: a kernel below that fails its self-test is passed
-    over without a warning too (the next one, or the cpu engine, returns the same bits)."""
+    design (its schedule), among the kernels below it in priority, with the verdicts of ``context``
+    (:func:`verdicts_of`); None if none (then the cpu engine computes). A design decline is not a failure, and
+    nothing is announced: a kernel below that fails its self-test is passed over without a warning too (the next
+    one, or the cpu engine, returns the same bits)."""
     try:
-        info = _probe(device)
+        info = _device_info(device, context)
     except DeviceUnavailable:
         return None
+    verdict = verdicts_of(context)
     kernels = gemm_kernels()
     below = kernels[[k.name for k in kernels].index(declined) + 1:] if declined in [k.name for k in kernels] else []
     choice = choose(below,
                     lambda k: schedule_skip(k.name, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme)
                     or device_skip(k.name, info, preset),
-                    lambda k: ensure_verdict(info, k.name))
+                    lambda k: verdict(info, k.name))
     return None if choice.kernel is None else choice.kernel.name
 
 
@@ -400,17 +529,20 @@ class EpilogueOutcome(NamedTuple):
     notices: Tuple[Notice, ...]
 
 
-def epilogue(acc, scale_a, scale_b, scale_result, out_dtype, computed_by: Optional[str]) -> EpilogueOutcome:
+def epilogue(acc, scale_a, scale_b, scale_result, out_dtype, computed_by: Optional[str], *,
+             context: Optional[Context] = None) -> EpilogueOutcome:
     """The scaled_mm epilogue on the device of ``acc`` if a GEMM kernel computed ``acc`` (``computed_by``, from
-    :class:`Accumulators`; None: a CPU engine did) and the epilogue kernel passed its self-test there; otherwise no
-    result (the caller then runs the CPU epilogue), with the failed self-test as a warning, once per process."""
+    :class:`Accumulators`; None: a CPU engine did) and the epilogue kernel passed its self-test there (the verdict
+    of the call's ``context``, :func:`verdicts_of`; None: read now); otherwise no result (the caller then runs the
+    CPU epilogue), with the failed self-test as a warning, once per process."""
     if computed_by is None:
         return EpilogueOutcome(None, ())  # a CPU engine computed it (backend "cpu"/"reference", or a fallback)
+    context = _context_of(context)
     try:
-        info = _probe(acc.device)
+        info = _device_info(acc.device, context)
     except DeviceUnavailable:
         return EpilogueOutcome(None, ())
-    verdict = ensure_verdict(info, "epilogue")
+    verdict = verdicts_of(context)(info, "epilogue")
     if not verdict.passed:
         return EpilogueOutcome(None, (_fallback_notice(
             info.label, f"mmaemu on {info.label}: cuda:epilogue: {verdict.reason}; the cpu epilogue computes "
