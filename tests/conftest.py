@@ -34,3 +34,17 @@ def fresh_warnings():
     warn.reset()
     yield
     warn.reset()
+
+
+@pytest.fixture
+def fresh_dispatcher(monkeypatch, tmp_path):
+    """The CUDA dispatcher without a past: no verdict, selection or probed device of earlier tests (before and
+    after), no backend variable in the process environment, and a private cache folder for the verdicts."""
+    import mmaemu.cuda as cuda_backend
+
+    for name in ("MMAEMU_BACKEND", "MMAEMU_DISABLE_CUDA", "MMAEMU_TEST_FORCE_FAIL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MMAEMU_CACHE_DIR", str(tmp_path / "cache"))
+    cuda_backend.reset()
+    yield
+    cuda_backend.reset()

@@ -25,19 +25,7 @@ CUDA0 = torch.device("cuda", 0)
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def clean(monkeypatch, tmp_path):
-    """Fresh process state and cache folder; no backend environment variables."""
-    for name in ("MMAEMU_BACKEND", "MMAEMU_DISABLE_CUDA", "MMAEMU_TEST_FORCE_FAIL"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("MMAEMU_CACHE_DIR", str(tmp_path / "cache"))
-    import mmaemu.cuda as cuda_backend
-
-    cuda_backend.reset()
-    mmaemu.warn.reset()
-    yield
-    cuda_backend.reset()
-    mmaemu.warn.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dispatcher", "fresh_warnings")  # tests/conftest.py
 
 
 def _no_warnings():

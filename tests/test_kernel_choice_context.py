@@ -30,18 +30,8 @@ H100 = DeviceInfo(0, "Fake GPU", "GPU-1234", (9, 0), 132, "CUDA driver API 13.0"
                   torch.__version__)
 
 
-pytestmark = pytest.mark.usefixtures("fresh_warnings")  # the tests count what the first selection warns
-
-
-@pytest.fixture(autouse=True)
-def clean(monkeypatch, tmp_path):
-    """Fresh verdicts and selections; no backend variables in the process environment; a private cache folder."""
-    for name in ("MMAEMU_BACKEND", "MMAEMU_DISABLE_CUDA", "MMAEMU_TEST_FORCE_FAIL"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("MMAEMU_CACHE_DIR", str(tmp_path / "cache"))
-    gating.reset()
-    yield
-    gating.reset()
+# Fresh verdicts and selections (tests/conftest.py); the tests count what the first selection warns.
+pytestmark = pytest.mark.usefixtures("fresh_dispatcher", "fresh_warnings")
 
 
 @pytest.fixture
