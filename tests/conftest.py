@@ -48,3 +48,30 @@ def fresh_dispatcher(monkeypatch, tmp_path):
     cuda_backend.reset()
     yield
     cuda_backend.reset()
+
+
+# The external oracle: MMA-Sim (PyPI mmasim), an independent instruction model of NVIDIA tensor cores. Where it is
+# missing the tests that use it skip, unless MMAEMU_TEST_REQUIRE_MMASIM=1 (.ci/run) makes that a failure.
+REQUIRE_MMASIM_ENV = "MMAEMU_TEST_REQUIRE_MMASIM"
+
+
+@pytest.fixture(scope="session")
+def sim():
+    """MMA-Sim's NVIDIA PTX models (``mmasim.nv_ptx.sim``), or a skip (a failure where required) that says why
+    not."""
+    import os
+    import warnings
+
+    import torch
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from mmasim.nv_ptx import sim as models
+    except Exception as exc:  # not installed, or its C++ helper (built at import) cannot be compiled here
+        reason = (f"MMA-Sim is not available ({type(exc).__name__}: {exc}); install it with "
+                  f"`pip install mmasim torch=={torch.__version__.split('+')[0]}` to run the external oracle")
+        if os.environ.get(REQUIRE_MMASIM_ENV) == "1":
+            pytest.fail(f"{REQUIRE_MMASIM_ENV}=1 but {reason}")
+        pytest.skip(reason)
+    return models

@@ -15,7 +15,7 @@ import torch
 import mmaemu
 from mmaemu.scale_layout import to_blocked
 from mmaemu.warn import collecting
-from test_mmasim_block_scale import MXF4, MXF8, make_cases, sim  # noqa: F401  (sim: the MMA-Sim fixture)
+from test_mmasim_block_scale import MXF4, MXF8, make_cases
 
 PROFILE = "b200-mx-experimental"
 
@@ -39,7 +39,7 @@ def _scaled_mm(a, w, sa, sb, scale_dtype, out_dtype=torch.float32, **kw):
         return mmaemu.scaled_mm(a, w.t(), scale_a, scale_b, out_dtype=out_dtype, profile=PROFILE, **kw)
 
 
-def _mmasim_chains(sim, inst, fmt_a, fmt_b, a, b, sa, sb):  # noqa: F811
+def _mmasim_chains(sim, inst, fmt_a, fmt_b, a, b, sa, sb):
     """fp32 bits [M, N]: per output, the chain of MMA-Sim's instruction along K from +0."""
     M, N = a.shape[0], b.shape[0]
     rows_a, rows_b = np.repeat(a, N, axis=0), np.tile(b, (M, 1))
@@ -72,7 +72,7 @@ def _diff(ours, theirs):
 
 
 @pytest.mark.parametrize("fmt_a,fmt_b", [("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")])
-def test_mxfp8_scaled_mm_equals_mmasim_chains(sim, fmt_a, fmt_b):  # noqa: F811
+def test_mxfp8_scaled_mm_equals_mmasim_chains(sim, fmt_a, fmt_b):
     M, N, K = 6, 32, 128
     a = make_cases(fmt_a, fmt_b, K, 32, "ue8m0", M, 11)
     b = make_cases(fmt_b, fmt_a, K, 32, "ue8m0", N, 12)
@@ -84,7 +84,7 @@ def test_mxfp8_scaled_mm_equals_mmasim_chains(sim, fmt_a, fmt_b):  # noqa: F811
     assert np.array_equal(slow.numpy().view(np.uint32), ours)  # use_fast_accum computes the same chain
 
 
-def test_nvfp4_scaled_mm_equals_mmasim_chains_and_global_scales_go_into_alpha(sim):  # noqa: F811
+def test_nvfp4_scaled_mm_equals_mmasim_chains_and_global_scales_go_into_alpha(sim):
     M, N, K = 5, 16, 192
     inst = next(i for i in MXF4 if i.preset == "tcgen05_mxf4nvf4" and i.scale == "ue4m3")
     a = make_cases("e2m1", "e2m1", K, 16, "ue4m3", M, 21)

@@ -291,15 +291,7 @@ def test_chunks_start_at_absolute_multiples_of_128():
 # MMA-Sim: Hopper wgmma k32 chains as the external oracle of every chunk
 
 
-@pytest.fixture(scope="module")
-def sim():
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from mmasim.nv_ptx import sim as models
-    except Exception as exc:  # not installed, or its C++ helper cannot be built here
-        pytest.skip(f"MMA-Sim is not available ({type(exc).__name__}: {exc})")
-    return models
+# The MMA-Sim fixture ``sim`` (its models, or a skip that says why not): tests/conftest.py.
 
 
 def test_every_chunk_equals_mmasim_wgmma_chains(sim):

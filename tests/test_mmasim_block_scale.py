@@ -16,7 +16,6 @@ instead).
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import NamedTuple
 
@@ -26,7 +25,6 @@ import torch
 
 import mmaemu
 
-REQUIRE_ENV = "MMAEMU_TEST_REQUIRE_MMASIM"
 CASES = 100_000
 CHAINS, CHAIN_LENGTH = 2_500, 8
 SHOWN = 5
@@ -69,20 +67,7 @@ MXF4 = [
 PAIRS = [(a, b) for a in FORMATS for b in FORMATS]
 
 
-@pytest.fixture(scope="module")
-def sim():
-    """MMA-Sim's NVIDIA PTX models, or a skip that says why not."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from mmasim.nv_ptx import sim as models
-    except Exception as exc:  # not installed, or its C++ helper cannot be compiled here
-        reason = (f"MMA-Sim is not available ({type(exc).__name__}: {exc}); install it with "
-                  f"`pip install mmasim torch=={torch.__version__.split('+')[0]}` to run the external oracle")
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ENV}=1 but {reason}")
-        pytest.skip(reason)
-    return models
+# The MMA-Sim fixture ``sim`` (its models, or a skip that says why not): tests/conftest.py.
 
 
 # ---------------------------------------------------------------------------------------------------------------

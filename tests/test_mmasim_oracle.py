@@ -3,8 +3,8 @@
 MMA-Sim (PyPI ``mmasim``, Microsoft Research, arXiv:2511.10909) models NVIDIA tensor-core instructions from its
 authors' own hardware measurements, with code that shares nothing with mmaemu. It is an optional test dependency:
 these tests skip, with the reason, where it is not installed (``.ci/run`` installs it and sets
-``MMAEMU_TEST_REQUIRE_MMASIM=1``, which turns the skip into a failure). It is used from here only; none of its
-code is copied into mmaemu.
+``MMAEMU_TEST_REQUIRE_MMASIM=1``, which turns the skip into a failure: the ``sim`` fixture of tests/conftest.py).
+It is used by the tests only; none of its code is copied into mmaemu.
 
 For every (instruction, format pair): at least 100,000 single instructions on the random and adversarial cases of
 :mod:`instruction_cases`, then 12,500 chains of 8 instructions (the result of one is the accumulator of the
@@ -25,7 +25,6 @@ Instructions (fp32 accumulator) and the presets that claim them:
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 
 import numpy as np
@@ -36,7 +35,6 @@ from instruction_cases import KINDS, instruction_cases
 
 import mmaemu
 
-REQUIRE_ENV = "MMAEMU_TEST_REQUIRE_MMASIM"
 CASES = 100_000
 CHAINS, CHAIN_LENGTH = 12_500, 8
 PAIRS = [("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"), ("e5m2", "e5m2")]
@@ -74,20 +72,7 @@ INSTRUCTIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def sim():
-    """MMA-Sim's NVIDIA PTX models (``mmasim.nv_ptx.sim``), or a skip that says why not."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from mmasim.nv_ptx import sim as models
-    except Exception as exc:  # not installed, or its C++ helper (built at import) cannot be compiled here
-        reason = (f"MMA-Sim is not available ({type(exc).__name__}: {exc}); install it with "
-                  f"`pip install mmasim torch=={torch.__version__.split('+')[0]}` to run the external oracle")
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ENV}=1 but {reason}")
-        pytest.skip(reason)
-    return models
+# The MMA-Sim fixture ``sim`` (its models, or a skip that says why not): tests/conftest.py.
 
 
 def _tensor(codes, fmt):
