@@ -2,13 +2,15 @@
 
 The policy layers decide from a :class:`Context` instead of reading the surroundings themselves: the profile
 choice (:func:`mmaemu.platform.profiles.get_profile`), the split-K decision
-(:func:`mmaemu.platform.splitk.decide_splitk`) and the backend selection (:func:`mmaemu.backends.select`) take
-``context=`` and return data (the profile, the decision with its warnings, the selection with its fallbacks).
-Only the entry points build a context: a call that is planned gets one from :func:`for_call` (``explain``,
-:mod:`mmaemu.patching`, and the plan cache of :mod:`mmaemu.plan.cache` behind ``scaled_mm``, ``accumulate`` and
-the ``nn`` layers, on a miss), and ``mmaemu info`` one with the device facts
+(:func:`mmaemu.platform.splitk.decide_splitk`), the backend selection (:func:`mmaemu.backends.select`) and the
+CUDA kernel choice (:func:`mmaemu.cuda.select`) take ``context=`` and return data (the profile, the decision with
+its warnings, the selection with its fallbacks). Only the entry points build a context: a call that is planned
+gets one from :func:`for_call` (``explain``, :mod:`mmaemu.patching`, and the plan cache of
+:mod:`mmaemu.plan.cache` behind ``scaled_mm``, ``accumulate`` and the ``nn`` layers, on a miss), which its plan
+keeps for what is decided while it computes, and ``mmaemu info`` one with the device facts
 (:func:`mmaemu.diagnostics.report_context`), so a call sees one reading of the environment from its first
-decision to its last.
+decision to its last. A decision called without a context (a test, a script) reads the environment then
+(:func:`environment_of`).
 
 Beside the environment and the device, a context names the sources of the facts that are read on first use: the
 split-K tables (``tables``: a table id -> its :class:`mmaemu.platform.tables.SplitTable`), the recorded profiles
