@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from .context import environment_of, for_call
+from .context import context_of, environment_of
 from .cuda.catalog import KERNELS, BackendStatus, GateResult, KernelInfo, Selection, gemm_kernels
 from .errors import BackendUnavailableError
 from .warn import report
@@ -72,7 +72,7 @@ def select(device, backend, fmt_a, fmt_b, preset, *, context=None) -> Selection:
     dispatcher probes the device and reads the kernels' verdicts from the context's source
     (:func:`mmaemu.cuda.select`, :func:`mmaemu.cuda.verdicts_of`); the choice's warnings (a kernel that failed its
     self-test, no usable device) are reported (:func:`mmaemu.warn.report`)."""
-    context = for_call() if context is None else context
+    context = context_of(context)
     name = requested_backend(backend, context=context)
     if name in CPU_ENGINES:
         return Selection(name, [])
@@ -124,7 +124,7 @@ def backends_status(device=None, *, context=None) -> Dict[str, BackendStatus]:
     """{name: BackendStatus} of every CUDA kernel on ``device`` (None: torch's current CUDA device), then "cpu" and
     "reference", for the variables and verdict source of ``context`` (without one, read now, once). Reads known
     self-test verdicts; runs none (see :func:`selftest`)."""
-    context = for_call() if context is None else context
+    context = context_of(context)
     result: Dict[str, BackendStatus] = {}
     if cuda_disabled(context=context):
         for k in KERNELS.values():
@@ -147,7 +147,7 @@ def selftest(device=None, *, kernels="all", force=False, context=None) -> Dict[s
     verdict source are those of ``context`` (without one, read now, once).
     """
     names = kernel_names(kernels)
-    context = for_call() if context is None else context
+    context = context_of(context)
     if cuda_disabled(context=context):
         reason = "not run: disabled by MMAEMU_DISABLE_CUDA"
         return {f"cuda:{n}": [GateResult("selftest", False, reason, {}, 0.0, False, ran=False)] for n in names}

@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Optional
 from . import environment
 from .device_facts import DeviceFacts
 
-__all__ = ["Context", "for_call", "environment_of", "TableSource", "RecordedSource", "VerdictSource"]
+__all__ = ["Context", "for_call", "context_of", "environment_of", "TableSource", "RecordedSource", "VerdictSource"]
 
 # The sources of the facts read on first use (see the module docstring); the types are named, not imported, so
 # that the context stays below the layers that own them.
@@ -81,7 +81,13 @@ def for_call() -> Context:
     return Context(environment.snapshot())
 
 
+def context_of(context: Optional[Context]) -> Context:
+    """The context of a decision: the one it was given, or (a decision called without one, by a test or by code
+    outside the entry points) the context of this moment, :func:`for_call`."""
+    return for_call() if context is None else context
+
+
 def environment_of(context: Optional[Context]) -> environment.Snapshot:
-    """The environment snapshot of a decision: its context's, or (a decision called without one, by a test or
-    by code outside the entry points) the environment as it is now."""
-    return environment.snapshot() if context is None else context.environment
+    """The environment snapshot of a decision: that of :func:`context_of` (its context's, or the environment as it
+    is now)."""
+    return context_of(context).environment

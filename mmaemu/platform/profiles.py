@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Optional
 
-from ..context import Context, environment_of
+from ..context import context_of, environment_of
 from ..errors import ExperimentalPresetWarning
 from ..warn import Notice, report
 from . import definitions
@@ -174,7 +174,7 @@ def _recorded_profiles(context) -> Mapping[str, Profile]:
     a context: the process's source and the environment now)."""
     from . import bundles  # on use: the bundles on $MMAEMU_PROFILE_PATH are loaded when first needed
 
-    context = Context(environment_of(None)) if context is None else context
+    context = context_of(context)
     return bundles.recorded_of(context)(context.profile_path)
 
 

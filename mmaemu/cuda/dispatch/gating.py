@@ -13,7 +13,7 @@ numba.cuda nor torch: that happens when CUDA tensors are seen (:func:`select`), 
 for.
 
 Every decision here reads its surroundings from the :class:`mmaemu.context.Context` it is given (``context=``;
-None: a direct caller, read now through :func:`mmaemu.context.for_call`): whether CUDA is disabled
+None: a direct caller, read now through :func:`mmaemu.context.context_of`): whether CUDA is disabled
 (``context.cuda_disabled``), the kernels forced to fail (``context.forced_failures``) and the source of the
 verdicts (:func:`verdicts_of`). This module reads no environment itself.
 """
@@ -25,7 +25,7 @@ import time
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from ...arith.params import Schedule
-from ...context import Context, VerdictSource, for_call
+from ...context import Context, VerdictSource, context_of
 from ...errors import BackendFallbackWarning, BackendUnavailableError
 from ...warn import Notice
 from ..catalog import KERNELS, NATIVE_INSTRUCTIONS, BackendStatus, GateResult, KernelInfo, Selection, gemm_kernels
@@ -36,12 +36,6 @@ _lock = threading.RLock()
 _VERDICTS: Dict[tuple, GateResult] = {}
 _SELECTIONS: Dict[tuple, Selection] = {}  # key -> Selection (with its warnings), of the process's verdicts only
 FORCE_FAIL_ENV = "MMAEMU_TEST_FORCE_FAIL"
-
-
-def _context_of(context: Optional[Context]) -> Context:
-    """The context of a decision: the one given, or (a direct caller: a test, a script) the environment as it is
-    now."""
-    return for_call() if context is None else context
 
 
 def _fallback_notice(device_label: str, message: str) -> Notice:
@@ -232,9 +226,9 @@ def verdicts_of(context: Optional[Context] = None, *, force: bool = False) -> Ve
     The source is ``context.verdicts`` when the context gives one, else the process's own (:func:`ensure_verdict`:
     from memory, from disk, or the self-test run now, rerun when ``force``). A kernel among the context's
     ``forced_failures`` fails (:func:`forced_failure`) whatever the source says, and the source is not asked.
-    ``context`` None: read now (:func:`mmaemu.context.for_call`).
+    ``context`` None: read now (:func:`mmaemu.context.context_of`).
     """
-    context = _context_of(context)
+    context = context_of(context)
     forced = context.forced_failures
     source = context.verdicts
 
@@ -252,7 +246,7 @@ def run_selftests(device, names: List[str], *, force: bool = False,
                   context: Optional[Context] = None) -> Dict[str, List[GateResult]]:
     """{"cuda:<name>": [GateResult]} for the named kernels on ``device`` (see :func:`mmaemu.backends.selftest`),
     from the verdict source of ``context`` (:func:`verdicts_of`)."""
-    context = _context_of(context)
+    context = context_of(context)
     try:
         info = _device_info(device, context)
     except DeviceUnavailable as exc:
@@ -288,7 +282,7 @@ def _known_verdict(info, kernel: str, context: Context) -> Optional[GateResult]:
 def status(device=None, *, context: Optional[Context] = None) -> Dict[str, BackendStatus]:
     """{"cuda:<name>": BackendStatus} of every kernel on ``device``, from known verdicts (none is run;
     :func:`_known_verdict`), for a decision of ``context`` (None: read now)."""
-    context = _context_of(context)
+    context = context_of(context)
     try:
         info = _device_info(device, context)
     except DeviceUnavailable as exc:
@@ -391,7 +385,7 @@ def default_choice(device=None, *, context: Optional[Context] = None) -> Default
     known without running anything (:func:`_known_verdict`, as :func:`status` reads them; a kernel without one yet
     counts as passing: its self-test runs at the first call). ``context``: the decision's (None: read now); its
     forced failures are not applied, as :func:`status` does not apply them. Runs no self-test."""
-    context = _context_of(context)
+    context = context_of(context)
     try:
         info = _device_info(device, context)
     except DeviceUnavailable as exc:
@@ -423,7 +417,7 @@ def select(device, name, fmt_a, fmt_b, preset, *, context: Optional[Context] = N
     A selection from the process's verdicts is kept per device, formats, preset, name and forced failures, and
     gives its warnings again when reused; a context with its own verdict source neither reads nor fills that
     store (its verdicts are not the process's)."""
-    context = _context_of(context)
+    context = context_of(context)
     explicit = name[len("cuda:"):] if name.startswith("cuda:") else None
     if explicit is not None and not _is_gemm(explicit):
         known = ", ".join(f"'cuda:{k.name}'" for k in gemm_kernels())
@@ -485,7 +479,7 @@ def accumulate(name, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits=1, 
 
     kernel = name[len("cuda:"):] if name.startswith("cuda:") else name
     if kernel in KERNELS and schedule_skip(kernel, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
-        context = _context_of(context)
+        context = context_of(context)
         kernel = _fallback_kernel(kernel, a.device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme, context)
         if kernel is None:  # no other kernel can run here: the cpu engine computes, the result goes back
             import torch
@@ -537,7 +531,7 @@ def epilogue(acc, scale_a, scale_b, scale_result, out_dtype, computed_by: Option
     CPU epilogue), with the failed self-test as a warning, once per process."""
     if computed_by is None:
         return EpilogueOutcome(None, ())  # a CPU engine computed it (backend "cpu"/"reference", or a fallback)
-    context = _context_of(context)
+    context = context_of(context)
     try:
         info = _device_info(acc.device, context)
     except DeviceUnavailable:
