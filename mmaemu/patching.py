@@ -65,14 +65,19 @@ _DEFAULTS = {"profile": None, "splitk": "auto", "backend": "auto"}
 
 _lock = threading.RLock()
 _open: List["_Block"] = []  # every open block, all contexts, in opening order
-_original = None  # torch._scaled_mm as found when the first block opened
+_originals = {}  # torch's scaled-GEMM functions as found when the first block opened, by attribute name
 _context_blocks: contextvars.ContextVar[Tuple["_Block", ...]] = contextvars.ContextVar("mmaemu_patch_blocks",
                                                                                        default=())
 
 
 @dataclasses.dataclass(frozen=True)
 class PatchRecord:
-    """One ``torch._scaled_mm`` call seen inside a patch block.
+    """One call of a scaled-GEMM entry point seen inside a patch block.
+
+    ``entry_point`` is the torch attribute called ("torch._scaled_mm", "torch._scaled_mm_v2" for F.scaled_mm,
+    "torch._scaled_grouped_mm", "torch._scaled_grouped_mm_v2" for F.scaled_grouped_mm); ``recipe`` torch's name of
+    the recipe pair of its scales ("tensorwise_tensorwise", "rowwise_rowwise", "block_1x128_128x128", ...; None when
+    the call failed before it was known).
 
     ``split`` is the :class:`mmaemu.SplitDecision` (None when nothing was computed: a zero-size result, an
     unusable ``out=``, or a call that failed before the decision); ``S``, ``scheme`` and ``source`` are read from
@@ -91,6 +96,8 @@ class PatchRecord:
     device: str
     thread: str
     error: Optional[str] = None
+    entry_point: str = "torch._scaled_mm"
+    recipe: Optional[str] = None
 
     @property
     def S(self) -> Optional[int]:
@@ -111,7 +118,8 @@ class PatchRecord:
         N = self.mat2_shape[1] if len(self.mat2_shape) == 2 else "?"
         split = "-" if self.split is None else f"S={self.S} {self.scheme} ({self.source})"
         text = (f"M={M} N={N} K={K} {self.input_dtype} x {self.mat2_dtype} -> {self.out_dtype} "
-                f"fast={self.use_fast_accum} profile={self.profile} split={split} backend={self.backend or '-'}")
+                f"fast={self.use_fast_accum} profile={self.profile} split={split} backend={self.backend or '-'} "
+                f"via {self.entry_point} ({self.recipe or '?'})")
         return text + (f" ERROR {self.error}" if self.error else "")
 
 
@@ -186,8 +194,7 @@ def _effective_block() -> Tuple[Optional[_Block], List[_Block]]:
 
 def original_scaled_mm():
     """The ``torch._scaled_mm`` that is (or will be) restored: torch's own function, patched or not."""
-    with _lock:
-        return _original if _original is not None else torch._scaled_mm
+    return original("_scaled_mm")
 
 
 def is_patched() -> bool:
@@ -214,7 +221,7 @@ def _shape(t) -> Tuple[int, ...]:
     return tuple(t.shape) if isinstance(t, torch.Tensor) else ()
 
 
-def _record(block: _Block, args, kwargs, plan, error) -> PatchRecord:
+def _record(block: _Block, args, kwargs, plan, error, *, entry_point="torch._scaled_mm", recipe=None) -> PatchRecord:
     input_, mat2 = (list(args) + [None, None])[:2]
     out_dtype = kwargs.get("out_dtype")
     if plan is not None:
@@ -239,60 +246,243 @@ def _record(block: _Block, args, kwargs, plan, error) -> PatchRecord:
         out_dtype=_dtype_name(out_dtype), use_fast_accum=kwargs.get("use_fast_accum", False), profile=profile,
         split=None if plan is None else plan.split, backend="" if plan is None else plan.describe().backend,
         device=str(getattr(input_, "device", "")), thread=threading.current_thread().name,
-        error=None if error is None else f"{type(error).__name__}: {error}")
+        error=None if error is None else f"{type(error).__name__}: {error}", entry_point=entry_point, recipe=recipe)
 
 
-_PARAMS = ("input", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out_dtype", "use_fast_accum")
+# Each entry point's parameters in torch 2.13.0's schema order (the first is "self" in the schema: "input" is
+# accepted too), and how many of them are required.
+_SIGNATURES = {
+    "_scaled_mm": (("input", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out_dtype", "use_fast_accum"),
+                   4),
+    "_scaled_mm_v2": (("input", "mat2", "scale_a", "recipe_a", "swizzle_a", "scale_b", "recipe_b", "swizzle_b",
+                       "bias", "out_dtype", "contraction_dim", "use_fast_accum"), 10),
+    "_scaled_grouped_mm": (("input", "mat2", "scale_a", "scale_b", "offs", "bias", "scale_result", "out_dtype",
+                            "use_fast_accum"), 4),
+    "_scaled_grouped_mm_v2": (("input", "mat2", "scale_a", "recipe_a", "swizzle_a", "scale_b", "recipe_b",
+                               "swizzle_b", "offs", "bias", "out_dtype", "contraction_dim", "use_fast_accum"), 8),
+}
+#: The ``torch`` attributes a block replaces and routes to mmaemu (those the installed torch has).
+ROUTED = tuple(_SIGNATURES)
+#: Public functions that reach a routed attribute through the ``torch`` module at each call (so replacing the
+#: attribute replaces them): ``torch.nn.functional.scaled_mm`` calls ``torch._scaled_mm_v2``, and
+#: ``scaled_grouped_mm`` calls ``torch._scaled_grouped_mm_v2`` (torch 2.13.0, ``torch/nn/functional.py``).
+REACHED_THROUGH = {"torch.nn.functional.scaled_mm": "_scaled_mm_v2",
+                   "torch.nn.functional.scaled_grouped_mm": "_scaled_grouped_mm_v2"}
 
 
-# torch.compiler.disable itself, not mmaemu's lazy ``untraced``: dynamo must be imported before a block puts this
-# function in place of torch._scaled_mm, or its first import would record this function as torch's in-graph op.
-@torch.compiler.disable
-def _patched_scaled_mm(*args, **kwargs):
-    """Stand-in for ``torch._scaled_mm`` while a patch block is open: mmaemu.scaled_mm with the block's settings.
+def scaled_gemm_attributes() -> Tuple[str, ...]:
+    """The scaled-GEMM attributes of the installed ``torch`` (names ``_scaled...mm...``): every one is replaced in
+    a block, by a routing stand-in (:data:`ROUTED`) or a refusing one (any other: mmaemu does not know its
+    arguments, so it raises instead of letting torch compute it natively)."""
+    return tuple(name for name in dir(torch) if name.startswith("_scaled") and "mm" in name[len("_scaled"):]
+                 and callable(getattr(torch, name)))
 
-    Excluded from ``torch.compile`` tracing like scaled_mm itself: dynamo breaks the graph at the call and runs
-    the emulation eagerly. Without the exclusion dynamo, which records ``torch._scaled_mm`` as an in-graph torch
-    function the first time it compiles anything, would run this function on fake tensors (or trace into it).
-    """
-    block, logs = _effective_block()
-    if block is None:  # called through a reference kept after every block closed
-        return original_scaled_mm()(*args, **kwargs)
-    if len(args) > len(_PARAMS):
-        raise TypeError(f"_scaled_mm() takes at most {len(_PARAMS)} positional arguments ({len(args)} given)")
-    named = dict(zip(_PARAMS, args))
+
+def _bind(name: str, args, kwargs) -> dict:
+    """The arguments of a call of ``torch.<name>`` by parameter name, with torch's TypeErrors for a bad call."""
+    params, required = _SIGNATURES[name]
+    if len(args) > len(params):
+        raise TypeError(f"{name}() takes at most {len(params)} positional arguments ({len(args)} given)")
+    named = dict(zip(params, args))
+    kwargs = dict(kwargs)
     if "self" in kwargs:  # torch's schema names the first argument "self"
         kwargs["input"] = kwargs.pop("self")
-    for name in named:
-        if name in kwargs:
-            raise TypeError(f"_scaled_mm() got multiple values for argument '{name}'")
+    for param in named:
+        if param in kwargs:
+            raise TypeError(f"{name}() got multiple values for argument '{param}'")
     named.update(kwargs)
-    unknown = set(named) - set(_PARAMS) - {"out"}
+    unknown = set(named) - set(params) - ({"out"} if name in ("_scaled_mm", "_scaled_mm_v2") else set())
     if unknown:
-        raise TypeError(f"_scaled_mm() got unexpected keyword arguments {sorted(unknown)}")
-    for required in _PARAMS[:4]:
-        if required not in named:
-            raise TypeError(f"_scaled_mm() missing required argument '{required}'")
-    positional = [named.pop(name) for name in _PARAMS[:4]]
-    plan = error = None
+        raise TypeError(f"{name}() got unexpected keyword arguments {sorted(unknown)}")
+    for param in params[:required]:
+        if param not in named:
+            raise TypeError(f"{name}() missing required argument '{param}'")
+    return named
+
+
+def _recipe_of_plan(plan) -> Optional[str]:
+    """torch's name of the recipe pair of a planned scaled_mm call."""
+    call = plan.call
+    if getattr(call, "block_scaled", None) is not None:
+        recipe = call.block_scaled.recipe.name
+        return f"{recipe}_{recipe}"
+    return "rowwise_rowwise" if getattr(call, "rowwise", False) else "tensorwise_tensorwise"
+
+
+def _v1_positional(named: dict):
+    positional = [named.pop(param) for param in _SIGNATURES["_scaled_mm"][0][:4]]
+    return positional, named
+
+
+def _run_scaled_mm(block: _Block, named: dict, found: dict):
+    """``torch._scaled_mm``: (result, plan); the recipe pair is put in ``found`` for the log."""
+    positional, rest = _v1_positional(named)
+    result, plan = _compute(block, positional, rest)
+    found["recipe"] = _recipe_of_plan(plan)
+    return result, plan
+
+
+def _run_scaled_mm_v2(block: _Block, named: dict, found: dict):
+    """``torch._scaled_mm_v2``: the v2 call resolved (:mod:`mmaemu.scaled_mm_v2`), then computed as that recipe's
+    model computes it: mmaemu.scaled_mm's plan, or the block-wise seam; (result, plan or None)."""
+    from . import scaled_mm_v2
+
+    params = _SIGNATURES["_scaled_mm_v2"][0]
+    found["recipe"] = _v2_recipe(named)
+    call = scaled_mm_v2.resolve_v2(*(named.get(p, d) for p, d in zip(params, _V2_DEFAULTS)), profile=block.profile)
+    out = named.get("out")
+    if call.pair not in scaled_mm_v2.kernel_families.BLOCKWISE_PAIRS:
+        input_, mat2, scale_a, scale_b, bias, scale_result, out_dtype, fast = call.args
+        result, plan = _compute(block, [input_, mat2, scale_a, scale_b],
+                                dict(bias=bias, scale_result=scale_result, out_dtype=out_dtype,
+                                     use_fast_accum=fast, out=out))
+        return result, plan
+    result = scaled_mm_v2.run_v2(call, out=out, profile=block.profile, splitk=block.splitk, backend=block.backend)
+    return result, None
+
+
+_V2_DEFAULTS = (None,) * 10 + ((), False)
+
+
+def _v2_recipe(named: dict) -> Optional[str]:
+    """torch's name of a v2 call's recipe pair, for the log (None where the arguments name none)."""
+    from . import scaled_mm_v2
+
     try:
-        result, plan = _compute(block, positional, named)
+        return scaled_mm_v2.recipe_pair(
+            named["input"], named["mat2"], scaled_mm_v2._as_list(named.get("scale_a")),
+            scaled_mm_v2._enum_values(scaled_mm_v2._as_list(named.get("recipe_a"))),
+            scaled_mm_v2._as_list(named.get("scale_b")),
+            scaled_mm_v2._enum_values(scaled_mm_v2._as_list(named.get("recipe_b"))))
+    except Exception:  # the call raises the same error when it is computed: the log records it there
+        return None
+
+
+def _run_grouped(block: _Block, named: dict, found: dict, v2: bool):
+    """``torch._scaled_grouped_mm`` and ``_v2``: :mod:`mmaemu.grouped` with the block's settings; (result, None)."""
+    from . import grouped
+
+    settings = dict(profile=block.profile, splitk=block.splitk, backend=block.backend)
+    found["recipe"] = _grouped_recipe(named, v2)
+    if v2:
+        params = _SIGNATURES["_scaled_grouped_mm_v2"][0]
+        defaults = (None,) * 11 + ((), False)
+        result = grouped.scaled_grouped_mm_v2_op(*(named.get(p, d) for p, d in zip(params, defaults)), **settings)
+    else:
+        params = _SIGNATURES["_scaled_grouped_mm"][0]
+        defaults = (None,) * 8 + (False,)
+        result = grouped.scaled_grouped_mm_op(*(named.get(p, d) for p, d in zip(params, defaults)), **settings)
+    return result, None
+
+
+def _grouped_recipe(named: dict, v2: bool) -> Optional[str]:
+    """torch's name of a grouped call's recipe pair, for the log (None where the arguments name none)."""
+    from . import grouped
+    from .scaled_mm_v2 import _as_list, _enum_values
+
+    try:
+        if v2:
+            return grouped._pair_of_v2(_enum_values(_as_list(named.get("recipe_a"))),
+                                       _enum_values(_as_list(named.get("recipe_b"))), named["input"])
+        return grouped._pair_of_v1(named["scale_a"], named["scale_b"])
+    except Exception:  # the call raises the same error when it is computed: the log records it there
+        return None
+
+
+def route_call(entry_point: str, args, kwargs):
+    """Compute a call of ``torch.<entry_point>`` made inside a patch block: bind its arguments by torch's schema,
+    compute it with mmaemu and the block's settings, record it in the logs of the blocks open in this context
+    (failed calls too, with their error) and return the result. The one function every stand-in calls."""
+    block, logs = _effective_block()
+    if block is None:  # called through a reference kept after every block closed
+        return original(entry_point)(*args, **kwargs)
+    named = _bind(entry_point, args, kwargs)
+    shown = dict(named)
+    plan = error = None
+    found = {"recipe": None}
+    try:
+        if entry_point == "_scaled_mm":
+            result, plan = _run_scaled_mm(block, named, found)
+        elif entry_point == "_scaled_mm_v2":
+            result, plan = _run_scaled_mm_v2(block, named, found)
+        else:
+            result, plan = _run_grouped(block, named, found, entry_point.endswith("_v2"))
         return result
     except Exception as exc:
         error = exc
         raise
     finally:
-        record = _record(block, positional, named, plan, error)
+        record = _record(block, [shown.get("input"), shown.get("mat2")], shown, plan, error,
+                         entry_point=f"torch.{entry_point}", recipe=found["recipe"])
         with _lock:
             for open_block in logs:
                 open_block.log._add(record)
 
 
-# `torch._scaled_mm.__name__` etc. for introspection; the signature is torch 2.7.1's.
-_patched_scaled_mm.__name__ = "_scaled_mm"
-_patched_scaled_mm.__qualname__ = "_scaled_mm"
-_patched_scaled_mm.__module__ = "mmaemu.patching"
-_patched_scaled_mm.__wrapped_by_mmaemu__ = True
+def _refuse_unknown(entry_point: str):
+    """A scaled-GEMM attribute of torch that mmaemu does not know: refused inside a block, never native."""
+    from .errors import UnsupportedFeatureError
+
+    raise UnsupportedFeatureError(
+        f"torch.{entry_point} is a scaled GEMM of this torch that mmaemu.patch does not know (it routes "
+        f"{', '.join('torch.' + n for n in ROUTED)}): inside a patch block it is refused rather than computed by "
+        f"torch natively; call one of those entry points, or call it outside the block")
+
+
+def _stand_in(entry_point: str):
+    """The function a block puts in place of ``torch.<entry_point>``: :func:`route_call` for a routed entry
+    point, a refusal for an unknown scaled GEMM. Excluded from ``torch.compile`` tracing (torch.compiler.disable
+    itself, not mmaemu's lazy ``untraced``: dynamo must be imported before a block puts this function in place of
+    the torch function, or its first import would record it as torch's in-graph op): dynamo breaks the graph at
+    the call and runs the emulation eagerly."""
+    if entry_point in _SIGNATURES:
+        def stand_in(*args, **kwargs):
+            return route_call(entry_point, args, kwargs)
+    else:
+        def stand_in(*args, **kwargs):
+            if _effective_block()[0] is None:
+                return original(entry_point)(*args, **kwargs)
+            _refuse_unknown(entry_point)
+    stand_in.__name__ = stand_in.__qualname__ = entry_point
+    stand_in.__module__ = "mmaemu.patching"
+    stand_in.__doc__ = f"Stand-in for torch.{entry_point} while a patch block is open (mmaemu.patching)."
+    stand_in.__wrapped_by_mmaemu__ = True
+    return torch.compiler.disable(stand_in)
+
+
+_STAND_INS = {}
+
+
+def _stand_in_for(entry_point: str):
+    """The one stand-in of ``entry_point`` (made on first use, kept: the same object in every block)."""
+    if entry_point not in _STAND_INS:
+        _STAND_INS[entry_point] = _stand_in(entry_point)
+    return _STAND_INS[entry_point]
+
+
+def original(entry_point: str):
+    """``torch.<entry_point>`` as it is restored: torch's own function, patched or not."""
+    with _lock:
+        found = _originals.get(entry_point)
+        return found if found is not None else getattr(torch, entry_point)
+
+
+def _install() -> None:
+    """Replace every scaled-GEMM attribute of torch by its stand-in (the first block opening; under _lock)."""
+    for entry_point in scaled_gemm_attributes():
+        current = getattr(torch, entry_point)
+        stand_in = _stand_in_for(entry_point)
+        if current is not stand_in:  # else: a block of ours never closed (see __exit__)
+            _originals[entry_point] = current
+        setattr(torch, entry_point, stand_in)
+
+
+def _uninstall() -> None:
+    """Put torch's functions back (the last block closing; under _lock), unless someone replaced ours meanwhile
+    (then theirs stays, and ours, if they call it, falls through to the original because no block is open)."""
+    for entry_point, original_function in _originals.items():
+        if getattr(torch, entry_point, None) is _STAND_INS.get(entry_point):
+            setattr(torch, entry_point, original_function)
 
 
 class patch(contextlib.ContextDecorator):
@@ -351,13 +541,10 @@ class patch(contextlib.ContextDecorator):
 
     def _open_block(self, log: PatchLog) -> PatchLog:
         """Enter a block whose calls are recorded in ``log`` (a new one per ``with``; one per decorated call)."""
-        global _original
         block = _Block(**self._settings(), log=log, owner=self)
         with _lock:
             if not _open:
-                if torch._scaled_mm is not _patched_scaled_mm:  # else: a block of ours never closed (see __exit__)
-                    _original = torch._scaled_mm
-                torch._scaled_mm = _patched_scaled_mm
+                _install()
             _open.append(block)
         _context_blocks.set(_context_blocks.get() + (block,))
         self.log = block.log
@@ -379,10 +566,8 @@ class patch(contextlib.ContextDecorator):
         _context_blocks.set(tuple(b for b in _context_blocks.get() if b is not block))
         with _lock:
             _open.remove(block)
-            if not _open and torch._scaled_mm is _patched_scaled_mm:
-                # Restore torch's function, unless someone replaced ours meanwhile (then theirs stays, and ours,
-                # if they call it, falls through to the original because no block is open).
-                torch._scaled_mm = _original
+            if not _open:
+                _uninstall()
         return False
 
     @contextlib.contextmanager
