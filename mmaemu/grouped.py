@@ -42,7 +42,7 @@ from ._untraced import untraced
 from .errors import ExperimentalPresetWarning, ReferenceRejectsError, UnsupportedFeatureError
 from .platform import kernel_families
 from .platform.profiles import get_profile
-from .scaled_mm_v2 import SCALING_TYPES, _as_list, _enum_values, refusal_error
+from .scaled_v2 import SCALING_TYPES, _as_list, _enum_values, refusal_error
 from .warn import Notice, edge, report
 
 __all__ = ["scaled_grouped_mm", "scaled_grouped_mm_v2_op", "scaled_grouped_mm_op", "GroupedCall", "Group",

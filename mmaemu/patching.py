@@ -300,15 +300,6 @@ def _bind(name: str, args, kwargs) -> dict:
     return named
 
 
-def _recipe_of_plan(plan) -> Optional[str]:
-    """torch's name of the recipe pair of a planned scaled_mm call."""
-    call = plan.call
-    if getattr(call, "block_scaled", None) is not None:
-        recipe = call.block_scaled.recipe.name
-        return f"{recipe}_{recipe}"
-    return "rowwise_rowwise" if getattr(call, "rowwise", False) else "tensorwise_tensorwise"
-
-
 def _v1_positional(named: dict):
     positional = [named.pop(param) for param in _SIGNATURES["_scaled_mm"][0][:4]]
     return positional, named
@@ -316,28 +307,30 @@ def _v1_positional(named: dict):
 
 def _run_scaled_mm(block: _Block, named: dict, found: dict):
     """``torch._scaled_mm``: (result, plan); the recipe pair is put in ``found`` for the log."""
+    from .plan.planner import recipe_pair_of
+
     positional, rest = _v1_positional(named)
     result, plan = _compute(block, positional, rest)
-    found["recipe"] = _recipe_of_plan(plan)
+    found["recipe"] = recipe_pair_of(plan.call)
     return result, plan
 
 
 def _run_scaled_mm_v2(block: _Block, named: dict, found: dict):
-    """``torch._scaled_mm_v2``: the v2 call resolved (:mod:`mmaemu.scaled_mm_v2`), then computed as that recipe's
+    """``torch._scaled_mm_v2``: the v2 call resolved (:mod:`mmaemu.scaled_v2`), then computed as that recipe's
     model computes it: mmaemu.scaled_mm's plan, or the block-wise seam; (result, plan or None)."""
-    from . import scaled_mm_v2
+    from . import scaled_v2
 
     params = _SIGNATURES["_scaled_mm_v2"][0]
     found["recipe"] = _v2_recipe(named)
-    call = scaled_mm_v2.resolve_v2(*(named.get(p, d) for p, d in zip(params, _V2_DEFAULTS)), profile=block.profile)
+    call = scaled_v2.resolve_v2(*(named.get(p, d) for p, d in zip(params, _V2_DEFAULTS)), profile=block.profile)
     out = named.get("out")
-    if call.pair not in scaled_mm_v2.kernel_families.BLOCKWISE_PAIRS:
+    if call.pair not in scaled_v2.kernel_families.BLOCKWISE_PAIRS:
         input_, mat2, scale_a, scale_b, bias, scale_result, out_dtype, fast = call.args
         result, plan = _compute(block, [input_, mat2, scale_a, scale_b],
                                 dict(bias=bias, scale_result=scale_result, out_dtype=out_dtype,
                                      use_fast_accum=fast, out=out))
         return result, plan
-    result = scaled_mm_v2.run_v2(call, out=out, profile=block.profile, splitk=block.splitk, backend=block.backend)
+    result = scaled_v2.run_v2(call, out=out, profile=block.profile, splitk=block.splitk, backend=block.backend)
     return result, None
 
 
@@ -346,14 +339,14 @@ _V2_DEFAULTS = (None,) * 10 + ((), False)
 
 def _v2_recipe(named: dict) -> Optional[str]:
     """torch's name of a v2 call's recipe pair, for the log (None where the arguments name none)."""
-    from . import scaled_mm_v2
+    from . import scaled_v2
 
     try:
-        return scaled_mm_v2.recipe_pair(
-            named["input"], named["mat2"], scaled_mm_v2._as_list(named.get("scale_a")),
-            scaled_mm_v2._enum_values(scaled_mm_v2._as_list(named.get("recipe_a"))),
-            scaled_mm_v2._as_list(named.get("scale_b")),
-            scaled_mm_v2._enum_values(scaled_mm_v2._as_list(named.get("recipe_b"))))
+        return scaled_v2.recipe_pair(
+            named["input"], named["mat2"], scaled_v2._as_list(named.get("scale_a")),
+            scaled_v2._enum_values(scaled_v2._as_list(named.get("recipe_a"))),
+            scaled_v2._as_list(named.get("scale_b")),
+            scaled_v2._enum_values(scaled_v2._as_list(named.get("recipe_b"))))
     except Exception:  # the call raises the same error when it is computed: the log records it there
         return None
 
@@ -378,7 +371,7 @@ def _run_grouped(block: _Block, named: dict, found: dict, v2: bool):
 def _grouped_recipe(named: dict, v2: bool) -> Optional[str]:
     """torch's name of a grouped call's recipe pair, for the log (None where the arguments name none)."""
     from . import grouped
-    from .scaled_mm_v2 import _as_list, _enum_values
+    from .scaled_v2 import _as_list, _enum_values
 
     try:
         if v2:

@@ -62,7 +62,7 @@ FAMILIES = {
     "cutlass-rowwise-sm100": KernelFamily("cutlass rowwise sm_100", None, "none"),
     "cublaslt-rowwise": KernelFamily("cuBLASLt row-wise OUTER_VEC_32F", None, "none"),
     "cublaslt-blockwise": KernelFamily(
-        "cuBLASLt block-wise VEC128_32F / BLK128x128_32F", "mmaemu.scaled_mm_v2's block-wise seam "
+        "cuBLASLt block-wise VEC128_32F / BLK128x128_32F", "mmaemu.scaled_v2's block-wise seam "
         "(_blockwise_1x128)", "modelled from a public zero-tolerance reference, not recorded"),
     "cublaslt-block-scaled": KernelFamily(
         "cuBLASLt block-scaled (B200 tcgen05.mma block_scale)", "mmaemu.scaled_mm MXFP8 / NVFP4 "
