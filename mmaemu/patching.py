@@ -1,21 +1,33 @@
-"""``mmaemu.patch``: compute every ``torch._scaled_mm`` call with :func:`mmaemu.scaled_mm` for a while.
+"""``mmaemu.patch``: compute every scaled GEMM of torch with mmaemu for a while.
 
 Usage::
 
     with mmaemu.patch(profile="ada") as log:
         y = model(x)          # every torch._scaled_mm inside runs as mmaemu.scaled_mm(..., profile="ada")
-    print(log.summary())      # one record per call: shapes, dtypes, profile, split decision, backend
+    print(log.summary())      # one record per call: entry point, recipe, shapes, dtypes, profile, split, backend
 
     @mmaemu.patch(profile="hopper", splitk=1)
     def run(model, x): ...
 
-What is replaced: the Python attribute ``torch._scaled_mm`` only, process-wide. While at least one patch block is
-open in any thread, every thread that calls ``torch._scaled_mm`` gets the emulation; when the last block closes
-(normally or through an exception) the original function object is put back. ``torch.ops.aten._scaled_mm`` is
-*not* touched (overriding an aten kernel in the dispatcher is global C++ state that cannot be restored safely),
-so code that calls the aten op directly, graphs compiled before the block (``torch.compile``, TorchScript, CUDA
-graphs) and references taken before the block (``from torch import _scaled_mm``) still reach torch's kernel. A
-function that ``torch.compile`` compiles inside a block breaks its graph at the call and gets the emulation.
+What is replaced: the Python attributes of torch's scaled GEMMs, process-wide. Routed to mmaemu, each with torch
+2.13.0's signature (an attribute the installed torch lacks is not patched): ``torch._scaled_mm``
+(:func:`mmaemu.scaled_mm`), ``torch._scaled_mm_v2`` (so ``torch.nn.functional.scaled_mm``, which looks it up in
+the ``torch`` module at each call; :mod:`mmaemu.scaled_v2`), ``torch._scaled_grouped_mm`` and
+``torch._scaled_grouped_mm_v2`` (so ``F.scaled_grouped_mm``; :mod:`mmaemu.grouped`). Each computes the recipe pair
+of its scales with the model of the kernel the profile's stack runs for it
+(:mod:`mmaemu.platform.kernel_families`), or raises mmaemu's error with the way out where mmaemu cannot compute it
+(a block-wise call on a stack without block-wise scaling, cuBLASLt's unrecorded row-wise epilogue, MXFP8 grouped
+GEMMs). Any other ``torch._scaled...mm...`` attribute (a newer torch's) is replaced by a stand-in that raises
+``UnsupportedFeatureError``: inside a block no scaled GEMM is computed natively in silence. Every stand-in calls
+one function, :func:`route_call` (entry point, args, kwargs).
+
+While at least one patch block is open in any thread, every thread that calls these attributes gets the
+emulation; when the last block closes (normally or through an exception) the original function objects are put
+back. The ops of ``torch.ops.aten`` (``_scaled_mm``, ``_scaled_mm_v2``, ``_scaled_grouped_mm``, ...) are *not*
+touched (overriding an aten kernel in the dispatcher is global C++ state that cannot be restored safely), so code
+that calls the aten ops directly, graphs compiled before the block (``torch.compile``, TorchScript, CUDA graphs)
+and references taken before the block (``from torch import _scaled_mm``) still reach torch's kernels. A function
+that ``torch.compile`` compiles inside a block breaks its graph at the call and gets the emulation.
 
 Settings: ``profile``, ``splitk`` and ``backend`` have the meaning they have in :func:`mmaemu.scaled_mm` and are
 checked when the block is built (and, with the inherited ones, when it is entered), so a bad setting fails before
@@ -30,7 +42,8 @@ own uses the settings of the most recently opened block still open anywhere. A b
 than the one that entered it; it is closed for every context then, and torch's function comes back when the last
 block closes.
 
-Log: every block keeps a :class:`PatchLog` (a list of :class:`PatchRecord`). A call is recorded in the log of every
+Log: every block keeps a :class:`PatchLog` (a list of :class:`PatchRecord`, with the entry point and the recipe
+pair of each call). A call is recorded in the log of every
 block open in the calling context (so an outer block also lists the calls of its inner blocks, with the settings
 that computed them); a call from a context without a block of its own goes to the log of the block whose settings
 it used. Failed calls are recorded too, with the error, and then re-raised. A log keeps the latest ``log_limit``
@@ -56,7 +69,8 @@ from typing import List, Optional, Tuple
 
 import torch
 
-__all__ = ["patch", "PatchRecord", "PatchLog", "is_patched", "original_scaled_mm", "DEFAULT_LOG_LIMIT"]
+__all__ = ["patch", "PatchRecord", "PatchLog", "is_patched", "original_scaled_mm", "original", "route_call",
+           "scaled_gemm_attributes", "ROUTED", "REACHED_THROUGH", "DEFAULT_LOG_LIMIT"]
 
 _UNSET = None
 #: How many records a block's log keeps by default (the latest ones; a record is about 1 KB with its SplitDecision).
@@ -453,6 +467,10 @@ def _stand_in_for(entry_point: str):
     return _STAND_INS[entry_point]
 
 
+for _routed in ROUTED:  # made at import: dynamo is imported before a block puts any of them in place
+    _stand_in_for(_routed)
+
+
 def original(entry_point: str):
     """``torch.<entry_point>`` as it is restored: torch's own function, patched or not."""
     with _lock:
@@ -479,7 +497,8 @@ def _uninstall() -> None:
 
 
 class patch(contextlib.ContextDecorator):
-    """Context manager and decorator: ``torch._scaled_mm`` calls are computed by :func:`mmaemu.scaled_mm`.
+    """Context manager and decorator: torch's scaled GEMMs (``torch._scaled_mm``, ``torch._scaled_mm_v2`` /
+    ``F.scaled_mm``, ``torch._scaled_grouped_mm(_v2)`` / ``F.scaled_grouped_mm``) are computed by mmaemu.
 
     ``profile``, ``splitk``, ``backend``: as in scaled_mm; None inherits from the enclosing block of this context,
     else scaled_mm's default. Bad values raise here (KeyError, TypeError, ValueError, as scaled_mm would).
