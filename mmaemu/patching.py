@@ -65,7 +65,7 @@ import dataclasses
 import functools
 import inspect
 import threading
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -242,6 +242,8 @@ def _record(block: _Block, args, kwargs, plan, error, *, entry_point="torch._sca
         out_dtype = plan.call.out_dtype
     elif out_dtype is None and isinstance(kwargs.get("out"), torch.Tensor):
         out_dtype = kwargs["out"].dtype
+    elif out_dtype is None and "grouped" in entry_point:  # torch's grouped GEMMs default to bfloat16
+        out_dtype = torch.bfloat16
     elif out_dtype is None and isinstance(input_, torch.Tensor):
         out_dtype = input_.dtype
     profile = block.profile
@@ -263,17 +265,27 @@ def _record(block: _Block, args, kwargs, plan, error, *, entry_point="torch._sca
         error=None if error is None else f"{type(error).__name__}: {error}", entry_point=entry_point, recipe=recipe)
 
 
-# Each entry point's parameters in torch 2.13.0's schema order (the first is "self" in the schema: "input" is
-# accepted too), and how many of them are required.
+class _Signature(NamedTuple):
+    """An entry point's parameters in torch 2.13.0's schema order (the first is "self" in the schema: "input" is
+    accepted too), how many of them are required, and the defaults of the others (in order)."""
+
+    params: Tuple[str, ...]
+    required: int
+    defaults: tuple
+    takes_out: bool
+
+
 _SIGNATURES = {
-    "_scaled_mm": (("input", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out_dtype", "use_fast_accum"),
-                   4),
-    "_scaled_mm_v2": (("input", "mat2", "scale_a", "recipe_a", "swizzle_a", "scale_b", "recipe_b", "swizzle_b",
-                       "bias", "out_dtype", "contraction_dim", "use_fast_accum"), 10),
-    "_scaled_grouped_mm": (("input", "mat2", "scale_a", "scale_b", "offs", "bias", "scale_result", "out_dtype",
-                            "use_fast_accum"), 4),
-    "_scaled_grouped_mm_v2": (("input", "mat2", "scale_a", "recipe_a", "swizzle_a", "scale_b", "recipe_b",
-                               "swizzle_b", "offs", "bias", "out_dtype", "contraction_dim", "use_fast_accum"), 8),
+    "_scaled_mm": _Signature(("input", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out_dtype",
+                              "use_fast_accum"), 4, (None, None, None, False), True),
+    "_scaled_mm_v2": _Signature(("input", "mat2", "scale_a", "recipe_a", "swizzle_a", "scale_b", "recipe_b",
+                                 "swizzle_b", "bias", "out_dtype", "contraction_dim", "use_fast_accum"), 10,
+                                ((), False), True),
+    "_scaled_grouped_mm": _Signature(("input", "mat2", "scale_a", "scale_b", "offs", "bias", "scale_result",
+                                      "out_dtype", "use_fast_accum"), 4, (None, None, None, None, False), False),
+    "_scaled_grouped_mm_v2": _Signature(("input", "mat2", "scale_a", "recipe_a", "swizzle_a", "scale_b",
+                                         "recipe_b", "swizzle_b", "offs", "bias", "out_dtype", "contraction_dim",
+                                         "use_fast_accum"), 8, (None, None, None, (), False), False),
 }
 #: The ``torch`` attributes a block replaces and routes to mmaemu (those the installed torch has).
 ROUTED = tuple(_SIGNATURES)
@@ -293,8 +305,10 @@ def scaled_gemm_attributes() -> Tuple[str, ...]:
 
 
 def _bind(name: str, args, kwargs) -> dict:
-    """The arguments of a call of ``torch.<name>`` by parameter name, with torch's TypeErrors for a bad call."""
-    params, required = _SIGNATURES[name]
+    """The arguments of a call of ``torch.<name>`` by parameter name (defaults filled in; ``out`` only where
+    given), with torch's TypeErrors for a bad call."""
+    signature = _SIGNATURES[name]
+    params = signature.params
     if len(args) > len(params):
         raise TypeError(f"{name}() takes at most {len(params)} positional arguments ({len(args)} given)")
     named = dict(zip(params, args))
@@ -305,122 +319,103 @@ def _bind(name: str, args, kwargs) -> dict:
         if param in kwargs:
             raise TypeError(f"{name}() got multiple values for argument '{param}'")
     named.update(kwargs)
-    unknown = set(named) - set(params) - ({"out"} if name in ("_scaled_mm", "_scaled_mm_v2") else set())
+    unknown = set(named) - set(params) - ({"out"} if signature.takes_out else set())
     if unknown:
         raise TypeError(f"{name}() got unexpected keyword arguments {sorted(unknown)}")
-    for param in params[:required]:
+    for param in params[:signature.required]:
         if param not in named:
             raise TypeError(f"{name}() missing required argument '{param}'")
+    for param, default in zip(params[signature.required:], signature.defaults):
+        named.setdefault(param, default)
     return named
 
 
-def _v1_positional(named: dict):
-    positional = [named.pop(param) for param in _SIGNATURES["_scaled_mm"][0][:4]]
-    return positional, named
+def _in_order(name: str, named: dict) -> list:
+    """The bound arguments of ``torch.<name>`` as its positional arguments (``out`` excluded)."""
+    return [named[param] for param in _SIGNATURES[name].params]
 
 
-def _run_scaled_mm(block: _Block, named: dict, found: dict):
-    """``torch._scaled_mm``: (result, plan); the recipe pair is put in ``found`` for the log."""
-    from .plan.planner import recipe_pair_of
+def _run_scaled_mm(block: _Block, named: dict):
+    """``torch._scaled_mm``: mmaemu.scaled_mm's plan and result; (result, plan)."""
+    args = _in_order("_scaled_mm", named)
+    kwargs = dict(zip(_SIGNATURES["_scaled_mm"].params[4:], args[4:]))
+    if "out" in named:
+        kwargs["out"] = named["out"]
+    return _compute(block, args[:4], kwargs)
 
-    positional, rest = _v1_positional(named)
-    result, plan = _compute(block, positional, rest)
-    found["recipe"] = recipe_pair_of(plan.call)
-    return result, plan
 
-
-def _run_scaled_mm_v2(block: _Block, named: dict, found: dict):
+def _run_scaled_mm_v2(block: _Block, named: dict):
     """``torch._scaled_mm_v2``: the v2 call resolved (:mod:`mmaemu.scaled_v2`), then computed as that recipe's
     model computes it: mmaemu.scaled_mm's plan, or the block-wise seam; (result, plan or None)."""
     from . import scaled_v2
 
-    params = _SIGNATURES["_scaled_mm_v2"][0]
-    found["recipe"] = _v2_recipe(named)
-    call = scaled_v2.resolve_v2(*(named.get(p, d) for p, d in zip(params, _V2_DEFAULTS)), profile=block.profile)
+    call = scaled_v2.resolve_v2(*_in_order("_scaled_mm_v2", named), profile=block.profile)
     out = named.get("out")
-    if call.pair not in scaled_v2.kernel_families.BLOCKWISE_PAIRS:
-        input_, mat2, scale_a, scale_b, bias, scale_result, out_dtype, fast = call.args
-        result, plan = _compute(block, [input_, mat2, scale_a, scale_b],
-                                dict(bias=bias, scale_result=scale_result, out_dtype=out_dtype,
-                                     use_fast_accum=fast, out=out))
-        return result, plan
-    result = scaled_v2.run_v2(call, out=out, profile=block.profile, splitk=block.splitk, backend=block.backend)
-    return result, None
+    if call.pair in scaled_v2.kernel_families.BLOCKWISE_PAIRS:
+        return scaled_v2.run_v2(call, out=out, profile=block.profile, splitk=block.splitk,
+                                backend=block.backend), None
+    input_, mat2, scale_a, scale_b, bias, scale_result, out_dtype, fast = call.args
+    return _compute(block, [input_, mat2, scale_a, scale_b], dict(bias=bias, scale_result=scale_result,
+                                                                  out_dtype=out_dtype, use_fast_accum=fast, out=out))
 
 
-_V2_DEFAULTS = (None,) * 10 + ((), False)
-
-
-def _v2_recipe(named: dict) -> Optional[str]:
-    """torch's name of a v2 call's recipe pair, for the log (None where the arguments name none)."""
-    from . import scaled_v2
-
-    try:
-        return scaled_v2.recipe_pair(
-            named["input"], named["mat2"], scaled_v2._as_list(named.get("scale_a")),
-            scaled_v2._enum_values(scaled_v2._as_list(named.get("recipe_a"))),
-            scaled_v2._as_list(named.get("scale_b")),
-            scaled_v2._enum_values(scaled_v2._as_list(named.get("recipe_b"))))
-    except Exception:  # the call raises the same error when it is computed: the log records it there
-        return None
-
-
-def _run_grouped(block: _Block, named: dict, found: dict, v2: bool):
+def _run_grouped(block: _Block, named: dict, entry_point: str):
     """``torch._scaled_grouped_mm`` and ``_v2``: :mod:`mmaemu.grouped` with the block's settings; (result, None)."""
     from . import grouped
 
-    settings = dict(profile=block.profile, splitk=block.splitk, backend=block.backend)
-    found["recipe"] = _grouped_recipe(named, v2)
-    if v2:
-        params = _SIGNATURES["_scaled_grouped_mm_v2"][0]
-        defaults = (None,) * 11 + ((), False)
-        result = grouped.scaled_grouped_mm_v2_op(*(named.get(p, d) for p, d in zip(params, defaults)), **settings)
-    else:
-        params = _SIGNATURES["_scaled_grouped_mm"][0]
-        defaults = (None,) * 8 + (False,)
-        result = grouped.scaled_grouped_mm_op(*(named.get(p, d) for p, d in zip(params, defaults)), **settings)
-    return result, None
+    compute = grouped.scaled_grouped_mm_v2_op if entry_point.endswith("_v2") else grouped.scaled_grouped_mm_op
+    return compute(*_in_order(entry_point, named), profile=block.profile, splitk=block.splitk,
+                   backend=block.backend), None
 
 
-def _grouped_recipe(named: dict, v2: bool) -> Optional[str]:
-    """torch's name of a grouped call's recipe pair, for the log (None where the arguments name none)."""
-    from . import grouped
-    from .scaled_v2 import _as_list, _enum_values
+def _recipe_of_arguments(entry_point: str, named: dict) -> Optional[str]:
+    """torch's name of the recipe pair a call's arguments state, for the log (None where they name none, and
+    for ``torch._scaled_mm``, whose pair its plan tells)."""
+    from . import grouped, scaled_v2
 
+    recipe_a = scaled_v2._enum_values(scaled_v2._as_list(named.get("recipe_a")))
+    recipe_b = scaled_v2._enum_values(scaled_v2._as_list(named.get("recipe_b")))
     try:
-        if v2:
-            return grouped._pair_of_v2(_enum_values(_as_list(named.get("recipe_a"))),
-                                       _enum_values(_as_list(named.get("recipe_b"))), named["input"])
-        return grouped._pair_of_v1(named["scale_a"], named["scale_b"])
+        if entry_point == "_scaled_mm_v2":
+            return scaled_v2.recipe_pair(named["input"], named["mat2"], scaled_v2._as_list(named["scale_a"]),
+                                         recipe_a, scaled_v2._as_list(named["scale_b"]), recipe_b)
+        if entry_point == "_scaled_grouped_mm_v2":
+            return grouped._pair_of_v2(recipe_a, recipe_b, named["input"])
+        if entry_point == "_scaled_grouped_mm":
+            return grouped._pair_of_v1(named["scale_a"], named["scale_b"])
     except Exception:  # the call raises the same error when it is computed: the log records it there
         return None
+    return None
 
 
 def route_call(entry_point: str, args, kwargs):
     """Compute a call of ``torch.<entry_point>`` made inside a patch block: bind its arguments by torch's schema,
     compute it with mmaemu and the block's settings, record it in the logs of the blocks open in this context
     (failed calls too, with their error) and return the result. The one function every stand-in calls."""
+    from .plan.planner import recipe_pair_of
+
     block, logs = _effective_block()
     if block is None:  # called through a reference kept after every block closed
         return original(entry_point)(*args, **kwargs)
     named = _bind(entry_point, args, kwargs)
-    shown = dict(named)
     plan = error = None
-    found = {"recipe": None}
+    recipe = _recipe_of_arguments(entry_point, named)
     try:
         if entry_point == "_scaled_mm":
-            result, plan = _run_scaled_mm(block, named, found)
+            result, plan = _run_scaled_mm(block, named)
         elif entry_point == "_scaled_mm_v2":
-            result, plan = _run_scaled_mm_v2(block, named, found)
+            result, plan = _run_scaled_mm_v2(block, named)
         else:
-            result, plan = _run_grouped(block, named, found, entry_point.endswith("_v2"))
+            result, plan = _run_grouped(block, named, entry_point)
         return result
     except Exception as exc:
         error = exc
         raise
     finally:
-        record = _record(block, [shown.get("input"), shown.get("mat2")], shown, plan, error,
-                         entry_point=f"torch.{entry_point}", recipe=found["recipe"])
+        if plan is not None:
+            recipe = recipe_pair_of(plan.call)
+        record = _record(block, [named.get("input"), named.get("mat2")], named, plan, error,
+                         entry_point=f"torch.{entry_point}", recipe=recipe)
         with _lock:
             for open_block in logs:
                 open_block.log._add(record)

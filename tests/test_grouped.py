@@ -116,6 +116,7 @@ def test_3d_3d_and_the_v1_entry_point_agree_with_scaled_mm():
         assert_bitwise_equal(v2[g], expected)
     assert_bitwise_equal(v1, v2)
     assert [r.entry_point for r in log] == ["torch._scaled_grouped_mm_v2", "torch._scaled_grouped_mm"]
+    assert [r.out_dtype for r in log] == ["bfloat16", "bfloat16"] and log[1].recipe == "rowwise_rowwise"
 
 
 def _bits(value: float) -> int:
