@@ -95,8 +95,12 @@ def test_every_aten_scaled_gemm_op_has_a_routed_python_attribute():
     listed = [name for name in dir(torch.ops.aten) if name.startswith("_scaled") and "mm" in name[7:]]
     for name in set(ops) | set(listed):
         assert name in patching.ROUTED, name
-    with mmaemu.patch():
-        assert torch.ops.aten._scaled_mm_v2.default is not None  # the dispatcher's op is untouched
+    a, w, one = fp8((16, 64), 40), fp8((32, 64), 41), torch.tensor(1.0)
+    native = torch.ops.aten._scaled_mm(a, w.t(), one, one, out_dtype=torch.float32)
+    with mmaemu.patch(splitk=1) as log:
+        inside = torch.ops.aten._scaled_mm(a, w.t(), one, one, out_dtype=torch.float32)
+    assert_bitwise_equal(inside, native)  # the dispatcher's op is not replaced (documented)
+    assert len(log) == 0
 
 
 # ---------------------------------------------------------------------------------------------------------------
