@@ -257,8 +257,9 @@ def _compute_group(group: Group, use_fast_accum: bool, profile, backend) -> None
 def run_grouped(call: GroupedCall, use_fast_accum: bool, *, profile=None, backend="auto") -> torch.Tensor:
     """Compute a resolved grouped call group by group (warning once that the model is experimental)."""
     report([Notice(ExperimentalPresetWarning, MATURITY_MESSAGE, ("grouped:cutlass-rowwise-sm90",))])
+    profile = get_profile(profile)
     for group in call.groups:
-        _compute_group(group, bool(use_fast_accum), get_profile(profile), backend)
+        _compute_group(group, bool(use_fast_accum), profile, backend)
     return call.out
 
 
