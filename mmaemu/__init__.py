@@ -15,6 +15,8 @@ _EXPORTS = {
     "accumulate": "api",
     "explain": "api",
     "CallPlan": "api",
+    "scaled_mm_v2": "scaled_v2",
+    "scaled_grouped_mm": "grouped",
     "resolve_splitk": "platform.splitk",
     "SplitK": "platform.splitk",
     "SplitDecision": "platform.splitk",

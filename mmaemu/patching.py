@@ -1,21 +1,33 @@
-"""``mmaemu.patch``: compute every ``torch._scaled_mm`` call with :func:`mmaemu.scaled_mm` for a while.
+"""``mmaemu.patch``: compute every scaled GEMM of torch with mmaemu for a while.
 
 Usage::
 
     with mmaemu.patch(profile="ada") as log:
         y = model(x)          # every torch._scaled_mm inside runs as mmaemu.scaled_mm(..., profile="ada")
-    print(log.summary())      # one record per call: shapes, dtypes, profile, split decision, backend
+    print(log.summary())      # one record per call: entry point, recipe, shapes, dtypes, profile, split, backend
 
     @mmaemu.patch(profile="hopper", splitk=1)
     def run(model, x): ...
 
-What is replaced: the Python attribute ``torch._scaled_mm`` only, process-wide. While at least one patch block is
-open in any thread, every thread that calls ``torch._scaled_mm`` gets the emulation; when the last block closes
-(normally or through an exception) the original function object is put back. ``torch.ops.aten._scaled_mm`` is
-*not* touched (overriding an aten kernel in the dispatcher is global C++ state that cannot be restored safely),
-so code that calls the aten op directly, graphs compiled before the block (``torch.compile``, TorchScript, CUDA
-graphs) and references taken before the block (``from torch import _scaled_mm``) still reach torch's kernel. A
-function that ``torch.compile`` compiles inside a block breaks its graph at the call and gets the emulation.
+What is replaced: the Python attributes of torch's scaled GEMMs, process-wide. Routed to mmaemu, each with torch
+2.13.0's signature (an attribute the installed torch lacks is not patched): ``torch._scaled_mm``
+(:func:`mmaemu.scaled_mm`), ``torch._scaled_mm_v2`` (so ``torch.nn.functional.scaled_mm``, which looks it up in
+the ``torch`` module at each call; :mod:`mmaemu.scaled_v2`), ``torch._scaled_grouped_mm`` and
+``torch._scaled_grouped_mm_v2`` (so ``F.scaled_grouped_mm``; :mod:`mmaemu.grouped`). Each computes the recipe pair
+of its scales with the model of the kernel the profile's stack runs for it
+(:mod:`mmaemu.platform.kernel_families`), or raises mmaemu's error with the way out where mmaemu cannot compute it
+(a block-wise call on a stack without block-wise scaling, cuBLASLt's unrecorded row-wise epilogue, MXFP8 grouped
+GEMMs). Any other ``torch._scaled...mm...`` attribute (a newer torch's) is replaced by a stand-in that raises
+``UnsupportedFeatureError``: inside a block no scaled GEMM is computed natively in silence. Every stand-in calls
+one function, :func:`route_call` (entry point, args, kwargs).
+
+While at least one patch block is open in any thread, every thread that calls these attributes gets the
+emulation; when the last block closes (normally or through an exception) the original function objects are put
+back. The ops of ``torch.ops.aten`` (``_scaled_mm``, ``_scaled_mm_v2``, ``_scaled_grouped_mm``, ...) are *not*
+touched (overriding an aten kernel in the dispatcher is global C++ state that cannot be restored safely), so code
+that calls the aten ops directly, graphs compiled before the block (``torch.compile``, TorchScript, CUDA graphs)
+and references taken before the block (``from torch import _scaled_mm``) still reach torch's kernels. A function
+that ``torch.compile`` compiles inside a block breaks its graph at the call and gets the emulation.
 
 Settings: ``profile``, ``splitk`` and ``backend`` have the meaning they have in :func:`mmaemu.scaled_mm` and are
 checked when the block is built (and, with the inherited ones, when it is entered), so a bad setting fails before
@@ -30,7 +42,8 @@ own uses the settings of the most recently opened block still open anywhere. A b
 than the one that entered it; it is closed for every context then, and torch's function comes back when the last
 block closes.
 
-Log: every block keeps a :class:`PatchLog` (a list of :class:`PatchRecord`). A call is recorded in the log of every
+Log: every block keeps a :class:`PatchLog` (a list of :class:`PatchRecord`, with the entry point and the recipe
+pair of each call). A call is recorded in the log of every
 block open in the calling context (so an outer block also lists the calls of its inner blocks, with the settings
 that computed them); a call from a context without a block of its own goes to the log of the block whose settings
 it used. Failed calls are recorded too, with the error, and then re-raised. A log keeps the latest ``log_limit``
@@ -52,11 +65,12 @@ import dataclasses
 import functools
 import inspect
 import threading
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 
-__all__ = ["patch", "PatchRecord", "PatchLog", "is_patched", "original_scaled_mm", "DEFAULT_LOG_LIMIT"]
+__all__ = ["patch", "PatchRecord", "PatchLog", "is_patched", "original_scaled_mm", "original", "route_call",
+           "scaled_gemm_attributes", "ROUTED", "REACHED_THROUGH", "DEFAULT_LOG_LIMIT"]
 
 _UNSET = None
 #: How many records a block's log keeps by default (the latest ones; a record is about 1 KB with its SplitDecision).
@@ -65,14 +79,19 @@ _DEFAULTS = {"profile": None, "splitk": "auto", "backend": "auto"}
 
 _lock = threading.RLock()
 _open: List["_Block"] = []  # every open block, all contexts, in opening order
-_original = None  # torch._scaled_mm as found when the first block opened
+_originals = {}  # torch's scaled-GEMM functions as found when the first block opened, by attribute name
 _context_blocks: contextvars.ContextVar[Tuple["_Block", ...]] = contextvars.ContextVar("mmaemu_patch_blocks",
                                                                                        default=())
 
 
 @dataclasses.dataclass(frozen=True)
 class PatchRecord:
-    """One ``torch._scaled_mm`` call seen inside a patch block.
+    """One call of a scaled-GEMM entry point seen inside a patch block.
+
+    ``entry_point`` is the torch attribute called ("torch._scaled_mm", "torch._scaled_mm_v2" for F.scaled_mm,
+    "torch._scaled_grouped_mm", "torch._scaled_grouped_mm_v2" for F.scaled_grouped_mm); ``recipe`` torch's name of
+    the recipe pair of its scales ("tensorwise_tensorwise", "rowwise_rowwise", "block_1x128_128x128", ...; None when
+    the call failed before it was known).
 
     ``split`` is the :class:`mmaemu.SplitDecision` (None when nothing was computed: a zero-size result, an
     unusable ``out=``, or a call that failed before the decision); ``S``, ``scheme`` and ``source`` are read from
@@ -91,6 +110,8 @@ class PatchRecord:
     device: str
     thread: str
     error: Optional[str] = None
+    entry_point: str = "torch._scaled_mm"
+    recipe: Optional[str] = None
 
     @property
     def S(self) -> Optional[int]:
@@ -111,7 +132,8 @@ class PatchRecord:
         N = self.mat2_shape[1] if len(self.mat2_shape) == 2 else "?"
         split = "-" if self.split is None else f"S={self.S} {self.scheme} ({self.source})"
         text = (f"M={M} N={N} K={K} {self.input_dtype} x {self.mat2_dtype} -> {self.out_dtype} "
-                f"fast={self.use_fast_accum} profile={self.profile} split={split} backend={self.backend or '-'}")
+                f"fast={self.use_fast_accum} profile={self.profile} split={split} backend={self.backend or '-'} "
+                f"via {self.entry_point} ({self.recipe or '?'})")
         return text + (f" ERROR {self.error}" if self.error else "")
 
 
@@ -186,8 +208,7 @@ def _effective_block() -> Tuple[Optional[_Block], List[_Block]]:
 
 def original_scaled_mm():
     """The ``torch._scaled_mm`` that is (or will be) restored: torch's own function, patched or not."""
-    with _lock:
-        return _original if _original is not None else torch._scaled_mm
+    return original("_scaled_mm")
 
 
 def is_patched() -> bool:
@@ -214,13 +235,15 @@ def _shape(t) -> Tuple[int, ...]:
     return tuple(t.shape) if isinstance(t, torch.Tensor) else ()
 
 
-def _record(block: _Block, args, kwargs, plan, error) -> PatchRecord:
+def _record(block: _Block, args, kwargs, plan, error, *, entry_point="torch._scaled_mm", recipe=None) -> PatchRecord:
     input_, mat2 = (list(args) + [None, None])[:2]
     out_dtype = kwargs.get("out_dtype")
     if plan is not None:
         out_dtype = plan.call.out_dtype
     elif out_dtype is None and isinstance(kwargs.get("out"), torch.Tensor):
         out_dtype = kwargs["out"].dtype
+    elif out_dtype is None and "grouped" in entry_point:  # torch's grouped GEMMs default to bfloat16
+        out_dtype = torch.bfloat16
     elif out_dtype is None and isinstance(input_, torch.Tensor):
         out_dtype = input_.dtype
     profile = block.profile
@@ -239,64 +262,238 @@ def _record(block: _Block, args, kwargs, plan, error) -> PatchRecord:
         out_dtype=_dtype_name(out_dtype), use_fast_accum=kwargs.get("use_fast_accum", False), profile=profile,
         split=None if plan is None else plan.split, backend="" if plan is None else plan.describe().backend,
         device=str(getattr(input_, "device", "")), thread=threading.current_thread().name,
-        error=None if error is None else f"{type(error).__name__}: {error}")
+        error=None if error is None else f"{type(error).__name__}: {error}", entry_point=entry_point, recipe=recipe)
 
 
-_PARAMS = ("input", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out_dtype", "use_fast_accum")
+class _Signature(NamedTuple):
+    """An entry point's parameters in torch 2.13.0's schema order (the first is "self" in the schema: "input" is
+    accepted too), how many of them are required, and the defaults of the others (in order)."""
+
+    params: Tuple[str, ...]
+    required: int
+    defaults: tuple
+    takes_out: bool
 
 
-# torch.compiler.disable itself, not mmaemu's lazy ``untraced``: dynamo must be imported before a block puts this
-# function in place of torch._scaled_mm, or its first import would record this function as torch's in-graph op.
-@torch.compiler.disable
-def _patched_scaled_mm(*args, **kwargs):
-    """Stand-in for ``torch._scaled_mm`` while a patch block is open: mmaemu.scaled_mm with the block's settings.
+_SIGNATURES = {
+    "_scaled_mm": _Signature(("input", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out_dtype",
+                              "use_fast_accum"), 4, (None, None, None, False), True),
+    "_scaled_mm_v2": _Signature(("input", "mat2", "scale_a", "recipe_a", "swizzle_a", "scale_b", "recipe_b",
+                                 "swizzle_b", "bias", "out_dtype", "contraction_dim", "use_fast_accum"), 10,
+                                ((), False), True),
+    "_scaled_grouped_mm": _Signature(("input", "mat2", "scale_a", "scale_b", "offs", "bias", "scale_result",
+                                      "out_dtype", "use_fast_accum"), 4, (None, None, None, None, False), False),
+    "_scaled_grouped_mm_v2": _Signature(("input", "mat2", "scale_a", "recipe_a", "swizzle_a", "scale_b",
+                                         "recipe_b", "swizzle_b", "offs", "bias", "out_dtype", "contraction_dim",
+                                         "use_fast_accum"), 8, (None, None, None, (), False), False),
+}
+#: The ``torch`` attributes a block replaces and routes to mmaemu (those the installed torch has).
+ROUTED = tuple(_SIGNATURES)
+#: Public functions that reach a routed attribute through the ``torch`` module at each call (so replacing the
+#: attribute replaces them): ``torch.nn.functional.scaled_mm`` calls ``torch._scaled_mm_v2``, and
+#: ``scaled_grouped_mm`` calls ``torch._scaled_grouped_mm_v2`` (torch 2.13.0, ``torch/nn/functional.py``).
+REACHED_THROUGH = {"torch.nn.functional.scaled_mm": "_scaled_mm_v2",
+                   "torch.nn.functional.scaled_grouped_mm": "_scaled_grouped_mm_v2"}
 
-    Excluded from ``torch.compile`` tracing like scaled_mm itself: dynamo breaks the graph at the call and runs
-    the emulation eagerly. Without the exclusion dynamo, which records ``torch._scaled_mm`` as an in-graph torch
-    function the first time it compiles anything, would run this function on fake tensors (or trace into it).
-    """
-    block, logs = _effective_block()
-    if block is None:  # called through a reference kept after every block closed
-        return original_scaled_mm()(*args, **kwargs)
-    if len(args) > len(_PARAMS):
-        raise TypeError(f"_scaled_mm() takes at most {len(_PARAMS)} positional arguments ({len(args)} given)")
-    named = dict(zip(_PARAMS, args))
+
+def scaled_gemm_attributes() -> Tuple[str, ...]:
+    """The scaled-GEMM attributes of the installed ``torch`` (names ``_scaled...mm...``): every one is replaced in
+    a block, by a routing stand-in (:data:`ROUTED`) or a refusing one (any other: mmaemu does not know its
+    arguments, so it raises instead of letting torch compute it natively)."""
+    return tuple(name for name in dir(torch) if name.startswith("_scaled") and "mm" in name[len("_scaled"):]
+                 and callable(getattr(torch, name)))
+
+
+def _bind(name: str, args, kwargs) -> dict:
+    """The arguments of a call of ``torch.<name>`` by parameter name (defaults filled in; ``out`` only where
+    given), with torch's TypeErrors for a bad call."""
+    signature = _SIGNATURES[name]
+    params = signature.params
+    if len(args) > len(params):
+        raise TypeError(f"{name}() takes at most {len(params)} positional arguments ({len(args)} given)")
+    named = dict(zip(params, args))
+    kwargs = dict(kwargs)
     if "self" in kwargs:  # torch's schema names the first argument "self"
         kwargs["input"] = kwargs.pop("self")
-    for name in named:
-        if name in kwargs:
-            raise TypeError(f"_scaled_mm() got multiple values for argument '{name}'")
+    for param in named:
+        if param in kwargs:
+            raise TypeError(f"{name}() got multiple values for argument '{param}'")
     named.update(kwargs)
-    unknown = set(named) - set(_PARAMS) - {"out"}
+    unknown = set(named) - set(params) - ({"out"} if signature.takes_out else set())
     if unknown:
-        raise TypeError(f"_scaled_mm() got unexpected keyword arguments {sorted(unknown)}")
-    for required in _PARAMS[:4]:
-        if required not in named:
-            raise TypeError(f"_scaled_mm() missing required argument '{required}'")
-    positional = [named.pop(name) for name in _PARAMS[:4]]
-    plan = error = None
+        raise TypeError(f"{name}() got unexpected keyword arguments {sorted(unknown)}")
+    for param in params[:signature.required]:
+        if param not in named:
+            raise TypeError(f"{name}() missing required argument '{param}'")
+    for param, default in zip(params[signature.required:], signature.defaults):
+        named.setdefault(param, default)
+    return named
+
+
+def _in_order(name: str, named: dict) -> list:
+    """The bound arguments of ``torch.<name>`` as its positional arguments (``out`` excluded)."""
+    return [named[param] for param in _SIGNATURES[name].params]
+
+
+def _run_scaled_mm(block: _Block, named: dict):
+    """``torch._scaled_mm``: mmaemu.scaled_mm's plan and result; (result, plan)."""
+    args = _in_order("_scaled_mm", named)
+    kwargs = dict(zip(_SIGNATURES["_scaled_mm"].params[4:], args[4:]))
+    if "out" in named:
+        kwargs["out"] = named["out"]
+    return _compute(block, args[:4], kwargs)
+
+
+def _run_scaled_mm_v2(block: _Block, named: dict):
+    """``torch._scaled_mm_v2``: the v2 call resolved (:mod:`mmaemu.scaled_v2`), then computed as that recipe's
+    model computes it: mmaemu.scaled_mm's plan, or the block-wise seam; (result, plan or None)."""
+    from . import scaled_v2
+
+    call = scaled_v2.resolve_v2(*_in_order("_scaled_mm_v2", named), profile=block.profile)
+    out = named.get("out")
+    if call.pair in scaled_v2.kernel_families.BLOCKWISE_PAIRS:
+        return scaled_v2.run_v2(call, out=out, profile=block.profile, splitk=block.splitk,
+                                backend=block.backend), None
+    input_, mat2, scale_a, scale_b, bias, scale_result, out_dtype, fast = call.args
+    return _compute(block, [input_, mat2, scale_a, scale_b], dict(bias=bias, scale_result=scale_result,
+                                                                  out_dtype=out_dtype, use_fast_accum=fast, out=out))
+
+
+def _run_grouped(block: _Block, named: dict, entry_point: str):
+    """``torch._scaled_grouped_mm`` and ``_v2``: :mod:`mmaemu.grouped` with the block's settings; (result, None)."""
+    from . import grouped
+
+    compute = grouped.scaled_grouped_mm_v2_op if entry_point.endswith("_v2") else grouped.scaled_grouped_mm_op
+    return compute(*_in_order(entry_point, named), profile=block.profile, splitk=block.splitk,
+                   backend=block.backend), None
+
+
+def _recipe_of_arguments(entry_point: str, named: dict) -> Optional[str]:
+    """torch's name of the recipe pair a call's arguments state, for the log (None where they name none, and
+    for ``torch._scaled_mm``, whose pair its plan tells)."""
+    from . import grouped, scaled_v2
+
+    recipe_a = scaled_v2._enum_values(scaled_v2._as_list(named.get("recipe_a")))
+    recipe_b = scaled_v2._enum_values(scaled_v2._as_list(named.get("recipe_b")))
     try:
-        result, plan = _compute(block, positional, named)
+        if entry_point == "_scaled_mm_v2":
+            return scaled_v2.recipe_pair(named["input"], named["mat2"], scaled_v2._as_list(named["scale_a"]),
+                                         recipe_a, scaled_v2._as_list(named["scale_b"]), recipe_b)
+        if entry_point == "_scaled_grouped_mm_v2":
+            return grouped._pair_of_v2(recipe_a, recipe_b, named["input"])
+        if entry_point == "_scaled_grouped_mm":
+            return grouped._pair_of_v1(named["scale_a"], named["scale_b"])
+    except Exception:  # the call raises the same error when it is computed: the log records it there
+        return None
+    return None
+
+
+def route_call(entry_point: str, args, kwargs):
+    """Compute a call of ``torch.<entry_point>`` made inside a patch block: bind its arguments by torch's schema,
+    compute it with mmaemu and the block's settings, record it in the logs of the blocks open in this context
+    (failed calls too, with their error) and return the result. The one function every stand-in calls."""
+    from .plan.planner import recipe_pair_of
+
+    block, logs = _effective_block()
+    if block is None:  # called through a reference kept after every block closed
+        return original(entry_point)(*args, **kwargs)
+    named = _bind(entry_point, args, kwargs)
+    plan = error = None
+    recipe = _recipe_of_arguments(entry_point, named)
+    try:
+        if entry_point == "_scaled_mm":
+            result, plan = _run_scaled_mm(block, named)
+        elif entry_point == "_scaled_mm_v2":
+            result, plan = _run_scaled_mm_v2(block, named)
+        else:
+            result, plan = _run_grouped(block, named, entry_point)
         return result
     except Exception as exc:
         error = exc
         raise
     finally:
-        record = _record(block, positional, named, plan, error)
+        if plan is not None:
+            recipe = recipe_pair_of(plan.call)
+        record = _record(block, [named.get("input"), named.get("mat2")], named, plan, error,
+                         entry_point=f"torch.{entry_point}", recipe=recipe)
         with _lock:
             for open_block in logs:
                 open_block.log._add(record)
 
 
-# `torch._scaled_mm.__name__` etc. for introspection; the signature is torch 2.7.1's.
-_patched_scaled_mm.__name__ = "_scaled_mm"
-_patched_scaled_mm.__qualname__ = "_scaled_mm"
-_patched_scaled_mm.__module__ = "mmaemu.patching"
-_patched_scaled_mm.__wrapped_by_mmaemu__ = True
+def _refuse_unknown(entry_point: str):
+    """A scaled-GEMM attribute of torch that mmaemu does not know: refused inside a block, never native."""
+    from .errors import UnsupportedFeatureError
+
+    raise UnsupportedFeatureError(
+        f"torch.{entry_point} is a scaled GEMM of this torch that mmaemu.patch does not know (it routes "
+        f"{', '.join('torch.' + n for n in ROUTED)}): inside a patch block it is refused rather than computed by "
+        f"torch natively; call one of those entry points, or call it outside the block")
+
+
+def _stand_in(entry_point: str):
+    """The function a block puts in place of ``torch.<entry_point>``: :func:`route_call` for a routed entry
+    point, a refusal for an unknown scaled GEMM. Excluded from ``torch.compile`` tracing (torch.compiler.disable
+    itself, not mmaemu's lazy ``untraced``: dynamo must be imported before a block puts this function in place of
+    the torch function, or its first import would record it as torch's in-graph op): dynamo breaks the graph at
+    the call and runs the emulation eagerly."""
+    if entry_point in _SIGNATURES:
+        def stand_in(*args, **kwargs):
+            return route_call(entry_point, args, kwargs)
+    else:
+        def stand_in(*args, **kwargs):
+            if _effective_block()[0] is None:
+                return original(entry_point)(*args, **kwargs)
+            _refuse_unknown(entry_point)
+    stand_in.__name__ = stand_in.__qualname__ = entry_point
+    stand_in.__module__ = "mmaemu.patching"
+    stand_in.__doc__ = f"Stand-in for torch.{entry_point} while a patch block is open (mmaemu.patching)."
+    stand_in.__wrapped_by_mmaemu__ = True
+    return torch.compiler.disable(stand_in)
+
+
+_STAND_INS = {}
+
+
+def _stand_in_for(entry_point: str):
+    """The one stand-in of ``entry_point`` (made on first use, kept: the same object in every block)."""
+    if entry_point not in _STAND_INS:
+        _STAND_INS[entry_point] = _stand_in(entry_point)
+    return _STAND_INS[entry_point]
+
+
+for _routed in ROUTED:  # made at import: dynamo is imported before a block puts any of them in place
+    _stand_in_for(_routed)
+
+
+def original(entry_point: str):
+    """``torch.<entry_point>`` as it is restored: torch's own function, patched or not."""
+    with _lock:
+        found = _originals.get(entry_point)
+        return found if found is not None else getattr(torch, entry_point)
+
+
+def _install() -> None:
+    """Replace every scaled-GEMM attribute of torch by its stand-in (the first block opening; under _lock)."""
+    for entry_point in scaled_gemm_attributes():
+        current = getattr(torch, entry_point)
+        stand_in = _stand_in_for(entry_point)
+        if current is not stand_in:  # else: a block of ours never closed (see __exit__)
+            _originals[entry_point] = current
+        setattr(torch, entry_point, stand_in)
+
+
+def _uninstall() -> None:
+    """Put torch's functions back (the last block closing; under _lock), unless someone replaced ours meanwhile
+    (then theirs stays, and ours, if they call it, falls through to the original because no block is open)."""
+    for entry_point, original_function in _originals.items():
+        if getattr(torch, entry_point, None) is _STAND_INS.get(entry_point):
+            setattr(torch, entry_point, original_function)
 
 
 class patch(contextlib.ContextDecorator):
-    """Context manager and decorator: ``torch._scaled_mm`` calls are computed by :func:`mmaemu.scaled_mm`.
+    """Context manager and decorator: torch's scaled GEMMs (``torch._scaled_mm``, ``torch._scaled_mm_v2`` /
+    ``F.scaled_mm``, ``torch._scaled_grouped_mm(_v2)`` / ``F.scaled_grouped_mm``) are computed by mmaemu.
 
     ``profile``, ``splitk``, ``backend``: as in scaled_mm; None inherits from the enclosing block of this context,
     else scaled_mm's default. Bad values raise here (KeyError, TypeError, ValueError, as scaled_mm would).
@@ -351,13 +548,10 @@ class patch(contextlib.ContextDecorator):
 
     def _open_block(self, log: PatchLog) -> PatchLog:
         """Enter a block whose calls are recorded in ``log`` (a new one per ``with``; one per decorated call)."""
-        global _original
         block = _Block(**self._settings(), log=log, owner=self)
         with _lock:
             if not _open:
-                if torch._scaled_mm is not _patched_scaled_mm:  # else: a block of ours never closed (see __exit__)
-                    _original = torch._scaled_mm
-                torch._scaled_mm = _patched_scaled_mm
+                _install()
             _open.append(block)
         _context_blocks.set(_context_blocks.get() + (block,))
         self.log = block.log
@@ -379,10 +573,8 @@ class patch(contextlib.ContextDecorator):
         _context_blocks.set(tuple(b for b in _context_blocks.get() if b is not block))
         with _lock:
             _open.remove(block)
-            if not _open and torch._scaled_mm is _patched_scaled_mm:
-                # Restore torch's function, unless someone replaced ours meanwhile (then theirs stays, and ours,
-                # if they call it, falls through to the original because no block is open).
-                torch._scaled_mm = _original
+            if not _open:
+                _uninstall()
         return False
 
     @contextlib.contextmanager

@@ -20,7 +20,7 @@ from ..arith.params import require_gemm_level
 from ..context import Context, environment_of
 from ..errors import BackendUnavailableError, ExperimentalPresetWarning, UnsupportedFeatureError
 from ..model.presets import Preset, get_preset
-from ..platform import block_scaled, get_profile, rowwise
+from ..platform import block_scaled, get_profile, kernel_families, rowwise
 from ..platform.profiles import profile_maturity_notices
 from ..platform.splitk import POLICIES, SplitDecision, asks_one_split, check_scheme_for_preset, decide_splitk
 from ..warn import Notice, collecting, report
@@ -50,6 +50,8 @@ class CallPlan:
     warnings: List[str]
     kernel: Optional[str] = None
     cpu_engine: Optional[str] = None  # the cpu backend's engine and why (mmaemu.cpu.features)
+    kernel_family: Optional[str] = None  # the kernel family the profile's stack runs (platform.kernel_families)
+    kernel_reason: Optional[str] = None  # why that family
 
 
 @dataclasses.dataclass
@@ -66,6 +68,7 @@ class Plan:
     action: str = "compute"  # "compute" | "zeros" | "out-unchanged"
     kernel: Optional[str] = None  # the reference kernel when it is not cuBLASLt ("cutlass rowwise")
     cpu_engine: Optional[object] = None  # EngineChoice of the cpu backend (mmaemu.cpu.features)
+    route: Optional[object] = None  # the KernelRoute of the profile's stack (mmaemu.platform.kernel_families)
     # The context the plan was decided in: computing it reads the same facts (a CUDA kernel's fallback and the
     # epilogue's verdict). Not part of what the plan is: never compared, never shown.
     context: Optional[Context] = dataclasses.field(default=None, compare=False, repr=False)
@@ -80,7 +83,9 @@ class Plan:
         return CallPlan(validation, self.profile.name, self.preset.name, self.preset.maturity, self.split,
                         backend.get(self.action, self.backend), list(self.fallbacks), list(self.warnings),
                         self.kernel, None if self.cpu_engine is None or self.action != "compute" else
-                        f"{self.cpu_engine.engine}: {self.cpu_engine.reason}")
+                        f"{self.cpu_engine.engine}: {self.cpu_engine.reason}",
+                        None if self.route is None else self.route.kernel.name,
+                        None if self.route is None else self.route.why)
 
 
 def _note(plan: Plan, notices: Iterable[Notice]):
@@ -150,7 +155,8 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
         scale_a, scale_b, global_scales = split_two_level(scale_a, scale_b)
     call = validate_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out,
                               profile=profile, global_scales=global_scales)
-    plan = Plan(call, profile, get_preset(profile.preset, warn=False), context=context)
+    plan = Plan(call, profile, get_preset(profile.preset, warn=False), context=context,
+                route=kernel_families.route("scaled_mm", recipe_pair_of(call), profile))
     if call.zero_size:
         plan.action = "zeros"
         return plan
@@ -172,6 +178,15 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
             context)
     _choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b, context)
     return plan
+
+
+def recipe_pair_of(call) -> str:
+    """torch's name of the recipe pair of a validated scaled_mm call (:data:`kernel_families.RECIPE_PAIRS`)."""
+    spec = getattr(call, "block_scaled", None)
+    if spec is not None:
+        single = spec.recipe.name == "nvfp4" and getattr(call, "global_scales", None) is None
+        return f"{spec.recipe.name}_{spec.recipe.name}" + ("_single_scale" if single else "")
+    return "rowwise_rowwise" if getattr(call, "rowwise", False) else "tensorwise_tensorwise"
 
 
 def _plan_rowwise(plan: Plan, splitk, backend, context) -> Plan:

@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from . import kernel_families
+
 __all__ = ["KERNEL", "NO_SPLIT_REASON", "RowwiseOrder", "runs_transposed", "scale_order", "supported_torch_versions",
            "X_SCALE_FIRST_UNTRANSPOSED", "platform_refusal"]
 
@@ -112,6 +114,9 @@ def platform_refusal(profile) -> Optional[str]:
     if caller != "torch._scaled_mm":
         return (f"profile {profile.name!r} describes {caller or 'no caller'}'s cuBLASLt calls; row-wise scales are "
                 "modelled only for torch._scaled_mm's CUTLASS kernel (profiles 'hopper', 'hopper-ws0')")
+    route = kernel_families.route("scaled_mm", "rowwise_rowwise", profile)
+    if route.family == "cublaslt-rowwise":  # cuBLAS >= 12.9: the stack runs cuBLASLt's row-wise epilogue instead
+        return f"{route.kernel.name}: {route.why}"
     if capability != (9, 0) or getattr(profile, "gpu_name", None) is None:
         return (f"profile {profile.name!r} has no sm_90 reference platform; row-wise scales are modelled only for "
                 "torch 2.7.1's sm_90 CUTLASS kernel (profiles 'hopper', 'hopper-ws0')")
