@@ -106,17 +106,16 @@ def _block_scaled_codes(t: torch.Tensor, fmt: str):
 
 
 def _block_scaled_accumulator(plan) -> torch.Tensor:
-    """fp32 accumulators [M, N] of an MXFP8 / NVFP4 call: the swizzled scales mapped back to their blocks
-    (:func:`mmaemu.scale_layout.from_blocked`), then one chain of the instruction per output."""
-    from .scale_layout import from_blocked
+    """fp32 accumulators [M, N] of an MXFP8 / MXFP4 / NVFP4 call: the kernel's operands (the swizzled scales mapped
+    back to their blocks, K zero-padded to whole instructions: :func:`mmaemu.plan.block_scaled.kernel_operands`),
+    then one chain of the instruction per output."""
+    from .plan.block_scaled import kernel_operands
 
     call = plan.call
     spec = call.block_scaled
-    a = _block_scaled_codes(call.input, spec.fmt_a)
-    b = _block_scaled_codes(call.mat2.t(), spec.fmt_b)
-    blocks = spec.K // spec.block
-    sa = from_blocked(_codes_rows(call.scale_a.reshape(-1)), call.M, blocks)
-    sb = from_blocked(_codes_rows(call.scale_b.reshape(-1)), call.N, blocks)
+    a, b, sa, sb = kernel_operands(_block_scaled_codes(call.input, spec.fmt_a),
+                                   _block_scaled_codes(call.mat2.t(), spec.fmt_b),
+                                   _codes_rows(call.scale_a.reshape(-1)), _codes_rows(call.scale_b.reshape(-1)), spec)
     if plan.backend == "cuda:simple":
         from .cuda.block_scaled.kernel import accumulate_block_scaled_cuda
 
