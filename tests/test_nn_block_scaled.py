@@ -1,5 +1,5 @@
-"""``recipe="mxfp8"`` / ``recipe="nvfp4"`` inside a model: torchao 0.18.0's casts (mmaemu.block_quantize) and the
-block-scaled ``scaled_mm`` on the B200 profile, layer by layer."""
+"""``recipe="mxfp8"`` / ``"mxfp4"`` / ``"nvfp4"`` inside a model: torchao 0.18.0's casts (mmaemu.block_quantize)
+and the block-scaled ``scaled_mm`` on the B200 profile, layer by layer."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def test_block_scaled_recipes_refuse_what_they_do_not_take():
     make = mmaemu.nn.EmulatedFP8Linear.from_linear
     context = _quiet()
     try:
-        for recipe in ("mxfp8", "nvfp4"):
+        for recipe in ("mxfp8", "mxfp4", "nvfp4"):
             linear = torch.nn.Linear(128, 16)
             with pytest.raises(UnsupportedFeatureError, match="input_scale"):
                 make(linear, recipe=recipe, input_scale=torch.tensor(1.0))
@@ -163,3 +163,89 @@ def test_compiled_block_scaled_layers_give_the_eager_bits():
     finally:
         context.__exit__(None, None, None)
     assert torch.equal(eager.view(torch.int32), compiled.view(torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mxfp4_layer_is_the_casts_and_the_block_scaled_gemm(dtype):
+    """recipe="mxfp4": torchao's MX cast with E2M1 elements, the MXFP4 GEMM (bf16, as torchao's F.scaled_mm call),
+    the bias added in bf16; in_features = 96 needs the zero-padded last kind::mxf4 instruction."""
+    torch.manual_seed(6)
+    model = torch.nn.Sequential(torch.nn.Linear(96, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32)).to(dtype)
+    x = torch.randn(7, 96, dtype=dtype) * 3
+    first = model[0]
+    qw = block_quantize.quantize_mx(first.weight.detach(), "e2m1", swizzle=True)
+    qx = block_quantize.quantize_mx(x, "e2m1", swizzle=True)
+    context = _quiet()
+    try:
+        gemm = mmaemu.scaled_mm(qx.codes, qw.codes.t(), qx.scales, qw.scales, out_dtype=torch.bfloat16,
+                                profile=PROFILE, splitk=1)
+        want = (gemm + first.bias.detach().to(torch.bfloat16)).to(dtype)
+        mmaemu.nn.convert_linears(model, recipe="mxfp4")
+        assert type(model[0]).__name__ == "MXFP4Linear" and model[0].recipe == "mxfp4"
+        assert model[0].weight.dtype == torch.float4_e2m1fn_x2 and model[0].weight.shape == (64, 48)
+        with torch.no_grad():
+            got = model[0](x)
+            assert got.dtype == dtype and torch.equal(_bits(got), _bits(want))
+            assert model(x).shape == (7, 32)
+    finally:
+        context.__exit__(None, None, None)
+
+
+def test_mxfp4_layer_is_exact_where_every_step_is():
+    """Entries in {-1, 0, 1} with a 1 in every block of 32: the E2M1 cast is exact (scale 2**-2, elements 0, +-4),
+    every dot product and bias sum is a small integer: the layer returns x W^T + b exactly (derived)."""
+    generator = torch.Generator().manual_seed(7)
+    w = torch.randint(-1, 2, (32, 96), generator=generator).float()
+    x = torch.randint(-1, 2, (5, 96), generator=generator).float()
+    w[:, ::32], x[:, ::32] = 1.0, -1.0
+    linear = torch.nn.Linear(96, 32)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+        linear.bias.copy_(torch.randint(-8, 9, (32,), generator=generator).float())
+    context = _quiet()
+    try:
+        layer = mmaemu.nn.EmulatedFP8Linear.from_linear(linear, recipe="mxfp4")
+        with torch.no_grad():
+            assert torch.equal(layer(x), x @ w.t() + linear.bias)
+    finally:
+        context.__exit__(None, None, None)
+
+
+def test_mxfp4_weight_is_torchaos_mx_cast():
+    """The layer keeps torchao 0.18.0's MXFP4 weight: MXTensor.to_mx codes and E8M0 scales (tests/test_block_quantize.py
+    compares the cast itself on adversarial rows)."""
+    from test_block_quantize import _torchao
+
+    _, mx_tensor, _ = _torchao()
+    linear = torch.nn.Linear(96, 48)
+    scales, data = mx_tensor.to_mx(linear.weight.detach().clone(), torch.float4_e2m1fn_x2, 32)
+    context = _quiet()
+    try:
+        layer = mmaemu.nn.EmulatedFP8Linear.from_linear(linear, recipe="mxfp4")
+    finally:
+        context.__exit__(None, None, None)
+    assert torch.equal(layer.weight.view(torch.uint8), data.view(torch.uint8))
+    assert torch.equal(layer.weight_scale.view(torch.uint8), scales.view(torch.uint8).reshape(48, 3))
+
+
+def test_nvfp4_layer_takes_every_in_features_torch_takes():
+    """in_features = 96 and 160 (torchao's NVFP4 test shapes, K % 64 == 32): the layer computes (the last
+    kind::mxf4nvf4 instruction zero-padded) and equals its own dispatch; 48 is refused (torch needs K / 2 % 16)."""
+    context = _quiet()
+    try:
+        for K in (96, 160):
+            torch.manual_seed(K)
+            linear = torch.nn.Linear(K, 16)
+            x = torch.randn(3, K)
+            qw = block_quantize.quantize_nvfp4(linear.weight.detach(), swizzle=True)
+            qx = block_quantize.quantize_nvfp4(x, swizzle=True)
+            gemm = mmaemu.scaled_mm(qx.codes, qw.codes.t(), qx.scales, qw.scales, out_dtype=torch.float32,
+                                    profile=PROFILE, splitk=1)
+            want = gemm * (torch.tensor(qx.global_scale) * torch.tensor(qw.global_scale)) + linear.bias.detach()
+            layer = mmaemu.nn.EmulatedFP8Linear.from_linear(linear, recipe="nvfp4")
+            with torch.no_grad():
+                assert torch.equal(_bits(layer(x)), _bits(want))
+        with pytest.raises(UnsupportedFeatureError, match="multiple of 32"):
+            mmaemu.nn.EmulatedFP8Linear.from_linear(torch.nn.Linear(48, 16), recipe="nvfp4")
+    finally:
+        context.__exit__(None, None, None)
