@@ -225,7 +225,7 @@ def _plan_block_scaled(plan: Plan, splitk, backend, context) -> Plan:
                                f"{block_scaled.NO_SPLIT_REASON}; instruction {spec.preset.name}, "
                                f"{spec.recipe.name.upper()} block {spec.block}"
                                f"{f', K zero-padded to {spec.padded_K}' if padded else ''}; unknown: "
-                               f"{'; '.join(block_scaled.UNKNOWNS)}")
+                               f"{'; '.join(block_scaled.unknowns(spec.recipe, padded))}")
     _choose_block_scaled_backend(plan, call.device, backend, context)
     return plan
 

@@ -52,7 +52,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 __all__ = ["PROFILE", "KERNEL", "Recipe", "RECIPES", "recipe_preset", "is_block_scaled_profile", "NO_SPLIT_REASON",
-           "UNKNOWNS", "maturity_message", "padded_K", "padding_scale_refusal", "BIAS_REFUSAL"]
+           "UNKNOWNS", "unknowns", "maturity_message", "padded_K", "padding_scale_refusal", "BIAS_REFUSAL"]
 
 #: The built-in profile of the B200 block-scaled GEMMs.
 PROFILE = "b200-mx-experimental"
@@ -71,9 +71,9 @@ CUDA_SIMPLE_UNCHECKED = ("mmaemu: cuda:simple computes this block-scaled call wi
 NO_SPLIT_REASON = ("modelled as one chain of the instruction per output over all of K (no split-K, no promotion): "
                    "not recorded on a B200")
 UNKNOWNS = ("split-K and slow accumulation of cuBLASLt's block-scaled kernels", "the effect of use_fast_accum on "
-            "MXFP8", "alpha's and the output's rounding in the epilogue", "the instruction cuBLASLt runs for MXFP4 "
-            "(modelled as CUTLASS's kind::mxf4)")
-# Said only by a call whose last FP4 instruction is zero-padded.
+            "MXFP8", "alpha's and the output's rounding in the epilogue")
+# Said only by an MXFP4 call, and by a call whose last FP4 instruction is zero-padded.
+MXFP4_UNKNOWN = "the instruction cuBLASLt runs for MXFP4 (modelled as CUTLASS's kind::mxf4)"
 PADDING_UNKNOWN = "the zero padding of the last instruction (K % 64 == 32)"
 
 
@@ -146,13 +146,16 @@ def padding_scale_refusal(recipe: Recipe, K: int, K_padded: int) -> str:
             "tensor (mmaemu.scale_layout.to_blocked and torchao's to_blocked pad with zeros)")
 
 
+def unknowns(recipe: Recipe, padded: bool = False) -> tuple:
+    """What no source fixes for a call of ``recipe`` (``padded``: its last instruction is zero-padded)."""
+    return UNKNOWNS + ((MXFP4_UNKNOWN,) if recipe.name == "mxfp4" else ()) + ((PADDING_UNKNOWN,) if padded else ())
+
+
 def maturity_message(recipe: Recipe, preset_name: str, padded: bool = False) -> str:
-    """The ExperimentalPresetWarning text of a block-scaled call (``padded``: its last instruction is
-    zero-padded)."""
-    unknowns = UNKNOWNS + ((PADDING_UNKNOWN,) if padded else ())
+    """The ExperimentalPresetWarning text of a block-scaled call (``padded`` as for :func:`unknowns`)."""
     return (f"mmaemu: {recipe.name.upper()} scaled_mm on profile {PROFILE!r} is experimental: instruction "
             f"{preset_name!r} as MMA-Sim 2.1.1 models it, one chain per output (modelled, not recorded); unknown: "
-            f"{'; '.join(unknowns)} (docs/limitations.md)")
+            f"{'; '.join(unknowns(recipe, padded))} (docs/limitations.md)")
 
 
 def refusal(profile) -> Optional[str]:
