@@ -32,20 +32,30 @@ def _bits(t):
     return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
 
 
+MX_LAYERS = [("mxfp8", "e4m3", 128, "MXFP8Linear"), ("mxfp4", "e2m1", 96, "MXFP4Linear")]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_mxfp8_layer_is_the_casts_and_the_block_scaled_gemm(dtype):
-    model = _model(dtype)
-    x = torch.randn(7, 128, dtype=dtype) * 3
+@pytest.mark.parametrize("recipe,fmt,K,layer_class", MX_LAYERS, ids=[r[0] for r in MX_LAYERS])
+def test_mx_layers_are_the_casts_and_the_block_scaled_gemm(dtype, recipe, fmt, K, layer_class):
+    """torchao's MX cast (E4M3, or E2M1 for MXFP4), the block-scaled GEMM in bf16 (torchao's _scaled_mm /
+    F.scaled_mm call), the bias added in bf16; MXFP4 at in_features = 96 needs the zero-padded last kind::mxf4
+    instruction."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(K, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32, bias=False))
+    model = model.to(dtype)
+    x = torch.randn(7, K, dtype=dtype) * 3
     first = model[0]
-    qw = block_quantize.quantize_mx(first.weight.detach(), "e4m3", swizzle=True)
-    qx = block_quantize.quantize_mx(x, "e4m3", swizzle=True)
+    qw = block_quantize.quantize_mx(first.weight.detach(), fmt, swizzle=True)
+    qx = block_quantize.quantize_mx(x, fmt, swizzle=True)
     context = _quiet()
     try:
         gemm = mmaemu.scaled_mm(qx.codes, qw.codes.t(), qx.scales, qw.scales, out_dtype=torch.bfloat16,
                                 profile=PROFILE, splitk=1)
         want = (gemm + first.bias.detach().to(torch.bfloat16)).to(dtype)
-        mmaemu.nn.convert_linears(model, recipe="mxfp8")
-        assert type(model[0]).__name__ == "MXFP8Linear" and model[0].recipe == "mxfp8"
+        mmaemu.nn.convert_linears(model, recipe=recipe)
+        assert type(model[0]).__name__ == layer_class and model[0].recipe == recipe
+        assert model[0].weight.dtype == qw.codes.dtype and model[0].weight.shape == qw.codes.shape
         with torch.no_grad():
             got = model[0](x)
             assert got.dtype == dtype and torch.equal(_bits(got), _bits(want))
@@ -55,20 +65,22 @@ def test_mxfp8_layer_is_the_casts_and_the_block_scaled_gemm(dtype):
         context.__exit__(None, None, None)
 
 
-def test_mxfp8_layer_is_exact_where_every_step_is():
-    """Entries in {-1, 0, 1} with a 1 in every block: each cast is exact, every dot product and bias sum is a small
-    integer, so the layer returns x W^T + b exactly (derived, not recomputed)."""
+@pytest.mark.parametrize("recipe,K", [("mxfp8", 128), ("mxfp4", 96)])
+def test_mx_layers_are_exact_where_every_step_is(recipe, K):
+    """Entries in {-1, 0, 1} with a 1 in every block: each cast is exact (MXFP4: scale 2**-2, elements 0, +-4; K = 96
+    needs the zero-padded last kind::mxf4 instruction), every dot product and bias sum is a small integer, so the
+    layer returns x W^T + b exactly (derived, not recomputed)."""
     generator = torch.Generator().manual_seed(5)
-    w = torch.randint(-1, 2, (64, 128), generator=generator).float()
-    x = torch.randint(-1, 2, (6, 128), generator=generator).float()
+    w = torch.randint(-1, 2, (64, K), generator=generator).float()
+    x = torch.randint(-1, 2, (6, K), generator=generator).float()
     w[:, ::32], x[:, ::32] = 1.0, -1.0
-    linear = torch.nn.Linear(128, 64)
+    linear = torch.nn.Linear(K, 64)
     with torch.no_grad():
         linear.weight.copy_(w)
         linear.bias.copy_(torch.randint(-8, 9, (64,), generator=generator).float())
     context = _quiet()
     try:
-        layer = mmaemu.nn.EmulatedFP8Linear.from_linear(linear, recipe="mxfp8")
+        layer = mmaemu.nn.EmulatedFP8Linear.from_linear(linear, recipe=recipe)
         with torch.no_grad():
             assert torch.equal(layer(x), x @ w.t() + linear.bias)
     finally:
@@ -163,52 +175,6 @@ def test_compiled_block_scaled_layers_give_the_eager_bits():
     finally:
         context.__exit__(None, None, None)
     assert torch.equal(eager.view(torch.int32), compiled.view(torch.int32))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_mxfp4_layer_is_the_casts_and_the_block_scaled_gemm(dtype):
-    """recipe="mxfp4": torchao's MX cast with E2M1 elements, the MXFP4 GEMM (bf16, as torchao's F.scaled_mm call),
-    the bias added in bf16; in_features = 96 needs the zero-padded last kind::mxf4 instruction."""
-    torch.manual_seed(6)
-    model = torch.nn.Sequential(torch.nn.Linear(96, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32)).to(dtype)
-    x = torch.randn(7, 96, dtype=dtype) * 3
-    first = model[0]
-    qw = block_quantize.quantize_mx(first.weight.detach(), "e2m1", swizzle=True)
-    qx = block_quantize.quantize_mx(x, "e2m1", swizzle=True)
-    context = _quiet()
-    try:
-        gemm = mmaemu.scaled_mm(qx.codes, qw.codes.t(), qx.scales, qw.scales, out_dtype=torch.bfloat16,
-                                profile=PROFILE, splitk=1)
-        want = (gemm + first.bias.detach().to(torch.bfloat16)).to(dtype)
-        mmaemu.nn.convert_linears(model, recipe="mxfp4")
-        assert type(model[0]).__name__ == "MXFP4Linear" and model[0].recipe == "mxfp4"
-        assert model[0].weight.dtype == torch.float4_e2m1fn_x2 and model[0].weight.shape == (64, 48)
-        with torch.no_grad():
-            got = model[0](x)
-            assert got.dtype == dtype and torch.equal(_bits(got), _bits(want))
-            assert model(x).shape == (7, 32)
-    finally:
-        context.__exit__(None, None, None)
-
-
-def test_mxfp4_layer_is_exact_where_every_step_is():
-    """Entries in {-1, 0, 1} with a 1 in every block of 32: the E2M1 cast is exact (scale 2**-2, elements 0, +-4),
-    every dot product and bias sum is a small integer: the layer returns x W^T + b exactly (derived)."""
-    generator = torch.Generator().manual_seed(7)
-    w = torch.randint(-1, 2, (32, 96), generator=generator).float()
-    x = torch.randint(-1, 2, (5, 96), generator=generator).float()
-    w[:, ::32], x[:, ::32] = 1.0, -1.0
-    linear = torch.nn.Linear(96, 32)
-    with torch.no_grad():
-        linear.weight.copy_(w)
-        linear.bias.copy_(torch.randint(-8, 9, (32,), generator=generator).float())
-    context = _quiet()
-    try:
-        layer = mmaemu.nn.EmulatedFP8Linear.from_linear(linear, recipe="mxfp4")
-        with torch.no_grad():
-            assert torch.equal(layer(x), x @ w.t() + linear.bias)
-    finally:
-        context.__exit__(None, None, None)
 
 
 def test_mxfp4_weight_is_torchaos_mx_cast():
