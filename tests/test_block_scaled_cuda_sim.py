@@ -1,7 +1,7 @@
 """``cuda:simple`` computes the block-scaled GEMMs (MXFP8 ``kind::mxf8f6f4``, MXFP4 ``kind::mxf4``, NVFP4
 ``kind::mxf4nvf4``) bit for bit like the CPU reference, without a GPU (numba's CUDA simulator, enabled before
-numba.cuda is imported: the worker runs in a subprocess, this file run as a script). Tiny shapes with the adversarial rows of the MMA-Sim test (NaN
-scales, NaN/Inf elements, overflow, underflow, zero groups)."""
+numba.cuda is imported: the worker runs in a subprocess, this file run as a script). Tiny shapes with the
+adversarial rows of the MMA-Sim test (NaN scales, NaN/Inf elements, overflow, underflow, zero groups)."""
 
 from __future__ import annotations
 
