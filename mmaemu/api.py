@@ -202,11 +202,11 @@ def scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_d
     MXFP8, MXFP4 and NVFP4 (profile ``"b200-mx-experimental"``, experimental): ``input`` [M, K] / ``mat2`` [K, N]
     float8 with ``float8_e8m0fnu`` scales (one per 32 elements of K), or ``float4_e2m1fn_x2`` [M, K/2] / [K/2, N]
     with ``float8_e8m0fnu`` (MXFP4) or ``float8_e4m3fn`` scales (NVFP4: UE4M3, one per 16); each scale tensor holds
-    the operand's [rows, K / block] scales in
-    the swizzled 32_4_4 layout (:func:`mmaemu.scale_layout.to_blocked`), ``128*ceil(rows/128) *
-    4*ceil(K/block/4)`` codes. NVFP4's two-level scaling: pass ``scale_a=(block_scales_a, global_a)`` and
-    ``scale_b=(block_scales_b, global_b)`` with one-element fp32 global scales (torch's ``_scaled_mm_v2`` list
-    form; alpha = fp32(global_a * global_b)). Outputs float32, bfloat16 or float16; ``splitk=1`` only.
+    the operand's [rows, K / block] scales in the swizzled 32_4_4 layout (:func:`mmaemu.scale_layout.to_blocked`),
+    ``128*ceil(rows/128) * 4*ceil(K/block/4)`` codes. NVFP4's two-level scaling: pass
+    ``scale_a=(block_scales_a, global_a)`` and ``scale_b=(block_scales_b, global_b)`` with one-element fp32 global
+    scales (torch's ``_scaled_mm_v2`` list form; alpha = fp32(global_a * global_b)). Outputs float32, bfloat16 or
+    float16; ``splitk=1`` only; no bias; an FP4 K % 64 == 32 has its last instruction zero-padded.
 
     ``profile``: a name from :func:`mmaemu.list_profiles`
     (default ``$MMAEMU_PROFILE`` or "hopper"). ``splitk``: "auto" (the reference's recorded decision), 1, or

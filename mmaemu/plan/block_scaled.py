@@ -216,10 +216,10 @@ class KernelOperands(NamedTuple):
     unpacked, +0 beyond K) and scale codes [M, padded_K / block], [N, padded_K / block] (the padding blocks as the
     swizzled tensors hold them)."""
 
-    a: "object"
-    b: "object"
-    scale_a: "object"
-    scale_b: "object"
+    a: object
+    b: object
+    scale_a: object
+    scale_b: object
 
 
 def kernel_operands(a_codes, b_codes, scale_a, scale_b, spec: BlockScaledSpec) -> KernelOperands:

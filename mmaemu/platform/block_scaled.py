@@ -141,9 +141,9 @@ def padding_scale_refusal(recipe: Recipe, K: int, K_padded: int) -> str:
     """The refusal of a padded call whose scale padding (the blocks in [K, K_padded)) holds a NaN code."""
     return (f"{recipe.name.upper()} scaled_mm with K = {K}: the last {recipe.preset} instruction is zero-padded to "
             f"K = {K_padded}, and the swizzled scale tensor holds a NaN code in the padding column(s) of blocks "
-            f"{K // recipe.block}..{K_padded // recipe.block - 1} that it reads; whether the kernel reads them is not "
-            "known (a NaN scale makes the instruction NaN in MMA-Sim's model); zero the padding of the scale "
-            "tensor (mmaemu.scale_layout.to_blocked and torchao's to_blocked pad with zeros)")
+            f"{K // recipe.block}..{K_padded // recipe.block - 1}, the scales of that padding: whether the kernel "
+            "reads them is not known (a NaN scale makes the instruction NaN in MMA-Sim's model); zero the padding "
+            "of the scale tensor (mmaemu.scale_layout.to_blocked and torchao's to_blocked pad with zeros)")
 
 
 def unknowns(recipe: Recipe, padded: bool = False) -> tuple:
