@@ -12,7 +12,10 @@ commits 0174dfabc023f11a8f78c79c301b49c8d7e02c8b and 2bec3bdfd540b2e6271cd06a446
 there too, but MXFP4 to FBGEMM GenAI's CUTLASS kernel ``f4f4bf16`` (``_scaled_mxfp4_mxfp4``; refused with
 NotImplementedError in a build without FBGEMM GenAI / MSLK), which gets no bias and writes bf16
 (pytorch/FBGEMM ``fbgemm_gpu/experimental/gen_ai/src/quantize/cutlass_extensions/f4f4bf16/f4f4bf16_common.cuh`` at
-471f00416c5e2181a871c82f951aa7ac9ce315b4: epilogue alpha = 1, beta = 0, no split-K).
+471f00416c5e2181a871c82f951aa7ac9ce315b4: epilogue alpha = 1, beta = 0, no split-K). torch 2.13.0 (git
+cf30153c4c131c8164ee7798e5022d810682e2cb; its source is not stored here) lies between the two commits by its
+headers (``ATen/BlasBackend.h`` without 0174dfab's ROCm-only ``BlockWiseBlk32Ue8m0_32_8_EXT``,
+``ATen/native/ScaledBlasUtils.h`` with ``MXFP4_MXFP4``, ``USE_MSLK``), and both agree on all of the above.
 
 On a B200 the GEMMs run ``tcgen05.mma`` with ``kind::mxf8f6f4`` (MXFP8), ``kind::mxf4`` (MXFP4) or
 ``kind::mxf4nvf4`` (NVFP4); the instructions are modelled after MMA-Sim 2.1.1 (presets ``tcgen05_mxf8f6f4`` and
