@@ -215,3 +215,29 @@ def test_nvfp4_layer_takes_every_in_features_torch_takes():
             mmaemu.nn.EmulatedFP8Linear.from_linear(torch.nn.Linear(48, 16), recipe="nvfp4")
     finally:
         context.__exit__(None, None, None)
+
+
+def test_torchaos_mxfp4_operands_give_the_mxfp4_layers_bits():
+    """The tensors torchao 0.18.0's _addmm_mx_dispatch hands F.scaled_mm for MXFP4 (a.qdata [M, K/2], b.qdata
+    [K/2, N] column-major, a.scale and b.scale.t() swizzled, bf16 output), passed to mmaemu.scaled_mm, give the bits
+    of recipe="mxfp4" (torchao's FLOOR scale rule; K = 96, the zero-padded last instruction)."""
+    from test_block_quantize import _torchao
+
+    config, mx_tensor, _ = _torchao()
+    fp4 = torch.float4_e2m1fn_x2
+    torch.manual_seed(8)
+    linear = torch.nn.Linear(96, 32, bias=False).to(torch.bfloat16)
+    x = torch.randn(6, 96, dtype=torch.bfloat16)
+    floor = config.ScaleCalculationMode.FLOOR
+    a = mx_tensor.MXTensor.to_mx(x, fp4, 32, scaling_mode=floor, is_swizzled_scales=True)
+    b = mx_tensor.MXTensor.to_mx(linear.weight.detach(), fp4, 32, scaling_mode=floor, is_swizzled_scales=True).t()
+    context = _quiet()
+    try:
+        got = mmaemu.scaled_mm(a.qdata.view(fp4), b.qdata.view(fp4), a.scale, b.scale.t(), out_dtype=torch.bfloat16,
+                               profile=PROFILE)
+        layer = mmaemu.nn.EmulatedFP8Linear.from_linear(linear, recipe="mxfp4")
+        with torch.no_grad():
+            want = layer(x)
+    finally:
+        context.__exit__(None, None, None)
+    assert torch.equal(_bits(got), _bits(want))
