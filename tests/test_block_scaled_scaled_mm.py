@@ -354,6 +354,11 @@ def test_fp4_k_of_an_odd_number_of_32_is_the_zero_padded_last_instruction(sim, r
         assert not _diff(out, theirs), (fill, _diff(out, theirs))
         results.append(out)
     assert np.array_equal(results[0], results[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mmaemu.ExperimentalPresetWarning)
+        slow = mmaemu.scaled_mm(_fp4(a.a[:, :K]), _fp4(b.a[:, :K]).t(), *swizzled, out_dtype=torch.float32,
+                                profile=PROFILE, backend="reference")
+    assert np.array_equal(slow.numpy().view(np.uint32), results[1])
     plan = mmaemu.explain(_fp4(a.a[:, :K]), _fp4(b.a[:, :K]).t(), *swizzled, out_dtype=torch.bfloat16, profile=PROFILE)
     assert plan.validation == "ok" and f"K zero-padded to {Kp}" in plan.split.note
 
