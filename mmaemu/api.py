@@ -2,7 +2,7 @@
 
 ``scaled_mm`` takes torch 2.7.1's ``torch._scaled_mm`` arguments in the same order with the same defaults, plus
 ``out=``, ``profile=``, ``splitk=`` and ``backend=``, and returns the reference GPU's bits. With the B200 profile
-(``b200-mx-experimental``) it also takes the MXFP8 and NVFP4 operands and swizzled block scales of torch's sm_100
+(``b200-mx-experimental``) it also takes the MXFP8, MXFP4 and NVFP4 operands and swizzled block scales of torch's sm_100
 ``_scaled_mm`` (NVFP4: torch 2.8's rules; :mod:`mmaemu.plan.block_scaled`). The entry points are
 excluded from ``torch.compile`` tracing (a graph break): a compiler must not trace into, or re-round, the
 emulation.
@@ -106,17 +106,16 @@ def _block_scaled_codes(t: torch.Tensor, fmt: str):
 
 
 def _block_scaled_accumulator(plan) -> torch.Tensor:
-    """fp32 accumulators [M, N] of an MXFP8 / NVFP4 call: the swizzled scales mapped back to their blocks
-    (:func:`mmaemu.scale_layout.from_blocked`), then one chain of the instruction per output."""
-    from .scale_layout import from_blocked
+    """fp32 accumulators [M, N] of an MXFP8 / MXFP4 / NVFP4 call: the kernel's operands (the swizzled scales mapped
+    back to their blocks, K zero-padded to whole instructions: :func:`mmaemu.plan.block_scaled.kernel_operands`),
+    then one chain of the instruction per output."""
+    from .plan.block_scaled import kernel_operands
 
     call = plan.call
     spec = call.block_scaled
-    a = _block_scaled_codes(call.input, spec.fmt_a)
-    b = _block_scaled_codes(call.mat2.t(), spec.fmt_b)
-    blocks = spec.K // spec.block
-    sa = from_blocked(_codes_rows(call.scale_a.reshape(-1)), call.M, blocks)
-    sb = from_blocked(_codes_rows(call.scale_b.reshape(-1)), call.N, blocks)
+    a, b, sa, sb = kernel_operands(_block_scaled_codes(call.input, spec.fmt_a),
+                                   _block_scaled_codes(call.mat2.t(), spec.fmt_b),
+                                   _codes_rows(call.scale_a.reshape(-1)), _codes_rows(call.scale_b.reshape(-1)), spec)
     if plan.backend == "cuda:simple":
         from .cuda.block_scaled.kernel import accumulate_block_scaled_cuda
 
@@ -200,13 +199,14 @@ def scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_d
     ``input`` [M, K] and ``mat2`` [K, N] (column-major, e.g. ``w.t()``) are float8 tensors; tensor-wise fp32
     scales; ``out_dtype`` defaults to input's dtype.
 
-    MXFP8 and NVFP4 (profile ``"b200-mx-experimental"``, experimental): ``input`` [M, K] / ``mat2`` [K, N] float8
-    with ``float8_e8m0fnu`` scales (one per 32 elements of K), or ``float4_e2m1fn_x2`` [M, K/2] / [K/2, N] with
-    ``float8_e4m3fn`` scales (UE4M3, one per 16); each scale tensor holds the operand's [rows, K / block] scales in
-    the swizzled 32_4_4 layout (:func:`mmaemu.scale_layout.to_blocked`), ``128*ceil(rows/128) *
-    4*ceil(K/block/4)`` codes. NVFP4's two-level scaling: pass ``scale_a=(block_scales_a, global_a)`` and
-    ``scale_b=(block_scales_b, global_b)`` with one-element fp32 global scales (torch's ``_scaled_mm_v2`` list
-    form; alpha = fp32(global_a * global_b)). Outputs float32, bfloat16 or float16; ``splitk=1`` only.
+    MXFP8, MXFP4 and NVFP4 (profile ``"b200-mx-experimental"``, experimental): ``input`` [M, K] / ``mat2`` [K, N]
+    float8 with ``float8_e8m0fnu`` scales (one per 32 elements of K), or ``float4_e2m1fn_x2`` [M, K/2] / [K/2, N]
+    with ``float8_e8m0fnu`` (MXFP4) or ``float8_e4m3fn`` scales (NVFP4: UE4M3, one per 16); each scale tensor holds
+    the operand's [rows, K / block] scales in the swizzled 32_4_4 layout (:func:`mmaemu.scale_layout.to_blocked`),
+    ``128*ceil(rows/128) * 4*ceil(K/block/4)`` codes. NVFP4's two-level scaling: pass
+    ``scale_a=(block_scales_a, global_a)`` and ``scale_b=(block_scales_b, global_b)`` with one-element fp32 global
+    scales (torch's ``_scaled_mm_v2`` list form; alpha = fp32(global_a * global_b)). Outputs float32, bfloat16 or
+    float16; ``splitk=1`` only; no bias; an FP4 K % 64 == 32 has its last instruction zero-padded.
 
     ``profile``: a name from :func:`mmaemu.list_profiles`
     (default ``$MMAEMU_PROFILE`` or "hopper"). ``splitk``: "auto" (the reference's recorded decision), 1, or

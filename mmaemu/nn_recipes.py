@@ -9,9 +9,10 @@
 * ``"rowwise"``: :class:`RowwiseFP8Linear`, torchao's row-wise float8 recipe: the weight cast once per output
   channel and every input per row (:func:`mmaemu.quantize.quantize_rowwise`, power-of-two scales), the GEMM by
   :func:`mmaemu.scaled_mm` with (M, 1) and (1, N) scales, which torch 2.7.1 runs on its CUTLASS row-wise kernel;
-* ``"mxfp8"`` and ``"nvfp4"`` (experimental): :class:`MXFP8Linear` and :class:`NVFP4Linear`, torchao 0.18.0's MX
-  and NVFP4 inference recipes: weight and inputs cast per block of K (:mod:`mmaemu.block_quantize`), the GEMM by
-  :func:`mmaemu.scaled_mm` with swizzled block scales on the B200 profile ``b200-mx-experimental``.
+* ``"mxfp8"``, ``"mxfp4"`` and ``"nvfp4"`` (experimental): :class:`MXFP8Linear`, :class:`MXFP4Linear` and
+  :class:`NVFP4Linear`, torchao 0.18.0's MX and NVFP4 inference recipes: weight and inputs cast per block of K
+  (:mod:`mmaemu.block_quantize`), the GEMM by :func:`mmaemu.scaled_mm` with swizzled block scales on the B200
+  profile ``b200-mx-experimental``.
 """
 
 from __future__ import annotations
@@ -257,11 +258,11 @@ class RowwiseFP8Linear(_ScaledMMRecipeLayer):
 
 
 class _BlockScaledLinear(_ScaledMMRecipeLayer):
-    """The block-scaled recipes (:class:`MXFP8Linear`, :class:`NVFP4Linear`): torchao 0.18.0's inference casts and
-    ``_scaled_mm`` call, computed by :func:`mmaemu.scaled_mm` on a block-scaled profile (default
-    ``b200-mx-experimental``). Experimental: the casts are modelled from torchao's source, the GEMM from MMA-Sim's
-    instructions; nothing was recorded on a B200 (docs/limitations.md). Inference only; inputs float32 or bfloat16
-    (the dtypes torchao casts).
+    """The block-scaled recipes (:class:`MXFP8Linear`, :class:`MXFP4Linear`, :class:`NVFP4Linear`): torchao
+    0.18.0's inference casts and ``_scaled_mm`` / ``F.scaled_mm`` call, computed by :func:`mmaemu.scaled_mm` on a
+    block-scaled profile (default ``b200-mx-experimental``). Experimental: the casts are modelled from torchao's
+    source, the GEMM from MMA-Sim's instructions; nothing was recorded on a B200 (docs/limitations.md). Inference
+    only; inputs float32 or bfloat16 (the dtypes torchao casts).
 
     Buffers: ``weight`` (the weight's element codes), ``weight_scale`` (its block scales in plain layout [out_features,
     in_features / block]; swizzled per call), ``weight_global_scale`` (NVFP4 only) and ``bias``.
@@ -275,7 +276,7 @@ class _BlockScaledLinear(_ScaledMMRecipeLayer):
                  out_dtype=None):
         super().__init__()
         weight_dtype, scale_dtype = getattr(torch, self.weight_dtype), getattr(torch, self.scale_dtype)
-        packing = 2 if self.recipe == "nvfp4" else 1
+        packing = 2 if self.weight_dtype == "float4_e2m1fn_x2" else 1
         if not isinstance(weight, torch.Tensor) or weight.dtype != weight_dtype or weight.dim() != 2:
             raise TypeError(f"weight must be a 2-D {self.weight_dtype} tensor [out_features, in_features"
                             f"{' / 2' if packing == 2 else ''}]")
@@ -285,7 +286,7 @@ class _BlockScaledLinear(_ScaledMMRecipeLayer):
                 tuple(weight_scale.shape) != blocks:
             raise ValueError(f"weight_scale must be a {self.scale_dtype} tensor of shape {blocks} (one per "
                              f"{self.block} elements of in_features, plain layout)")
-        allowed = (None, torch.bfloat16) if self.recipe == "mxfp8" else (None,)
+        allowed = (None, torch.bfloat16) if self.recipe in ("mxfp8", "mxfp4") else (None,)
         if out_dtype not in allowed:
             raise UnsupportedFeatureError(f"recipe={self.recipe!r} returns {self._output_text}, not {out_dtype}")
         self.profile = profile if profile is not None else _BLOCK_SCALED_PROFILE
@@ -367,24 +368,25 @@ class MXFP8Linear(_BlockScaledLinear):
     """
 
     recipe, block, k_multiple = "mxfp8", 32, 32
+    element_fmt = "e4m3"
     weight_dtype, scale_dtype = "float8_e4m3fn", "float8_e8m0fnu"
     _output_text = "bfloat16 (torchao's _scaled_mm call), or with out_dtype=None the input's dtype"
     _maturity = ("mmaemu: recipe='mxfp8' is experimental: torchao 0.18.0's MX cast (modelled from its source) and "
                  "the B200 block-scaled GEMM of profile 'b200-mx-experimental' (modelled, not recorded); a bias is "
                  "added after the GEMM (docs/limitations.md)")
 
-    @staticmethod
-    def _cast_weight(weight):
+    @classmethod
+    def _cast_weight(cls, weight):
         from .block_quantize import quantize_mx
 
-        q = quantize_mx(weight, "e4m3")
+        q = quantize_mx(weight, cls.element_fmt)
         return q.codes, q.scales
 
     def _gemm(self, x):
         from .block_quantize import quantize_mx
         from .scale_layout import to_blocked
 
-        q = quantize_mx(self._input_rows(x), "e4m3", swizzle=True)
+        q = quantize_mx(self._input_rows(x), self.element_fmt, swizzle=True)
         args = (q.codes, self.weight.t(), q.scales, to_blocked(self.weight_scale))
         out_dtype = x.dtype if self.out_dtype is None else self.out_dtype
 
@@ -394,6 +396,27 @@ class MXFP8Linear(_BlockScaledLinear):
             return y.to(out_dtype)
 
         return args, self._scaled_mm_options(torch.bfloat16), finish
+
+
+class MXFP4Linear(MXFP8Linear):
+    """``y = x W^T (+ b)`` as torchao 0.18.0's MXFP4 inference recipe runs on a B200 (experimental, modelled).
+
+    As :class:`MXFP8Linear` with E2M1 elements (:func:`mmaemu.block_quantize.quantize_mx` with ``"e2m1"``, one UE8M0
+    scale per 32 elements of in_features; in_features a multiple of 32, torch's rule for packed FP4). torchao calls
+    ``F.scaled_mm(x_codes, weight.t(), BlockWise1x32 scales, swizzle 32_4_4, bias=bias, output_dtype=bfloat16)``,
+    which the same GEMM computes here (``kind::mxf4``, :mod:`mmaemu.platform.block_scaled`). The bias is added to the
+    bf16 result in bf16 afterwards: on sm_100 torch's ``_scaled_mm_v2`` hands MXFP4 to FBGEMM's ``f4f4bf16``, which
+    receives no bias in the pinned torch source (so torchao's layer may return the GEMM without it there; the
+    warning says so).
+    """
+
+    recipe, block, k_multiple = "mxfp4", 32, 32
+    element_fmt = "e2m1"
+    weight_dtype, scale_dtype = "float4_e2m1fn_x2", "float8_e8m0fnu"
+    _maturity = ("mmaemu: recipe='mxfp4' is experimental: torchao 0.18.0's MX cast (modelled from its source) and "
+                 "the B200 block-scaled GEMM of profile 'b200-mx-experimental' (modelled, not recorded); a bias is "
+                 "added after the GEMM, while torch's F.scaled_mm MXFP4 kernel on sm_100 (FBGEMM f4f4bf16) is handed "
+                 "no bias in the pinned torch source (docs/limitations.md)")
 
 
 class NVFP4Linear(_BlockScaledLinear):
@@ -408,7 +431,7 @@ class NVFP4Linear(_BlockScaledLinear):
     torch operation, exactly as torchao computes them.
     """
 
-    recipe, block, k_multiple = "nvfp4", 16, 64
+    recipe, block, k_multiple = "nvfp4", 16, 32
     weight_dtype, scale_dtype = "float4_e2m1fn_x2", "float8_e4m3fn"
     _output_text = "the input's dtype (torchao's out_dtype); use out_dtype=None"
     _maturity = ("mmaemu: recipe='nvfp4' is experimental: torchao 0.18.0's NVFP4 cast (modelled from its source) "
@@ -446,7 +469,7 @@ class NVFP4Linear(_BlockScaledLinear):
 
 
 RECIPES = {"blockwise": BlockwiseFP8Linear, "rowwise": RowwiseFP8Linear, "mxfp8": MXFP8Linear,
-           "nvfp4": NVFP4Linear}
+           "mxfp4": MXFP4Linear, "nvfp4": NVFP4Linear}
 
 
 def recipe_layer(recipe):

@@ -1,7 +1,7 @@
-"""``cuda:simple`` computes the block-scaled GEMMs (MXFP8 ``kind::mxf8f6f4``, NVFP4 ``kind::mxf4nvf4``) bit for bit
-like the CPU reference, without a GPU (numba's CUDA simulator, enabled before numba.cuda is imported: the worker
-runs in a subprocess, this file run as a script). Tiny shapes with the adversarial rows of the MMA-Sim test (NaN
-scales, NaN/Inf elements, overflow, underflow, zero groups)."""
+"""``cuda:simple`` computes the block-scaled GEMMs (MXFP8 ``kind::mxf8f6f4``, MXFP4 ``kind::mxf4``, NVFP4
+``kind::mxf4nvf4``) bit for bit like the CPU reference, without a GPU (numba's CUDA simulator, enabled before
+numba.cuda is imported: the worker runs in a subprocess, this file run as a script). Tiny shapes with the
+adversarial rows of the MMA-Sim test (NaN scales, NaN/Inf elements, overflow, underflow, zero groups)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from subprocess_workers import workers_fixture
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CASES = [("tcgen05_mxf8f6f4", "e4m3", "e5m2", 64, 32, "ue8m0"), ("tcgen05_mxf8f6f4", "e2m1", "e3m2", 64, 32, "ue8m0"),
-         ("tcgen05_mxf4nvf4", "e2m1", "e2m1", 128, 16, "ue4m3"), ("sm120_mxf4nvf4", "e2m1", "e2m1", 64, 32, "ue8m0")]
+         ("tcgen05_mxf4nvf4", "e2m1", "e2m1", 128, 16, "ue4m3"), ("sm120_mxf4nvf4", "e2m1", "e2m1", 64, 32, "ue8m0"),
+         ("tcgen05_mxf4nvf4", "e2m1", "e2m1", 128, 32, "ue8m0")]  # the last: MXFP4 (kind::mxf4) on the B200
 
 
 def _worker():

@@ -36,7 +36,7 @@ def _scaled_mm(a, w, sa, sb, scale_dtype, out_dtype=torch.float32, **kw):
         scale_a, scale_b = (scale_a, ga), (scale_b, gb)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", mmaemu.ExperimentalPresetWarning)
-        return mmaemu.scaled_mm(a, w.t(), scale_a, scale_b, out_dtype=out_dtype, profile=PROFILE, **kw)
+        return mmaemu.scaled_mm(a, w.t(), scale_a, scale_b, out_dtype=out_dtype, **{"profile": PROFILE, **kw})
 
 
 def _mmasim_chains(sim, inst, fmt_a, fmt_b, a, b, sa, sb):
@@ -50,6 +50,8 @@ def _mmasim_chains(sim, inst, fmt_a, fmt_b, a, b, sa, sb):
     def operand(codes, fmt):
         if inst.packed_fp4:  # MMA-Sim unpacks the high nibble first
             return torch.from_numpy(((codes[:, 0::2] << 4) | codes[:, 1::2]).astype(np.uint8))
+        if fmt == "e2m1":  # an FP4 code of kind::mxf8f6f4 sits in bits 5:2 of a byte
+            return torch.from_numpy((codes << 2).astype(np.uint8))
         return _fp8(codes, fmt)
 
     x, y = operand(rows_a, fmt_a), operand(rows_b, fmt_b)
@@ -173,8 +175,9 @@ def test_nvfp4_refusals():
                                    profile=PROFILE).validation
     assert kind == "ReferenceRejectsError" and "use_fast_accum" in message
     mx_scales = [to_blocked(torch.zeros(r, K // 32, dtype=torch.uint8).view(torch.float8_e8m0fnu)) for r in (M, N)]
-    kind, message = mmaemu.explain(a, w.t(), *mx_scales, out_dtype=torch.bfloat16, profile=PROFILE).validation
-    assert kind in ("ReferenceRejectsError", "UnsupportedFeatureError")  # MXFP4 is not modelled
+    plan = mmaemu.explain(a, w.t(), *mx_scales, out_dtype=torch.bfloat16, profile=PROFILE)  # MXFP4
+    assert plan.validation == "ok" and plan.preset == "tcgen05_mxf4nvf4" and plan.split.S == 1
+    assert any("MXFP4" in w and "kind::mxf4" in w for w in plan.warnings)
 
 
 def test_the_profile_refuses_tensor_wise_calls_and_profile_from_preset_makes_block_scaled_profiles():
@@ -248,3 +251,178 @@ def test_cuda_simple_for_a_block_scaled_call_says_its_kernel_has_no_device_self_
     assert [(n.category, n.message) for n in plan.notices] == [
         (mmaemu.ExperimentalPresetWarning, block_scaled.CUDA_SIMPLE_UNCHECKED)]
     assert "no device self-test" in block_scaled.CUDA_SIMPLE_UNCHECKED
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MXFP4 (FP4 operands, UE8M0 block-32 scales), K % 64 == 32 (the zero-padded last instruction), bias, globals
+
+MXF4_B200 = next(i for i in MXF4 if i.label == "B200 tcgen05.mma mxf4 block32 ue8m0")
+SAFE_KINDS = ("random", "c-dominant", "c-cancel", "tiny-subnormal-c", "cancel", "zero-groups", "underflow")
+
+
+def _finite_cases(K, block, scale_fmt, n, seed):
+    """n operand rows of make_cases' kinds whose chains stay finite (no NaN scale, no overflowing scales)."""
+    cases = make_cases("e2m1", "e2m1", K, block, scale_fmt, 4 * n, seed)
+    rows = np.flatnonzero(np.isin(cases.kinds, SAFE_KINDS))[:n]
+    return cases.a[rows], cases.sa[rows]
+
+
+def _fraction_chain(a, b, sa, sb, block, scale_fmt):
+    """fp32 bits of one output: tests/test_block_scaled.py's Fraction oracle of one kind::mxf4(nvf4) instruction,
+    chained along K from +0 (a short last instruction is one of zero-padded groups by the oracle's own rule)."""
+    from test_block_scaled import oracle_mxf4
+
+    c, per = 0, 64 // block
+    for i in range(0, len(a), 64):
+        c = oracle_mxf4(a[i:i + 64], b[i:i + 64], sa[i // block:i // block + per], sb[i // block:i // block + per],
+                        c, block, scale_fmt)
+    return c
+
+
+def test_mxfp4_scaled_mm_equals_mmasim_kind_mxf4_chains(sim):
+    """The B200 profile computes MXFP4 as one chain of kind::mxf4 (block32 UE8M0) per output: MMA-Sim's model."""
+    M, N, K = 5, 16, 192
+    a = make_cases("e2m1", "e2m1", K, 32, "ue8m0", M, 31)
+    b = make_cases("e2m1", "e2m1", K, 32, "ue8m0", N, 32)
+    theirs = _mmasim_chains(sim, MXF4_B200, "e2m1", "e2m1", a.a, b.a, a.sa, b.sa)
+    out = _scaled_mm(_fp4(a.a), _fp4(b.a), a.sa, b.sa, torch.float8_e8m0fnu)
+    assert not _diff(out.numpy().view(np.uint32), theirs), _diff(out.numpy().view(np.uint32), theirs)
+    slow = _scaled_mm(_fp4(a.a), _fp4(b.a), a.sa, b.sa, torch.float8_e8m0fnu, backend="reference")
+    assert np.array_equal(slow.numpy().view(np.uint32), theirs)
+
+
+@pytest.mark.parametrize("K", [128, 96])
+def test_mxfp4_scaled_mm_equals_the_fraction_oracle(K):
+    M, N = 3, 16
+    a, sa = _finite_cases(K, 32, "ue8m0", M, 33)
+    b, sb = _finite_cases(K, 32, "ue8m0", N, 34)
+    out = _scaled_mm(_fp4(a), _fp4(b), sa, sb, torch.float8_e8m0fnu).numpy().view(np.uint32)
+    want = np.array([[_fraction_chain(a[i], b[j], sa[i], sb[j], 32, "ue8m0") for j in range(N)] for i in range(M)],
+                    np.uint32)
+    assert np.array_equal(out, want), _diff(out, want)
+
+
+def test_fp4_operands_of_kind_mxf8f6f4_on_a_profile_made_from_that_preset(sim):
+    """profile_from_preset('tcgen05_mxf8f6f4') computes MXFP4 calls with FP4 operands of kind::mxf8f6f4 (32 elements
+    per instruction, the block algorithm): MMA-Sim's chains of that instruction, and not those of kind::mxf4."""
+    profile = mmaemu.profile_from_preset("tcgen05_mxf8f6f4", base=PROFILE)
+    M, N, K = 4, 16, 128
+    a = make_cases("e2m1", "e2m1", K, 32, "ue8m0", M, 35)
+    b = make_cases("e2m1", "e2m1", K, 32, "ue8m0", N, 36)
+    assert mmaemu.explain(**{**_nvfp4_args(), "profile": profile}).validation[0] == "UnsupportedFeatureError"
+    out = _scaled_mm(_fp4(a.a), _fp4(b.a), a.sa, b.sa, torch.float8_e8m0fnu, profile=profile)
+    ours = out.numpy().view(np.uint32)
+    theirs = _mmasim_chains(sim, MXF8[0], "e2m1", "e2m1", a.a, b.a, a.sa, b.sa)
+    assert not _diff(ours, theirs), _diff(ours, theirs)
+    assert not np.array_equal(ours, _mmasim_chains(sim, MXF4_B200, "e2m1", "e2m1", a.a, b.a, a.sa, b.sa))
+
+
+def _padded_scales(plain, fill, rng):
+    """The swizzled scale tensor of plain [rows, blocks] scales whose padding columns (up to a multiple of 4) hold
+    ``fill`` codes (random finite codes for "random")."""
+    rows, blocks = plain.shape
+    wide = np.zeros((rows, -(-blocks // 4) * 4), np.uint8)
+    wide[:, :blocks] = plain
+    wide[:, blocks:] = rng.integers(1, 0x7E, (rows, wide.shape[1] - blocks)) if fill == "random" else fill
+    return wide
+
+
+@pytest.mark.parametrize("recipe,K", [("nvfp4", 96), ("nvfp4", 160), ("mxfp4", 96), ("mxfp4", 224)])
+def test_fp4_k_of_an_odd_number_of_32_is_the_zero_padded_last_instruction(sim, recipe, K):
+    """torch takes K % 64 == 32 for FP4 (K / 2 a multiple of 16): the kernel's last 64-element instruction is zero-
+    padded. On MMA-Sim's model: the call equals the chains over the operands padded with +0 to whole instructions,
+    with the scale codes the swizzled tensor holds in its padding; and any finite padding scale gives the same bits
+    (a group of zero products takes part in no alignment), so the result is that of the K elements alone."""
+    rng = np.random.default_rng(K)
+    block, scale_fmt, dtype = (16, "ue4m3", torch.float8_e4m3fn) if recipe == "nvfp4" else \
+        (32, "ue8m0", torch.float8_e8m0fnu)
+    inst = next(i for i in MXF4 if i.preset == "tcgen05_mxf4nvf4" and (i.block, i.scale) == (block, scale_fmt)
+                and i.label.startswith("B200"))
+    M, N, Kp = 4, 16, -(-K // 64) * 64
+    a = make_cases("e2m1", "e2m1", Kp, block, scale_fmt, M, 37)
+    b = make_cases("e2m1", "e2m1", Kp, block, scale_fmt, N, 38)
+    results = []
+    for fill in ("random", 0):
+        wa, wb = _padded_scales(a.sa[:, :K // block], fill, rng), _padded_scales(b.sa[:, :K // block], fill, rng)
+        swizzled = [to_blocked(torch.from_numpy(w).view(dtype)) for w in (wa, wb)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", mmaemu.ExperimentalPresetWarning)
+            out = mmaemu.scaled_mm(_fp4(a.a[:, :K]), _fp4(b.a[:, :K]).t(), *swizzled, out_dtype=torch.float32,
+                                   profile=PROFILE).numpy().view(np.uint32)
+        zero_tail = [np.concatenate([x[:, :K], np.zeros((x.shape[0], Kp - K), np.uint8)], 1) for x in (a.a, b.a)]
+        theirs = _mmasim_chains(sim, inst, "e2m1", "e2m1", *zero_tail, wa[:, :Kp // block], wb[:, :Kp // block])
+        assert not _diff(out, theirs), (fill, _diff(out, theirs))
+        results.append(out)
+    assert np.array_equal(results[0], results[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mmaemu.ExperimentalPresetWarning)
+        slow = mmaemu.scaled_mm(_fp4(a.a[:, :K]), _fp4(b.a[:, :K]).t(), *swizzled, out_dtype=torch.float32,
+                                profile=PROFILE, backend="reference")
+    assert np.array_equal(slow.numpy().view(np.uint32), results[1])
+    plan = mmaemu.explain(_fp4(a.a[:, :K]), _fp4(b.a[:, :K]).t(), *swizzled, out_dtype=torch.bfloat16, profile=PROFILE)
+    assert plan.validation == "ok" and f"K zero-padded to {Kp}" in plan.split.note
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4", "mxfp4"])
+def test_a_nan_code_in_the_scale_padding_that_the_padded_instruction_reads_is_refused(recipe):
+    K, M, N = 96, 4, 16
+    block, nan, dtype = (16, 0x7F, torch.float8_e4m3fn) if recipe == "nvfp4" else (32, 0xFF, torch.float8_e8m0fnu)
+    rng = np.random.default_rng(5)
+    x = _fp4(rng.integers(0, 16, (M, K)).astype(np.uint8))
+    w = _fp4(rng.integers(0, 16, (N, K)).astype(np.uint8))
+    plain = np.full((N, K // block), 0x38 if recipe == "nvfp4" else 127, np.uint8)
+    sa = to_blocked(torch.from_numpy(_padded_scales(plain[:M], 0, rng)).view(dtype))
+    sb = to_blocked(torch.from_numpy(_padded_scales(plain, nan, rng)).view(dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mmaemu.ExperimentalPresetWarning)
+        with pytest.raises(mmaemu.UnsupportedFeatureError, match="padding column.*NaN|NaN.*padding"):
+            mmaemu.scaled_mm(x, w.t(), sa, sb, out_dtype=torch.bfloat16, profile=PROFILE)
+        ok = to_blocked(torch.from_numpy(_padded_scales(plain, 0, rng)).view(dtype))
+        assert mmaemu.scaled_mm(x, w.t(), sa, ok, out_dtype=torch.bfloat16, profile=PROFILE).shape == (M, N)
+
+
+def _fp4_call(recipe, M=4, N=16, K=64):
+    block, dtype = (16, torch.float8_e4m3fn) if recipe == "nvfp4" else (32, torch.float8_e8m0fnu)
+    a = torch.zeros(M, K // 2, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    w = torch.zeros(N, K // 2, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    sa, sb = (to_blocked(torch.zeros(r, K // block, dtype=torch.uint8).view(dtype)) for r in (M, N))
+    return dict(input=a, mat2=w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, profile=PROFILE)
+
+
+def test_the_bias_of_a_block_scaled_call_is_refused_naming_cublaslts_epilogue_and_the_probe():
+    """torch._scaled_mm hands a block-scaled bias to cuBLASLt's closed epilogue: refused, after torch's own bias
+    rules (an fp32 output with a bias is torch's rejection)."""
+    bias = torch.zeros(16, dtype=torch.bfloat16)
+    for call in (_mx_call(), _fp4_call("nvfp4"), _fp4_call("mxfp4")):
+        kind, message = _validation(**{**call, "bias": bias})
+        assert kind == "UnsupportedFeatureError" and "CUBLASLT_EPILOGUE_BIAS" in message
+        assert "bias probe in docs/limitations.md" in message and "add it to the result" in message
+        kind, message = _validation(**{**call, "bias": bias, "out_dtype": torch.float32})
+        assert kind == "ReferenceRejectsError" and "Bias is not supported when out_dtype is set to Float32" in message
+
+
+def test_a_python_float_global_scale_is_a_type_error_naming_the_argument():
+    call = _fp4_call("nvfp4")
+    one = torch.tensor(1.0)
+    for scale_a, scale_b, name in (((call["scale_a"], 0.5), (call["scale_b"], one), "global_scale_a"),
+                                   ((call["scale_a"], one), (call["scale_b"], 2), "global_scale_b")):
+        with pytest.raises(TypeError, match=rf"{name} .*Python (float|int).*torch\.tensor\("):
+            mmaemu.scaled_mm(call["input"], call["mat2"], scale_a, scale_b, out_dtype=torch.bfloat16,
+                             profile=PROFILE)
+    mx = _fp4_call("mxfp4")
+    kind, message = _validation(**{**mx, "scale_a": (mx["scale_a"], one), "scale_b": (mx["scale_b"], one)})
+    assert kind == "UnsupportedFeatureError" and "NVFP4 only" in message
+
+
+def test_mxfp4_takes_the_operands_f_scaled_mm_passes():
+    """torchao's MXFP4 GEMM calls F.scaled_mm(x [M, K/2], w.t() [K/2, N] column-major, BlockWise1x32 e8m0 scales
+    swizzled 32_4_4 and flat); the same tensors reach mmaemu.scaled_mm, and torch's MX scale-size rule counts K
+    unpacked (128 * ceil(rows / 128) * 4 * ceil(K / 32 / 4) codes)."""
+    M, N, K = 4, 16, 96
+    call = _fp4_call("mxfp4", M, N, K)
+    assert call["scale_a"].numel() == 128 * 4 and call["mat2"].stride() == (1, K // 2)
+    plan = mmaemu.explain(**call)
+    assert plan.validation == "ok" and plan.preset == "tcgen05_mxf4nvf4"
+    short = call["scale_a"].reshape(-1)[:-1]
+    kind, message = _validation(**{**call, "scale_a": short})
+    assert kind == "ReferenceRejectsError" and "Expected scale_a size to be 512" in message

@@ -1,4 +1,5 @@
-"""Validation of a block-scaled ``scaled_mm`` call (MXFP8, NVFP4), as torch's ``_scaled_mm`` does it on sm_100.
+"""Validation of a block-scaled ``scaled_mm`` call (MXFP8, MXFP4, NVFP4), as torch's ``_scaled_mm`` does it on
+sm_100.
 
 Sources, and what was not available: torch 2.7.1's own ``aten/src/ATen/native/cuda/Blas.cpp`` could not be read
 here, and its ``_scaled_mm`` has no NVFP4 (FP4 operands with ``float8_e4m3fn`` scales came with torch 2.8). The
@@ -14,7 +15,8 @@ is torch's in that Blas.cpp but not in the newest source (which lets Blackwell t
 mmaemu's scope. torch's order, for a call with block scales:
 
 * B.1 (in f.2.4-5, torch's scaling type) both scales of one dtype, ``float8_e8m0fnu`` (one per 32 elements of K)
-  or ``float8_e4m3fn`` (one per 16, K = 2 x mat1.size(1) for packed FP4): each scale tensor holds
+  or ``float8_e4m3fn`` (one per 16), K = 2 x mat1.size(1) for packed FP4 operands (``is_blockwise_1x32_scaling``'s
+  packed-FP4 path and ``is_blockwise_1x16_scaling``): each scale tensor holds
   ``128 * ceil(rows / 128) * 4 * ceil(ceil(K / block) / 4)`` codes (rows = M for scale_a, N for scale_b: the
   padded swizzled layout) -> ``ReferenceRejectsError`` "For BlockWise scaling: Expected scale_a size to be ...";
   both contiguous -> ``ReferenceRejectsError``;
@@ -23,16 +25,18 @@ mmaemu's scope. torch's order, for a call with block scales:
 
 After f.3 (:func:`check_block_scaled_call`, tags ``[torch _scaled_mm]`` and ``[mmaemu scope]``):
 
-* B.2 the recipe: FP8 operands with UE8M0 scales (MXFP8) or FP4 operands with UE4M3 scales (NVFP4); MXFP4
-  (FP4 with UE8M0), FP8 with UE4M3 scales and mixed FP8 x FP4 -> ``UnsupportedFeatureError`` (which instruction
-  cuBLASLt runs for them is not known);
+* B.2 the recipe: FP8 operands with UE8M0 scales (MXFP8), FP4 operands with UE8M0 scales (MXFP4) or FP4
+  operands with UE4M3 scales (NVFP4); FP8 with UE4M3 scales and mixed FP8 x FP4 -> ``UnsupportedFeatureError``
+  (which instruction cuBLASLt runs for them is not known);
 * B.3 the platform: the profile must model block-scaled GEMMs (:mod:`mmaemu.platform.block_scaled`) ->
   ``UnsupportedFeatureError``;
-* B.4 what is not modelled -> ``UnsupportedFeatureError``: K not a whole number of instructions (32 elements for
-  MXFP8, 64 for NVFP4: how cuBLASLt pads a partial instruction is unknown); input not row-major or mat2 not
-  column-major; an out= that is not row-major; an FP8 output (cuBLASLt's D scale and amax); a bias; global scales
-  with MXFP8, or only one of them (torch: "For two-level-scaled NVFP4, global_scale_a must have a value"); a global
-  scale that is not one fp32 element; requires_grad under grad mode.
+* B.4 what is not modelled -> ``UnsupportedFeatureError``: K not a whole number of 32-element instructions
+  (MXFP8; FP4 K is always a multiple of 32, and a K % 64 == 32 is computed with the last 64-element instruction
+  zero-padded: :func:`mmaemu.platform.block_scaled.padded_K`); input not row-major or mat2 not column-major; an
+  out= that is not row-major; an FP8 output (cuBLASLt's D scale and amax); a bias
+  (:data:`mmaemu.platform.block_scaled.BIAS_REFUSAL`); global scales with MXFP8 or MXFP4, or only one of them
+  (torch: "For two-level-scaled NVFP4, global_scale_a must have a value"); a global scale that is not a tensor
+  (TypeError: torch's list of scales takes tensors only) or not one fp32 element; requires_grad under grad mode.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 from ..errors import ReferenceRejectsError, UnsupportedFeatureError
-from ..platform.block_scaled import RECIPES, Recipe, recipe_preset, refusal
+from ..platform.block_scaled import BIAS_REFUSAL, RECIPES, Recipe, padded_K, recipe_preset, refusal
 from .descriptors import dtype_name
 from .layout import is_row_major, mat2_is_column_major
 
@@ -63,7 +67,7 @@ class BlockScaling(NamedTuple):
 
 class BlockScaledSpec(NamedTuple):
     """A checked block-scaled call: the recipe, the preset that computes it, the element formats, K in elements,
-    the block length and the (swizzled) scale tensors' plain shapes [M, K / block] and [N, K / block]."""
+    the block length, and the K the kernel computes (``padded_K`` > K: the last instruction zero-padded)."""
 
     recipe: Recipe
     preset: object
@@ -71,6 +75,7 @@ class BlockScaledSpec(NamedTuple):
     fmt_b: str
     K: int
     block: int
+    padded_K: int
 
 
 def _dtype_name(t) -> str:
@@ -94,7 +99,7 @@ def block_scaling(scale_a, scale_b, input, mat2) -> Optional[BlockScaling]:
         return None
     block = _SCALE_BLOCK[name]
     M, N = input.shape[0], mat2.shape[1]
-    K = input.shape[1] * (2 if name == "float8_e4m3fn" else 1)  # torch counts K unpacked for NVFP4
+    K = input.shape[1] * (2 if _dtype_name(input) == FP4_DTYPE_NAME else 1)  # torch counts K unpacked for FP4
     for label, scale, rows in (("scale_a", scale_a, M), ("scale_b", scale_b, N)):
         expected = expected_scale_numel(rows, K, block)
         if scale.numel() != expected:
@@ -113,15 +118,16 @@ def _scope(message: str) -> UnsupportedFeatureError:
 
 
 def _recipe_of(input, mat2, scaling: BlockScaling) -> Recipe:
-    """B.2: MXFP8 or NVFP4 by the operand and scale dtypes."""
+    """B.2: MXFP8, MXFP4 or NVFP4 by the operand and scale dtypes."""
     dtypes = (_dtype_name(input), _dtype_name(mat2))
     for recipe in RECIPES.values():
         if recipe.scale_dtype == scaling.scale_dtype and all(d in recipe.operand_dtypes for d in dtypes):
             return recipe
     raise _scope(f"block-scaled scaled_mm with operands {dtypes[0]} x {dtypes[1]} and {scaling.scale_dtype} scales: "
-                 f"only MXFP8 (float8 operands, float8_e8m0fnu scales) and NVFP4 (float4_e2m1fn_x2 operands, "
-                 f"float8_e4m3fn scales) are modelled; which instruction cuBLASLt runs for MXFP4 or mixed FP8 x FP4 "
-                 f"operands is not known")
+                 f"only MXFP8 (float8 operands, float8_e8m0fnu scales), MXFP4 (float4_e2m1fn_x2 operands, "
+                 f"float8_e8m0fnu scales) and NVFP4 (float4_e2m1fn_x2 operands, float8_e4m3fn scales) are modelled; "
+                 f"which instruction cuBLASLt runs for mixed FP8 x FP4 operands or FP8 with UE4M3 scales is not "
+                 f"known")
 
 
 def _format_of(t) -> str:
@@ -141,7 +147,8 @@ def check_block_scaled_call(input, mat2, scaling: BlockScaling, od, bias, out, p
         raise _scope(f"{recipe.name.upper()} scaled_mm: profile {profile.name!r} computes block-scaled calls with "
                      f"preset {profile.preset_name!r}, which does not take {recipe.name.upper()} operands and scales")
     K = scaling.K
-    if K % preset.nfma:  # B.4
+    K_padded = padded_K(K, preset)
+    if K_padded % preset.nfma:  # B.4
         raise _scope(f"{recipe.name.upper()} scaled_mm with K = {K}: K must be a multiple of {preset.nfma} (one "
                      f"{preset.name} instruction takes {preset.nfma} elements of K; how cuBLASLt pads a partial "
                      f"instruction is not known); zero-pad K (and its scales) to a multiple of {preset.nfma}")
@@ -156,8 +163,7 @@ def check_block_scaled_call(input, mat2, scaling: BlockScaling, od, bias, out, p
         raise _scope(f"{recipe.name.upper()} scaled_mm with output dtype {od}: only float32, bfloat16 and float16 "
                      f"outputs are modelled (an FP8 output needs cuBLASLt's D scale and amax)")
     if bias is not None:
-        raise _scope(f"{recipe.name.upper()} scaled_mm: bias is not modelled (the fused bias epilogue is never "
-                     f"approximated); add the bias to the result yourself")
+        raise _scope(f"{recipe.name.upper()} scaled_mm: {BIAS_REFUSAL}")
     _check_globals(recipe, globals_)
     needing = [name for name, t in grad.items() if t is not None and t.requires_grad]
     if needing:
@@ -166,22 +172,25 @@ def check_block_scaled_call(input, mat2, scaling: BlockScaling, od, bias, out, p
         if torch.is_grad_enabled():
             raise _scope(f"{', '.join(needing)} require(s) grad while grad mode is enabled: mmaemu is inference "
                          f"only; wrap the call in torch.no_grad() or pass .detach()ed tensors")
-    return BlockScaledSpec(recipe, preset, _format_of(input), _format_of(mat2), K, scaling.block)
+    return BlockScaledSpec(recipe, preset, _format_of(input), _format_of(mat2), K, scaling.block, K_padded)
 
 
 def _check_globals(recipe: Recipe, globals_) -> None:
     if globals_ is None:
         return
     if recipe.name != "nvfp4":
-        raise _scope("global scales (scale_a / scale_b given as (block scales, global scale) pairs) belong to "
-                     "two-level NVFP4 only; pass the MXFP8 block scales alone")
+        raise _scope(f"global scales (scale_a / scale_b given as (block scales, global scale) pairs) belong to "
+                     f"two-level NVFP4 only; pass the {recipe.name.upper()} block scales alone")
     import torch  # global scales come with real tensors (NVFP4 calls)
 
     for label, g in zip(("global_scale_a", "global_scale_b"), globals_):
-        if not isinstance(g, torch.Tensor) or g.numel() != 1 or g.dtype != torch.float32:
-            raise _scope(f"{label} must be a one-element float32 tensor, got "
-                         f"{getattr(g, 'dtype', type(g).__name__)} with {getattr(g, 'numel', lambda: '?')()} "
-                         f"element(s)")
+        if not isinstance(g, torch.Tensor):
+            raise TypeError(f"scaled_mm: {label} (the second item of scale_{label[-1]}) must be a one-element "
+                            f"float32 tensor, got a Python {type(g).__name__} (torch's list of scales takes "
+                            f"tensors only); pass torch.tensor({g!r}, dtype=torch.float32, device=input.device)")
+        if g.numel() != 1 or g.dtype != torch.float32:
+            raise _scope(f"{label} must be a one-element float32 tensor, got {g.dtype} with {g.numel()} "
+                         f"element(s); pass a float32 tensor of one element")
 
 
 def split_two_level(scale_a, scale_b):
@@ -200,3 +209,40 @@ def split_two_level(scale_a, scale_b):
             raise TypeError(f"scaled_mm: scale_{label} as a sequence must be a (block scales, global scale) pair, "
                             f"got {len(s)} items")
     return scale_a[0], scale_b[0], (scale_a[1], scale_b[1])
+
+
+class KernelOperands(NamedTuple):
+    """What the kernel computes of a checked call: element codes A [M, padded_K] and B [N, padded_K] (uint8, FP4
+    unpacked, +0 beyond K) and scale codes [M, padded_K / block], [N, padded_K / block] (the padding blocks as the
+    swizzled tensors hold them)."""
+
+    a: object
+    b: object
+    scale_a: object
+    scale_b: object
+
+
+def kernel_operands(a_codes, b_codes, scale_a, scale_b, spec: BlockScaledSpec) -> KernelOperands:
+    """The operands of the kernel (:class:`KernelOperands`) from the element codes [rows, K] and the flat swizzled
+    scale codes (numpy uint8). A NaN code in a padding block of a padded call -> UnsupportedFeatureError
+    (:func:`mmaemu.platform.block_scaled.padding_scale_refusal`)."""
+    import numpy as np
+
+    from ..formats import scale_nan_codes
+    from ..platform.block_scaled import padding_scale_refusal
+    from ..scale_layout import from_blocked
+
+    blocks, extra = spec.padded_K // spec.block, spec.padded_K - spec.K
+    sa = from_blocked(scale_a, a_codes.shape[0], blocks)
+    sb = from_blocked(scale_b, b_codes.shape[0], blocks)
+    if not extra:
+        return KernelOperands(a_codes, b_codes, sa, sb)
+    nan = scale_nan_codes(spec.recipe.scale_fmt)
+    first = spec.K // spec.block
+    if nan[sa[:, first:]].any() or nan[sb[:, first:]].any():
+        raise _scope(padding_scale_refusal(spec.recipe, spec.K, spec.padded_K))
+
+    def padded(codes):
+        return np.pad(codes, ((0, 0), (0, extra)))
+
+    return KernelOperands(padded(a_codes), padded(b_codes), sa, sb)

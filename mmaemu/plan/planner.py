@@ -219,13 +219,16 @@ def _refuse_block_scaled_preset(plan: Plan) -> None:
 
 
 def _plan_block_scaled(plan: Plan, splitk, backend, context) -> Plan:
-    """An MXFP8 / NVFP4 call (:mod:`mmaemu.platform.block_scaled`): experimental; one chain of the instruction per
-    output over all of K, so S = 1 only; CPU engines, or ``cuda:simple`` when asked for by name."""
+    """An MXFP8 / MXFP4 / NVFP4 call (:mod:`mmaemu.platform.block_scaled`): experimental; one chain of the
+    instruction per output over all of K (zero-padded to whole instructions), so S = 1 only; CPU engines, or
+    ``cuda:simple`` when asked for by name."""
     call = plan.call
     spec = call.block_scaled
     plan.preset = spec.preset
-    _note(plan, [Notice(ExperimentalPresetWarning, block_scaled.maturity_message(spec.recipe, spec.preset.name),
-                        (f"block-scaled:{plan.profile.name}:{spec.recipe.name}",))])
+    padded = spec.padded_K != spec.K
+    _note(plan, [Notice(ExperimentalPresetWarning,
+                        block_scaled.maturity_message(spec.recipe, spec.preset.name, padded),
+                        (f"block-scaled:{plan.profile.name}:{spec.recipe.name}:{'padded' if padded else 'whole'}",))])
     if call.out_resize_warns:
         _out_warning(plan, OUT_RESIZED_MESSAGE.format(old=tuple(call.out.shape), new=(call.M, call.N)))
     if not asks_one_split(splitk):
@@ -235,8 +238,9 @@ def _plan_block_scaled(plan: Plan, splitk, backend, context) -> Plan:
     plan.kernel = block_scaled.KERNEL
     plan.split = SplitDecision(1, "none", "kernel", False, None,
                                f"{block_scaled.NO_SPLIT_REASON}; instruction {spec.preset.name}, "
-                               f"{spec.recipe.name.upper()} block {spec.block}; unknown: "
-                               f"{'; '.join(block_scaled.UNKNOWNS)}")
+                               f"{spec.recipe.name.upper()} block {spec.block}"
+                               f"{f', K zero-padded to {spec.padded_K}' if padded else ''}; unknown: "
+                               f"{'; '.join(block_scaled.unknowns(spec.recipe, padded))}")
     _choose_block_scaled_backend(plan, call.device, backend, context)
     return plan
 

@@ -190,10 +190,10 @@ _SPLITK_MATURITY_NOTES = {
 
 # Profiles without a reference platform whose calls are not "state split-K explicitly" (mmaemu.platform.block_scaled).
 _NO_PLATFORM_DESCRIPTIONS = {
-    "b200-mx-experimental": "MXFP8 and NVFP4 torch._scaled_mm on a B200 (sm_100; swizzled block scales): "
-                            "tcgen05.mma kind::mxf8f6f4 / kind::mxf4nvf4 as MMA-Sim models them, one chain per "
-                            "output, no split-K (modelled, not recorded); block-scaled calls only; experimental "
-                            "profile",
+    "b200-mx-experimental": "MXFP8, MXFP4 and NVFP4 torch._scaled_mm on a B200 (sm_100; swizzled block scales): "
+                            "tcgen05.mma kind::mxf8f6f4 / kind::mxf4 / kind::mxf4nvf4 as MMA-Sim models them, one "
+                            "chain per output, no split-K (modelled, not recorded); block-scaled calls only; "
+                            "experimental profile",
 }
 
 
