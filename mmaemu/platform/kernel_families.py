@@ -70,6 +70,9 @@ FAMILIES = {
     "cutlass-grouped-rowwise": KernelFamily(
         "cutlass grouped rowwise (f8f8bf16_grouped_mm)", "mmaemu.scaled_grouped_mm: per group the hopper "
         "preset's chain and the grouped epilogue (mmaemu.grouped)", "experimental"),
+    "fbgemm-mxfp4": KernelFamily(
+        "FBGEMM CUTLASS MXFP4 (f4f4bf16)", "mmaemu.scaled_mm MXFP4: one tcgen05 kind::mxf4 chain per output "
+        "(mmaemu.platform.block_scaled)", "experimental"),
     "fbgemm-grouped-mxfp8": KernelFamily("FBGEMM CUTLASS grouped MXFP8 (mx8mx8bf16_grouped_mm)", None, "none"),
     "fbgemm-grouped-fp4": KernelFamily("FBGEMM CUTLASS grouped FP4 (f4f4bf16_grouped_mm)", None, "none"),
     "unknown": KernelFamily("unknown", None, "none"),
@@ -142,9 +145,12 @@ ROUTES = (
                 "torch refuses it: 'DeepSeek style (1x128, 128x128) scaling only supported in CUDA for SM90'"),
     KernelRoute(_MM, _BLOCK_SCALED, _ANY, _ANY, None, "cublaslt-block-scaled", COMPUTES,
                 "torch sends MXFP8 / NVFP4 block scales to cuBLASLt's block-scaled kernels (sm_100)"),
-    KernelRoute(_MM, ("mxfp4_mxfp4",), _ANY, _ANY, None, "unknown", UNSUPPORTED,
-                "torch runs MXFP4 in FBGEMM's f4f4bf16 (or not at all without it); which instruction and chain it "
-                "uses is not known"),
+    KernelRoute(_MM, ("mxfp4_mxfp4",), _ANY, _ANY, None, "fbgemm-mxfp4", COMPUTES,
+                "torch's _scaled_mm_v2 sends MXFP4 to FBGEMM's CUTLASS kernel f4f4bf16 (pytorch ScaledBlas.cpp "
+                "@0174dfab; alpha 1, beta 0, no split-K: FBGEMM f4f4bf16_common.cuh @471f0041), whose CUTLASS "
+                "builder selects kind::mxf4nvf4 for FP4 x FP4 K-major operands (cutlass sm1xx_common.inl "
+                "@41c55641, blockscaled::select_instr); the bias is not handed to that kernel, so a bias is "
+                "refused"),
     KernelRoute(_GROUPED, ("rowwise_rowwise",), _ANY, _ANY, 9, "cutlass-grouped-rowwise", COMPUTES,
                 "torch runs row-wise grouped GEMMs in its CUTLASS kernel f8f8bf16_grouped_mm (kGrouped, one "
                 "problem per group) on sm_90"),
