@@ -1,0 +1,273 @@
+"""The casts compute what torch computes on the reference GPU (issue 28, items 1-4), whatever device the input is on.
+
+Each expected value is derived here from the GPU kernel's formula, written out in numpy fp32 or with math.frexp:
+``t / number`` is ``t * fp32(1 / number)`` on CUDA (tests/cuda_torch.py names the kernel), and a power of two from
+a floating log2 is the exact one where the log2's rounding cannot matter. Each test also shows that the CPU
+kernel's true division would give other bits on some of its inputs, so that it fails on a CPU-division cast.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from cuda_torch import CudaScalarDivision, cuda_inverse
+
+import mmaemu.deepgemm as dg
+from mmaemu import block_quantize as bq
+from mmaemu.errors import UnsupportedFeatureError
+from mmaemu.quantize import quantize_rowwise, rowwise_scale
+
+F32 = np.float32
+
+
+def gpu_divide(values, number):
+    """``values / number`` as torch's CUDA kernel computes it for fp32 values: values * fp32(1 / number)."""
+    return np.asarray(values, F32) * (F32(1.0) / F32(number))
+
+
+def cpu_divide(values, number):
+    """The CPU kernel's correctly rounded fp32 quotient."""
+    return np.asarray(values, F32) / F32(number)
+
+
+def bf16_tensor(seed, shape, spread=0):
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal(shape) * np.exp2(rng.integers(-spread, spread + 1, shape[:1] + (1,)))
+    return torch.from_numpy(values.astype(F32)).to(torch.bfloat16)
+
+
+def fp8_codes(values):
+    """torch's cast of fp32 values to float8_e4m3fn (the c10 conversion; CPU and CUDA kernels share it), as uint8."""
+    return torch.from_numpy(np.ascontiguousarray(values, F32)).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+
+
+def every_positive_bf16():
+    """Every positive finite bf16 value (subnormals included), as fp32."""
+    return torch.arange(1, 0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float().numpy()
+
+
+def smallest_power_of_two_at_least(v):
+    """2**ceil(log2 v) of a positive finite value (math.frexp: v = m * 2**e exactly, m in [0.5, 1))."""
+    m, e = math.frexp(float(v))
+    return float(v) if m == 0.5 else math.ldexp(1.0, e)
+
+
+def largest_power_of_two_at_most(v):
+    """2**floor(log2 v) of a positive finite value."""
+    return math.ldexp(1.0, math.frexp(float(v))[1] - 1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Item 1: DeepGEMM's casts (deep_gemm/utils/math.py of v2.1.1.post3 runs them on the GPU)
+
+
+def strip_amax(x, rows, cols):
+    """max |x| of each rows x cols tile of a 2-D fp32 array whose shape they divide, clamped to fp32(1e-4)."""
+    m, n = x.shape
+    tiles = np.abs(x).reshape(m // rows, rows, n // cols, cols).max(axis=(1, 3))
+    return np.maximum(tiles, F32(1e-4))
+
+
+def check_deepgemm_cast(x, codes, sf, rows, cols):
+    """sf = amax * fp32(1/448) per tile; codes = e4m3(x * fp32(1/sf)); returns how many CPU-division scales differ."""
+    values = x.float().numpy()
+    amax = strip_amax(values, rows, cols)
+    want_sf = gpu_divide(amax, 448.0)
+    np.testing.assert_array_equal(sf.numpy().reshape(want_sf.shape), want_sf)
+    inverse = np.repeat(np.repeat(F32(1.0) / want_sf, rows, axis=0), cols, axis=1)
+    np.testing.assert_array_equal(codes.view(torch.uint8).numpy(), fp8_codes(values * inverse))
+    return int(np.count_nonzero(cpu_divide(amax, 448.0) != want_sf))
+
+
+def test_per_token_cast_scales_are_the_gpus_reciprocal_multiply():
+    x = bf16_tensor(1, (64, 512), spread=6)
+    codes, sf = dg.per_token_cast_to_fp8(x, use_ue8m0=False)
+    assert sf.shape == (64, 4) and sf.dtype == torch.float32
+    assert check_deepgemm_cast(x, codes, sf, 1, 128) > 0  # the CPU's division gives other scales here
+
+
+def test_per_block_and_per_channel_cast_scales_are_the_gpus_reciprocal_multiply():
+    x = bf16_tensor(2, (512, 384), spread=3)
+    codes, sf = dg.per_block_cast_to_fp8(x, use_ue8m0=False)
+    assert sf.shape == (4, 3)
+    differ = check_deepgemm_cast(x, codes, sf, 128, 128)
+    codes, sf = dg.per_channel_cast_to_fp8(x, use_ue8m0=False)
+    assert sf.shape == (4, 384)
+    differ += check_deepgemm_cast(x, codes, sf, 128, 1)
+    assert differ > 0
+
+
+def test_casts_of_a_cpu_tensor_and_of_fp32_inputs_take_the_gpu_formula():
+    """fp32 inputs, padded columns, and the 1e-4 floor: the same formula (the floor's scale differs on the CPU)."""
+    x = torch.from_numpy((np.random.default_rng(3).standard_normal((3, 200)) * 3).astype(F32))
+    x[1] = 0.0  # amax below the floor: sf = fp32(1e-4) * fp32(1/448)
+    codes, sf = dg.per_token_cast_to_fp8(x, use_ue8m0=False)
+    padded = torch.zeros(3, 256)
+    padded[:, :200] = x
+    want = gpu_divide(strip_amax(padded.numpy(), 1, 128), 448.0)
+    np.testing.assert_array_equal(sf.numpy(), want)
+    assert sf[1, 0].item() == float(F32(1e-4) * (F32(1) / F32(448)))
+    assert cpu_divide(F32(1e-4), 448.0) != want[1, 0]
+
+
+def test_ceil_to_ue8m0_is_the_exact_power_of_two_outside_the_log2_window():
+    values = np.array([2.0 ** -10, 1.5 * 2.0 ** -8, 0.75, 3.0, 2.0 ** 100 * 1.25, 0.0, 2.0 ** -140 * 3], F32)
+    got = dg.ceil_to_ue8m0(torch.from_numpy(values)).numpy()
+    assert got.dtype == F32
+    want = [smallest_power_of_two_at_least(v) if v > 0 else 0.0 for v in values]
+    assert got.tolist() == want
+    # above 2**127 the power of two overflows, as pow(2, 128) does in fp32
+    assert dg.ceil_to_ue8m0(torch.tensor([2.0 ** 127 * 1.5])).item() == float("inf")
+
+
+def test_ceil_to_ue8m0_refuses_a_scale_just_above_a_power_of_two():
+    """log2(2**-8 * (1 + 2**-23)) rounds to -8 when correctly rounded (torch's CPU log2 gives the scale 2**-8, below
+    the value) and to -8 or above within CUDA's 1-ulp bound: not decided by evidence, so refused."""
+    just_above = F32(2.0 ** -8) * (F32(1) + F32(2.0 ** -23))
+    assert torch.pow(2.0, torch.ceil(torch.log2(torch.tensor([just_above])))).item() == 2.0 ** -8  # torch on CPU
+    with pytest.raises(UnsupportedFeatureError, match="ceil_to_ue8m0.*log2"):
+        dg.ceil_to_ue8m0(torch.tensor([1.0, float(just_above)]))
+    # an fp32 input whose block scale lands there: amax = 448 * 2**-8 * (1 + 2**-23) / fp32-rounding
+    x = torch.zeros(128, 128)
+    x[0, 0] = float(np.nextafter(F32(1.75), F32(2)))  # amax * fp32(1/448) = 2**-8 * (1 + 2**-23)
+    assert float(gpu_divide(x[0, 0].item(), 448.0)) == float(just_above)
+    with pytest.raises(UnsupportedFeatureError, match="use_ue8m0=False"):
+        dg.per_block_cast_to_fp8(x, use_ue8m0=True)
+
+
+def test_no_bf16_amax_gives_a_ue8m0_scale_in_the_log2_window():
+    """Every positive bf16 amax: its scale (after the floor) is never refused and is the exact power of two."""
+    amax = np.maximum(every_positive_bf16(), F32(1e-4))
+    sf = gpu_divide(amax, 448.0)
+    got = dg.ceil_to_ue8m0(torch.from_numpy(sf)).numpy()
+    distinct = np.unique(sf)
+    want = dict(zip(distinct.tolist(), (smallest_power_of_two_at_least(v) for v in distinct)))
+    assert got.tolist() == [want[v] for v in sf.tolist()]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Item 4: an expert without tokens
+
+
+@pytest.mark.parametrize("use_ue8m0", [False, True])
+@pytest.mark.parametrize("n", [128, 300])
+def test_per_token_cast_of_zero_rows(n, use_ue8m0):
+    codes, sf = dg.per_token_cast_to_fp8(torch.zeros(0, n, dtype=torch.bfloat16), use_ue8m0=use_ue8m0)
+    assert codes.shape == (0, n) and codes.dtype == torch.float8_e4m3fn
+    assert sf.shape == (0, -(-n // 128)) and sf.dtype == torch.float32
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Item 2: NVFP4 (torchao 0.18.0's nvfp4_quantize and per_tensor_amax_to_scale run on the B200)
+
+
+def fp32_tensors(seed, count=64):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((4, 32)) * np.exp2(rng.integers(-20, 20))).astype(F32) for _ in range(count)]
+
+
+def test_nvfp4_global_scale_is_the_gpus_reciprocal_multiply():
+    differ = 0
+    for x in fp32_tensors(4):
+        amax = F32(np.abs(x).max())
+        want = gpu_divide(amax, 2688.0)
+        assert bq.nvfp4_global_scale(x) == float(want)
+        assert bq.quantize_nvfp4(x).global_scale == float(want)
+        differ += cpu_divide(amax, 2688.0) != want
+    assert differ > 0
+
+
+def test_nvfp4_block_scale_is_the_gpus_reciprocal_multiply():
+    """amax = 1.78124988 (one ulp below 6 * 0.296875): the GPU's fp32(amax * fp32(1/6)) is the e4m3 tie 0.296875,
+    which rounds to even (code 0x2A); the CPU's quotient lies just below it (code 0x29)."""
+    amax = F32(1.7812498807907104)
+    assert gpu_divide(amax, 6.0) == F32(0.296875) and cpu_divide(amax, 6.0) < F32(0.296875)
+    x = np.zeros((1, 16), F32)
+    x[0, 0] = amax
+    assert int(bq.quantize_nvfp4(x, global_scale=None).scales[0, 0]) == 0x2A
+
+
+def _torchao_nvfp4():
+    pytest.importorskip("torchao")
+    from torchao.prototype.mx_formats import nvfp4_tensor
+
+    return nvfp4_tensor
+
+
+@pytest.mark.parametrize("two_level", [False, True])
+def test_nvfp4_equals_torchao_run_with_the_gpus_division(two_level):
+    """torchao 0.18.0's own nvfp4_quantize and per_tensor_amax_to_scale, run with the CUDA kernel's division."""
+    nvfp4_tensor = _torchao_nvfp4()
+    rows = np.concatenate(fp32_tensors(5, 8) + [np.full((4, 32), 1.7812498807907104, F32)])
+    x = torch.from_numpy(rows)
+    with CudaScalarDivision() as mode:
+        pts = nvfp4_tensor.per_tensor_amax_to_scale(torch.max(torch.abs(x))) if two_level else None
+        scales, data = nvfp4_tensor.nvfp4_quantize(x.clone(), 16, pts)
+    assert mode.replaced == (2 if two_level else 1)
+    q = bq.quantize_nvfp4(rows, global_scale="dynamic" if two_level else None)
+    if two_level:
+        assert q.global_scale == float(pts)
+    np.testing.assert_array_equal(q.scales, scales.view(torch.uint8).numpy())
+    np.testing.assert_array_equal(q.codes, data.view(torch.uint8).numpy())
+    if not two_level:  # torchao on the CPU (a true division) gives other block scales for these rows
+        cpu_scales, _ = nvfp4_tensor.nvfp4_quantize(x.clone(), 16, None)
+        assert not np.array_equal(q.scales, cpu_scales.view(torch.uint8).numpy())
+
+
+def test_nvfp4_layer_keeps_the_gpus_global_scale():
+    from mmaemu.nn_recipes import NVFP4Linear
+
+    for seed in range(40):  # the first weight whose CPU-division global scale differs
+        weight = fp32_tensors(seed, 1)[0]
+        amax = F32(np.abs(weight).max())
+        if cpu_divide(amax, 2688.0) != gpu_divide(amax, 2688.0):
+            break
+    else:
+        pytest.fail("no weight found whose global scale differs between the CPU's and the GPU's division")
+    linear = torch.nn.Linear(32, 4, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(weight))
+    layer = NVFP4Linear.from_linear(linear)
+    assert layer.weight_global_scale.item() == float(gpu_divide(amax, 2688.0))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Item 3: the row-wise scales (torchao's amax_to_scale: 448 / amax is amax.reciprocal() * 448 in float64)
+
+
+def test_rowwise_power_of_two_scales_are_exact_for_every_bf16_amax():
+    amax = every_positive_bf16()
+    rows = torch.from_numpy(amax).to(torch.bfloat16).reshape(-1, 1)
+    got = rowwise_scale(rows).numpy().reshape(-1)
+    exact = (448.0 * (1.0 / np.maximum(amax.astype(np.float64), 1e-12))).astype(F32)  # float64, then fp32
+    distinct = np.unique(exact)
+    want = dict(zip(distinct.tolist(), (largest_power_of_two_at_most(v) for v in distinct)))
+    assert got.tolist() == [want[v] for v in exact.tolist()]
+
+
+def test_rowwise_scale_just_below_a_power_of_two_is_refused():
+    """amax = 1.75 * (1 + 2**-23): s = fp32(448 / amax) = 2**8 * (1 - 2**-23); log2 s = 8 - 1.7e-7 rounds to 8 when
+    correctly rounded (torch's CPU gives the scale 256, above s) and to 8 or below within CUDA's 1-ulp bound."""
+    amax = np.nextafter(F32(1.75), F32(2))
+    x = torch.tensor([[float(amax), 1.0]])
+    s = rowwise_scale(x, round_scales_to_power_of_2=False).item()
+    assert s == 2.0 ** 8 * (1 - 2.0 ** -23)
+    assert torch.exp2(torch.floor(torch.log2(torch.tensor(s)))).item() == 256.0  # torch on the CPU
+    with pytest.raises(UnsupportedFeatureError, match="round_scales_to_power_of_2=False"):
+        rowwise_scale(x)
+    with pytest.raises(UnsupportedFeatureError):
+        quantize_rowwise(x)
+
+
+def test_gpu_divide_differs_from_the_cpu_division_for_the_casts_divisors():
+    """The premise of the tests above, on every positive bf16 value: each divisor's two results differ often."""
+    values = every_positive_bf16()
+    for number in (448.0, 6.0, 2688.0):
+        assert np.count_nonzero(gpu_divide(values, number) != cpu_divide(values, number)) > values.size // 10
+    with CudaScalarDivision():
+        got = torch.from_numpy(values) / 448.0
+    np.testing.assert_array_equal(got.numpy(), values * F32(cuda_inverse(448.0)))
