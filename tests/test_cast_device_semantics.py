@@ -165,9 +165,9 @@ def test_per_token_cast_of_zero_rows(n, use_ue8m0):
 # Item 2: NVFP4 (torchao 0.18.0's nvfp4_quantize and per_tensor_amax_to_scale run on the B200)
 
 
-def fp32_tensors(seed, count=64):
+def fp32_tensors(seed, count=64, shape=(4, 32)):
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((4, 32)) * np.exp2(rng.integers(-20, 20))).astype(F32) for _ in range(count)]
+    return [(rng.standard_normal(shape) * np.exp2(rng.integers(-20, 20))).astype(F32) for _ in range(count)]
 
 
 def test_nvfp4_global_scale_is_the_gpus_reciprocal_multiply():
@@ -203,6 +203,8 @@ def test_nvfp4_equals_torchao_run_with_the_gpus_division(two_level):
     """torchao 0.18.0's own nvfp4_quantize and per_tensor_amax_to_scale, run with the CUDA kernel's division."""
     nvfp4_tensor = _torchao_nvfp4()
     rows = np.concatenate(fp32_tensors(5, 8) + [np.full((4, 32), 1.7812498807907104, F32)])
+    rows[0, 0] = 1e7  # the tensor's amax, whose global scale differs on the CPU
+    assert gpu_divide(F32(1e7), 2688.0) != cpu_divide(F32(1e7), 2688.0)
     x = torch.from_numpy(rows)
     with CudaScalarDivision() as mode:
         pts = nvfp4_tensor.per_tensor_amax_to_scale(torch.max(torch.abs(x))) if two_level else None
@@ -213,7 +215,9 @@ def test_nvfp4_equals_torchao_run_with_the_gpus_division(two_level):
         assert q.global_scale == float(pts)
     np.testing.assert_array_equal(q.scales, scales.view(torch.uint8).numpy())
     np.testing.assert_array_equal(q.codes, data.view(torch.uint8).numpy())
-    if not two_level:  # torchao on the CPU (a true division) gives other block scales for these rows
+    if two_level:  # torchao on the CPU (a true division) gives another global scale
+        assert float(nvfp4_tensor.per_tensor_amax_to_scale(torch.max(torch.abs(x)))) != q.global_scale
+    else:  # and other block scales for these rows
         cpu_scales, _ = nvfp4_tensor.nvfp4_quantize(x.clone(), 16, None)
         assert not np.array_equal(q.scales, cpu_scales.view(torch.uint8).numpy())
 
@@ -222,13 +226,13 @@ def test_nvfp4_layer_keeps_the_gpus_global_scale():
     from mmaemu.nn_recipes import NVFP4Linear
 
     for seed in range(40):  # the first weight whose CPU-division global scale differs
-        weight = fp32_tensors(seed, 1)[0]
+        weight = fp32_tensors(seed, 1, (4, 64))[0]
         amax = F32(np.abs(weight).max())
         if cpu_divide(amax, 2688.0) != gpu_divide(amax, 2688.0):
             break
     else:
         pytest.fail("no weight found whose global scale differs between the CPU's and the GPU's division")
-    linear = torch.nn.Linear(32, 4, bias=False)
+    linear = torch.nn.Linear(64, 4, bias=False)
     with torch.no_grad():
         linear.weight.copy_(torch.from_numpy(weight))
     layer = NVFP4Linear.from_linear(linear)
