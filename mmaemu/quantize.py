@@ -31,6 +31,13 @@ without ``--use_fast_math`` (its default), so ``x * s`` and ``1 / s`` are IEEE o
 conversion ``cvt.rn.satfinite`` (sm_90) returns 0x7F for every NaN as the ``cuda_fp8.hpp`` software path
 (used on sm_89) does.
 
+**Which device's kernels.** The per-tensor functions follow Transformer Engine's CUDA kernels (the amax reduction,
+``compute_scale_from_amax``, the scale update of ``delayed_scaling.cu``, the cast): their divisions and
+multiplications are IEEE fp32 operations in device code, not torch's division of a tensor by a Python number, so a
+correctly rounded fp32 division is the GPU's result, on every device. The row-wise functions follow torchao's
+eager torch expressions as the reference GPU runs them (:func:`rowwise_scale` says which operations matter;
+docs/semantics.md, section 13, has the table of the operations checked).
+
 Everything here is computed with exact IEEE fp32 operations and integer bit manipulation, on the tensor's own
 device; torch's own float8 casts are only used for values that are exactly representable (no rounding involved).
 Every public function here refuses to compute on a CPU thread in flush-to-zero / denormals-are-zero mode (one
@@ -331,8 +338,8 @@ def quantize_rowwise(x, fmt="e4m3", *, round_scales_to_power_of_2=True):
     """``(q, scale)``: torchao's row-wise float8 cast of a 2-D ``x`` [rows, cols].
 
     ``scale`` = :func:`rowwise_scale`; ``q = fp8(clamp(fp32(x) * scale, -fp8_max, fp8_max))`` (torchao's
-    ``hp_tensor_and_scale_to_float8`` and ``to_fp8_saturated``: one fp32 multiplication, a clamp, torch's round to
-    nearest cast). ``_scaled_mm`` takes the reciprocals (torchao passes ``scale.reciprocal()``): for
+    ``hp_tensor_and_scale_to_float8`` and ``to_fp8_saturated``: one fp32 multiplication of two tensors, a clamp,
+    torch's round to nearest cast; each the same on torch's CPU and CUDA kernels). ``_scaled_mm`` takes the reciprocals (torchao passes ``scale.reciprocal()``): for
     ``x @ w.t()`` call ``scaled_mm(qx, qw.t(), sx.reciprocal(), sw.reciprocal().t(), out_dtype=torch.bfloat16)``.
     """
     fmt = _fmt(fmt)

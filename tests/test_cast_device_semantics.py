@@ -19,7 +19,7 @@ from cuda_torch import CudaScalarDivision, cuda_inverse
 import mmaemu.deepgemm as dg
 from mmaemu import block_quantize as bq
 from mmaemu.errors import UnsupportedFeatureError
-from mmaemu.quantize import quantize_rowwise, rowwise_scale
+from mmaemu.quantize import quantize, quantize_rowwise, rowwise_scale
 
 F32 = np.float32
 
@@ -280,3 +280,27 @@ def test_gpu_divide_differs_from_the_cpu_division_for_the_casts_divisors():
     with CudaScalarDivision():
         got = torch.from_numpy(values) / 448.0
     np.testing.assert_array_equal(got.numpy(), values * F32(cuda_inverse(448.0)))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Item 3: the layers' scale updates
+
+
+def test_te_layer_current_scaling_is_te_kernels_fp32_division():
+    """EmulatedFP8Linear's per-call scale is TE's ``compute_scale_from_amax``: ``448 / amax`` divided in device code
+    (correctly rounded), its inverse ``1 / s`` likewise; a torch port's ``448.0 / amax`` (``amax.reciprocal() *
+    448``, on every device) would give other scales for some of these inputs."""
+    from mmaemu.nn import EmulatedFP8Linear
+
+    layer = EmulatedFP8Linear.from_linear(torch.nn.Linear(32, 8, bias=False), profile="hopper")
+    differ = 0
+    for seed in range(32):
+        x = torch.from_numpy(fp32_tensors(100 + seed, 1, (3, 32))[0])
+        amax = F32(np.abs(x.numpy()).max())
+        want_scale = F32(448.0) / amax
+        x_fp8, _, _, scale_inv = layer._gemm_arguments(x)
+        assert scale_inv.item() == float(F32(1.0) / want_scale)
+        assert torch.equal(x_fp8.view(torch.uint8), quantize(x, float(want_scale)).view(torch.uint8))
+        torch_port = (torch.tensor(amax).reciprocal() * 448.0).item()
+        differ += torch_port != float(want_scale)
+    assert differ > 0
