@@ -33,13 +33,14 @@ dequantises to half its value with the stored scale 2**-127: torchao's behaviour
 **NVFP4** (:func:`quantize_nvfp4`; e2m1 elements, UE4M3 scales per 16, an optional fp32 global scale ``g``).
 ``b = fp32(amax * fp32(1 / 6))``: torchao's ``max_abs / 6.0`` divides a tensor by a Python number, which torch's
 CUDA kernel computes as a multiplication by the fp32 reciprocal (:mod:`mmaemu.gpu_torch_ops`; the CPU kernel's
-true division gives other bits for a third of the amaxes). Without a global scale: ``s = e4m3(clamp(b, 2**-6, 448))`` and the elements are
-``e2m1(clamp(fp32(x * fp32(1 / s)), -6, 6))``. With one: ``s = e4m3(clamp(fp32(b / g), 2**-6, 448))`` and the
-elements are ``e2m1(clamp(fp32(x * fp32(fp32(1 / g) / s)), -6, 6))``. The dynamic global scale (torchao's
+true division gives other bits for a third of the amaxes). Without a global scale:
+``s = e4m3(clamp(b, 2**-6, 448))`` and the elements are ``e2m1(clamp(fp32(x * fp32(1 / s)), -6, 6))``. With one:
+``s = e4m3(clamp(fp32(b / g), 2**-6, 448))`` and the elements are
+``e2m1(clamp(fp32(x * fp32(fp32(1 / g) / s)), -6, 6))``. The dynamic global scale (torchao's
 ``per_tensor_amax_to_scale``, ``amax / (448.0 * 6.0)``) is ``g = fp32(amax_tensor * fp32(1 / 2688))``, the CUDA
-kernel's division by a Python number again. ``fp32(1 / g)``, ``fp32(1 / s)`` and ``b / g`` are a reciprocal and
-a tensor-by-tensor division: correctly rounded on CPU and CUDA alike. Each cast rounds to nearest
-even; the clamps precede it. A NaN amax gives the NaN scale 0x7F; a zero global scale (an all-zero tensor with the
+kernel's division by a Python number again. ``fp32(1 / g)``, ``fp32(1 / s)`` and ``b / g`` are reciprocals and
+divisions of tensors by tensors: correctly rounded on CPU and CUDA alike. Each cast rounds to nearest even; the
+clamps precede it. A NaN amax gives the NaN scale 0x7F; a zero global scale (an all-zero tensor with the
 dynamic choice) gives NaN scales, as torchao computes them. The dequantised value is ``e2m1 * s * g``; ``g`` goes
 into ``_scaled_mm``'s alpha (the product of both operands' global scales).
 

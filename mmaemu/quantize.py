@@ -55,6 +55,7 @@ import numpy as np
 import torch
 
 from . import formats
+from .gpu_torch_ops import power_of_two_floor
 
 __all__ = [
     "FP8_MAX",
@@ -316,8 +317,6 @@ def rowwise_scale(x, fmt="e4m3", *, round_scales_to_power_of_2=True) -> torch.Te
     :class:`~mmaemu.errors.UnsupportedFeatureError` (no bf16 or fp16 row gives one). For the weight [N, K] of a
     linear layer this is its per-output-channel scale.
     """
-    from .gpu_torch_ops import power_of_two_floor
-
     fmt = _fmt(fmt)
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"rowwise_scale: x must be a 2-D tensor [rows, cols], got {getattr(x, 'shape', x)!r}")
@@ -339,8 +338,9 @@ def quantize_rowwise(x, fmt="e4m3", *, round_scales_to_power_of_2=True):
 
     ``scale`` = :func:`rowwise_scale`; ``q = fp8(clamp(fp32(x) * scale, -fp8_max, fp8_max))`` (torchao's
     ``hp_tensor_and_scale_to_float8`` and ``to_fp8_saturated``: one fp32 multiplication of two tensors, a clamp,
-    torch's round to nearest cast; each the same on torch's CPU and CUDA kernels). ``_scaled_mm`` takes the reciprocals (torchao passes ``scale.reciprocal()``): for
-    ``x @ w.t()`` call ``scaled_mm(qx, qw.t(), sx.reciprocal(), sw.reciprocal().t(), out_dtype=torch.bfloat16)``.
+    torch's round to nearest cast; each the same on torch's CPU and CUDA kernels). ``_scaled_mm`` takes the
+    reciprocals (torchao passes ``scale.reciprocal()``): for ``x @ w.t()`` call
+    ``scaled_mm(qx, qw.t(), sx.reciprocal(), sw.reciprocal().t(), out_dtype=torch.bfloat16)``.
     """
     fmt = _fmt(fmt)
     scale = rowwise_scale(x, fmt, round_scales_to_power_of_2=round_scales_to_power_of_2)

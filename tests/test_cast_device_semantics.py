@@ -162,6 +162,8 @@ def test_per_token_cast_of_zero_rows(n, use_ue8m0):
     codes, sf = dg.per_token_cast_to_fp8(torch.zeros(0, n, dtype=torch.bfloat16), use_ue8m0=use_ue8m0)
     assert codes.shape == (0, n) and codes.dtype == torch.float8_e4m3fn
     assert sf.shape == (0, -(-n // 128)) and sf.dtype == torch.float32
+    codes, sf = dg.per_block_cast_to_fp8(torch.zeros(0, n, dtype=torch.bfloat16), use_ue8m0=use_ue8m0)
+    assert codes.shape == (0, n) and sf.shape == (0, -(-n // 128))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -255,6 +257,21 @@ def test_rowwise_power_of_two_scales_are_exact_for_every_bf16_amax():
     distinct = np.unique(exact)
     want = dict(zip(distinct.tolist(), (largest_power_of_two_at_most(v) for v in distinct)))
     assert got.tolist() == [want[v] for v in exact.tolist()]
+
+
+def test_rowwise_float64_reciprocal_product_rounds_as_the_quotient():
+    """``fp32(fl64(fl64(1 / a) * 448))`` (torchao's ``448 / amax64``) equals ``fp32(448 / a)`` for fp32 amaxes (the
+    quotient is never within 2**-49 of an fp32 midpoint, the two float64 roundings move it by at most 2**-52):
+    checked on random amaxes over the whole fp32 range, and for ``rowwise_scale`` itself on some."""
+    rng = np.random.default_rng(7)
+    amax = rng.integers(0x00800000, 0x7F000000, 200_000, dtype=np.uint32).view(F32).astype(np.float64)
+    with np.errstate(over="ignore"):  # 448 / a beyond the fp32 range is +Inf either way
+        product = (448.0 * (1.0 / amax)).astype(F32)
+        np.testing.assert_array_equal(product, (448.0 / amax).astype(F32))
+    above_eps = amax >= 1e-12  # torchao clamps smaller amaxes to 1e-12
+    rows = torch.from_numpy(amax[above_eps][:512].astype(F32).reshape(-1, 1))
+    got = rowwise_scale(rows, round_scales_to_power_of_2=False).numpy().reshape(-1)
+    np.testing.assert_array_equal(got, product[above_eps][:512])
 
 
 def test_rowwise_scale_just_below_a_power_of_two_is_refused():

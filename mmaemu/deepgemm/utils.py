@@ -18,8 +18,9 @@ Each step and the device kernel it follows (docs/semantics.md, section 13, has t
   where the GPU's log2 rounding would decide it (never for bf16 or fp16 inputs);
 * ``x * (1.0 / sf)``: ``1.0 / sf`` is ``sf.reciprocal() * 1.0`` (``Tensor.__rtruediv__``), a correctly rounded
   fp32 reciprocal on CPU and CUDA, then one fp32 multiplication;
-* ``.to(torch.float8_e4m3fn)``: torch's round-to-nearest-even cast (the c10 conversion both devices use; not
-  saturating, but the products stay below 464 and round to at most 448).
+* ``.to(torch.float8_e4m3fn)``: torch's round-to-nearest-even cast (the c10 conversion both devices use; it
+  saturates in torch 2.13.0 and gives NaN beyond 480 in older versions, but the products stay below
+  448 * (1 + 2**-21) and round to at most 448 in either).
 """
 
 from __future__ import annotations
