@@ -50,6 +50,11 @@ def every_positive_bf16():
     return torch.arange(1, 0x7F80, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float().numpy()
 
 
+def every_positive_fp16():
+    """Every positive finite fp16 value (subnormals included), as fp32."""
+    return torch.arange(1, 0x7C00, dtype=torch.int32).to(torch.int16).view(torch.float16).float().numpy()
+
+
 def smallest_power_of_two_at_least(v):
     """2**ceil(log2 v) of a positive finite value (math.frexp: v = m * 2**e exactly, m in [0.5, 1))."""
     m, e = math.frexp(float(v))
@@ -142,9 +147,11 @@ def test_ceil_to_ue8m0_refuses_a_scale_just_above_a_power_of_two():
         dg.per_block_cast_to_fp8(x, use_ue8m0=True)
 
 
-def test_no_bf16_amax_gives_a_ue8m0_scale_in_the_log2_window():
-    """Every positive bf16 amax: its scale (after the floor) is never refused and is the exact power of two."""
-    amax = np.maximum(every_positive_bf16(), F32(1e-4))
+@pytest.mark.parametrize("values", [every_positive_bf16, every_positive_fp16])
+def test_no_bf16_or_fp16_amax_gives_a_ue8m0_scale_in_the_log2_window(values):
+    """Every positive bf16 / fp16 amax: its scale (after the floor) is never refused and is the exact power of
+    two."""
+    amax = np.maximum(values(), F32(1e-4))
     sf = gpu_divide(amax, 448.0)
     got = dg.ceil_to_ue8m0(torch.from_numpy(sf)).numpy()
     distinct = np.unique(sf)
@@ -249,9 +256,10 @@ def test_nvfp4_layer_keeps_the_gpus_global_scale():
 # Item 3: the row-wise scales (torchao's amax_to_scale: 448 / amax is amax.reciprocal() * 448 in float64)
 
 
-def test_rowwise_power_of_two_scales_are_exact_for_every_bf16_amax():
-    amax = every_positive_bf16()
-    rows = torch.from_numpy(amax).to(torch.bfloat16).reshape(-1, 1)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rowwise_power_of_two_scales_are_exact_for_every_bf16_and_fp16_amax(dtype):
+    amax = every_positive_bf16() if dtype == torch.bfloat16 else every_positive_fp16()
+    rows = torch.from_numpy(amax).to(dtype).reshape(-1, 1)
     got = rowwise_scale(rows).numpy().reshape(-1)
     exact = (448.0 * (1.0 / np.maximum(amax.astype(np.float64), 1e-12))).astype(F32)  # float64, then fp32
     distinct = np.unique(exact)
@@ -321,3 +329,26 @@ def test_te_layer_current_scaling_is_te_kernels_fp32_division():
         torch_port = (torch.tensor(amax).reciprocal() * 448.0).item()
         differ += torch_port != float(want_scale)
     assert differ > 0
+
+
+def test_torchao_to_mx_and_rowwise_scales_divide_by_no_python_number():
+    """torchao 0.18.0's to_mx and tensor_to_scale (row-wise) run under CudaScalarDivision replace no division:
+    their operations are the same on CPU and CUDA (docs/semantics.md section 13), and mmaemu equals them."""
+    pytest.importorskip("torchao")
+    from torchao.float8 import float8_utils
+    from torchao.float8.config import ScalingGranularity
+    from torchao.prototype.mx_formats import mx_tensor
+
+    x = torch.from_numpy(np.concatenate(fp32_tensors(8, 4, (8, 64))))
+    with CudaScalarDivision() as mode:
+        mx_scales, mx_data = mx_tensor.to_mx(x.clone(), torch.float8_e4m3fn, 32)
+        row_scales = [float8_utils.tensor_to_scale(x.bfloat16(), torch.float8_e4m3fn,
+                                                   scaling_granularity=ScalingGranularity.AXISWISE,
+                                                   axiswise_dim=-1, round_scales_to_power_of_2=power_2)
+                      for power_2 in (False, True)]
+    assert mode.replaced == 0
+    for power_2, want in zip((False, True), row_scales):
+        assert torch.equal(rowwise_scale(x.bfloat16(), round_scales_to_power_of_2=power_2), want)
+    q = bq.quantize_mx(x, "e4m3")
+    assert torch.equal(q.scales.view(torch.uint8), mx_scales.view(torch.uint8))
+    assert torch.equal(q.codes.view(torch.uint8), mx_data.view(torch.uint8))
