@@ -2,8 +2,9 @@
 
 Each expected value is derived here from the GPU kernel's formula, written out in numpy fp32 or with math.frexp:
 ``t / number`` is ``t * fp32(1 / number)`` on CUDA (tests/cuda_torch.py names the kernel), and a power of two from
-a floating log2 is the exact one where the log2's rounding cannot matter. Each test also shows that the CPU
-kernel's true division would give other bits on some of its inputs, so that it fails on a CPU-division cast.
+a floating log2 is the exact one where the log2's rounding cannot matter (and refused where it can). Where the GPU
+multiplies by a reciprocal, the test also shows that the CPU kernel's true division gives other bits on some of
+its inputs, so that it fails on a CPU-division cast.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def test_ceil_to_ue8m0_refuses_a_scale_just_above_a_power_of_two():
     assert torch.pow(2.0, torch.ceil(torch.log2(torch.tensor([just_above])))).item() == 2.0 ** -8  # torch on CPU
     with pytest.raises(UnsupportedFeatureError, match="ceil_to_ue8m0.*log2"):
         dg.ceil_to_ue8m0(torch.tensor([1.0, float(just_above)]))
-    # an fp32 input whose block scale lands there: amax = 448 * 2**-8 * (1 + 2**-23) / fp32-rounding
+    # an fp32 input whose block scale lands there: amax = 1.75 + 2**-23 (one ulp above 448 * 2**-8)
     x = torch.zeros(128, 128)
     x[0, 0] = float(np.nextafter(F32(1.75), F32(2)))  # amax * fp32(1/448) = 2**-8 * (1 + 2**-23)
     assert float(gpu_divide(x[0, 0].item(), 448.0)) == float(just_above)
