@@ -327,8 +327,9 @@ def rowwise_scale(x, fmt="e4m3", *, round_scales_to_power_of_2=True) -> torch.Te
         scale = (FP8_MAX[fmt] / torch.clamp(amax, min=TORCHAO_EPS)).to(torch.float32)
         if round_scales_to_power_of_2:
             powers = power_of_two_floor(scale.cpu().numpy(), rule="rowwise_scale (torchao's power-of-two scale)",
-                                        way_out="quantise bf16 or fp16 rows (whose scales never fall there) or "
-                                                "pass round_scales_to_power_of_2=False")
+                                        way_out="quantise bf16 or fp16 rows, whose scales never fall there (for a "
+                                                "layer: model.to(torch.bfloat16)), or pass "
+                                                "round_scales_to_power_of_2=False")
             scale = torch.from_numpy(powers).to(scale.device)
     return scale
 

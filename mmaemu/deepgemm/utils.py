@@ -71,8 +71,8 @@ def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
     if not x.reshape(-1).amax().item() > 0:
         raise ValueError("ceil_to_ue8m0: the scales must have a positive maximum")
     powers = power_of_two_ceil(x.detach().cpu().numpy(), rule="ceil_to_ue8m0",
-                               way_out="cast bf16 or fp16 values (whose scales never fall there) or use "
-                                       "use_ue8m0=False")
+                               way_out="cast bf16 or fp16 values, whose scales never fall there (for a layer: "
+                                       "model.to(torch.bfloat16)), or use use_ue8m0=False")
     return torch.from_numpy(powers).to(x.device)
 
 
