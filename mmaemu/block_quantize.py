@@ -31,11 +31,16 @@ dequantises to half its value with the stored scale 2**-127: torchao's behaviour
 +Inf (finite elements give signed zeros).
 
 **NVFP4** (:func:`quantize_nvfp4`; e2m1 elements, UE4M3 scales per 16, an optional fp32 global scale ``g``).
-``b = fp32(amax / 6)``. Without a global scale: ``s = e4m3(clamp(b, 2**-6, 448))`` and the elements are
-``e2m1(clamp(fp32(x * fp32(1 / s)), -6, 6))``. With one: ``s = e4m3(clamp(fp32(b / g), 2**-6, 448))`` and the
-elements are ``e2m1(clamp(fp32(x * fp32(fp32(1 / g) / s)), -6, 6))``. The dynamic global scale (torchao's
-``per_tensor_amax_to_scale``) is ``g = fp32(amax_tensor / 2688)`` (2688 = 448 * 6). Each cast rounds to nearest
-even; the clamps precede it. A NaN amax gives the NaN scale 0x7F; a zero global scale (an all-zero tensor with the
+``b = fp32(amax * fp32(1 / 6))``: torchao's ``max_abs / 6.0`` divides a tensor by a Python number, which torch's
+CUDA kernel computes as a multiplication by the fp32 reciprocal (:mod:`mmaemu.gpu_torch_ops`; the CPU kernel's
+true division gives other bits for a third of the amaxes). Without a global scale:
+``s = e4m3(clamp(b, 2**-6, 448))`` and the elements are ``e2m1(clamp(fp32(x * fp32(1 / s)), -6, 6))``. With one:
+``s = e4m3(clamp(fp32(b / g), 2**-6, 448))`` and the elements are
+``e2m1(clamp(fp32(x * fp32(fp32(1 / g) / s)), -6, 6))``. The dynamic global scale (torchao's
+``per_tensor_amax_to_scale``, ``amax / (448.0 * 6.0)``) is ``g = fp32(amax_tensor * fp32(1 / 2688))``, the CUDA
+kernel's division by a Python number again. ``fp32(1 / g)``, ``fp32(1 / s)`` and ``b / g`` are reciprocals and
+divisions of tensors by tensors: correctly rounded on CPU and CUDA alike. Each cast rounds to nearest even; the
+clamps precede it. A NaN amax gives the NaN scale 0x7F; a zero global scale (an all-zero tensor with the
 dynamic choice) gives NaN scales, as torchao computes them. The dequantised value is ``e2m1 * s * g``; ``g`` goes
 into ``_scaled_mm``'s alpha (the product of both operands' global scales).
 
@@ -49,8 +54,11 @@ FP6/FP4). NaN elements (only in a NaN-scale block; the block decodes to NaN what
 in FP8 and 0 in FP6/FP4, which have no NaN; torchao leaves those FP6/FP4 codes unspecified and keeps the NaN's
 sign in FP8.
 
-Everything is computed in IEEE fp32 on the CPU (numpy), after widening bf16/fp16 inputs exactly, which is what
-torchao's eager torch operations compute on any device; results go back to the input's device. Refused on a CPU
+Everything is computed in IEEE fp32 on the CPU (numpy), after widening bf16/fp16 inputs exactly, as torchao's eager
+torch operations compute it on the reference GPU (the B200): the two divisions by Python numbers above as CUDA
+computes them, every other operation (amax, the clamps, the reciprocals, the divisions by a tensor of powers of two
+or of scales, the bit manipulations of the MX exponent, the casts) exact or correctly rounded on both devices
+(docs/semantics.md, section 13); results go back to the input's device. Refused on a CPU
 thread in flush-to-zero mode.
 """
 
@@ -63,6 +71,7 @@ import numpy as np
 
 from . import formats, scale_layout
 from .errors import MmaemuError
+from .gpu_torch_ops import divide_by_number
 
 __all__ = ["MX_FORMATS", "SCALING_MODES", "BlockQuantized", "BlockQuantizeError", "quantize_mx", "mx_scale_codes",
            "quantize_nvfp4", "nvfp4_global_scale", "round_to_format", "dequantize_blocks"]
@@ -264,12 +273,11 @@ def quantize_mx(x, fmt="e4m3", *, scaling_mode="floor", block_size=MX_BLOCK, swi
 
 
 def nvfp4_global_scale(x) -> float:
-    """torchao's dynamic NVFP4 global scale of a tensor: ``fp32(max|x| / 2688)`` (``per_tensor_amax_to_scale``);
-    NaN when x holds a NaN."""
+    """torchao's dynamic NVFP4 global scale of a tensor (``per_tensor_amax_to_scale``) as the GPU computes it:
+    ``fp32(max|x| * fp32(1 / 2688))`` (CUDA's division by a Python number); NaN when x holds a NaN."""
     blocks, _, _ = _input_blocks(x, 1, "nvfp4_global_scale")
     amax = np.float32(np.max(np.abs(blocks))) if blocks.size else np.float32(0.0)
-    with np.errstate(all="ignore"):
-        return float(np.float32(amax / NVFP4_GLOBAL_DIVISOR))
+    return float(divide_by_number(amax, NVFP4_GLOBAL_DIVISOR))
 
 
 def _e4m3_scale_codes(values):
@@ -297,7 +305,7 @@ def quantize_nvfp4(x, *, global_scale="dynamic", swizzle=False) -> BlockQuantize
             raise BlockQuantizeError(f"quantize_nvfp4: a given global_scale must be positive and finite in fp32, "
                                      f"got {global_scale!r}; use 'dynamic' or None")
     with np.errstate(all="ignore"):
-        block_scale = np.float32(_block_amax(blocks) / FP4_MAX)
+        block_scale = divide_by_number(_block_amax(blocks), FP4_MAX)  # torchao's max_abs / 6.0 on CUDA
         if global_scale is None:
             scale_codes = _e4m3_scale_codes(block_scale)
             reciprocal = np.float32(1.0) / _ue4m3_values(scale_codes)

@@ -3,7 +3,8 @@
 The layer does what a Transformer-Engine-style FP8 linear layer does in inference, step by step:
 
 1. quantise the input ``x`` [..., in_features] to E4M3 with the input *scale* ``s_x`` (a fixed one, or TE's
-   current scaling ``448 / amax(x)`` computed per call) — :func:`mmaemu.quantize.quantize_e4m3`;
+   current scaling ``448 / amax(x)`` computed per call, one correctly rounded fp32 division as TE's CUDA kernel
+   computes it, on every device) — :func:`mmaemu.quantize.quantize_e4m3`;
 2. optionally pad the rows (M = the product of the leading dimensions) with zero rows up to a multiple of
    ``pad_m_to`` (Evo 2's vortex pads M to a multiple of 16 before its FP8 projections; the padded M is what the
    GEMM, and hence cuBLASLt's split-K heuristic, sees);

@@ -192,7 +192,8 @@ class RowwiseFP8Linear(_ScaledMMRecipeLayer):
     Buffers: ``weight`` (float8_e4m3fn [out_features, in_features]), ``weight_scale`` (fp32 [out_features, 1]:
     torchao's per-channel multiplier, a power of two; the GEMM takes its reciprocal) and ``bias`` (bf16, or None;
     the kernel adds it in its epilogue). Inputs are cast per call with :func:`mmaemu.quantize.quantize_rowwise`,
-    one scale per row, so a row's result does not depend on the other rows of its batch. The GEMM writes bf16;
+    one scale per row (torchao's scales as the H100 computes them: see :func:`mmaemu.quantize.rowwise_scale`), so a
+    row's result does not depend on the other rows of its batch. The GEMM writes bf16;
     with ``out_dtype=None`` (the default) the layer returns it in the input's dtype (exact for fp32 and bf16
     inputs). Inference only.
     """
@@ -424,11 +425,12 @@ class NVFP4Linear(_BlockScaledLinear):
     (experimental, modelled).
 
     Weight and inputs: :func:`mmaemu.block_quantize.quantize_nvfp4` with the dynamic global scale (E2M1 elements,
-    one UE4M3 scale per 16 elements of in_features, fp32 ``max|t| / 2688`` per tensor). GEMM, as torchao's
+    one UE4M3 scale per 16 elements of in_features, torchao's ``max|t| / 2688`` per tensor as the B200 computes it:
+    ``max|t| * fp32(1 / 2688)``). GEMM, as torchao's
     ``_addmm_nvfp4_dispatch``: ``scaled_mm(x_codes, weight.t(), scale_a=swizzled input scales,
     scale_b=swizzled weight scales, out_dtype=the input's dtype)`` (no global scale inside the GEMM), then the result
     times ``fp32(g_x * g_w)`` converted to the input's dtype, then plus the bias in the input's dtype: each one
-    torch operation, exactly as torchao computes them.
+    torch operation of two tensors, the same on the B200's kernels as on the CPU's.
     """
 
     recipe, block, k_multiple = "nvfp4", 16, 32

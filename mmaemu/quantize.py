@@ -31,6 +31,13 @@ without ``--use_fast_math`` (its default), so ``x * s`` and ``1 / s`` are IEEE o
 conversion ``cvt.rn.satfinite`` (sm_90) returns 0x7F for every NaN as the ``cuda_fp8.hpp`` software path
 (used on sm_89) does.
 
+**Which device's kernels.** The per-tensor functions follow Transformer Engine's CUDA kernels (the amax reduction,
+``compute_scale_from_amax``, the scale update of ``delayed_scaling.cu``, the cast): their divisions and
+multiplications are IEEE fp32 operations in device code, not torch's division of a tensor by a Python number, so a
+correctly rounded fp32 division is the GPU's result, on every device. The row-wise functions follow torchao's
+eager torch expressions as the reference GPU runs them (:func:`rowwise_scale` says which operations matter;
+docs/semantics.md, section 13, has the table of the operations checked).
+
 Everything here is computed with exact IEEE fp32 operations and integer bit manipulation, on the tensor's own
 device; torch's own float8 casts are only used for values that are exactly representable (no rounding involved).
 Every public function here refuses to compute on a CPU thread in flush-to-zero / denormals-are-zero mode (one
@@ -48,6 +55,7 @@ import numpy as np
 import torch
 
 from . import formats
+from .gpu_torch_ops import power_of_two_floor
 
 __all__ = [
     "FP8_MAX",
@@ -293,15 +301,21 @@ TORCHAO_EPS = 1e-12
 
 
 def rowwise_scale(x, fmt="e4m3", *, round_scales_to_power_of_2=True) -> torch.Tensor:
-    """fp32 scales [rows, 1] of a 2-D tensor ``x`` [rows, cols], one per row, as torchao computes them.
+    """fp32 scales [rows, 1] of a 2-D tensor ``x`` [rows, cols], one per row, as torchao computes them on the GPU.
 
     torchao (``torchao/float8/float8_utils.py`` of pytorch/ao at commit 00141f40b97ef7adeb95e756bcb33d2b1c8a660f,
-    ``tensor_to_amax`` with ``AXISWISE`` granularity and ``amax_to_scale``): ``amax = max |x|`` along the row
-    (bf16 widened to fp32 first); ``s = fp32(fp8_max / max(fp64(amax), 1e-12))``, one float64 division rounded
-    to fp32; with ``round_scales_to_power_of_2`` (its row-wise recipe sets it) ``s = exp2(floor(log2(s)))`` in
-    fp32. Computed with the same torch operations on x's device, so the bits are those torchao gets there (the
-    fp32 ``log2`` of the power-of-two rounding is the device's: for a scale within an ulp below a power of two it
-    may round up). For the weight [N, K] of a linear layer this is its per-output-channel scale.
+    and of torchao 0.18.0: ``tensor_to_amax`` with ``AXISWISE`` granularity and ``amax_to_scale``):
+    ``amax = max |x|`` along the row (bf16 widened to fp32 first), exact on every device; ``fp8_max / amax64``
+    with amax64 = max(fp64(amax), 1e-12) is a Python number divided by a tensor, which torch computes on every
+    device as ``amax64.reciprocal() * fp8_max`` (``Tensor.__rtruediv__``): two correctly rounded float64
+    operations, then rounded to fp32 (equal to ``fp32(fp8_max / amax)`` for every fp32 amax: the quotient never
+    lies within 2**-49 of an fp32 rounding boundary). Those are computed with the same torch operations on x's
+    device. With ``round_scales_to_power_of_2`` (its row-wise recipe sets it), torchao's
+    ``exp2(floor(log2(s)))``: computed as the exact power of two at most s
+    (:func:`mmaemu.gpu_torch_ops.power_of_two_floor`), as the GPU's log2 gives it except within 2 fp32 ulps below
+    an integer log2, where CUDA's 1-ulp ``log2f`` may round up to the next power: such a scale raises
+    :class:`~mmaemu.errors.UnsupportedFeatureError` (no bf16 or fp16 row gives one). For the weight [N, K] of a
+    linear layer this is its per-output-channel scale.
     """
     fmt = _fmt(fmt)
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
@@ -312,7 +326,11 @@ def rowwise_scale(x, fmt="e4m3", *, round_scales_to_power_of_2=True) -> torch.Te
         amax = torch.amax(magnitude, dim=-1, keepdim=True).to(torch.float64)
         scale = (FP8_MAX[fmt] / torch.clamp(amax, min=TORCHAO_EPS)).to(torch.float32)
         if round_scales_to_power_of_2:
-            scale = torch.exp2(torch.floor(torch.log2(scale)))
+            powers = power_of_two_floor(scale.cpu().numpy(), rule="rowwise_scale (torchao's power-of-two scale)",
+                                        way_out="quantise bf16 or fp16 rows, whose scales never fall there (for a "
+                                                "layer: model.to(torch.bfloat16)), or pass "
+                                                "round_scales_to_power_of_2=False")
+            scale = torch.from_numpy(powers).to(scale.device)
     return scale
 
 
@@ -320,9 +338,10 @@ def quantize_rowwise(x, fmt="e4m3", *, round_scales_to_power_of_2=True):
     """``(q, scale)``: torchao's row-wise float8 cast of a 2-D ``x`` [rows, cols].
 
     ``scale`` = :func:`rowwise_scale`; ``q = fp8(clamp(fp32(x) * scale, -fp8_max, fp8_max))`` (torchao's
-    ``hp_tensor_and_scale_to_float8`` and ``to_fp8_saturated``: one fp32 multiplication, a clamp, torch's round to
-    nearest cast). ``_scaled_mm`` takes the reciprocals (torchao passes ``scale.reciprocal()``): for
-    ``x @ w.t()`` call ``scaled_mm(qx, qw.t(), sx.reciprocal(), sw.reciprocal().t(), out_dtype=torch.bfloat16)``.
+    ``hp_tensor_and_scale_to_float8`` and ``to_fp8_saturated``: one fp32 multiplication of two tensors, a clamp,
+    torch's round to nearest cast; each the same on torch's CPU and CUDA kernels). ``_scaled_mm`` takes the
+    reciprocals (torchao passes ``scale.reciprocal()``): for ``x @ w.t()`` call
+    ``scaled_mm(qx, qw.t(), sx.reciprocal(), sw.reciprocal().t(), out_dtype=torch.bfloat16)``.
     """
     fmt = _fmt(fmt)
     scale = rowwise_scale(x, fmt, round_scales_to_power_of_2=round_scales_to_power_of_2)

@@ -14,6 +14,7 @@ import torch
 from mmaemu import block_quantize as bq
 from mmaemu import formats, scale_layout
 from tests import oracle
+from tests.cuda_torch import CudaScalarDivision
 
 # ---------------------------------------------------------------------------------------------------------------
 # The independent derivation
@@ -143,7 +144,8 @@ def oracle_nvfp4(rows, global_scale):
         row_codes, row_scales = [], []
         for start in range(0, len(row), 16):
             block = [Fraction(v) for v in row[start:start + 16]]
-            block_scale = fp32(max(abs(v) for v in block) / 6)
+            # torchao's max_abs / 6.0 on the B200: CUDA multiplies by fp32(1/6) (tests/cuda_torch.py)
+            block_scale = fp32(max(abs(v) for v in block) * fp32(Fraction(1, 6)))
             if global_scale is None:
                 code, value = ue4m3(block_scale)
                 reciprocal = fp32(1 / value)
@@ -289,7 +291,8 @@ def test_nvfp4_matches_the_derivation(global_scale):
     q = bq.quantize_nvfp4(rows, global_scale=global_scale)
     g = q.global_scale
     if global_scale == "dynamic":
-        assert g == float(np.float32(np.float32(np.abs(rows).max()) / np.float32(2688.0)))
+        # torchao's amax / 2688.0 on the B200: CUDA's amax * fp32(1/2688)
+        assert g == float(np.float32(np.abs(rows).max()) * (np.float32(1.0) / np.float32(2688.0)))
     codes, scales = oracle_nvfp4(as_floats(rows), None if g is None else Fraction(g))
     np.testing.assert_array_equal(q.scales, scales)
     np.testing.assert_array_equal(formats.unpack_fp4(q.codes), codes)
@@ -357,8 +360,9 @@ def test_mx_equals_torchao(fmt):
 def test_nvfp4_equals_torchao(two_level):
     _, _, nvfp4_tensor = _torchao()
     x = torch.from_numpy(np.concatenate([nvfp4_rows(12), random_rows(13, rows=4, spread=10)]))
-    pts = nvfp4_tensor.per_tensor_amax_to_scale(torch.max(torch.abs(x))) if two_level else None
-    scales, data = nvfp4_tensor.nvfp4_quantize(x.clone(), 16, pts)
+    with CudaScalarDivision():  # torchao's source with the B200's division by a Python number
+        pts = nvfp4_tensor.per_tensor_amax_to_scale(torch.max(torch.abs(x))) if two_level else None
+        scales, data = nvfp4_tensor.nvfp4_quantize(x.clone(), 16, pts)
     q = bq.quantize_nvfp4(x, global_scale="dynamic" if two_level else None)
     if two_level:
         assert q.global_scale == float(pts)

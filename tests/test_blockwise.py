@@ -489,7 +489,9 @@ def test_casts_follow_deepgemm():
     x = torch.from_numpy(rng.standard_normal((130, 300)).astype(np.float32)).to(torch.bfloat16)
     codes, sf = dg.per_token_cast_to_fp8(x, use_ue8m0=False)
     assert codes.dtype == torch.float8_e4m3fn and codes.shape == (130, 300) and sf.shape == (130, 3)
-    strip = x[:, :128].abs().float().amax(dim=1).clamp(1e-4) / 448.0
+    # DeepGEMM's amax / 448.0 on the GPU: CUDA's amax * fp32(1/448) (tests/cuda_torch.py), then x * (1 / sf)
+    amax = x[:, :128].abs().float().amax(dim=1).clamp(1e-4).numpy()
+    strip = torch.from_numpy(amax * (np.float32(1.0) / np.float32(448.0)))
     assert torch.equal(sf[:, 0], strip)
     assert torch.equal(codes[:, :128].float(), (x[:, :128] * (1.0 / strip[:, None])).to(torch.float8_e4m3fn).float())
     codes, sf = dg.per_block_cast_to_fp8(x, use_ue8m0=True)
