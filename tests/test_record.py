@@ -812,6 +812,26 @@ def test_cli_record_refusals_are_one_line(tmp_path, monkeypatch):
     assert len(result.output.strip().splitlines()) == 1 and "another plan" in result.output
 
 
+@pytest.mark.parametrize("torn", [b'{"format": "mmaemu-record-plan/1", "platf', b"\xff\xfe", b"[1, 2]"])
+def test_a_torn_plan_of_a_partial_recording_is_a_one_line_refusal(tmp_path, monkeypatch, torn):
+    """Issue 28 item 9: a plan.json that a crash or a full disk tore is refused with the ways out (exit 1, the
+    recorder's code for a partial recording in the way), never a JSONDecodeError traceback; the answers stay."""
+    answer_fn, _ = counting(answer, stop_after=140 + 84)
+    with pytest.raises(KeyboardInterrupt):
+        record(tmp_path, shapes=split_shapes(), machine=fake_machine(answer_fn=answer_fn), quiet=True, replay=False)
+    partial = tmp_path / f"{NAME}.partial"
+    (partial / "plan.json").write_bytes(torn)
+    answers = (partial / "answers.bin").read_bytes()
+    with pytest.raises(RecordError, match="plan.json is unreadable .* remove that folder to start again"):
+        record(tmp_path, shapes=split_shapes(), machine=fake_machine(), quiet=True, replay=False)
+    result, ran = _cli(["--out", str(tmp_path), "--quiet", "--sweep", "M=16;N=64;K=4096"], monkeypatch,
+                       fake_machine())
+    assert result.exit_code == 1 and ran and isinstance(result.exception, SystemExit), result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "plan.json is unreadable" in lines[0] and "--out or --name" in lines[0]
+    assert (partial / "answers.bin").read_bytes() == answers and (partial / "plan.json").read_bytes() == torn
+
+
 def test_an_oversized_sweep_is_refused_before_it_is_expanded(monkeypatch):
     from mmaemu.record import grid
 
