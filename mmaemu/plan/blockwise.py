@@ -27,16 +27,23 @@ from .. import backends
 from ..context import Context
 from ..errors import BackendUnavailableError, ExperimentalPresetWarning
 from ..model.presets import get_preset
-from ..warn import Notice, report
+from ..platform.splitk import SplitDecision
+from ..warn import Notice, collecting, report
 from .flush import check_no_flush_to_zero
+from .planner import CallPlan
 
-__all__ = ["BlockwisePlan", "plan_blockwise", "CUDA_SIMPLE_UNCHECKED"]
+__all__ = ["BlockwisePlan", "plan_blockwise", "explain_blockwise", "CUDA_SIMPLE_UNCHECKED", "NO_SPLIT_REASON"]
 
 FORMAT = "e4m3"  # DeepGEMM's sm_90 FP8 GEMMs take E4M3 operands only
 CUDA_SIMPLE_UNCHECKED = (
     "mmaemu.deepgemm on cuda:simple: the block-wise CUDA kernel (gemm_chunked_simple, the arithmetic of the CPU "
     "reference engine) has no device self-test of its own; it runs on the verdict of cuda:simple's self-test and "
     "is checked against the CPU engines under the CUDA simulator only")
+
+
+# DeepGEMM v2.1.1.post3 (c9f8b34d), csrc/jit_kernels/heuristics/sm90.hpp and the sm_90 kernels: one CTA per output
+# tile loops over every k block; nothing is split or reduced across CTAs but the 1d1d kernel's add into d.
+NO_SPLIT_REASON = "DeepGEMM's sm_90 kernels never split K (each CTA loops over all of K)"
 
 
 class BlockwisePlan(NamedTuple):
@@ -84,3 +91,19 @@ def _plan_cuda(kernel, device, name: str, *, from_environment: bool, context) ->
                                 context=context)
     report([Notice(ExperimentalPresetWarning, CUDA_SIMPLE_UNCHECKED, ("deepgemm:cuda:simple",))])
     return BlockwisePlan(kernel, selection.name, tuple(selection.fallbacks), context)
+
+
+def explain_blockwise(kernel, device, backend, *, context: Optional[Context] = None) -> CallPlan:
+    """What a block-wise call of ``kernel`` on ``device`` would do, as a :class:`mmaemu.CallPlan` (``explain``'s
+    answer for the block-wise recipe): its engine, and the split decision of a kernel that never splits (S = 1,
+    source "kernel", modelled from the pinned source: not verified). Never raises for a bad call (its
+    ``validation`` says what would); planned inside :func:`mmaemu.warn.collecting`, so nothing is emitted."""
+    with collecting() as notices:
+        try:
+            plan = plan_blockwise(kernel, device, backend, context=context)
+        except Exception as error:  # explain reports every failure of the call instead of raising it
+            return CallPlan((type(error).__name__, str(error)), None, kernel.preset, kernel.maturity, None, "", [],
+                            [n.message for n in notices], kernel.name)
+    split = SplitDecision(1, "none", "kernel", False, None, f"{NO_SPLIT_REASON}; {kernel.name}")
+    return CallPlan("ok", None, kernel.preset, kernel.maturity, split, plan.backend, list(plan.fallbacks),
+                    [n.message for n in notices], kernel.name)
