@@ -224,3 +224,20 @@ def test_a_padded_output_is_written_row_by_row():
     dg.fp8_gemm_nt(a, b, wide[:, :256])
     assert torch.equal(wide[:, :256].view(torch.int16), cpu_result(a, b).view(torch.int16))
     assert not wide[:, 256:].any()
+
+
+def test_the_block_wise_layer_explains_its_plan():
+    """The block-wise layer's explain is its plan's (it used to raise): S = 1 from the kernel, the engine, and a
+    refused backend as the validation, never raised."""
+    from mmaemu.nn import EmulatedFP8Linear
+
+    layer = EmulatedFP8Linear.from_linear(torch.nn.Linear(256, 128), recipe="blockwise")
+    x = torch.randn(4, 256)
+    plan = layer.explain(x)
+    assert (plan.validation, plan.split.S, plan.split.source, plan.split.verified, plan.backend) == \
+        ("ok", 1, "kernel", False, "cpu")
+    assert plan.kernel == DEEPGEMM_SM90_1D2D.name and plan.preset == "hopper" and plan.preset_maturity == \
+        "experimental"
+    layer.backend = "cuda:offset"
+    refused = layer.explain(x)
+    assert refused.validation[0] == "BackendUnavailableError" and "offset kernel" in refused.validation[1]

@@ -18,9 +18,9 @@ mmaemu's own keyword ``backend``, planned as ``scaled_mm``'s is (:mod:`mmaemu.pl
 verdicts): "auto" (the CPU engine; CUDA tensors get their result copied back), "cpu", "reference" (one chunk walk
 per output), "cuda" or "cuda:simple" (the GPU reference kernel, on CUDA tensors). Other CUDA kernels decline.
 
-mmaemu's argument checks come first, each naming its argument: ``recipe`` None or three ints (TypeError), ``d``
-(and ``c``) with storage of their own, not on the meta device and without elements that share memory; then
-DeepGEMM's host assertions.
+mmaemu's argument checks come first, each naming its argument: ``recipe`` None or three ints (TypeError), the
+operands not on the meta device, ``d`` with storage of its own (not on the meta device, no elements that share
+memory); then DeepGEMM's host assertions.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .. import backends
 from ..context import for_call
 from ..errors import ExperimentalPresetWarning, ReferenceRejectsError, UnsupportedFeatureError
 from ..model.chunked import DEEPGEMM_SM90_1D1D, DEEPGEMM_SM90_1D2D
-from .. import backends
 from ..plan.blockwise import plan_blockwise
 from ..warn import Notice, edge, report
 from .utils import (align, ceil_div, ceil_to_ue8m0, get_mk_alignment_for_contiguous_layout, per_block_cast_to_fp8,

@@ -41,8 +41,8 @@ CUDA_SIMPLE_UNCHECKED = (
     "is checked against the CPU engines under the CUDA simulator only")
 
 
-# DeepGEMM v2.1.1.post3 (c9f8b34d), csrc/jit_kernels/heuristics/sm90.hpp and the sm_90 kernels: one CTA per output
-# tile loops over every k block; nothing is split or reduced across CTAs but the 1d1d kernel's add into d.
+# The chunked kernels' ``splitk == "none"`` (mmaemu.model.chunked, from the DeepGEMM source pinned there): each CTA
+# loops over every k block of its outputs; nothing is split across CTAs.
 NO_SPLIT_REASON = "DeepGEMM's sm_90 kernels never split K (each CTA loops over all of K)"
 
 
@@ -104,6 +104,8 @@ def explain_blockwise(kernel, device, backend, *, context: Optional[Context] = N
         except Exception as error:  # explain reports every failure of the call instead of raising it
             return CallPlan((type(error).__name__, str(error)), None, kernel.preset, kernel.maturity, None, "", [],
                             [n.message for n in notices], kernel.name)
+    if kernel.splitk != "none":  # no chunked kernel splits today; one that did would need its own decision
+        raise ValueError(f"{kernel.name} splits K ({kernel.splitk!r}): explain_blockwise knows unsplit kernels only")
     split = SplitDecision(1, "none", "kernel", False, None, f"{NO_SPLIT_REASON}; {kernel.name}")
     return CallPlan("ok", None, kernel.preset, kernel.maturity, split, plan.backend, list(plan.fallbacks),
                     [n.message for n in notices], kernel.name)
