@@ -1,8 +1,11 @@
 """The split-K evidence of a model: every distinct FP8 GEMM of one forward and how its split is decided.
 
 :func:`mmaemu.nn.audit` (implemented here by :func:`run_audit`) runs one forward of a model whose linear layers are
-:class:`mmaemu.nn.EmulatedFP8Linear` (see :func:`mmaemu.nn.convert_linears`) and asks, for each GEMM, what
-:func:`mmaemu.explain` says: the split decision, the step that decided it (its source) and whether it is verified.
+:class:`mmaemu.nn.EmulatedFP8Linear` or a recipe layer of :mod:`mmaemu.nn_recipes` (see
+:func:`mmaemu.nn.convert_linears`) and asks, for each GEMM, what the layer's ``explain`` says: the split decision,
+the step that decided it (its source) and whether it is verified. The recipe layers' kernels never split K (torch's
+row-wise CUTLASS kernel, DeepGEMM's sm_90 kernels, the block-scaled instruction chains): their GEMMs are listed with
+S = 1 from the source "kernel".
 A GEMM whose split the evidence does not decide is listed ("undecided", with the reason), never raised, so one
 audit shows every undecided shape of the forward at once.
 
@@ -11,7 +14,12 @@ decisions, warnings included, are those of the real run); a layer whose call wou
 of its dequantised operands instead, so that the forward goes on. With ``dry_run=True`` every layer returns that
 float product: nothing is emulated, the forward is fast, and the decisions are exact as long as the model's
 shapes do not depend on the values its layers compute (data-dependent routing, as in mixture-of-experts models,
-can change M).
+can change M). The recipe layers' weights are kept in formats whose dequantisation the audit does not restate
+(block scales, packed FP4): where one stands in, it returns zeros of the layer's output shape and dtype.
+
+A model compiled by ``torch.compile`` (its ``OptimizedModule``) is audited as the module it wraps, run eagerly:
+its layers are named as the model names them (``'0'``, not ``'_orig_mod.0'``), and the decisions, which depend on
+the shapes only, are those of the compiled forward.
 """
 
 from __future__ import annotations
@@ -157,14 +165,20 @@ def run_audit(model, layer_type, example_inputs: tuple, example_kwargs: dict, dr
     """The audit of ``model(*example_inputs, **example_kwargs)`` over its layers of ``layer_type`` (a class with
     the interface of :class:`mmaemu.nn.EmulatedFP8Linear`); :func:`mmaemu.nn.audit` is the public form.
 
-    ``model``: a ``torch.nn.Module``, or a bound method of one (e.g. a sentence-transformers model's ``encode``);
-    layer names are those of its ``named_modules()``. The forward runs under ``torch.no_grad()``. Never raises for
-    an undecided split (it is listed); any other exception of the forward propagates. While the audit runs, the
-    layers' ``forward`` is replaced on the instances (and put back after): do not run the model elsewhere then.
+    ``model``: a ``torch.nn.Module``, or a bound method of one (e.g. a sentence-transformers model's ``encode``), or
+    a module compiled by ``torch.compile`` (audited as the module it wraps, run eagerly); layer names are those of
+    the module's ``named_modules()``. ``layer_type``: a class or a tuple of classes. The forward runs under
+    ``torch.no_grad()``. Never raises for an undecided split (it is listed); any other exception of the forward
+    propagates. While the audit runs, the layers' ``forward`` is replaced on the instances (and put back after):
+    do not run the model elsewhere then.
     """
     root = model if isinstance(model, torch.nn.Module) else getattr(model, "__self__", None)
     if not isinstance(root, torch.nn.Module):
         raise TypeError(f"audit needs a torch.nn.Module or a bound method of one, got {type(model).__name__}")
+    compiled = _compiled_original(root)
+    if compiled is not None:  # torch.compile's wrapper: its module, named and run as the model
+        model = compiled if model is root else getattr(compiled, model.__name__)
+        root = compiled
     layers = [(name or type(module).__name__, module) for name, module in root.named_modules()
               if isinstance(module, layer_type)]
     seen: Dict[tuple, dict] = {}
@@ -183,11 +197,21 @@ def run_audit(model, layer_type, example_inputs: tuple, example_kwargs: dict, dr
     return ModelAudit(tuple(GemmAudit(**fields) for fields in seen.values()), bool(dry_run))
 
 
+def _compiled_original(module):
+    """The module ``torch.compile`` wrapped (its ``OptimizedModule`` keeps it as ``_orig_mod``), or None."""
+    original = getattr(module, "_orig_mod", None)
+    wrapper = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
+    wrapper = getattr(wrapper, "OptimizedModule", None)
+    if wrapper is not None and isinstance(module, wrapper) and isinstance(original, torch.nn.Module):
+        return original
+    return None
+
+
 def _audited_forward(module, name: str, seen: Dict[tuple, dict], dry_run: bool):
     """The stand-in forward of one layer during an audit: record the decision, then compute or stand in."""
     def forward(x):
         plan = module.explain(x)
-        key = _gemm_key(module, name, x)
+        key = _gemm_key(module, name, x, plan)
         entry = seen.get(key)
         if entry is None:
             seen[key] = _entry(key, plan)
@@ -200,16 +224,28 @@ def _audited_forward(module, name: str, seen: Dict[tuple, dict], dry_run: bool):
     return forward
 
 
-def _gemm_key(module, name: str, x) -> tuple:
-    """(layer, M, N, K, a, b, out, fast, profile) of the layer's GEMM for input x; M padded as the layer pads."""
+def _gemm_key(module, name: str, x, plan) -> tuple:
+    """(layer, M, N, K, a, b, out, fast, profile) of the layer's GEMM for input x (its :class:`mmaemu.CallPlan`
+    ``plan``); M padded as the layer pads. The tensor-wise layer casts its inputs to E4M3; a recipe layer casts
+    them to its weight's format (row-wise, block-wise, MXFP8: E4M3; NVFP4: E2M1). ``out`` is the layer's output
+    dtype; the profile is the layer's, or for a recipe layer the one its plan names ("none": DeepGEMM has none)."""
     K = module.in_features
     M = x.numel() // K if K else 0
-    pad = module.pad_m_to
+    pad = getattr(module, "pad_m_to", None)
     if pad is not None and M % pad:
         M = -(-M // pad) * pad
-    profile = getattr(module.profile, "name", module.profile)
-    return (name, M, module.out_features, K, "e4m3", _format_name(module.weight.dtype),
-            _dtype_name(_output_dtype(module, x)), bool(module.use_fast_accum), str(profile))
+    weight = _format_name(module.weight.dtype)
+    if _is_tensorwise(module):
+        activations, profile = "e4m3", getattr(module.profile, "name", module.profile)
+    else:
+        activations, profile = weight, plan.profile or "none"
+    return (name, M, module.out_features, K, activations, weight, _dtype_name(_output_dtype(module, x)),
+            bool(getattr(module, "use_fast_accum", False)), str(profile))
+
+
+def _is_tensorwise(module) -> bool:
+    """The tensor-wise layer (:class:`mmaemu.nn.EmulatedFP8Linear`), whose stand-in dequantises its weight."""
+    return getattr(module, "recipe", None) == "tensorwise"
 
 
 def _entry(key: tuple, plan) -> dict:
@@ -228,7 +264,11 @@ def _output_dtype(module, x) -> torch.dtype:
 
 def _float_stand_in(module, x):
     """x W^T (+ b) with the dequantised FP8 weight, in float32, then in the layer's output dtype: a value of the
-    right shape and dtype for the rest of the forward, not the emulated GEMM."""
+    right shape and dtype for the rest of the forward, not the emulated GEMM. A recipe layer's stand-in is zeros
+    of that shape and dtype (see the module docstring)."""
+    if not _is_tensorwise(module):
+        return torch.zeros(tuple(x.shape[:-1]) + (module.out_features,), dtype=_output_dtype(module, x),
+                           device=x.device)
     weight = module.weight.float() * module.weight_scale_inv.float()
     y = torch.nn.functional.linear(x.detach().float(), weight.to(x.device))
     if module.bias is not None:
@@ -237,7 +277,8 @@ def _float_stand_in(module, x):
 
 
 def _format_name(dtype) -> str:
-    return {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}.get(dtype, _dtype_name(dtype))
+    return {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2",
+            getattr(torch, "float4_e2m1fn_x2", None): "e2m1"}.get(dtype, _dtype_name(dtype))
 
 
 def _dtype_name(dtype) -> str:

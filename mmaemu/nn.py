@@ -354,10 +354,12 @@ def audit(model, *example_inputs, dry_run=False, **example_kwargs) -> ModelAudit
     :class:`ModelAudit` (``print`` it for a table; ``to_dict()`` for data). An undecided split is listed, never
     raised. ``model``: a module whose FP8 layers are :class:`EmulatedFP8Linear`, or a bound method of one (e.g.
     ``st_model.encode``). ``dry_run=True`` emulates nothing (every layer returns the float product of its
-    dequantised operands): fast, and exact for models whose shapes do not depend on values. Only the tensor-wise
-    :class:`EmulatedFP8Linear` layers are audited: the recipe layers of :mod:`mmaemu.nn_recipes` have no split-K
-    to decide (row-wise and block-wise kernels never split K). See :mod:`mmaemu.audit`."""
-    return run_audit(model, EmulatedFP8Linear, example_inputs, example_kwargs, dry_run)
+    dequantised operands): fast, and exact for models whose shapes do not depend on values. The recipe layers of
+    :mod:`mmaemu.nn_recipes` are listed too, with S = 1 from the source "kernel" (their kernels never split K).
+    A ``torch.compile``'d model is audited as the module it wraps. See :mod:`mmaemu.audit`."""
+    from .nn_recipes import RECIPES
+
+    return run_audit(model, (EmulatedFP8Linear, *RECIPES.values()), example_inputs, example_kwargs, dry_run)
 
 
 def _undecided_layer_error(layer, error: SplitKUnknownError) -> SplitKUnknownError:

@@ -176,8 +176,13 @@ class BlockwiseFP8Linear(_RecipeLayer):
         return y.reshape(lead + (self.out_features,))
 
     def explain(self, x):
-        raise UnsupportedFeatureError("explain() covers scaled_mm calls; a block-wise layer runs "
-                                      "mmaemu.deepgemm.fp8_gemm_nt (see docs/guide.md, 'Block-wise FP8')")
+        """The :class:`mmaemu.CallPlan` of the layer's GEMM for input ``x`` (its cast runs; the GEMM does not):
+        DeepGEMM's 1d2d kernel on the engine of ``backend`` (:func:`mmaemu.plan.blockwise.explain_blockwise`)."""
+        from .model.chunked import DEEPGEMM_SM90_1D2D
+        from .plan.blockwise import explain_blockwise
+
+        (x_fp8, _), _ = self._quantise_input(x)
+        return explain_blockwise(DEEPGEMM_SM90_1D2D, x_fp8.device, self.backend)
 
     def _recipe_repr(self):
         return (f"recipe='blockwise' (DeepGEMM sm_90 fp8_gemm_nt, 1 x 128 inputs, 128 x 128 weights), "

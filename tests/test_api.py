@@ -119,6 +119,29 @@ def test_backend_reference_and_cpu_agree():
         mmaemu.scaled_mm(a, w.t(), ONE, ONE, splitk=1, backend="cuda")
 
 
+@pytest.mark.parametrize("entry", ["scaled_mm", "accumulate", "explain"])
+def test_an_unknown_backend_is_refused_before_the_split_k_decision(entry):
+    """The backend's name is an argument: refused as such, not after a split-K decision refuses the call for
+    another reason (issue 28 item 10; profile hopper-experimental has no split-K table, so "auto" splitk is
+    undecided)."""
+    a, w = fp8((16, 256), 11), fp8((256, 256), 12)
+    with pytest.raises(mmaemu.SplitKUnknownError):
+        mmaemu.scaled_mm(a, w.t(), ONE, ONE, out_dtype=torch.bfloat16, profile="hopper-experimental")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExperimentalPresetWarning)
+        if entry == "explain":
+            plan = mmaemu.explain(a, w.t(), ONE, ONE, out_dtype=torch.bfloat16, profile="hopper-experimental",
+                                  backend="gpu-please")
+            assert plan.validation[0] == "ValueError" and "unknown backend 'gpu-please'" in plan.validation[1]
+            return
+        with pytest.raises(ValueError, match="unknown backend 'gpu-please'"):
+            if entry == "scaled_mm":
+                mmaemu.scaled_mm(a, w.t(), ONE, ONE, out_dtype=torch.bfloat16, profile="hopper-experimental",
+                                 backend="gpu-please")
+            else:
+                mmaemu.accumulate(a, w, use_fast_accum=True, profile="hopper-experimental", backend="gpu-please")
+
+
 def test_out_argument_receives_the_result_and_column_major_out_is_kept():
     a, w = fp8((4, 64), 9), fp8((16, 64), 10)
     expected = mmaemu.scaled_mm(a, w.t(), ONE, ONE, out_dtype=torch.float32, use_fast_accum=True, splitk=1)

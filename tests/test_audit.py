@@ -159,3 +159,69 @@ def test_other_errors_propagate_and_restore_the_layers():
     assert all("forward" not in m.__dict__ for m in model.modules() if isinstance(m, EmulatedFP8Linear))
     with pytest.raises(TypeError, match="torch.nn.Module"):
         audit(lambda x: x, 1)
+
+
+class Recipes(torch.nn.Module):
+    """One layer of each recipe of mmaemu.nn_recipes, each on its own input (K = 128: every recipe's block)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.rowwise, self.blockwise, self.mxfp8, self.nvfp4 = (
+            EmulatedFP8Linear.from_linear(torch.nn.Linear(128, 64), recipe=recipe)
+            for recipe in ("rowwise", "blockwise", "mxfp8", "nvfp4"))
+
+    def forward(self, x):
+        return [layer(x) for layer in (self.rowwise, self.blockwise, self.mxfp8, self.nvfp4)]
+
+
+RECIPE_ROWS = [  # layer, M, N, K, a, b, out, S, source, status, profile
+    ("rowwise", 6, 64, 128, "e4m3", "e4m3", "bfloat16", 1, "kernel", "unverified", "hopper"),
+    ("blockwise", 6, 64, 128, "e4m3", "e4m3", "bfloat16", 1, "kernel", "unverified", "none"),
+    ("mxfp8", 6, 64, 128, "e4m3", "e4m3", "bfloat16", 1, "kernel", "unverified", "b200-mx-experimental"),
+    ("nvfp4", 6, 64, 128, "e2m1", "e2m1", "bfloat16", 1, "kernel", "unverified", "b200-mx-experimental"),
+]
+
+
+def test_the_recipe_layers_are_listed_with_the_kernels_no_split(monkeypatch):
+    """Issue 28 item 5: the recipe layers are audited (not skipped with "0 distinct GEMMs"); their kernels never
+    split K, so each GEMM has S = 1 from the source "kernel"; decided layers compute as in a plain forward."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = Recipes()
+        x = torch.randn(2, 3, 128, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+        with torch.no_grad():
+            plain = model(x)
+        result = audit(model, x)
+    assert [(g.layer, g.M, g.N, g.K, g.a, g.b, g.out, g.S, g.source, g.status, g.profile) for g in result] == \
+        RECIPE_ROWS
+    assert result.counts() == {"kernel": 4} and "4 distinct GEMMs (4 calls)" in str(result)
+    assert "never split K (each CTA loops over all of K)" in result[1].note
+    assert all(g.error is None and g.scheme == "none" for g in result)
+    for got, want in zip(model.forward(x), plain):
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a dry run must not emulate a GEMM")
+
+    from mmaemu import deepgemm
+
+    monkeypatch.setattr(mmaemu.api, "scaled_mm", refuse)
+    monkeypatch.setattr(deepgemm, "fp8_gemm_nt", refuse)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dry = audit(model, x, dry_run=True)
+    assert [(g.layer, g.S, g.source) for g in dry] == [(row[0], 1, "kernel") for row in RECIPE_ROWS]
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_a_compiled_model_is_audited_under_the_models_layer_names():
+    """Issue 28 item 7: torch.compile's wrapper names its layers '_orig_mod.0'; the audit names them as the model
+    (and the layers' errors) do."""
+    model = convert_linears(torch.nn.Sequential(torch.nn.Linear(384, 384)), profile="hopper")
+    compiled = torch.compile(model)
+    assert [name for name, _ in compiled.named_modules()][1:] == ["_orig_mod", "_orig_mod.0"]
+    result = audit(compiled, torch.randn(40, 384), dry_run=True)
+    assert [(g.layer, g.status) for g in result] == [("0", "undecided")]
+    with pytest.raises(SplitKUnknownError, match="^layer '0': "):
+        model(torch.randn(40, 384))

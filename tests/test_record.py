@@ -520,8 +520,10 @@ def test_cli_record_without_the_bindings_is_unavailable(tmp_path, monkeypatch):
     assert result.exit_code == 4 and "pip install 'mmaemu[record]'" in result.output
 
 
-def test_bundles_shipped_in_the_package_are_loaded(recorded, monkeypatch):
-    monkeypatch.setattr(bundles, "packaged_bundle_folders", lambda: [recorded.path])
+def test_bundles_shipped_in_the_package_are_loaded(recorded, monkeypatch, tmp_path):
+    copy_bundle(recorded, tmp_path / "recorded", NAME)
+    monkeypatch.setattr(bundles, "PACKAGED_ROOT", tmp_path / "recorded")
+    assert bundles.packaged_bundle_folders() == [tmp_path / "recorded" / NAME]
     assert list_profiles()[-3:] == list(recorded.profiles) and get_profile(NAME).maturity == "validated"
 
 
@@ -557,19 +559,36 @@ def _world_readable_copy(recorded, shelf, name):
     return folder
 
 
+def _world_readable_packaged_bundles(shelf):
+    """A world-readable copy of the package's own bundle folder (:data:`mmaemu.platform.bundles.PACKAGED_ROOT`),
+    which the unprivileged child scans: the checkout may live in a folder only its owner can enter (a home folder,
+    ``mktemp -d``), where the child could not read the original."""
+    copy = shelf / "packaged"
+    if bundles.PACKAGED_ROOT.is_dir():
+        shutil.copytree(bundles.PACKAGED_ROOT, copy)
+    else:
+        copy.mkdir()
+    for path in [copy, *copy.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    return copy
+
+
 @pytest.mark.subprocess
 def test_an_unreadable_bundle_folder_on_the_profile_path_is_skipped(recorded, monkeypatch):
     """Another user's bundle folder (mode 0700, here 0000) beside a good one: the lookup runs in a child process
     that is not root when the tests are (root reads any folder), and must warn, load the good bundle and keep
-    answering later lookups."""
+    answering later lookups. What the child reads, it reads from world-readable copies (the bundles, the package's
+    bundle folder), wherever the checkout lives."""
     import tempfile
     from pathlib import Path
 
     shelf = Path(tempfile.mkdtemp(prefix="mmaemu-shelf-"))
+    closed = shelf / "another-users"
     try:
         os.chmod(shelf, 0o755)  # the unprivileged child must reach the good bundle
+        monkeypatch.setattr(bundles, "PACKAGED_ROOT", _world_readable_packaged_bundles(shelf))
         good = _world_readable_copy(recorded, shelf, NAME)
-        closed = _world_readable_copy(recorded, shelf, "another-users")
+        _world_readable_copy(recorded, shelf, "another-users")
         monkeypatch.setenv("MMAEMU_PROFILE_PATH", str(good))
         assert quiet_decide(NAME, 48, 64, 8192).S == 3  # the child then needs no import that root alone can read
         bundles.forget_loaded_bundles()
@@ -577,13 +596,43 @@ def test_an_unreadable_bundle_folder_on_the_profile_path_is_skipped(recorded, mo
         monkeypatch.setenv("MMAEMU_PROFILE_PATH", str(shelf))
         report = _in_unprivileged_child(_lookups_report)
     finally:
-        os.chmod(closed, 0o755)
+        if closed.exists():
+            os.chmod(closed, 0o755)
         shutil.rmtree(shelf, ignore_errors=True)
     assert report.get("error") is None, report.get("error")
     assert report["first"] == report["second"] == [NAME, f"{NAME}-te", f"{NAME}-ws0"]
     assert report["S"] == 3 and report["unknown"] is not None and "refused bundle" in report["unknown"]
     (warning,) = [w for w in report["warnings"] if "another-users" in w]
     assert "cannot read it" in warning and "Permission denied" in warning
+
+
+@pytest.mark.subprocess
+def test_an_unreadable_packaged_bundle_folder_is_skipped(recorded, monkeypatch):
+    """Issue 28 item 11: a checkout inside a folder the user cannot enter (mode 0700, as home folders and
+    ``mktemp -d`` make them): the package's own bundle folder cannot be read by the (unprivileged) child; it is
+    skipped with a warning, as an unreadable folder on the profile path is, and the lookups go on."""
+    import tempfile
+    from pathlib import Path
+
+    shelf = Path(tempfile.mkdtemp(prefix="mmaemu-shelf-"))
+    private = shelf / "home"
+    try:
+        os.chmod(shelf, 0o755)
+        private.mkdir(mode=0o700)  # only its owner (root here) may enter
+        monkeypatch.setattr(bundles, "PACKAGED_ROOT", _world_readable_packaged_bundles(private))
+        good = _world_readable_copy(recorded, shelf, NAME)
+        monkeypatch.setenv("MMAEMU_PROFILE_PATH", str(good))
+        assert quiet_decide(NAME, 48, 64, 8192).S == 3  # the child then needs no import that root alone can read
+        bundles.forget_loaded_bundles()
+        report = _in_unprivileged_child(_lookups_report)
+    finally:
+        shutil.rmtree(shelf, ignore_errors=True)
+    assert report.get("error") is None, report.get("error")
+    assert report["first"] == report["second"] == [NAME, f"{NAME}-te", f"{NAME}-ws0"]
+    if os.geteuid() != 0:
+        pytest.skip("the folder's mode stops no one but another user: run as root to see the child refused")
+    (warning,) = [w for w in report["warnings"] if "package's recorded bundles" in w]
+    assert "cannot read them" in warning and "Permission denied" in warning and "the package's data" in warning
 
 
 def _lookups_report():
@@ -810,6 +859,26 @@ def test_cli_record_refusals_are_one_line(tmp_path, monkeypatch):
                      fake_machine())  # a partial recording of another plan is in the way
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
     assert len(result.output.strip().splitlines()) == 1 and "another plan" in result.output
+
+
+@pytest.mark.parametrize("torn", [b'{"format": "mmaemu-record-plan/1", "platf', b"\xff\xfe", b"[1, 2]"])
+def test_a_torn_plan_of_a_partial_recording_is_a_one_line_refusal(tmp_path, monkeypatch, torn):
+    """Issue 28 item 9: a plan.json that a crash or a full disk tore is refused with the ways out (exit 1, the
+    recorder's code for a partial recording in the way), never a JSONDecodeError traceback; the answers stay."""
+    answer_fn, _ = counting(answer, stop_after=140 + 84)
+    with pytest.raises(KeyboardInterrupt):
+        record(tmp_path, shapes=split_shapes(), machine=fake_machine(answer_fn=answer_fn), quiet=True, replay=False)
+    partial = tmp_path / f"{NAME}.partial"
+    (partial / "plan.json").write_bytes(torn)
+    answers = (partial / "answers.bin").read_bytes()
+    with pytest.raises(RecordError, match="plan.json is unreadable .* remove that folder to start again"):
+        record(tmp_path, shapes=split_shapes(), machine=fake_machine(), quiet=True, replay=False)
+    result, ran = _cli(["--out", str(tmp_path), "--quiet", "--sweep", "M=16;N=64;K=4096"], monkeypatch,
+                       fake_machine())
+    assert result.exit_code == 1 and ran and isinstance(result.exception, SystemExit), result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "plan.json is unreadable" in lines[0] and "--out or --name" in lines[0]
+    assert (partial / "answers.bin").read_bytes() == answers and (partial / "plan.json").read_bytes() == torn
 
 
 def test_an_oversized_sweep_is_refused_before_it_is_expanded(monkeypatch):

@@ -379,3 +379,22 @@ def test_build_script_refuses_a_modified_npz(tmp_path):
     done = subprocess.run([sys.executable, "scripts/build_splitk_tables.py", "--src", str(src), "--dst",
                            str(tmp_path / "dst")], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 2 and "npz_sha256" in done.stderr
+
+
+def test_a_table_id_is_checked_against_the_packaged_ones_when_the_package_data_cannot_be_read(monkeypatch):
+    """Issue 28 item 11: in a checkout inside a folder this user cannot enter, the package's data files cannot be
+    stat'ed; a bundle's table still registers, and the built-in profiles' table ids are still refused (by name)."""
+    from mmaemu.platform import tables
+
+    def unreadable(name):
+        class Closed:
+            def is_file(self):
+                raise PermissionError(13, "Permission denied", name)
+        return Closed()
+
+    monkeypatch.setattr(tables, "_data_file", unreadable)
+    monkeypatch.setattr(tables, "_registered", dict(tables._registered))
+    tables.register_table("rec_closed-checkout", lambda: None)
+    assert "rec_closed-checkout" in tables._registered
+    with pytest.raises(tables.SplitTableError, match="belongs to the packaged tables"):
+        tables.register_table("heur_h100pcie_lt12.8.3.14", lambda: None)

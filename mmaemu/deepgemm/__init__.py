@@ -13,8 +13,14 @@ reduce-add. No split-K: each CTA loops over all of K, so the bits are those of a
 alike) and do not depend on the SM count. Modelled from the pinned source, not recorded on hardware: maturity
 ``experimental`` (an :class:`~mmaemu.errors.ExperimentalPresetWarning` once per process).
 
-mmaemu's own keyword ``backend``: "auto" (the CPU engine; CUDA tensors get their result copied back), "cpu",
-"reference" (one chunk walk per output), "cuda:simple" (the GPU reference kernel). Other CUDA kernels decline.
+mmaemu's own keyword ``backend``, planned as ``scaled_mm``'s is (:mod:`mmaemu.plan.blockwise`: the call's
+:class:`mmaemu.context.Context`, ``$MMAEMU_BACKEND``, ``MMAEMU_DISABLE_CUDA``, the CUDA kernel choice and its
+verdicts): "auto" (the CPU engine; CUDA tensors get their result copied back), "cpu", "reference" (one chunk walk
+per output), "cuda" or "cuda:simple" (the GPU reference kernel, on CUDA tensors). Other CUDA kernels decline.
+
+mmaemu's argument checks come first, each naming its argument: ``recipe`` None or three ints (TypeError), the
+operands not on the meta device, ``d`` with storage of its own (not on the meta device, no elements that share
+memory); then DeepGEMM's host assertions.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import BackendUnavailableError, ExperimentalPresetWarning, ReferenceRejectsError, \
-    UnsupportedFeatureError
+from .. import backends
+from ..context import for_call
+from ..errors import ExperimentalPresetWarning, ReferenceRejectsError, UnsupportedFeatureError
 from ..model.chunked import DEEPGEMM_SM90_1D1D, DEEPGEMM_SM90_1D2D
-from ..warn import Notice, report
+from ..plan.blockwise import plan_blockwise
+from ..warn import Notice, edge, report
 from .utils import (align, ceil_div, ceil_to_ue8m0, get_mk_alignment_for_contiguous_layout, per_block_cast_to_fp8,
                     per_channel_cast_to_fp8, per_token_cast_to_fp8)
 
@@ -39,7 +47,6 @@ SOURCE = DEEPGEMM_SM90_1D2D.source
 RECIPE_1D2D = (1, 128, 128)
 RECIPE_1D1D = (1, 1, 128)
 WAVE_ROWS = 64  # WGMMA::M: the rows of one warpgroup's wgmma, the unit of the contiguous layout's validity check
-BACKENDS = ("auto", "cpu", "reference", "cuda:simple")
 
 
 def _require(condition, rule: str):
@@ -94,13 +101,72 @@ def _check_sf(sf, mn, k, gran_mn, gran_k, num_groups, name, contiguous):
         _require(sf.is_contiguous(), f"{name} (128 x 128 block scales of B) is contiguous on sm_90")
 
 
+def _check_recipe_form(recipe):
+    """``recipe`` is None or three Python ints (DeepGEMM's ``std::optional<std::tuple<int, int, int>>``; its
+    binding converts neither floats nor strings), checked before anything else: a TypeError naming it."""
+    if recipe is None:
+        return
+    ok = isinstance(recipe, (tuple, list)) and len(recipe) == 3 and \
+        all(isinstance(v, int) and not isinstance(v, bool) for v in recipe)
+    if not ok:
+        raise TypeError(f"recipe must be None or a tuple of three ints (1, 1, 128) or (1, 128, 128), got "
+                        f"{recipe!r}; pass recipe=None for the default (1, 128, 128)")
+
+
 def _recipe_of(recipe, sfa, sfb):
     if recipe is None:
         _require(sfa.dtype == torch.float32 and sfb.dtype == torch.float32,
                  "the default recipe on sm_90 needs float32 scales")
         return RECIPE_1D2D
-    recipe = tuple(int(v) for v in recipe)
-    return recipe
+    return tuple(recipe)
+
+
+def _check_output(t, name):
+    """An output mmaemu can write: not on the meta device (no storage: the result would be lost) and without
+    elements that share memory (a stride-0 or overlapping view: which value such an element keeps on the GPU
+    depends on the order its CTAs store, not modelled). Checked before computing."""
+    if t.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device: it has no storage, so the result would be lost; pass {name} "
+                         "on the CPU or a CUDA device")
+    if _shares_memory(t):
+        raise UnsupportedFeatureError(
+            f"{name} (shape {tuple(t.shape)}, strides {tuple(t.stride())}) has elements that share memory: which "
+            f"result such an element keeps depends on the order the GPU's CTAs store, not modelled; pass a {name} "
+            f"with memory of its own per element (torch.empty, or {name}.contiguous())")
+
+
+def _shares_memory(t) -> bool:
+    """Whether two elements of ``t`` may share memory: its dimensions of more than one element, by increasing
+    stride, each step past the span of the ones before (the rule that proves a view free of overlap)."""
+    span = 1  # elements one index past the dimensions walked so far
+    for stride, size in sorted((abs(st), n) for n, st in zip(t.shape, t.stride()) if n > 1):
+        if stride < span:
+            return True
+        span += stride * (size - 1)
+    return False
+
+
+def _check_inputs(tensors):
+    """Operands on the meta device hold no values to compute with: a ValueError naming the first."""
+    for name, t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type == "meta":
+            raise ValueError(f"{name} is on the meta device: it holds no values to compute with; pass it on the "
+                             "CPU or a CUDA device")
+
+
+def _call_context(recipe, backend, operands, outputs):
+    """The context of one call (:func:`mmaemu.context.for_call`), after mmaemu's argument checks: the form of
+    ``recipe``, the backend's name (``$MMAEMU_BACKEND`` of the context for "auto"), the operands (``(name, (codes,
+    scales))`` pairs) and the outputs (``(name, tensor)``: what mmaemu writes; ``c`` is never written, nor read);
+    before DeepGEMM's assertions and before anything is decided or computed."""
+    context = for_call()
+    _check_recipe_form(recipe)
+    backends.requested_backend(backend, context=context)
+    _check_inputs((f"{name}{part}", t) for name, pair in operands for part, t in zip(("", " scales"), pair))
+    for name, t in outputs:
+        if isinstance(t, torch.Tensor):
+            _check_output(t, name)
+    return context
 
 
 def _check_fp8(t, name):
@@ -119,25 +185,16 @@ def _scales(t):
     return np.ascontiguousarray(t.detach().float().cpu().numpy(), dtype=np.float32)
 
 
-def _final(a_codes, b_codes, scales_a, scales_b, kernel, backend):
-    """fp32 accumulators [M, N] of the chunked kernel on the chosen engine."""
-    if backend in ("auto", "cpu", "reference"):
-        from ..cpu.chunked import accumulate_chunked_codes
-        from ..plan.flush import check_no_flush_to_zero
+def _final(a_codes, b_codes, scales_a, scales_b, plan):
+    """fp32 accumulators [M, N] of the plan's chunked kernel on the plan's engine."""
+    if plan.backend == "cuda:simple":
+        from ..cuda.blockwise.kernel import accumulate_chunked_numpy
 
-        check_no_flush_to_zero()  # the same refusal as scaled_mm's (semantics.md (e))
+        return accumulate_chunked_numpy(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, plan.kernel)
+    from ..cpu.chunked import accumulate_chunked_codes
 
-        return accumulate_chunked_codes(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, kernel,
-                                        reference=backend == "reference")
-    if isinstance(backend, str) and (backend == "cuda" or backend.startswith("cuda:")):
-        from ..cuda.blockwise.kernel import accumulate_chunked_numpy, chunked_decline
-
-        why = chunked_decline(backend)  # the block-wise kernels' decline rule: only cuda:simple computes them
-        if why is None:
-            return accumulate_chunked_numpy(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, kernel)
-        raise BackendUnavailableError(f"backend {backend!r} cannot run {kernel.name}: {why}; "
-                                      "use backend='cuda:simple', 'cpu' or 'auto'")
-    raise ValueError(f"unknown backend {backend!r} for mmaemu.deepgemm; expected one of {BACKENDS}")
+    return accumulate_chunked_codes(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, plan.kernel,
+                                    reference=plan.backend == "reference")
 
 
 def _store(d_view, final, kernel):
@@ -156,8 +213,8 @@ def _store(d_view, final, kernel):
         d_view.copy_(result.to(d_view.device))
 
 
-def _gemm_into(d_view, a_codes, b_codes, scales_a, scales_b, kernel, backend):
-    _store(d_view, _final(a_codes, b_codes, scales_a, scales_b, kernel, backend), kernel)
+def _gemm_into(d_view, a_codes, b_codes, scales_a, scales_b, plan):
+    _store(d_view, _final(a_codes, b_codes, scales_a, scales_b, plan), plan.kernel)
 
 
 def _rows_of_blocks(sfb, n):
@@ -178,6 +235,12 @@ def fp8_gemm_nt(a, b, d, c=None, recipe=None, compiled_dims="nk", disable_ue8m0_
     d (``d = RN(d + a @ b.T)``) and never reads c's values. ``compiled_dims`` and ``disable_ue8m0_cast`` change
     nothing on sm_90 (accepted for compatibility).
     """
+    with edge():
+        context = _call_context(recipe, backend, (("a", a), ("b", b)), (("d", d),))
+        _gemm_nt(a, b, d, c, recipe, backend, context)
+
+
+def _gemm_nt(a, b, d, c, recipe, backend, context):
     (a_t, sfa), (b_t, sfb) = a, b
     _k_major(a_t, "a")
     _k_major(b_t, "b")
@@ -215,9 +278,9 @@ def fp8_gemm_nt(a, b, d, c=None, recipe=None, compiled_dims="nk", disable_ue8m0_
         _require(c is None and d.dtype == torch.bfloat16,
                  "recipe (1, 128, 128) (sm90_fp8_gemm_1d2d) takes no c and writes a bfloat16 d")
         scales_b = _rows_of_blocks(_scales(sfb), n)
+    plan = plan_blockwise(kernel, a_t.device, backend, context=context)
     _warn_experimental(kernel)
-    _gemm_into(d, _codes(a_t), _codes(b_t), _scales(sfa), scales_b, kernel, backend)
-    return None
+    _gemm_into(d, _codes(a_t), _codes(b_t), _scales(sfa), scales_b, plan)
 
 
 def fp8_gemm_nn(a, b, d, c=None, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False, *, backend="auto"):
@@ -280,6 +343,12 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, recipe=None, compiled_d
     """M-grouped GEMM (MoE): rows of ``a = (codes [M, K], sfa [M, ceil(K/128)])`` times the group's
     ``b = (codes [G, N, K], sfb [G, ceil(N/128), ceil(K/128)])``, group of each row in ``m_indices`` [M] (int32,
     -1 for padding rows), into the bf16 ``d`` [M, N]."""
+    with edge():
+        context = _call_context(recipe, backend, (("a", a), ("b", b)), (("d", d),))
+        _grouped_contiguous(a, b, d, m_indices, recipe, backend, context)
+
+
+def _grouped_contiguous(a, b, d, m_indices, recipe, backend, context):
     (a_t, sfa), (b_t, sfb) = a, b
     _major_check(a_t)
     _require(a_t.stride(-1) == 1, "a is K-major (stride(-1) == 1)")
@@ -305,14 +374,14 @@ def m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, recipe=None, compiled_d
     kernel = DEEPGEMM_SM90_1D2D
     _warn_experimental(kernel)
     group, computed = _contiguous_rows(m_indices, num_groups)
+    plan = plan_blockwise(kernel, a_t.device, backend, context=context)
     a_codes, scales_a, scales_b = _codes(a_t), _scales(sfa), _scales(sfb)
     with torch.no_grad():
         d[torch.from_numpy(~computed).to(d.device)] = 0
     for g in range(num_groups):
         rows = np.flatnonzero((group == g) & computed)
         if rows.size:
-            final = _final(a_codes[rows], _codes(b_t[g]), scales_a[rows], _rows_of_blocks(scales_b[g], n), kernel,
-                           backend)
+            final = _final(a_codes[rows], _codes(b_t[g]), scales_a[rows], _rows_of_blocks(scales_b[g], n), plan)
             part = torch.empty((rows.size, n), dtype=d.dtype, device=d.device)
             _store(part, final, kernel)
             with torch.no_grad():
@@ -334,6 +403,12 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None, com
     ceil(K/128)])`` into the bf16 ``d`` [G, M, N]. Rows from masked_m[g] on are left as they are (on the GPU, those
     of the last scheduled block depend on its tile configuration; DeepGEMM's tests do not read them).
     ``expected_m`` is a scheduling hint."""
+    with edge():
+        context = _call_context(recipe, backend, (("a", a), ("b", b)), (("d", d),))
+        _grouped_masked(a, b, d, masked_m, expected_m, recipe, backend, context)
+
+
+def _grouped_masked(a, b, d, masked_m, expected_m, recipe, backend, context):
     (a_t, sfa), (b_t, sfb) = a, b
     _major_check(a_t)
     _major_check(b_t)
@@ -361,13 +436,14 @@ def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None, com
         raise ValueError(f"masked_m must lie in [0, {m}] (the kernel would read past the group's rows), got "
                          f"{counts.tolist()}")
     kernel = DEEPGEMM_SM90_1D2D
+    plan = plan_blockwise(kernel, a_t.device, backend, context=context)
     _warn_experimental(kernel)
     scales_a, scales_b = _scales(sfa), _scales(sfb)
     for g in range(num_groups):
         rows = int(counts[g])
         if rows:
             final = _final(_codes(a_t[g, :rows]), _codes(b_t[g]), scales_a[g, :rows],
-                           _rows_of_blocks(scales_b[g], n), kernel, backend)
+                           _rows_of_blocks(scales_b[g], n), plan)
             _store(d[g, :rows], final, kernel)
     return None
 

@@ -116,6 +116,13 @@ def _decide(plan: Plan, M, N, K, fmt_a, fmt_b, out_dtype, fast, splitk, layout_s
     check_scheme_for_preset(plan.split.splitk, plan.preset)
 
 
+def _check_backend_name(backend, context) -> None:
+    """The backend's name is an argument (semantics.md f.7): a name that is not a backend (TypeError, ValueError,
+    :func:`mmaemu.backends.requested_backend`; ``$MMAEMU_BACKEND`` of ``context`` for "auto") is refused with the
+    arguments, before any decision (the split-K decision could otherwise refuse the call for another reason)."""
+    backends.requested_backend(backend, context=context)
+
+
 def _choose_backend(plan: Plan, device, backend, fmt_a, fmt_b, context):
     """f.7.4: the engine; then f.7.5, the refusal of a CPU thread that flushes subnormals (semantics.md (e)),
     made while planning so that explain reports it and a refused call computes nothing."""
@@ -160,6 +167,7 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
     if call.zero_size:
         plan.action = "zeros"
         return plan
+    _check_backend_name(backend, context)
     if call.block_scaled is not None:
         return _plan_block_scaled(plan, splitk, backend, context)
     _refuse_block_scaled_preset(plan)
@@ -279,6 +287,7 @@ def plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backen
     if call.zero_size:
         plan.action = "zeros"
         return plan
+    _check_backend_name(backend, context)
     _refuse_block_scaled_preset(plan)
     _maturity_warnings(plan)
     out_dtype = torch.float32 if out_dtype_for_split is None else out_dtype_for_split

@@ -63,7 +63,7 @@ from .table_format import COLUMN_DTYPES, TABLE_FORMAT, TableFormatError, build_i
 __all__ = ["BundleError", "Bundle", "load_profile", "read_bundle", "write_bundle", "load_profile_path",
            "recorded_of", "recorded_profiles", "refused_bundles", "loaded_bundles", "forget_loaded_bundles",
            "packaged_bundle_folders", "path_entries", "json_bytes", "replay_maturity", "BUNDLE_FORMAT", "MANIFEST",
-           "COMBOS_FORMAT", "REPLAYS_FORMAT", "PATH_ENV"]
+           "COMBOS_FORMAT", "REPLAYS_FORMAT", "PATH_ENV", "PACKAGED_ROOT"]
 
 BUNDLE_FORMAT = "mmaemu-profile-bundle/1"
 COMBOS_FORMAT = "mmaemu-verified-split-combos/1"
@@ -421,7 +421,8 @@ def load_profile_path(value: str) -> None:
     """Load the recorded bundles shipped in the package (``mmaemu/platform/data/recorded/<name>/``), then those on
     the profile path ``value`` (a ``$MMAEMU_PROFILE_PATH`` value, which the caller read: each entry a bundle folder
     or a folder of bundle folders; "" names none). A bundle that is refused, or a folder that cannot be read
-    (another user's), is skipped with a RuntimeWarning, once per path and reason; the others load. The same value
+    (another user's; the package's own, in a checkout inside a folder this user cannot enter), is skipped with a
+    RuntimeWarning, once per path and reason; the others load. The same value
     again is a no-op."""
     global _path_seen
     if value == _path_seen:
@@ -431,10 +432,15 @@ def load_profile_path(value: str) -> None:
             return
         _path_seen = value
         try:
+            packaged, closed = _packaged_scan()
             folders, unreadable = _bundle_folders(value)
+            for folder, exc in closed:
+                _skip(folder, f"the package's recorded bundles in {folder} are skipped: cannot read them: "
+                      f"{exc.strerror or exc} (a checkout inside a folder this user cannot enter; the built-in "
+                      "profiles still load)", where="the package's data")
             for folder, exc in unreadable:
                 _skip(folder, f"bundle folder {folder} refused: cannot read it: {exc.strerror or exc}")
-            for folder in packaged_bundle_folders() + folders:
+            for folder in packaged + folders:
                 try:
                     _register(read_bundle(folder))
                 except BundleError as exc:
@@ -446,9 +452,9 @@ def load_profile_path(value: str) -> None:
             raise
 
 
-def _skip(folder: Path, reason: str) -> None:
+def _skip(folder: Path, reason: str, where: str = PATH_ENV) -> None:
     """Remember why ``folder`` was refused and warn, at the user's line, the first time it is refused for this
-    reason (:func:`forget_loaded_bundles` forgets it).
+    reason (:func:`forget_loaded_bundles` forgets it); ``where`` names where the folder was found.
 
     The warning is emitted here, at once, rather than reported as a :class:`mmaemu.warn.Notice`: it is about the
     process's bundles, not the call being planned, and a notice reported inside :func:`mmaemu.warn.collecting`
@@ -458,7 +464,7 @@ def _skip(folder: Path, reason: str) -> None:
     key = str(folder)
     if _refused.get(key) != reason:
         _refused[key] = reason
-        warnings.warn(f"mmaemu: {reason} (found on {PATH_ENV})", RuntimeWarning, stacklevel=user_stacklevel())
+        warnings.warn(f"mmaemu: {reason} (found on {where})", RuntimeWarning, stacklevel=user_stacklevel())
 
 
 RecordedProfiles = Mapping[str, Profile]
@@ -482,10 +488,19 @@ def recorded_of(context) -> Callable[[str], RecordedProfiles]:
     return recorded_profiles if source is None else source
 
 
+PACKAGED_ROOT = Path(__file__).resolve().parent / "data" / "recorded"  # the package's own bundle folders
+
+
 def packaged_bundle_folders() -> List[Path]:
-    """The bundles recorded by the project and shipped as package data (folders with a profile.json)."""
-    root = Path(__file__).resolve().parent / "data" / "recorded"
-    return sorted(p for p in root.iterdir() if (p / MANIFEST).is_file()) if root.is_dir() else []
+    """The bundles recorded by the project and shipped as package data (folders with a profile.json); none when
+    that folder cannot be read (a checkout inside another user's private folder): :func:`load_profile_path` warns
+    about it."""
+    return _packaged_scan()[0]
+
+
+def _packaged_scan():
+    """(bundle folders, [(folder, OSError)] of those that could not be read) of the package's own bundle folder."""
+    return _folders_of([PACKAGED_ROOT])
 
 
 def path_entries(value: str) -> List[Path]:
@@ -496,8 +511,14 @@ def path_entries(value: str) -> List[Path]:
 
 def _bundle_folders(value: str):
     """(bundle folders, [(folder, OSError)] of the folders that could not be read) of a profile path value."""
+    return _folders_of(path_entries(value))
+
+
+def _folders_of(roots):
+    """(bundle folders, [(folder, OSError)] of the folders that could not be read) of ``roots``, each a bundle
+    folder or a folder of bundle folders."""
     folders, unreadable = [], []
-    for root in path_entries(value):
+    for root in roots:
         try:
             if (root / MANIFEST).is_file():
                 folders.append(root)

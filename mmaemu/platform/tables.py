@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 import numpy as np
 
 from ..errors import MmaemuError
-from .definitions import FORMATS, OUT_DTYPES
+from .definitions import FORMATS, OUT_DTYPES, builtin_profiles
 
 __all__ = [
     "INDEX_FORMAT",
@@ -289,11 +289,23 @@ def tables_of(context) -> Callable[[str], SplitTable]:
 _registered: Dict[str, Callable[[], SplitTable]] = {}
 
 
+def _is_packaged(table_id: str) -> bool:
+    """A table id of the package data: one a built-in profile names, or one whose json the package holds. A
+    package folder this user cannot read (a checkout inside another user's private folder) holds none it can load,
+    and the built-in profiles' ids are refused by name all the same."""
+    if table_id in {p.splitk_table for p in builtin_profiles()}:
+        return True
+    try:
+        return _data_file(f"{table_id}.json").is_file()
+    except OSError:
+        return False
+
+
 def register_table(table_id: str, factory: Callable[[], SplitTable]) -> None:
     """Make ``get_table(table_id)`` build its table with ``factory()`` on first use (recorded bundles). A table id
     of the package data cannot be registered; registering an id again replaces its factory and drops the loaded
     table."""
-    if _data_file(f"{table_id}.json").is_file():
+    if _is_packaged(table_id):
         raise SplitTableError(f"split-K table id {table_id!r} belongs to the packaged tables")
     with _lock:
         _registered[table_id] = factory

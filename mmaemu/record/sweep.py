@@ -41,7 +41,7 @@ _SYNC_SECONDS = 5.0
 
 
 class PlanMismatchError(RecordError):
-    """A partial recording made with another plan is in the way."""
+    """A partial recording made with another plan, or with a plan that cannot be read, is in the way."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,13 +92,30 @@ def _atomic_write(path: Path, blob: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _read_plan(plan_path: Path, folder: Path) -> dict:
+    """The plan a partial recording was made with; a plan.json that is not a JSON object (torn by a crash or a
+    full disk, edited by hand) is a :class:`PlanMismatchError` with the ways out: which plan the answers beside it
+    follow cannot be told, so they are neither reused nor silently thrown away."""
+    try:
+        found = json.loads(plan_path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        found = exc
+    if isinstance(found, dict):
+        return found
+    why = f"not JSON ({type(found).__name__}: {found})" if isinstance(found, Exception) else \
+        f"a JSON {type(found).__name__}, not the {PLAN_FORMAT} object"
+    raise PlanMismatchError(f"{plan_path} is unreadable ({why}), so the partial recording in {folder} cannot be "
+                            "resumed: remove that folder to start again (its answers are lost), or record into "
+                            "another folder (--out or --name)")
+
+
 def open_partial(folder: Path, plan: Plan) -> int:
     """Create or resume ``folder``; return how many shapes are already answered (the file is cut to them)."""
     folder.mkdir(parents=True, exist_ok=True)
     plan_path, shapes_path, answers = folder / "plan.json", folder / "shapes.npy", folder / "answers.bin"
     identity = json.loads(json.dumps(plan.identity()))
     if plan_path.exists():
-        found = json.loads(plan_path.read_text(encoding="utf-8"))
+        found = _read_plan(plan_path, folder)
         differs = sorted(k for k in set(found) | set(identity) if found.get(k) != identity.get(k))
         if differs:
             raise PlanMismatchError(f"{folder} holds a partial recording of another plan (differs in "
