@@ -56,12 +56,16 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from . import torch_ops
+
 __all__ = ["patch", "PatchRecord", "PatchLog", "is_patched", "original_scaled_mm", "DEFAULT_LOG_LIMIT"]
 
 _UNSET = None
 #: How many records a block's log keeps by default (the latest ones; a record is about 1 KB with its SplitDecision).
 DEFAULT_LOG_LIMIT = 10_000
 _DEFAULTS = {"profile": None, "splitk": "auto", "backend": "auto"}
+
+_PACKED_FP4 = "float4_e2m1fn_x2"  # two FP4 elements per byte along K (the record's dtype names)
 
 _lock = threading.RLock()
 _open: List["_Block"] = []  # every open block, all contexts, in opening order
@@ -93,6 +97,14 @@ class PatchRecord:
     error: Optional[str] = None
 
     @property
+    def K(self):
+        """The GEMM's K in elements: input's second dimension, twice it for packed ``float4_e2m1fn_x2`` operands
+        (two FP4 elements a byte: NVFP4's K = 64 for a [M, 32] input); "?" when input is not 2-D."""
+        if len(self.input_shape) != 2:
+            return "?"
+        return self.input_shape[1] * (2 if self.input_dtype == _PACKED_FP4 else 1)
+
+    @property
     def S(self) -> Optional[int]:
         return None if self.split is None else self.split.S
 
@@ -107,10 +119,9 @@ class PatchRecord:
     def line(self) -> str:
         """A one-line description, as in :meth:`PatchLog.summary`."""
         M = self.input_shape[0] if len(self.input_shape) == 2 else "?"
-        K = self.input_shape[1] if len(self.input_shape) == 2 else "?"
         N = self.mat2_shape[1] if len(self.mat2_shape) == 2 else "?"
         split = "-" if self.split is None else f"S={self.S} {self.scheme} ({self.source})"
-        text = (f"M={M} N={N} K={K} {self.input_dtype} x {self.mat2_dtype} -> {self.out_dtype} "
+        text = (f"M={M} N={N} K={self.K} {self.input_dtype} x {self.mat2_dtype} -> {self.out_dtype} "
                 f"fast={self.use_fast_accum} profile={self.profile} split={split} backend={self.backend or '-'}")
         return text + (f" ERROR {self.error}" if self.error else "")
 
@@ -245,15 +256,14 @@ def _record(block: _Block, args, kwargs, plan, error) -> PatchRecord:
 _PARAMS = ("input", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out_dtype", "use_fast_accum")
 
 
-# torch.compiler.disable itself, not mmaemu's lazy ``untraced``: dynamo must be imported before a block puts this
-# function in place of torch._scaled_mm, or its first import would record this function as torch's in-graph op.
-@torch.compiler.disable
 def _patched_scaled_mm(*args, **kwargs):
     """Stand-in for ``torch._scaled_mm`` while a patch block is open: mmaemu.scaled_mm with the block's settings.
 
-    Excluded from ``torch.compile`` tracing like scaled_mm itself: dynamo breaks the graph at the call and runs
-    the emulation eagerly. Without the exclusion dynamo, which records ``torch._scaled_mm`` as an in-graph torch
-    function the first time it compiles anything, would run this function on fake tensors (or trace into it).
+    Run eagerly (real tensors), it computes and records the call. Traced (fake or functional tensors: dynamo,
+    AOTAutograd, a tensor subclass's ``__torch_dispatch__`` under them), it puts the custom op
+    ``torch.ops.mmaemu.scaled_mm`` in the graph with the block's settings (:func:`_traced_call`), which computes
+    and records when the compiled graph runs (:data:`_COMPILED_CALLS`). Dynamo puts this function itself in its
+    graph as one opaque call (``torch.compiler.allow_in_graph`` below): no graph break.
     """
     block, logs = _effective_block()
     if block is None:  # called through a reference kept after every block closed
@@ -274,6 +284,8 @@ def _patched_scaled_mm(*args, **kwargs):
         if required not in named:
             raise TypeError(f"_scaled_mm() missing required argument '{required}'")
     positional = [named.pop(name) for name in _PARAMS[:4]]
+    if torch_ops.is_tracing(positional + list(named.values())):
+        return _traced_call(block, positional, named)
     plan = error = None
     try:
         result, plan = _compute(block, positional, named)
@@ -286,6 +298,63 @@ def _patched_scaled_mm(*args, **kwargs):
         with _lock:
             for open_block in logs:
                 open_block.log._add(record)
+
+
+def _traced_call(block: _Block, positional, named):
+    """The op ``torch.ops.mmaemu.scaled_mm`` of a traced call, with ``block``'s settings as its arguments; nothing
+    is computed or recorded now (the compiled graph's run does both)."""
+    if named.get("out") is not None:
+        from .errors import UnsupportedFeatureError
+
+        raise UnsupportedFeatureError(
+            "torch._scaled_mm(..., out=...) inside mmaemu.patch cannot be traced by torch.compile: the custom op "
+            "mmaemu::scaled_mm returns a new tensor and never writes into an argument; drop out= in compiled "
+            "code (y = torch._scaled_mm(...)) or run the call eagerly [mmaemu scope]")
+    return torch.ops.mmaemu.scaled_mm.default(
+        *positional, named.get("bias"), named.get("scale_result"), named.get("out_dtype"),
+        named.get("use_fast_accum", False), None, None, *_op_settings(block), _OBSERVER_NAME)
+
+
+def _op_settings(block: _Block) -> torch_ops.Settings:
+    from .context import for_call
+
+    return torch_ops.Settings(torch_ops.profile_argument(block.profile, context=for_call()),
+                              torch_ops.splitk_argument(block.splitk), block.backend)
+
+
+def _admit_compiled_call(settings: torch_ops.Settings) -> None:
+    """A compiled graph's op call runs only inside a block of the settings it was traced with (else it raises)."""
+    block, _ = _effective_block()
+    now = None if block is None else _op_settings(block)
+    if now != settings:
+        from .errors import UnsupportedFeatureError
+
+        where = "no mmaemu.patch block is open" if block is None else f"the open block's settings are {now}"
+        raise UnsupportedFeatureError(
+            f"a graph that torch.compile traced inside mmaemu.patch with settings {settings} runs now, but {where}: "
+            f"the compiled graph would compute with settings that no longer apply; call torch._dynamo.reset() "
+            f"(or torch.compiler.reset()) before running compiled code outside the block it was compiled in, or "
+            f"compile it inside each block [mmaemu scope]")
+
+
+def _record_compiled_call(arguments, plan, error, settings) -> None:
+    """Record a compiled graph's op call in the logs of the blocks open when it runs."""
+    block, logs = _effective_block()
+    if block is None:
+        return
+    record = _record(block, [arguments["input"], arguments["mat2"]], arguments, plan, error)
+    with _lock:
+        for open_block in logs:
+            open_block.log._add(record)
+
+
+_OBSERVER_NAME = "mmaemu.patch"
+#: What the op reports to, in a compiled graph traced inside a block.
+_COMPILED_CALLS = torch_ops.CallObserver(admit=_admit_compiled_call, record=_record_compiled_call)
+torch_ops.register_observer(_OBSERVER_NAME, _COMPILED_CALLS)
+# Dynamo puts the stand-in in its graph as one call (run on fake tensors while it traces); dynamo is imported here,
+# before any block puts the function in place of torch._scaled_mm.
+torch.compiler.allow_in_graph(_patched_scaled_mm)
 
 
 # `torch._scaled_mm.__name__` etc. for introspection; the signature is torch 2.7.1's.
