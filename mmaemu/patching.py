@@ -13,9 +13,15 @@ What is replaced: the Python attribute ``torch._scaled_mm`` only, process-wide. 
 open in any thread, every thread that calls ``torch._scaled_mm`` gets the emulation; when the last block closes
 (normally or through an exception) the original function object is put back. ``torch.ops.aten._scaled_mm`` is
 *not* touched (overriding an aten kernel in the dispatcher is global C++ state that cannot be restored safely),
-so code that calls the aten op directly, graphs compiled before the block (``torch.compile``, TorchScript, CUDA
-graphs) and references taken before the block (``from torch import _scaled_mm``) still reach torch's kernel. A
-function that ``torch.compile`` compiles inside a block breaks its graph at the call and gets the emulation.
+so code that calls the aten op directly, graphs captured before the block (TorchScript, CUDA graphs, and
+``torch.compile`` graphs where a tensor subclass calls the function below dynamo, as torchao's do) and references
+taken before the block (``from torch import _scaled_mm``) still reach torch's kernel.
+
+Under ``torch.compile`` inside a block, the call is one opaque node, no graph break: traced (fake or functional
+tensors) the stand-in puts the custom op ``torch.ops.mmaemu.scaled_mm`` (:mod:`mmaemu.torch_ops`) in the graph
+with the block's settings; the compiled graph's run computes it, records it in the logs of the blocks open then,
+and refuses to run outside a block of the same settings (docs/guide.md, "Under torch.compile", says what dynamo's
+caches do around a block).
 
 Settings: ``profile``, ``splitk`` and ``backend`` have the meaning they have in :func:`mmaemu.scaled_mm` and are
 checked when the block is built (and, with the inherited ones, when it is entered), so a bad setting fails before
