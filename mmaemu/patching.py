@@ -267,9 +267,10 @@ def _patched_scaled_mm(*args, **kwargs):
 
     Run eagerly (real tensors), it computes and records the call. Traced (fake or functional tensors: dynamo,
     AOTAutograd, a tensor subclass's ``__torch_dispatch__`` under them), it puts the custom op
-    ``torch.ops.mmaemu.scaled_mm`` in the graph with the block's settings (:func:`_traced_call`), which computes
-    and records when the compiled graph runs (:data:`_COMPILED_CALLS`). Dynamo puts this function itself in its
-    graph as one opaque call (``torch.compiler.allow_in_graph`` below): no graph break.
+    ``torch.ops.mmaemu.scaled_mm`` in the graph with the block's settings (:func:`mmaemu.torch_ops.traced_call`),
+    which computes and records when the compiled graph runs (:data:`_COMPILED_CALLS`); nothing is computed or
+    recorded while tracing. Dynamo puts this function itself in its graph as one opaque call
+    (``torch.compiler.allow_in_graph`` below): no graph break.
     """
     block, logs = _effective_block()
     if block is None:  # called through a reference kept after every block closed
@@ -291,7 +292,7 @@ def _patched_scaled_mm(*args, **kwargs):
             raise TypeError(f"_scaled_mm() missing required argument '{required}'")
     positional = [named.pop(name) for name in _PARAMS[:4]]
     if torch_ops.is_tracing(positional + list(named.values())):
-        return _traced_call(block, positional, named)
+        return torch_ops.traced_call(positional, named, _op_settings(block), _OBSERVER_NAME)
     plan = error = None
     try:
         result, plan = _compute(block, positional, named)
@@ -300,32 +301,17 @@ def _patched_scaled_mm(*args, **kwargs):
         error = exc
         raise
     finally:
-        record = _record(block, positional, named, plan, error)
-        with _lock:
-            for open_block in logs:
-                open_block.log._add(record)
+        _add_to_logs(logs, _record(block, positional, named, plan, error))
 
 
-def _traced_call(block: _Block, positional, named):
-    """The op ``torch.ops.mmaemu.scaled_mm`` of a traced call, with ``block``'s settings as its arguments; nothing
-    is computed or recorded now (the compiled graph's run does both)."""
-    if named.get("out") is not None:
-        from .errors import UnsupportedFeatureError
-
-        raise UnsupportedFeatureError(
-            "torch._scaled_mm(..., out=...) inside mmaemu.patch cannot be traced by torch.compile: the custom op "
-            "mmaemu::scaled_mm returns a new tensor and never writes into an argument; drop out= in compiled "
-            "code (y = torch._scaled_mm(...)) or run the call eagerly [mmaemu scope]")
-    return torch.ops.mmaemu.scaled_mm.default(
-        *positional, named.get("bias"), named.get("scale_result"), named.get("out_dtype"),
-        named.get("use_fast_accum", False), None, None, *_op_settings(block), _OBSERVER_NAME)
+def _add_to_logs(logs, record: PatchRecord) -> None:
+    with _lock:
+        for open_block in logs:
+            open_block.log._add(record)
 
 
 def _op_settings(block: _Block) -> torch_ops.Settings:
-    from .context import for_call
-
-    return torch_ops.Settings(torch_ops.profile_argument(block.profile, context=for_call()),
-                              torch_ops.splitk_argument(block.splitk), block.backend)
+    return torch_ops.settings_of(block.profile, block.splitk, block.backend)
 
 
 def _admit_compiled_call(settings: torch_ops.Settings) -> None:
@@ -348,10 +334,7 @@ def _record_compiled_call(arguments, plan, error, settings) -> None:
     block, logs = _effective_block()
     if block is None:
         return
-    record = _record(block, [arguments["input"], arguments["mat2"]], arguments, plan, error)
-    with _lock:
-        for open_block in logs:
-            open_block.log._add(record)
+    _add_to_logs(logs, _record(block, [arguments["input"], arguments["mat2"]], arguments, plan, error))
 
 
 _OBSERVER_NAME = "mmaemu.patch"

@@ -40,7 +40,7 @@ from .plan.planner import plan_scaled_mm
 from .warn import collecting, edge
 
 __all__ = ["OP_NAME", "Settings", "CallObserver", "register_observer", "splitk_argument", "profile_argument",
-           "scaled_mm_op", "is_tracing"]
+           "settings_of", "traced_call", "scaled_mm_op", "is_tracing"]
 
 OP_NAME = "mmaemu::scaled_mm"
 
@@ -112,6 +112,25 @@ def profile_argument(profile, context=None) -> str:
             f"{OP_NAME} that torch.compile puts in its graph cannot name it; use a built-in or recorded profile "
             f"name under torch.compile, or run the call eagerly [mmaemu scope]")
     return resolved.name
+
+
+def settings_of(profile, splitk, backend) -> Settings:
+    """The op's settings for ``scaled_mm``'s ``profile``, ``splitk`` and ``backend`` arguments (the profile resolved
+    now, with the environment of this moment: :func:`mmaemu.context.for_call`)."""
+    return Settings(profile_argument(profile, context=for_call()), splitk_argument(splitk), backend)
+
+
+def traced_call(positional, named: dict, settings: Settings, observer: str = ""):
+    """The op on a traced ``torch._scaled_mm`` call: ``positional`` its input, mat2, scale_a and scale_b,
+    ``named`` its other arguments by name (bias, scale_result, out_dtype, use_fast_accum; an ``out`` is refused:
+    UnsupportedFeatureError). Puts the op in the graph being traced; computes nothing."""
+    if named.get("out") is not None:
+        raise UnsupportedFeatureError(
+            "torch._scaled_mm(..., out=...) cannot be traced by torch.compile inside mmaemu.patch: the custom op "
+            f"{OP_NAME} returns a new tensor and never writes into an argument; drop out= in compiled code "
+            "(y = torch._scaled_mm(...)) or run the call eagerly [mmaemu scope]")
+    return scaled_mm_op(*positional, named.get("bias"), named.get("scale_result"), named.get("out_dtype"),
+                        named.get("use_fast_accum", False), None, None, *settings, observer)
 
 
 def is_tracing(tensors) -> bool:
