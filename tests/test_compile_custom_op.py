@@ -3,7 +3,8 @@
 run on the real ones, so ``fullgraph=True`` compiles and every backend returns the eager patched bits.
 
 Covered: a compiled function calling ``torch._scaled_mm`` directly, a compiled ``EmulatedFP8Linear``, and forward
-and backward of a torchao 0.18.0 float8 training step (``convert_to_float8_training``: torchao calls
+and backward of a torchao 0.18.0 float8 training step (``convert_to_float8_training``, the tensor-wise, row-wise
+and row-wise-with-high-precision-grad-weight recipes: torchao calls
 ``torch._scaled_mm`` inside its tensor subclass, which AOTAutograd traces on fake tensors); the op's fake
 implementation (shape, dtype, strides, the eager errors); the refusal to compute on fake tensors; dynamo's caches
 around a block; and the logical K of packed FP4 operands in the log and in explain (issue 34 items 1 and 5).
@@ -12,7 +13,6 @@ around a block; and the logical K of packed FP4 operands in the log and in expla
 from __future__ import annotations
 
 import copy
-import os
 import warnings
 
 import numpy
@@ -21,6 +21,7 @@ import torch
 
 import mmaemu
 import oracle
+from test_block_quantize import _torchao
 from mmaemu.testing import assert_bitwise_equal, bits
 
 if not hasattr(torch, "compile") or not hasattr(torch, "_dynamo"):
@@ -35,7 +36,6 @@ import mmaemu.torch_ops  # noqa: E402,F401  (registers torch.ops.mmaemu.scaled_m
 
 # Inductor compiles C++ (gcc): tens of seconds a graph on a 2-core machine.
 BACKENDS = ["eager", "aot_eager", pytest.param("inductor", marks=pytest.mark.slow)]
-TORCHAO_VERSION = "0.18.0"
 SETTINGS = dict(profile="ada", splitk=1)
 
 
@@ -251,17 +251,11 @@ def test_compiled_emulated_linear_gives_the_eager_bits(backend):
 
 
 def _torchao_float8():
-    required = os.environ.get("MMAEMU_TEST_REQUIRE_TORCHAO") == "1"
-    try:
-        import torchao
-        from torchao.float8 import convert_to_float8_training
-    except ImportError as error:
-        if required:
-            pytest.fail(f"MMAEMU_TEST_REQUIRE_TORCHAO=1 but torchao.float8 does not import: {error}")
-        pytest.skip("torchao is not installed (pip install --no-deps torchao==0.18.0)")
-    if torchao.__version__.split("+")[0] != TORCHAO_VERSION:
-        why = f"the test is pinned to torchao {TORCHAO_VERSION}, installed: {torchao.__version__}"
-        pytest.fail(why) if required else pytest.skip(why)
+    """torchao's convert_to_float8_training, or the skip (the failure under MMAEMU_TEST_REQUIRE_TORCHAO=1) of
+    test_block_quantize's pinned torchao."""
+    _torchao()
+    from torchao.float8 import convert_to_float8_training
+
     return convert_to_float8_training
 
 
@@ -275,29 +269,39 @@ class _MLP(torch.nn.Module):
         return self.down(torch.relu(self.up(x)))
 
 
-def _float8_mlp():
+def _float8_mlp(recipe="tensorwise"):
+    """The MLP converted by torchao for ``recipe`` (torchao's Float8LinearConfig.from_recipe_name): fp32 weights for
+    tensor-wise scaling, bf16 for the row-wise recipes (torch's row-wise kernel gives bf16 only)."""
     convert = _torchao_float8()
+    from torchao.float8 import Float8LinearConfig
+
     torch.manual_seed(0)
-    return convert(_MLP())
+    model = _MLP() if recipe == "tensorwise" else _MLP().to(torch.bfloat16)
+    return convert(model, config=Float8LinearConfig.from_recipe_name(recipe))
 
 
 def _training_step(model, run):
     """(output, input grad, weight grads) of one step: forward, a loss, backward."""
-    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
+    dtype = next(model.parameters()).dtype
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_(True)
     y = run(x)
     y.float().square().sum().backward()
     return [y.detach(), x.grad] + [p.grad for p in model.parameters()]
 
 
 TORCHAO_PATCH = dict(profile="hopper", splitk="assume-unsplit")
+#: Scaled GEMMs of one step: output, grad_input and grad_weight of each of the two layers (grad_weight in high
+#: precision, torch.mm, with rowwise_with_gw_hp).
+RECIPE_GEMMS = {"tensorwise": 6, "rowwise": 6, "rowwise_with_gw_hp": 4}
 
 
+@pytest.mark.parametrize("recipe", sorted(RECIPE_GEMMS))
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_compiled_torchao_float8_training_step_gives_the_eager_bits(backend):
-    """Forward and backward: 6 scaled GEMMs (output, grad_input, grad_weight of each layer), each computed by
-    mmaemu (the log), with the eager step's bits. torch.compile of this model inside patch used to fail in
-    dynamo with "RuntimeError when making fake tensor call" (mmaemu computed on the fake tensors)."""
-    model = _float8_mlp()
+def test_compiled_torchao_float8_training_step_gives_the_eager_bits(backend, recipe):
+    """Forward and backward, each scaled GEMM computed by mmaemu (the log), with the eager step's bits.
+    torch.compile of this model inside patch used to fail in dynamo with "RuntimeError when making fake tensor
+    call" (mmaemu computed on the fake tensors)."""
+    model = _float8_mlp(recipe)
     twin = copy.deepcopy(model)
     with mmaemu.patch(**TORCHAO_PATCH) as eager_log:
         eager = _training_step(model, model)
@@ -305,7 +309,7 @@ def test_compiled_torchao_float8_training_step_gives_the_eager_bits(backend):
         compiled = _training_step(twin, torch.compile(twin, backend=backend, fullgraph=True))
     for got, expected in zip(compiled, eager):
         assert_bitwise_equal(got, expected)
-    assert len(eager_log) == 6
+    assert len(eager_log) == RECIPE_GEMMS[recipe]
     assert sorted(r.line() for r in log) == sorted(r.line() for r in eager_log)
 
 
