@@ -123,6 +123,15 @@ def test_nothing_computes_on_fake_tensors():
             mmaemu.scaled_mm(fx, fw.t(), fs, fs, out_dtype=torch.float32, profile="ada", splitk=1)
         with pytest.raises(TypeError, match="accumulate: a is a fake tensor"):
             mmaemu.accumulate(fx, fw, use_fast_accum=True, profile="ada", splitk=1)
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    with FunctionalTensorMode():
+        gx, gw, gs = (FunctionalTensor.to_functional(t) for t in (x, w, s))
+        with pytest.raises(TypeError, match="input is a functional tensor"):
+            mmaemu.scaled_mm(gx, gw.t(), gs, gs, out_dtype=torch.float32, profile="ada", splitk=1)
+    meta = [t.to("meta") for t in (x, w, s)]
+    with pytest.raises(TypeError, match="input is a meta tensor"):  # the op's meta kernel is its fake one
+        _op(*meta)
 
 
 def test_settings_that_are_no_op_argument_are_refused():
