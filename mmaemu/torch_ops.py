@@ -189,8 +189,28 @@ def _scaled_mm_fake(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype
                     global_scale_b, profile, splitk, backend, observer):
     """The result's metadata from the plan of the call on the traced tensors: the same refusals as the run, no
     warning emitted (collected and dropped: the run emits them), nothing computed."""
+    tensors = [_static(t) for t in (input, mat2, scale_a, scale_b, bias, scale_result, global_scale_a,
+                                    global_scale_b)]
+    input, mat2, scale_a, scale_b, bias, scale_result, global_scale_a, global_scale_b = tensors
     with collecting():
         plan = _plan(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, global_scale_a,
                      global_scale_b, Settings(profile, splitk, backend))
     call = plan.call
     return input.new_empty((call.M, call.N), dtype=call.out_dtype)
+
+
+def _static(t):
+    """``t``, or where one of its sizes, strides or its offset is symbolic (``torch.compile``'s dynamic shapes) a
+    fake tensor of the same metadata in Python ints: the symbols are specialised (dynamo guards on their values,
+    and another shape is traced again), because every decision of the plan (the split-K table, the envelope, the
+    kernel) depends on M, N and K."""
+    if t is None:
+        return None
+    shape, strides, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
+    if all(type(v) is int for v in shape + strides + (offset,)):
+        return t
+    shape, strides, offset = tuple(int(v) for v in shape), tuple(int(v) for v in strides), int(offset)
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides)) if all(shape) else 0
+    storage = t.new_empty((offset + extent,))
+    static = storage.as_strided(shape, strides, offset)
+    return static.requires_grad_() if t.requires_grad and t.dtype.is_floating_point else static

@@ -165,6 +165,22 @@ def test_compiled_scaled_mm_call_gives_the_eager_patched_bits_in_one_graph(backe
     assert [r.line() for r in log] == [eager_log[0].line()] * 2
 
 
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+def test_each_shape_is_traced_with_its_own_plan(dynamic):
+    """Symbolic sizes (automatic dynamic shapes after a second shape, or dynamic=True) are specialised by the
+    op's fake implementation: the split-K decision and the kernel depend on M, N and K, so each shape is compiled
+    on its own and gets its eager bits. (A symbolic M used to reach the split-K decision: "M must be an int".)"""
+    w, s = _fp8(32, 64, 7), torch.tensor(0.5)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(_layer, backend=counter, fullgraph=True, dynamic=dynamic)
+    with mmaemu.patch(**SETTINGS) as log:
+        for M in (16, 32, 48):
+            x = _fp8(M, 64, M)
+            assert_bitwise_equal(compiled(x, w, s), _layer(x, w, s))
+    assert counter.frame_count == 3
+    assert [r.input_shape[0] for r in log] == [16, 16, 32, 32, 48, 48]  # compiled and eager, per shape
+
+
 def test_the_compiled_bits_are_the_oracles():
     x, w, s = _operands(seed=5)
     with mmaemu.patch(**SETTINGS):
