@@ -103,7 +103,7 @@ def profile_argument(profile, context=None) -> str:
 
     resolved = get_profile(profile, context=context)
     try:
-        same = get_profile(resolved.name, context=context) is resolved
+        same = get_profile(resolved.name, context=context) == resolved
     except KeyError:
         same = False
     if not same:
