@@ -113,6 +113,28 @@ def test_a_call_refused_eagerly_is_refused_when_traced_with_the_same_error(case)
     assert type(traced.value) is type(eager.value) and str(traced.value) == str(eager.value)
 
 
+def test_a_refused_call_fails_compilation_with_the_eager_error_in_its_chain():
+    """Dynamo wraps an error of fake propagation in its TorchRuntimeError (as it wraps torch's own); the eager
+    call's error, class and message, is in the chain, raised while tracing, before anything runs."""
+    x, s = _fp8(16, 24, 1), torch.tensor(1.0)
+
+    def call(x, s):
+        return torch._scaled_mm(x, x.t(), s, s, out_dtype=torch.float32)
+
+    with mmaemu.patch(**SETTINGS) as log:
+        with pytest.raises(mmaemu.ReferenceRejectsError) as eager:
+            call(x, s)
+        with pytest.raises(Exception) as compiled:
+            torch.compile(call, backend="aot_eager", fullgraph=True)(x, s)
+    chain, error = [], compiled.value
+    while error is not None:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    refused = [e for e in chain if isinstance(e, mmaemu.ReferenceRejectsError)]
+    assert refused and str(refused[0]) == str(eager.value)
+    assert len(log) == 1  # the eager call; the traced one ran nothing
+
+
 def test_nothing_computes_on_fake_tensors():
     """mmaemu.scaled_mm and accumulate handed fake tensors (a tracer's stand-ins) refuse with the way out; they
     used to read the fake tensor's data (.numpy(): "not supported for tensor subclasses")."""
