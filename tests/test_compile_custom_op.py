@@ -274,6 +274,34 @@ def test_out_is_refused_under_compile():
         torch.compile(into, backend="aot_eager", fullgraph=True)(x, w, s, torch.empty(16, 32))
 
 
+def _nvfp4_operands(M=8, N=16, K=128, seed=1):
+    """Packed float4_e2m1fn_x2 operands [M, K/2], [N, K/2] and their swizzled UE4M3 block scales (one per 16)."""
+    from mmaemu.scale_layout import to_blocked
+
+    rng = numpy.random.default_rng(seed)
+    packed = lambda rows: torch.from_numpy(rng.integers(0, 256, (rows, K // 2)).astype(numpy.uint8))  # noqa: E731
+    scales = lambda rows: to_blocked(torch.from_numpy(  # noqa: E731
+        rng.integers(0x30, 0x40, (rows, K // 16)).astype(numpy.uint8)).view(torch.float8_e4m3fn))
+    a, w = (packed(rows).view(torch.float4_e2m1fn_x2) for rows in (M, N))
+    return a, w, scales(M), scales(N)
+
+
+def _nvfp4_layer(a, w, sa, sb):
+    return torch._scaled_mm(a, w.t(), sa, sb, out_dtype=torch.bfloat16).float() + 1.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_nvfp4_call_gives_the_eager_patched_bits(backend):
+    operands = _nvfp4_operands()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mmaemu.ExperimentalPresetWarning)
+        with mmaemu.patch(profile="b200-mx-experimental", splitk=1) as log:
+            eager = _nvfp4_layer(*operands)
+            compiled = torch.compile(_nvfp4_layer, backend=backend, fullgraph=True)(*operands)
+    assert_bitwise_equal(compiled, eager)
+    assert [r.line() for r in log[1:]] == [log[0].line()] and log[0].K == 128
+
+
 # --- a compiled EmulatedFP8Linear ------------------------------------------------------------------------------------
 
 
