@@ -114,8 +114,9 @@ def test_a_call_refused_eagerly_is_refused_when_traced_with_the_same_error(case)
 
 
 def test_a_refused_call_fails_compilation_with_the_eager_error_in_its_chain():
-    """Dynamo wraps an error of fake propagation in its TorchRuntimeError (as it wraps torch's own); the eager
-    call's error, class and message, is in the chain, raised while tracing, before anything runs."""
+    """Dynamo wraps an error of fake propagation in its TorchRuntimeError (as it wraps torch's own: torch 2.13.0,
+    torch/_dynamo/utils.py, get_fake_value); the eager call's error, class and message, is in the chain, raised
+    while tracing, before anything runs."""
     x, s = _fp8(16, 24, 1), torch.tensor(1.0)
 
     def call(x, s):
