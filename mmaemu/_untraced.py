@@ -6,6 +6,9 @@ while ``torch._dynamo`` is not imported — no compiled code can be running then
 it — and through ``torch.compiler.disable(fn)``, built on the first such call, once it is. The wrapper carries
 dynamo's marker ``_torchdynamo_disable``, so that dynamo breaks the graph at its call instead of tracing into it,
 exactly as for a function decorated with ``torch.compiler.disable``.
+
+``traced_tensor_kind`` names the tensors a tracer hands over in place of data (fake and functional tensors), so
+that nothing computes on them: :func:`require_untraced` refuses them with the way out.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import functools
 import sys
 
-__all__ = ["untraced"]
+__all__ = ["untraced", "traced_tensor_kind", "require_untraced"]
 
 
 def untraced(fn=None, *, reason=None):
@@ -47,3 +50,30 @@ def _disable(torch, fn, reason):
         return torch.compiler.disable(fn, reason=reason)
     except TypeError:  # torch < 2.7
         return torch.compiler.disable(fn)
+
+
+def traced_tensor_kind(tensor):
+    """"fake" or "functional" for a tensor that a tracer (torch.compile's dynamo and AOTAutograd, make_fx,
+    FakeTensorMode) hands over in place of one with data, else None. Read without importing torch's tracing
+    modules: a process that has not imported them holds no such tensor."""
+    fake_module = sys.modules.get("torch._subclasses.fake_tensor")
+    if fake_module is not None and fake_module.is_fake(tensor):
+        return "fake"
+    functional_module = sys.modules.get("torch._subclasses.functional_tensor")
+    if functional_module is not None and isinstance(tensor, functional_module.FunctionalTensor):
+        return "functional"
+    if "torch" in sys.modules and sys.modules["torch"]._is_functional_tensor(tensor):
+        return "functional"
+    return None
+
+
+def require_untraced(caller, name, tensor) -> None:
+    """TypeError naming the rule and the way out for a fake or functional ``tensor`` (:func:`traced_tensor_kind`):
+    it holds no data, and the emulation never computes on (or is traced through) such a tensor."""
+    kind = traced_tensor_kind(tensor)
+    if kind is not None:
+        raise TypeError(
+            f"{caller}: {name} is a {kind} tensor (a tracer such as torch.compile or FakeTensorMode handed it over "
+            f"in place of data); mmaemu computes only on tensors with data: under torch.compile, call "
+            f"torch._scaled_mm inside mmaemu.patch or torch.ops.mmaemu.scaled_mm (an opaque custom op that runs on "
+            f"the real tensors when the compiled graph runs), or call mmaemu.scaled_mm outside the traced code")

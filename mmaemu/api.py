@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy
 import torch
 
-from ._untraced import untraced
+from ._untraced import require_untraced, untraced
 from .context import for_call
 from .plan.cache import cached_plan_accumulate, cached_plan_scaled_mm
 from .plan.planner import CallPlan, explain_scaled_mm
@@ -232,6 +232,7 @@ def run_scaled_mm_plan(plan, weights=None):
     ``weights``: where the CPU engine keeps mat2's prepared panels between calls (:mod:`mmaemu.cpu.prepared`:
     the process-wide store, a layer's slot), or None (decoded for this call only)."""
     call = plan.call
+    _require_data("scaled_mm", call, ("input", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out"))
     if plan.action == "out-unchanged":
         return call.out
     if plan.action == "zeros":
@@ -243,6 +244,15 @@ def run_scaled_mm_plan(plan, weights=None):
     if call.rowwise:
         return _deliver(_rowwise_epilogue(acc, call), call.out)
     return _deliver(_epilogue(acc, computed_by, plan), call.out)
+
+
+def _require_data(caller: str, call, names) -> None:
+    """Refuse to compute on the fake or functional tensors of a traced call (a TypeError with the way out)."""
+    tensors = [(name, getattr(call, name)) for name in names]
+    tensors += [(f"global_scale_{side}", g) for side, g in zip("ab", getattr(call, "global_scales", None) or ())]
+    for name, tensor in tensors:
+        if isinstance(tensor, torch.Tensor):
+            require_untraced(caller, name, tensor)
 
 
 @untraced
@@ -257,6 +267,7 @@ def accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="au
         plan = cached_plan_accumulate(a, b, use_fast_accum=use_fast_accum, profile=profile, splitk=splitk,
                                       backend=backend, out_dtype_for_split=out_dtype_for_split)
         call = plan.call
+        _require_data("accumulate", call, ("a", "b"))
         if plan.action == "zeros":
             return torch.zeros((call.M, call.N), dtype=torch.float32, device=call.device)
         return _accumulator(plan, call.a, call.b, call.fmt_a, call.fmt_b, call.use_fast_accum)[0]

@@ -26,8 +26,17 @@ emulation; when the last block closes (normally or through an exception) the ori
 back. The ops of ``torch.ops.aten`` (``_scaled_mm``, ``_scaled_mm_v2``, ``_scaled_grouped_mm``, ...) are *not*
 touched (overriding an aten kernel in the dispatcher is global C++ state that cannot be restored safely), so code
 that calls the aten ops directly, graphs compiled before the block (``torch.compile``, TorchScript, CUDA graphs)
-and references taken before the block (``from torch import _scaled_mm``) still reach torch's kernels. A function
-that ``torch.compile`` compiles inside a block breaks its graph at the call and gets the emulation.
+and references taken before the block (``from torch import _scaled_mm``) still reach torch's kernels, and so do
+``torch.compile`` graphs where a tensor subclass calls the function below dynamo (as torchao's do) if they were
+captured before the block.
+
+Under ``torch.compile`` inside a block, a call of ``torch._scaled_mm`` or ``torch._scaled_mm_v2`` (F.scaled_mm) is
+one opaque node, no graph break: traced (fake or functional tensors) the stand-in puts the custom op
+``torch.ops.mmaemu.scaled_mm`` (:mod:`mmaemu.torch_ops`) in the graph with the block's settings; the compiled
+graph's run computes it, records it in the logs of the blocks open then, and refuses to run outside a block of the
+same settings (docs/guide.md, "Under torch.compile", says what dynamo's caches do around a block). A block-wise
+(1x128 / 128x128) v2 call and the grouped GEMMs are not traced into a graph: dynamo breaks its graph at them and
+runs them eagerly; traced below dynamo (a tensor subclass's ``__torch_dispatch__``) they are refused.
 
 Settings: ``profile``, ``splitk`` and ``backend`` have the meaning they have in :func:`mmaemu.scaled_mm` and are
 checked when the block is built (and, with the inherited ones, when it is entered), so a bad setting fails before
@@ -69,6 +78,8 @@ from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 
+from . import torch_ops
+
 __all__ = ["patch", "PatchRecord", "PatchLog", "is_patched", "original_scaled_mm", "original", "route_call",
            "scaled_gemm_attributes", "ROUTED", "REACHED_THROUGH", "DEFAULT_LOG_LIMIT"]
 
@@ -76,6 +87,8 @@ _UNSET = None
 #: How many records a block's log keeps by default (the latest ones; a record is about 1 KB with its SplitDecision).
 DEFAULT_LOG_LIMIT = 10_000
 _DEFAULTS = {"profile": None, "splitk": "auto", "backend": "auto"}
+
+_PACKED_FP4 = "float4_e2m1fn_x2"  # two FP4 elements per byte along K (the record's dtype names)
 
 _lock = threading.RLock()
 _open: List["_Block"] = []  # every open block, all contexts, in opening order
@@ -114,6 +127,14 @@ class PatchRecord:
     recipe: Optional[str] = None
 
     @property
+    def K(self):
+        """The GEMM's K in elements: input's second dimension, twice it for packed ``float4_e2m1fn_x2`` operands
+        (two FP4 elements a byte: NVFP4's K = 64 for a [M, 32] input); "?" when input is not 2-D."""
+        if len(self.input_shape) != 2:
+            return "?"
+        return self.input_shape[1] * (2 if self.input_dtype == _PACKED_FP4 else 1)
+
+    @property
     def S(self) -> Optional[int]:
         return None if self.split is None else self.split.S
 
@@ -128,10 +149,9 @@ class PatchRecord:
     def line(self) -> str:
         """A one-line description, as in :meth:`PatchLog.summary`."""
         M = self.input_shape[0] if len(self.input_shape) == 2 else "?"
-        K = self.input_shape[1] if len(self.input_shape) == 2 else "?"
         N = self.mat2_shape[1] if len(self.mat2_shape) == 2 else "?"
         split = "-" if self.split is None else f"S={self.S} {self.scheme} ({self.source})"
-        text = (f"M={M} N={N} K={K} {self.input_dtype} x {self.mat2_dtype} -> {self.out_dtype} "
+        text = (f"M={M} N={N} K={self.K} {self.input_dtype} x {self.mat2_dtype} -> {self.out_dtype} "
                 f"fast={self.use_fast_accum} profile={self.profile} split={split} backend={self.backend or '-'} "
                 f"via {self.entry_point} ({self.recipe or '?'})")
         return text + (f" ERROR {self.error}" if self.error else "")
@@ -398,6 +418,8 @@ def route_call(entry_point: str, args, kwargs):
     if block is None:  # called through a reference kept after every block closed
         return original(entry_point)(*args, **kwargs)
     named = _bind(entry_point, args, kwargs)
+    if torch_ops.is_tracing(value for value in _flat(named.values())):
+        return _traced_call(block, entry_point, named)
     plan = error = None
     recipe = _recipe_of_arguments(entry_point, named)
     try:
@@ -414,11 +436,97 @@ def route_call(entry_point: str, args, kwargs):
     finally:
         if plan is not None:
             recipe = recipe_pair_of(plan.call)
-        record = _record(block, [named.get("input"), named.get("mat2")], named, plan, error,
-                         entry_point=f"torch.{entry_point}", recipe=recipe)
-        with _lock:
-            for open_block in logs:
-                open_block.log._add(record)
+        _add_to_logs(logs, _record(block, [named.get("input"), named.get("mat2")], named, plan, error,
+                                   entry_point=f"torch.{entry_point}", recipe=recipe))
+
+
+def _flat(values):
+    """The values, with the items of list and tuple values (v2's scale lists) in their place."""
+    for value in values:
+        if isinstance(value, (list, tuple)):
+            yield from value
+        else:
+            yield value
+
+
+def _add_to_logs(logs, record: PatchRecord) -> None:
+    with _lock:
+        for open_block in logs:
+            open_block.log._add(record)
+
+
+#: The entry points a traced call of which becomes the custom op in the graph (the others break dynamo's graph
+#: and run eagerly), with the name of the observer their op calls report to.
+_TRACED = {"_scaled_mm": "mmaemu.patch", "_scaled_mm_v2": "mmaemu.patch:_scaled_mm_v2"}
+
+
+def _traced_call(block: _Block, entry_point: str, named: dict):
+    """A call traced by torch.compile (fake or functional tensors): the custom op in the graph with the block's
+    settings (:func:`mmaemu.torch_ops.traced_call`); nothing computed or recorded now."""
+    from .errors import UnsupportedFeatureError
+
+    if entry_point == "_scaled_mm":
+        args = _in_order("_scaled_mm", named)
+        rest = dict(zip(_SIGNATURES["_scaled_mm"].params[4:], args[4:]), out=named.get("out"))
+        return torch_ops.traced_call(args[:4], rest, _op_settings(block), _TRACED[entry_point])
+    if entry_point == "_scaled_mm_v2":
+        from . import scaled_v2
+
+        call = scaled_v2.resolve_v2(*_in_order("_scaled_mm_v2", named), profile=block.profile)
+        if call.pair not in scaled_v2.kernel_families.BLOCKWISE_PAIRS:
+            input_, mat2, scale_a, scale_b, bias, scale_result, out_dtype, fast = call.args
+            global_scales = (None, None)
+            if isinstance(scale_a, tuple):  # NVFP4's (block scales, global scale) pairs
+                (scale_a, global_a), (scale_b, global_b) = scale_a, scale_b
+                global_scales = (global_a, global_b)
+            rest = dict(bias=bias, scale_result=scale_result, out_dtype=out_dtype, use_fast_accum=fast,
+                        out=named.get("out"))
+            return torch_ops.traced_call([input_, mat2, scale_a, scale_b], rest, _op_settings(block),
+                                         _TRACED[entry_point], global_scales=global_scales)
+    raise UnsupportedFeatureError(
+        f"torch.{entry_point} is traced here (fake or functional tensors, e.g. a tensor subclass's "
+        f"__torch_dispatch__ under torch.compile), and mmaemu puts only torch._scaled_mm and the tensor-wise, "
+        f"row-wise and block-scaled torch._scaled_mm_v2 calls into a compiled graph: run this call eagerly (outside "
+        f"torch.compile, or behind torch.compiler.disable) [mmaemu scope]")
+
+
+def _op_settings(block: _Block) -> torch_ops.Settings:
+    return torch_ops.settings_of(block.profile, block.splitk, block.backend)
+
+
+def _admit_compiled_call(settings: torch_ops.Settings) -> None:
+    """A compiled graph's op call runs only inside a block of the settings it was traced with (else it raises)."""
+    block, _ = _effective_block()
+    now = None if block is None else _op_settings(block)
+    if now != settings:
+        from .errors import UnsupportedFeatureError
+
+        where = "no mmaemu.patch block is open" if block is None else f"the open block's settings are {now}"
+        raise UnsupportedFeatureError(
+            f"a graph that torch.compile traced inside mmaemu.patch with settings {settings} runs now, but {where}: "
+            f"the compiled graph would compute with settings that no longer apply; call torch._dynamo.reset() "
+            f"(or torch.compiler.reset()) before running compiled code outside the block it was compiled in, or "
+            f"compile it inside each block [mmaemu scope]")
+
+
+def _compiled_call_recorder(entry_point: str):
+    """What records a compiled graph's op call of ``torch.<entry_point>`` in the logs of the blocks open when it
+    runs."""
+    def record(arguments, plan, error, settings) -> None:
+        from .plan.planner import recipe_pair_of
+
+        block, logs = _effective_block()
+        if block is None:
+            return
+        recipe = None if plan is None else recipe_pair_of(plan.call)
+        _add_to_logs(logs, _record(block, [arguments["input"], arguments["mat2"]], arguments, plan, error,
+                                   entry_point=f"torch.{entry_point}", recipe=recipe))
+    return record
+
+
+for _entry, _observer in _TRACED.items():
+    torch_ops.register_observer(_observer, torch_ops.CallObserver(admit=_admit_compiled_call,
+                                                                  record=_compiled_call_recorder(_entry)))
 
 
 def _refuse_unknown(entry_point: str):
@@ -433,10 +541,12 @@ def _refuse_unknown(entry_point: str):
 
 def _stand_in(entry_point: str):
     """The function a block puts in place of ``torch.<entry_point>``: :func:`route_call` for a routed entry
-    point, a refusal for an unknown scaled GEMM. Excluded from ``torch.compile`` tracing (torch.compiler.disable
-    itself, not mmaemu's lazy ``untraced``: dynamo must be imported before a block puts this function in place of
-    the torch function, or its first import would record it as torch's in-graph op): dynamo breaks the graph at
-    the call and runs the emulation eagerly."""
+    point, a refusal for an unknown scaled GEMM. Those of :data:`_TRACED` are put in dynamo's graphs as one opaque
+    call (``torch.compiler.allow_in_graph``: run on fake tensors while dynamo traces, they put the custom op in the
+    graph); the others are excluded from tracing (``torch.compiler.disable``): dynamo breaks the graph at the call
+    and runs the emulation eagerly. Both are applied here, at import, not lazily: dynamo must be imported before a
+    block puts this function in place of the torch function, or its first import would record it as torch's
+    in-graph op."""
     if entry_point in _SIGNATURES:
         def stand_in(*args, **kwargs):
             return route_call(entry_point, args, kwargs)
@@ -449,6 +559,9 @@ def _stand_in(entry_point: str):
     stand_in.__module__ = "mmaemu.patching"
     stand_in.__doc__ = f"Stand-in for torch.{entry_point} while a patch block is open (mmaemu.patching)."
     stand_in.__wrapped_by_mmaemu__ = True
+    if entry_point in _TRACED:
+        torch.compiler.allow_in_graph(stand_in)
+        return stand_in
     return torch.compiler.disable(stand_in)
 
 

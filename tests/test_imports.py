@@ -113,7 +113,8 @@ LAYERS = (
     ("kernels", ("mmaemu.cpu", "mmaemu.cuda", "mmaemu.model")),
     ("plan", ("mmaemu.plan", "mmaemu.platform", "mmaemu.backends", "mmaemu.quantize", "mmaemu.block_quantize",
               "mmaemu.gpu_torch_ops")),
-    ("api", ("mmaemu.api", "mmaemu.deepgemm", "mmaemu.audit", "mmaemu.scaled_v2", "mmaemu.grouped")),
+    ("api", ("mmaemu.api", "mmaemu.deepgemm", "mmaemu.audit", "mmaemu.scaled_v2", "mmaemu.grouped",
+             "mmaemu.torch_ops")),
     ("edge", ("mmaemu", "mmaemu.cli", "mmaemu.nn", "mmaemu.nn_recipes", "mmaemu.patching", "mmaemu.diagnostics",
               "mmaemu.record", "mmaemu.testing", "mmaemu.demo", "mmaemu.__main__")),
 )

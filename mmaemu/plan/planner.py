@@ -246,7 +246,7 @@ def _plan_block_scaled(plan: Plan, splitk, backend, context) -> Plan:
     plan.kernel = block_scaled.KERNEL
     plan.split = SplitDecision(1, "none", "kernel", False, None,
                                f"{block_scaled.NO_SPLIT_REASON}; instruction {spec.preset.name}, "
-                               f"{spec.recipe.name.upper()} block {spec.block}"
+                               f"{spec.recipe.name.upper()} block {spec.block}, K = {spec.K} elements"
                                f"{f', K zero-padded to {spec.padded_K}' if padded else ''}; unknown: "
                                f"{'; '.join(block_scaled.unknowns(spec.recipe, padded))}")
     _choose_block_scaled_backend(plan, call.device, backend, context)
