@@ -303,6 +303,32 @@ def test_compiled_nvfp4_call_gives_the_eager_patched_bits(backend):
     assert [r.line() for r in log[1:]] == [log[0].line()] and log[0].K == 128
 
 
+def _v2_layer(x, w, s):
+    """F.scaled_mm (torch._scaled_mm_v2), tensor-wise, with ops around it."""
+    from torch.nn.functional import ScalingType, SwizzleType, scaled_mm
+
+    y = scaled_mm(x, w.t(), s * 2.0, ScalingType.TensorWise, s, ScalingType.TensorWise,
+                  swizzle_a=SwizzleType.NO_SWIZZLE, swizzle_b=SwizzleType.NO_SWIZZLE,
+                  output_dtype=torch.bfloat16, use_fast_accum=True)
+    return y.float() * 3.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_f_scaled_mm_gives_the_eager_patched_bits_logged_as_v2(backend):
+    x, w, s = _operands()
+    with mmaemu.patch(**SETTINGS) as eager_log:
+        eager = _v2_layer(x, w, s)
+    counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
+    with mmaemu.patch(**SETTINGS) as log:
+        compiled = torch.compile(_v2_layer, backend=counter, fullgraph=True)(x, w, s)
+    assert_bitwise_equal(compiled, eager)
+    direct = mmaemu.scaled_mm(x, w.t(), s * 2.0, s, out_dtype=torch.bfloat16, use_fast_accum=True, **SETTINGS)
+    assert_bitwise_equal(eager, direct.float() * 3.0)
+    assert counter.frame_count == 1
+    assert [r.line() for r in log] == [eager_log[0].line()]
+    assert log[0].entry_point == "torch._scaled_mm_v2" and log[0].recipe == "tensorwise_tensorwise"
+
+
 # --- a compiled EmulatedFP8Linear ------------------------------------------------------------------------------------
 
 
