@@ -238,6 +238,12 @@ def run_scaled_mm_plan(plan, weights=None):
         return _deliver(torch.zeros((call.M, call.N), dtype=call.out_dtype, device=call.device), call.out)
     if call.block_scaled is not None:
         return _deliver(_block_scaled_epilogue(_block_scaled_accumulator(plan), call), call.out)
+    if call.blockwise is not None:
+        from .blockwise_cublaslt import compute_blockwise
+
+        spec = call.blockwise
+        return _deliver(compute_blockwise(call.input, call.mat2, call.scale_a, call.scale_b, spec, call.bias,
+                                          call.out_dtype, plan.backend), call.out)
     acc, computed_by = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum,
                                     weights)
     if call.rowwise:

@@ -112,7 +112,7 @@ LAYERS = (
     ("presets", ("mmaemu.model.presets", "mmaemu.model.chunked")),
     ("kernels", ("mmaemu.cpu", "mmaemu.cuda", "mmaemu.model")),
     ("plan", ("mmaemu.plan", "mmaemu.platform", "mmaemu.backends", "mmaemu.quantize", "mmaemu.block_quantize")),
-    ("api", ("mmaemu.api", "mmaemu.deepgemm", "mmaemu.audit")),
+    ("api", ("mmaemu.api", "mmaemu.deepgemm", "mmaemu.audit", "mmaemu.blockwise_cublaslt")),
     ("edge", ("mmaemu", "mmaemu.cli", "mmaemu.nn", "mmaemu.nn_recipes", "mmaemu.patching", "mmaemu.diagnostics",
               "mmaemu.record", "mmaemu.testing", "mmaemu.demo", "mmaemu.__main__")),
 )

@@ -1,4 +1,5 @@
-"""The per-chunk scaled combine of block-wise FP8 GEMMs (DeepGEMM on sm_90; design note scaling-recipes.md 1, 3).
+"""The per-chunk scaled combine of block-wise FP8 GEMMs (DeepGEMM and cuBLASLt on sm_90; design note
+scaling-recipes.md 1, 3).
 
 An output's products are cut into chunks of ``chunk`` consecutive k (128: k = 0, 128, 256, ...; the last chunk
 stops at K, the hardware's zero fill adds nothing), each a chain of the preset's blocks from +0
@@ -7,7 +8,12 @@ fp32 accumulator that starts at +0, in k order, by one combine step:
 
 * :data:`COMBINE_ADD`: ``final = RN(final + partial)`` (slow accumulation, s = 1);
 * :data:`COMBINE_SCALED_FMA`: ``s = RN(sa[kb] * sb[kb])``, then ``final = RN(s * partial + final)``, one fused
-  multiply-add rounded once to nearest (DeepGEMM's ``final += (sa * sb) * partial``, contracted to FFMA by nvcc).
+  multiply-add rounded once to nearest (DeepGEMM's ``final += (sa * sb) * partial``, contracted to FFMA by nvcc);
+* :data:`COMBINE_FMA_SCALE_A_FIRST`: ``final = RN(RN(partial * sa[kb]) * sb[kb] + final)`` (cuBLASLt's block-wise
+  kernels with 1x128 scales on A: 1x128 x 1x128 and 1x128 x 128x128);
+* :data:`COMBINE_FMA_SCALE_B_FIRST`: ``final = RN(RN(partial * sb[kb]) * sa[kb] + final)`` (cuBLASLt's 128x128 x
+  1x128). The two cuBLASLt rules are Transformer Engine's zero-tolerance reference of cuBLASLt
+  (:data:`mmaemu.model.chunked.CUBLASLT_SOURCE`).
 
 :func:`fma_nearest` is IEEE 754 ``fusedMultiplyAdd`` rounded to nearest, ties to even: on CUDA devices the
 hardware ``fma.rn.f32`` (registered by :mod:`mmaemu.cuda.blockwise.kernel`), elsewhere :func:`fma_nearest_exact`, an
@@ -29,9 +35,13 @@ from .special import FINITE, nonfinite_accumulator
 
 COMBINE_ADD = 0
 COMBINE_SCALED_FMA = 1
+COMBINE_FMA_SCALE_A_FIRST = 2
+COMBINE_FMA_SCALE_B_FIRST = 3
 # How the accumulator becomes the output (chunked_output_bits).
 OUTPUT_BFLOAT16 = 0  # bf16, round to nearest even (DeepGEMM's __float22bfloat162_rn); NaN is 0x7FFF
-OUTPUT_REDUCE_ADD_FP32 = 1  # fp32 d = RN(d + final) (DeepGEMM's TMA reduce-add); NaN is 0x7FFFFFFF
+OUTPUT_REDUCE_ADD_FP32 = 1  # fp32 d = RN(d + final) (DeepGEMM's TMA reduce-add; an fp32 bias); NaN is 0x7FFFFFFF
+OUTPUT_FLOAT32 = 2  # fp32 final as it is; NaN is 0x7FFFFFFF
+OUTPUT_ADD_BFLOAT16 = 3  # bf16 of RN(d + final), d an fp32 (a widened bf16 bias added before the cast)
 
 float64_bits = _bitcast(types.float64, types.int64, "The int64 holding the bits of the float64 x.")
 float64_from_bits = _bitcast(types.int64, types.float64, "The float64 whose bits are the int64 ``bits``.")
@@ -89,11 +99,17 @@ def chunk_scale(scale_a, scale_b):
 
 @arithmetic
 def combine_chunk(rule, final, partial, scale_a, scale_b):
-    """The accumulator after chunk ``partial`` enters it by ``rule`` (:data:`COMBINE_ADD` or
-    :data:`COMBINE_SCALED_FMA`)."""
+    """The accumulator after chunk ``partial`` enters it by ``rule`` (:data:`COMBINE_ADD`,
+    :data:`COMBINE_SCALED_FMA`, :data:`COMBINE_FMA_SCALE_A_FIRST` or :data:`COMBINE_FMA_SCALE_B_FIRST`)."""
     if rule == COMBINE_ADD:
         return np.float32(final + partial)
-    return fma_nearest(chunk_scale(scale_a, scale_b), np.float32(partial), np.float32(final))
+    if rule == COMBINE_SCALED_FMA:
+        return fma_nearest(chunk_scale(scale_a, scale_b), np.float32(partial), np.float32(final))
+    if rule == COMBINE_FMA_SCALE_A_FIRST:
+        first, second = np.float32(scale_a), np.float32(scale_b)
+    else:
+        first, second = np.float32(scale_b), np.float32(scale_a)
+    return fma_nearest(np.float32(np.float32(partial) * first), second, np.float32(final))
 
 
 @arithmetic
@@ -145,9 +161,14 @@ def reduce_add(d, value):
 @arithmetic
 def chunked_output_bits(mode, final, d_bits):
     """The output bits of one accumulator ``final`` by ``mode`` (:data:`OUTPUT_BFLOAT16`: the bf16 pattern;
-    :data:`OUTPUT_REDUCE_ADD_FP32`: the fp32 pattern of ``RN(d + final)``, d given by its int32 bits
-    ``d_bits``)."""
+    :data:`OUTPUT_FLOAT32`: the fp32 pattern; :data:`OUTPUT_REDUCE_ADD_FP32`: the fp32 pattern of
+    ``RN(d + final)``; :data:`OUTPUT_ADD_BFLOAT16`: the bf16 pattern of ``RN(d + final)``; d, an fp32, given by its
+    int32 bits ``d_bits``)."""
     if mode == OUTPUT_BFLOAT16:
         return np.int64(output_bits(np.float64(final), OUT_BFLOAT16, 1.0, False))
+    if mode == OUTPUT_FLOAT32:
+        return np.int64(output_bits(np.float64(final), OUT_FLOAT32, 1.0, False))
     y = reduce_add(float32_from_bits(np.int32(d_bits)), final)
+    if mode == OUTPUT_ADD_BFLOAT16:
+        return np.int64(output_bits(np.float64(y), OUT_BFLOAT16, 1.0, False))
     return np.int64(output_bits(np.float64(y), OUT_FLOAT32, 1.0, False))

@@ -1,6 +1,7 @@
-"""The CPU engine of the chunked reference kernels (:mod:`mmaemu.model.chunked`): block-wise scaled GEMMs.
+"""The CPU engine of the chunked reference kernels (:mod:`mmaemu.model.chunked`): block-wise scaled GEMMs (DeepGEMM's
+and cuBLASLt's; the kernel record's combine rule and output mode are the only difference).
 
-* fast path, E4M3 x E4M3 (DeepGEMM's only format pair): :func:`accumulate_chunked_panel_rows`, the tiled fast path
+* fast path, E4M3 x E4M3: :func:`accumulate_chunked_panel_rows`, the tiled fast path
   of :mod:`mmaemu.cpu.engine` (one decoded panel of B, rows of A a tile at a time) with the chunk loop inside: each
   chunk's tile of partials (:func:`mmaemu.arith.tile.tile_accumulate` over the chunk's k range, one chain from +0)
   enters the tile's accumulators by :func:`mmaemu.arith.scaled.combine_chunk` at once. E4M3 has no Inf, so a NaN
@@ -177,15 +178,19 @@ def accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b,
 
 
 def chunked_output(final, kernel, d=None):
-    """The output of accumulators ``final`` [M, N] by ``kernel.output``: a uint16 array of bf16 patterns, or the
-    uint32 patterns of the fp32 ``RN(d + final)`` (d: an fp32 array of the same shape)."""
-    from ..arith.scaled import OUTPUT_BFLOAT16
+    """The output of accumulators ``final`` [M, N] by ``kernel.output`` (:mod:`mmaemu.arith.scaled`): a uint16 array
+    of bf16 patterns (OUTPUT_BFLOAT16, OUTPUT_ADD_BFLOAT16) or a uint32 array of fp32 patterns (OUTPUT_FLOAT32,
+    OUTPUT_REDUCE_ADD_FP32). The two adding modes take ``d``, an fp32 array of final's shape (or one that
+    broadcasts to it: a bias [N]), added as ``RN(d + final)`` before the cast."""
+    from ..arith.scaled import OUTPUT_ADD_BFLOAT16, OUTPUT_BFLOAT16, OUTPUT_FLOAT32
 
-    final = np.ascontiguousarray(final, dtype=np.float32).reshape(-1)
-    if kernel.output == OUTPUT_BFLOAT16:
-        d_bits, out = np.zeros(final.size, np.int32), np.empty(final.size, np.uint16)
+    final = np.ascontiguousarray(final, dtype=np.float32)
+    if kernel.output in (OUTPUT_BFLOAT16, OUTPUT_FLOAT32):
+        d_bits = np.zeros(final.size, np.int32)
     else:
-        d_bits = np.ascontiguousarray(d, dtype=np.float32).reshape(-1).view(np.int32)
-        out = np.empty(final.size, np.uint32)
-    threads.parallel_for(output_rows, final.size, EPILOGUE_WORK, kernel.output, final, d_bits, out)
+        d = np.broadcast_to(np.asarray(d, dtype=np.float32), final.shape)
+        d_bits = np.ascontiguousarray(d).reshape(-1).view(np.int32)
+    bf16 = kernel.output in (OUTPUT_BFLOAT16, OUTPUT_ADD_BFLOAT16)
+    out = np.empty(final.size, np.uint16 if bf16 else np.uint32)
+    threads.parallel_for(output_rows, final.size, EPILOGUE_WORK, kernel.output, final.reshape(-1), d_bits, out)
     return out
