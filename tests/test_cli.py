@@ -71,7 +71,7 @@ def test_info_json_golden():
     assert [p["name"] for p in report["profiles"]] == [
         "ada", "ada-te", "ada-ws0", "hopper", "hopper-te", "hopper-ws0", "hopper-experimental",
         "b200-mma-sync-experimental", "tcgen05-f8f6f4-experimental", "sm120-mma-sync-experimental",
-        "b200-mx-experimental"]
+        "b200-mx-experimental", "hopper-cublaslt-blockwise-experimental"]
     for p in report["profiles"]:
         assert p["match"] in (True, False, None)
         if p["gpu"] is None:
