@@ -471,3 +471,14 @@ def test_kernel_records_are_data():
     modes = {kernel_for(B1, B1, dtype, bias).output for dtype in (torch.bfloat16, torch.float32)
              for bias in (False, True)}
     assert len(modes) == 4 and all("TransformerEngine" in k.source for k in kernels)
+
+
+def test_a_cached_plan_keeps_the_bias():
+    """The plan cache rebinds a block-wise call's bias on a hit (it once dropped every bias but row-wise ones)."""
+    case = Case(64, 256, 64, "e4m3", "e4m3", (B1, B1), seed=6)
+    bias = torch.full((64,), 0.5, dtype=torch.bfloat16)
+    first = case.v1(torch.bfloat16, bias=bias)
+    second = case.v1(torch.bfloat16, bias=bias * 2)
+    where = case.positions(6)
+    assert _bits_at(first, where) == case.expected(where, "bfloat16", bias=bias)
+    assert _bits_at(second, where) == case.expected(where, "bfloat16", bias=bias * 2)
