@@ -103,13 +103,14 @@ def combine_chunk(rule, final, partial, scale_a, scale_b):
     :data:`COMBINE_SCALED_FMA`, :data:`COMBINE_FMA_SCALE_A_FIRST` or :data:`COMBINE_FMA_SCALE_B_FIRST`)."""
     if rule == COMBINE_ADD:
         return np.float32(final + partial)
+    # the factors of the one fused multiply-add (a single call site: one fma.rn.f32 in a CUDA kernel)
     if rule == COMBINE_SCALED_FMA:
-        return fma_nearest(chunk_scale(scale_a, scale_b), np.float32(partial), np.float32(final))
-    if rule == COMBINE_FMA_SCALE_A_FIRST:
-        first, second = np.float32(scale_a), np.float32(scale_b)
+        x, y = chunk_scale(scale_a, scale_b), np.float32(partial)
+    elif rule == COMBINE_FMA_SCALE_A_FIRST:
+        x, y = np.float32(np.float32(partial) * np.float32(scale_a)), np.float32(scale_b)
     else:
-        first, second = np.float32(scale_b), np.float32(scale_a)
-    return fma_nearest(np.float32(np.float32(partial) * first), second, np.float32(final))
+        x, y = np.float32(np.float32(partial) * np.float32(scale_b)), np.float32(scale_a)
+    return fma_nearest(x, y, np.float32(final))
 
 
 @arithmetic
