@@ -208,6 +208,10 @@ def scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_d
     ``scale_b=(block_scales_b, global_b)`` with one-element fp32 global scales (torch's ``_scaled_mm_v2`` list
     form; alpha = fp32(global_a * global_b)). Outputs float32, bfloat16 or float16; ``splitk=1`` only.
 
+    Block-wise FP8 (profile ``"hopper-cublaslt-blockwise-experimental"``, experimental): fp32 1x128 / 128x128 scales
+    in torch ``_scaled_mm``'s layout (:mod:`mmaemu.plan.blockwise`), computed as cuBLASLt >= 12.9 does on an H100
+    (:mod:`mmaemu.blockwise_cublaslt`); under the other profiles they are refused as torch 2.7.1 refuses them.
+
     ``profile``: a name from :func:`mmaemu.list_profiles`
     (default ``$MMAEMU_PROFILE`` or "hopper"). ``splitk``: "auto" (the reference's recorded decision), 1, or
     ``(S, scheme)``. ``backend``: "auto", "reference", "cpu", "cuda" or "cuda:<kernel>".

@@ -13,6 +13,10 @@
 * f.6 valid but not modelled (a bias with tensor-wise scales, autograd) ->
   :class:`~mmaemu.errors.UnsupportedFeatureError`.
 
+A block-wise call (torch 2.13's 1x128 / 128x128 fp32 scales, recognised on the block-wise profile only: on the
+others torch 2.7.1's "Invalid scaling configuration" names that profile) leaves this order after f.3 for
+:func:`mmaemu.plan.blockwise.check_blockwise_call`.
+
 A row-wise call (scale_a [M, 1], scale_b [1, N]) leaves this order after f.3, as torch 2.7.1 sends it to its
 CUTLASS kernel before any cuBLASLt argument handling: its rules are :func:`mmaemu.plan.rowwise.check_rowwise_call`
 (bf16 output, the kernel's ``check_inputs``, the platforms it is modelled on), then the no-grad rule.
