@@ -389,6 +389,21 @@ def test_scope_refusals_name_the_way_out():
         case.v2(torch.bfloat16, splitk=2)
 
 
+def test_f_scaled_mm_argument_forms():
+    """F.scaled_mm hands _scaled_mm_v2 one-element scale lists and ScalingType members: both are taken."""
+    from torch.nn.functional import ScalingType
+
+    case = _case((B128, B1))
+    want = case.v2(torch.bfloat16)
+    got = scaled_mm_blockwise(case.a, case.b.t(), [_v2(case.sa, B128)], [_v2(case.sb, B1)],
+                              block_a=ScalingType.BlockWise128x128, block_b=ScalingType.BlockWise1x128,
+                              profile=PROFILE)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    with pytest.raises(ValueError, match="block_a must be"):
+        scaled_mm_blockwise(case.a, case.b.t(), _v2(case.sa, B128), _v2(case.sb, B1), block_a=ScalingType.RowWise,
+                            block_b=B1, profile=PROFILE)
+
+
 def test_explain_names_the_kernel_and_the_assumed_split():
     case = _case((B1, B1))
     plan = mmaemu.explain(case.a, case.b.t(), _v1(case.sa, B1, "a"), _v1(case.sb, B1, "b"), out_dtype=torch.bfloat16,

@@ -22,7 +22,6 @@ CUBLASLT_SOURCE = ("NVIDIA/TransformerEngine tests/pytorch/references/blockwise_
                    "(CuBLASRefBlockwiseGemm, stored version 7d5b5d99865501923613f11ba37da30141818a30), checked with "
                    "atol=0, rtol=0 against cuBLASLt by tests/pytorch/test_float8_blockwise_gemm_exact.py (stored "
                    "version 03328ccb9aa9933fac05bcaf8e0b5772eca75965)")
-CUBLASLT_MATURITY_NOTE = "modelled from a public zero-tolerance reference, not recorded"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -241,7 +241,7 @@ _PROFILES = (
     Profile("sm120-mma-sync-experimental", "sm120_mma_sync", capability=(12, 0), caller=_TORCH, **_NO_PLATFORM),
     # B200 MXFP8/NVFP4 _scaled_mm (mmaemu.platform.block_scaled): tcgen05_mxf8f6f4, and tcgen05_mxf4nvf4 for NVFP4.
     Profile("b200-mx-experimental", "tcgen05_mxf8f6f4", capability=(10, 0), caller=_TORCH, **_NO_PLATFORM),
-    # torch >= 2.9's block-wise scales through cuBLASLt >= 12.9 on an H100 (mmaemu.platform.blockwise).
+    # torch 2.13's block-wise scales through cuBLASLt >= 12.9 on an H100 (mmaemu.platform.blockwise).
     Profile("hopper-cublaslt-blockwise-experimental", "hopper", capability=(9, 0), caller=_TORCH, **_NO_PLATFORM),
 )
 _BY_NAME = {p.name: p for p in _PROFILES}
