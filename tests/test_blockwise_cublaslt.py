@@ -296,6 +296,34 @@ def test_the_three_combine_orders_give_different_bits():
     assert (finals[0] != finals[1]).any() and (finals[0] != finals[2]).any() and (finals[1] != finals[2]).any()
 
 
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_adversarial_codes_and_scales_against_the_restatement(pair):
+    """Every output of a small GEMM through torch._scaled_mm's layout: E5M2 Inf and NaN codes in some blocks, huge
+    scales (a partial times its scale overflows), tiny ones (subnormal products), zero scales (0 x Inf is NaN),
+    cancellation between blocks; bf16 and fp32 outputs."""
+    case = Case(8, 512, 16, "e5m2", "e4m3", pair, seed=21, magnitude=1e4)
+    a = case.a.view(torch.uint8)
+    a[1, 130] = 0x7C  # +Inf in block 1 of row 1
+    a[2, 300] = 0x7E  # NaN in block 2 of row 2
+    a[3, 5], a[3, 400] = 0x7C, 0xFC  # +Inf and -Inf in two blocks: Inf - Inf
+    a[4, :128] = a[4, 128:256]  # the same block twice, the second scaled negative below: cancellation
+    sa, sb = case.sa, case.sb
+    if pair[0] == B1:
+        sa[4, 1] = -sa[4, 0]
+        sa[5] = torch.tensor([3e38, 1.0, 1e-38, 0.0])
+        sa[6, 2] = 0.0
+        sa[1, 3] = 1e-45
+    sb.view(-1)[3] = 2.0**100
+    sb.view(-1)[-1] = 2.0**-140
+    every = [(m, n) for m in range(8) for n in range(16)]
+    for out, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        got = _bits_at(case.v1(dtype), every)
+        want = case.expected(every, out)
+        nan = oracle.CANONICAL_NAN_FP32 if out == "float32" else oracle.BF16_NAN
+        assert got == want, [(p, g, w) for p, g, w in zip(every, got, want) if g != w][:5]
+        assert nan in want and any(w in (0x7F800000, 0x7F80, 0xFF800000, 0xFF80) for w in want)
+
+
 @pytest.mark.parametrize("kernel", [CUBLASLT_BLOCKWISE[(B1, B1)], CUBLASLT_BLOCKWISE[(B128, B1)]],
                          ids=["a-first", "b-first"])
 def test_engine_fast_paths_equal_the_reference_engine(kernel):
