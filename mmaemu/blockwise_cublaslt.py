@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from .arith.scaled import OUTPUT_ADD_BFLOAT16, OUTPUT_BFLOAT16, OUTPUT_FLOAT32, OUTPUT_REDUCE_ADD_FP32
+from .arith.scaled import OUTPUT_ACCUMULATE_FLAG, OUTPUT_ADD_FLAG, OUTPUT_FP32_FLAG
 from .errors import BackendUnavailableError, ExperimentalPresetWarning, ReferenceRejectsError, \
     UnsupportedFeatureError
 from .model.chunked import CUBLASLT_BLOCKWISE
@@ -41,14 +41,13 @@ __all__ = ["scaled_mm_blockwise", "compute_blockwise", "kernel_for", "BACKENDS"]
 BACKENDS = ("auto", "cpu", "reference", "cuda:simple")
 
 
-def kernel_for(block_a, block_b, out_dtype, has_bias: bool):
+def kernel_for(block_a, block_b, out_dtype, has_bias: bool, accumulates: bool = False):
     """The chunked kernel record (:mod:`mmaemu.model.chunked`) of a block-wise call: the pair's combine rule, and
-    the output mode of its output dtype and bias (bf16: ``OUTPUT_BFLOAT16``, with a bias ``OUTPUT_ADD_BFLOAT16``;
-    fp32: ``OUTPUT_FLOAT32``, with a bias ``OUTPUT_REDUCE_ADD_FP32``)."""
+    the output mode of its output dtype (fp32: ``OUTPUT_FP32_FLAG``, else bf16), bias (``OUTPUT_ADD_FLAG``: added
+    in fp32 before the cast) and accumulation into an existing output (``OUTPUT_ACCUMULATE_FLAG``: after it)."""
     kernel = CUBLASLT_BLOCKWISE[(tuple(block_a), tuple(block_b))]
-    bf16 = dtype_name(out_dtype) == "bfloat16"
-    mode = ((OUTPUT_ADD_BFLOAT16 if bf16 else OUTPUT_REDUCE_ADD_FP32) if has_bias else
-            (OUTPUT_BFLOAT16 if bf16 else OUTPUT_FLOAT32))
+    mode = ((OUTPUT_FP32_FLAG if dtype_name(out_dtype) == "float32" else 0) | (OUTPUT_ADD_FLAG if has_bias else 0)
+            | (OUTPUT_ACCUMULATE_FLAG if accumulates else 0))
     return dataclasses.replace(kernel, output=mode)
 
 
@@ -84,13 +83,15 @@ def _accumulate(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, back
                                     reference=backend == "reference")
 
 
-def compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, backend) -> torch.Tensor:
+def compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, backend,
+                      accumulate_into=None) -> torch.Tensor:
     """The [M, N] result of a checked block-wise call (``spec``: :class:`mmaemu.plan.blockwise.BlockwiseSpec`) on
-    ``backend`` ("cpu", "reference" or "cuda:simple"), on mat_a's device."""
+    ``backend`` ("cpu", "reference" or "cuda:simple"), on mat_a's device; ``accumulate_into``: an [M, N] tensor of
+    ``out_dtype`` the result is added to after its cast, or None."""
     M, K = mat_a.shape
     N = mat_b.shape[1]
     chunks = -(-K // 128)
-    kernel = kernel_for(spec.block_a, spec.block_b, out_dtype, bias is not None)
+    kernel = kernel_for(spec.block_a, spec.block_b, out_dtype, bias is not None, accumulate_into is not None)
     scales_a = _scale_rows(scale_a, spec.block_a, "a", spec.api, M, chunks)
     scales_b = _scale_rows(scale_b, spec.block_b, "b", spec.api, N, chunks)
     final = _accumulate(_codes(mat_a), _codes(mat_b.t()), spec.fmt_a, spec.fmt_b, scales_a, scales_b, kernel,
@@ -98,11 +99,12 @@ def compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, bac
     from .cpu.chunked import chunked_output
 
     addend = None if bias is None else bias.detach().reshape(-1).to(torch.float32).cpu().numpy()
-    bits = chunked_output(final, kernel, addend).reshape(M, N)
-    if kernel.output in (OUTPUT_BFLOAT16, OUTPUT_ADD_BFLOAT16):
-        result = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
-    else:
+    existing = None if accumulate_into is None else accumulate_into.detach().to(torch.float32).cpu().numpy()
+    bits = chunked_output(final, kernel, addend, existing).reshape(M, N)
+    if kernel.output & OUTPUT_FP32_FLAG:
         result = torch.from_numpy(bits.view(np.int32)).view(torch.float32)
+    else:
+        result = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
     return result.to(mat_a.device)
 
 
@@ -140,7 +142,7 @@ def _engine(backend, device) -> str:
 
 
 def scaled_mm_blockwise(mat_a, mat_b, scale_a, scale_b, *, block_a, block_b, out_dtype=torch.bfloat16, bias=None,
-                        use_fast_accum=False, profile=None, splitk="auto", backend="auto"):
+                        use_fast_accum=False, profile=None, splitk="auto", backend="auto", accumulate_into=None):
     """``F.scaled_mm`` with block-wise scales (``ScalingType.BlockWise1x128`` / ``BlockWise128x128``) as torch 2.13
     computes it through cuBLASLt >= 12.9 on an H100, bit for bit as the model states it (module docstring).
 
@@ -152,6 +154,9 @@ def scaled_mm_blockwise(mat_a, mat_b, scale_a, scale_b, *, block_a, block_b, out
     ``out_dtype``: torch.bfloat16 or torch.float32; ``bias``: bf16 [N] with a bf16 output. ``profile``: a name or
     Profile (default ``$MMAEMU_PROFILE`` or "hopper"); only ``hopper-cublaslt-blockwise-experimental`` computes
     it. ``splitk``: "auto" or 1 (no split-K is assumed). ``backend``: "auto", "cpu", "reference", "cuda:simple".
+    ``accumulate_into`` (mmaemu's addition, not an F.scaled_mm argument: cuBLASLt's beta = 1 as Transformer
+    Engine's GEMM calls it): an [M, N] tensor of ``out_dtype``; the result is ``cast(RN(cast(y) + c))`` (TE's
+    reference: "cublas accumulation first convert to output dtype, then accumulate"), returned as a new tensor.
 
     Raises what torch 2.13 raises (``ReferenceRejectsError``: the checks of ``_scaled_mm_cuda_v2_out`` and
     ``_scaled_block*`` in their order, cuBLAS's refusal of ``use_fast_accum``), and ``UnsupportedFeatureError``
@@ -183,7 +188,17 @@ def scaled_mm_blockwise(mat_a, mat_b, scale_a, scale_b, *, block_a, block_b, out
         if not asks_one_split(splitk):
             raise UnsupportedFeatureError(f"splitk={splitk!r}: {platform_blockwise.NO_SPLIT_REASON}; use "
                                           "splitk='auto' or 1")
+        _check_accumulate_into(accumulate_into, M, N, out_dtype, mat_a.device)
         engine = _engine(backend, mat_a.device)
         pair = pair_name(block_a, block_b)
         report([Notice(ExperimentalPresetWarning, platform_blockwise.maturity_message(pair), (f"blockwise:{pair}",))])
-        return compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, engine)
+        return compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, engine, accumulate_into)
+
+
+def _check_accumulate_into(c, M: int, N: int, out_dtype, device) -> None:
+    """``accumulate_into`` is None or an [M, N] tensor of the output dtype on mat_a's device."""
+    if c is None:
+        return
+    if not isinstance(c, torch.Tensor) or tuple(c.shape) != (M, N) or c.dtype != out_dtype or c.device != device:
+        got = (f"{list(c.shape)} {c.dtype} on {c.device}" if isinstance(c, torch.Tensor) else type(c).__name__)
+        raise ValueError(f"accumulate_into must be a [{M}, {N}] {out_dtype} tensor on {device}, got {got}")

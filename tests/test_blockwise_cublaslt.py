@@ -67,9 +67,25 @@ def _rn_fma(x_bits, y_bits, z_bits):
     return oracle.round_fp32(exact, negative_zero=both_negative_zero)
 
 
-def reference_one(a_row, b_row, fmt_a, fmt_b, sa_bits, sb_bits, scale_a_first, out, bias_bits=None):
+def _accumulated(out_bits, c_bits, out):
+    """TE's ``y = y + out`` after the cast: both widened to fp32, added, RN to the output dtype."""
+    wide = [b if out == "float32" else b << 16 for b in (out_bits, c_bits)]
+    x, y = (oracle.fp32_value(b) for b in wide)
+    total = oracle.fp32_add(*wide) if isinstance(x, str) or isinstance(y, str) else oracle.round_fp32(x + y)
+    if out == "float32":
+        return oracle.CANONICAL_NAN_FP32 if oracle.fp32_value(total) == oracle.NAN else total
+    return oracle.convert_fp32(total, "bfloat16")
+
+
+def reference_one(a_row, b_row, fmt_a, fmt_b, sa_bits, sb_bits, scale_a_first, out, bias_bits=None, c_bits=None):
     """One output of CuBLASRefBlockwiseGemm.qgemm: ``sa_bits``/``sb_bits`` the fp32 scale of each 128-k block for
-    this row of A and row of B; ``out`` "bfloat16" or "float32"; ``bias_bits`` a bf16 pattern or None."""
+    this row of A and row of B; ``out`` "bfloat16" or "float32"; ``bias_bits`` a bf16 pattern or None;
+    ``c_bits`` the pattern of the existing output to accumulate into (``accumulate=True``) or None."""
+    bits = _reference_cast(a_row, b_row, fmt_a, fmt_b, sa_bits, sb_bits, scale_a_first, out, bias_bits)
+    return bits if c_bits is None else _accumulated(bits, c_bits, out)
+
+
+def _reference_cast(a_row, b_row, fmt_a, fmt_b, sa_bits, sb_bits, scale_a_first, out, bias_bits):
     y = 0
     for kb, k0 in enumerate(range(0, len(a_row), 128)):
         p = oracle.scaled_mm([a_row[k0:k0 + 128]], [b_row[k0:k0 + 128]], fmt_a, fmt_b, ONE, ONE, "float32", HOPPER,
@@ -163,15 +179,17 @@ class Case:
         drawn = zip(self.rng.integers(0, self.M, count).tolist(), self.rng.integers(0, self.N, count).tolist())
         return fixed + list(drawn)
 
-    def expected(self, positions, out, bias=None, scale_a_first=None):
+    def expected(self, positions, out, bias=None, scale_a_first=None, existing=None):
         if scale_a_first is None:
             scale_a_first = self.pair != (B128, B1)
         a = self.a.view(torch.uint8).tolist()
         b = self.b.view(torch.uint8).tolist()
         sa, sb = _per_row(self.sa, self.pair[0], self.M), _per_row(self.sb, self.pair[1], self.N)
         bias_bits = None if bias is None else bias.view(torch.int16).numpy().astype(np.int64) & 0xFFFF
+        c_bits = None if existing is None else _bits_at(existing, positions)
         return [reference_one(a[m], b[n], self.fmt_a, self.fmt_b, sa[m], sb[n], scale_a_first, out,
-                              None if bias is None else int(bias_bits[n])) for m, n in positions]
+                              None if bias is None else int(bias_bits[n]), None if c_bits is None else c_bits[i])
+                for i, (m, n) in enumerate(positions)]
 
 
 def _bits_at(result, positions):
@@ -250,6 +268,31 @@ def test_te_bias_is_added_in_fp32_before_the_cast(shape, pair):
     unbiased = case.v2(torch.bfloat16).float()
     late = (unbiased + bias.float()).to(torch.bfloat16)
     assert not torch.equal(late.view(torch.uint8), ours.view(torch.uint8))
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+@pytest.mark.parametrize("shape", [(256, 128, 256), (320, 256, 336)], ids=str)
+def test_te_accumulate_converts_first_then_adds(shape, pair):
+    """TE's accumulate list (``out = randn(M, N) * x_magnitude`` of the output dtype, magnitudes 1e-28, 1, 1e3, with
+    and without a bias): the result is cast, then added to the existing output in fp32 and cast again; adding
+    before the cast gives other bits somewhere (so the test can tell the orders apart)."""
+    M, K, N = shape
+    for magnitude in (1e-28, 1.0, 1e3):
+        case = Case(M, K, N, "e4m3", "e4m3", pair, seed=13, magnitude=magnitude)
+        where = case.positions(12)
+        for dtype, out in ((torch.bfloat16, "bfloat16"), (torch.float32, "float32")):
+            existing = (torch.from_numpy(case.rng.standard_normal((M, N)).astype(np.float32)) * magnitude).to(dtype)
+            bias = torch.from_numpy(case.rng.standard_normal(N).astype(np.float32)).to(torch.bfloat16) \
+                if dtype == torch.bfloat16 else None
+            got = case.v2(dtype, bias=bias, accumulate_into=existing)
+            assert _bits_at(got, where) == case.expected(where, out, bias=bias, existing=existing)
+    case = Case(M, K, N, "e4m3", "e4m3", pair, seed=13)
+    existing = torch.from_numpy(case.rng.standard_normal((M, N)).astype(np.float32)).to(torch.bfloat16)
+    single = (case.v2(torch.float32) + existing.float()).to(torch.bfloat16)  # one cast of y + c
+    twice = case.v2(torch.bfloat16, accumulate_into=existing)
+    assert not torch.equal(single.view(torch.int16), twice.view(torch.int16))
+    with pytest.raises(ValueError, match="accumulate_into must be"):
+        case.v2(torch.bfloat16, accumulate_into=existing.float())
 
 
 def test_te_magnitudes_and_pow2_scales():

@@ -37,11 +37,14 @@ COMBINE_ADD = 0
 COMBINE_SCALED_FMA = 1
 COMBINE_FMA_SCALE_A_FIRST = 2
 COMBINE_FMA_SCALE_B_FIRST = 3
-# How the accumulator becomes the output (chunked_output_bits).
-OUTPUT_BFLOAT16 = 0  # bf16, round to nearest even (DeepGEMM's __float22bfloat162_rn); NaN is 0x7FFF
-OUTPUT_REDUCE_ADD_FP32 = 1  # fp32 d = RN(d + final) (DeepGEMM's TMA reduce-add; an fp32 bias); NaN is 0x7FFFFFFF
-OUTPUT_FLOAT32 = 2  # fp32 final as it is; NaN is 0x7FFFFFFF
-OUTPUT_ADD_BFLOAT16 = 3  # bf16 of RN(d + final), d an fp32 (a widened bf16 bias added before the cast)
+# How the accumulator becomes the output (chunked_output_bits): a mode is a sum of these flags.
+OUTPUT_FP32_FLAG = 1  # the output dtype is fp32 (NaN 0x7FFFFFFF), else bf16 rounded to nearest even (NaN 0x7FFF)
+OUTPUT_ADD_FLAG = 2  # y = RN(d + final) in fp32 before the cast (a widened bias; DeepGEMM's TMA reduce-add)
+OUTPUT_ACCUMULATE_FLAG = 4  # after the cast, out = cast(RN(cast(y) + c)) in fp32 (cuBLASLt's beta = 1 as TE states it)
+OUTPUT_BFLOAT16 = 0  # bf16 of final (DeepGEMM's __float22bfloat162_rn)
+OUTPUT_FLOAT32 = OUTPUT_FP32_FLAG  # fp32 final as it is
+OUTPUT_ADD_BFLOAT16 = OUTPUT_ADD_FLAG  # bf16 of RN(d + final)
+OUTPUT_REDUCE_ADD_FP32 = OUTPUT_FP32_FLAG | OUTPUT_ADD_FLAG  # fp32 RN(d + final)
 
 float64_bits = _bitcast(types.float64, types.int64, "The int64 holding the bits of the float64 x.")
 float64_from_bits = _bitcast(types.int64, types.float64, "The float64 whose bits are the int64 ``bits``.")
@@ -160,16 +163,21 @@ def reduce_add(d, value):
 
 
 @arithmetic
-def chunked_output_bits(mode, final, d_bits):
-    """The output bits of one accumulator ``final`` by ``mode`` (:data:`OUTPUT_BFLOAT16`: the bf16 pattern;
-    :data:`OUTPUT_FLOAT32`: the fp32 pattern; :data:`OUTPUT_REDUCE_ADD_FP32`: the fp32 pattern of
-    ``RN(d + final)``; :data:`OUTPUT_ADD_BFLOAT16`: the bf16 pattern of ``RN(d + final)``; d, an fp32, given by its
-    int32 bits ``d_bits``)."""
-    if mode == OUTPUT_BFLOAT16:
-        return np.int64(output_bits(np.float64(final), OUT_BFLOAT16, 1.0, False))
-    if mode == OUTPUT_FLOAT32:
-        return np.int64(output_bits(np.float64(final), OUT_FLOAT32, 1.0, False))
-    y = reduce_add(float32_from_bits(np.int32(d_bits)), final)
-    if mode == OUTPUT_ADD_BFLOAT16:
-        return np.int64(output_bits(np.float64(y), OUT_BFLOAT16, 1.0, False))
-    return np.int64(output_bits(np.float64(y), OUT_FLOAT32, 1.0, False))
+def chunked_output_bits(mode, final, d_bits, c_bits):
+    """The output bits of one accumulator ``final`` by ``mode`` (a sum of the OUTPUT_*_FLAG values): with
+    OUTPUT_ADD_FLAG first ``y = RN(d + final)`` in fp32; then the cast to the output dtype (bf16 or fp32); with
+    OUTPUT_ACCUMULATE_FLAG then ``cast(RN(cast(y) + c))``, the cast value widened exactly. d and c are fp32 values
+    given by their int32 bits ``d_bits`` and ``c_bits``."""
+    out_code = OUT_FLOAT32 if mode & OUTPUT_FP32_FLAG else OUT_BFLOAT16
+    y = final
+    if mode & OUTPUT_ADD_FLAG:
+        y = reduce_add(float32_from_bits(np.int32(d_bits)), final)
+    bits = np.int64(output_bits(np.float64(y), out_code, 1.0, False))
+    if not mode & OUTPUT_ACCUMULATE_FLAG:
+        return bits
+    wide = bits if mode & OUTPUT_FP32_FLAG else bits << np.int64(16)  # bf16 -> fp32 is exact
+    if wide >= np.int64(1) << np.int64(31):
+        wide -= np.int64(1) << np.int64(32)  # the int32 holding the same 32 bits
+    cast = float32_from_bits(np.int32(wide))
+    return np.int64(output_bits(np.float64(reduce_add(cast, float32_from_bits(np.int32(c_bits)))), out_code, 1.0,
+                                False))

@@ -122,10 +122,11 @@ def accumulate_chunked_fast(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, 
 
 
 @arithmetic
-def output_rows(lo, hi, mode, final, d_bits, out_bits):
-    """out_bits[i] = chunked_output_bits(mode, final[i], d_bits[i]) for i in lo .. hi-1 (flat arrays)."""
+def output_rows(lo, hi, mode, final, d_bits, c_bits, out_bits):
+    """out_bits[i] = chunked_output_bits(mode, final[i], d_bits[i], c_bits[i]) for i in lo .. hi-1 (flat
+    arrays)."""
     for i in range(lo, hi):
-        out_bits[i] = chunked_output_bits(mode, final[i], d_bits[i])
+        out_bits[i] = chunked_output_bits(mode, final[i], d_bits[i], c_bits[i])
 
 
 def _check_scales(scales, rows, chunks, name):
@@ -177,20 +178,26 @@ def accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b,
     return final
 
 
-def chunked_output(final, kernel, d=None):
-    """The output of accumulators ``final`` [M, N] by ``kernel.output`` (:mod:`mmaemu.arith.scaled`): a uint16 array
-    of bf16 patterns (OUTPUT_BFLOAT16, OUTPUT_ADD_BFLOAT16) or a uint32 array of fp32 patterns (OUTPUT_FLOAT32,
-    OUTPUT_REDUCE_ADD_FP32). The two adding modes take ``d``, an fp32 array of final's shape (or one that
-    broadcasts to it: a bias [N]), added as ``RN(d + final)`` before the cast."""
-    from ..arith.scaled import OUTPUT_ADD_BFLOAT16, OUTPUT_BFLOAT16, OUTPUT_FLOAT32
+def _fp32_bits(values, shape, given: bool):
+    """int32 bits of fp32 ``values`` broadcast to ``shape`` (flat), or zeros where the mode does not read them."""
+    if not given:
+        return np.zeros(int(np.prod(shape)), np.int32)
+    values = np.broadcast_to(np.asarray(values, dtype=np.float32), shape)
+    return np.ascontiguousarray(values).reshape(-1).view(np.int32)
+
+
+def chunked_output(final, kernel, d=None, c=None):
+    """The output of accumulators ``final`` [M, N] by ``kernel.output`` (a mode of :mod:`mmaemu.arith.scaled`): a
+    uint16 array of bf16 patterns, or with OUTPUT_FP32_FLAG a uint32 array of fp32 patterns. OUTPUT_ADD_FLAG takes
+    ``d``, added as ``RN(d + final)`` before the cast; OUTPUT_ACCUMULATE_FLAG takes ``c``, the existing output
+    widened to fp32, added after it; each an fp32 array of final's shape or one that broadcasts to it (a bias
+    [N])."""
+    from ..arith.scaled import OUTPUT_ACCUMULATE_FLAG, OUTPUT_ADD_FLAG, OUTPUT_FP32_FLAG
 
     final = np.ascontiguousarray(final, dtype=np.float32)
-    if kernel.output in (OUTPUT_BFLOAT16, OUTPUT_FLOAT32):
-        d_bits = np.zeros(final.size, np.int32)
-    else:
-        d = np.broadcast_to(np.asarray(d, dtype=np.float32), final.shape)
-        d_bits = np.ascontiguousarray(d).reshape(-1).view(np.int32)
-    bf16 = kernel.output in (OUTPUT_BFLOAT16, OUTPUT_ADD_BFLOAT16)
-    out = np.empty(final.size, np.uint16 if bf16 else np.uint32)
-    threads.parallel_for(output_rows, final.size, EPILOGUE_WORK, kernel.output, final.reshape(-1), d_bits, out)
+    d_bits = _fp32_bits(d, final.shape, bool(kernel.output & OUTPUT_ADD_FLAG))
+    c_bits = _fp32_bits(c, final.shape, bool(kernel.output & OUTPUT_ACCUMULATE_FLAG))
+    out = np.empty(final.size, np.uint32 if kernel.output & OUTPUT_FP32_FLAG else np.uint16)
+    threads.parallel_for(output_rows, final.size, EPILOGUE_WORK, kernel.output, final.reshape(-1), d_bits, c_bits,
+                         out)
     return out

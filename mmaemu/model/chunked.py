@@ -33,8 +33,8 @@ class ChunkedKernel:
     * ``combine``: a combine rule of :mod:`mmaemu.arith.scaled` (``COMBINE_ADD``, ``COMBINE_SCALED_FMA``,
       ``COMBINE_FMA_SCALE_A_FIRST``, ``COMBINE_FMA_SCALE_B_FIRST``);
     * ``output``: an output mode of :mod:`mmaemu.arith.scaled` (``OUTPUT_BFLOAT16``, ``OUTPUT_REDUCE_ADD_FP32``,
-      ``OUTPUT_FLOAT32``, ``OUTPUT_ADD_BFLOAT16``); a call may replace it (``dataclasses.replace``) by the one its
-      output dtype and bias need;
+      ``OUTPUT_FLOAT32``, ``OUTPUT_ADD_BFLOAT16``, each with ``OUTPUT_ACCUMULATE_FLAG`` or not); a call may replace
+      it (``dataclasses.replace``) by the one its output dtype, bias and accumulation need;
     * ``splitk``: "none": every output is one CTA's loop over all chunks, so its bits do not depend on the GPU's
       SM count or on the other outputs;
     * ``maturity``, ``source``: the evidence (modelled from pinned source, not recorded on hardware).

@@ -28,7 +28,8 @@ ASSUMPTIONS = ("no split-K at any shape (the reference has none; its tests cover
                "K not a multiple of 128: the last block is a fresh partial of the remaining k (the tests cover "
                "K = 64 only)",
                "use_fast_accum=False only (torch and cuBLASLt refuse fast accumulation with block scales)",
-               "the bias is added in fp32 before the cast to the output dtype (the reference's order)")
+               "the bias is added in fp32 before the cast to the output dtype, an accumulated output after it "
+               "(the reference's order)")
 
 
 def is_blockwise_profile(profile) -> bool:
