@@ -7,7 +7,8 @@ blockwise_fp8_gemm_reference.py, stored version 7d5b5d99):
   accumulation (tests/oracle.py: TE's ``torch._scaled_mm(..., use_fast_accum=not use_split_accumulator)``);
 * the partial enters the fp32 accumulator by ``fma(RN(p * s_first), s_second, y)`` written here with Fractions
   (s_first = the scale of A for 1x128 x 1x128 and 1x128 x 128x128, of B for 128x128 x 1x128);
-* a bf16 bias is added in fp32 before the output cast.
+* a bf16 bias is added in fp32 before the output cast; an existing output is added after it (TE's accumulate:
+  "cublas accumulation first convert to output dtype, then accumulate").
 
 The shapes and dtypes are TE's lists (tests/pytorch/test_float8_blockwise_gemm_exact.py, stored version 03328ccb),
 the large ones marked slow; the scales are NOT powers of two (TE's quantiser makes them powers of two, for which
@@ -17,6 +18,7 @@ the three FMA orders coincide), and the adversarial test shows the orders give d
 from __future__ import annotations
 
 import dataclasses
+
 import numpy as np
 import pytest
 import torch

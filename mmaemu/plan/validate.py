@@ -38,6 +38,7 @@ import numpy
 
 from .. import formats
 from ..errors import ReferenceRejectsError, UnsupportedFeatureError
+from ..platform.blockwise import is_blockwise_profile
 from ..tensor_kinds import require_data, require_dense
 from .descriptors import TensorDescriptor, TorchName, dtype_name
 from .layout import (
@@ -49,7 +50,6 @@ from .layout import (
     leading_dimensions,
     mat2_is_column_major,
 )
-from ..platform.blockwise import is_blockwise_profile
 from .block_scaled import FP4_DTYPE_NAME, BlockScaledSpec, block_scaling, check_block_scaled_call
 from .blockwise import BlockwiseSpec, blockwise_hint, check_blockwise_call, v1_blockwise_pair
 from .rowwise import check_rowwise_call
