@@ -208,6 +208,10 @@ def scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_d
     scales (torch's ``_scaled_mm_v2`` list form; alpha = fp32(global_a * global_b)). Outputs float32, bfloat16 or
     float16; ``splitk=1`` only; no bias; an FP4 K % 64 == 32 has its last instruction zero-padded.
 
+    Block-wise FP8 (profile ``"hopper-cublaslt-blockwise-experimental"``, experimental): fp32 1x128 / 128x128 scales
+    in torch ``_scaled_mm``'s layout (:mod:`mmaemu.plan.blockwise`), computed as cuBLASLt >= 12.9 does on an H100
+    (:mod:`mmaemu.blockwise_cublaslt`); under the other profiles they are refused as torch 2.7.1 refuses them.
+
     ``profile``: a name from :func:`mmaemu.list_profiles`
     (default ``$MMAEMU_PROFILE`` or "hopper"). ``splitk``: "auto" (the reference's recorded decision), 1, or
     ``(S, scheme)``. ``backend``: "auto", "reference", "cpu", "cuda" or "cuda:<kernel>".
@@ -239,6 +243,12 @@ def run_scaled_mm_plan(plan, weights=None):
         return _deliver(torch.zeros((call.M, call.N), dtype=call.out_dtype, device=call.device), call.out)
     if call.block_scaled is not None:
         return _deliver(_block_scaled_epilogue(_block_scaled_accumulator(plan), call), call.out)
+    if call.blockwise is not None:
+        from .blockwise_cublaslt import compute_blockwise
+
+        spec = call.blockwise
+        return _deliver(compute_blockwise(call.input, call.mat2, call.scale_a, call.scale_b, spec, call.bias,
+                                          call.out_dtype, plan.backend), call.out)
     acc, computed_by = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum,
                                     weights)
     if call.rowwise:

@@ -5,7 +5,9 @@
 * ``"tensorwise"``: the layer itself (one fp32 scale per tensor, cuBLASLt through ``scaled_mm``);
 * ``"blockwise"``: :class:`BlockwiseFP8Linear`, DeepSeek-V3's recipe as DeepGEMM computes it on sm_90: the
   weight cast once per 128 x 128 block (``per_block_cast_to_fp8``), every input per 1 x 128 strip of each row
-  (``per_token_cast_to_fp8``), the GEMM by :func:`mmaemu.deepgemm.fp8_gemm_nt` with bf16 output;
+  (``per_token_cast_to_fp8``), the GEMM by :func:`mmaemu.deepgemm.fp8_gemm_nt` with bf16 output, or with
+  ``kernel="cublaslt"`` by torch's ``F.scaled_mm`` through cuBLASLt >= 12.9
+  (:func:`mmaemu.blockwise_cublaslt.scaled_mm_blockwise`, profile ``hopper-cublaslt-blockwise-experimental``);
 * ``"rowwise"``: :class:`RowwiseFP8Linear`, torchao's row-wise float8 recipe: the weight cast once per output
   channel and every input per row (:func:`mmaemu.quantize.quantize_rowwise`, power-of-two scales), the GEMM by
   :func:`mmaemu.scaled_mm` with (M, 1) and (1, N) scales, which torch 2.7.1 runs on its CUTLASS row-wise kernel;
@@ -91,19 +93,31 @@ class _ScaledMMRecipeLayer(_RecipeLayer):
         return explain(*args, **options)
 
 
+_BLOCKWISE_KERNELS = ("deepgemm", "cublaslt")
+
+
 class BlockwiseFP8Linear(_RecipeLayer):
-    """``y = x W^T (+ b)`` in block-wise FP8 as DeepGEMM's sm_90 ``fp8_gemm_nt`` (recipe (1, 128, 128)) computes it.
+    """``y = x W^T (+ b)`` in block-wise FP8 as DeepGEMM's sm_90 ``fp8_gemm_nt`` (recipe (1, 128, 128)) computes it,
+    or with ``kernel="cublaslt"`` as torch's ``F.scaled_mm`` with ``BlockWise1x128`` x ``BlockWise128x128`` scales
+    computes it through cuBLASLt >= 12.9 on an H100 (:mod:`mmaemu.blockwise_cublaslt`, experimental).
 
     Buffers: ``weight`` (float8_e4m3fn [out_features, in_features]), ``weight_scale`` (fp32 [ceil(out/128),
     ceil(in/128)], DeepGEMM's ``sfb``: the multiplier that dequantises each block) and ``bias`` (bf16, or None).
     Inputs are cast per call with ``per_token_cast_to_fp8``. The output is bf16 (DeepGEMM's 1d2d kernel writes
-    nothing else); the bias is added to it in bf16 afterwards. Inference only.
+    nothing else); DeepGEMM's bias is added to it in bf16 afterwards, cuBLASLt's in fp32 before the cast (its
+    epilogue). With ``kernel="cublaslt"`` the rows of a call are padded with zero rows to a multiple of 4 (cuBLASLt's
+    rule for 1x128 input scales; every row's result depends on its own row only). Inference only.
     """
 
     recipe = "blockwise"
 
-    def __init__(self, weight_fp8, weight_scale, *, bias=None, use_ue8m0=False, backend="auto", out_dtype=None):
+    def __init__(self, weight_fp8, weight_scale, *, bias=None, use_ue8m0=False, backend="auto", out_dtype=None,
+                 kernel="deepgemm"):
         super().__init__()
+        if kernel not in _BLOCKWISE_KERNELS:
+            raise ValueError(f"kernel must be one of {_BLOCKWISE_KERNELS} (the block-wise kernel family), got "
+                             f"{kernel!r}")
+        self.kernel = kernel
         if not isinstance(weight_fp8, torch.Tensor) or weight_fp8.dtype != torch.float8_e4m3fn or \
                 weight_fp8.dim() != 2:
             raise TypeError("weight_fp8 must be a 2-D float8_e4m3fn tensor [out_features, in_features]")
@@ -122,7 +136,8 @@ class BlockwiseFP8Linear(_RecipeLayer):
 
     @classmethod
     def from_linear(cls, linear, *, profile=None, input_scale=None, pad_m_to=None, use_fast_accum=True,
-                    out_dtype=None, splitk="auto", backend="auto", weight_scale=None, use_ue8m0=False):
+                    out_dtype=None, splitk="auto", backend="auto", weight_scale=None, use_ue8m0=False,
+                    kernel="deepgemm"):
         """Cast a ``torch.nn.Linear``'s weight once with ``per_block_cast_to_fp8`` (in the weight's dtype).
 
         Takes the options of :meth:`mmaemu.nn.EmulatedFP8Linear.from_linear`; those without a meaning for DeepGEMM
@@ -131,7 +146,8 @@ class BlockwiseFP8Linear(_RecipeLayer):
         ``out_dtype=None`` (the default, as for the tensor-wise layer) the layer returns DeepGEMM's bf16 result
         converted to the input's dtype (exact for fp32 and bf16 inputs).
         ``use_fast_accum`` and ``pad_m_to`` change nothing (DeepGEMM always promotes every 128 k; rows are
-        independent).
+        independent). ``kernel``: "deepgemm" (DeepGEMM's sm_90 kernel) or "cublaslt" (torch's F.scaled_mm through
+        cuBLASLt >= 12.9; its profile is implied, so ``profile=`` still raises).
         """
         for name, value in (("profile", profile), ("input_scale", input_scale), ("weight_scale", weight_scale)):
             if value is not None:
@@ -147,13 +163,14 @@ class BlockwiseFP8Linear(_RecipeLayer):
         weight_fp8, sf = per_block_cast_to_fp8(weight, use_ue8m0=use_ue8m0)
         bias = getattr(linear, "bias", None)
         return cls(weight_fp8, sf.float(), bias=None if bias is None else bias.detach(), use_ue8m0=use_ue8m0,
-                   backend=backend, out_dtype=out_dtype)
+                   backend=backend, out_dtype=out_dtype, kernel=kernel)
 
     @classmethod
-    def from_fp8_state(cls, weight_fp8, *, weight_scale, bias=None, use_ue8m0=False, backend="auto"):
+    def from_fp8_state(cls, weight_fp8, *, weight_scale, bias=None, use_ue8m0=False, backend="auto",
+                       kernel="deepgemm"):
         """From a block-wise FP8 checkpoint: codes [out, in] and their ``weight_scale_inv``-style block scales
         [ceil(out/128), ceil(in/128)] (the multipliers DeepSeek-V3 checkpoints store as ``weight_scale_inv``)."""
-        return cls(weight_fp8, weight_scale, bias=bias, use_ue8m0=use_ue8m0, backend=backend)
+        return cls(weight_fp8, weight_scale, bias=bias, use_ue8m0=use_ue8m0, backend=backend, kernel=kernel)
 
     def _quantise_input(self, x):
         from .deepgemm import per_token_cast_to_fp8
@@ -166,25 +183,57 @@ class BlockwiseFP8Linear(_RecipeLayer):
         from .deepgemm import fp8_gemm_nt
 
         (x_fp8, sfa), lead = self._quantise_input(x)
-        y = torch.empty((x_fp8.shape[0], self.out_features), dtype=torch.bfloat16, device=x_fp8.device)
-        if x_fp8.shape[0]:
-            fp8_gemm_nt((x_fp8, sfa), (self.weight, self.weight_scale), y, backend=self.backend)
-        if self.bias is not None:
-            y = y + self.bias
+        if self.kernel == "cublaslt":
+            y = self._cublaslt_gemm(x_fp8, sfa)
+        else:
+            y = torch.empty((x_fp8.shape[0], self.out_features), dtype=torch.bfloat16, device=x_fp8.device)
+            if x_fp8.shape[0]:
+                fp8_gemm_nt((x_fp8, sfa), (self.weight, self.weight_scale), y, backend=self.backend)
+            if self.bias is not None:
+                y = y + self.bias
         if self.out_dtype is None:
             y = y.to(x.dtype)
         return y.reshape(lead + (self.out_features,))
 
+    def _cublaslt_gemm(self, x_fp8, sfa):
+        """The bf16 [rows, out_features] of F.scaled_mm (1x128 x 128x128) through cuBLASLt, bias in its epilogue:
+        rows padded to a multiple of 4 (zero codes, scale 1), the scales laid out as F.scaled_mm takes them."""
+        from .blockwise_cublaslt import scaled_mm_blockwise
+        from .platform.blockwise import PROFILE
+
+        rows, chunks = x_fp8.shape[0], sfa.shape[1]
+        padded = -(-rows // 4) * 4
+        if not rows:
+            return torch.empty((0, self.out_features), dtype=torch.bfloat16, device=x_fp8.device)
+        a = torch.zeros((padded, self.in_features), dtype=x_fp8.dtype, device=x_fp8.device)
+        a[:rows] = x_fp8
+        scale_a = torch.ones((padded, chunks), dtype=torch.float32, device=x_fp8.device)
+        scale_a[:rows] = sfa
+        lead = -(-chunks // 4) * 4  # cuBLASLt's BLK128x128 layout: each row of blocks padded to 4 scales
+        scale_b = torch.zeros((self.weight_scale.shape[0], lead), dtype=torch.float32, device=x_fp8.device)
+        scale_b[:, :chunks] = self.weight_scale
+        y = scaled_mm_blockwise(a, self.weight.t(), scale_a.t().contiguous().t(), scale_b.t(), block_a=(1, 128),
+                                block_b=(128, 128), out_dtype=torch.bfloat16, bias=self.bias, profile=PROFILE,
+                                backend=self.backend)
+        return y[:rows]
+
     def explain(self, x):
         """The :class:`mmaemu.CallPlan` of the layer's GEMM for input ``x`` (its cast runs; the GEMM does not):
-        DeepGEMM's 1d2d kernel on the engine of ``backend`` (:func:`mmaemu.plan.blockwise.explain_blockwise`)."""
+        DeepGEMM's 1d2d kernel on the engine of ``backend`` (:func:`mmaemu.plan.deepgemm.explain_blockwise`)."""
+        if self.kernel == "cublaslt":
+            raise UnsupportedFeatureError("explain() of a block-wise layer covers DeepGEMM's kernel; this layer runs "
+                                          "mmaemu.blockwise_cublaslt.scaled_mm_blockwise: explain that call with "
+                                          "mmaemu.explain (see docs/guide.md, 'Block-wise FP8')")
         from .model.chunked import DEEPGEMM_SM90_1D2D
-        from .plan.blockwise import explain_blockwise
+        from .plan.deepgemm import explain_blockwise
 
         (x_fp8, _), _ = self._quantise_input(x)
         return explain_blockwise(DEEPGEMM_SM90_1D2D, x_fp8.device, self.backend)
 
     def _recipe_repr(self):
+        if self.kernel == "cublaslt":
+            return ("recipe='blockwise' kernel='cublaslt' (torch F.scaled_mm through cuBLASLt >= 12.9, 1 x 128 "
+                    f"inputs, 128 x 128 weights), use_ue8m0={self.use_ue8m0}")
         return (f"recipe='blockwise' (DeepGEMM sm_90 fp8_gemm_nt, 1 x 128 inputs, 128 x 128 weights), "
                 f"use_ue8m0={self.use_ue8m0}")
 

@@ -180,12 +180,26 @@ def _blockwise_1x128(input, mat2, scale_a, scale_b, bias, scale_result, out_dtyp
                      out=None, profile=None, splitk="auto", backend="auto"):
     """torch's cuBLASLt block-wise recipe (1x128 / 128x128 scales, ``pair`` one of
     :data:`mmaemu.platform.kernel_families.BLOCKWISE_PAIRS`) on a stack that runs it: the one seam every
-    block-wise v2 call reaches. This build has no model of it (it is modelled from Transformer Engine's
-    zero-tolerance reference elsewhere), so it raises UnsupportedFeatureError."""
-    raise UnsupportedFeatureError(
-        f"scaled_mm with {pair} scales on profile {get_profile(profile).name!r}: cuBLASLt's block-wise recipe "
-        f"(VEC128_32F / BLK128x128_32F) is not modelled in this build; use mmaemu.deepgemm for DeepGEMM's "
-        f"block-wise kernel, or tensor-wise scales")
+    block-wise v2 call reaches, computed by :func:`mmaemu.blockwise_cublaslt.scaled_mm_blockwise` (Transformer
+    Engine's zero-tolerance reference of cuBLASLt; the scales as F.scaled_mm passes them)."""
+    from .blockwise_cublaslt import scaled_mm_blockwise
+
+    if scale_result is not None:
+        raise UnsupportedFeatureError(f"scaled_mm with {pair} scales: a scale_result is not modelled for block-wise "
+                                      f"scaling (bf16 and fp32 outputs only); drop it")
+    block_a, block_b = _BLOCKS_OF_PAIR[pair]
+    result = scaled_mm_blockwise(input, mat2, scale_a, scale_b, block_a=block_a, block_b=block_b,
+                                 out_dtype=torch.bfloat16 if out_dtype is None else out_dtype, bias=bias,
+                                 use_fast_accum=use_fast_accum, profile=profile, splitk=splitk, backend=backend)
+    if out is None:
+        return result
+    out.resize_(result.shape)
+    return out.copy_(result)
+
+
+#: The (scale_a, scale_b) blocks of each block-wise recipe pair.
+_BLOCKS_OF_PAIR = {"block_1x128_1x128": ((1, 128), (1, 128)), "block_1x128_128x128": ((1, 128), (128, 128)),
+                   "block_128x128_1x128": ((128, 128), (1, 128))}
 
 
 @untraced

@@ -157,7 +157,7 @@ def test_profiles_are_listed_last_in_the_contract_order():
     assert mmaemu.list_profiles() == ["ada", "ada-te", "ada-ws0", "hopper", "hopper-te", "hopper-ws0",
                                       "hopper-experimental", "b200-mma-sync-experimental",
                                       "tcgen05-f8f6f4-experimental", "sm120-mma-sync-experimental",
-                                      "b200-mx-experimental"]
+                                      "b200-mx-experimental", "hopper-cublaslt-blockwise-experimental"]
     for name, capability in (("tcgen05-f8f6f4-experimental", (10, 0)), ("sm120-mma-sync-experimental", (12, 0))):
         p = mmaemu.get_profile(name)
         assert (p.gpu_name, p.splitk_table, p.workspace_bytes, p.maturity, p.splitk_maturity, p.rejects) == \

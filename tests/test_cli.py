@@ -71,7 +71,7 @@ def test_info_json_golden():
     assert [p["name"] for p in report["profiles"]] == [
         "ada", "ada-te", "ada-ws0", "hopper", "hopper-te", "hopper-ws0", "hopper-experimental",
         "b200-mma-sync-experimental", "tcgen05-f8f6f4-experimental", "sm120-mma-sync-experimental",
-        "b200-mx-experimental"]
+        "b200-mx-experimental", "hopper-cublaslt-blockwise-experimental"]
     for p in report["profiles"]:
         assert p["match"] in (True, False, None)
         if p["gpu"] is None:
@@ -207,7 +207,7 @@ def test_explain_evo2_shape_golden():
 def test_explain_keys_are_padded_to_16():
     lines = invoke(*EXPLAIN_EVO2).stdout.splitlines()[1:]
     keys = ["validation", "profile", "preset", "preset_maturity", "split", "backend", "fallbacks", "warnings",
-            "cpu_engine"]
+            "cpu_engine", "kernel_family", "kernel_reason"]
     assert [line[:16].rstrip() for line in lines] == keys
     assert all(len(line) > 16 and line[15] == " " for line in lines if not line.startswith("backend"))
 

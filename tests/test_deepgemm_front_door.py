@@ -1,6 +1,6 @@
 """mmaemu.deepgemm through the front door (issue 30 item 2) and its argument checks (issue 28 item 6).
 
-The DeepGEMM face plans its engine as scaled_mm does (:mod:`mmaemu.plan.blockwise`): from the call's context
+The DeepGEMM face plans its engine as scaled_mm does (:mod:`mmaemu.plan.deepgemm`): from the call's context
 (``MMAEMU_BACKEND``, ``MMAEMU_DISABLE_CUDA``, forced failures, the verdict source) and the CUDA kernel choice. No GPU
 here: the device probe answers a fake H100 (as tests/test_kernel_choice_context.py does), the operands' device is
 seen as ``cuda:0`` by the planner, and the block-wise CUDA kernel is replaced by a spy that records each launch and
@@ -21,7 +21,7 @@ from mmaemu import context as context_module
 from mmaemu.cuda.dispatch import gating
 from mmaemu.errors import BackendUnavailableError, ExperimentalPresetWarning, UnsupportedFeatureError
 from mmaemu.model.chunked import DEEPGEMM_SM90_1D2D
-from mmaemu.plan.blockwise import CUDA_SIMPLE_UNCHECKED, plan_blockwise
+from mmaemu.plan.deepgemm import CUDA_SIMPLE_UNCHECKED, plan_blockwise
 
 from test_kernel_choice_context import CUDA0, H100, context, verdict_source
 

@@ -114,7 +114,7 @@ LAYERS = (
     ("plan", ("mmaemu.plan", "mmaemu.platform", "mmaemu.backends", "mmaemu.quantize", "mmaemu.block_quantize",
               "mmaemu.gpu_torch_ops")),
     ("api", ("mmaemu.api", "mmaemu.deepgemm", "mmaemu.audit", "mmaemu.scaled_v2", "mmaemu.grouped",
-             "mmaemu.torch_ops")),
+             "mmaemu.torch_ops", "mmaemu.blockwise_cublaslt")),
     ("edge", ("mmaemu", "mmaemu.cli", "mmaemu.nn", "mmaemu.nn_recipes", "mmaemu.patching", "mmaemu.diagnostics",
               "mmaemu.record", "mmaemu.testing", "mmaemu.demo", "mmaemu.__main__")),
 )

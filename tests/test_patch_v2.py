@@ -4,6 +4,7 @@ F.scaled_grouped_mm); F.scaled_mm gives mmaemu.scaled_mm's bits; block-wise and 
 as the kernel-family table says (mmaemu.platform.kernel_families)."""
 
 import dataclasses
+import warnings
 import pathlib
 
 import pytest
@@ -216,8 +217,37 @@ def test_blockwise_is_refused_on_hopper_as_its_stack_refuses_it(pair):
         with pytest.raises(ReferenceRejectsError, match="has no 1x128 / 128x128 block-wise scaling") as raised:
             F.scaled_mm(a, w.t(), sa, recipe_a, sb, recipe_b)
     assert "torch 2.7.1" in str(raised.value) and "cuBLASLt 12.8.3.14" in str(raised.value)
-    assert "no profile of this mmaemu computes it yet" in str(raised.value)  # until a cuBLASLt 12.9 profile lands
+    assert "profile(s) ['hopper-cublaslt-blockwise-experimental'] compute it" in str(raised.value)
     assert log[0].recipe == pair and log[0].error.startswith("ReferenceRejectsError")
+
+
+def _scales_like(template, seed):
+    """Non-power-of-two scales of ``template``'s shape and strides (so the combine order shows in the bits)."""
+    g = torch.Generator().manual_seed(seed)
+    values = torch.rand(template.t().shape, generator=g) * 0.75 + 0.5
+    return values.t() if template.stride(0) == 1 else values.t().contiguous().t()
+
+
+@pytest.mark.parametrize("pair", sorted(BLOCK_PAIRS))
+def test_blockwise_f_scaled_mm_inside_patch_is_the_cublaslt_blockwise_recipe(pair):
+    from mmaemu.blockwise_cublaslt import scaled_mm_blockwise
+
+    M, N, K = 128, 128, 384
+    a, w = fp8((M, K), 22), fp8((N, K), 23)
+    ones_a, ones_b = _blockwise_scales(pair, M, N, K)
+    sa, sb = _scales_like(ones_a, 1), _scales_like(ones_b, 2)
+    recipe_a, recipe_b = BLOCK_PAIRS[pair]
+    profile = "hopper-cublaslt-blockwise-experimental"
+    blocks = {"block_1x128_1x128": ((1, 128), (1, 128)), "block_1x128_128x128": ((1, 128), (128, 128)),
+              "block_128x128_1x128": ((128, 128), (1, 128))}[pair]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mmaemu.ExperimentalPresetWarning)
+        with mmaemu.patch(profile=profile) as log:
+            y = F.scaled_mm(a, w.t(), sa, recipe_a, sb, recipe_b)
+        direct = scaled_mm_blockwise(a, w.t(), sa, sb, block_a=blocks[0], block_b=blocks[1],
+                                     out_dtype=torch.bfloat16, profile=profile)
+    assert_bitwise_equal(y, direct)
+    assert log[0].entry_point == "torch._scaled_mm_v2" and log[0].recipe == pair and log[0].error is None
 
 
 def test_blockwise_reaches_one_seam_on_a_stack_that_runs_it(monkeypatch):
@@ -236,10 +266,12 @@ def test_blockwise_reaches_one_seam_on_a_stack_that_runs_it(monkeypatch):
     assert seen == sorted(BLOCK_PAIRS)
 
 
-def test_the_seam_refuses_until_the_blockwise_recipe_is_connected():
+def test_the_seam_computes_on_the_blockwise_profile_only():
+    """A recorded 12.9 stack reaches the seam, whose recipe models the block-wise profile's stack alone: it
+    refuses, naming that profile."""
     M, N, K = 128, 128, 256
     sa, sb = _blockwise_scales("block_1x128_128x128", M, N, K)
-    with pytest.raises(UnsupportedFeatureError, match="not modelled in this build"):
+    with pytest.raises(ReferenceRejectsError, match="use profile='hopper-cublaslt-blockwise-experimental'"):
         mmaemu.scaled_mm_v2(fp8((M, K), 22), fp8((N, K), 23).t(), sa, F.ScalingType.BlockWise1x128, sb,
                             F.ScalingType.BlockWise128x128, profile=HOPPER_LT129)
 

@@ -32,6 +32,8 @@ EXPECTED = {
     "tcgen05-f8f6f4-experimental": ("tcgen05_f8f6f4", NONE, "torch._scaled_mm", None, None, "experimental", "none"),
     "sm120-mma-sync-experimental": ("sm120_mma_sync", NONE, "torch._scaled_mm", None, None, "experimental", "none"),
     "b200-mx-experimental": ("tcgen05_mxf8f6f4", NONE, "torch._scaled_mm", None, None, "experimental", "none"),
+    "hopper-cublaslt-blockwise-experimental": ("hopper", NONE, "torch._scaled_mm", None, None, "experimental",
+                                               "none"),
 }
 REFERENCE = ["ada", "ada-te", "ada-ws0", "hopper", "hopper-te", "hopper-ws0"]
 
@@ -42,7 +44,8 @@ pytestmark = pytest.mark.usefixtures("fresh_warnings")  # tests/conftest.py
 def test_listing_order():
     assert list_profiles() == ["ada", "ada-te", "ada-ws0", "hopper", "hopper-te", "hopper-ws0",
                                "hopper-experimental", "b200-mma-sync-experimental",
-                               "tcgen05-f8f6f4-experimental", "sm120-mma-sync-experimental", "b200-mx-experimental"]
+                               "tcgen05-f8f6f4-experimental", "sm120-mma-sync-experimental", "b200-mx-experimental",
+                               "hopper-cublaslt-blockwise-experimental"]
 
 
 def test_field_names():
@@ -130,7 +133,8 @@ def test_rejection_with_torch_dtypes():
 
 
 @pytest.mark.parametrize("name", ["hopper-experimental", "b200-mma-sync-experimental", "tcgen05-f8f6f4-experimental",
-                                  "sm120-mma-sync-experimental", "b200-mx-experimental"])
+                                  "sm120-mma-sync-experimental", "b200-mx-experimental",
+                                  "hopper-cublaslt-blockwise-experimental"])
 def test_experimental_profiles_reject_nothing(name):
     p = get_profile(name)
     assert p.rejects == ()

@@ -1,4 +1,5 @@
-"""The per-chunk scaled combine of block-wise FP8 GEMMs (DeepGEMM on sm_90; design note scaling-recipes.md 1, 3).
+"""The per-chunk scaled combine of block-wise FP8 GEMMs (DeepGEMM and cuBLASLt on sm_90; design note
+scaling-recipes.md 1, 3).
 
 An output's products are cut into chunks of ``chunk`` consecutive k (128: k = 0, 128, 256, ...; the last chunk
 stops at K, the hardware's zero fill adds nothing), each a chain of the preset's blocks from +0
@@ -7,7 +8,12 @@ fp32 accumulator that starts at +0, in k order, by one combine step:
 
 * :data:`COMBINE_ADD`: ``final = RN(final + partial)`` (slow accumulation, s = 1);
 * :data:`COMBINE_SCALED_FMA`: ``s = RN(sa[kb] * sb[kb])``, then ``final = RN(s * partial + final)``, one fused
-  multiply-add rounded once to nearest (DeepGEMM's ``final += (sa * sb) * partial``, contracted to FFMA by nvcc).
+  multiply-add rounded once to nearest (DeepGEMM's ``final += (sa * sb) * partial``, contracted to FFMA by nvcc);
+* :data:`COMBINE_FMA_SCALE_A_FIRST`: ``final = RN(RN(partial * sa[kb]) * sb[kb] + final)`` (cuBLASLt's block-wise
+  kernels with 1x128 scales on A: 1x128 x 1x128 and 1x128 x 128x128);
+* :data:`COMBINE_FMA_SCALE_B_FIRST`: ``final = RN(RN(partial * sb[kb]) * sa[kb] + final)`` (cuBLASLt's 128x128 x
+  1x128). The two cuBLASLt rules are Transformer Engine's zero-tolerance reference of cuBLASLt
+  (:data:`mmaemu.model.chunked.CUBLASLT_SOURCE`).
 
 :func:`fma_nearest` is IEEE 754 ``fusedMultiplyAdd`` rounded to nearest, ties to even: on CUDA devices the
 hardware ``fma.rn.f32`` (registered by :mod:`mmaemu.cuda.blockwise.kernel`), elsewhere :func:`fma_nearest_exact`, an
@@ -29,9 +35,16 @@ from .special import FINITE, nonfinite_accumulator
 
 COMBINE_ADD = 0
 COMBINE_SCALED_FMA = 1
-# How the accumulator becomes the output (chunked_output_bits).
-OUTPUT_BFLOAT16 = 0  # bf16, round to nearest even (DeepGEMM's __float22bfloat162_rn); NaN is 0x7FFF
-OUTPUT_REDUCE_ADD_FP32 = 1  # fp32 d = RN(d + final) (DeepGEMM's TMA reduce-add); NaN is 0x7FFFFFFF
+COMBINE_FMA_SCALE_A_FIRST = 2
+COMBINE_FMA_SCALE_B_FIRST = 3
+# How the accumulator becomes the output (chunked_output_bits): a mode is a sum of these flags.
+OUTPUT_FP32_FLAG = 1  # the output dtype is fp32 (NaN 0x7FFFFFFF), else bf16 rounded to nearest even (NaN 0x7FFF)
+OUTPUT_ADD_FLAG = 2  # y = RN(d + final) in fp32 before the cast (a widened bias; DeepGEMM's TMA reduce-add)
+OUTPUT_ACCUMULATE_FLAG = 4  # after the cast, out = cast(RN(cast(y) + c)) in fp32 (cuBLASLt's beta = 1 as TE states it)
+OUTPUT_BFLOAT16 = 0  # bf16 of final (DeepGEMM's __float22bfloat162_rn)
+OUTPUT_FLOAT32 = OUTPUT_FP32_FLAG  # fp32 final as it is
+OUTPUT_ADD_BFLOAT16 = OUTPUT_ADD_FLAG  # bf16 of RN(d + final)
+OUTPUT_REDUCE_ADD_FP32 = OUTPUT_FP32_FLAG | OUTPUT_ADD_FLAG  # fp32 RN(d + final)
 
 float64_bits = _bitcast(types.float64, types.int64, "The int64 holding the bits of the float64 x.")
 float64_from_bits = _bitcast(types.int64, types.float64, "The float64 whose bits are the int64 ``bits``.")
@@ -89,11 +102,18 @@ def chunk_scale(scale_a, scale_b):
 
 @arithmetic
 def combine_chunk(rule, final, partial, scale_a, scale_b):
-    """The accumulator after chunk ``partial`` enters it by ``rule`` (:data:`COMBINE_ADD` or
-    :data:`COMBINE_SCALED_FMA`)."""
+    """The accumulator after chunk ``partial`` enters it by ``rule`` (:data:`COMBINE_ADD`,
+    :data:`COMBINE_SCALED_FMA`, :data:`COMBINE_FMA_SCALE_A_FIRST` or :data:`COMBINE_FMA_SCALE_B_FIRST`)."""
     if rule == COMBINE_ADD:
         return np.float32(final + partial)
-    return fma_nearest(chunk_scale(scale_a, scale_b), np.float32(partial), np.float32(final))
+    # the factors of the one fused multiply-add (a single call site: one fma.rn.f32 in a CUDA kernel)
+    if rule == COMBINE_SCALED_FMA:
+        x, y = chunk_scale(scale_a, scale_b), np.float32(partial)
+    elif rule == COMBINE_FMA_SCALE_A_FIRST:
+        x, y = np.float32(np.float32(partial) * np.float32(scale_a)), np.float32(scale_b)
+    else:
+        x, y = np.float32(np.float32(partial) * np.float32(scale_b)), np.float32(scale_a)
+    return fma_nearest(x, y, np.float32(final))
 
 
 @arithmetic
@@ -143,11 +163,21 @@ def reduce_add(d, value):
 
 
 @arithmetic
-def chunked_output_bits(mode, final, d_bits):
-    """The output bits of one accumulator ``final`` by ``mode`` (:data:`OUTPUT_BFLOAT16`: the bf16 pattern;
-    :data:`OUTPUT_REDUCE_ADD_FP32`: the fp32 pattern of ``RN(d + final)``, d given by its int32 bits
-    ``d_bits``)."""
-    if mode == OUTPUT_BFLOAT16:
-        return np.int64(output_bits(np.float64(final), OUT_BFLOAT16, 1.0, False))
-    y = reduce_add(float32_from_bits(np.int32(d_bits)), final)
-    return np.int64(output_bits(np.float64(y), OUT_FLOAT32, 1.0, False))
+def chunked_output_bits(mode, final, d_bits, c_bits):
+    """The output bits of one accumulator ``final`` by ``mode`` (a sum of the OUTPUT_*_FLAG values): with
+    OUTPUT_ADD_FLAG first ``y = RN(d + final)`` in fp32; then the cast to the output dtype (bf16 or fp32); with
+    OUTPUT_ACCUMULATE_FLAG then ``cast(RN(cast(y) + c))``, the cast value widened exactly. d and c are fp32 values
+    given by their int32 bits ``d_bits`` and ``c_bits``."""
+    out_code = OUT_FLOAT32 if mode & OUTPUT_FP32_FLAG else OUT_BFLOAT16
+    y = final
+    if mode & OUTPUT_ADD_FLAG:
+        y = reduce_add(float32_from_bits(np.int32(d_bits)), final)
+    bits = np.int64(output_bits(np.float64(y), out_code, 1.0, False))
+    if not mode & OUTPUT_ACCUMULATE_FLAG:
+        return bits
+    wide = bits if mode & OUTPUT_FP32_FLAG else bits << np.int64(16)  # bf16 -> fp32 is exact
+    if wide >= np.int64(1) << np.int64(31):
+        wide -= np.int64(1) << np.int64(32)  # the int32 holding the same 32 bits
+    cast = float32_from_bits(np.int32(wide))
+    return np.int64(output_bits(np.float64(reduce_add(cast, float32_from_bits(np.int32(c_bits)))), out_code, 1.0,
+                                False))

@@ -1,6 +1,7 @@
-"""The CPU engine of the chunked reference kernels (:mod:`mmaemu.model.chunked`): block-wise scaled GEMMs.
+"""The CPU engine of the chunked reference kernels (:mod:`mmaemu.model.chunked`): block-wise scaled GEMMs (DeepGEMM's
+and cuBLASLt's; the kernel record's combine rule and output mode are the only difference).
 
-* fast path, E4M3 x E4M3 (DeepGEMM's only format pair): :func:`accumulate_chunked_panel_rows`, the tiled fast path
+* fast path, E4M3 x E4M3: :func:`accumulate_chunked_panel_rows`, the tiled fast path
   of :mod:`mmaemu.cpu.engine` (one decoded panel of B, rows of A a tile at a time) with the chunk loop inside: each
   chunk's tile of partials (:func:`mmaemu.arith.tile.tile_accumulate` over the chunk's k range, one chain from +0)
   enters the tile's accumulators by :func:`mmaemu.arith.scaled.combine_chunk` at once. E4M3 has no Inf, so a NaN
@@ -121,10 +122,11 @@ def accumulate_chunked_fast(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, 
 
 
 @arithmetic
-def output_rows(lo, hi, mode, final, d_bits, out_bits):
-    """out_bits[i] = chunked_output_bits(mode, final[i], d_bits[i]) for i in lo .. hi-1 (flat arrays)."""
+def output_rows(lo, hi, mode, final, d_bits, c_bits, out_bits):
+    """out_bits[i] = chunked_output_bits(mode, final[i], d_bits[i], c_bits[i]) for i in lo .. hi-1 (flat
+    arrays)."""
     for i in range(lo, hi):
-        out_bits[i] = chunked_output_bits(mode, final[i], d_bits[i])
+        out_bits[i] = chunked_output_bits(mode, final[i], d_bits[i], c_bits[i])
 
 
 def _check_scales(scales, rows, chunks, name):
@@ -176,16 +178,26 @@ def accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b,
     return final
 
 
-def chunked_output(final, kernel, d=None):
-    """The output of accumulators ``final`` [M, N] by ``kernel.output``: a uint16 array of bf16 patterns, or the
-    uint32 patterns of the fp32 ``RN(d + final)`` (d: an fp32 array of the same shape)."""
-    from ..arith.scaled import OUTPUT_BFLOAT16
+def _fp32_bits(values, shape, given: bool):
+    """int32 bits of fp32 ``values`` broadcast to ``shape`` (flat), or zeros where the mode does not read them."""
+    if not given:
+        return np.zeros(int(np.prod(shape)), np.int32)
+    values = np.broadcast_to(np.asarray(values, dtype=np.float32), shape)
+    return np.ascontiguousarray(values).reshape(-1).view(np.int32)
 
-    final = np.ascontiguousarray(final, dtype=np.float32).reshape(-1)
-    if kernel.output == OUTPUT_BFLOAT16:
-        d_bits, out = np.zeros(final.size, np.int32), np.empty(final.size, np.uint16)
-    else:
-        d_bits = np.ascontiguousarray(d, dtype=np.float32).reshape(-1).view(np.int32)
-        out = np.empty(final.size, np.uint32)
-    threads.parallel_for(output_rows, final.size, EPILOGUE_WORK, kernel.output, final, d_bits, out)
+
+def chunked_output(final, kernel, d=None, c=None):
+    """The output of accumulators ``final`` [M, N] by ``kernel.output`` (a mode of :mod:`mmaemu.arith.scaled`): a
+    uint16 array of bf16 patterns, or with OUTPUT_FP32_FLAG a uint32 array of fp32 patterns. OUTPUT_ADD_FLAG takes
+    ``d``, added as ``RN(d + final)`` before the cast; OUTPUT_ACCUMULATE_FLAG takes ``c``, the existing output
+    widened to fp32, added after it; each an fp32 array of final's shape or one that broadcasts to it (a bias
+    [N])."""
+    from ..arith.scaled import OUTPUT_ACCUMULATE_FLAG, OUTPUT_ADD_FLAG, OUTPUT_FP32_FLAG
+
+    final = np.ascontiguousarray(final, dtype=np.float32)
+    d_bits = _fp32_bits(d, final.shape, bool(kernel.output & OUTPUT_ADD_FLAG))
+    c_bits = _fp32_bits(c, final.shape, bool(kernel.output & OUTPUT_ACCUMULATE_FLAG))
+    out = np.empty(final.size, np.uint32 if kernel.output & OUTPUT_FP32_FLAG else np.uint16)
+    threads.parallel_for(output_rows, final.size, EPILOGUE_WORK, kernel.output, final.reshape(-1), d_bits, c_bits,
+                         out)
     return out

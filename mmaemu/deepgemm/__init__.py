@@ -13,7 +13,7 @@ reduce-add. No split-K: each CTA loops over all of K, so the bits are those of a
 alike) and do not depend on the SM count. Modelled from the pinned source, not recorded on hardware: maturity
 ``experimental`` (an :class:`~mmaemu.errors.ExperimentalPresetWarning` once per process).
 
-mmaemu's own keyword ``backend``, planned as ``scaled_mm``'s is (:mod:`mmaemu.plan.blockwise`: the call's
+mmaemu's own keyword ``backend``, planned as ``scaled_mm``'s is (:mod:`mmaemu.plan.deepgemm`: the call's
 :class:`mmaemu.context.Context`, ``$MMAEMU_BACKEND``, ``MMAEMU_DISABLE_CUDA``, the CUDA kernel choice and its
 verdicts): "auto" (the CPU engine; CUDA tensors get their result copied back), "cpu", "reference" (one chunk walk
 per output), "cuda" or "cuda:simple" (the GPU reference kernel, on CUDA tensors). Other CUDA kernels decline.
@@ -32,7 +32,7 @@ from .. import backends
 from ..context import for_call
 from ..errors import ExperimentalPresetWarning, ReferenceRejectsError, UnsupportedFeatureError
 from ..model.chunked import DEEPGEMM_SM90_1D1D, DEEPGEMM_SM90_1D2D
-from ..plan.blockwise import plan_blockwise
+from ..plan.deepgemm import plan_blockwise
 from ..warn import Notice, edge, report
 from .utils import (align, ceil_div, ceil_to_ue8m0, get_mk_alignment_for_contiguous_layout, per_block_cast_to_fp8,
                     per_channel_cast_to_fp8, per_token_cast_to_fp8)

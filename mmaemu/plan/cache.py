@@ -267,7 +267,7 @@ def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result
         _replay(entry)
         given = dict(input=input.contiguous() if entry.copies_input else input, mat2=mat2, scale_a=scale_a,
                      scale_b=scale_b, scale_result=scale_result, out=out,
-                     bias=bias if entry.template.call.rowwise else None)
+                     bias=bias if entry.template.call.rowwise or entry.template.call.blockwise else None)
         return _bind(entry, given)
     try:
         plan, notices = _plan_reporting(plan_scaled_mm, *arguments, **options, context=for_call())

@@ -20,11 +20,12 @@ from ..arith.params import require_gemm_level
 from ..context import Context, environment_of
 from ..errors import BackendUnavailableError, ExperimentalPresetWarning, UnsupportedFeatureError
 from ..model.presets import Preset, get_preset
-from ..platform import block_scaled, get_profile, kernel_families, rowwise
+from ..platform import block_scaled, blockwise, get_profile, kernel_families, rowwise
 from ..platform.profiles import profile_maturity_notices
 from ..platform.splitk import POLICIES, SplitDecision, asks_one_split, check_scheme_for_preset, decide_splitk
 from ..warn import Notice, collecting, report
 from .block_scaled import split_two_level
+from .blockwise import pair_name
 from .descriptors import dtype_name
 from .flush import check_no_flush_to_zero
 from .validate import split_key, validate_accumulate, validate_scaled_mm
@@ -170,6 +171,8 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
     _check_backend_name(backend, context)
     if call.block_scaled is not None:
         return _plan_block_scaled(plan, splitk, backend, context)
+    if call.blockwise is not None:
+        return _plan_blockwise(plan, splitk, backend, context)
     _refuse_block_scaled_preset(plan)
     _maturity_warnings(plan)
     if call.rowwise:
@@ -249,6 +252,23 @@ def _plan_block_scaled(plan: Plan, splitk, backend, context) -> Plan:
                                f"{spec.recipe.name.upper()} block {spec.block}, K = {spec.K} elements"
                                f"{f', K zero-padded to {spec.padded_K}' if padded else ''}; unknown: "
                                f"{'; '.join(block_scaled.unknowns(spec.recipe, padded))}")
+    _choose_block_scaled_backend(plan, call.device, backend, context)
+    return plan
+
+
+def _plan_blockwise(plan: Plan, splitk, backend, context) -> Plan:
+    """A block-wise call through cuBLASLt >= 12.9 (:mod:`mmaemu.platform.blockwise`): experimental; no split-K
+    table is recorded, so S = 1 is assumed; the engines of the block-scaled calls."""
+    call = plan.call
+    spec = call.blockwise
+    pair = pair_name(spec.block_a, spec.block_b)
+    _note(plan, [Notice(ExperimentalPresetWarning, blockwise.maturity_message(pair), (f"blockwise:{pair}",))])
+    if call.out_resize_warns:
+        _out_warning(plan, OUT_RESIZED_MESSAGE.format(old=tuple(call.out.shape), new=(call.M, call.N)))
+    if not asks_one_split(splitk):
+        raise UnsupportedFeatureError(f"splitk={splitk!r}: {blockwise.NO_SPLIT_REASON}; use splitk='auto' or 1")
+    plan.kernel = blockwise.KERNEL
+    plan.split = SplitDecision(1, "none", "kernel", False, None, blockwise.NO_SPLIT_REASON)
     _choose_block_scaled_backend(plan, call.device, backend, context)
     return plan
 

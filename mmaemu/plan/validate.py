@@ -13,6 +13,10 @@
 * f.6 valid but not modelled (a bias with tensor-wise scales, autograd) ->
   :class:`~mmaemu.errors.UnsupportedFeatureError`.
 
+A block-wise call (torch 2.13's 1x128 / 128x128 fp32 scales, recognised on the block-wise profile only: on the
+others torch 2.7.1's "Invalid scaling configuration" names that profile) leaves this order after f.3 for
+:func:`mmaemu.plan.blockwise.check_blockwise_call`.
+
 A row-wise call (scale_a [M, 1], scale_b [1, N]) leaves this order after f.3, as torch 2.7.1 sends it to its
 CUTLASS kernel before any cuBLASLt argument handling: its rules are :func:`mmaemu.plan.rowwise.check_rowwise_call`
 (bf16 output, the kernel's ``check_inputs``, the platforms it is modelled on), then the no-grad rule.
@@ -34,6 +38,7 @@ import numpy
 
 from .. import formats
 from ..errors import ReferenceRejectsError, UnsupportedFeatureError
+from ..platform.blockwise import is_blockwise_profile
 from ..tensor_kinds import require_data, require_dense
 from .descriptors import TensorDescriptor, TorchName, dtype_name
 from .layout import (
@@ -46,6 +51,7 @@ from .layout import (
     mat2_is_column_major,
 )
 from .block_scaled import FP4_DTYPE_NAME, BlockScaledSpec, block_scaling, check_block_scaled_call
+from .blockwise import BlockwiseSpec, blockwise_hint, check_blockwise_call, v1_blockwise_pair
 from .rowwise import check_rowwise_call
 
 if TYPE_CHECKING:
@@ -139,6 +145,8 @@ class ScaledMMCall:
     * ``rowwise``: scale_a [M, 1] and scale_b [1, N] (torch's CUTLASS row-wise kernel, :mod:`.rowwise`); then
       ``bias`` is the validated bias (bf16 [N]) or None, and the out flags other than the resize are False (the
       kernel refuses an out that is not row-major).
+    * ``blockwise``: a block-wise (1x128 / 128x128 fp32 scales) call through cuBLASLt >= 12.9 (:mod:`.blockwise`):
+      the scale blocks and formats; ``bias`` is then the validated bf16 bias or None.
     * ``block_scaled``: an MXFP8 or NVFP4 call (:mod:`.block_scaled`): the recipe, its preset, the element formats
       and K in elements (fmt_a/fmt_b are then None: the formats are the spec's); ``global_scales``: NVFP4's
       (global_scale_a, global_scale_b) or None.
@@ -169,6 +177,7 @@ class ScaledMMCall:
     bias: Optional[torch.Tensor] = dataclasses.field(default=None, repr=False)
     block_scaled: Optional[BlockScaledSpec] = None
     global_scales: Optional[tuple] = dataclasses.field(default=None, repr=False)
+    blockwise: Optional[BlockwiseSpec] = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -236,7 +245,11 @@ def validate_scaled_mm(
     M, K = input.shape
     N = mat2.shape[1]
     scaling = block_scaling(scale_a, scale_b, input, mat2)  # B.1 (torch's scaling type, block scales)
-    rowwise = scaling is None and _is_rowwise_scaling(scale_a, scale_b, M, N)  # f.2.4-5
+    blockwise = None  # torch 2.13's 1x128 / 128x128 pairs, on the profile of that stack only (.blockwise)
+    if scaling is None and is_blockwise_profile(profile):
+        blockwise = v1_blockwise_pair(input, mat2, scale_a, scale_b)
+    rowwise = scaling is None and blockwise is None and _is_rowwise_scaling(
+        scale_a, scale_b, M, N, blockwise_hint(input, mat2, scale_a, scale_b))  # f.2.4-5
     _check_scale_result(scale_result)  # f.2.6
     _check_bias_size(bias, N)  # f.2.7
     _check_divisible_by_16(M, K, N)  # f.2.8-9
@@ -267,6 +280,8 @@ def validate_scaled_mm(
         return _rowwise_call(input, mat2, bias, profile, **common)
     if scaling is not None:
         return _block_scaled_call(input, mat2, scaling, bias, profile, global_scales, **common)
+    if blockwise is not None:
+        return _blockwise_call(input, mat2, blockwise, bias, profile, **common)
 
     # f.4 cuBLAS / cuBLASLt-level checks (f.4.1, row-wise output, is the row-wise branch's first rule)
     input, input_copied = _check_layout(input, mat2)  # f.4.2 (may copy input)
@@ -316,6 +331,19 @@ def _block_scaled_call(input, mat2, scaling, bias, profile, global_scales, **com
         input=input, mat2=mat2, fmt_a=None, fmt_b=None, zero_size=False, layout_std=True, input_copied=False,
         out_column_major=False, out_unusable=False, out_resize=resize, out_resize_warns=resize_warns,
         block_scaled=spec, global_scales=global_scales, **common,
+    )
+
+
+def _blockwise_call(input, mat2, pair, bias, profile, **common) -> ScaledMMCall:
+    """A block-wise call after f.3: the rules of :mod:`.blockwise` (cuBLASLt >= 12.9's sm_90 kernels)."""
+    grad = dict(input=input, mat2=mat2, scale_a=common["scale_a"], scale_b=common["scale_b"], bias=bias)
+    spec = check_blockwise_call(input, mat2, *pair, common["out_dtype"], bias, common["out"],
+                                common["use_fast_accum"], profile, "v1", grad)
+    resize, resize_warns = _out_resize(common["out"], common["M"], common["N"])
+    return ScaledMMCall(
+        input=input, mat2=mat2, fmt_a=spec.fmt_a, fmt_b=spec.fmt_b, zero_size=False, layout_std=True,
+        input_copied=False, out_column_major=False, out_unusable=False, out_resize=resize,
+        out_resize_warns=resize_warns, bias=bias, blockwise=spec, **common,
     )
 
 
@@ -395,9 +423,10 @@ def _check_matrices(input: torch.Tensor, mat2: torch.Tensor) -> None:
         )
 
 
-def _is_rowwise_scaling(scale_a: torch.Tensor, scale_b: torch.Tensor, M: int, N: int) -> bool:
+def _is_rowwise_scaling(scale_a: torch.Tensor, scale_b: torch.Tensor, M: int, N: int, hint: str = "") -> bool:
     """f.2.4-5 (torch's get_scaling_type): fp32 scales; tensor-wise (one element each) or row-wise (2-D, shapes
-    (M, 1) and (1, N), both contiguous). Returns True for row-wise."""
+    (M, 1) and (1, N), both contiguous). Returns True for row-wise. ``hint``: appended to the refusal of other
+    scales (the profile that computes torch 2.13's block-wise scales, :func:`.blockwise.blockwise_hint`)."""
     if dtype_name(scale_a.dtype) != "float32" or dtype_name(scale_b.dtype) != "float32":  # f.2.4
         raise _torch_rejects(
             f"Both scale_a and scale_b must be float (fp32) tensors: got scale_a {scale_a.dtype} and scale_b "
@@ -421,7 +450,7 @@ def _is_rowwise_scaling(scale_a: torch.Tensor, scale_b: torch.Tensor, M: int, N:
         f"Invalid scaling configuration. For TensorWise scaling, both scales should be scalar. For RowWise "
         f"scaling, scale_a should be ({M}, 1) and scale_b should be (1, {N}), got "
         f"scale_a.size()=({scale_a.shape[0]}, {scale_a.shape[1]}) and "
-        f"scale_b.size()=({scale_b.shape[0]}, {scale_b.shape[1]})"
+        f"scale_b.size()=({scale_b.shape[0]}, {scale_b.shape[1]}){hint}"
     )
 
 

@@ -194,6 +194,13 @@ _NO_PLATFORM_DESCRIPTIONS = {
                             "tcgen05.mma kind::mxf8f6f4 / kind::mxf4 / kind::mxf4nvf4 as MMA-Sim models them, one "
                             "chain per output, no split-K (modelled, not recorded); block-scaled calls only; "
                             "experimental profile",
+    "hopper-cublaslt-blockwise-experimental": "torch's block-wise F.scaled_mm / _scaled_mm (1x128 and 128x128 fp32 "
+                                              "scales) through cuBLASLt >= 12.9 on an H100 (sm_90, torch 2.13): "
+                                              "each 128-k block a fresh wgmma chain, entered by cuBLASLt's scaled "
+                                              "FMA as Transformer Engine's zero-tolerance reference states it "
+                                              "(modelled from a public zero-tolerance reference, not recorded); no "
+                                              "split-K table recorded (assumes none); tensor-wise calls as "
+                                              "hopper-experimental, row-wise refused; experimental profile",
 }
 
 
@@ -234,6 +241,8 @@ _PROFILES = (
     Profile("sm120-mma-sync-experimental", "sm120_mma_sync", capability=(12, 0), caller=_TORCH, **_NO_PLATFORM),
     # B200 MXFP8/NVFP4 _scaled_mm (mmaemu.platform.block_scaled): tcgen05_mxf8f6f4, and tcgen05_mxf4nvf4 for NVFP4.
     Profile("b200-mx-experimental", "tcgen05_mxf8f6f4", capability=(10, 0), caller=_TORCH, **_NO_PLATFORM),
+    # torch 2.13's block-wise scales through cuBLASLt >= 12.9 on an H100 (mmaemu.platform.blockwise).
+    Profile("hopper-cublaslt-blockwise-experimental", "hopper", capability=(9, 0), caller=_TORCH, **_NO_PLATFORM),
 )
 _BY_NAME = {p.name: p for p in _PROFILES}
 

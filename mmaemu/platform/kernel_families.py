@@ -184,6 +184,16 @@ def _within(value: Version, bounds) -> bool:
     return (lo is None or value >= lo) and (hi is None or value <= hi)
 
 
+def _stack_of(profile) -> Tuple[Optional[str], Optional[str]]:
+    """(torch version, cuBLASLt version) of ``profile``'s stack: the recorded ones, or for the block-wise cuBLASLt
+    profile, which records none, the stack whose rules it models (:data:`mmaemu.platform.blockwise.MODELLED_STACK`)."""
+    from .blockwise import MODELLED_STACK, is_blockwise_profile
+
+    if is_blockwise_profile(profile):
+        return MODELLED_STACK
+    return getattr(profile, "torch_version", None), getattr(profile, "cublaslt_version", None)
+
+
 def route(entry: str, pair: str, profile) -> KernelRoute:
     """The row of :data:`ROUTES` for ``entry`` and recipe ``pair`` on ``profile``'s stack (its torch version,
     cuBLASLt version and compute capability), or a refusing row of family "unknown" when none matches."""
@@ -191,8 +201,7 @@ def route(entry: str, pair: str, profile) -> KernelRoute:
         raise ValueError(f"unknown entry point {entry!r}; known: {ENTRY_POINTS}")
     if pair not in RECIPE_PAIRS:
         raise ValueError(f"unknown recipe pair {pair!r}; known: {RECIPE_PAIRS}")
-    torch_release = release(getattr(profile, "torch_version", None))
-    cublaslt = release(getattr(profile, "cublaslt_version", None))
+    torch_release, cublaslt = (release(version) for version in _stack_of(profile))
     major = tuple(getattr(profile, "capability", None) or (None,))[0]
     for row in ROUTES:
         if (row.entry == entry and pair in row.pairs and _within(torch_release, row.torch)

@@ -37,8 +37,8 @@ __all__ = [
 def list_profiles(*, context=None) -> list:
     """Profile names in the documented order: ada, ada-te, ada-ws0, hopper, hopper-te, hopper-ws0,
     hopper-experimental, b200-mma-sync-experimental, tcgen05-f8f6f4-experimental, sm120-mma-sync-experimental,
-    b200-mx-experimental; then the recorded profiles added by ``mmaemu.load_profile`` or found on
-    ``$MMAEMU_PROFILE_PATH`` (of ``context``, a :class:`mmaemu.context.Context`, whose source offers them; without
+    b200-mx-experimental, hopper-cublaslt-blockwise-experimental; then the recorded profiles added by
+    ``mmaemu.load_profile`` or found on ``$MMAEMU_PROFILE_PATH`` (of ``context``, a :class:`mmaemu.context.Context`, whose source offers them; without
     one, read now), in the order they were added."""
     return [p.name for p in _PROFILES] + list(_recorded_profiles(context))
 
