@@ -63,6 +63,20 @@ def _layer(x, w, s):
     return y.float() * 3.0
 
 
+def _v2_layer(x, w, s):
+    """F.scaled_mm (torch._scaled_mm_v2), tensor-wise, with ops around it."""
+    from torch.nn.functional import ScalingType, SwizzleType, scaled_mm
+
+    y = scaled_mm(x, w.t(), s * 2.0, ScalingType.TensorWise, s, ScalingType.TensorWise,
+                  swizzle_a=SwizzleType.NO_SWIZZLE, swizzle_b=SwizzleType.NO_SWIZZLE,
+                  output_dtype=torch.bfloat16, use_fast_accum=True)
+    return y.float() * 3.0
+
+
+#: The same layer through each traced entry point.
+LAYERS = {"torch._scaled_mm": _layer, "torch._scaled_mm_v2": _v2_layer}
+
+
 def _oracle_layer(x, w, s):
     """_layer's bits from the independent oracle (tests/oracle.py) on the ada preset, S = 1."""
     rows = lambda t: bits(t).tolist()  # noqa: E731
@@ -172,20 +186,25 @@ def test_settings_that_are_no_op_argument_are_refused():
 # --- a compiled function calling torch._scaled_mm ------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("entry_point", sorted(LAYERS))
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_compiled_scaled_mm_call_gives_the_eager_patched_bits_in_one_graph(backend):
+def test_compiled_scaled_mm_call_gives_the_eager_patched_bits_in_one_graph(backend, entry_point):
+    layer = LAYERS[entry_point]
     x, w, s = _operands()
     with mmaemu.patch(**SETTINGS) as eager_log:
-        eager = _layer(x, w, s)
+        eager = layer(x, w, s)
+    direct = mmaemu.scaled_mm(x, w.t(), s * 2.0, s, out_dtype=torch.bfloat16, use_fast_accum=True, **SETTINGS)
+    assert_bitwise_equal(eager, direct.float() * 3.0)
     counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
-    compiled = torch.compile(_layer, backend=counter, fullgraph=True)
+    compiled = torch.compile(layer, backend=counter, fullgraph=True)
     with mmaemu.patch(**SETTINGS) as log:
         first, second = compiled(x, w, s), compiled(x, w, s)
     assert_bitwise_equal(first, eager)
     assert_bitwise_equal(second, eager)
     assert counter.frame_count == 1  # one graph, no break, no recompilation
-    # Each run of the compiled graph is recorded, as the eager call was.
+    # Each run of the compiled graph is recorded, as the eager call was, under the entry point it called.
     assert [r.line() for r in log] == [eager_log[0].line()] * 2
+    assert {(r.entry_point, r.recipe) for r in log} == {(entry_point, "tensorwise_tensorwise")}
 
 
 @pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
@@ -301,32 +320,6 @@ def test_compiled_nvfp4_call_gives_the_eager_patched_bits(backend):
             compiled = torch.compile(_nvfp4_layer, backend=backend, fullgraph=True)(*operands)
     assert_bitwise_equal(compiled, eager)
     assert [r.line() for r in log[1:]] == [log[0].line()] and log[0].K == 128
-
-
-def _v2_layer(x, w, s):
-    """F.scaled_mm (torch._scaled_mm_v2), tensor-wise, with ops around it."""
-    from torch.nn.functional import ScalingType, SwizzleType, scaled_mm
-
-    y = scaled_mm(x, w.t(), s * 2.0, ScalingType.TensorWise, s, ScalingType.TensorWise,
-                  swizzle_a=SwizzleType.NO_SWIZZLE, swizzle_b=SwizzleType.NO_SWIZZLE,
-                  output_dtype=torch.bfloat16, use_fast_accum=True)
-    return y.float() * 3.0
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_compiled_f_scaled_mm_gives_the_eager_patched_bits_logged_as_v2(backend):
-    x, w, s = _operands()
-    with mmaemu.patch(**SETTINGS) as eager_log:
-        eager = _v2_layer(x, w, s)
-    counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
-    with mmaemu.patch(**SETTINGS) as log:
-        compiled = torch.compile(_v2_layer, backend=counter, fullgraph=True)(x, w, s)
-    assert_bitwise_equal(compiled, eager)
-    direct = mmaemu.scaled_mm(x, w.t(), s * 2.0, s, out_dtype=torch.bfloat16, use_fast_accum=True, **SETTINGS)
-    assert_bitwise_equal(eager, direct.float() * 3.0)
-    assert counter.frame_count == 1
-    assert [r.line() for r in log] == [eager_log[0].line()]
-    assert log[0].entry_point == "torch._scaled_mm_v2" and log[0].recipe == "tensorwise_tensorwise"
 
 
 # --- a compiled EmulatedFP8Linear ------------------------------------------------------------------------------------
