@@ -470,28 +470,38 @@ ENGINE_SHAPES = [(1, 5760, 1920), (8, 5760, 1920), (16, 5760, 1920), (32, 5760, 
 QUICK_ENGINE_SHAPES = [(1, 5760, 1920), (64, 5760, 1920), (16, 16, 8192), (380, 384, 384)]
 
 
+# Other schedules and formats on the offset engine's best shape: ada slow accumulation, E5M2 weights.
+ENGINE_VARIANTS = [((64, 5760, 1920), "ada", False, "e4m3"), ((64, 5760, 1920), "hopper", True, "e5m2")]
+
+
 def engines_section(rng, quick, repeats):
-    """Print accumulate_codes with the offset engine against the tile engine (hopper fast, random E4M3 codes,
-    best of ``repeats`` calls, the two interleaved) and check that both give the same bits."""
+    """Print accumulate_codes with the offset engine against the tile engine (hopper fast, random E4M3 codes, then
+    :data:`ENGINE_VARIANTS`; best of ``repeats`` calls, the two interleaved) and check that both give the same
+    bits."""
     import numpy as np
 
     from mmaemu.cpu import accumulate_codes
-    from mmaemu.model.presets import HOPPER
+    from mmaemu.model.presets import ADA, HOPPER
 
-    print("\n| shape (M, N, K) | offset ms | tile ms | tile / offset | same bits |")
-    print("|---|---:|---:|---:|---|")
-    for M, N, K in QUICK_ENGINE_SHAPES if quick else ENGINE_SHAPES:
+    presets = {"hopper": HOPPER, "ada": ADA}
+    rows = [(shape, "hopper", True, "e4m3") for shape in (QUICK_ENGINE_SHAPES if quick else ENGINE_SHAPES)]
+    print("\n| shape (M, N, K) | preset | offset ms | tile ms | tile / offset | same bits |")
+    print("|---|---|---:|---:|---:|---|")
+    for (M, N, K), name, fast, fmt_b in rows + ENGINE_VARIANTS:
         a = rng.integers(0, 0x7F, (M, K), dtype=np.uint8)
-        b = rng.integers(0, 0x7F, (N, K), dtype=np.uint8)
+        b = rng.integers(0, 0x7F if fmt_b == "e4m3" else 0x7C, (N, K), dtype=np.uint8)
         best, bits = {"offset": float("inf"), "tile": float("inf")}, {}
         for _ in range(repeats):
             for engine in best:
                 start = time.perf_counter()
-                bits[engine] = accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True, cpu_engine=engine).view(np.uint32)
+                bits[engine] = accumulate_codes(a, b, "e4m3", fmt_b, presets[name], fast,
+                                                cpu_engine=engine).view(np.uint32)
                 best[engine] = min(best[engine], time.perf_counter() - start)
         same = np.array_equal(bits["offset"], bits["tile"])
-        print(f"| ({M}, {N}, {K}) | {best['offset'] * 1e3:.2f} | {best['tile'] * 1e3:.2f} | "
-              f"{best['tile'] / best['offset']:.2f} | {same} |")
+        label = f"{name} {'fast' if fast else 'slow'}" + ("" if fmt_b == "e4m3" else f", B {fmt_b}")
+        print(f"| ({M}, {N}, {K}) | {label} | {best['offset'] * 1e3:.2f} | {best['tile'] * 1e3:.2f} | "
+              f"{best['tile'] / best['offset']:.2f} | {same} |", flush=True)
+    print(f"# load average {os.getloadavg()[0]:.2f} at the end")
 
 
 def block_scaled_section(rng, quick, repeats):
@@ -561,7 +571,7 @@ def main(argv=None):
         blockwise_section(np.random.default_rng(args.seed), args.quick, args.repeats or (2 if args.quick else 3))
         return
     if args.engines:
-        print(f"# load average {os.getloadavg()[0]:.2f}")
+        print(f"# {time.strftime('%c')}, load average {os.getloadavg()[0]:.2f}, {args.threads} threads")
         engines_section(np.random.default_rng(args.seed), args.quick, args.repeats or (2 if args.quick else 4))
         return
     if args.block_scaled:

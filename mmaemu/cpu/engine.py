@@ -249,7 +249,7 @@ def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, ou
     if len(tasks) == 1:
         task(*tasks[0])
     else:
-        threads.run_tasks(lambda t=t: task(*t) for t in tasks)
+        threads.run_tasks([lambda t=t: task(*t) for t in tasks], [(hi - lo) * lanes * K for _, lo, hi in tasks])
     return a_flags, b_flags
 
 
