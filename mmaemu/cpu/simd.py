@@ -13,11 +13,14 @@ a fused multiply-add rounding toward zero. It is emitted two ways, by the target
   ``vfmadd231ps`` on 256-bit registers), which rounds as the thread's MXCSR says, run inside a *toward-zero
   region*: :func:`enter_toward_zero` saves MXCSR and sets its rounding control to toward zero,
   :func:`leave_toward_zero` restores it. Why no floating-point operation crosses a region's edge: at the IR level
-  ``llvm.x86.sse.ldmxcsr`` has unmodelled side effects and may write any memory, so no load is hoisted above it
-  and no store sunk below it, and every floating-point operation of the kernel reads its operands from memory
-  loaded inside the region and stores its result there (those outside read theirs after it); at the machine
-  level every SSE/AVX floating-point instruction carries an implicit use of ``$mxcsr``, which ``LDMXCSR``
-  defines (LLVM's ``test/CodeGen/X86/mxcsr-reg-usage.ll``), so the scheduler keeps them on their side. A region
+  ``llvm.x86.sse.ldmxcsr`` may read and write any memory (LLVM 22.1, llvmlite's for numba 0.68, declares it
+  ``nounwind`` with no memory attribute), so no load is hoisted above it and no store sunk below it, and every
+  floating-point operation of the kernel reads an operand loaded inside the region and stores its result there
+  (those outside read theirs after it); a pure operation on values computed before the region *can* move into
+  or out of it (seen in a test: an FMA of operands loaded before :func:`enter_toward_zero` rounded to nearest).
+  At the machine level the X86 backend keeps floating-point instructions on their side of ``LDMXCSR`` (they
+  carry an implicit use of ``$mxcsr``, which it defines: an FMA of register operands compiled for haswell by
+  LLVM 22.1 stays between two ``vldmxcsr``). A region
   must hold no operation that needs rounding to nearest: in the offset kernel every other floating-point
   operation of a block step is exact (:mod:`mmaemu.arith.offset`, conditions 1-4: Sterbenz subtractions and sums
   inside one binade), and the split combinations and the empty blocks' float64 emulation run outside it.
