@@ -97,8 +97,8 @@ VARIABLES = (
            parse_bool, False),
     EnvVar("MMAEMU_DISABLE_CUDA", "true (1/true/yes/on): never touch CUDA; no live cuBLASLt query",
            parse_bool, False),
-    EnvVar("MMAEMU_CPU_ENGINE", "the CPU backend's engine: auto (the offset engine where the CPU has AVX-512 and "
-           "the call fits it, else the tile engine), offset (raises where it cannot run) or tile",
+    EnvVar("MMAEMU_CPU_ENGINE", "the CPU backend's engine: auto (the offset engine where the CPU has AVX-512, or "
+           "AVX2 and FMA, and the call fits it, else the tile engine), offset (raises where it cannot run) or tile",
            parse_cpu_engine, "auto"),
     EnvVar("MMAEMU_CACHE_DIR", "where compiled code and self-test verdicts are cached (an absolute path)",
            parse_absolute_path),

@@ -22,6 +22,7 @@ process, a later decision, ``python -m mmaemu explain`` (target: under 1.5 s) ag
     python scripts/bench.py --blockwise     # only block-wise (DeepGEMM) against tensor-wise slow accumulation
     python scripts/bench.py --overhead      # only the per-call figures and the kept weight
     python scripts/bench.py --minilm        # only the MiniLM example against fp32 (needs sentence-transformers)
+    python scripts/bench.py --models        # MiniLM and docs/examples/decoder.py (every recipe) against native
     python scripts/bench.py --cuda [...]    # only the CUDA kernels on a GPU (scripts/bench_cuda.py, its options)
 
 The block-wise section (also at the end of a full run) times mmaemu.cpu.chunked.accumulate_chunked_codes (DeepGEMM's
@@ -81,6 +82,10 @@ def parse_args(argv=None):
     parser.add_argument("--overhead", action="store_true",
                         help="only the per-call figures of small calls and the kept weight")
     parser.add_argument("--minilm", action="store_true", help="only the MiniLM example against fp32")
+    parser.add_argument("--models", action="store_true",
+                        help="only the models: MiniLM, and the 135 M decoder of docs/examples/decoder.py with "
+                             "every recipe, against the native models")
+    parser.add_argument("--decoder-layers", type=int, default=30, help="layers of the --models decoder")
     parser.add_argument("--engines", action="store_true",
                         help="only the offset engine against the tile engine (the shapes of auto's rule)")
     parser.add_argument("--block-scaled", action="store_true",
@@ -434,15 +439,10 @@ def overhead_section(repeats):
 
 def minilm_section(repeats):
     """docs/examples/minilm.py's model, hopper, against its fp32 forward (skipped without the packages)."""
-    import importlib.util
     import warnings
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    spec = importlib.util.spec_from_file_location("minilm_example", os.path.join(root, "docs", "examples",
-                                                                                 "minilm.py"))
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_example("minilm")
     try:
         model = example.load_model()
     except SystemExit as missing:
@@ -458,6 +458,37 @@ def minilm_section(repeats):
           f"{fp8 * 1e3:.1f} ms = {fp8 / fp32:.2f}x fp32 (target: at most 3x)")
 
 
+def load_example(name):
+    """A script of docs/examples as a module."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(f"{name}_example", os.path.join(root, "docs", "examples",
+                                                                                  f"{name}.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return example
+
+
+def decoder_section(layers, repeats):
+    """docs/examples/decoder.py's Llama-architecture decoder (prefill 64, greedy decoding 8), every recipe, against
+    the native float32 model run beside each (skipped without transformers). Targets (issue 29): tensor-wise
+    prefill at most 3x and decoding at most 2x native per token; every other recipe within 1.5x of tensor-wise."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        print("# decoder: skipped (transformers not installed)")
+        return
+    example = load_example("decoder")
+    rows = example.compare(layers, 64, 8, example.RECIPES, repeats)
+    print(example.report(rows, layers, 64, 8))
+    tensorwise = {recipe: fp8 for recipe, fp8, _ in rows}.get("tensorwise")
+    if tensorwise is not None:
+        for recipe, fp8, _ in rows:
+            print(f"# {recipe} / tensorwise: prefill {fp8.prefill_s / tensorwise.prefill_s:.2f}, decoding "
+                  f"{fp8.decode_s_per_token / tensorwise.decode_s_per_token:.2f}")
+
+
 BLOCK_SCALED_SHAPES = [(256, 1024, 2048)]
 QUICK_BLOCK_SCALED_SHAPES = [(64, 512, 1024)]
 
@@ -470,28 +501,38 @@ ENGINE_SHAPES = [(1, 5760, 1920), (8, 5760, 1920), (16, 5760, 1920), (32, 5760, 
 QUICK_ENGINE_SHAPES = [(1, 5760, 1920), (64, 5760, 1920), (16, 16, 8192), (380, 384, 384)]
 
 
+# Other schedules and formats on the offset engine's best shape: ada slow accumulation, E5M2 weights.
+ENGINE_VARIANTS = [((64, 5760, 1920), "ada", False, "e4m3"), ((64, 5760, 1920), "hopper", True, "e5m2")]
+
+
 def engines_section(rng, quick, repeats):
-    """Print accumulate_codes with the offset engine against the tile engine (hopper fast, random E4M3 codes,
-    best of ``repeats`` calls, the two interleaved) and check that both give the same bits."""
+    """Print accumulate_codes with the offset engine against the tile engine (hopper fast, random E4M3 codes, then
+    :data:`ENGINE_VARIANTS`; best of ``repeats`` calls, the two interleaved) and check that both give the same
+    bits."""
     import numpy as np
 
     from mmaemu.cpu import accumulate_codes
-    from mmaemu.model.presets import HOPPER
+    from mmaemu.model.presets import ADA, HOPPER
 
-    print("\n| shape (M, N, K) | offset ms | tile ms | tile / offset | same bits |")
-    print("|---|---:|---:|---:|---|")
-    for M, N, K in QUICK_ENGINE_SHAPES if quick else ENGINE_SHAPES:
+    presets = {"hopper": HOPPER, "ada": ADA}
+    rows = [(shape, "hopper", True, "e4m3") for shape in (QUICK_ENGINE_SHAPES if quick else ENGINE_SHAPES)]
+    print("\n| shape (M, N, K) | preset | offset ms | tile ms | tile / offset | same bits |")
+    print("|---|---|---:|---:|---:|---|")
+    for (M, N, K), name, fast, fmt_b in rows + ENGINE_VARIANTS:
         a = rng.integers(0, 0x7F, (M, K), dtype=np.uint8)
-        b = rng.integers(0, 0x7F, (N, K), dtype=np.uint8)
+        b = rng.integers(0, 0x7F if fmt_b == "e4m3" else 0x7C, (N, K), dtype=np.uint8)
         best, bits = {"offset": float("inf"), "tile": float("inf")}, {}
         for _ in range(repeats):
             for engine in best:
                 start = time.perf_counter()
-                bits[engine] = accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True, cpu_engine=engine).view(np.uint32)
+                bits[engine] = accumulate_codes(a, b, "e4m3", fmt_b, presets[name], fast,
+                                                cpu_engine=engine).view(np.uint32)
                 best[engine] = min(best[engine], time.perf_counter() - start)
         same = np.array_equal(bits["offset"], bits["tile"])
-        print(f"| ({M}, {N}, {K}) | {best['offset'] * 1e3:.2f} | {best['tile'] * 1e3:.2f} | "
-              f"{best['tile'] / best['offset']:.2f} | {same} |")
+        label = f"{name} {'fast' if fast else 'slow'}" + ("" if fmt_b == "e4m3" else f", B {fmt_b}")
+        print(f"| ({M}, {N}, {K}) | {label} | {best['offset'] * 1e3:.2f} | {best['tile'] * 1e3:.2f} | "
+              f"{best['tile'] / best['offset']:.2f} | {same} |", flush=True)
+    print(f"# load average {os.getloadavg()[0]:.2f} at the end")
 
 
 def block_scaled_section(rng, quick, repeats):
@@ -537,12 +578,16 @@ def main(argv=None):
         return bench_cuda.main([a for a in argv if a != "--cuda"])
     args = parse_args(argv)
     _set_thread_env(args.threads)
-    if args.overhead or args.minilm:
-        print(f"# load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
+    if args.overhead or args.minilm or args.models:
+        print(f"# {time.strftime('%c')}, load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
+              f"{os.getloadavg()[2]:.2f}, {args.threads} threads")
         if args.overhead:
             overhead_section(args.repeats or 5)
-        if args.minilm:
+        if args.minilm or args.models:
             minilm_section(args.repeats or 3)
+        if args.models:
+            decoder_section(args.decoder_layers, args.repeats or 2)
+            print(f"# load average {os.getloadavg()[0]:.2f} at the end")
         return
     if args.startup:
         print_startup(args)
@@ -561,7 +606,7 @@ def main(argv=None):
         blockwise_section(np.random.default_rng(args.seed), args.quick, args.repeats or (2 if args.quick else 3))
         return
     if args.engines:
-        print(f"# load average {os.getloadavg()[0]:.2f}")
+        print(f"# {time.strftime('%c')}, load average {os.getloadavg()[0]:.2f}, {args.threads} threads")
         engines_section(np.random.default_rng(args.seed), args.quick, args.repeats or (2 if args.quick else 4))
         return
     if args.block_scaled:

@@ -27,7 +27,8 @@ def run_example(name, *args, timeout=300):
 
 
 def test_every_example_is_covered():
-    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == ["check_my_kernel.py", "minilm.py", "tiny_lm.py"]
+    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == ["check_my_kernel.py", "decoder.py", "minilm.py",
+                                                               "tiny_lm.py"]
 
 
 @pytest.mark.subprocess
@@ -39,6 +40,21 @@ def test_tiny_lm_short():
     for name in ("fp32", "bf16", "fp8-hopper", "fp8-ada"):
         assert f"  {name}" in out and "loss" in out
     assert "final logits" in out and "NOT bit-identical" in out
+
+
+@pytest.mark.subprocess
+def test_decoder_with_two_layers():
+    """The decoder example, 2 layers, a short prefill and decoding, one tensor-wise and one block-scaled recipe:
+    it prints a row per recipe with both ratios (transformers installed; skipped otherwise)."""
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers not installed (python -m pip install transformers)")
+    out = run_example("decoder.py", "--layers", "2", "--prefill", "8", "--decode", "2", "--recipes", "tensorwise,mxfp8",
+                      "--repeats", "1", timeout=900)
+    assert "2 layers (SmolLM-135M shape, random weights), prefill 8 tokens, greedy decoding 2" in out
+    for recipe in ("tensorwise", "mxfp8"):
+        row = [line for line in out.splitlines() if line.startswith(f"| {recipe} |")]
+        assert len(row) == 1 and len(row[0].split("|")) == 10, out
+    assert "| rowwise |" not in out
 
 
 @pytest.mark.subprocess

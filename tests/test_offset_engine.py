@@ -1,6 +1,7 @@
-"""The CPU's offset engine (mmaemu.cpu.offset_engine on mmaemu.cpu.simd's AVX-512 intrinsics) equals the reference
-engine and the tile engine bit for bit; every vector intrinsic equals its exact twin; every constant of the block
-step matters; the engine is chosen from the CPU Numba compiles for, never compiled without AVX-512.
+"""The CPU's offset engine (mmaemu.cpu.offset_engine on mmaemu.cpu.simd's vector intrinsics: AVX-512 embedded
+rounding, or AVX2 with MXCSR rounding) equals the reference engine and the tile engine bit for bit; every vector
+intrinsic equals its exact twin; every constant of the block step matters; the engine is chosen from the CPU Numba
+compiles for, never compiled without AVX-512 or AVX2 and FMA.
 
 The input families are those of tests/test_fast_path.py (random, wide exponent spreads with subnormals, exact
 cancellations) plus hand-built blocks (one huge product among tiny ones, subnormals only, grid-edge significands,
@@ -25,8 +26,9 @@ from mmaemu.model.presets import ADA, B200_MMA_SYNC, HOPPER, Preset
 
 from test_fast_path import EXTREMES, PAIRS, cancelling_codes, random_codes, spread_codes
 
-AVX512 = features.offset_engine_decline(features.numba_target()) is None
-needs_avx512 = pytest.mark.skipif(not AVX512, reason="the target CPU has no AVX-512 F/BW/DQ/VL")
+OFFSET_RUNS = features.offset_engine_decline(features.numba_target()) is None
+needs_offset = pytest.mark.skipif(not OFFSET_RUNS, reason="the target CPU has neither AVX-512 F/BW/DQ/VL nor AVX2 "
+                                                          "and FMA")
 
 
 def _bits(x):
@@ -60,7 +62,7 @@ def adversarial_rows(fmt, K):
     return np.stack(rows)
 
 
-@needs_avx512
+@needs_offset
 @pytest.mark.parametrize("fmt_a,fmt_b", PAIRS)
 def test_random_families_and_shapes(fmt_a, fmt_b):
     rng = np.random.default_rng(abs(hash((fmt_a, fmt_b))) % 2**32)
@@ -77,7 +79,7 @@ def test_random_families_and_shapes(fmt_a, fmt_b):
             _engines_agree(a, b, fmt_a, fmt_b, preset, fast)
 
 
-@needs_avx512
+@needs_offset
 @pytest.mark.parametrize("fmt_a,fmt_b", PAIRS)
 def test_adversarial_blocks_and_schedules(fmt_a, fmt_b):
     rng = np.random.default_rng(7)
@@ -95,7 +97,7 @@ def test_adversarial_blocks_and_schedules(fmt_a, fmt_b):
     _engines_agree(a, b, fmt_a, fmt_b, ADA, True, 24, "serial")  # splits made of padding tiles only
 
 
-@needs_avx512
+@needs_offset
 def test_nonfinite_codes_follow_c4():
     rng = np.random.default_rng(9)
     a, b = random_codes(rng, "e4m3", (5, 97)), random_codes(rng, "e5m2", (40, 97))
@@ -104,7 +106,7 @@ def test_nonfinite_codes_follow_c4():
     _engines_agree(a, b, "e4m3", "e5m2", ADA, False, 4, "pairwise")
 
 
-@needs_avx512
+@needs_offset
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_packed_layout_is_offset_packs(fmt):
     """B's panels and A's columns hold exactly the words of mmaemu.arith.offset.offset_pack_rows (the CUDA kernel's
@@ -134,7 +136,7 @@ def test_packed_layout_is_offset_packs(fmt):
         assert np.array_equal(a_low, words[:, 0::2][:, :used]) and np.array_equal(a_sign, words[:, 1::2][:, :used])
 
 
-@needs_avx512
+@needs_offset
 def test_prepared_b_is_reused_and_read_only():
     rng = np.random.default_rng(1)
     a1, a2 = random_codes(rng, "e4m3", (3, 70)), random_codes(rng, "e5m2", (4, 70))
@@ -180,7 +182,7 @@ def _mutation_operands():
 MUTATIONS = [(name, delta) for name in CONSTANT_NAMES if name != "tau_max" for delta in (-1, 1)] + [("tau_max", -16)]
 
 
-@needs_avx512
+@needs_offset
 @pytest.mark.parametrize("name,delta", MUTATIONS, ids=[f"{n}{d:+d}" for n, d in MUTATIONS])
 def test_every_constant_matters(name, delta):
     """Each constant of offset_params moved (MUTATIONS) changes some output of the adversarial families (runtime
@@ -224,7 +226,7 @@ def _mutated_call(preset=HOPPER, constants=None, masks=None):
 MASK_MUTATIONS = [(0, 0x00010101), (1, 0), (2, -1), (3, -0x01000000)]
 
 
-@needs_avx512
+@needs_offset
 @pytest.mark.parametrize("index,value", MASK_MUTATIONS, ids=["byte_sum", "sign", "magnitude", "exponent_field"])
 def test_every_mask_matters(index, value):
     from mmaemu.cpu.offset_kernel import MASKS
@@ -241,7 +243,7 @@ def test_every_mask_matters(index, value):
 TABLE_MUTATIONS = ["zero_low", "sign_byte", "exp_absent", "low_bytes"]
 
 
-@needs_avx512
+@needs_offset
 @pytest.mark.parametrize("mutation", TABLE_MUTATIONS)
 def test_every_table_constant_matters(mutation, monkeypatch):
     from mmaemu.arith import offset
@@ -271,11 +273,21 @@ GENERIC = features.TargetCpu("generic", frozenset(), "x86_64")
 HASWELL = features.TargetCpu("haswell", frozenset({"avx2", "fma"}), "x86_64")
 
 
+AVX_NO_FMA = features.TargetCpu("custom", frozenset({"avx", "avx2"}), "x86_64")
+
+
 def test_choice_from_the_target_cpu():
     assert features.choose_cpu_engine("auto", ZEN4, None).engine == "offset"
-    for target in (GENERIC, HASWELL, features.TargetCpu("apple-m1", frozenset(), "arm64")):
+    assert "AVX-512" in features.choose_cpu_engine("auto", ZEN4, None).reason
+    assert features.offset_rounding(ZEN4) == features.ROUNDING_EMBEDDED
+    choice = features.choose_cpu_engine("auto", HASWELL, None)
+    assert choice.engine == "offset" and "MXCSR" in choice.reason
+    assert features.offset_rounding(HASWELL) == features.ROUNDING_MXCSR
+    assert features.choose_cpu_engine("offset", HASWELL, None).engine == "offset"
+    for target in (GENERIC, AVX_NO_FMA, features.TargetCpu("apple-m1", frozenset({"avx2", "fma"}), "arm64")):
+        assert features.offset_rounding(target) is None
         choice = features.choose_cpu_engine("auto", target, None)
-        assert choice.engine == "tile" and "AVX-512" in choice.reason or "x86-64" in choice.reason
+        assert choice.engine == "tile" and ("AVX2 and FMA" in choice.reason or "x86-64" in choice.reason)
         with pytest.raises(ValueError, match="MMAEMU_CPU_ENGINE=offset.*unset MMAEMU_CPU_ENGINE"):
             features.choose_cpu_engine("offset", target, None)
     assert features.choose_cpu_engine("tile", ZEN4, None) == ("tile", "MMAEMU_CPU_ENGINE=tile")
@@ -301,7 +313,7 @@ def test_auto_takes_the_offset_engine_where_it_is_the_faster_one():
     schedule = (4096, 1, 0, 0, 0, 0)
     assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3", "auto", (1, 5760)).engine == "tile"
     assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3", "auto", (64, 5760)).engine == (
-        "offset" if AVX512 else "tile")
+        "offset" if OFFSET_RUNS else "tile")
 
 
 def test_feature_strings_as_llvm_writes_them():
@@ -336,7 +348,7 @@ def test_reported_choice_follows_the_variable(monkeypatch):
     assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3").engine == "tile"
     monkeypatch.setenv("MMAEMU_CPU_ENGINE", "auto")
     assert cpu_engine_choice(B200_MMA_SYNC, schedule, "e4m3", "e4m3").engine == "tile"
-    assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3").engine == ("offset" if AVX512 else "tile")
+    assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3").engine == ("offset" if OFFSET_RUNS else "tile")
 
 
 @pytest.mark.filterwarnings("ignore::mmaemu.ExperimentalPresetWarning")  # b200_mma_sync, the preset refused here
@@ -354,7 +366,7 @@ def test_explain_names_the_engine_that_runs(monkeypatch):
     assert plan.backend == "cpu" and plan.cpu_engine == "tile: MMAEMU_CPU_ENGINE=tile"
     monkeypatch.setenv("MMAEMU_CPU_ENGINE", "auto")
     plan = mmaemu.explain(x, w.t(), one, one, out_dtype=torch.bfloat16, splitk=1)
-    assert plan.cpu_engine.startswith("offset: " if AVX512 else "tile: the offset engine needs")
+    assert plan.cpu_engine.startswith("offset: " if OFFSET_RUNS else "tile: the offset engine needs")
     monkeypatch.setenv("MMAEMU_CPU_ENGINE", "offset")
     plan = mmaemu.explain(x, w.t(), one, one, out_dtype=torch.float32, splitk=1, use_fast_accum=True,
                           profile="b200-mma-sync-experimental")
@@ -397,3 +409,39 @@ def test_generic_cpu_keeps_the_tile_engine_and_never_compiles_the_offset_one(tmp
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["tile", "False", "True", want.view(np.uint32).tobytes().hex()]
+
+
+HASWELL_RUN = """
+import sys
+import numpy as np
+from mmaemu.cpu import features
+from mmaemu.cpu.engine import accumulate_codes, cpu_engine_choice
+from mmaemu.cpu.simd import MXCSR_ROUNDING_FIELD, thread_mxcsr
+from mmaemu.model.presets import ADA, HOPPER
+a, b = (np.frombuffer(bytes.fromhex(text), np.uint8).reshape(rows, 300) for text, rows in zip(sys.argv[1:], (5, 70)))
+print(features.offset_rounding(features.numba_target()),
+      cpu_engine_choice(HOPPER, (300, 1, 0, 0, 0, 0), "e4m3", "e4m3", "offset").engine)
+for preset, fast, splits, scheme in ((HOPPER, True, 1, "none"), (ADA, False, 3, "pairwise")):
+    got = accumulate_codes(a, b, "e4m3", "e4m3", preset, fast, splits, scheme, cpu_engine="offset")
+    print(got.view(np.uint32).tobytes().hex())
+print(thread_mxcsr() & MXCSR_ROUNDING_FIELD)
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_an_avx2_target_rounds_by_mxcsr_with_the_same_bits(tmp_path):
+    """NUMBA_CPU_NAME=haswell with AVX2 and FMA only (what Numba compiles for on an AVX-512 machine too): the offset
+    engine rounds by MXCSR, gives the reference engine's bits for a fast and a slow split schedule, and leaves the
+    thread rounding to nearest."""
+    rng = np.random.default_rng(3)
+    a, b = spread_codes(rng, "e4m3", (5, 300)), spread_codes(rng, "e4m3", (70, 300))
+    want = [accumulate_codes(a, b, "e4m3", "e4m3", preset, fast, splits, scheme, reference=True)
+            for preset, fast, splits, scheme in ((HOPPER, True, 1, "none"), (ADA, False, 3, "pairwise"))]
+    env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="+avx,+avx2,+fma,+f16c,+popcnt,+sse4.2",
+               MMAEMU_CACHE_DIR=str(tmp_path))
+    env.pop("MMAEMU_CPU_ENGINE", None)
+    run = subprocess.run([sys.executable, "-c", HASWELL_RUN, a.tobytes().hex(), b.tobytes().hex()], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["mxcsr", "offset"] + [w.view(np.uint32).tobytes().hex() for w in want] + ["0"]

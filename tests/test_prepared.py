@@ -238,3 +238,17 @@ def test_a_copied_layer_starts_with_an_empty_slot():
         twin = copy.deepcopy(original)
         assert twin._prepared_weight.prepares == 0
         assert same(twin(x), want)
+
+
+@pytest.mark.parametrize("size", [8, 64, 331776, 13, 1001])
+def test_one_changed_byte_anywhere_is_seen(size):
+    """The kept codes' comparison (8 bytes at a time where the size allows) sees a change in any byte, the first
+    and the last included, in both directions of the bits."""
+    rng = np.random.default_rng(size)
+    kept = rng.integers(0, 256, size, dtype=np.uint8)
+    assert prepared.same_bytes(kept, kept.copy())
+    for position in sorted({0, 1, size // 2, size - 2, size - 1}):
+        for flip in (0x01, 0x80):
+            other = kept.copy()
+            other[position] ^= flip
+            assert not prepared.same_bytes(kept, other), (position, flip)

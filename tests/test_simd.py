@@ -1,6 +1,8 @@
 """Every 512-bit vector intrinsic of mmaemu.cpu.simd equals its exact twin, lane by lane, on random and edge inputs
 (+-0, subnormals, the smallest and largest normal exponents, sign bits, carries, every shift amount in use), as the
-CUDA primitives equal theirs (tests/test_offset.py). Runs only where the target CPU has AVX-512 F/BW/DQ/VL."""
+CUDA primitives equal theirs (tests/test_offset.py), the FMA inside a toward-zero region; on an AVX2 target (MXCSR
+rounding) the region is what makes it round toward zero, and MXCSR is back as it was after a region, also when the
+kernel raises inside one. Runs only where the offset engine runs (AVX-512 F/BW/DQ/VL, or AVX2 and FMA)."""
 
 import numpy as np
 import pytest
@@ -10,7 +12,8 @@ from mmaemu.arith.fp32 import fma_toward_zero_exact
 from mmaemu.cpu import features, simd
 
 pytestmark = pytest.mark.skipif(features.offset_engine_decline(features.numba_target()) is not None,
-                                reason="the target CPU has no AVX-512 F/BW/DQ/VL")
+                                reason="the target CPU has neither AVX-512 F/BW/DQ/VL nor AVX2 and FMA")
+MXCSR = features.offset_rounding(features.numba_target()) == features.ROUNDING_MXCSR
 
 EDGE_WORDS = [0, 1, 2, 0x7F, 0x80, 0xFF, 0x100, 0x7FFF, 0x8000, 0xFFFF, 0x10000, 0x007FFFFF, 0x00800000, 0x3F800000,
               0x7F7FFFFF, 0x7FFFFFFF, 0x80000000, 0x80000001, 0xFF7FFFFF, 0xFFFF0000, 0xFFFFFFFF, 0x01010101,
@@ -108,8 +111,12 @@ def float_rows(seed, rows=400):
 @njit
 def _floats(a, b, c, out):
     for r in range(a.shape[0]):
+        # the operands are loaded inside the region (the rule of mmaemu.cpu.simd: loaded before it, the FMA was
+        # computed before MXCSR changed and rounded to nearest)
+        saved = simd.enter_toward_zero()
         x, y, z = simd.load_f32(a, r, 0), simd.load_f32(b, r, 0), simd.load_f32(c, r, 0)
         simd.store_f32(out, 4 * r, 0, simd.fma_toward_zero_f32(x, y, z))
+        simd.leave_toward_zero(saved)
         simd.store_f32(out, 4 * r + 1, 0, simd.add_f32(x, z))
         simd.store_f32(out, 4 * r + 2, 0, simd.sub_f32(x, z))
         simd.store_f32(out, 4 * r + 3, 0, simd.max_f32(x, z))
@@ -132,3 +139,50 @@ def test_float_operations_equal_their_twins():
     assert np.array_equal(got[:, 1], (a + c).view(np.uint32))
     assert np.array_equal(got[:, 2], (a - c).view(np.uint32))
     assert np.array_equal(got[:, 3], np.where(a > c, a, c).view(np.uint32))
+
+
+@njit
+def _fma_outside_a_region(a, b, c, out):
+    for r in range(a.shape[0]):
+        simd.store_f32(out, r, 0, simd.fma_toward_zero_f32(simd.load_f32(a, r, 0), simd.load_f32(b, r, 0),
+                                                           simd.load_f32(c, r, 0)))
+
+
+def test_the_region_is_what_rounds_toward_zero_on_avx2():
+    """With MXCSR rounding the FMA outside a region rounds to nearest (other bits than the twin's on many lanes);
+    with embedded rounding it rounds toward zero anywhere. MXCSR is the same before and after the regions."""
+    a, b, c = float_rows(4), float_rows(5), float_rows(6)
+    before = simd.thread_mxcsr()
+    inside = np.zeros((4 * a.shape[0], 16), np.float32)
+    _floats(a, b, c, inside)
+    outside = np.zeros(a.shape, np.float32)
+    _fma_outside_a_region(a, b, c, outside)
+    assert simd.thread_mxcsr() & simd.MXCSR_ROUNDING_FIELD == before & simd.MXCSR_ROUNDING_FIELD == 0
+    differ = (outside.view(np.uint32) != inside.view(np.uint32).reshape(a.shape[0], 4, 16)[:, 0]).sum()
+    assert (differ > a.size // 10) if MXCSR else differ == 0
+
+
+@njit
+def _enter_and_raise(fail):
+    simd.enter_toward_zero()
+    if fail:
+        raise ValueError("inside the region")
+    return 1
+
+
+@pytest.mark.skipif(not MXCSR, reason="MXCSR is changed only where the FMA rounds by it (AVX2 without AVX-512)")
+def test_mxcsr_is_restored_when_a_kernel_raises():
+    """A kernel that raises inside its region leaves the thread in round-toward-zero; call_restoring_mxcsr puts the
+    thread's MXCSR back (and the kernels' own leave_toward_zero does when they return)."""
+    before = simd.thread_mxcsr()
+    assert before & simd.MXCSR_ROUNDING_FIELD == 0
+    try:
+        with pytest.raises(ValueError, match="inside the region"):
+            simd.call_restoring_mxcsr(_enter_and_raise, True)
+        assert simd.thread_mxcsr() == before
+        with pytest.raises(ValueError, match="inside the region"):
+            _enter_and_raise(True)
+        assert simd.thread_mxcsr() & simd.MXCSR_ROUNDING_FIELD == simd.MXCSR_TOWARD_ZERO  # what the guard undoes
+    finally:
+        simd.set_thread_mxcsr(np.uint32(before))
+    assert simd.thread_mxcsr() == before

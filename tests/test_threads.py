@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -194,6 +195,25 @@ def test_tasks_cover_every_job_once_and_errors_stop_the_rest(monkeypatch):
     with pytest.raises(ValueError, match="task 2"):
         threads.run_tasks([lambda i=i: task(i) for i in range(1000)])
     assert 2 in ran and len(ran) < 1000
+
+
+def test_small_tasks_are_handed_out_in_groups(monkeypatch):
+    """Tasks below MIN_TASK_WORK go out together (consecutive, each task once, in order within a group); a call of
+    less than two groups' work runs on the calling thread, never on the pool."""
+    least = threads.MIN_TASK_WORK
+    assert threads.task_groups([least // 4] * 3) == [(0, 3)]
+    assert threads.task_groups([least // 4] * 9) == [(0, 4), (4, 9)]
+    assert threads.task_groups([least, least, 1]) == [(0, 1), (1, 3)]
+    assert threads.task_groups([2 * least] * 3) == [(0, 1), (1, 2), (2, 3)]
+    assert threads.task_groups([]) == []
+    monkeypatch.setattr(threads, "num_threads", lambda: 2)
+    ran = []
+    threads.run_tasks([lambda i=i: ran.append((i, threading.get_ident())) for i in range(5)], [least // 8] * 5)
+    assert ran == [(i, threading.get_ident()) for i in range(5)]
+    ran.clear()
+    threads.run_tasks([lambda i=i: ran.append((i, threading.get_ident())) for i in range(40)], [least // 8] * 40)
+    assert sorted(i for i, _ in ran) == list(range(40))
+    assert threading.get_ident() not in {thread for _, thread in ran}
 
 
 @pytest.mark.subprocess

@@ -18,8 +18,8 @@ from ..arith.tile import TILE_ABSENT_EXP, TILE_FORMATS, lane_bits_needed, tile_d
 from . import threads
 from .features import (CPU_ENGINE_ENV, EngineChoice, choose_cpu_engine, numba_target, offset_call_decline,
                        offset_shape_decline)
-from .gemm import (TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, decode_panel, decode_panels,
-                   epilogue_gemm, nonfinite_rows, override_nonfinite)
+from .gemm import (TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, accumulate_prepared_panels,
+                   decode_panel, decode_panels, epilogue_gemm, nonfinite_rows, override_nonfinite)
 from .prepared import Engine
 
 _OUT_VIEW = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16,
@@ -226,6 +226,19 @@ def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, ou
         accumulate_panel_rows(0, M, a_codes, fmt, b_val, b_exp, 0, schedule, params, tile_rows, lane_proto, out,
                               a_flags, mask, pattern)
         return a_flags, b_flags
+    row_ranges = {(lo, hi) for _, lo, hi in tasks}
+    if prepared is not None and len(row_ranges) == 1:
+        # every task holds all rows: panels in ranges, one compiled call per range (threads.job_ranges' sizes)
+        (m_lo, m_hi), = row_ranges
+        panels = prepared.val.shape[0]
+        ranges = threads.job_ranges(panels, (m_hi - m_lo) * lanes * K, threads.num_threads())
+
+        def panel_range(p_lo, p_hi):
+            accumulate_prepared_panels(p_lo, p_hi, m_lo, m_hi, a_codes, fmt, prepared.val, prepared.exp, schedule,
+                                       params, tile_rows, lane_proto, out, a_flags, mask, pattern)
+
+        threads.run_tasks([lambda r=r: panel_range(*r) for r in ranges])
+        return a_flags, prepared.nonfinite
     if prepared is not None:
         def acquire(panel):
             return prepared.val[panel], prepared.exp[panel]
@@ -249,7 +262,7 @@ def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, ou
     if len(tasks) == 1:
         task(*tasks[0])
     else:
-        threads.run_tasks(lambda t=t: task(*t) for t in tasks)
+        threads.run_tasks([lambda t=t: task(*t) for t in tasks], [(hi - lo) * lanes * K for _, lo, hi in tasks])
     return a_flags, b_flags
 
 

@@ -1,15 +1,17 @@
 """Which CPU engine computes a call: the offset engine (:mod:`.offset_engine`) where the CPU Numba compiles for
-has AVX-512 and the call fits the method, the tile engine (:mod:`mmaemu.arith.tile`) everywhere else.
+has AVX-512, or AVX2 and FMA, and the call fits the method, the tile engine (:mod:`mmaemu.arith.tile`) everywhere
+else.
 
 The decision is :func:`choose_cpu_engine`, a pure function of the request (``MMAEMU_CPU_ENGINE``: auto, offset or
 tile), the target CPU and the call's own decline reason (:func:`offset_call_decline`: preset, schedule, formats); it
 returns the engine and why. The target CPU is the one Numba really compiles for (:func:`numba_target`):
 ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` when set (with ``NUMBA_CPU_NAME=generic`` Numba adds no feature at
 all), the host's otherwise, with ``NUMBA_ENABLE_AVX=0``
-clearing every AVX feature, as :mod:`numba.core.codegen` does. The offset engine needs embedded rounding, which
-only AVX-512 has (AVX2 has no per-instruction rounding mode); its vectors also use 16-bit lane maxima (BW) and
-masks of 16 lanes (F, VL, DQ in LLVM's lowering), so it asks for AVX-512 F, BW, DQ and VL. Nothing of the offset
-engine is compiled unless they are present.
+clearing every AVX feature, as :mod:`numba.core.codegen` does. The offset engine needs a vector FMA that rounds
+toward zero (:func:`offset_rounding`): AVX-512's embedded rounding (its vectors also use 16-bit lane maxima, BW,
+and masks of 16 lanes, F, VL, DQ in LLVM's lowering, so it asks for AVX-512 F, BW, DQ and VL), or, on AVX2 with
+FMA, the plain FMA with the thread's MXCSR set to round toward zero around the kernel's block steps
+(:mod:`mmaemu.cpu.simd`). Nothing of the offset engine is compiled unless one of them is present.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from ..arith.params import Schedule, preset_params
 
 CPU_ENGINE_ENV = "MMAEMU_CPU_ENGINE"
 REQUIRED_FEATURES = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
+AVX2_FEATURES = ("avx2", "fma")  # the "mxcsr" rounding: 256-bit integer vectors and a hardware FMA
+#: How the offset engine's FMA rounds toward zero (:func:`offset_rounding`).
+ROUNDING_EMBEDDED = "embedded"
+ROUNDING_MXCSR = "mxcsr"
 # The byte counters hold nfma / 4 products each and their sum is taken by one multiply (offset_kernel docstring).
 MAX_NFMA = 255
 
@@ -60,21 +66,37 @@ def numba_target() -> TargetCpu:
     return TargetCpu(str(name), parse_features(features or ""), platform.machine().lower())
 
 
-def offset_engine_decline(target: TargetCpu) -> Optional[str]:
-    """Why the offset engine cannot run on this target (None if it can)."""
+def offset_rounding(target: TargetCpu) -> Optional[str]:
+    """How the offset engine's FMA rounds toward zero on ``target``: :data:`ROUNDING_EMBEDDED` (AVX-512 F/BW/DQ/VL:
+    per instruction), :data:`ROUNDING_MXCSR` (AVX2 and FMA: the thread's MXCSR set around the block steps), None
+    where neither is available."""
     if target.machine not in ("x86_64", "amd64"):
-        return f"needs an x86-64 CPU with AVX-512 (this is {target.machine})"
-    missing = [f for f in REQUIRED_FEATURES if f not in target.features]
-    if missing:
-        return (f"needs AVX-512 F/BW/DQ/VL for its round-toward-zero vector FMA; the target Numba compiles for "
-                f"({target.name}) lacks {', '.join(missing)}")
+        return None
+    if all(f in target.features for f in REQUIRED_FEATURES):
+        return ROUNDING_EMBEDDED
+    if all(f in target.features for f in AVX2_FEATURES):
+        return ROUNDING_MXCSR
+    return None
+
+
+def offset_engine_decline(target: TargetCpu) -> Optional[str]:
+    """Why the offset engine cannot run on this target (None if it can: :func:`offset_rounding`)."""
+    if target.machine not in ("x86_64", "amd64"):
+        return f"needs an x86-64 CPU with AVX-512 or AVX2 and FMA (this is {target.machine})"
+    if offset_rounding(target) is None:
+        missing = [f for f in AVX2_FEATURES if f not in target.features]
+        return (f"needs AVX-512 F/BW/DQ/VL (embedded rounding) or AVX2 and FMA (MXCSR rounding) for its "
+                f"round-toward-zero vector FMA; the target Numba compiles for ({target.name}) lacks "
+                f"{', '.join(missing)}")
     return None
 
 
 # Where "auto" takes the offset engine: the shapes on which it measured faster than the tile engine (both give the
 # same bits; docs/performance.md, "Two engines", 2 Dec 2026, on this project's 2-core Zen 4). Rows 16 to 512 with at
 # least 384 columns: 1.08-1.68x; elsewhere the tile engine was as fast or faster (M <= 8: 0.65-0.99x, M >= 1024:
-# 0.89-0.99x, N = 16: 0.18-0.27x, (256, 256, 4096): 0.96-1.08x).
+# 0.89-0.99x, N = 16: 0.18-0.27x, (256, 256, 4096): 0.96-1.08x). The same rule holds with MXCSR rounding on AVX2
+# (docs/performance.md, "The offset engine on AVX2", 7 Dec 2026, a 2-core Zen 3 without AVX-512, one thread):
+# 1.25-1.52x for 16 <= M <= 512, 0.73x at M = 2048, 0.83-0.90x at M = 1, 0.26x at N = 16.
 OFFSET_ROWS = (16, 512)
 OFFSET_MIN_COLUMNS = 384
 
@@ -103,12 +125,19 @@ def choose_cpu_engine(requested: str, target: TargetCpu, call_decline: Optional[
         if why is not None:
             raise ValueError(f"{CPU_ENGINE_ENV}=offset: the offset engine {why}; unset {CPU_ENGINE_ENV} (or set it "
                              "to auto or tile) to use the tile engine")
-        return EngineChoice("offset", f"{CPU_ENGINE_ENV}=offset, AVX-512 on {target.name}")
+        return EngineChoice("offset", f"{CPU_ENGINE_ENV}=offset, {_rounding_words(target)}")
     if why is not None:
         return EngineChoice("tile", f"the offset engine {why}")
     if shape_decline is not None:
         return EngineChoice("tile", f"the offset engine {shape_decline}; {CPU_ENGINE_ENV}=offset forces it")
-    return EngineChoice("offset", f"AVX-512 F/BW/DQ/VL on {target.name}, the call fits the offset method")
+    return EngineChoice("offset", f"{_rounding_words(target)}, the call fits the offset method")
+
+
+def _rounding_words(target: TargetCpu) -> str:
+    """How the offset engine rounds on ``target``, in words (for the reasons of a choice)."""
+    if offset_rounding(target) == ROUNDING_EMBEDDED:
+        return f"AVX-512 F/BW/DQ/VL on {target.name}"
+    return f"AVX2 and FMA on {target.name}, rounding toward zero by MXCSR around the block steps"
 
 
 
@@ -122,7 +151,7 @@ def engine_summary(requested: str, target: TargetCpu) -> str:
             return (f"engine: none: {CPU_ENGINE_ENV}=offset, but the offset engine {why} (calls raise; unset "
                     f"{CPU_ENGINE_ENV} for the tile engine)")
         return f"engine: tile (the offset engine {why})"
-    return (f"engine: offset (AVX-512 F/BW/DQ/VL on {target.name}) for the calls the offset method fits (hopper, "
+    return (f"engine: offset ({_rounding_words(target)}) for the calls the offset method fits (hopper, "
             f"ada: fast and slow, every split scheme, every FP8 pair) with {OFFSET_ROWS[0]} <= M <= {OFFSET_ROWS[1]} "
             f"and N >= {OFFSET_MIN_COLUMNS} (where it is the faster one), tile for the others")
 

@@ -192,6 +192,18 @@ def accumulate_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, n0, schedule
 
 
 @arithmetic
+def accumulate_prepared_panels(p_lo, p_hi, m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, schedule, params, tile_rows,
+                               lane_proto, out, a_flags, nonfinite_mask, nonfinite_pattern):
+    """:func:`accumulate_panel_rows` for panels p_lo .. p_hi-1 of a prepared B (``b_val``/``b_exp`` [panels, K,
+    lanes], :func:`mmaemu.cpu.engine.prepare_b`): one compiled call where a task spans several panels (few rows of
+    A: a call per panel cost more in dispatch than its products)."""
+    lanes = b_val.shape[2]
+    for p in range(p_lo, p_hi):
+        accumulate_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val[p], b_exp[p], p * lanes, schedule, params, tile_rows,
+                              lane_proto, out, a_flags, nonfinite_mask, nonfinite_pattern)
+
+
+@arithmetic
 def nonfinite_rows(lo, hi, codes, mask, pattern, flags):
     """flags[r] = some code of row r is NaN or Inf, i.e. ``code & mask == pattern`` (engine.NONFINITE_PATTERN),
     for rows lo .. hi-1."""

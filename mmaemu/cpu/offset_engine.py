@@ -22,6 +22,7 @@ from ..arith.offset import ADD_MAX, offset_params, offset_tables
 from ..arith.params import Schedule, preset_params
 from . import threads
 from .offset_kernel import MASKS, PANEL, ROWS, offset_panel_rows, pack_panels, pack_row_blocks, padded_k
+from .simd import call_restoring_mxcsr
 
 class PreparedB(NamedTuple):
     """B [N, K] packed for the offset engine (:mod:`.offset_kernel`'s layout), read-only: ``panels`` panels of
@@ -157,11 +158,13 @@ def _run(a_codes, fmt_a, fmt_b, panels, acquire, release, preset, schedule, out,
 
     def task(panel, m_lo, m_hi):
         try:
-            offset_panel_rows(m_lo, m_hi, a, acquire(panel), panel * PANEL, K, schedule, constants, masks, out)
+            call_restoring_mxcsr(offset_panel_rows, m_lo, m_hi, a, acquire(panel), panel * PANEL, K, schedule,
+                                 constants, masks, out)
         finally:
             release(panel)
 
-    threads.run_tasks(lambda t=t: task(*t) for t in offset_tasks(M, panels, K, threads.num_threads()))
+    tasks = offset_tasks(M, panels, K, threads.num_threads())
+    threads.run_tasks([lambda t=t: task(*t) for t in tasks], [(hi - lo) * PANEL * K for _, lo, hi in tasks])
 
 
 def accumulate_offset(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out):

@@ -1,4 +1,5 @@
-"""The CPU's offset engine: :mod:`mmaemu.arith.offset`'s block step on 512-bit vectors (:mod:`.simd`).
+"""The CPU's offset engine: :mod:`mmaemu.arith.offset`'s block step on 512-bit vectors (:mod:`.simd`; two 256-bit
+registers each on AVX2, whose FMA rounds toward zero by MXCSR inside the chains' toward-zero regions).
 
 The arithmetic is that of the ``cuda:offset`` kernel, with the constants of :func:`mmaemu.arith.offset.offset_params`
 and the operand tables of :func:`mmaemu.arith.offset.offset_tables` (add-max exponents); the proofs of
@@ -32,9 +33,10 @@ from ..arith.fp32 import FP32_FRACTION_BITS
 from ..arith.offset import EXPONENT_FIELD, K_PASS, block_range, offset_chain_value, offset_empty_block, offset_pack
 from ..arith.packed import BYTE_ONES
 from ..arith.schedule import chain_tiles_of, combine, combine_step, split_chains
-from .simd import (add_f32, add_i32, and_i32, andnot_i32, bits_of_f32, broadcast_f32, broadcast_i32, f32_of_bits,
-                   fma_toward_zero_f32, load_f32, load_u32, lshr_i32, max_f32, max_i32, max_u16x2_i32, min_i32,
-                   mul_i32, or_i32, rotate16_i32, shl_i32, store_f32, sub_f32, sub_i32, xor_i32)
+from .simd import (add_f32, add_i32, and_i32, andnot_i32, bits_of_f32, broadcast_f32, broadcast_i32,
+                   enter_toward_zero, f32_of_bits, fma_toward_zero_f32, leave_toward_zero, load_f32, load_u32,
+                   lshr_i32, max_f32, max_i32, max_u16x2_i32, min_i32, mul_i32, or_i32, rotate16_i32, shl_i32,
+                   store_f32, sub_f32, sub_i32, xor_i32)
 
 ROWS = 2  # rows of A per tile: each B vector loaded once serves both
 VECTORS = 4  # 16-lane vectors per row of a tile
@@ -237,18 +239,25 @@ def tile_block(a, r0, b, kb, ke, vectors, c_val):
 @arithmetic
 def tile_chain(a, r0, b, K, first, stride, count, schedule, constants, vectors, c_val, work):
     """One chain from +0 over ``count`` k-tiles (``chain_range``); ``c_val`` ends with its deferred accumulator.
-    Blocks start every nfma k from each range's start; those past K run on the accumulator alone."""
+    Blocks start every nfma k from each range's start; those past K run on the accumulator alone. The block steps
+    run in a toward-zero region (:func:`mmaemu.cpu.simd.enter_toward_zero`: MXCSR on AVX2, nothing on AVX-512),
+    which the empty blocks (their float64 emulation of the FMA needs rounding to nearest) and the chain's caller
+    (the split combination) stay out of."""
     nfma = constants.nfma
     for r in range(ROWS):
         for j in range(PANEL):
             c_val[r, j] = np.float32(0.0)
+    saved = enter_toward_zero()
     for i in range(chain_range_count(stride, count)):
         k0, k1 = chain_range(K, first, stride, count, schedule.tile, schedule.padded, i)
         for kb in range(k0, k1, nfma):
             if kb < K:
                 tile_block(a, r0, b, np.uint32(kb), np.uint32(min(kb + nfma, k1, K)), vectors, c_val)
             else:
+                leave_toward_zero(saved)
                 offset_empty_block(constants, c_val, work)
+                saved = enter_toward_zero()
+    leave_toward_zero(saved)
 
 
 @arithmetic

@@ -1,20 +1,40 @@
 """512-bit vectors for the CPU's offset engine (:mod:`mmaemu.cpu.offset_engine`): Numba types for LLVM's
 ``<16 x float>`` and ``<16 x i32>`` and ``@intrinsic`` operations on them, each the LLVM instruction of one
-AVX-512 operation.
+AVX-512 operation (two AVX2 operations on a CPU without AVX-512).
 
 Numba has no SIMD types, and LLVM's vectoriser cannot emit the one operation the offset method needs per product:
-a fused multiply-add rounding toward zero. AVX-512 has it as *embedded rounding*: LLVM's target intrinsic
-``llvm.x86.avx512.vfmadd.ps.512(a, b, c, i32 11)`` (11 = round toward zero with exceptions suppressed) compiles to
-one ``vfmadd231ps {rz-sae}``, which rounds that one instruction toward zero and leaves MXCSR (and so every other
-operation of the process) as it is. The other operations are plain LLVM vector instructions (``add``, ``and``,
-``umax`` on 16-bit halves, ``fsub`` rounding to nearest, ...), which LLVM lowers to one AVX-512 instruction each.
+a fused multiply-add rounding toward zero. It is emitted two ways, by the target CPU's *rounding*
+(:func:`mmaemu.cpu.features.offset_rounding`):
+
+* ``"embedded"`` (AVX-512): LLVM's target intrinsic ``llvm.x86.avx512.vfmadd.ps.512(a, b, c, i32 11)`` (11 =
+  round toward zero with exceptions suppressed) compiles to one ``vfmadd231ps {rz-sae}``, which rounds that one
+  instruction toward zero and leaves MXCSR (and so every other operation of the process) as it is;
+* ``"mxcsr"`` (AVX2 + FMA, which have no per-instruction rounding): the plain ``llvm.fma.v16f32`` (two
+  ``vfmadd231ps`` on 256-bit registers), which rounds as the thread's MXCSR says, run inside a *toward-zero
+  region*: :func:`enter_toward_zero` saves MXCSR and sets its rounding control to toward zero,
+  :func:`leave_toward_zero` restores it. Why no floating-point operation crosses a region's edge: at the IR level
+  ``llvm.x86.sse.ldmxcsr`` may read and write any memory (LLVM 22.1, llvmlite's for numba 0.68, declares it
+  ``nounwind`` with no memory attribute), so no load is hoisted above it and no store sunk below it, and every
+  floating-point operation of the kernel reads an operand loaded inside the region and stores its result there
+  (those outside read theirs after it); a pure operation on values computed before the region *can* move into
+  or out of it (seen in a test: an FMA of operands loaded before :func:`enter_toward_zero` rounded to nearest).
+  At the machine level the X86 backend keeps floating-point instructions on their side of ``LDMXCSR`` (they
+  carry an implicit use of ``$mxcsr``, which it defines: an FMA of register operands compiled for haswell by
+  LLVM 22.1 stays between two ``vldmxcsr``). A region
+  must hold no operation that needs rounding to nearest: in the offset kernel every other floating-point
+  operation of a block step is exact (:mod:`mmaemu.arith.offset`, conditions 1-4: Sterbenz subtractions and sums
+  inside one binade), and the split combinations and the empty blocks' float64 emulation run outside it.
+  On an ``"embedded"`` target the region functions emit nothing.
+
+The other operations are plain LLVM vector instructions (``add``, ``and``, ``umax`` on 16-bit halves, ``fsub``
+rounding to nearest, ...), which LLVM lowers to one AVX-512 instruction each (two on AVX2).
 
 Every operation has an exact *twin* on NumPy arrays of 16 lanes (``*_twin``): the same function of the lanes'
 bits, written with NumPy integer arithmetic or the scalar :func:`mmaemu.arith.fp32.fma_toward_zero_exact`.
 ``tests/test_simd.py`` compares each intrinsic with its twin on random and edge inputs (subnormals, +-0, large and
-small exponents). The vector operations compile only for a target with AVX-512 F/BW/DQ/VL
-(:func:`mmaemu.cpu.features.offset_engine_decline` checks that before :mod:`.offset_kernel`, their only user, is
-imported); defining them compiles nothing.
+small exponents), the FMA inside a toward-zero region. The vector operations compile only for a target that
+:func:`mmaemu.cpu.features.offset_engine_decline` accepts (it checks that before :mod:`.offset_kernel`, their only
+user, is imported); defining them compiles nothing.
 """
 
 import numpy as np
@@ -24,11 +44,16 @@ from numba.core import cgutils
 from numba.core.datamodel import models, register_default
 from numba.core.extending import intrinsic
 
+from .._jit import arithmetic
 from ..arith.fp32 import fma_toward_zero_exact
 from ..arith.packed import max_u16x2_exact, swap_halves
+from .features import ROUNDING_EMBEDDED, numba_target, offset_rounding
 
 LANES = 16  # fp32 / int32 lanes of a 512-bit vector
 ROUND_TOWARD_ZERO_SAE = 11  # _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC: the embedded-rounding operand
+# MXCSR's rounding-control field, bits 13-14 (Intel SDM vol. 1, 10.2.3): 0b11 rounds toward zero.
+MXCSR_ROUNDING_FIELD = 0x6000
+MXCSR_TOWARD_ZERO = 0x6000
 
 
 class Vector(types.Type):
@@ -240,19 +265,129 @@ def max_f32(typingctx, a, b):
     return f32x16(a, b), codegen
 
 
+def _embedded_rounding() -> bool:
+    """Whether the target Numba compiles for rounds the FMA by AVX-512 embedded rounding (else by MXCSR)."""
+    return offset_rounding(numba_target()) == ROUNDING_EMBEDDED
+
+
 @intrinsic
 def fma_toward_zero_f32(typingctx, a, b, c):
-    """Lane-wise :func:`mmaemu.arith.fp32.fma_toward_zero`: ``a * b + c`` rounded once toward zero, by AVX-512
-    embedded rounding (``vfmadd231ps {rz-sae}``; MXCSR is neither read nor changed)."""
+    """Lane-wise :func:`mmaemu.arith.fp32.fma_toward_zero`: ``a * b + c`` rounded once toward zero. On an
+    ``"embedded"`` target by AVX-512 embedded rounding (``vfmadd231ps {rz-sae}``; MXCSR is neither read nor
+    changed), anywhere; on an ``"mxcsr"`` target by the plain FMA, so only inside a toward-zero region
+    (:func:`enter_toward_zero`): outside one it rounds to nearest."""
     if (a, b, c) != (f32x16,) * 3:
         return None
 
     def codegen(context, builder, signature, args):
-        function_type = ir.FunctionType(_V_F32, [_V_F32, _V_F32, _V_F32, _I32])
-        function = cgutils.get_or_insert_function(builder.module, function_type, "llvm.x86.avx512.vfmadd.ps.512")
-        return builder.call(function, [*args, ir.Constant(_I32, ROUND_TOWARD_ZERO_SAE)])
+        if _embedded_rounding():
+            function_type = ir.FunctionType(_V_F32, [_V_F32, _V_F32, _V_F32, _I32])
+            function = cgutils.get_or_insert_function(builder.module, function_type, "llvm.x86.avx512.vfmadd.ps.512")
+            return builder.call(function, [*args, ir.Constant(_I32, ROUND_TOWARD_ZERO_SAE)])
+        function_type = ir.FunctionType(_V_F32, [_V_F32, _V_F32, _V_F32])
+        function = cgutils.get_or_insert_function(builder.module, function_type, "llvm.fma.v16f32")
+        return builder.call(function, list(args))
 
     return f32x16(a, b, c), codegen
+
+
+_I8_POINTER = ir.IntType(8).as_pointer()
+
+
+def _mxcsr_call(builder, name, slot):
+    function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [_I8_POINTER]), name)
+    builder.call(function, [builder.bitcast(slot, _I8_POINTER)])
+
+
+def _read_mxcsr(builder):
+    slot = cgutils.alloca_once(builder, _I32)
+    _mxcsr_call(builder, "llvm.x86.sse.stmxcsr", slot)
+    return builder.load(slot)
+
+
+def _write_mxcsr(builder, value):
+    slot = cgutils.alloca_once(builder, _I32)
+    builder.store(value, slot)
+    _mxcsr_call(builder, "llvm.x86.sse.ldmxcsr", slot)
+
+
+@intrinsic
+def enter_toward_zero(typingctx):
+    """Start a toward-zero region of the calling thread: on an ``"mxcsr"`` target MXCSR's rounding control set to
+    toward zero (its other bits kept: exception masks, flush modes); returns the MXCSR to give
+    :func:`leave_toward_zero`. On an ``"embedded"`` target nothing is changed and 0 is returned."""
+
+    def codegen(context, builder, signature, args):
+        if _embedded_rounding():
+            return ir.Constant(_I32, 0)
+        saved = _read_mxcsr(builder)
+        field = ir.Constant(_I32, MXCSR_ROUNDING_FIELD)
+        _write_mxcsr(builder, builder.or_(builder.and_(saved, builder.not_(field)),
+                                          ir.Constant(_I32, MXCSR_TOWARD_ZERO)))
+        return saved
+
+    return types.uint32(), codegen
+
+
+@intrinsic
+def leave_toward_zero(typingctx, saved):
+    """End a toward-zero region: MXCSR back to ``saved`` (:func:`enter_toward_zero`'s result) on an ``"mxcsr"``
+    target; nothing on an ``"embedded"`` one."""
+    if saved != types.uint32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        if not _embedded_rounding():
+            _write_mxcsr(builder, args[0])
+        return context.get_dummy_value()
+
+    return types.void(saved), codegen
+
+
+@intrinsic
+def _mxcsr(typingctx):
+    def codegen(context, builder, signature, args):
+        return _read_mxcsr(builder)
+
+    return types.uint32(), codegen
+
+
+@intrinsic
+def _set_mxcsr(typingctx, bits):
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        _write_mxcsr(builder, context.cast(builder, args[0], signature.args[0], types.uint32))
+        return context.get_dummy_value()
+
+    return types.void(bits), codegen
+
+
+@arithmetic
+def thread_mxcsr():
+    """The calling thread's MXCSR (x86-64 only)."""
+    return _mxcsr()
+
+
+@arithmetic
+def set_thread_mxcsr(bits):
+    """Load ``bits`` (its low 32 bits) into the calling thread's MXCSR (x86-64 only)."""
+    _set_mxcsr(bits)
+
+
+def call_restoring_mxcsr(kernel, *args):
+    """``kernel(*args)`` with the calling thread's MXCSR as it was before, also when the kernel raises inside a
+    toward-zero region (the kernels leave their regions themselves when they return). On an ``"embedded"`` target
+    the kernel is just called."""
+    if _embedded_rounding():
+        return kernel(*args)
+    saved = thread_mxcsr()
+    try:
+        return kernel(*args)
+    finally:
+        if thread_mxcsr() != saved:
+            set_thread_mxcsr(saved)
 
 
 # ----------------------------------------------------------------------------------------------------------------

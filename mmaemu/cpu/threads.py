@@ -107,11 +107,36 @@ def job_ranges(n_jobs: int, job_work: int, n_threads: int, repeats: int = 1):
     return [(lo, min(lo + step, n_jobs)) for lo in range(0, n_jobs, step)]
 
 
-def run_tasks(tasks) -> None:
+def task_groups(works, least: int = MIN_TASK_WORK):
+    """[lo, hi) ranges of consecutive tasks (their costs ``works``, in products) covering them, each of at least
+    ``least`` products where the tasks have that much (a short last group joins the one before): tasks smaller than
+    that are handed out together, and a call of fewer than 2 * ``least`` products runs as one group."""
+    groups, lo, total = [], 0, 0
+    for i, work in enumerate(works):
+        total += work
+        if total >= least:
+            groups.append((lo, i + 1))
+            lo, total = i + 1, 0
+    if lo < len(works):
+        if groups:
+            groups[-1] = (groups[-1][0], len(works))
+        else:
+            groups.append((lo, len(works)))
+    return groups
+
+
+def run_tasks(tasks, works=None) -> None:
     """Call every callable of ``tasks`` once, on at most :func:`num_threads` threads of the pool; return when all
     have run. The first exception of a task, or an interrupt of the calling thread, stops handing out the rest
-    and is raised (tasks already running finish by themselves)."""
+    and is raised (tasks already running finish by themselves). ``works``: the tasks' costs in products, if
+    known: consecutive tasks are then handed out in groups (:func:`task_groups`), and a call of one group runs on
+    the calling thread (handing a task to the pool costs microseconds, waking a sleeping thread more on a busy
+    machine)."""
     tasks = list(tasks)
+    if works is not None:
+        groups = task_groups(works)
+        if len(groups) < len(tasks):
+            tasks = [lambda group=tasks[lo:hi]: _run_each(group) for lo, hi in groups]
     n_threads = min(num_threads(), len(tasks))
     if n_threads <= 1:
         for task in tasks:
@@ -145,6 +170,11 @@ def run_tasks(tasks) -> None:
     except BaseException:
         stop.set()
         raise
+
+
+def _run_each(tasks) -> None:
+    for task in tasks:
+        task()
 
 
 def parallel_for(kernel, n_jobs: int, job_work: int, *args) -> None:
