@@ -111,10 +111,11 @@ LAYERS = (
     ("arithmetic", ("mmaemu.arith",)),
     ("presets", ("mmaemu.model.presets", "mmaemu.model.chunked")),
     ("kernels", ("mmaemu.cpu", "mmaemu.cuda", "mmaemu.model")),
-    ("plan", ("mmaemu.plan", "mmaemu.platform", "mmaemu.backends", "mmaemu.quantize", "mmaemu.block_quantize")),
+    ("plan", ("mmaemu.plan", "mmaemu.platform", "mmaemu.backends", "mmaemu.quantize", "mmaemu.block_quantize",
+              "mmaemu.delayed_scaling")),
     ("api", ("mmaemu.api", "mmaemu.deepgemm", "mmaemu.audit")),
-    ("edge", ("mmaemu", "mmaemu.cli", "mmaemu.nn", "mmaemu.nn_recipes", "mmaemu.patching", "mmaemu.diagnostics",
-              "mmaemu.record", "mmaemu.testing", "mmaemu.demo", "mmaemu.__main__")),
+    ("edge", ("mmaemu", "mmaemu.cli", "mmaemu.nn", "mmaemu.nn_recipes", "mmaemu.nn_training", "mmaemu.audit_training",
+              "mmaemu.patching", "mmaemu.diagnostics", "mmaemu.record", "mmaemu.testing", "mmaemu.demo", "mmaemu.__main__")),
 )
 
 
