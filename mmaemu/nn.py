@@ -335,10 +335,10 @@ def convert_linears(model, *, include=None, **options):
     convert; ``options`` are passed to ``from_linear`` (``profile``, ``pad_m_to``, ``out_dtype``, ...).
     Returns ``model``. A bare ``nn.Linear`` given as ``model`` is returned converted.
     """
-    return replace_linears(model, include, lambda linear: EmulatedFP8Linear.from_linear(linear, **options))
+    return _replace_linears(model, include, lambda linear: EmulatedFP8Linear.from_linear(linear, **options))
 
 
-def replace_linears(model, include, build):
+def _replace_linears(model, include, build):
     """Replace every ``torch.nn.Linear`` inside ``model`` chosen by ``include(qualified_name, linear)`` (None: all)
     by ``build(linear)``, in place, naming each new layer (``qualified_name``) for its errors; returns ``model``, or
     ``build(model)`` for a bare ``nn.Linear``. :func:`convert_linears` and

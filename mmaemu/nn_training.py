@@ -57,7 +57,6 @@ __all__ = ["TrainableFP8Linear", "TrainingRecipe", "GemmCall", "ExperimentalReci
 
 ROLES = ("output", "grad_input", "grad_weight")
 _FORMATS = {"hybrid": ("e4m3", "e5m2"), "e4m3": ("e4m3", "e4m3")}
-_TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 #: The GPU measurement that would decide TE's fused wgrad accumulation (docs/limitations.md).
 FUSED_WGRAD_PROBE = (
@@ -101,6 +100,7 @@ class TrainingRecipe:
         fast = tuple(self.fast_accum)
         if len(fast) != 3 or not all(isinstance(f, bool) for f in fast):
             raise TypeError("fast_accum must be three bools: (fprop, dgrad, wgrad)")
+        object.__setattr__(self, "fast_accum", fast)  # a tuple: the recipe is hashable (its warning's key)
         delayed_scaling.initial_state(self.amax_history_len)  # checks the length
 
     @classmethod
@@ -315,6 +315,6 @@ def convert_for_training(model, *, include=None, **options):
     """Replace every ``torch.nn.Linear`` inside ``model`` (in place) by :meth:`TrainableFP8Linear.from_linear`
     (``options``: its keyword arguments). ``include(qualified_name, linear) -> bool`` chooses the layers. Returns
     ``model`` (a bare ``nn.Linear`` is returned converted)."""
-    from .nn import replace_linears
+    from .nn import _replace_linears
 
-    return replace_linears(model, include, lambda linear: TrainableFP8Linear.from_linear(linear, **options))
+    return _replace_linears(model, include, lambda linear: TrainableFP8Linear.from_linear(linear, **options))

@@ -10,6 +10,7 @@ per layer and step, "tensorwise" and "rowwise" issue 3 (output, grad_input, grad
 """
 
 import os
+import sys
 
 import pytest
 import torch
@@ -18,7 +19,9 @@ import mmaemu
 from mmaemu.audit_training import audit_step
 from mmaemu.cpu import threads
 
-TORCHAO_VERSION = "0.18.0"
+sys.path.insert(0, os.path.dirname(__file__))
+from test_block_quantize import _torchao  # noqa: E402  (pins torchao 0.18.0)
+
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 GEMMS_PER_LAYER_STEP = {"tensorwise": 3, "rowwise": 3, "rowwise_with_gw_hp": 2}
 TOKENS, STEPS, LAYERS = 256, 3, 2
@@ -29,17 +32,11 @@ pytestmark = [pytest.mark.usefixtures("fresh_warnings"),
 
 @pytest.fixture(scope="module")
 def float8():
-    required = os.environ.get("MMAEMU_TEST_REQUIRE_TORCHAO") == "1"
-    try:
-        import torchao
-        from torchao import float8
-    except ImportError as error:
-        if required:
-            pytest.fail(f"MMAEMU_TEST_REQUIRE_TORCHAO=1 but torchao does not import: {error}")
-        pytest.skip("torchao is not installed (pip install --no-deps torchao==0.18.0)")
-    if torchao.__version__.split("+")[0] != TORCHAO_VERSION:
-        message = f"the GEMM lists are pinned to torchao {TORCHAO_VERSION}, installed: {torchao.__version__}"
-        pytest.fail(message) if required else pytest.skip(message)
+    """torchao's float8 package: skipped where torchao is not installed, failing where MMAEMU_TEST_REQUIRE_TORCHAO=1
+    (the check of tests/test_block_quantize.py, which pins the same version)."""
+    _torchao()
+    from torchao import float8
+
     return float8
 
 
