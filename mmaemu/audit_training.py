@@ -29,7 +29,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from .audit import GemmAudit, ModelAudit, _reason, _source_label
+from .audit import GemmAudit, ModelAudit, _format_name, _reason, _source_label
 from .nn_training import TrainableFP8Linear
 
 __all__ = ["TrainingGemmAudit", "TrainingAudit", "audit_step"]
@@ -47,7 +47,8 @@ class TrainingGemmAudit(GemmAudit):
 
 @dataclasses.dataclass(frozen=True)
 class TrainingAudit(ModelAudit):
-    """The distinct GEMMs of a training step in the order they first ran (forward, then backward)."""
+    """The distinct GEMMs of a training step in the order they first ran (forward, then backward; in a model with
+    both kinds of layers, the :class:`~mmaemu.nn_training.TrainableFP8Linear` GEMMs come before torchao's)."""
 
     def by_role(self) -> Dict[str, int]:
         """{role: number of GEMM calls}."""
@@ -66,10 +67,6 @@ class TrainingAudit(ModelAudit):
         lines += [f"{g.layer} {g.role} (M={g.M}, N={g.N}, K={g.K}): {_reason(g.error)}" for g in self.gemms
                   if g.error is not None]
         return "\n".join(lines + [self.summary()])
-
-
-def _format(dtype) -> str:
-    return {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}.get(dtype, str(dtype).replace("torch.", ""))
 
 
 def _decision_fields(split, assumed_undecided: bool, error=None) -> dict:
@@ -107,8 +104,8 @@ def _observer(collector: _Collector, assumed_undecided: bool):
     def observe(call):
         M, K = call.a.shape
         N = call.b.shape[1]
-        collector.add(call.layer, call.role, M, N, K, _format(call.a.dtype), _format(call.b.dtype),
-                      _format(call.out_dtype), call.use_fast_accum, call.plan.profile.name,
+        collector.add(call.layer, call.role, M, N, K, _format_name(call.a.dtype), _format_name(call.b.dtype),
+                      _format_name(call.out_dtype), call.use_fast_accum, call.plan.profile.name,
                       _decision_fields(call.plan.split, assumed_undecided))
 
     return observe
@@ -154,7 +151,7 @@ def audit_step(model, *inputs, loss_fn=None, profile=None, splitk="auto", **kwar
     marks: List[Tuple[int, str, torch.nn.Module, bool]] = []  # (log index, layer, module, forward?)
     handles = []
     patch_auto = splitk == "auto"
-    block = patch(profile=profile, splitk=_ASSUME_SETTING if patch_auto else splitk)
+    block = patch(profile=profile, splitk=_ASSUME_SETTING if patch_auto else splitk, log_limit=None)
     try:
         for _, module in own:
             module.gemm_observer = _observer(collector, module.splitk == "auto")

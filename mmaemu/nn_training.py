@@ -32,8 +32,10 @@ Evidence: *experimental* — modelled from those sources, not recorded. The laye
 and cast arithmetic, and the mapping of TE's cuBLASLt calls onto ``_scaled_mm`` calls (the same A/B formats,
 scales, layouts and accumulation mode). The split-K decision is the profile's: the default ``profile="hopper-te"``
 (``"ada-te"`` for the RTX 4060) decides with TE's cuBLASLt workspace and alignment, as ``mmaemu.nn`` documents;
-docs/limitations.md ("FP8 training") names the GPU probe that would validate the rest. What is not TE's: the bias is added after the
-GEMM in the output dtype and its gradient is ``dy.sum(0)`` by torch (TE fuses both into its kernels).
+docs/limitations.md ("FP8 training") names the GPU probe that would validate the rest. What is not TE's: the bias
+is added after the GEMM in the output dtype and its gradient is ``dy.sum(0)`` by torch (TE fuses both into its
+kernels). The tokens of a step (M of fprop and dgrad, K of wgrad) must be a multiple of 16, as cuBLASLt's FP8
+GEMMs (through ``_scaled_mm``) require.
 
 Refused (:class:`mmaemu.errors.UnsupportedFeatureError`, with the way out): ``fuse_wgrad_accumulation=True``
 (TE accumulates ``dW`` into an fp32 ``main_grad`` inside cuBLASLt with beta = 1: how the epilogue adds C is not

@@ -155,13 +155,21 @@ def plot(losses, path, steps):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(6.4, 3.6), dpi=100)
+    figure, (axes, below) = plt.subplots(2, 1, figsize=(6.4, 5.2), dpi=100, sharex=True,
+                                         gridspec_kw=dict(height_ratios=(3, 2)))
+    steps_axis = range(1, steps + 1)
     for way, styles in zip(WAYS, ("-", "--", ":", "-.")):
-        axes.plot(range(1, steps + 1), losses[way], styles, label=way, linewidth=1.2)
-    axes.set_xlabel("step")
+        axes.plot(steps_axis, losses[way], styles, label=way, linewidth=1.2)
+        if way != "hopper":
+            below.plot(steps_axis, [x - h for x, h in zip(losses[way], losses["hopper"])], styles, linewidth=1.0,
+                       label=way, color=axes.lines[-1].get_color())
     axes.set_ylabel("cross-entropy loss")
     axes.set_title("tiny transformer, torchao float8 tensorwise vs bf16")
     axes.legend()
+    below.axhline(0.0, color="black", linewidth=0.6)
+    below.set_xlabel("step")
+    below.set_ylabel("loss - hopper's loss")
+    below.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path)
     print(f"loss curves written to {path}")
