@@ -83,7 +83,8 @@ def test_train_tiny_for_a_few_steps():
             pytest.fail("MMAEMU_TEST_REQUIRE_TORCHAO=1 but torchao is not installed")
         pytest.skip("torchao is not installed (pip install --no-deps torchao==0.18.0)")
     out = run_example("train_tiny.py", "--steps", "3", "--no-plot", timeout=600)
-    for way in ("hopper", "ada", "cpu-fp8", "bf16"):
+    for way in ("hopper", "ada", "cpu-fp8", "bf16", "fp32"):
         assert re.search(rf"^  {way} +loss [0-9.]+ -> [0-9.]+  median [0-9.]+ ms per step$", out, re.M), out
+    assert re.search(r"^hopper time per step: [0-9.]+x bf16, [0-9.]+x fp32$", out, re.M), out
     assert "hopper vs ada: weights first differ after step 1" in out
     assert "GEMM shapes computed with S = 1 assumed" in out and "final losses:" in out

@@ -16,6 +16,9 @@ The four ways:
 * ``cpu-fp8`` - the same torchao model without the patch: torch's own CPU ``_scaled_mm`` (not any GPU's bits);
 * ``bf16``   - the plain model (``nn.Linear``) under ``torch.autocast("cpu", dtype=torch.bfloat16)``.
 
+A fifth run, the plain model in fp32, is timed as a reference (not plotted): on a CPU without AVX-512 torch's bf16
+GEMMs are slower than its fp32 ones, which would flatter a comparison with bf16 alone.
+
 The model's dimensions are small, so most of its GEMM shapes are outside the recorded split-K evidence; the
 example patches with ``splitk="assume-unsplit"`` (S = 1 where the evidence does not decide, with an
 AssumedUnsplitWarning, shown once). ``mmaemu.audit_training.audit_step`` lists the evidence of every GEMM.
@@ -41,6 +44,7 @@ import mmaemu
 
 CONFIG = dict(layers=2, d_model=64, heads=4, d_ff=128, vocab=64, seq=32, batch=8, lr=3e-3, seed=0)
 WAYS = ("hopper", "ada", "cpu-fp8", "bf16")
+TIMING_REFERENCE = "fp32"  # the plain model in fp32: timed too (torch's CPU bf16 GEMMs are slow without AVX-512)
 
 
 class Block(torch.nn.Module):
@@ -106,7 +110,7 @@ def step_context(way):
         return mmaemu.patch(profile=way, splitk="assume-unsplit")
     if way == "bf16":
         return torch.autocast("cpu", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)  # cpu-fp8: torch's own kernels
+    return torch.autocast("cpu", enabled=False)  # cpu-fp8 and fp32: torch's own kernels
 
 
 class Run:
@@ -114,7 +118,7 @@ class Run:
 
     def __init__(self, way, base, lr):
         self.way = way
-        self.model = copy.deepcopy(base) if way == "bf16" else fp8_model(base)
+        self.model = copy.deepcopy(base) if way in ("bf16", TIMING_REFERENCE) else fp8_model(base)
         self.optimiser = torch.optim.AdamW(self.model.parameters(), lr=lr)
         self.losses, self.seconds, self.snapshots = [], [], []
 
@@ -134,7 +138,7 @@ class Run:
 def train(base, data, lr):
     """The four runs, their steps interleaved (step 1 of every way, then step 2, ...): a varying machine load
     then weighs on every way alike."""
-    runs = [Run(way, base, lr) for way in WAYS]
+    runs = [Run(way, base, lr) for way in WAYS + (TIMING_REFERENCE,)]
     for tokens in data:
         for run in runs:
             run.step(tokens)
@@ -193,7 +197,7 @@ def main(argv=None):
     losses = {way: run.losses for way, run in runs.items()}
     snapshots = {way: run.snapshots for way, run in runs.items()}
     per_step = {way: statistics.median(run.seconds[1:] or run.seconds) for way, run in runs.items()}  # step 1
-    for way in WAYS:  # (the first step compiles mmaemu's kernels) is left out of the median
+    for way in WAYS + (TIMING_REFERENCE,):  # (the first step compiles mmaemu's kernels) is left out of the median
         print(f"  {way:8s} loss {losses[way][0]:.4f} -> {losses[way][-1]:.4f}  "
               f"median {per_step[way] * 1e3:.1f} ms per step")
     assumed = {str(w.message).split(": ", 1)[1].split(":", 1)[0] for w in seen
@@ -204,7 +208,8 @@ def main(argv=None):
         if not issubclass(warning.category, mmaemu.AssumedUnsplitWarning):
             warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
     for way in WAYS[:3]:
-        print(f"{way} time per step: {per_step[way] / per_step['bf16']:.1f}x bf16")
+        print(f"{way} time per step: {per_step[way] / per_step['bf16']:.1f}x bf16, "
+              f"{per_step[way] / per_step[TIMING_REFERENCE]:.1f}x fp32")
     differ = first_difference(snapshots["hopper"], snapshots["ada"])
     print("hopper vs ada: weights first differ after step", differ if differ else "never (within the run)")
     differ_cpu = first_difference(snapshots["hopper"], snapshots["cpu-fp8"])
