@@ -336,13 +336,21 @@ def convert_linears(model, *, include=None, **options):
     convert; ``options`` are passed to ``from_linear`` (``profile``, ``pad_m_to``, ``out_dtype``, ...).
     Returns ``model``. A bare ``nn.Linear`` given as ``model`` is returned converted.
     """
+    return _replace_linears(model, include, lambda linear: EmulatedFP8Linear.from_linear(linear, **options))
+
+
+def _replace_linears(model, include, build):
+    """Replace every ``torch.nn.Linear`` inside ``model`` chosen by ``include(qualified_name, linear)`` (None: all)
+    by ``build(linear)``, in place, naming each new layer (``qualified_name``) for its errors; returns ``model``, or
+    ``build(model)`` for a bare ``nn.Linear``. :func:`convert_linears` and
+    :func:`mmaemu.nn_training.convert_for_training` are its two uses."""
     if isinstance(model, torch.nn.Linear):
-        return EmulatedFP8Linear.from_linear(model, **options)
+        return build(model)
     for parent_name, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):
             qualified = f"{parent_name}.{child_name}" if parent_name else child_name
             if isinstance(child, torch.nn.Linear) and (include is None or include(qualified, child)):
-                layer = EmulatedFP8Linear.from_linear(child, **options)
+                layer = build(child)
                 layer.qualified_name = qualified  # for the errors that name the layer
                 setattr(parent, child_name, layer)
     return model

@@ -28,7 +28,7 @@ def run_example(name, *args, timeout=300):
 
 def test_every_example_is_covered():
     assert sorted(p.name for p in EXAMPLES.glob("*.py")) == ["check_my_kernel.py", "decoder.py", "minilm.py",
-                                                               "tiny_lm.py"]
+                                                               "tiny_lm.py", "train_tiny.py"]
 
 
 @pytest.mark.subprocess
@@ -89,3 +89,17 @@ def test_minilm_on_a_few_sentences():
         assert line, out
         assert 0.99 < float(line.group(2)) < 1.0  # FP8 activations and weights: close to fp32, never equal
     assert "hopper vs ada:" in out
+
+
+@pytest.mark.subprocess
+def test_train_tiny_for_a_few_steps():
+    if importlib.util.find_spec("torchao") is None:
+        if os.environ.get("MMAEMU_TEST_REQUIRE_TORCHAO") == "1":
+            pytest.fail("MMAEMU_TEST_REQUIRE_TORCHAO=1 but torchao is not installed")
+        pytest.skip("torchao is not installed (pip install --no-deps torchao==0.18.0)")
+    out = run_example("train_tiny.py", "--steps", "3", "--no-plot", timeout=600)
+    for way in ("hopper", "ada", "cpu-fp8", "bf16", "fp32"):
+        assert re.search(rf"^  {way} +loss [0-9.]+ -> [0-9.]+  median [0-9.]+ ms per step$", out, re.M), out
+    assert re.search(r"^hopper time per step: [0-9.]+x bf16, [0-9.]+x fp32$", out, re.M), out
+    assert "hopper vs ada: weights first differ after step 1" in out
+    assert "GEMM shapes computed with S = 1 assumed" in out and "final losses:" in out

@@ -112,11 +112,12 @@ LAYERS = (
     ("presets", ("mmaemu.model.presets", "mmaemu.model.chunked")),
     ("kernels", ("mmaemu.cpu", "mmaemu.cuda", "mmaemu.model")),
     ("plan", ("mmaemu.plan", "mmaemu.platform", "mmaemu.backends", "mmaemu.quantize", "mmaemu.block_quantize",
-              "mmaemu.gpu_torch_ops")),
+              "mmaemu.gpu_torch_ops", "mmaemu.delayed_scaling")),
     ("api", ("mmaemu.api", "mmaemu.deepgemm", "mmaemu.audit", "mmaemu.scaled_v2", "mmaemu.grouped",
              "mmaemu.torch_ops", "mmaemu.blockwise_cublaslt")),
-    ("edge", ("mmaemu", "mmaemu.cli", "mmaemu.nn", "mmaemu.nn_recipes", "mmaemu.patching", "mmaemu.diagnostics",
-              "mmaemu.record", "mmaemu.testing", "mmaemu.demo", "mmaemu.__main__")),
+    ("edge", ("mmaemu", "mmaemu.cli", "mmaemu.nn", "mmaemu.nn_recipes", "mmaemu.nn_training", "mmaemu.audit_training",
+              "mmaemu.patching", "mmaemu.diagnostics", "mmaemu.record", "mmaemu.testing", "mmaemu.demo",
+              "mmaemu.__main__")),
 )
 
 
