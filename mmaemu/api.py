@@ -15,6 +15,7 @@ import torch
 
 from ._untraced import require_untraced, untraced
 from .context import for_call
+from .formats import dtype_name
 from .plan.cache import cached_plan_accumulate, cached_plan_scaled_mm
 from .plan.planner import CallPlan, explain_scaled_mm
 from .warn import edge, report
@@ -86,7 +87,7 @@ def _epilogue(acc: torch.Tensor, computed_by, plan) -> torch.Tensor:
             return outcome.result
     from .cpu import epilogue_codes
 
-    out_name = str(call.out_dtype).replace("torch.", "")
+    out_name = dtype_name(call.out_dtype)
     scale_result = _scale_bits(call.scale_result) if call.scale_result is not None else None
     acc_values = acc.numpy() if acc.device.type == "cpu" else acc.cpu().numpy()
     bits = epilogue_codes(acc_values, _scale_bits(call.scale_a), _scale_bits(call.scale_b), scale_result, out_name)
@@ -134,7 +135,7 @@ def _block_scaled_epilogue(acc: torch.Tensor, call) -> torch.Tensor:
     scale_b; on the CPU, the result copied to the call's device."""
     from .cpu import epilogue_codes
 
-    out_name = str(call.out_dtype).replace("torch.", "")
+    out_name = dtype_name(call.out_dtype)
     if call.global_scales is None:
         alpha_bits = (_ONE_F32_BITS, _ONE_F32_BITS)
     else:

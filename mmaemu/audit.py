@@ -30,6 +30,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from .formats import dtype_name
+
 __all__ = ["GemmAudit", "ModelAudit", "run_audit"]
 
 UNDECIDED = "undecided"
@@ -281,5 +283,4 @@ def _format_name(dtype) -> str:
             getattr(torch, "float4_e2m1fn_x2", None): "e2m1"}.get(dtype, _dtype_name(dtype))
 
 
-def _dtype_name(dtype) -> str:
-    return str(dtype).replace("torch.", "")
+_dtype_name = dtype_name

@@ -39,6 +39,7 @@ __all__ = [
     "FormatNameError",
     "fmt_of",
     "dtype_text",
+    "dtype_name",
     "decode",
     "nonfinite_mask",
     "is_fp8_dtype",
@@ -225,6 +226,12 @@ def dtype_text(x):
     else:
         return None
     return text[len("torch."):] if text.startswith("torch.") else text
+
+
+def dtype_name(dtype):
+    """'float8_e5m2' for torch.float8_e5m2, or for anything that prints as ``torch.<name>`` (a descriptor's dtype
+    name); None for None. The one spelling of a dtype's name in logs, messages and comparisons."""
+    return None if dtype is None else str(dtype).rpartition(".")[2]
 
 
 def fmt_of(dtype) -> str:

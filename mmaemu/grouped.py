@@ -40,6 +40,7 @@ import torch
 
 from ._untraced import untraced
 from .errors import ExperimentalPresetWarning, ReferenceRejectsError, UnsupportedFeatureError
+from .formats import dtype_name
 from .platform import kernel_families
 from .platform.profiles import get_profile
 from .scaled_v2 import SCALING_TYPES, _as_list, _enum_values, refusal_error
@@ -120,7 +121,7 @@ def _check_rowwise_scale(mat, scale, dim: int, arg: int, multiplier: int) -> Non
 
 
 def _pair_of_v1(scale_a, scale_b) -> str:
-    names = {str(s.dtype).replace("torch.", "") for s in (scale_a, scale_b)}
+    names = {dtype_name(s.dtype) for s in (scale_a, scale_b)}
     if names == {"float32"}:
         return "rowwise_rowwise"
     if names == {"float8_e8m0fnu"}:

@@ -79,6 +79,7 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 
 from . import torch_ops
+from .formats import dtype_name
 
 __all__ = ["patch", "PatchRecord", "PatchLog", "is_patched", "original_scaled_mm", "original", "route_call",
            "scaled_gemm_attributes", "ROUTED", "REACHED_THROUGH", "DEFAULT_LOG_LIMIT"]
@@ -194,8 +195,7 @@ def _check_log_limit(log_limit):
     return log_limit
 
 
-def _dtype_name(dtype) -> Optional[str]:
-    return None if dtype is None else str(dtype).replace("torch.", "")
+_dtype_name = dtype_name  # the records' dtype names (None for None)
 
 
 @dataclasses.dataclass(eq=False)

@@ -31,6 +31,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .formats import dtype_name
+
 __all__ = ["TILE_ROWS", "TILE_COLS", "BlockedShape", "blocked_shape", "blocked_offsets", "to_blocked",
            "from_blocked"]
 
@@ -80,7 +82,7 @@ def _torch_codes(x, name):
     """A torch scale tensor viewed as uint8 codes (its dtype must be one of the scale dtypes)."""
     import torch
 
-    dtype = str(x.dtype).removeprefix("torch.")
+    dtype = dtype_name(x.dtype)
     if dtype not in _TORCH_SCALE_DTYPES:
         raise TypeError(f"{name}: torch scales must be uint8, float8_e8m0fnu or float8_e4m3fn, got {x.dtype}")
     return x.detach().contiguous().view(torch.uint8)

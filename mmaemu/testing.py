@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .formats import dtype_name
+
 __all__ = ["bits", "assert_bitwise_equal"]
 
 _INT_OF_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
@@ -54,7 +56,7 @@ def _float_view(x, raw_bits):
 
 
 def _dtype_name(x):
-    return str(x.dtype).replace("torch.", "")
+    return dtype_name(x.dtype)
 
 
 def assert_bitwise_equal(actual, expected, *, nan="bits", msg=""):

@@ -44,7 +44,7 @@ def operand(x, fmt, name) -> Operand:
 
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"dot: {name} must be a torch.Tensor, got {type(x).__name__}")
-    dtype = str(x.dtype).replace("torch.", "")
+    dtype = formats.dtype_name(x.dtype)
     raw = x.detach().cpu().contiguous()
     if dtype == "float4_e2m1fn_x2":
         found, codes = "e2m1", formats.unpack_fp4(raw.view(torch.uint8).numpy())
@@ -72,7 +72,7 @@ def scales(x, scale_fmt, name, K, lead_shape) -> Scales:
 
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"dot: {name} must be a torch.Tensor of scales, got {type(x).__name__}")
-    dtype = str(x.dtype).replace("torch.", "")
+    dtype = formats.dtype_name(x.dtype)
     if dtype in _SCALE_DTYPES:
         fmt = _SCALE_DTYPES[dtype]
         if scale_fmt is not None and scale_fmt != fmt:

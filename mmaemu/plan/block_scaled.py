@@ -79,7 +79,7 @@ class BlockScaledSpec(NamedTuple):
 
 
 def _dtype_name(t) -> str:
-    return str(t.dtype).rpartition(".")[2]
+    return dtype_name(t.dtype)
 
 
 def _round_up(x: int, m: int) -> int:

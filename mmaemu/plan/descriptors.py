@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional, Tuple
 
+from ..formats import dtype_name
+
 __all__ = ["TorchName", "DeviceDescriptor", "TensorDescriptor", "dtype_name", "is_descriptor", "row_major"]
 
 #: Bytes per element of the dtypes a scaled_mm call can name (torch's element_size()).
@@ -47,11 +49,6 @@ class DeviceDescriptor:
 
     def __str__(self) -> str:
         return self.type if self.index is None else f"{self.type}:{self.index}"
-
-
-def dtype_name(dtype) -> str:
-    """'float8_e5m2' for torch.float8_e5m2 or TorchName('float8_e5m2'): the name validation compares."""
-    return str(dtype).rpartition(".")[2]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,7 @@ import numpy as np
 from ... import formats
 from ...arith.epilogue import OUT_CODES
 from ...arith.params import codes_gemm, preset_params, schedule_params
+from ...formats import dtype_name
 from . import launch
 from ..catalog import CODES_KERNELS
 
@@ -156,7 +157,7 @@ def epilogue_tensors(acc, scale_a, scale_b, scale_result, out_dtype):
     """
     import torch
 
-    name = str(out_dtype).replace("torch.", "")
+    name = dtype_name(out_dtype)
     width = OUT_WIDTH[name]
     view = {32: torch.int32, 16: torch.int16, 8: torch.int8}[width]
     with _OnDevice(acc.device) as on:
