@@ -21,8 +21,8 @@ when a decision first asks and remembers its answer for the process, so a CPU ca
 loads a table it does not consult; None stands for the process's own source (the package's tables and the loaded
 bundles, the verdicts cached in memory and on disk, run on first use), which the layer that owns it supplies
 (:func:`mmaemu.platform.tables.tables_of`, :func:`mmaemu.platform.bundles.recorded_of`,
-:func:`mmaemu.cuda.dispatch.gating.verdicts_of`, :func:`mmaemu.cpu.selftest.selftest_of`). A test or a caller gives a decision other facts by giving it
-a context with other sources; no module global is patched.
+:func:`mmaemu.cuda.dispatch.gating.verdicts_of`, :func:`mmaemu.cpu.engine.selftest_of`). A test or a caller gives a
+decision other facts by giving it a context with other sources; no module global is patched.
 """
 
 from __future__ import annotations

@@ -275,7 +275,7 @@ def cpu_engine_choice(preset, schedule, fmt_a: str, fmt_b: str, requested=None, 
     Numba compiles for, whether the offset method computes the preset, schedule and formats
     (:func:`mmaemu.cpu.features.offset_call_decline`), for ``auto`` whether it is the faster engine for the
     result's ``shape`` (M, N) (None: any shape), and on an AVX2 target the self-test verdict of ``context``'s
-    source (:func:`mmaemu.cpu.selftest.selftest_of`)."""
+    source (:func:`selftest_of`)."""
     requested = environment_of(context)[CPU_ENGINE_ENV] if requested is None else requested
     shape_decline = None if shape is None else offset_shape_decline(*shape)
     return choose_cpu_engine(requested, numba_target(), offset_call_decline(preset, schedule, fmt_a, fmt_b),

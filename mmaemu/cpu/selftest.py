@@ -43,25 +43,31 @@ class OffsetSelftest(NamedTuple):
 
 
 class SelftestCase(NamedTuple):
-    """One GEMM of the self-test: the preset's name, the formats, fast accumulation, split-K and K."""
+    """One GEMM of the self-test: K, then the arguments of :func:`mmaemu.cpu.engine.accumulate_codes` in its order
+    (formats, the preset's name, fast accumulation, split-K)."""
 
-    label: str
-    preset: str
+    K: int
     fmt_a: str
     fmt_b: str
+    preset: str
     fast: bool
     splits: int
     scheme: str
-    K: int
+
+    @property
+    def label(self) -> str:
+        split = "" if self.splits == 1 else f" {self.scheme} S={self.splits}"
+        return (f"{self.preset} {'fast' if self.fast else 'slow'}{split} {self.fmt_a} x {self.fmt_b}, "
+                f"K={self.K}")
 
 
 SELFTEST_CASES = (
-    SelftestCase("hopper fast e4m3 x e4m3", "hopper", "e4m3", "e4m3", True, 1, "none", 300),
-    SelftestCase("hopper slow e4m3 x e5m2", "hopper", "e4m3", "e5m2", False, 1, "none", 300),
-    SelftestCase("ada fast e5m2 x e4m3", "ada", "e5m2", "e4m3", True, 1, "none", 129),
-    SelftestCase("ada slow e5m2 x e5m2", "ada", "e5m2", "e5m2", False, 1, "none", 300),
-    SelftestCase("hopper slow contiguous S=5", "hopper", "e4m3", "e4m3", False, 5, "contiguous", 300),
-    SelftestCase("ada slow pairwise S=5 e4m3 x e5m2", "ada", "e4m3", "e5m2", False, 5, "pairwise", 300),
+    SelftestCase(300, "e4m3", "e4m3", "hopper", True, 1, "none"),
+    SelftestCase(300, "e4m3", "e5m2", "hopper", False, 1, "none"),
+    SelftestCase(129, "e5m2", "e4m3", "ada", True, 1, "none"),
+    SelftestCase(300, "e5m2", "e5m2", "ada", False, 1, "none"),
+    SelftestCase(300, "e4m3", "e4m3", "hopper", False, 5, "contiguous"),
+    SelftestCase(300, "e4m3", "e5m2", "ada", False, 5, "pairwise"),
 )
 # MXCSR's control bits (DAZ, the exception masks, rounding control, FZ: bits 6-15, Intel SDM vol. 1, 10.2.3); bits
 # 0-5 are sticky exception flags that any floating-point operation may set, so they are not compared.
@@ -161,7 +167,7 @@ def _first_failure(tile: Callable, offset: Callable, mxcsr_change: Callable) -> 
         bad = np.argwhere(got != want)
         if len(bad):
             m, n = (int(i) for i in bad[0])
-            return (f"{case.label}, K={case.K}: {len(bad)} of {want.size} accumulators differ from the tile "
+            return (f"{case.label}: {len(bad)} of {want.size} accumulators differ from the tile "
                     f"engine's, first [{m}, {n}]: {int(got[m, n]):#010x} instead of {int(want[m, n]):#010x}")
     case = SELFTEST_CASES[0]
     a, b = case_operands(case, 0)
