@@ -7,8 +7,10 @@ floating-point operation of a region between its two ``ldmxcsr``: LLVM orders me
 (LLVM 14 and later), so the same source could give other bits with another LLVM. The engine is therefore used in a
 process only after :func:`run_offset_selftest` has shown that it computes the arithmetic there: a few adversarial
 GEMMs (:data:`SELFTEST_CASES`: hopper fast and slow, ada fast and slow, contiguous and pairwise split-K, E5M2 on
-either side; the row families of :func:`adversarial_rows`, where an FMA rounding to nearest, an FMA outside its
-region or a region left with the wrong MXCSR changes bits) compared bit for bit with the tile engine
+either side; the row families of :func:`adversarial_rows`: products below the block grid, which an FMA rounding
+to nearest (one outside its region) would round up, and inexact fp32 chain sums, which round otherwise when MXCSR
+is not restored after a region; tests/test_offset_selftest.py shows a kernel with a broken mask and a kernel run
+toward zero throughout failing it) compared bit for bit with the tile engine
 (:mod:`mmaemu.arith.tile`, which rounds by integer arithmetic and needs no special rounding), and the calling
 thread's MXCSR unchanged after the kernel returns (called directly, without the restoring wrapper of the tasks).
 
