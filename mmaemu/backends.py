@@ -113,11 +113,12 @@ _CPU_STATUS = {
 
 
 def cpu_engine_summary(*, context=None) -> str:
-    """Which engine the cpu backend runs on this CPU and why (``MMAEMU_CPU_ENGINE`` of ``context``; without one,
-    read now; :mod:`mmaemu.cpu.features`)."""
+    """Which engine the cpu backend runs on this CPU and why (``MMAEMU_CPU_ENGINE`` and the AVX2 self-test source
+    of ``context``; without one, read now; :mod:`mmaemu.cpu.features`, :func:`mmaemu.cpu.engine.selftest_of`)."""
     from .cpu.features import CPU_ENGINE_ENV, engine_summary, numba_target
+    from .cpu.engine import selftest_of
 
-    return engine_summary(environment_of(context)[CPU_ENGINE_ENV], numba_target())
+    return engine_summary(environment_of(context)[CPU_ENGINE_ENV], numba_target(), selftest_of(context))
 
 
 def backends_status(device=None, *, context=None) -> Dict[str, BackendStatus]:

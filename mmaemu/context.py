@@ -15,13 +15,14 @@ decision to its last. A decision called without a context (a test, a script) rea
 Beside the environment and the device, a context names the sources of the facts that are read on first use: the
 split-K tables (``tables``: a table id -> its :class:`mmaemu.platform.tables.SplitTable`), the recorded profiles
 of the bundles (``recorded``: the value of ``MMAEMU_PROFILE_PATH`` -> {name: Profile}) and the kernels' self-test
-verdicts (``verdicts``: (device info, kernel name) -> :class:`mmaemu.cuda.catalog.GateResult`). A source answers
+verdicts (``verdicts``: (device info, kernel name) -> :class:`mmaemu.cuda.catalog.GateResult`), and the AVX2 offset
+engine's self-test verdict (``cpu_selftest``: () -> :class:`mmaemu.cpu.selftest.OffsetSelftest`). A source answers
 when a decision first asks and remembers its answer for the process, so a CPU call never touches CUDA and never
 loads a table it does not consult; None stands for the process's own source (the package's tables and the loaded
 bundles, the verdicts cached in memory and on disk, run on first use), which the layer that owns it supplies
 (:func:`mmaemu.platform.tables.tables_of`, :func:`mmaemu.platform.bundles.recorded_of`,
-:func:`mmaemu.cuda.dispatch.gating.verdicts_of`). A test or a caller gives a decision other facts by giving it
-a context with other sources; no module global is patched.
+:func:`mmaemu.cuda.dispatch.gating.verdicts_of`, :func:`mmaemu.cpu.engine.selftest_of`). A test or a caller gives a
+decision other facts by giving it a context with other sources; no module global is patched.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ from typing import Any, Callable, Mapping, Optional
 from . import environment
 from .device_facts import DeviceFacts
 
-__all__ = ["Context", "for_call", "context_of", "environment_of", "TableSource", "RecordedSource", "VerdictSource"]
+__all__ = ["Context", "for_call", "context_of", "environment_of", "TableSource", "RecordedSource", "VerdictSource",
+           "CpuSelftestSource"]
 
 # The sources of the facts read on first use (see the module docstring); the types are named, not imported, so
 # that the context stays below the layers that own them.
 TableSource = Callable[[str], Any]  # table id -> SplitTable (KeyError-free: an unknown id raises SplitTableError)
 RecordedSource = Callable[[str], Mapping[str, Any]]  # MMAEMU_PROFILE_PATH value -> {name: recorded Profile}
 VerdictSource = Callable[[Any, str], Any]  # (cuda DeviceInfo, kernel name) -> GateResult
+CpuSelftestSource = Callable[[], Any]  # () -> mmaemu.cpu.selftest.OffsetSelftest (the AVX2 offset engine's verdict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +52,8 @@ class Context:
     of the CUDA device described (``mmaemu info``; :class:`mmaemu.device_facts.DeviceFacts`), None when none was
     read; then ``device_problem`` says why (CUDA disabled, no device, "probe failed") and ``device_error`` what
     reading it raised, if it raised. ``tables``, ``recorded`` and ``verdicts``: the sources of the split-K tables,
-    the recorded profiles and the kernels' verdicts (None: the process's; see the module docstring).
+    the recorded profiles and the kernels' verdicts; ``cpu_selftest``: that of the AVX2 offset engine's self-test
+    verdict (:mod:`mmaemu.cpu.selftest`) (None: the process's; see the module docstring).
     """
 
     environment: environment.Snapshot
@@ -59,6 +63,7 @@ class Context:
     tables: Optional[TableSource] = None
     recorded: Optional[RecordedSource] = None
     verdicts: Optional[VerdictSource] = None
+    cpu_selftest: Optional[CpuSelftestSource] = None
 
     @property
     def cuda_disabled(self) -> bool:

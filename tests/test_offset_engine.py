@@ -22,9 +22,10 @@ from mmaemu.cpu import features
 from mmaemu.cpu.engine import accumulate_codes, cpu_engine_choice
 from mmaemu.cpu.features import offset_call_decline
 from mmaemu.cpu.offset_engine import accumulate_prepared, prepare_b
+from mmaemu.cpu.selftest import adversarial_rows  # the self-test's families (one huge product among tiny ones...)
 from mmaemu.model.presets import ADA, B200_MMA_SYNC, HOPPER, Preset
 
-from test_fast_path import EXTREMES, PAIRS, cancelling_codes, random_codes, spread_codes
+from test_fast_path import PAIRS, cancelling_codes, random_codes, spread_codes
 
 OFFSET_RUNS = features.offset_engine_decline(features.numba_target()) is None
 needs_offset = pytest.mark.skipif(not OFFSET_RUNS, reason="the target CPU has neither AVX-512 F/BW/DQ/VL nor AVX2 "
@@ -43,23 +44,6 @@ def _engines_agree(a, b, fmt_a, fmt_b, preset, fast, splits=1, scheme="none"):
     bad = np.argwhere(_bits(ref) != _bits(got))
     assert not len(bad), (f"{len(bad)} outputs differ ({preset.name} {fmt_a}x{fmt_b} fast={fast} S={splits} "
                           f"{scheme}, shape {a.shape} x {b.shape}); first at {tuple(bad[0])}")
-
-
-def adversarial_rows(fmt, K):
-    """Rows that defeat each step of the method: one huge product among tiny ones, cancellation to +0, a sum
-    that grows through the blocks (its grid coarsens), subnormals only with mixed signs, only +-0, a late first
-    product, and grid-edge significands (odd significands next to the largest magnitude, so that products sit one
-    unit either side of the block grid)."""
-    big, tiny, norm = EXTREMES[fmt]
-    rows = []
-    r = np.zeros(K, np.uint8); r[0] = big; r[1:32] = tiny; rows.append(r)
-    r = np.zeros(K, np.uint8); r[0] = big; r[1:2] = big ^ 0x80; r[2:3] = tiny; rows.append(r)
-    r = np.full(K, norm, np.uint8); r[::7] = big - 2; rows.append(r)
-    r = np.full(K, tiny, np.uint8); r[::2] |= 0x80; rows.append(r)
-    r = np.zeros(K, np.uint8); r[::5] = 0x80; rows.append(r)
-    r = np.zeros(K, np.uint8); r[min(129, K - 1)] = big; rows.append(r)
-    r = np.array([(big - 1 - (k % 3)) | (0x80 * (k % 2)) for k in range(K)], np.uint8); r[1::9] = tiny; rows.append(r)
-    return np.stack(rows)
 
 
 @needs_offset
@@ -290,7 +274,7 @@ def test_choice_from_the_target_cpu():
         assert choice.engine == "tile" and ("AVX2 and FMA" in choice.reason or "x86-64" in choice.reason)
         with pytest.raises(ValueError, match="MMAEMU_CPU_ENGINE=offset.*unset MMAEMU_CPU_ENGINE"):
             features.choose_cpu_engine("offset", target, None)
-    assert features.choose_cpu_engine("tile", ZEN4, None) == ("tile", "MMAEMU_CPU_ENGINE=tile")
+    assert features.choose_cpu_engine("tile", ZEN4, None) == ("tile", "MMAEMU_CPU_ENGINE=tile", ())
     assert features.choose_cpu_engine("auto", ZEN4, "needs x").engine == "tile"
     with pytest.raises(ValueError, match="needs x"):
         features.choose_cpu_engine("offset", ZEN4, "needs x")

@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import formats
 from ..context import environment_of
+from ..warn import report
 from ..arith.epilogue import OUT_CODES, scale_product
 from ..arith.params import codes_gemm
 from ..arith.rounding import BFLOAT16, FLOAT32, value_of_bits
@@ -21,6 +22,7 @@ from .features import (CPU_ENGINE_ENV, EngineChoice, choose_cpu_engine, numba_ta
 from .gemm import (TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, accumulate_prepared_panels,
                    decode_panel, decode_panels, epilogue_gemm, nonfinite_rows, override_nonfinite)
 from .prepared import Engine
+from .selftest import OffsetSelftest, process_verdict, run_offset_selftest
 
 _OUT_VIEW = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16,
              "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
@@ -266,16 +268,42 @@ def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, ou
     return a_flags, b_flags
 
 
-def cpu_engine_choice(preset, schedule, fmt_a: str, fmt_b: str, requested=None, shape=None) -> EngineChoice:
+def cpu_engine_choice(preset, schedule, fmt_a: str, fmt_b: str, requested=None, shape=None, *,
+                      context=None) -> EngineChoice:
     """The engine of the fast path for a call (:func:`mmaemu.cpu.features.choose_cpu_engine`): ``requested``
-    (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE`` read now, :func:`mmaemu.context.environment_of`), the CPU
+    (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE`` of ``context``, :func:`mmaemu.context.environment_of`), the CPU
     Numba compiles for, whether the offset method computes the preset, schedule and formats
-    (:func:`mmaemu.cpu.features.offset_call_decline`) and, for ``auto``, whether it is the faster engine for the
-    result's ``shape`` (M, N) (None: any shape)."""
-    requested = environment_of(None)[CPU_ENGINE_ENV] if requested is None else requested
+    (:func:`mmaemu.cpu.features.offset_call_decline`), for ``auto`` whether it is the faster engine for the
+    result's ``shape`` (M, N) (None: any shape), and on an AVX2 target the self-test verdict of ``context``'s
+    source (:func:`selftest_of`)."""
+    requested = environment_of(context)[CPU_ENGINE_ENV] if requested is None else requested
     shape_decline = None if shape is None else offset_shape_decline(*shape)
     return choose_cpu_engine(requested, numba_target(), offset_call_decline(preset, schedule, fmt_a, fmt_b),
-                             shape_decline)
+                             shape_decline, selftest_of(context))
+
+
+def _tile_accumulators(a, b, fmt_a, fmt_b, preset, fast, splits, scheme):
+    return accumulate_codes(a, b, fmt_a, fmt_b, preset, fast, splits, scheme, cpu_engine="tile")
+
+
+def offset_selftest() -> OffsetSelftest:
+    """The process's verdict on the AVX2 offset engine (:mod:`mmaemu.cpu.selftest`, against the tile engine): run
+    on the first call, remembered for the process."""
+    return process_verdict(lambda: run_offset_selftest(_tile_accumulators))
+
+
+def selftest_of(context):
+    """The AVX2 self-test verdict source of a decision: ``context.cpu_selftest`` when its context gives one, else
+    the process's (:func:`offset_selftest`)."""
+    source = None if context is None else context.cpu_selftest
+    return offset_selftest if source is None else source
+
+
+def _reported_engine(choice: EngineChoice) -> str:
+    """The engine of a choice made here (a caller that did not plan the call), its warnings reported
+    (:func:`mmaemu.warn.report`)."""
+    report(choice.notices)
+    return choice.engine
 
 
 def nonfinite_flags(codes, fmt: str):
@@ -311,9 +339,8 @@ def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, spl
         threads.parallel_for(accumulate_gemm_reference, jobs, job_work, sa, ea, sb, eb, schedule, params, out)
         a_flags = nonfinite_flags(a_codes, fmt_a)
         b_flags = nonfinite_flags(b_codes, fmt_b)
-    elif (getattr(prepared_b, "engine", None) != TILE_ENGINE
-          and cpu_engine_choice(preset, schedule, fmt_a, fmt_b, cpu_engine,
-                                gemm.shape[:2]).engine == "offset"):
+    elif getattr(prepared_b, "engine", None) != TILE_ENGINE and _reported_engine(
+            cpu_engine_choice(preset, schedule, fmt_a, fmt_b, cpu_engine, gemm.shape[:2])) == "offset":
         from .offset_engine import accumulate_offset, accumulate_prepared
 
         if prepared_b is None:

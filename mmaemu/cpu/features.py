@@ -11,17 +11,21 @@ clearing every AVX feature, as :mod:`numba.core.codegen` does. The offset engine
 toward zero (:func:`offset_rounding`): AVX-512's embedded rounding (its vectors also use 16-bit lane maxima, BW,
 and masks of 16 lanes, F, VL, DQ in LLVM's lowering, so it asks for AVX-512 F, BW, DQ and VL), or, on AVX2 with
 FMA, the plain FMA with the thread's MXCSR set to round toward zero around the kernel's block steps
-(:mod:`mmaemu.cpu.simd`). Nothing of the offset engine is compiled unless one of them is present.
+(:mod:`mmaemu.cpu.simd`). Nothing of the offset engine is compiled unless one of them is present. With MXCSR
+rounding the engine computes only after its self-test passed in the process (:mod:`mmaemu.cpu.selftest`, a verdict
+given to :func:`choose_cpu_engine` as a source); otherwise ``auto`` takes the tile engine and says why.
 """
 
 from __future__ import annotations
 
 import functools
 import platform
-from typing import NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from ..arith.offset import offset_preset_decline
 from ..arith.params import Schedule, preset_params
+from ..errors import BackendFallbackWarning, BackendUnavailableError
+from ..warn import Notice
 
 CPU_ENGINE_ENV = "MMAEMU_CPU_ENGINE"
 REQUIRED_FEATURES = ("avx512f", "avx512bw", "avx512dq", "avx512vl")
@@ -42,10 +46,11 @@ class TargetCpu(NamedTuple):
 
 
 class EngineChoice(NamedTuple):
-    """The CPU engine of a call ("offset" or "tile") and why."""
+    """The CPU engine of a call ("offset" or "tile"), why, and the warnings of the choice (:class:`Notice`)."""
 
     engine: str
     reason: str
+    notices: tuple = ()
 
 
 def parse_features(text: str) -> frozenset:
@@ -112,11 +117,15 @@ def offset_shape_decline(M: int, N: int) -> Optional[str]:
 
 
 def choose_cpu_engine(requested: str, target: TargetCpu, call_decline: Optional[str],
-                      shape_decline: Optional[str] = None) -> EngineChoice:
+                      shape_decline: Optional[str] = None, selftest: Optional[Callable[[], Any]] = None
+                      ) -> EngineChoice:
     """The CPU engine for a call: ``requested`` (auto, offset, tile), the target CPU, the call's decline reason
-    (:func:`offset_call_decline`, None if the offset method computes it) and, for ``auto`` only, the shape's
-    (:func:`offset_shape_decline`: a speed rule, never a correctness one). Forcing
-    ``offset`` where it cannot run raises ValueError naming the rule and the way out."""
+    (:func:`offset_call_decline`, None if the offset method computes it), for ``auto`` only the shape's
+    (:func:`offset_shape_decline`: a speed rule, never a correctness one) and, on an MXCSR-rounding target, the
+    self-test verdict (``selftest()``: a :class:`mmaemu.cpu.selftest.OffsetSelftest`, asked only when the offset
+    engine would compute the call; None: not consulted). Forcing ``offset`` where it cannot run raises ValueError
+    naming the rule and the way out, and where it failed its self-test BackendUnavailableError; ``auto`` then takes
+    the tile engine with a BackendFallbackWarning (once per process) in the choice's notices."""
     if requested == "tile":
         return EngineChoice("tile", f"{CPU_ENGINE_ENV}=tile")
     cpu_why = offset_engine_decline(target)
@@ -125,12 +134,35 @@ def choose_cpu_engine(requested: str, target: TargetCpu, call_decline: Optional[
         if why is not None:
             raise ValueError(f"{CPU_ENGINE_ENV}=offset: the offset engine {why}; unset {CPU_ENGINE_ENV} (or set it "
                              "to auto or tile) to use the tile engine")
+        failed = _selftest_failure(target, selftest)
+        if failed is not None:
+            raise BackendUnavailableError(f"{CPU_ENGINE_ENV}=offset: {failed}; set {CPU_ENGINE_ENV}=tile (or "
+                                          "auto) to use the tile engine")
         return EngineChoice("offset", f"{CPU_ENGINE_ENV}=offset, {_rounding_words(target)}")
     if why is not None:
         return EngineChoice("tile", f"the offset engine {why}")
     if shape_decline is not None:
         return EngineChoice("tile", f"the offset engine {shape_decline}; {CPU_ENGINE_ENV}=offset forces it")
+    failed = _selftest_failure(target, selftest)
+    if failed is not None:
+        return EngineChoice("tile", failed, (selftest_notice(failed),))
     return EngineChoice("offset", f"{_rounding_words(target)}, the call fits the offset method")
+
+
+def _selftest_failure(target: TargetCpu, selftest) -> Optional[str]:
+    """Why the offset engine may not compute on ``target`` by its self-test (None: it passed, or the target rounds
+    by AVX-512's embedded rounding, or no verdict source was given)."""
+    if selftest is None or offset_rounding(target) != ROUNDING_MXCSR:
+        return None
+    verdict = selftest()
+    return None if verdict.passed else f"the AVX2 offset engine failed its self-test ({verdict.reason})"
+
+
+def selftest_notice(failed: str) -> Notice:
+    """The warning of a failed self-test under ``auto``: once per process."""
+    return Notice(BackendFallbackWarning, f"mmaemu: {failed}; the cpu backend computes with the tile engine "
+                                          f"(same bits, slower). {CPU_ENGINE_ENV}=tile silences this warning",
+                  ("cpu engine self-test",))
 
 
 def _rounding_words(target: TargetCpu) -> str:
@@ -141,11 +173,17 @@ def _rounding_words(target: TargetCpu) -> str:
 
 
 
-def engine_summary(requested: str, target: TargetCpu) -> str:
-    """One line for ``mmaemu info``: which engine the cpu backend runs here and why (no call needed)."""
+def engine_summary(requested: str, target: TargetCpu, selftest: Optional[Callable[[], Any]] = None) -> str:
+    """One line for ``mmaemu info``: which engine the cpu backend runs here and why (no call needed; on an
+    MXCSR-rounding target the self-test verdict ``selftest()`` is asked, as :func:`choose_cpu_engine` asks it)."""
     if requested == "tile":
         return f"engine: tile ({CPU_ENGINE_ENV}=tile)"
     why = offset_engine_decline(target)
+    failed = None if why is not None else _selftest_failure(target, selftest)
+    if failed is not None:
+        if requested == "offset":
+            return f"engine: none: {CPU_ENGINE_ENV}=offset, but {failed} (calls raise; set {CPU_ENGINE_ENV}=tile)"
+        return f"engine: tile ({failed})"
     if why is not None:
         if requested == "offset":
             return (f"engine: none: {CPU_ENGINE_ENV}=offset, but the offset engine {why} (calls raise; unset "

@@ -131,14 +131,15 @@ def _choose_backend(plan: Plan, device, backend, fmt_a, fmt_b, context):
     plan.backend, plan.fallbacks = selection.name, list(selection.fallbacks)
     if plan.backend == "cpu" and plan.split is not None and fmt_a is not None and fmt_b is not None:
         plan.cpu_engine = _cpu_engine(plan, fmt_a, fmt_b, context)
+        _note(plan, plan.cpu_engine.notices)
     if device.type == "cpu":
         check_no_flush_to_zero()
 
 
 def _cpu_engine(plan: Plan, fmt_a, fmt_b, context):
     """The cpu backend's engine for the call (offset or tile, :func:`mmaemu.cpu.engine.cpu_engine_choice`, with
-    ``MMAEMU_CPU_ENGINE`` of ``context``); ``MMAEMU_CPU_ENGINE=offset`` where it cannot run raises here, so that
-    explain reports it and nothing runs."""
+    ``MMAEMU_CPU_ENGINE`` and the AVX2 self-test source of ``context``); ``MMAEMU_CPU_ENGINE=offset`` where it
+    cannot run (or failed its self-test) raises here, so that explain reports it and nothing runs."""
     from ..arith.params import schedule_params
     from ..cpu.engine import cpu_engine_choice
     from ..cpu.features import CPU_ENGINE_ENV
@@ -146,7 +147,7 @@ def _cpu_engine(plan: Plan, fmt_a, fmt_b, context):
     call = plan.call
     schedule = schedule_params(plan.preset, call.K, call.use_fast_accum, plan.split.S, plan.split.scheme)
     return cpu_engine_choice(plan.preset, schedule, fmt_a, fmt_b, environment_of(context)[CPU_ENGINE_ENV],
-                             (call.M, call.N))
+                             (call.M, call.N), context=context)
 
 
 def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
