@@ -322,6 +322,35 @@ def test_compiled_nvfp4_call_gives_the_eager_patched_bits(backend):
     assert [r.line() for r in log[1:]] == [log[0].line()] and log[0].K == 128
 
 
+def _blockwise_v2_layer(a, w, sa, sb):
+    from torch.nn.functional import ScalingType, scaled_mm
+
+    return scaled_mm(a, w.t(), sa, ScalingType.BlockWise1x128, sb, ScalingType.BlockWise1x128).float() + 1.0
+
+
+def test_a_compiled_blockwise_f_scaled_mm_breaks_the_graph_and_gives_the_eager_bits():
+    """Block-wise v2 calls are not put into a graph: dynamo breaks it there (fullgraph refuses) and the call runs
+    eagerly inside the block, recorded and with the eager bits."""
+    M, N, K = 128, 128, 256
+    a, w = _fp8(M, K, 41), _fp8(N, K, 42)
+    g = torch.Generator().manual_seed(43)
+    sa = (torch.rand(K // 128, M, generator=g) + 0.5).t()  # 1x128 scales [M, K/128], strides (1, M)
+    sb = (torch.rand(K // 128, N, generator=g) + 0.5).t()
+    settings = dict(profile="hopper-cublaslt-blockwise-experimental")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mmaemu.ExperimentalPresetWarning)
+        with mmaemu.patch(**settings) as eager_log:
+            eager = _blockwise_v2_layer(a, w, sa, sb)
+        with mmaemu.patch(**settings) as log:
+            compiled = torch.compile(_blockwise_v2_layer, backend="eager")(a, w, sa, sb)
+            with pytest.raises(Exception, match="_scaled_mm_v2"):
+                torch._dynamo.reset()
+                torch.compile(_blockwise_v2_layer, backend="eager", fullgraph=True)(a, w, sa, sb)
+    assert_bitwise_equal(compiled, eager)
+    assert [r.line() for r in log] == [eager_log[0].line()]
+    assert log[0].recipe == "block_1x128_1x128" and log[0].error is None
+
+
 # --- a compiled EmulatedFP8Linear ------------------------------------------------------------------------------------
 
 
