@@ -32,7 +32,7 @@ naming who refuses: ``[torch 2.7.1 _scaled_mm]``, ``[cuBLASLt 12.8.3.14]``, ``[p
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import numpy
 
