@@ -21,6 +21,10 @@ A row-wise call (scale_a [M, 1], scale_b [1, N]) leaves this order after f.3, as
 CUTLASS kernel before any cuBLASLt argument handling: its rules are :func:`mmaemu.plan.rowwise.check_rowwise_call`
 (bf16 output, the kernel's ``check_inputs``, the platforms it is modelled on), then the no-grad rule.
 
+Which of those branches a call takes is found once: at f.2.4-5 the first recipe of :data:`mmaemu.recipes.RECIPES`
+that recognises the scales, whose ``validate`` applies its rules after f.3 and returns the call spec carrying it
+(``call.recipe``); the rules themselves are functions of :mod:`mmaemu.plan.rules` and of the recipes' rule modules.
+
 :func:`validate_accumulate` applies the few rules of f.8. Neither function decides split-K, picks a backend,
 warns (f.7) or computes.
 
