@@ -10,160 +10,16 @@ emulation.
 
 from __future__ import annotations
 
-import numpy
 import torch
 
 from ._untraced import require_untraced, untraced
 from .context import for_call
-from .formats import dtype_name
 from .plan.cache import cached_plan_accumulate, cached_plan_scaled_mm
 from .plan.planner import CallPlan, explain_scaled_mm
-from .warn import edge, report
+from .recipes.tensorwise import _accumulator
+from .warn import edge
 
 __all__ = ["scaled_mm", "accumulate", "explain", "CallPlan"]
-
-_BITS_DTYPE = {"float32": torch.uint32, "bfloat16": torch.uint16, "float16": torch.uint16,
-               "float8_e4m3fn": torch.uint8, "float8_e5m2": torch.uint8}
-
-
-def _codes_rows(t: torch.Tensor) -> "numpy.ndarray":  # noqa: F821
-    """uint8 codes of a 2-D float8 tensor, C-contiguous, on the CPU."""
-    return t.detach().contiguous().view(torch.uint8).cpu().numpy()
-
-
-def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b: str, fast: bool, weights=None):
-    """(fp32 accumulators [M, N] of a [M, K] times b_rows [N, K]^T on the tensors' device, the CUDA kernel that
-    computed them or None for a CPU engine). ``weights``: where the fast CPU engine keeps B's prepared panels
-    between calls (:mod:`mmaemu.cpu.prepared`), or None."""
-    device = a.device
-    split = plan.split
-    if plan.backend.startswith("cuda"):
-        from . import cuda as cuda_backend
-
-        return cuda_backend.accumulate(plan.backend, a, b_rows, fmt_a, fmt_b, plan.preset, fast, split.S,
-                                       split.scheme, context=plan.context)
-    from .cpu import accumulate_codes
-
-    b_codes = _codes_rows(b_rows)
-    reference = plan.backend == "reference"
-    engine = None if plan.cpu_engine is None else plan.cpu_engine.engine
-    prepared = None
-    if weights is not None and not reference and b_codes.size >= _PREPARED_MIN_CODES and device.type == "cpu":
-        from .cpu.engine import OFFSET, TILE
-
-        prepared = weights.prepared(OFFSET if engine == "offset" else TILE, fmt_b, b_rows, b_codes)
-    acc = accumulate_codes(_codes_rows(a), b_codes, fmt_a, fmt_b, plan.preset, fast, split.S, split.scheme,
-                           reference=reference, cpu_engine=engine, prepared_b=prepared)
-    acc = torch.from_numpy(acc)
-    return (acc if device.type == "cpu" else acc.to(device)), None
-
-
-# A B of fewer codes is decoded at each call: its decode (about 2 ns a code) costs less than finding and checking
-# its kept panels.
-_PREPARED_MIN_CODES = 1 << 14
-
-
-def _scale_bits(scale) -> int:
-    """The fp32 bit pattern of a one-element fp32 scale, read once through numpy (no float conversion)."""
-    return int(scale.detach().cpu().numpy().reshape(-1).view(numpy.uint32)[0])
-
-
-def _epilogue(acc: torch.Tensor, computed_by, plan) -> torch.Tensor:
-    """Output tensor of the epilogue (semantics.md (e)) of ``plan``'s call on the accumulator's device.
-
-    An accumulator computed by a CUDA kernel (``computed_by``) gets the CUDA epilogue kernel (same arithmetic,
-    validated on the device: its verdict read from the plan's context), so the result never leaves the device;
-    otherwise (a CPU engine computed the accumulator, or that kernel is not validated there: warned) the CPU
-    epilogue computes and the result is copied to the accumulator's device.
-    """
-    call = plan.call
-    if computed_by is not None:
-        from . import cuda as cuda_backend
-
-        outcome = cuda_backend.epilogue(acc, call.scale_a, call.scale_b, call.scale_result, call.out_dtype,
-                                        computed_by, context=plan.context)
-        report(outcome.notices)
-        if outcome.result is not None:
-            return outcome.result
-    from .cpu import epilogue_codes
-
-    out_name = dtype_name(call.out_dtype)
-    scale_result = _scale_bits(call.scale_result) if call.scale_result is not None else None
-    acc_values = acc.numpy() if acc.device.type == "cpu" else acc.cpu().numpy()
-    bits = epilogue_codes(acc_values, _scale_bits(call.scale_a), _scale_bits(call.scale_b), scale_result, out_name)
-    result = torch.from_numpy(bits).view(_BITS_DTYPE[out_name]).view(call.out_dtype)
-    return result if acc.device.type == "cpu" else result.to(acc.device)
-
-
-_ONE_F32_BITS = 0x3F800000
-
-
-def _block_scaled_codes(t: torch.Tensor, fmt: str):
-    """One uint8 code per element [rows, K] of a row-major float8 or packed float4_e2m1fn_x2 operand."""
-    from . import formats
-
-    codes = _codes_rows(t)
-    return formats.unpack_fp4(codes) if fmt == "e2m1" else codes
-
-
-def _block_scaled_accumulator(plan) -> torch.Tensor:
-    """fp32 accumulators [M, N] of an MXFP8 / MXFP4 / NVFP4 call: the kernel's operands (the swizzled scales mapped
-    back to their blocks, K zero-padded to whole instructions: :func:`mmaemu.plan.block_scaled.kernel_operands`),
-    then one chain of the instruction per output."""
-    from .plan.block_scaled import kernel_operands
-
-    call = plan.call
-    spec = call.block_scaled
-    a, b, sa, sb = kernel_operands(_block_scaled_codes(call.input, spec.fmt_a),
-                                   _block_scaled_codes(call.mat2.t(), spec.fmt_b),
-                                   _codes_rows(call.scale_a.reshape(-1)), _codes_rows(call.scale_b.reshape(-1)), spec)
-    if plan.backend == "cuda:simple":
-        from .cuda.block_scaled.kernel import accumulate_block_scaled_cuda
-
-        return accumulate_block_scaled_cuda(a, b, spec.fmt_a, spec.fmt_b, sa, sb, spec.recipe.scale_fmt, spec.preset,
-                                            call.device)
-    from .cpu.block_scaled import accumulate_block_scaled
-
-    acc = accumulate_block_scaled(a, b, spec.fmt_a, spec.fmt_b, sa, sb, spec.recipe.scale_fmt, spec.preset,
-                                  reference=plan.backend == "reference")
-    return torch.from_numpy(acc)
-
-
-def _block_scaled_epilogue(acc: torch.Tensor, call) -> torch.Tensor:
-    """cuBLASLt's epilogue of a block-scaled call (:mod:`mmaemu.platform.block_scaled`): alpha = 1, or
-    fp32(global_scale_a * global_scale_b) for two-level NVFP4, applied as semantics.md (e) applies scale_a *
-    scale_b; on the CPU, the result copied to the call's device."""
-    from .cpu import epilogue_codes
-
-    out_name = dtype_name(call.out_dtype)
-    if call.global_scales is None:
-        alpha_bits = (_ONE_F32_BITS, _ONE_F32_BITS)
-    else:
-        alpha_bits = tuple(_scale_bits(g) for g in call.global_scales)
-    bits = epilogue_codes(acc.cpu().numpy(), *alpha_bits, None, out_name)
-    return torch.from_numpy(bits).view(_BITS_DTYPE[out_name]).view(call.out_dtype).to(call.device)
-
-
-def _bits(t: torch.Tensor, view) -> "numpy.ndarray":  # noqa: F821
-    return t.detach().contiguous().reshape(-1).view(view).cpu().numpy()
-
-
-def _rowwise_epilogue(acc: torch.Tensor, call) -> torch.Tensor:
-    """bf16 output of torch's row-wise epilogue (:mod:`mmaemu.arith.rowwise`) on the accumulator's device: the
-    CUDA kernel of that arithmetic where the accumulator is on a CUDA device, else the CPU loops."""
-    from .platform.rowwise import scale_order
-
-    x_first = scale_order(call.M, call.N).x_first
-    if acc.device.type == "cuda":
-        from . import cuda as cuda_backend
-
-        return cuda_backend.rowwise_epilogue(acc, call.scale_a, call.scale_b, call.bias, x_first)
-    from .cpu import rowwise_epilogue_codes
-
-    bias = None if call.bias is None else _bits(call.bias, torch.uint16)
-    bits = rowwise_epilogue_codes(acc.numpy(), _bits(call.scale_a, torch.uint32), _bits(call.scale_b, torch.uint32),
-                                  bias, x_first)
-    return torch.from_numpy(bits).view(torch.bfloat16)
 
 
 def _deliver(result: torch.Tensor, out):
@@ -233,7 +89,8 @@ def _process_weights():
 
 
 def run_scaled_mm_plan(plan, weights=None):
-    """Compute a planned scaled_mm call (:func:`mmaemu.plan.planner.plan_scaled_mm`): the result, or ``out``.
+    """Compute a planned scaled_mm call (:func:`mmaemu.plan.planner.plan_scaled_mm`) with its recipe
+    (``plan.recipe.run``, :mod:`mmaemu.recipes`): the result, or ``out``.
     ``weights``: where the CPU engine keeps mat2's prepared panels between calls (:mod:`mmaemu.cpu.prepared`:
     the process-wide store, a layer's slot), or None (decoded for this call only)."""
     call = plan.call
@@ -242,19 +99,7 @@ def run_scaled_mm_plan(plan, weights=None):
         return call.out
     if plan.action == "zeros":
         return _deliver(torch.zeros((call.M, call.N), dtype=call.out_dtype, device=call.device), call.out)
-    if call.block_scaled is not None:
-        return _deliver(_block_scaled_epilogue(_block_scaled_accumulator(plan), call), call.out)
-    if call.blockwise is not None:
-        from .blockwise_cublaslt import compute_blockwise
-
-        spec = call.blockwise
-        return _deliver(compute_blockwise(call.input, call.mat2, call.scale_a, call.scale_b, spec, call.bias,
-                                          call.out_dtype, plan.backend), call.out)
-    acc, computed_by = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum,
-                                    weights)
-    if call.rowwise:
-        return _deliver(_rowwise_epilogue(acc, call), call.out)
-    return _deliver(_epilogue(acc, computed_by, plan), call.out)
+    return _deliver(plan.recipe.run(plan, weights), call.out)
 
 
 def _require_data(caller: str, call, names) -> None:

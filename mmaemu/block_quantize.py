@@ -72,13 +72,14 @@ import numpy as np
 from . import formats, scale_layout
 from .errors import MmaemuError
 from .gpu_torch_ops import divide_by_number
+from .platform.block_scaled import RECIPES
 
 __all__ = ["MX_FORMATS", "SCALING_MODES", "BlockQuantized", "BlockQuantizeError", "quantize_mx", "mx_scale_codes",
            "quantize_nvfp4", "nvfp4_global_scale", "round_to_format", "dequantize_blocks"]
 
 MX_FORMATS = ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1")
 SCALING_MODES = ("floor", "ceil", "even")
-MX_BLOCK, NVFP4_BLOCK = 32, 16
+MX_BLOCK, NVFP4_BLOCK = RECIPES["mxfp8"].block, RECIPES["nvfp4"].block  # the one table of the variants
 #: Exponent of the largest power of two of each element format (torchao's ``*_MAX_POW2``).
 EMAX_ELEM = {"e4m3": 8, "e5m2": 15, "e2m3": 2, "e3m2": 4, "e2m1": 2}
 E8M0_BIAS, E8M0_NAN = 127, 0xFF

@@ -32,7 +32,7 @@ from .platform.profiles import get_profile
 from .platform.splitk import asks_one_split
 from .plan.blockwise import BLOCK_128X128, BLOCK_1X128, block_of, check_blockwise_call, check_v2_scales, pair_name
 from .plan.descriptors import dtype_name
-from .plan.validate import (_check_bias_dtype, _check_bias_size, _check_divisible_by_16, _check_float8_operands,
+from .plan.rules import (_check_bias_dtype, _check_bias_size, _check_divisible_by_16, _check_float8_operands,
                             _check_same_device)
 from .warn import Notice, edge, report
 

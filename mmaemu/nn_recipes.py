@@ -23,6 +23,7 @@ import torch
 
 from ._untraced import untraced
 from .errors import ExperimentalPresetWarning, UnsupportedFeatureError
+from .platform.block_scaled import RECIPES as _BLOCK_SCALED_TABLE
 from .platform.splitk import asks_one_split
 
 # torch.compile never traces a recipe layer: its casts must run eagerly to give the bits they give (docs/api.md).
@@ -411,6 +412,13 @@ class _BlockScaledLinear(_ScaledMMRecipeLayer):
 _BLOCK_SCALED_PROFILE = "b200-mx-experimental"
 
 
+def _table_row(name: str) -> tuple:
+    """``(recipe, block, k_multiple, weight_dtype, scale_dtype)`` of the layer of a block-scaled variant, from the
+    one table of them (:data:`mmaemu.platform.block_scaled.RECIPES`)."""
+    row = _BLOCK_SCALED_TABLE[name]
+    return row.name, row.block, row.k_multiple, row.operand_dtypes[0], row.scale_dtype
+
+
 class MXFP8Linear(_BlockScaledLinear):
     """``y = x W^T (+ b)`` as torchao 0.18.0's MXFP8 inference recipe runs on a B200 (experimental, modelled).
 
@@ -422,9 +430,8 @@ class MXFP8Linear(_BlockScaledLinear):
     model adding it after the GEMM. With ``out_dtype=None`` the layer returns the bf16 result in the input's dtype.
     """
 
-    recipe, block, k_multiple = "mxfp8", 32, 32
+    recipe, block, k_multiple, weight_dtype, scale_dtype = _table_row("mxfp8")
     element_fmt = "e4m3"
-    weight_dtype, scale_dtype = "float8_e4m3fn", "float8_e8m0fnu"
     _output_text = "bfloat16 (torchao's _scaled_mm call), or with out_dtype=None the input's dtype"
     _maturity = ("mmaemu: recipe='mxfp8' is experimental: torchao 0.18.0's MX cast (modelled from its source) and "
                  "the B200 block-scaled GEMM of profile 'b200-mx-experimental' (modelled, not recorded); a bias is "
@@ -465,9 +472,8 @@ class MXFP4Linear(MXFP8Linear):
     warning says so).
     """
 
-    recipe, block, k_multiple = "mxfp4", 32, 32
+    recipe, block, k_multiple, weight_dtype, scale_dtype = _table_row("mxfp4")
     element_fmt = "e2m1"
-    weight_dtype, scale_dtype = "float4_e2m1fn_x2", "float8_e8m0fnu"
     _maturity = ("mmaemu: recipe='mxfp4' is experimental: torchao 0.18.0's MX cast (modelled from its source) and "
                  "the B200 block-scaled GEMM of profile 'b200-mx-experimental' (modelled, not recorded); a bias is "
                  "added after the GEMM, while torch's F.scaled_mm MXFP4 kernel on sm_100 (FBGEMM f4f4bf16) is handed "
@@ -487,8 +493,7 @@ class NVFP4Linear(_BlockScaledLinear):
     torch operation of two tensors, the same on the B200's kernels as on the CPU's.
     """
 
-    recipe, block, k_multiple = "nvfp4", 16, 32
-    weight_dtype, scale_dtype = "float4_e2m1fn_x2", "float8_e4m3fn"
+    recipe, block, k_multiple, weight_dtype, scale_dtype = _table_row("nvfp4")
     _output_text = "the input's dtype (torchao's out_dtype); use out_dtype=None"
     _maturity = ("mmaemu: recipe='nvfp4' is experimental: torchao 0.18.0's NVFP4 cast (modelled from its source) "
                  "and the B200 block-scaled GEMM of profile 'b200-mx-experimental' (modelled, not recorded) "

@@ -419,7 +419,7 @@ def overhead_section(repeats):
         call()
         return time.process_time() - start
 
-    limit = mmaemu.api._PREPARED_MIN_CODES
+    limit = mmaemu.recipes.tensorwise._PREPARED_MIN_CODES
     prepared.WEIGHTS.clear()
     for _ in range(2):  # seen, then kept (mmaemu.cpu.prepared keeps a B the second time it is seen unchanged)
         call()
@@ -427,11 +427,11 @@ def overhead_section(repeats):
     kept = decoded = float("inf")
     for _ in range(repeats):  # interleaved, so that both see the same load
         kept = min(kept, process_seconds())
-        mmaemu.api._PREPARED_MIN_CODES = 1 << 62  # decoded at every call, as before the store
+        mmaemu.recipes.tensorwise._PREPARED_MIN_CODES = 1 << 62  # decoded at every call, as before the store
         try:
             decoded = min(decoded, process_seconds())
         finally:
-            mmaemu.api._PREPARED_MIN_CODES = limit
+            mmaemu.recipes.tensorwise._PREPARED_MIN_CODES = limit
     print(f"\n# {KEPT_WEIGHT_SHAPE} hopper fast, CPU time of all threads per call (best of {repeats}): weight "
           f"decoded at every "
           f"call {decoded * 1e3:.2f} ms, panels kept {kept * 1e3:.2f} ms: {decoded / kept:.2f}x")

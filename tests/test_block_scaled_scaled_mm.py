@@ -240,13 +240,13 @@ def test_backends_of_block_scaled_calls(monkeypatch):
 def test_cuda_simple_for_a_block_scaled_call_says_its_kernel_has_no_device_self_test(monkeypatch):
     """Named cuda:simple on CUDA tensors is an explicit choice of a kernel checked only under the simulator: the
     plan takes it and carries the warning (the plan of a CUDA call, built on the CPU from a device stand-in)."""
-    from mmaemu.plan import planner
+    from mmaemu.plan import steps
     from mmaemu.platform import block_scaled
 
     monkeypatch.delenv("MMAEMU_DISABLE_CUDA", raising=False)
     plan = types.SimpleNamespace(notices=[], fallbacks=[], backend=None)
     with collecting():
-        planner._choose_block_scaled_backend(plan, torch.device("cuda"), "cuda:simple", None)
+        steps.choose_block_scaled_backend(plan, torch.device("cuda"), "cuda:simple", None)
     assert plan.backend == "cuda:simple"
     assert [(n.category, n.message) for n in plan.notices] == [
         (mmaemu.ExperimentalPresetWarning, block_scaled.CUDA_SIMPLE_UNCHECKED)]

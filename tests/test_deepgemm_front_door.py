@@ -145,6 +145,47 @@ def test_mmaemu_backend_replaces_auto(on_fake_gpu, monkeypatch):
         dg.fp8_gemm_nt(a, b, torch.empty_like(expected))
 
 
+def test_the_grouped_entries_plan_through_the_same_front_door(on_fake_gpu, monkeypatch):
+    """The M-grouped GEMMs (masked and contiguous) are planned as fp8_gemm_nt is: MMAEMU_DISABLE_CUDA, a failed
+    verdict, MMAEMU_BACKEND (a CUDA kernel that runs, one that declines: the fallback) apply to each."""
+    a, b = operands()
+    expected = cpu_result(a, b)
+    a3, b3 = (a[0][None], a[1][None]), (b[0][None], b[1][None])
+    masked, rows = torch.tensor([8], dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+
+    def masked_call(**kwargs):
+        d = torch.zeros((1, 8, 256), dtype=torch.bfloat16)
+        dg.m_grouped_fp8_gemm_nt_masked(a3, b3, d, masked, 8, **kwargs)
+        return d[0]
+
+    def contiguous_call(**kwargs):
+        d = torch.zeros((8, 256), dtype=torch.bfloat16)
+        dg.m_grouped_fp8_gemm_nt_contiguous(a, b3, d, rows, **kwargs)
+        return d
+
+    for call in (masked_call, contiguous_call):
+        on_fake_gpu["launches"].clear()
+        on_fake_gpu["verdicts"] = verdict_source({})
+        monkeypatch.setenv("MMAEMU_DISABLE_CUDA", "1")
+        with pytest.raises(BackendUnavailableError, match="disabled by MMAEMU_DISABLE_CUDA"):
+            call(backend="cuda:simple")
+        monkeypatch.delenv("MMAEMU_DISABLE_CUDA")
+        on_fake_gpu["verdicts"] = verdict_source({"simple": False})
+        with pytest.raises(BackendUnavailableError, match="cuda:simple: stub says simple fails"):
+            call(backend="cuda:simple")
+        assert on_fake_gpu["launches"] == [], call.__name__
+        on_fake_gpu["verdicts"] = verdict_source({})
+        monkeypatch.setenv("MMAEMU_BACKEND", "cuda:simple")
+        assert torch.equal(call().view(torch.int16), expected.view(torch.int16)), call.__name__
+        assert on_fake_gpu["launches"] == [DEEPGEMM_SM90_1D2D.name], call.__name__
+        monkeypatch.setenv("MMAEMU_BACKEND", "cuda:offset")
+        assert torch.equal(call().view(torch.int16), expected.view(torch.int16)), call.__name__
+        plan = on_fake_gpu["planned"][-1]
+        assert plan.backend == "cpu" and "offset kernel" in plan.fallbacks[0], call.__name__
+        assert on_fake_gpu["launches"] == [DEEPGEMM_SM90_1D2D.name], call.__name__
+        monkeypatch.delenv("MMAEMU_BACKEND")
+
+
 def test_the_plan_decides_from_the_context_it_is_given(monkeypatch):
     monkeypatch.setattr(gating, "_probe", lambda device=None: H100)
     kernel = DEEPGEMM_SM90_1D2D

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mmaemu
-from mmaemu import api
+from mmaemu.recipes import tensorwise
 from mmaemu.errors import MmaemuError, ReferenceRejectsError
 from mmaemu.testing import assert_bitwise_equal
 
@@ -27,7 +27,7 @@ def nothing_is_computed(monkeypatch):
     def engine(*args, **kwargs):
         raise AssertionError("the GEMM was computed before the call was refused")
 
-    monkeypatch.setattr(api, "_accumulator", engine)
+    monkeypatch.setattr(tensorwise, "_accumulator", engine)
 
 
 def refusal(call, **kwargs):

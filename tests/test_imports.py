@@ -113,8 +113,13 @@ LAYERS = (
     ("kernels", ("mmaemu.cpu", "mmaemu.cuda", "mmaemu.model")),
     ("plan", ("mmaemu.plan", "mmaemu.platform", "mmaemu.backends", "mmaemu.quantize", "mmaemu.block_quantize",
               "mmaemu.gpu_torch_ops", "mmaemu.delayed_scaling")),
+    # A recipe (mmaemu.recipes) is made of the plan's rules and steps and the kernels, and computes; the block-wise
+    # recipe's GEMM is mmaemu.blockwise_cublaslt's. Validation, the planner and its cache find the call's recipe
+    # and ask it: they sit on top of the recipes.
+    ("recipes", ("mmaemu.recipes", "mmaemu.blockwise_cublaslt")),
+    ("planner", ("mmaemu.plan.validate", "mmaemu.plan.planner", "mmaemu.plan.cache")),
     ("api", ("mmaemu.api", "mmaemu.deepgemm", "mmaemu.audit", "mmaemu.scaled_v2", "mmaemu.grouped",
-             "mmaemu.torch_ops", "mmaemu.blockwise_cublaslt")),
+             "mmaemu.torch_ops")),
     ("edge", ("mmaemu", "mmaemu.cli", "mmaemu.nn", "mmaemu.nn_recipes", "mmaemu.nn_training", "mmaemu.audit_training",
               "mmaemu.patching", "mmaemu.diagnostics", "mmaemu.record", "mmaemu.testing", "mmaemu.demo",
               "mmaemu.__main__")),

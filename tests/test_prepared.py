@@ -10,6 +10,7 @@ import torch
 
 import mmaemu
 import mmaemu.api
+from mmaemu.recipes import tensorwise
 from mmaemu.cpu import engine, prepared
 from mmaemu.cpu.engine import TILE, accumulate_codes, prepare_b
 from mmaemu.model.presets import ADA, HOPPER
@@ -23,7 +24,7 @@ NONFINITE = {"e4m3": [0x7F, 0xFF], "e5m2": [0x7C, 0xFC, 0x7D]}
 @pytest.fixture(autouse=True)
 def empty_store(monkeypatch):
     """An empty store, used for every size of B (small ones are otherwise decoded at each call)."""
-    monkeypatch.setattr(mmaemu.api, "_PREPARED_MIN_CODES", 0)
+    monkeypatch.setattr(tensorwise, "_PREPARED_MIN_CODES", 0)
     prepared.WEIGHTS.clear()
     cache.clear()
     yield
@@ -95,7 +96,7 @@ def uncached(a, mat2):
 
 
 def test_a_small_b_is_decoded_at_each_call(monkeypatch):
-    monkeypatch.setattr(mmaemu.api, "_PREPARED_MIN_CODES", 48 * 64 + 1)
+    monkeypatch.setattr(tensorwise, "_PREPARED_MIN_CODES", 48 * 64 + 1)
     a, w = fp8((2, 64), 1), fp8((48, 64), 2)
     for _ in range(3):
         product(a, w.t())

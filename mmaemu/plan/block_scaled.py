@@ -53,7 +53,7 @@ __all__ = ["BlockScaling", "block_scaling", "BlockScaledSpec", "check_block_scal
 _TORCH = "[torch _scaled_mm]"
 _SCOPE = "[mmaemu scope]"
 FP4_DTYPE_NAME = "float4_e2m1fn_x2"  # by name (torch 2.8's dtype): operand descriptors plan without torch
-_SCALE_BLOCK = {"float8_e8m0fnu": 32, "float8_e4m3fn": 16}
+_SCALE_BLOCK = {row.scale_dtype: row.block for row in RECIPES.values()}  # scale dtype -> block (one per dtype)
 _MN_TILE, _K_TILE = 128, 4
 
 

@@ -250,6 +250,12 @@ def _entry(plan: Plan, notices, profile, fields) -> _Entry:
 # Entry points
 
 
+def _takes_bias(call) -> bool:
+    """Whether the kept call's recipe keeps a bias in its call spec (:attr:`mmaemu.recipes.base.Recipe.takes_bias`;
+    a zero-size call has no recipe and no bias)."""
+    return call.recipe is not None and call.recipe.takes_bias
+
+
 def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
                           use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto") -> Plan:
     """:func:`mmaemu.plan.planner.plan_scaled_mm`, planned once per signature (see the module docstring)."""
@@ -267,7 +273,7 @@ def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result
         _replay(entry)
         given = dict(input=input.contiguous() if entry.copies_input else input, mat2=mat2, scale_a=scale_a,
                      scale_b=scale_b, scale_result=scale_result, out=out,
-                     bias=bias if entry.template.call.rowwise or entry.template.call.blockwise else None)
+                     bias=bias if _takes_bias(entry.template.call) else None)
         return _bind(entry, given)
     try:
         plan, notices = _plan_reporting(plan_scaled_mm, *arguments, **options, context=for_call())

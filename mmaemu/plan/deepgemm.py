@@ -30,7 +30,7 @@ from ..model.presets import get_preset
 from ..platform.splitk import SplitDecision
 from ..warn import Notice, collecting, report
 from .flush import check_no_flush_to_zero
-from .planner import CallPlan
+from .steps import CallPlan
 
 __all__ = ["BlockwisePlan", "plan_blockwise", "explain_blockwise", "CUDA_SIMPLE_UNCHECKED", "NO_SPLIT_REASON"]
 

@@ -81,8 +81,10 @@ PADDING_UNKNOWN = "the zero padding of the last instruction (K % 64 == 32)"
 
 
 class Recipe(NamedTuple):
-    """One block-scaled recipe of ``_scaled_mm``: operand dtypes, scale dtype and format, block length, the
-    instruction preset of the B200 profile."""
+    """One variant of the block-scaled recipe of ``_scaled_mm`` (:mod:`mmaemu.recipes.block_scaled`): operand
+    dtypes (the first is the one its casts produce), scale dtype and format, block length (elements of K per
+    scale), the instruction preset of the B200 profile, and the multiple of K (elements) a call and a layer's
+    in_features need: one 32-element MXFP8 instruction, or torch's packed-FP4 rule (K / 2 a multiple of 16)."""
 
     name: str
     operand_dtypes: tuple
@@ -90,14 +92,17 @@ class Recipe(NamedTuple):
     scale_fmt: str
     block: int
     preset: str
+    k_multiple: int
 
 
+#: The one table of the block-scaled variants: validation (:mod:`mmaemu.plan.block_scaled`), the casts
+#: (:mod:`mmaemu.block_quantize`) and the layers (:mod:`mmaemu.nn_recipes`) read it.
 RECIPES = {
-    "mxfp8": Recipe("mxfp8", ("float8_e4m3fn", "float8_e5m2"), "float8_e8m0fnu", "ue8m0", 32, "tcgen05_mxf8f6f4"),
-    "mxfp4": Recipe("mxfp4", ("float4_e2m1fn_x2",), "float8_e8m0fnu", "ue8m0", 32, "tcgen05_mxf4nvf4"),
-    "nvfp4": Recipe("nvfp4", ("float4_e2m1fn_x2",), "float8_e4m3fn", "ue4m3", 16, "tcgen05_mxf4nvf4"),
+    "mxfp8": Recipe("mxfp8", ("float8_e4m3fn", "float8_e5m2"), "float8_e8m0fnu", "ue8m0", 32, "tcgen05_mxf8f6f4", 32),
+    "mxfp4": Recipe("mxfp4", ("float4_e2m1fn_x2",), "float8_e8m0fnu", "ue8m0", 32, "tcgen05_mxf4nvf4", 32),
+    "nvfp4": Recipe("nvfp4", ("float4_e2m1fn_x2",), "float8_e4m3fn", "ue4m3", 16, "tcgen05_mxf4nvf4", 32),
 }
-FP4_RECIPES = ("mxfp4", "nvfp4")
+FP4_RECIPES = tuple(name for name, row in RECIPES.items() if "float4_e2m1fn_x2" in row.operand_dtypes)
 
 
 def is_block_scaled_profile(profile) -> bool:

@@ -1,0 +1,152 @@
+"""The block-scaled recipe: MXFP8, MXFP4 and NVFP4 (torch's ``BlockWise1x32`` / ``BlockWise1x16`` on sm_100), as
+the B200 profile models cuBLASLt's GEMM (:mod:`mmaemu.platform.block_scaled`, whose :data:`RECIPES
+<mmaemu.platform.block_scaled.RECIPES>` is the one table of the three block-scaled variants).
+
+* Recognised: both scales ``float8_e8m0fnu`` or both ``float8_e4m3fn``, of the swizzled size
+  (:func:`mmaemu.plan.block_scaled.block_scaling`, B.1); its operands may be packed FP4.
+* Rules: :func:`mmaemu.plan.block_scaled.check_block_scaled_call` (B.2-B.4). Plan: experimental (a warning that
+  names what is unknown), S = 1, the instruction's preset, the engines of
+  :func:`mmaemu.plan.steps.choose_block_scaled_backend`.
+* Host preparation: the kernel's operands (:func:`mmaemu.plan.block_scaled.kernel_operands`: codes, FP4 unpacked,
+  the swizzled scales mapped back to their blocks, K zero-padded to whole instructions), made once for every
+  engine (:func:`_block_scaled_accumulator`). Epilogue: alpha = 1, or NVFP4's product of the global scales
+  (:func:`_block_scaled_epilogue`).
+"""
+
+from __future__ import annotations
+
+from ..errors import ExperimentalPresetWarning, UnsupportedFeatureError
+from ..formats import dtype_name
+from ..platform import block_scaled
+from ..platform.splitk import SplitDecision, asks_one_split
+from ..plan import rules, steps
+from ..plan.block_scaled import block_scaling, check_block_scaled_call
+from ..warn import Notice
+from ._torch import BitsDtypes, torch_for
+from .base import Recipe
+from .tensorwise import _codes_rows, _scale_bits
+
+torch = torch_for(globals())
+
+__all__ = ["BLOCK_SCALED", "BlockScaledRecipe"]
+
+_BITS_DTYPE = BitsDtypes()
+
+
+_ONE_F32_BITS = 0x3F800000
+
+
+def _block_scaled_codes(t: torch.Tensor, fmt: str):
+    """One uint8 code per element [rows, K] of a row-major float8 or packed float4_e2m1fn_x2 operand."""
+    from .. import formats
+
+    codes = _codes_rows(t)
+    return formats.unpack_fp4(codes) if fmt == "e2m1" else codes
+
+
+def _block_scaled_accumulator(plan) -> torch.Tensor:
+    """fp32 accumulators [M, N] of an MXFP8 / MXFP4 / NVFP4 call: the kernel's operands (the swizzled scales mapped
+    back to their blocks, K zero-padded to whole instructions: :func:`mmaemu.plan.block_scaled.kernel_operands`),
+    then one chain of the instruction per output."""
+    from ..plan.block_scaled import kernel_operands
+
+    call = plan.call
+    spec = call.block_scaled
+    a, b, sa, sb = kernel_operands(_block_scaled_codes(call.input, spec.fmt_a),
+                                   _block_scaled_codes(call.mat2.t(), spec.fmt_b),
+                                   _codes_rows(call.scale_a.reshape(-1)), _codes_rows(call.scale_b.reshape(-1)), spec)
+    if plan.backend == "cuda:simple":
+        from ..cuda.block_scaled.kernel import accumulate_block_scaled_cuda
+
+        return accumulate_block_scaled_cuda(a, b, spec.fmt_a, spec.fmt_b, sa, sb, spec.recipe.scale_fmt, spec.preset,
+                                            call.device)
+    from ..cpu.block_scaled import accumulate_block_scaled
+
+    acc = accumulate_block_scaled(a, b, spec.fmt_a, spec.fmt_b, sa, sb, spec.recipe.scale_fmt, spec.preset,
+                                  reference=plan.backend == "reference")
+    return torch.from_numpy(acc)
+
+
+def _block_scaled_epilogue(acc: torch.Tensor, call) -> torch.Tensor:
+    """cuBLASLt's epilogue of a block-scaled call (:mod:`mmaemu.platform.block_scaled`): alpha = 1, or
+    fp32(global_scale_a * global_scale_b) for two-level NVFP4, applied as semantics.md (e) applies scale_a *
+    scale_b; on the CPU, the result copied to the call's device."""
+    from ..cpu import epilogue_codes
+
+    out_name = dtype_name(call.out_dtype)
+    if call.global_scales is None:
+        alpha_bits = (_ONE_F32_BITS, _ONE_F32_BITS)
+    else:
+        alpha_bits = tuple(_scale_bits(g) for g in call.global_scales)
+    bits = epilogue_codes(acc.cpu().numpy(), *alpha_bits, None, out_name)
+    return torch.from_numpy(bits).view(_BITS_DTYPE[out_name]).view(call.out_dtype).to(call.device)
+
+
+class BlockScaledRecipe(Recipe):
+    """MXFP8 / MXFP4 / NVFP4 block scales (module docstring)."""
+
+    name = "block_scaled"
+    fp4_operands = True
+
+    def recognise(self, input, mat2, scale_a, scale_b, profile):
+        return block_scaling(scale_a, scale_b, input, mat2)
+
+    def validate(self, input, mat2, found, bias, profile, global_scales, common):
+        return _block_scaled_call(input, mat2, found, bias, profile, global_scales, **common)
+
+    def pair(self, call) -> str:
+        spec = call.block_scaled
+        single = spec.recipe.name == "nvfp4" and getattr(call, "global_scales", None) is None
+        return f"{spec.recipe.name}_{spec.recipe.name}" + ("_single_scale" if single else "")
+
+    def plan(self, plan, splitk, backend, context):
+        return _plan_block_scaled(plan, splitk, backend, context)
+
+    def run(self, plan, weights=None):
+        return _block_scaled_epilogue(_block_scaled_accumulator(plan), plan.call)
+
+
+def _block_scaled_call(input, mat2, scaling, bias, profile, global_scales, **common) -> rules.ScaledMMCall:
+    """An MXFP8 / NVFP4 call after f.3: the rules of :mod:`mmaemu.plan.block_scaled` (B.2-B.4)."""
+    grad = dict(input=input, mat2=mat2, scale_a=common["scale_a"], scale_b=common["scale_b"],
+                scale_result=common["scale_result"])
+    for name, g in zip(("global_scale_a", "global_scale_b"), global_scales or ()):
+        grad[name] = g
+    spec = check_block_scaled_call(input, mat2, scaling, common["out_dtype"], bias, common["out"], profile,
+                                   global_scales, grad)
+    resize, resize_warns = rules._out_resize(common["out"], common["M"], common["N"])
+    return rules.ScaledMMCall(
+        input=input, mat2=mat2, fmt_a=None, fmt_b=None, zero_size=False, layout_std=True, input_copied=False,
+        out_column_major=False, out_unusable=False, out_resize=resize, out_resize_warns=resize_warns,
+        block_scaled=spec, global_scales=global_scales, **common, recipe=BLOCK_SCALED,
+    )
+
+
+def _plan_block_scaled(plan: steps.Plan, splitk, backend, context) -> steps.Plan:
+    """An MXFP8 / MXFP4 / NVFP4 call (:mod:`mmaemu.platform.block_scaled`): experimental; one chain of the
+    instruction per output over all of K (zero-padded to whole instructions), so S = 1 only; CPU engines, or
+    ``cuda:simple`` when asked for by name."""
+    call = plan.call
+    spec = call.block_scaled
+    plan.preset = spec.preset
+    padded = spec.padded_K != spec.K
+    steps.note(plan, [Notice(ExperimentalPresetWarning,
+                             block_scaled.maturity_message(spec.recipe, spec.preset.name, padded),
+                             (f"block-scaled:{plan.profile.name}:{spec.recipe.name}:"
+                              f"{'padded' if padded else 'whole'}",))])
+    steps.out_resized_warning(plan)
+    if not asks_one_split(splitk):
+        raise UnsupportedFeatureError(
+            f"splitk={splitk!r}: {spec.recipe.name.upper()} calls are modelled with one chain per output "
+            f"({block_scaled.NO_SPLIT_REASON}); use splitk='auto' or 1")
+    plan.kernel = block_scaled.KERNEL
+    plan.split = SplitDecision(1, "none", "kernel", False, None,
+                               f"{block_scaled.NO_SPLIT_REASON}; instruction {spec.preset.name}, "
+                               f"{spec.recipe.name.upper()} block {spec.block}, K = {spec.K} elements"
+                               f"{f', K zero-padded to {spec.padded_K}' if padded else ''}; unknown: "
+                               f"{'; '.join(block_scaled.unknowns(spec.recipe, padded))}")
+    steps.choose_block_scaled_backend(plan, call.device, backend, context)
+    return plan
+
+
+BLOCK_SCALED = BlockScaledRecipe()

@@ -1,0 +1,118 @@
+"""The row-wise recipe: fp32 scales per row of input ([M, 1]) and per column of mat2 ([1, N]), and a bf16 bias
+(torch 2.7.1's ``RowWise``), computed as torch's CUTLASS kernel ``f8f8bf16_rowwise`` does on sm_90
+(:mod:`mmaemu.platform.rowwise`).
+
+* Recognised: scale_a [M, 1] and scale_b [1, N], contiguous fp32 (torch's get_scaling_type, f.2.4-5: every other
+  scale that is not one element each is refused here, with the block-wise hint where it applies).
+* Rules: the kernel's own (:func:`mmaemu.plan.rowwise.check_rowwise_call`), then no grad.
+* Plan: experimental (a warning), one CTA per output over all of K (S = 1), the scale order of the epilogue in the
+  split note (:func:`mmaemu.platform.rowwise.scale_order`); the engines of the tensor-wise recipe.
+* Host preparation and kernels: the tensor-wise accumulator (:func:`mmaemu.recipes.tensorwise._accumulator`).
+  Epilogue: torch's row-wise epilogue (:mod:`mmaemu.arith.rowwise`, :func:`_rowwise_epilogue`).
+"""
+
+from __future__ import annotations
+
+from ..arith.params import require_gemm_level
+from ..errors import UnsupportedFeatureError
+from ..platform import rowwise
+from ..platform.splitk import SplitDecision, asks_one_split
+from ..plan import rules, steps
+from ..plan.blockwise import blockwise_hint
+from ..plan.rowwise import check_rowwise_call
+from ._torch import torch_for
+from .base import Recipe
+from .tensorwise import _accumulator
+
+torch = torch_for(globals())
+
+__all__ = ["ROWWISE", "RowwiseRecipe"]
+
+
+def _bits(t: torch.Tensor, view) -> "numpy.ndarray":  # noqa: F821
+    return t.detach().contiguous().reshape(-1).view(view).cpu().numpy()
+
+
+def _rowwise_epilogue(acc: torch.Tensor, call) -> torch.Tensor:
+    """bf16 output of torch's row-wise epilogue (:mod:`mmaemu.arith.rowwise`) on the accumulator's device. An
+    accumulator on a CUDA device goes to :func:`mmaemu.cuda.rowwise_epilogue`, which today computes with the CPU
+    loops and copies the result back (its CUDA kernel, checked under the simulator only, has no device self-test,
+    so it runs on no GPU); an accumulator on the CPU gets the CPU loops here."""
+    from ..platform.rowwise import scale_order
+
+    x_first = scale_order(call.M, call.N).x_first
+    if acc.device.type == "cuda":
+        from .. import cuda as cuda_backend
+
+        return cuda_backend.rowwise_epilogue(acc, call.scale_a, call.scale_b, call.bias, x_first)
+    from ..cpu import rowwise_epilogue_codes
+
+    bias = None if call.bias is None else _bits(call.bias, torch.uint16)
+    bits = rowwise_epilogue_codes(acc.numpy(), _bits(call.scale_a, torch.uint32), _bits(call.scale_b, torch.uint32),
+                                  bias, x_first)
+    return torch.from_numpy(bits).view(torch.bfloat16)
+
+
+class RowwiseRecipe(Recipe):
+    """Per-row and per-column fp32 scales, torch's CUTLASS kernel (module docstring)."""
+
+    name = "rowwise"
+    takes_bias = True
+
+    def recognise(self, input, mat2, scale_a, scale_b, profile):
+        M, N = input.shape[0], mat2.shape[1]
+        hint = blockwise_hint(input, mat2, scale_a, scale_b)
+        return True if rules._is_rowwise_scaling(scale_a, scale_b, M, N, hint) else None
+
+    def validate(self, input, mat2, found, bias, profile, global_scales, common):
+        return _rowwise_call(input, mat2, bias, profile, **common)
+
+    def pair(self, call) -> str:
+        return "rowwise_rowwise"
+
+    def plan(self, plan, splitk, backend, context):
+        steps.refuse_block_scaled_preset(plan)
+        steps.maturity_warnings(plan)
+        return _plan_rowwise(plan, splitk, backend, context)
+
+    def run(self, plan, weights=None):
+        call = plan.call
+        acc, _ = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum, weights)
+        return _rowwise_epilogue(acc, call)
+
+
+def _rowwise_call(input, mat2, bias, profile, **common) -> rules.ScaledMMCall:
+    """A row-wise call after f.3: the kernel's own checks (:mod:`mmaemu.plan.rowwise`), then the no-grad rule of
+    f.6."""
+    check_rowwise_call(input, mat2, common["scale_a"], common["scale_b"], bias, common["out"], common["out_dtype"],
+                       profile)
+    rules._check_no_grad(dict(input=input, mat2=mat2, scale_a=common["scale_a"], scale_b=common["scale_b"],
+                              scale_result=common["scale_result"], bias=bias))
+    resize, resize_warns = rules._out_resize(common["out"], common["M"], common["N"])
+    return rules.ScaledMMCall(
+        input=input, mat2=mat2, fmt_a=rules._fp8_format(input.dtype), fmt_b=rules._fp8_format(mat2.dtype),
+        zero_size=False, layout_std=True, input_copied=False, out_column_major=False, out_unusable=False,
+        out_resize=resize, out_resize_warns=resize_warns, rowwise=True, bias=bias, **common, recipe=ROWWISE,
+    )
+
+
+def _plan_rowwise(plan: steps.Plan, splitk, backend, context) -> steps.Plan:
+    """A row-wise call (torch's CUTLASS kernel, :mod:`mmaemu.platform.rowwise`): experimental; one CTA per output
+    over all of K, so S = 1 whatever the shape; the scale order of the epilogue is in the split note."""
+    call = plan.call
+    steps.note(plan, [rowwise.rowwise_maturity_notice()])
+    steps.out_resized_warning(plan)
+    if not asks_one_split(splitk):
+        raise UnsupportedFeatureError(
+            f"splitk={splitk!r}: torch 2.7.1's row-wise kernel never splits K ({rowwise.NO_SPLIT_REASON}); use "
+            f"splitk='auto' or 1"
+        )
+    require_gemm_level(plan.preset, call.use_fast_accum)
+    order = rowwise.scale_order(call.M, call.N)
+    plan.kernel = rowwise.KERNEL
+    plan.split = SplitDecision(1, "none", "kernel", False, None, f"{rowwise.NO_SPLIT_REASON}; {order.note}")
+    steps.choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b, context)
+    return plan
+
+
+ROWWISE = RowwiseRecipe()

@@ -1,0 +1,157 @@
+"""The tensor-wise recipe: one fp32 scale per operand (torch 2.7.1's ``TensorWise``), the GEMM of cuBLASLt 12.8
+(semantics.md sections (a)-(e)), the smallest recipe and the example of docs/architecture.md, "Recipes".
+
+* Recognised: what no recipe before it in :data:`mmaemu.recipes.RECIPES` took (the row-wise recogniser refuses
+  every scale that is neither tensor- nor row-wise).
+* Rules (f.4-f.6, :mod:`mmaemu.plan.rules`): cuBLASLt's layout (a neither-major input is copied), dtypes,
+  alignment and leading dimensions, the profile's rejections, then mmaemu's scope (no bias, no grad).
+* Plan: the maturity warnings, ``out=`` handling, the split-K decision of the profile's recorded tables and the
+  engine (:mod:`mmaemu.plan.steps`).
+* Host preparation: the operands' uint8 codes, row-major (:func:`_codes_rows`); B's decoded panels are kept between
+  calls by the fast CPU engine (:mod:`mmaemu.cpu.prepared`). Kernels: the CPU engines, or the CUDA kernel the
+  choice of :func:`mmaemu.cuda.accumulate` takes. Epilogue: semantics.md (e), on the device that computed the
+  accumulator where its CUDA epilogue kernel is validated there (:func:`_epilogue`).
+"""
+
+from __future__ import annotations
+
+import numpy
+
+from ..formats import dtype_name
+from ..plan import rules, steps
+from ..plan.layout import is_layout_std
+from ..warn import report
+from ._torch import BitsDtypes, torch_for
+from .base import Recipe
+
+torch = torch_for(globals())
+
+__all__ = ["TENSORWISE", "TensorwiseRecipe"]
+
+_BITS_DTYPE = BitsDtypes()
+
+
+def _codes_rows(t: torch.Tensor) -> "numpy.ndarray":  # noqa: F821
+    """uint8 codes of a 2-D float8 tensor, C-contiguous, on the CPU."""
+    return t.detach().contiguous().view(torch.uint8).cpu().numpy()
+
+
+def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b: str, fast: bool, weights=None):
+    """(fp32 accumulators [M, N] of a [M, K] times b_rows [N, K]^T on the tensors' device, the CUDA kernel that
+    computed them or None for a CPU engine). ``weights``: where the fast CPU engine keeps B's prepared panels
+    between calls (:mod:`mmaemu.cpu.prepared`), or None."""
+    device = a.device
+    split = plan.split
+    if plan.backend.startswith("cuda"):
+        from .. import cuda as cuda_backend
+
+        return cuda_backend.accumulate(plan.backend, a, b_rows, fmt_a, fmt_b, plan.preset, fast, split.S,
+                                       split.scheme, context=plan.context)
+    from ..cpu import accumulate_codes
+
+    b_codes = _codes_rows(b_rows)
+    reference = plan.backend == "reference"
+    engine = None if plan.cpu_engine is None else plan.cpu_engine.engine
+    prepared = None
+    if weights is not None and not reference and b_codes.size >= _PREPARED_MIN_CODES and device.type == "cpu":
+        from ..cpu.engine import OFFSET, TILE
+
+        prepared = weights.prepared(OFFSET if engine == "offset" else TILE, fmt_b, b_rows, b_codes)
+    acc = accumulate_codes(_codes_rows(a), b_codes, fmt_a, fmt_b, plan.preset, fast, split.S, split.scheme,
+                           reference=reference, cpu_engine=engine, prepared_b=prepared)
+    acc = torch.from_numpy(acc)
+    return (acc if device.type == "cpu" else acc.to(device)), None
+
+
+# A B of fewer codes is decoded at each call: its decode (about 2 ns a code) costs less than finding and checking
+# its kept panels.
+_PREPARED_MIN_CODES = 1 << 14
+
+
+def _scale_bits(scale) -> int:
+    """The fp32 bit pattern of a one-element fp32 scale, read once through numpy (no float conversion)."""
+    return int(scale.detach().cpu().numpy().reshape(-1).view(numpy.uint32)[0])
+
+
+def _epilogue(acc: torch.Tensor, computed_by, plan) -> torch.Tensor:
+    """Output tensor of the epilogue (semantics.md (e)) of ``plan``'s call on the accumulator's device.
+
+    An accumulator computed by a CUDA kernel (``computed_by``) gets the CUDA epilogue kernel (same arithmetic,
+    validated on the device: its verdict read from the plan's context), so the result never leaves the device;
+    otherwise (a CPU engine computed the accumulator, or that kernel is not validated there: warned) the CPU
+    epilogue computes and the result is copied to the accumulator's device.
+    """
+    call = plan.call
+    if computed_by is not None:
+        from .. import cuda as cuda_backend
+
+        outcome = cuda_backend.epilogue(acc, call.scale_a, call.scale_b, call.scale_result, call.out_dtype,
+                                        computed_by, context=plan.context)
+        report(outcome.notices)
+        if outcome.result is not None:
+            return outcome.result
+    from ..cpu import epilogue_codes
+
+    out_name = dtype_name(call.out_dtype)
+    scale_result = _scale_bits(call.scale_result) if call.scale_result is not None else None
+    acc_values = acc.numpy() if acc.device.type == "cpu" else acc.cpu().numpy()
+    bits = epilogue_codes(acc_values, _scale_bits(call.scale_a), _scale_bits(call.scale_b), scale_result, out_name)
+    result = torch.from_numpy(bits).view(_BITS_DTYPE[out_name]).view(call.out_dtype)
+    return result if acc.device.type == "cpu" else result.to(acc.device)
+
+
+class TensorwiseRecipe(Recipe):
+    """One fp32 scale per operand (module docstring)."""
+
+    name = "tensorwise"
+
+    def recognise(self, input, mat2, scale_a, scale_b, profile):
+        return True  # last in the registry: the row-wise recogniser has refused every other scale
+
+    def validate(self, input, mat2, found, bias, profile, global_scales, common):
+        """f.4 cuBLAS / cuBLASLt-level checks, f.5 the profile's rejections, f.6 mmaemu's scope."""
+        M, N, od = common["M"], common["N"], common["out_dtype"]
+        input, input_copied = rules._check_layout(input, mat2)  # f.4.2 (may copy input)
+        rules._check_modelled_float8(input, mat2)  # f.4.3
+        rules._check_cublas_out_dtype(od)  # f.4.4
+        rules._check_alignment(input, mat2)  # f.4.5
+        rules._check_leading_dimensions(input, mat2)  # f.4.6
+        fmt_a = rules._fp8_format(input.dtype)
+        fmt_b = rules._fp8_format(mat2.dtype)
+        rules._check_profile(profile, fmt_a, fmt_b, od)  # f.5
+        rules._check_scope(bias, input=input, mat2=mat2, scale_a=common["scale_a"], scale_b=common["scale_b"],
+                           scale_result=common["scale_result"])  # f.6
+        return rules.ScaledMMCall(
+            input=input, mat2=mat2, fmt_a=fmt_a, fmt_b=fmt_b, zero_size=False,
+            layout_std=is_layout_std(input, mat2), input_copied=input_copied,
+            **rules._out_flags(common["out"], M, N), **common, recipe=self,
+        )
+
+    def pair(self, call) -> str:
+        return "tensorwise_tensorwise"
+
+    def plan(self, plan, splitk, backend, context):
+        """f.7: maturity, ``out=`` (an unusable out is returned unchanged), the split-K decision, the engine."""
+        call = plan.call
+        steps.refuse_block_scaled_preset(plan)
+        steps.maturity_warnings(plan)
+        if call.out_unusable:
+            steps.out_warning(plan, steps.OUT_UNCHANGED_MESSAGE)
+            plan.action = "out-unchanged"
+            return plan
+        steps.out_resized_warning(plan)
+        M, N, K, fmt_a, fmt_b = rules.split_key(call)
+        # the output dtype by name: the split decision reads only its name, which an operand descriptor's dtype has
+        steps.decide(plan, M, N, K, fmt_a, fmt_b, dtype_name(call.out_dtype), call.use_fast_accum, splitk,
+                     call.layout_std, context)
+        steps.choose_backend(plan, call.device, backend, call.fmt_a, call.fmt_b, context)
+        return plan
+
+    def run(self, plan, weights=None):
+        call = plan.call
+        acc, computed_by = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum,
+                                        weights)
+        return _epilogue(acc, computed_by, plan)
+
+
+TENSORWISE = TensorwiseRecipe()
