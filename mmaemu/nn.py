@@ -98,6 +98,21 @@ def _check_splitk_and_backend(splitk, backend, profile):
         requested_backend(backend)
 
 
+def _inference_rows(layer, x, advice: str = "call it under"):
+    """The input rows [M, in_features] of an inference-only layer (this one and the recipe layers of
+    :mod:`mmaemu.nn_recipes`), or the error that says what is wrong; ``advice`` opens the grad-mode error's
+    advice (torch.no_grad() / torch.inference_mode(), or x.detach())."""
+    name = type(layer).__name__
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} expects a tensor, got {type(x).__name__}")
+    if x.dim() < 1 or x.shape[-1] != layer.in_features:
+        raise ValueError(f"expected input [..., {layer.in_features}], got shape {tuple(x.shape)}")
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise UnsupportedFeatureError(
+            f"{name} is inference-only: {advice} torch.no_grad() / torch.inference_mode(), or pass x.detach()")
+    return x.detach().reshape(-1, layer.in_features)
+
+
 class EmulatedFP8Linear(torch.nn.Module):
     """``y = x W^T (+ b)`` with W and x in E4M3, computed as the profile's reference GPU computes the FP8 GEMM.
 
@@ -230,17 +245,8 @@ class EmulatedFP8Linear(torch.nn.Module):
 
     def _gemm_arguments(self, x):
         """(x_fp8 [M_padded, K], M, leading shape, scale_a) for an input [..., in_features]."""
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"EmulatedFP8Linear expects a tensor, got {type(x).__name__}")
-        if x.dim() < 1 or x.shape[-1] != self.in_features:
-            raise ValueError(f"expected input [..., {self.in_features}], got shape {tuple(x.shape)}")
-        if torch.is_grad_enabled() and x.requires_grad:
-            raise UnsupportedFeatureError(
-                "EmulatedFP8Linear is inference-only: the emulated FP8 GEMM has no backward. Call it under "
-                "torch.no_grad() / torch.inference_mode(), or pass x.detach()"
-            )
+        x2 = _inference_rows(self, x, "the emulated FP8 GEMM has no backward. Call it under")
         lead = tuple(x.shape[:-1])
-        x2 = x.detach().reshape(-1, self.in_features)
         if self.input_scale is None:
             s = amax_scale(x2, "e4m3")
             s_inv = scale_inv(s)
