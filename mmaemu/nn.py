@@ -38,7 +38,8 @@ import torch
 from . import formats
 from ._untraced import untraced
 from .audit import GemmAudit, ModelAudit, run_audit
-from .errors import SplitKUnknownError, UnsupportedFeatureError
+from .errors import SplitKUnknownError
+from .nn_recipes import _inference_rows
 from .platform.profiles import get_profile
 from .quantize import amax_scale, quantize, scale_inv
 
@@ -96,21 +97,6 @@ def _check_splitk_and_backend(splitk, backend, profile):
     check_splitk_argument(splitk, profile)
     if not (isinstance(backend, str) and backend == "auto"):
         requested_backend(backend)
-
-
-def _inference_rows(layer, x, advice: str = "call it under"):
-    """The input rows [M, in_features] of an inference-only layer (this one and the recipe layers of
-    :mod:`mmaemu.nn_recipes`), or the error that says what is wrong; ``advice`` opens the grad-mode error's
-    advice (torch.no_grad() / torch.inference_mode(), or x.detach())."""
-    name = type(layer).__name__
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} expects a tensor, got {type(x).__name__}")
-    if x.dim() < 1 or x.shape[-1] != layer.in_features:
-        raise ValueError(f"expected input [..., {layer.in_features}], got shape {tuple(x.shape)}")
-    if torch.is_grad_enabled() and x.requires_grad:
-        raise UnsupportedFeatureError(
-            f"{name} is inference-only: {advice} torch.no_grad() / torch.inference_mode(), or pass x.detach()")
-    return x.detach().reshape(-1, layer.in_features)
 
 
 class EmulatedFP8Linear(torch.nn.Module):

@@ -23,12 +23,26 @@ import torch
 
 from ._untraced import untraced
 from .errors import ExperimentalPresetWarning, UnsupportedFeatureError
-from .nn import _inference_rows
 from .platform.splitk import asks_one_split
 
 # torch.compile never traces a recipe layer: its casts must run eagerly to give the bits they give (docs/api.md).
 _GRAPH_BREAK_REASON = ("mmaemu recipe layers are a graph break on purpose: their FP8 casts and the emulated GEMM run "
                        "eagerly, bit for bit; compile with fullgraph=False")
+
+
+def _inference_rows(layer, x, advice: str = "call it under"):
+    """The input rows [M, in_features] of an inference-only layer (a recipe layer here, or
+    :class:`mmaemu.nn.EmulatedFP8Linear`), or the error that says what is wrong; ``advice`` opens the grad-mode
+    error's advice (torch.no_grad() / torch.inference_mode(), or x.detach())."""
+    name = type(layer).__name__
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} expects a tensor, got {type(x).__name__}")
+    if x.dim() < 1 or x.shape[-1] != layer.in_features:
+        raise ValueError(f"expected input [..., {layer.in_features}], got shape {tuple(x.shape)}")
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise UnsupportedFeatureError(
+            f"{name} is inference-only: {advice} torch.no_grad() / torch.inference_mode(), or pass x.detach()")
+    return x.detach().reshape(-1, layer.in_features)
 
 
 def _register_weights(layer, weight_fp8, weight_scale, bias):
