@@ -38,7 +38,8 @@ import torch
 from . import formats
 from ._untraced import untraced
 from .audit import GemmAudit, ModelAudit, run_audit
-from .errors import SplitKUnknownError, UnsupportedFeatureError
+from .errors import SplitKUnknownError
+from .nn_recipes import _inference_rows
 from .platform.profiles import get_profile
 from .quantize import amax_scale, quantize, scale_inv
 
@@ -230,17 +231,8 @@ class EmulatedFP8Linear(torch.nn.Module):
 
     def _gemm_arguments(self, x):
         """(x_fp8 [M_padded, K], M, leading shape, scale_a) for an input [..., in_features]."""
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"EmulatedFP8Linear expects a tensor, got {type(x).__name__}")
-        if x.dim() < 1 or x.shape[-1] != self.in_features:
-            raise ValueError(f"expected input [..., {self.in_features}], got shape {tuple(x.shape)}")
-        if torch.is_grad_enabled() and x.requires_grad:
-            raise UnsupportedFeatureError(
-                "EmulatedFP8Linear is inference-only: the emulated FP8 GEMM has no backward. Call it under "
-                "torch.no_grad() / torch.inference_mode(), or pass x.detach()"
-            )
+        x2 = _inference_rows(self, x, "the emulated FP8 GEMM has no backward. Call it under")
         lead = tuple(x.shape[:-1])
-        x2 = x.detach().reshape(-1, self.in_features)
         if self.input_scale is None:
             s = amax_scale(x2, "e4m3")
             s_inv = scale_inv(s)

@@ -31,8 +31,10 @@ _GRAPH_BREAK_REASON = ("mmaemu recipe layers are a graph break on purpose: their
                        "eagerly, bit for bit; compile with fullgraph=False")
 
 
-def _inference_rows(layer, x):
-    """The input rows [M, in_features] of an inference-only recipe layer, or the error that says what is wrong."""
+def _inference_rows(layer, x, advice: str = "call it under"):
+    """The input rows [M, in_features] of an inference-only layer (a recipe layer here, or
+    :class:`mmaemu.nn.EmulatedFP8Linear`), or the error that says what is wrong; ``advice`` opens the grad-mode
+    error's advice (torch.no_grad() / torch.inference_mode(), or x.detach())."""
     name = type(layer).__name__
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} expects a tensor, got {type(x).__name__}")
@@ -40,7 +42,7 @@ def _inference_rows(layer, x):
         raise ValueError(f"expected input [..., {layer.in_features}], got shape {tuple(x.shape)}")
     if torch.is_grad_enabled() and x.requires_grad:
         raise UnsupportedFeatureError(
-            f"{name} is inference-only: call it under torch.no_grad() / torch.inference_mode(), or pass x.detach()")
+            f"{name} is inference-only: {advice} torch.no_grad() / torch.inference_mode(), or pass x.detach()")
     return x.detach().reshape(-1, layer.in_features)
 
 

@@ -718,25 +718,32 @@ class patch(contextlib.ContextDecorator):
             except BaseException as exc:  # thrown into us by the consumer: hand it to the body, patched
                 thrown = exc
 
-    async def _async_steps(self, generator, log: PatchLog):
+    def _async_steps(self, start):
         """:meth:`_steps` for an async generator (``asend``, ``athrow``, ``aclose``); a step's awaits stay inside
-        its block, as in a decorated ``async def``."""
-        sent = thrown = None
-        while True:
-            with self._block_logging_to(log):
-                try:
-                    value = await (generator.asend(sent) if thrown is None else generator.athrow(thrown))
-                except StopAsyncIteration:
-                    return
+        its block, as in a decorated ``async def``. An async generator cannot delegate (no ``yield from``), so
+        this is an async generator function, to be decorated or called: each of its calls takes ``(generator,
+        log)`` from ``start(*args, **kwargs)`` at its first step and forwards the consumer's steps to them."""
+
+        async def steps(*args, **kwargs):
+            generator, log = start(*args, **kwargs)
             sent = thrown = None
-            try:
-                sent = yield value
-            except GeneratorExit:
+            while True:
                 with self._block_logging_to(log):
-                    await generator.aclose()
-                raise
-            except BaseException as exc:
-                thrown = exc
+                    try:
+                        value = await (generator.asend(sent) if thrown is None else generator.athrow(thrown))
+                    except StopAsyncIteration:
+                        return
+                sent = thrown = None
+                try:
+                    sent = yield value
+                except GeneratorExit:
+                    with self._block_logging_to(log):
+                        await generator.aclose()
+                    raise
+                except BaseException as exc:
+                    thrown = exc
+
+        return steps
 
     async def _awaited(self, coroutine, log: PatchLog):
         with self._block_logging_to(log):
@@ -752,7 +759,7 @@ class patch(contextlib.ContextDecorator):
         if inspect.isgenerator(result):
             return self._steps(result, log)
         if inspect.isasyncgen(result):
-            return self._async_steps(result, log)
+            return self._async_steps(lambda: (result, log))()
         if inspect.iscoroutine(result):
             return self._awaited(result, log)
         return result
@@ -767,25 +774,10 @@ class patch(contextlib.ContextDecorator):
         are those of the block enclosing each step. An ``async def`` keeps its block across its awaits.
         """
         if inspect.isasyncgenfunction(func):
-            @functools.wraps(func)
-            async def async_generator_wrapper(*args, **kwargs):
-                steps = self._async_steps(func(*args, **kwargs), self._new_log())
-                sent = thrown = None
-                while True:  # an async generator cannot delegate with `yield from`: forward by hand
-                    try:
-                        value = await (steps.asend(sent) if thrown is None else steps.athrow(thrown))
-                    except StopAsyncIteration:
-                        return
-                    sent = thrown = None
-                    try:
-                        sent = yield value
-                    except GeneratorExit:
-                        await steps.aclose()
-                        raise
-                    except BaseException as exc:
-                        thrown = exc
+            def start(*args, **kwargs):
+                return func(*args, **kwargs), self._new_log()
 
-            return async_generator_wrapper
+            return functools.wraps(func)(self._async_steps(start))
 
         if inspect.isgeneratorfunction(func):
             @functools.wraps(func)

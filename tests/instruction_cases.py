@@ -252,3 +252,22 @@ def instruction_cases(fmt_a: str, fmt_b: str, k: int, n: int, frac: int, seed: i
     c = np.concatenate([p[2] for p in parts]).astype(np.uint32)
     kinds = np.repeat(np.array(KINDS), counts)
     return a, b, c, kinds
+
+
+def hex_codes(codes) -> str:
+    """Codes as two-digit hex bytes, for failure reports."""
+    return " ".join(f"{int(x):02X}" for x in codes)
+
+
+def mismatch_report(title, ours, theirs, kinds, c_bits, operands, shown=5):
+    """None if ``ours`` equals ``theirs`` (fp32 bits, one per case); else ``title`` and the first ``shown``
+    differing cases: kind, the lines ``operands(i)`` says (the first beside the kind), c and both results in hex."""
+    bad = np.flatnonzero(ours != theirs)
+    if not bad.size:
+        return None
+    lines = [f"{title}: {bad.size} of {len(ours)} cases differ; first {min(shown, bad.size)}:"]
+    for i in bad[:shown]:
+        first, *more = operands(i)
+        lines += [f"  case {i} ({kinds[i]}): {first}", *(f"    {line}" for line in more),
+                  f"    c = {int(c_bits[i]):08X}; mmaemu {int(ours[i]):08X}, MMA-Sim {int(theirs[i]):08X}"]
+    return "\n".join(lines)

@@ -97,6 +97,19 @@ def cancelling_codes(rng, fmt_a, fmt_b, M, N, K):
     return a, b
 
 
+# The operand families of the random tests, by number: random codes, wide spreads, exact cancellations.
+CODE_FAMILIES = (
+    lambda rng, fmt_a, fmt_b, M, N, K: (random_codes(rng, fmt_a, (M, K)), random_codes(rng, fmt_b, (N, K))),
+    lambda rng, fmt_a, fmt_b, M, N, K: (spread_codes(rng, fmt_a, (M, K)), spread_codes(rng, fmt_b, (N, K))),
+    cancelling_codes,
+)
+
+
+def family_codes(rng, family, fmt_a, fmt_b, M, N, K):
+    """Operands A [M, K] (fmt_a) and B [N, K] (fmt_b) of the operand family number ``family`` (CODE_FAMILIES)."""
+    return CODE_FAMILIES[family](rng, fmt_a, fmt_b, M, N, K)
+
+
 def _shapes(rng):
     """(M, N, K): 1-9 rows (tiles of 1, 2 and 4 rows with a remainder), 1-130 columns (16-128 lanes, padded
     panels) and a K that is rarely a multiple of 16, 32, 64 or 128."""
@@ -199,13 +212,7 @@ def test_random_all_schedules(preset, fmt_a, fmt_b):
                 cases.append((bool(rng.integers(0, 2)), S, scheme))
     for fast, S, scheme in cases:
         M, N, K = _shapes(rng)
-        gen = rng.integers(0, 3)
-        if gen == 0:
-            a, b = random_codes(rng, fmt_a, (M, K)), random_codes(rng, fmt_b, (N, K))
-        elif gen == 1:
-            a, b = spread_codes(rng, fmt_a, (M, K)), spread_codes(rng, fmt_b, (N, K))
-        else:
-            a, b = cancelling_codes(rng, fmt_a, fmt_b, M, N, K)
+        a, b = family_codes(rng, rng.integers(0, len(CODE_FAMILIES)), fmt_a, fmt_b, M, N, K)
         assert_same(a, b, fmt_a, fmt_b, preset, fast, S, scheme)
 
 

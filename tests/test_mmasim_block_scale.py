@@ -23,6 +23,8 @@ import numpy as np
 import pytest
 import torch
 
+from instruction_cases import hex_codes, mismatch_report
+
 import mmaemu
 
 CASES = 100_000
@@ -227,17 +229,9 @@ def _theirs(sim, inst: Instruction, fmt_a, fmt_b, cases: Cases) -> np.ndarray:
 
 
 def _report(title, cases: Cases, ours, theirs):
-    bad = np.flatnonzero(ours != theirs)
-    if not bad.size:
-        return None
-    lines = [f"{title}: {bad.size} of {len(ours)} cases differ; first {min(SHOWN, bad.size)}:"]
-    for i in bad[:SHOWN]:
-        lines += [f"  case {i} ({cases.kinds[i]}): a = {' '.join(f'{x:02X}' for x in cases.a[i])}",
-                  f"    b = {' '.join(f'{x:02X}' for x in cases.b[i])}",
-                  f"    scale_a = {' '.join(f'{x:02X}' for x in cases.sa[i])}; "
-                  f"scale_b = {' '.join(f'{x:02X}' for x in cases.sb[i])}",
-                  f"    c = {int(cases.c[i]):08X}; mmaemu {int(ours[i]):08X}, MMA-Sim {int(theirs[i]):08X}"]
-    return "\n".join(lines)
+    return mismatch_report(title, ours, theirs, cases.kinds, cases.c, lambda i: [
+        f"a = {hex_codes(cases.a[i])}", f"b = {hex_codes(cases.b[i])}",
+        f"scale_a = {hex_codes(cases.sa[i])}; scale_b = {hex_codes(cases.sb[i])}"], SHOWN)
 
 
 def _chained(cases: Cases, length: int, seed: int) -> Cases:

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 import torch
 
-from instruction_cases import KINDS, instruction_cases
+from instruction_cases import KINDS, hex_codes, instruction_cases, mismatch_report
 
 import mmaemu
 
@@ -96,21 +96,10 @@ def _mmasim_chain(model, a, b, c_bits, fmt_a, fmt_b, k):
     return c.numpy().view(np.uint32)
 
 
-def _hex(codes) -> str:
-    return " ".join(f"{int(x):02X}" for x in codes)
-
-
 def _report(title, a, b, c_bits, ours, theirs, kinds):
     """None if ``ours`` equals ``theirs`` (fp32 bits); else ``title`` and the first differing cases in hex."""
-    bad = np.flatnonzero(ours != theirs)
-    if not bad.size:
-        return None
-    lines = [f"{title}: {bad.size} of {len(ours)} cases differ; first {min(SHOWN, bad.size)}:"]
-    for i in bad[:SHOWN]:
-        lines += [f"  case {i} ({kinds[i]}): a = {_hex(a[i])}",
-                  f"    b = {_hex(b[i])}",
-                  f"    c = {int(c_bits[i]):08X}; mmaemu {int(ours[i]):08X}, MMA-Sim {int(theirs[i]):08X}"]
-    return "\n".join(lines)
+    return mismatch_report(title, ours, theirs, kinds, c_bits, lambda i: [f"a = {hex_codes(a[i])}",
+                                                                          f"b = {hex_codes(b[i])}"], SHOWN)
 
 
 def _frac(preset) -> int:

@@ -25,7 +25,7 @@ from mmaemu.cpu.offset_engine import accumulate_prepared, prepare_b
 from mmaemu.cpu.selftest import adversarial_rows  # the self-test's families (one huge product among tiny ones...)
 from mmaemu.model.presets import ADA, B200_MMA_SYNC, HOPPER, Preset
 
-from test_fast_path import PAIRS, cancelling_codes, random_codes, spread_codes
+from test_fast_path import CODE_FAMILIES, PAIRS, cancelling_codes, family_codes, random_codes, spread_codes
 
 OFFSET_RUNS = features.offset_engine_decline(features.numba_target()) is None
 needs_offset = pytest.mark.skipif(not OFFSET_RUNS, reason="the target CPU has neither AVX-512 F/BW/DQ/VL nor AVX2 "
@@ -53,14 +53,8 @@ def test_random_families_and_shapes(fmt_a, fmt_b):
     shapes = [(1, 1, 1), (2, 64, 16), (3, 65, 33), (5, 17, 100), (13, 200, 517), (4, 130, 257)]
     for (M, N, K), (preset, fast) in zip(shapes, [(HOPPER, True), (ADA, False), (HOPPER, False), (ADA, True),
                                                    (HOPPER, True), (ADA, True)]):
-        for family in range(3):
-            if family == 0:
-                a, b = random_codes(rng, fmt_a, (M, K)), random_codes(rng, fmt_b, (N, K))
-            elif family == 1:
-                a, b = spread_codes(rng, fmt_a, (M, K)), spread_codes(rng, fmt_b, (N, K))
-            else:
-                a, b = cancelling_codes(rng, fmt_a, fmt_b, M, N, K)
-            _engines_agree(a, b, fmt_a, fmt_b, preset, fast)
+        for family in range(len(CODE_FAMILIES)):
+            _engines_agree(*family_codes(rng, family, fmt_a, fmt_b, M, N, K), fmt_a, fmt_b, preset, fast)
 
 
 @needs_offset

@@ -21,15 +21,7 @@ import mmaemu
 from mmaemu import diagnostics
 from mmaemu.cli import operands
 from mmaemu.plan.descriptors import DeviceDescriptor, TensorDescriptor, TorchName, dtype_name, row_major
-from mmaemu.plan.layout import (
-    byte_misalignment,
-    is_column_major,
-    is_layout_std,
-    is_neither_major,
-    is_row_major,
-    leading_dimensions,
-    mat2_is_column_major,
-)
+from mmaemu.plan import layout as rules
 from mmaemu.plan.validate import validate_scaled_mm
 from mmaemu.platform import get_profile
 
@@ -69,11 +61,12 @@ def test_descriptor_answers_as_torch(shape, strides, offset):
         assert (desc.element_size(), str(desc.dtype), str(desc.device)) == (1, str(view.dtype), str(view.device))
         assert str(desc.layout) == str(view.layout) and desc.requires_grad is view.requires_grad is False
     assert described.contiguous().storage_offset() == (offset if tensor.is_contiguous() else 0)
-    for rule in (is_row_major, is_column_major, is_neither_major, mat2_is_column_major, byte_misalignment):
+    for rule in (rules.is_row_major, rules.is_column_major, rules.is_neither_major, rules.mat2_is_column_major,
+                 rules.byte_misalignment):
         assert rule(described) == rule(tensor), rule.__name__
-    assert is_layout_std(described, described.t()) == is_layout_std(tensor, tensor.t())
+    assert rules.is_layout_std(described, described.t()) == rules.is_layout_std(tensor, tensor.t())
     if shape[0] and shape[1]:
-        assert leading_dimensions(described, described.t()) == leading_dimensions(tensor, tensor.t())
+        assert rules.leading_dimensions(described, described.t()) == rules.leading_dimensions(tensor, tensor.t())
 
 
 def test_row_major_and_scalars_match_torch():

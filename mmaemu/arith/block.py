@@ -81,11 +81,6 @@ def block_step_early(sa, ea, sb, eb, k0, k1, c_sig, c_exp, c_lead, lshift, rshif
 
 @arithmetic
 def block_products_late(sa, ea, sb, eb, k0, k1, lshift, rshift, frac, frac_out, min_exp):
-    """b200_mma_sync block before the late add of c: aligned over the products only (b.2 steps 1-3)."""
-    e_max = block_max_exponent(sa, ea, sb, eb, k0, k1, NO_LEAD)
-    if e_max < ABSENT_BELOW:
-        return 0, 0, NO_LEAD
-    e_block = max(e_max, min_exp)
-    grid_exp = e_block - frac
-    total = block_sum(sa, ea, sb, eb, k0, k1, e_block, lshift, rshift)
-    return normalize(total, grid_exp, frac_out)
+    """b200_mma_sync block before the late add of c: aligned over the products only (b.2 steps 1-3), which is the
+    early block step with an absent accumulator (no lead, so it neither sets the block's exponent nor adds bits)."""
+    return block_step_early(sa, ea, sb, eb, k0, k1, 0, 0, NO_LEAD, lshift, rshift, frac, frac_out, min_exp)

@@ -75,13 +75,28 @@ def fma_toward_zero_exact(a, b, c):
     return r
 
 
-def fma_toward_zero(a, b, c):
-    """float32 ``a * b + c`` rounded once, toward zero (IEEE fusedMultiplyAdd, roundTowardZero)."""
-    return fma_toward_zero_exact(np.float32(a), np.float32(b), np.float32(c))
+def float32_fma(exact, name, doc):
+    """A float32 fused multiply-add named ``name``, emulated by ``exact`` (a plain function of three float32s).
+
+    Called from Python it casts its arguments to float32 and runs ``exact``; in compiled code its ``generic``
+    overload (every target without one of its own: the CPU loops, the CUDA simulator) compiles ``exact`` for three
+    float32s. :mod:`mmaemu.cuda` gives it a ``cuda`` overload, the GPU's own instruction of the same rounding.
+    """
+
+    def fma(a, b, c):
+        return exact(np.float32(a), np.float32(b), np.float32(c))
+
+    @overload(fma, target="generic")
+    def _generic(a, b, c):
+        if (a, b, c) != (types.float32,) * 3:
+            return None
+        return exact
+
+    fma.__name__ = fma.__qualname__ = name
+    fma.__module__, fma.__doc__ = exact.__module__, doc
+    return fma
 
 
-@overload(fma_toward_zero, target="generic")
-def _fma_toward_zero_generic(a, b, c):
-    if (a, b, c) != (types.float32,) * 3:
-        return None
-    return fma_toward_zero_exact
+fma_toward_zero = float32_fma(fma_toward_zero_exact, "fma_toward_zero",
+                              "float32 ``a * b + c`` rounded once, toward zero (IEEE fusedMultiplyAdd, "
+                              "roundTowardZero).")

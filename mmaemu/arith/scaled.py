@@ -25,12 +25,11 @@ import math
 
 import numpy as np
 from numba import types
-from numba.core.extending import overload
 
 from .._jit import arithmetic
 from .chain import chain_over_tiles
 from .epilogue import OUT_BFLOAT16, OUT_FLOAT32, output_bits
-from .fp32 import _bitcast, float32_from_bits
+from .fp32 import _bitcast, float32_fma, float32_from_bits
 from .special import FINITE, nonfinite_accumulator
 
 COMBINE_ADD = 0
@@ -82,16 +81,9 @@ def fma_nearest_exact(a, b, c):
     return np.float32(s)
 
 
-def fma_nearest(a, b, c):
-    """float32 ``a * b + c`` rounded once, to nearest even (IEEE fusedMultiplyAdd, roundTiesToEven)."""
-    return fma_nearest_exact(np.float32(a), np.float32(b), np.float32(c))
-
-
-@overload(fma_nearest, target="generic")
-def _fma_nearest_generic(a, b, c):
-    if (a, b, c) != (types.float32,) * 3:
-        return None
-    return fma_nearest_exact
+fma_nearest = float32_fma(fma_nearest_exact, "fma_nearest",
+                          "float32 ``a * b + c`` rounded once, to nearest even (IEEE fusedMultiplyAdd, "
+                          "roundTiesToEven).")
 
 
 @arithmetic

@@ -184,35 +184,35 @@ _MX_FP4 = dict(nfma=64, frac=35, frac_out=23, min_exp=-139, late_c=False, slow_c
                scale_kinds=((32, "ue8m0"), (16, "ue8m0"), (16, "ue4m3")), group=16, operand_formats=("e2m1",))
 _MX_NOTE = ("no hardware recording here; GEMMs (scaled_mm MXFP8/NVFP4, profile 'b200-mx-experimental') are "
             "modelled as one chain of the instruction per output")
-TCGEN05_MXF8F6F4 = Preset(
-    "tcgen05_mxf8f6f4", **_MX_BLOCK,
-    validated_scope="B200/GB200 tcgen05.mma kind::mxf8f6f4 block32 (UE8M0 scales) with an fp32 accumulator, as "
-                    f"MMA-Sim models it; {_MX_NOTE}",
-    evidence=("MMA-Sim 2.1.1 model of tcgen05.mma kind::mxf8f6f4 (TCGen05MMABlockScale), checked bit for bit by the "
-              "test suite",),
-)
-SM120_MXF8F6F4 = Preset(
-    "sm120_mxf8f6f4", **_MX_BLOCK,
-    validated_scope="RTX 50-series (sm_120) mma.sync m16n8k32 kind::mxf8f6f4 block32 (UE8M0 scales) with an fp32 "
-                    f"accumulator, as MMA-Sim models it; {_MX_NOTE}",
-    evidence=("MMA-Sim 2.1.1 model of the sm_120 mma.sync kind::mxf8f6f4 (MMABlockScale), checked bit for bit by the "
-              "test suite",),
-)
-TCGEN05_MXF4NVF4 = Preset(
-    "tcgen05_mxf4nvf4", **_MX_FP4,
-    validated_scope="B200/GB200 tcgen05.mma kind::mxf4nvf4 (block16 UE4M3 or UE8M0, block32 UE8M0) and kind::mxf4 "
-                    f"with an fp32 accumulator, as MMA-Sim models it (35 kept bits: weak evidence); {_MX_NOTE}",
-    evidence=("MMA-Sim 2.1.1 model of tcgen05.mma kind::mxf4nvf4 / kind::mxf4 (TCGen05MMABlockScale), checked bit "
-              "for bit by the test suite",),
-)
-SM120_MXF4NVF4 = Preset(
-    "sm120_mxf4nvf4", **_MX_FP4,
-    validated_scope="RTX 50-series (sm_120) mma.sync m16n8k64 kind::mxf4nvf4 (block16 UE4M3 or UE8M0, block32 "
-                    "UE8M0) and kind::mxf4 with an fp32 accumulator, as MMA-Sim models it (35 kept bits: weak "
-                    f"evidence); {_MX_NOTE}",
-    evidence=("MMA-Sim 2.1.1 model of the sm_120 mma.sync kind::mxf4nvf4 / kind::mxf4 (MMABlockScale), checked bit "
-              "for bit by the test suite",),
-)
+
+
+def _mx_preset(name: str, instruction: dict, scope: str, model: str) -> Preset:
+    """A block-scaled preset of ``instruction``'s parameters whose evidence is MMA-Sim's ``model`` alone: its scope
+    is ``scope`` and the note that no hardware recording backs it."""
+    return Preset(name, **instruction, validated_scope=f"{scope}; {_MX_NOTE}",
+                  evidence=(f"MMA-Sim 2.1.1 model of {model}, checked bit for bit by the test suite",))
+
+
+TCGEN05_MXF8F6F4 = _mx_preset(
+    "tcgen05_mxf8f6f4", _MX_BLOCK,
+    "B200/GB200 tcgen05.mma kind::mxf8f6f4 block32 (UE8M0 scales) with an fp32 accumulator, as MMA-Sim models it",
+    "tcgen05.mma kind::mxf8f6f4 (TCGen05MMABlockScale)")
+SM120_MXF8F6F4 = _mx_preset(
+    "sm120_mxf8f6f4", _MX_BLOCK,
+    "RTX 50-series (sm_120) mma.sync m16n8k32 kind::mxf8f6f4 block32 (UE8M0 scales) with an fp32 accumulator, as "
+    "MMA-Sim models it",
+    "the sm_120 mma.sync kind::mxf8f6f4 (MMABlockScale)")
+TCGEN05_MXF4NVF4 = _mx_preset(
+    "tcgen05_mxf4nvf4", _MX_FP4,
+    "B200/GB200 tcgen05.mma kind::mxf4nvf4 (block16 UE4M3 or UE8M0, block32 UE8M0) and kind::mxf4 with an fp32 "
+    "accumulator, as MMA-Sim models it (35 kept bits: weak evidence)",
+    "tcgen05.mma kind::mxf4nvf4 / kind::mxf4 (TCGen05MMABlockScale)")
+SM120_MXF4NVF4 = _mx_preset(
+    "sm120_mxf4nvf4", _MX_FP4,
+    "RTX 50-series (sm_120) mma.sync m16n8k64 kind::mxf4nvf4 (block16 UE4M3 or UE8M0, block32 UE8M0) and "
+    "kind::mxf4 with an fp32 accumulator, as MMA-Sim models it (35 kept bits: weak evidence)",
+    "the sm_120 mma.sync kind::mxf4nvf4 / kind::mxf4 (MMABlockScale)")
+
 
 _REGISTRY = {p.name: p for p in (ADA, B200_MMA_SYNC, HOPPER, SM120_MMA_SYNC, SM120_MXF4NVF4, SM120_MXF8F6F4,
                                  TCGEN05_F8F6F4, TCGEN05_MXF4NVF4, TCGEN05_MXF8F6F4)}

@@ -220,20 +220,24 @@ _NO_PLATFORM = dict(gpu_name=None, sm_count=None, cublaslt_version=None, torch_v
 _TORCH, _TE = CALLERS
 _MiB = 1 << 20
 
+def _recorded_platform(name: str, platform: dict, te_workspace_bytes: int) -> tuple:
+    """The three validated profiles of a recorded GPU platform, ``name`` being also its preset: torch with its 1 MiB
+    cuBLASLt workspace, TransformerEngine with its workspace (``te_workspace_bytes``) and TE_ALIGN, and torch with no
+    workspace (``-ws0``). The TE profile's split decisions are experimental (_SPLITK_MATURITY_NOTES says why)."""
+    return (
+        Profile(name, name, caller=_TORCH, workspace_bytes=1 * _MiB, align=None, maturity="validated",
+                splitk_maturity="validated", **platform),
+        Profile(f"{name}-te", name, caller=_TE, workspace_bytes=te_workspace_bytes, align=TE_ALIGN,
+                maturity="validated", splitk_maturity="experimental", **platform),
+        Profile(f"{name}-ws0", name, caller=_TORCH, workspace_bytes=0, align=None, maturity="validated",
+                splitk_maturity="validated", **platform),
+    )
+
+
 # In the listing order of list_profiles() (platform.md section 1).
 _PROFILES = (
-    Profile("ada", "ada", caller=_TORCH, workspace_bytes=1 * _MiB, align=None, maturity="validated",
-            splitk_maturity="validated", **_RTX4060),
-    Profile("ada-te", "ada", caller=_TE, workspace_bytes=4 * _MiB, align=TE_ALIGN, maturity="validated",
-            splitk_maturity="experimental", **_RTX4060),
-    Profile("ada-ws0", "ada", caller=_TORCH, workspace_bytes=0, align=None, maturity="validated",
-            splitk_maturity="validated", **_RTX4060),
-    Profile("hopper", "hopper", caller=_TORCH, workspace_bytes=1 * _MiB, align=None, maturity="validated",
-            splitk_maturity="validated", **_H100),
-    Profile("hopper-te", "hopper", caller=_TE, workspace_bytes=32 * _MiB, align=TE_ALIGN, maturity="validated",
-            splitk_maturity="experimental", **_H100),
-    Profile("hopper-ws0", "hopper", caller=_TORCH, workspace_bytes=0, align=None, maturity="validated",
-            splitk_maturity="validated", **_H100),
+    *_recorded_platform("ada", _RTX4060, te_workspace_bytes=4 * _MiB),
+    *_recorded_platform("hopper", _H100, te_workspace_bytes=32 * _MiB),
     Profile("hopper-experimental", "hopper", capability=(9, 0), caller=_TORCH, **_NO_PLATFORM),
     Profile("b200-mma-sync-experimental", "b200_mma_sync", capability=(10, 0), caller=_TORCH, **_NO_PLATFORM),
     # Blackwell GEMM instructions as MMA-Sim models them (mmaemu.model.presets): no recorded platform yet.
