@@ -18,16 +18,16 @@ import torch
 from mmaemu import backends, environment
 from mmaemu.context import Context
 from mmaemu.cuda.catalog import GateResult
-from mmaemu.cuda.device import DeviceInfo
 from mmaemu.cuda.dispatch import gating
+from mmaemu.device_facts import DeviceFacts
 from mmaemu.errors import BackendFallbackWarning
 from mmaemu.model.presets import Preset, get_preset
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HOPPER = get_preset("hopper", warn=False)
 CUDA0 = torch.device("cuda", 0)
-H100 = DeviceInfo(0, "Fake GPU", "GPU-1234", (9, 0), 132, "CUDA driver API 13.0", "numba 0.68 + numba-cuda 0.30",
-                  torch.__version__)
+H100 = DeviceFacts(0, "Fake GPU", "GPU-1234", (9, 0), 132, None, torch.__version__, None, None, "13.0",
+                   compiler="numba 0.68 + numba-cuda 0.30")
 
 
 # Fresh verdicts and selections (tests/conftest.py); the tests count what the first selection warns.
@@ -223,7 +223,8 @@ def _text_from_statuses(statuses) -> str:
 def test_info_tells_the_default_engine_the_backends_section_implies(device, capability, compiler):
     from mmaemu import diagnostics
 
-    device["info"] = DeviceInfo(0, "Fake GPU", None, capability, 24, "driver", compiler, torch.__version__)
+    device["info"] = DeviceFacts(0, "Fake GPU", None, capability, 24, None, torch.__version__, None, None, None,
+                                 compiler=compiler)
     section = {"available": True, "index": 0}
     for outcomes in itertools.product((True, False, None), repeat=3):
         given = context(verdict_source(dict(zip(("native", "offset", "simple"), outcomes))))

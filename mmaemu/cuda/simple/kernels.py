@@ -131,5 +131,5 @@ def rowwise_epilogue(acc, x_scale_bits, w_scale_bits, bias_bits, has_bias, x_fir
 def simple_decline(schedule, params):
     """Why :func:`gemm_simple` does not compute this schedule and preset: never (None). It runs ``accumulate_one``,
     the CPU reference's own walk, so every preset and schedule is its; this rule is declared so that the dispatcher
-    asks every kernel the same question (:data:`mmaemu.cuda.dispatch.launch.DECLINES`)."""
+    asks every kernel the same question (its registry entry, :mod:`mmaemu.cuda.catalog`)."""
     return None
