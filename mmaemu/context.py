@@ -21,7 +21,7 @@ when a decision first asks and remembers its answer for the process, so a CPU ca
 loads a table it does not consult; None stands for the process's own source (the package's tables and the loaded
 bundles, the verdicts cached in memory and on disk, run on first use), which the layer that owns it supplies
 (:func:`mmaemu.platform.tables.tables_of`, :func:`mmaemu.platform.bundles.recorded_of`,
-:func:`mmaemu.cuda.dispatch.gating.verdicts_of`, :func:`mmaemu.cpu.engine.selftest_of`). A test or a caller gives a
+:func:`mmaemu.cuda.verdicts.store.verdicts_of`, :func:`mmaemu.cpu.engine.selftest_of`). A test or a caller gives a
 decision other facts by giving it a context with other sources; no module global is patched.
 """
 
@@ -40,7 +40,7 @@ __all__ = ["Context", "for_call", "context_of", "environment_of", "TableSource",
 # that the context stays below the layers that own them.
 TableSource = Callable[[str], Any]  # table id -> SplitTable (KeyError-free: an unknown id raises SplitTableError)
 RecordedSource = Callable[[str], Mapping[str, Any]]  # MMAEMU_PROFILE_PATH value -> {name: recorded Profile}
-VerdictSource = Callable[[Any, str], Any]  # (cuda DeviceInfo, kernel name) -> GateResult
+VerdictSource = Callable[[Any, str], Any]  # (DeviceFacts of a CUDA device, kernel name) -> GateResult
 CpuSelftestSource = Callable[[], Any]  # () -> mmaemu.cpu.selftest.OffsetSelftest (the AVX2 offset engine's verdict)
 
 

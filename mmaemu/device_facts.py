@@ -57,7 +57,12 @@ def _check(status, what: str) -> None:
 
 class DeviceFacts(NamedTuple):
     """One CUDA device: torch's view of it (``torch.cuda.get_device_properties``), the driver versions and the
-    torch build. A fact that could not be read is None, with its reason in ``errors``."""
+    torch build. A fact that could not be read is None, with its reason in ``errors``.
+
+    The one type of a device's facts: ``mmaemu info`` prints them, :attr:`mmaemu.context.Context.device` carries
+    them, and the CUDA kernels decide from them (:func:`mmaemu.cuda.device.probe` fills ``compiler``, the numba
+    CUDA implementation that compiles the kernels; None where nobody asked). :meth:`identity` is what a kernel's
+    self-test verdict on the device depends on (besides the sources), :attr:`label` how reports name it."""
 
     index: int
     name: str
@@ -70,10 +75,33 @@ class DeviceFacts(NamedTuple):
     display_driver: Optional[str]  # the NVIDIA display driver (NVML, else /proc/driver/nvidia/version)
     cuda_driver_api: Optional[str]  # the CUDA driver API version, "12.8"
     errors: Tuple[Tuple[str, Exception], ...] = ()  # (fact, what reading it raised) of the facts not read
+    compiler: Optional[str] = None  # the numba CUDA implementation and versions (mmaemu.cuda.device.probe)
 
     def error(self, fact: str) -> Optional[Exception]:
         """What reading ``fact`` raised, or None."""
         return dict(self.errors).get(fact)
+
+    @property
+    def driver(self) -> str:
+        """The CUDA driver API version and, if known, the display driver version, in words."""
+        api, display = self.cuda_driver_api or "unknown", self.display_driver
+        return f"CUDA driver API {api}" + (f", display driver {display}" if display else "")
+
+    @property
+    def label(self) -> str:
+        """How reports name the device: "cuda:0 (NVIDIA H100 PCIe, sm_90)"."""
+        return f"cuda:{self.index} ({self.name}, sm_{self.capability[0]}{self.capability[1]})"
+
+    def identity(self) -> dict:
+        """What a self-test verdict on this device depends on (besides the kernel sources)."""
+        return {
+            "name": self.name,
+            "uuid": self.uuid,
+            "capability": list(self.capability),
+            "driver": self.driver,
+            "compiler": self.compiler,
+            "torch": self.torch_version,
+        }
 
 
 _facts_lock = threading.Lock()

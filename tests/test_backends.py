@@ -16,6 +16,7 @@ import torch
 
 import mmaemu
 from mmaemu import backends
+from mmaemu.context import for_call
 from mmaemu.errors import BackendFallbackWarning, BackendUnavailableError
 from mmaemu.model.presets import Preset, get_preset
 
@@ -161,11 +162,12 @@ def test_status_and_selftest_on_a_cpu_machine():
 def fake_device(monkeypatch):
     """mmaemu.cuda sees one device; ``outcomes[kernel]`` is what its self-test returns (or raises)."""
     from mmaemu.cuda.dispatch import gating
-    from mmaemu.cuda.device import DeviceInfo
+    from mmaemu.cuda.verdicts import store
+    from mmaemu.device_facts import DeviceFacts
 
-    state = {"outcomes": {}, "runs": [], "info": DeviceInfo(0, "Fake GPU", "GPU-1234", (9, 0), 132,
-                                                            "CUDA driver API 13.0", "numba 0.68 + numba-cuda 0.30",
-                                                            torch.__version__)}
+    state = {"outcomes": {}, "runs": [], "info": DeviceFacts(0, "Fake GPU", "GPU-1234", (9, 0), 132, None,
+                                                             torch.__version__, None, None, "13.0",
+                                                             compiler="numba 0.68 + numba-cuda 0.30")}
 
     def probe(device=None):
         return state["info"]
@@ -179,7 +181,7 @@ def fake_device(monkeypatch):
         return outcome, details
 
     monkeypatch.setattr(gating, "_probe", probe)
-    monkeypatch.setattr(gating, "_run_on_device", run)
+    monkeypatch.setattr(store, "_run_on_device", run)
     return state
 
 
@@ -300,11 +302,13 @@ def test_offset_kernel_takes_split_schedules_and_declines_to_the_next_kernel(fak
     calls = []
     monkeypatch.setattr(engine, "accumulate_tensors", lambda kernel, *args: calls.append(kernel) or torch.zeros(1))
     a = torch.zeros(2, 96).to(torch.float8_e4m3fn)
-    assert cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, True).kernel == "cuda:offset"
-    assert cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, False).kernel == "cuda:simple"
+    assert cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, True,
+                                   context=for_call()).kernel == "cuda:offset"
+    assert cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, False,
+                                   context=for_call()).kernel == "cuda:simple"
     assert calls == ["offset", "simple"]
     monkeypatch.setenv("MMAEMU_TEST_FORCE_FAIL", "simple")
-    fallback = cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, False)
+    fallback = cuda_backend.accumulate("cuda:offset", a, a, "e4m3", "e4m3", odd, False, context=for_call())
     assert fallback.values.device.type == "cpu" and fallback.kernel is None  # its epilogue is told: the cpu engine
     assert calls == ["offset", "simple"]  # no kernel left: the cpu engine computed
 
@@ -333,7 +337,7 @@ def test_verdicts_are_cached_on_disk_by_device_and_sources(fake_device, tmp_path
     # force=True reruns; another device identity has its own verdicts.
     backends.selftest(CUDA0, kernels="offset", force=True)
     assert fake_device["runs"] == ["simple", "offset"]
-    fake_device["info"] = fake_device["info"].__class__(**{**fake_device["info"].__dict__, "uuid": "GPU-5678"})
+    fake_device["info"] = fake_device["info"]._replace(uuid="GPU-5678")
     backends.selftest(CUDA0, kernels=["cuda:offset"])
     assert fake_device["runs"] == ["simple", "offset", "offset"]
 
@@ -354,21 +358,20 @@ def test_status_with_a_device(fake_device):
 def test_native_kernel_runs_each_devices_own_instruction_for_its_preset_only(fake_device):
     """sm_90 (numba-cuda): the warpgroup MMA for hopper; sm_89 (any numba): mma.sync for ada; the other preset, or
     another GPU, goes to the next kernel without a warning (never FP8 mma.sync for hopper)."""
-    import dataclasses
 
     import mmaemu.cuda as cuda_backend
-    from mmaemu.cuda.device import DeviceInfo
+    from mmaemu.device_facts import DeviceFacts
 
     ada = get_preset("ada", warn=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ada_on_h100 = backends.select(CUDA0, "auto", "e4m3", "e4m3", ada)
-        fake_device["info"] = DeviceInfo(0, "Fake Ada", "GPU-89", (8, 9), 24, "CUDA driver API 13.0",
-                                         "numba 0.68 (built-in CUDA target)", torch.__version__)
+        fake_device["info"] = DeviceFacts(0, "Fake Ada", "GPU-89", (8, 9), 24, None, torch.__version__, None, None,
+                                          "13.0", compiler="numba 0.68 (built-in CUDA target)")
         cuda_backend.reset()
         ada_on_ada = backends.select(CUDA0, "auto", "e4m3", "e5m2", ada)
         hopper_on_ada = backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER)
-        fake_device["info"] = dataclasses.replace(fake_device["info"], capability=(12, 0))
+        fake_device["info"] = fake_device["info"]._replace(capability=(12, 0))
         cuda_backend.reset()
         on_sm120 = backends.select(CUDA0, "auto", "e4m3", "e4m3", ada)
     assert not [w for w in caught if issubclass(w.category, BackendFallbackWarning)]
@@ -387,7 +390,8 @@ def test_epilogue_stays_on_cpu_for_accumulators_not_made_by_a_kernel(fake_device
     import mmaemu.cuda as cuda_backend
 
     acc = torch.zeros(2, 2)
-    assert cuda_backend.epilogue(acc, torch.tensor(1.0), torch.tensor(1.0), None, torch.bfloat16, None) == (None, ())
+    assert cuda_backend.epilogue(acc, torch.tensor(1.0), torch.tensor(1.0), None, torch.bfloat16, None,
+                                 context=for_call()) == (None, ())
     assert fake_device["runs"] == []
 
 
@@ -400,7 +404,7 @@ def test_epilogue_of_a_kernels_accumulator_runs_on_the_device_or_warns_once(fake
     monkeypatch.setattr(engine, "epilogue_tensors", lambda acc, *args: "on the device")
     acc, one = torch.zeros(2, 2), torch.tensor(1.0)
     fake_device["outcomes"]["epilogue"] = False
-    outcome = cuda_backend.epilogue(acc, one, one, None, torch.bfloat16, "cuda:simple")
+    outcome = cuda_backend.epilogue(acc, one, one, None, torch.bfloat16, "cuda:simple", context=for_call())
     assert outcome.result is None and [n.category for n in outcome.notices] == [BackendFallbackWarning]
     assert outcome.notices[0].message == (
         "mmaemu on cuda:0 (Fake GPU, sm_90): cuda:epilogue: 1 of 1 cases differ from the CPU reference; first: stub: "
@@ -408,11 +412,13 @@ def test_epilogue_of_a_kernels_accumulator_runs_on_the_device_or_warns_once(fake
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
-            mmaemu.warn.report(cuda_backend.epilogue(acc, one, one, None, torch.bfloat16, "cuda:simple").notices)
+            mmaemu.warn.report(cuda_backend.epilogue(acc, one, one, None, torch.bfloat16, "cuda:simple",
+                                                     context=for_call()).notices)
     assert [str(w.message) for w in caught] == [outcome.notices[0].message]
     fake_device["outcomes"]["epilogue"] = True
     backends.selftest(CUDA0, kernels="epilogue", force=True)
-    assert cuda_backend.epilogue(acc, one, one, None, torch.bfloat16, "cuda:simple") == ("on the device", ())
+    assert cuda_backend.epilogue(acc, one, one, None, torch.bfloat16, "cuda:simple", context=for_call()) == \
+        ("on the device", ())
 
 
 def test_one_rule_chooses_a_kernel():

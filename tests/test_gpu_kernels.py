@@ -60,7 +60,7 @@ def device_ordinal():
 
 @pytest.fixture(scope="module")
 def info():
-    """The device's facts (:class:`mmaemu.cuda.device.DeviceInfo`); fails where the kernels cannot run on it."""
+    """The device's facts (:class:`mmaemu.device_facts.DeviceFacts`); fails where the kernels cannot run on it."""
     from mmaemu.cuda import device
 
     try:
@@ -98,12 +98,12 @@ def test_native_instruction_probe_computes_the_presets_block(info):
 @pytest.mark.parametrize("kernel", GEMM_KERNELS)
 def test_kernel_matches_the_cpu_reference_on_larger_gemms(info, kernel):
     from mmaemu.cuda.dispatch import gating
-    from mmaemu.cuda.verdicts import selftest
+    from mmaemu.cuda.verdicts import selftest, store
 
     why = gating.device_skip(kernel, info)
     if why is not None:
         pytest.skip(f"cuda:{kernel} cannot run here: {why}")
-    compute, skip = gating.gemm_case_functions(kernel, info)  # as the kernel's self-test runs its cases
+    compute, skip = store.gemm_case_functions(kernel, info)  # as the kernel's self-test runs its cases
     passed, details = selftest.run_gemm_cases(compute, COMPARE_CASES, skip=skip)
     assert passed, selftest.summarize(details)
     assert any(not d.get("skipped") for d in details), "every case was skipped"

@@ -18,16 +18,16 @@ import torch
 from mmaemu import backends, environment
 from mmaemu.context import Context
 from mmaemu.cuda.catalog import GateResult
-from mmaemu.cuda.device import DeviceInfo
 from mmaemu.cuda.dispatch import gating
+from mmaemu.device_facts import DeviceFacts
 from mmaemu.errors import BackendFallbackWarning
 from mmaemu.model.presets import Preset, get_preset
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HOPPER = get_preset("hopper", warn=False)
 CUDA0 = torch.device("cuda", 0)
-H100 = DeviceInfo(0, "Fake GPU", "GPU-1234", (9, 0), 132, "CUDA driver API 13.0", "numba 0.68 + numba-cuda 0.30",
-                  torch.__version__)
+H100 = DeviceFacts(0, "Fake GPU", "GPU-1234", (9, 0), 132, None, torch.__version__, None, None, "13.0",
+                   compiler="numba 0.68 + numba-cuda 0.30")
 
 
 # Fresh verdicts and selections (tests/conftest.py); the tests count what the first selection warns.
@@ -223,7 +223,8 @@ def _text_from_statuses(statuses) -> str:
 def test_info_tells_the_default_engine_the_backends_section_implies(device, capability, compiler):
     from mmaemu import diagnostics
 
-    device["info"] = DeviceInfo(0, "Fake GPU", None, capability, 24, "driver", compiler, torch.__version__)
+    device["info"] = DeviceFacts(0, "Fake GPU", None, capability, 24, None, torch.__version__, None, None, None,
+                                 compiler=compiler)
     section = {"available": True, "index": 0}
     for outcomes in itertools.product((True, False, None), repeat=3):
         given = context(verdict_source(dict(zip(("native", "offset", "simple"), outcomes))))
@@ -266,3 +267,100 @@ def test_the_device_probe_is_told_whether_cuda_is_disabled(monkeypatch):
     monkeypatch.setenv("MMAEMU_DISABLE_CUDA", "1")  # the process's variable is its callers' to read
     with pytest.raises(cuda_device.DeviceUnavailable, match="no CUDA device visible to torch"):
         cuda_device.probe(CUDA0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The kernel registry: every kernel one entry, served by the one choice
+
+
+def test_every_cuda_kernel_is_one_registry_entry_and_the_self_tested_ones_are_the_listed_kernels():
+    from mmaemu.cuda import catalog
+
+    assert list(catalog.REGISTRY) == ["native", "offset", "simple", "epilogue", "rowwise_epilogue", "blockwise",
+                                      "block_scaled"]
+    assert list(catalog.KERNELS) == ["native", "offset", "simple", "epilogue"]  # status, selftest, mmaemu info
+    assert [k.name for k in catalog.candidates("tensorwise")] == ["native", "offset", "simple"]
+    assert [k.name for k in catalog.candidates("rowwise")] == ["native", "offset", "simple"]
+    assert [k.name for k in catalog.candidates("blockwise")] == ["blockwise"]
+    assert [k.name for k in catalog.candidates("block_scaled")] == ["block_scaled"]
+    assert [k.name for k in catalog.candidates("tensorwise", "epilogue")] == ["epilogue"]
+    assert [k.name for k in catalog.candidates("rowwise", "epilogue")] == ["rowwise_epilogue"]
+    for entry in catalog.REGISTRY.values():  # every function an entry names exists (imports numba.cuda, no GPU)
+        for ref in (entry.declines, entry.device_declines, entry.launch):
+            assert ref is None or callable(ref.resolve()), (entry.name, ref)
+        assert (entry.selftest is None) == (entry.name not in catalog.KERNELS)
+    assert catalog.REGISTRY["blockwise"].backend == catalog.REGISTRY["block_scaled"].backend == "cuda:simple"
+
+
+def test_the_block_wise_decline_comes_from_the_registry():
+    from mmaemu.cuda.blockwise.kernel import chunked_decline
+
+    assert chunked_decline("cuda:simple") is None
+    assert chunked_decline("cuda:offset").startswith("the offset kernel keeps one fp32 accumulator per output")
+    assert chunked_decline("cuda:native").startswith("the native tensor-core kernel is gated for cuBLASLt's chains")
+    assert chunked_decline("cuda:epilogue") == \
+        "only cuda:simple computes block-wise kernels ('epilogue' is not one of them)"
+
+
+def test_a_recipes_kernel_runs_under_the_verdict_it_is_vouched_by(device):
+    passing = context(verdict_source({}))
+    choice = gating.recipe_kernel("blockwise", "cuda:simple", CUDA0, context=passing)
+    assert choice.kernel.name == "blockwise" and choice.passed_over == ()
+    failing = context(verdict_source({"simple": False}))
+    for recipe in ("blockwise", "block_scaled"):
+        choice = gating.recipe_kernel(recipe, "cuda:simple", CUDA0, context=failing)
+        assert choice.kernel is None and choice.passed_over == ("cuda:simple: stub says simple fails",)
+    assert gating.recipe_kernel("blockwise", "cuda:offset", CUDA0, context=passing).passed_over == \
+        ("cuda:offset: no blockwise kernel answers to it",)
+    off = context(verdict_source({}), MMAEMU_DISABLE_CUDA="1")
+    assert gating.recipe_kernel("block_scaled", "cuda:simple", CUDA0, context=off).passed_over == \
+        ("cuda: disabled by MMAEMU_DISABLE_CUDA",)
+
+
+def test_a_kernel_without_a_verdict_never_runs_on_a_device():
+    from mmaemu.cuda import catalog
+
+    entry = catalog.REGISTRY["rowwise_epilogue"]
+    assert gating.entry_verdict(entry, H100, verdict_source({})) is gating.NO_SELFTEST
+    choice = gating.choose([entry], lambda k: None, lambda k: gating.entry_verdict(k, H100, verdict_source({})))
+    assert choice.kernel is None and choice.passed_over == ("cuda:rowwise_epilogue: no device self-test of its own",)
+
+
+def test_a_context_carries_the_device_facts_the_choice_reads(monkeypatch):
+    probed = []
+    monkeypatch.setattr(gating, "_probe", lambda device=None: probed.append(device) or H100)
+    carried = gating.device_context(CUDA0, context(verdict_source({})))
+    assert carried.device == H100 and carried.device_problem is None and probed == [CUDA0]
+    assert backends.select(CUDA0, "auto", "e4m3", "e4m3", HOPPER, context=carried).name == "cuda:native"
+    assert gating.default_choice(0, context=carried).kernel.name == "native"
+    assert probed == [CUDA0]  # the decisions read the context's facts: nothing probed again
+    gating.select(torch.device("cuda", 1), "auto", "e4m3", "e4m3", HOPPER, context=carried)
+    assert probed == [CUDA0, torch.device("cuda", 1)]  # another device: its own facts
+    off = gating.device_context(CUDA0, context(MMAEMU_DISABLE_CUDA="1"))
+    assert off.device is None and off.device_problem == "disabled by MMAEMU_DISABLE_CUDA"
+
+
+def test_the_device_facts_identity_keys_the_verdicts_as_before():
+    assert H100.identity() == {"name": "Fake GPU", "uuid": "GPU-1234", "capability": [9, 0],
+                               "driver": "CUDA driver API 13.0", "compiler": "numba 0.68 + numba-cuda 0.30",
+                               "torch": torch.__version__}
+    assert H100._replace(display_driver="570.1").driver == "CUDA driver API 13.0, display driver 570.1"
+    assert H100.label == "cuda:0 (Fake GPU, sm_90)"
+
+
+def test_the_self_test_cases_table_loads_as_gemm_cases(tmp_path):
+    import json
+
+    from mmaemu.cuda.verdicts import selftest
+
+    cases = selftest.GEMM_CASES
+    assert len(cases) == 23 and len({c.label for c in cases}) == 23 and len({c.seed for c in cases}) == 23
+    assert cases[0] == selftest.GemmCase("random hopper fast", "hopper", "e4m3", "e4m3", True, 1, "none", 16, 8, 64,
+                                         "random", 1)
+    assert {c.preset for c in cases} == {"hopper", "ada", "b200_mma_sync"}
+    assert all(isinstance(c.fast, bool) and isinstance(c.K, int) for c in cases)
+    table = json.loads(selftest.CASES_FILE.read_text())
+    table["columns"] = table["columns"][::-1]
+    (tmp_path / "cases.json").write_text(json.dumps(table))
+    with pytest.raises(ValueError, match="are not GemmCase's"):
+        selftest._load_gemm_cases(tmp_path / "cases.json")

@@ -281,10 +281,10 @@ def test_native_declines_every_block_but_the_instructions():
 
 def test_device_requirements_of_the_native_kernel():
     from mmaemu.cuda.dispatch import gating as cuda_backend
-    from mmaemu.cuda.device import DeviceInfo
+    from mmaemu.device_facts import DeviceFacts
 
     def info(capability, compiler):
-        return DeviceInfo(0, "GPU", None, capability, 1, "driver", compiler, "torch")
+        return DeviceFacts(0, "GPU", None, capability, 1, None, "torch", None, None, None, compiler=compiler)
 
     skip = cuda_backend.device_skip
     hopper_gpu = info((9, 0), "numba 0.68 + numba-cuda 0.30.4")

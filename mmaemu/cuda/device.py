@@ -8,8 +8,8 @@ the caller's to say (``disabled=``, from the context of its decision): this modu
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Optional, Tuple
+import functools
+from typing import Optional
 
 from .. import device_facts
 
@@ -22,37 +22,13 @@ class DeviceUnavailable(Exception):
 DISABLED_REASON = "disabled by MMAEMU_DISABLE_CUDA"
 
 
-@dataclasses.dataclass(frozen=True)
-class DeviceInfo:
-    """A CUDA device as the kernels see it."""
-
-    index: int
-    name: str
-    uuid: Optional[str]
-    capability: Tuple[int, int]
-    sm_count: Optional[int]
-    driver: str  # CUDA driver API version and, if NVML answers, the display driver version
-    compiler: str  # the numba CUDA implementation and versions
-    torch_version: str
-
-    def identity(self) -> dict:
-        """What a self-test verdict on this device depends on (besides the kernel sources)."""
-        return {
-            "name": self.name,
-            "uuid": self.uuid,
-            "capability": list(self.capability),
-            "driver": self.driver,
-            "compiler": self.compiler,
-            "torch": self.torch_version,
-        }
-
-    @property
-    def label(self) -> str:
-        return f"cuda:{self.index} ({self.name}, sm_{self.capability[0]}{self.capability[1]})"
+# The facts of a device, the kernels' view included (its ``compiler``): one type for every layer.
+DeviceFacts = device_facts.DeviceFacts
 
 
+@functools.lru_cache(maxsize=None)
 def compiler_description() -> str:
-    """The numba CUDA implementation in use, with versions (no driver call)."""
+    """The numba CUDA implementation in use, with versions (no driver call; a process fact, read once)."""
     import numba
 
     from . import shim
@@ -81,14 +57,13 @@ def _index_of(device) -> Optional[int]:
     return device.index
 
 
-_PROBES = {}
-
-
-def probe(device=None, *, disabled: bool = False) -> DeviceInfo:
-    """The DeviceInfo of ``device`` (None: torch's current CUDA device); DeviceUnavailable with the reason if the
+def probe(device=None, *, disabled: bool = False) -> DeviceFacts:
+    """The facts of ``device`` (None: torch's current CUDA device) as the kernels see it (a
+    :class:`mmaemu.device_facts.DeviceFacts` with its ``compiler``); DeviceUnavailable with the reason if the
     kernels cannot run there. ``disabled``: the caller's context disables CUDA (``MMAEMU_DISABLE_CUDA``, e.g.
-    :attr:`mmaemu.context.Context.cuda_disabled`): DeviceUnavailable before anything is probed. Results are cached
-    per device index."""
+    :attr:`mmaemu.context.Context.cuda_disabled`): DeviceUnavailable before anything is probed. The facts are read
+    once per device and process (:func:`mmaemu.device_facts.read`, the one cache of them), whether numba's CUDA
+    driver answers once per process (:func:`_numba_cuda_problem`)."""
     from . import shim
 
     if disabled:
@@ -105,61 +80,48 @@ def probe(device=None, *, disabled: bool = False) -> DeviceInfo:
         raise DeviceUnavailable("no CUDA device visible to torch")
     if index is None:
         index = torch.cuda.current_device()
-    if index in _PROBES:
-        cached = _PROBES[index]
-        if isinstance(cached, DeviceUnavailable):
-            raise cached
-        return cached
-    try:
-        info = _probe_index(index)
-    except DeviceUnavailable as exc:
-        _PROBES[index] = exc
-        raise
-    _PROBES[index] = info
-    return info
+    return _probe_index(index)
 
 
-def _probe_index(index: int) -> DeviceInfo:
+def _probe_index(index: int) -> DeviceFacts:
     import torch
 
     count = torch.cuda.device_count()
     if not 0 <= index < count:
         raise DeviceUnavailable(f"no CUDA device {index} ({count} visible to torch)")
     facts = device_facts.read(index)
+    problem = _numba_cuda_problem()
+    if problem is not None:
+        raise DeviceUnavailable(problem)
+    return facts._replace(compiler=compiler_description())
+
+
+@functools.lru_cache(maxsize=None)
+def _numba_cuda_problem() -> Optional[str]:
+    """Why numba's CUDA target cannot run kernels in this process (None: it can); a process fact, asked once."""
     try:
         from numba import cuda
     except Exception as exc:
-        raise DeviceUnavailable(f"numba.cuda cannot be imported ({type(exc).__name__}: {exc}); "
-                                "install numba-cuda (pip install 'mmaemu[cuda]')") from None
+        return (f"numba.cuda cannot be imported ({type(exc).__name__}: {exc}); "
+                "install numba-cuda (pip install 'mmaemu[cuda]')")
     try:
         available = cuda.is_available()
     except Exception as exc:
         available, why = False, f"{type(exc).__name__}: {exc}"
     else:
         why = ""
-    if not available:
-        if not why:
-            try:
-                why = str(cuda.cuda_error() or "")
-            except Exception:
-                why = ""
-        why = " ".join(why.split())[:300]
-        raise DeviceUnavailable(f"numba.cuda finds no usable CUDA driver{': ' + why if why else ''}")
-    api, display = facts.cuda_driver_api or "unknown", facts.display_driver
-    driver_text = f"CUDA driver API {api}" + (f", display driver {display}" if display else "")
-    return DeviceInfo(
-        index=index,
-        name=facts.name,
-        uuid=facts.uuid,
-        capability=facts.capability,
-        sm_count=facts.sm_count,
-        driver=driver_text,
-        compiler=compiler_description(),
-        torch_version=facts.torch_version,
-    )
+    if available:
+        return None
+    if not why:
+        try:
+            why = str(cuda.cuda_error() or "")
+        except Exception:
+            why = ""
+    why = " ".join(why.split())[:300]
+    return f"numba.cuda finds no usable CUDA driver{': ' + why if why else ''}"
 
 
 def reset():
     """Forget probed devices (tests)."""
-    _PROBES.clear()
+    _numba_cuda_problem.cache_clear()
     device_facts.forget()

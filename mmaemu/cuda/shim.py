@@ -67,6 +67,11 @@ def device(dispatcher):
     return call
 
 
+def devices(module, *names) -> tuple:
+    """:func:`device` of each function ``names`` of ``module`` (an :mod:`mmaemu.arith` module), in that order."""
+    return tuple(device(getattr(module, name)) for name in names)
+
+
 def register_cap(registers: int) -> dict:
     """``cuda.jit`` options that cap a kernel's registers per thread (none under the simulator, which has no
     registers and rejects the option)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Optional, Tuple
 
-from ..context import environment_of
+from ..context import Context
 from ..device_facts import (CublasLtError, driver_device_info, load_cublaslt, loaded_cublaslt_version,
                             mapped_cublaslt_paths)
 
@@ -30,14 +30,15 @@ __all__ = [
 # Device matching (platform.md 3.6)
 
 
-def profile_matches_device(profile, device=None, *, context=None) -> bool:
+def profile_matches_device(profile, device=None, *, context: Context) -> bool:
     """True only if ``device`` is the profile's reference GPU: same driver device name, same SM count and the
     same loaded cuBLASLt version (major.minor.patch, and build when both sides know it). Never the compute
     capability alone; any probe error → False; nothing is touched when MMAEMU_DISABLE_CUDA is true (in the
-    environment of ``context``, a :class:`mmaemu.context.Context`; without one, read now)."""
+    environment of ``context``, a :class:`mmaemu.context.Context`: :meth:`mmaemu.platform.definitions.Profile.
+    matches_device`, the public entry point, gives its call's)."""
     if not (profile.gpu_name and profile.sm_count and profile.cublaslt_version):
         return False
-    if environment_of(context)["MMAEMU_DISABLE_CUDA"]:
+    if context.environment["MMAEMU_DISABLE_CUDA"]:
         return False
     try:
         ordinal = cuda_ordinal(device)

@@ -167,9 +167,10 @@ class Profile:
         False on any probe error, and without touching CUDA when MMAEMU_DISABLE_CUDA=1 (in the environment of
         ``context``, a :class:`mmaemu.context.Context`; without one, read now).
         """
+        from ..context import context_of
         from . import cublaslt  # lazy: ctypes probing is only needed here
 
-        return cublaslt.profile_matches_device(self, device, context=context)
+        return cublaslt.profile_matches_device(self, device, context=context_of(context))
 
 
 def _bytes_text(n: Optional[int]) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Optional
 
-from ..context import context_of, environment_of
+from ..context import Context, context_of
 from ..errors import ExperimentalPresetWarning
 from ..warn import Notice, report
 from . import definitions
@@ -40,7 +40,7 @@ def list_profiles(*, context=None) -> list:
     b200-mx-experimental, hopper-cublaslt-blockwise-experimental; then the recorded profiles added by
     ``mmaemu.load_profile`` or found on ``$MMAEMU_PROFILE_PATH`` (of ``context``, a :class:`mmaemu.context.Context`, whose source offers them; without
     one, read now), in the order they were added."""
-    return [p.name for p in _PROFILES] + list(_recorded_profiles(context))
+    return [p.name for p in _PROFILES] + list(_recorded_profiles(context_of(context)))
 
 
 PROFILE_ENV = "MMAEMU_PROFILE"
@@ -58,7 +58,7 @@ def get_profile(name_or_profile=None, *, context=None) -> Profile:
         return name_or_profile
     from_env = False
     if name_or_profile is None:
-        env = environment_of(context)
+        env = context_of(context).environment
         from_env = env.is_set(PROFILE_ENV)
         name_or_profile = env[PROFILE_ENV] or DEFAULT_PROFILE
     if not isinstance(name_or_profile, str):
@@ -69,7 +69,7 @@ def get_profile(name_or_profile=None, *, context=None) -> Profile:
         raise TypeError(f"profile must be a name, a mmaemu.Profile or None, got {type(name_or_profile).__name__}"
                         + hint)
     try:
-        return _BY_NAME.get(name_or_profile) or _recorded_profiles(context)[name_or_profile]
+        return _BY_NAME.get(name_or_profile) or _recorded_profiles(context_of(context))[name_or_profile]
     except KeyError:
         source = f" (from {PROFILE_ENV})" if from_env else ""
         raise KeyError(f"unknown profile {name_or_profile!r}{source}; known profiles: "
@@ -169,12 +169,11 @@ def warn_profile_maturity(profile) -> list:
 # ----------------------------------------------------------------------------------------------------------------
 # Recorded profiles (``mmaemu record`` bundles), registered by mmaemu.platform.bundles
 
-def _recorded_profiles(context) -> Mapping[str, Profile]:
-    """The recorded profiles {name: Profile} that the source of ``context`` offers for its profile path (without
-    a context: the process's source and the environment now)."""
+def _recorded_profiles(context: Context) -> Mapping[str, Profile]:
+    """The recorded profiles {name: Profile} that the source of ``context`` offers for its profile path (the
+    public entry points, :func:`list_profiles` and :func:`get_profile`, give the context of their call)."""
     from . import bundles  # on use: the bundles on $MMAEMU_PROFILE_PATH are loaded when first needed
 
-    context = context_of(context)
     return bundles.recorded_of(context)(context.profile_path)
 
 

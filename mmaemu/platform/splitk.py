@@ -27,7 +27,7 @@ import numbers
 from typing import List, NamedTuple, Optional, Tuple
 
 from .. import formats
-from ..context import environment_of
+from ..context import Context, context_of
 from ..arith.params import CONTIGUOUS_TILE, INTERLEAVED_TILE, require_gemm_level
 from ..errors import AssumedUnsplitWarning, SplitKUnknownError, UnvalidatedEnvelopeWarning, UnverifiedSplitWarning
 from ..model.presets import SPLIT_SCHEMES, split_schemes
@@ -205,8 +205,9 @@ def decide_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, profi
     from its sources (without one, the process's).
     Raises SplitKUnknownError when the evidence cannot decide, ValueError/TypeError for a bad ``splitk``.
     """
+    context = context_of(context)  # the public entry point: every step below is given this one context
     call = _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile, context)
-    env = environment_of(context)
+    env = context.environment
     pending: _Pending = []
     if isinstance(splitk, str) and splitk == "auto":
         splitk = policy_from_environment(env)
@@ -219,20 +220,20 @@ def decide_splitk(M, N, K, *, a_dtype, b_dtype, out_dtype, use_fast_accum, profi
     return SplitOutcome(decision, tuple(pending))
 
 
-def strict_from_environment(env=None) -> bool:
-    """``$MMAEMU_SPLITK_STRICT`` of the snapshot ``env`` (None: the environment now) as a boolean (1/true/yes/on,
-    0/false/no/off; unset: False). Another value raises ValueError: a strict mode that a typo turned off would be
-    a silent guess."""
-    env = environment_of(None) if env is None else env
+def strict_from_environment(env) -> bool:
+    """``$MMAEMU_SPLITK_STRICT`` of the snapshot ``env`` (a decision's :attr:`mmaemu.context.Context.environment`)
+    as a boolean (1/true/yes/on, 0/false/no/off; unset: False). Another value raises ValueError: a strict mode that
+    a typo turned off would be a silent guess."""
     if STRICT_ENV in env.invalid:
         raise ValueError(f"{STRICT_ENV}={env.raw[STRICT_ENV]!r}: {env.invalid[STRICT_ENV]} (or unset it)")
     return bool(env[STRICT_ENV])
 
 
-def policy_from_environment(env=None) -> str:
-    """The policy that ``splitk="auto"`` stands for: ``$MMAEMU_SPLITK_POLICY`` of the snapshot ``env`` (None: the
-    environment now; one of POLICIES), unset or empty: "auto". ValueError for another value."""
-    value = (environment_of(None) if env is None else env)[POLICY_ENV] or "auto"
+def policy_from_environment(env) -> str:
+    """The policy that ``splitk="auto"`` stands for: ``$MMAEMU_SPLITK_POLICY`` of the snapshot ``env`` (a decision's
+    :attr:`mmaemu.context.Context.environment`; one of POLICIES), unset or empty: "auto". ValueError for another
+    value."""
+    value = env[POLICY_ENV] or "auto"
     if value not in POLICIES:
         raise ValueError(f"{POLICY_ENV}={value!r} is not a split-K policy: use one of "
                          + ", ".join(repr(p) for p in POLICIES) + " (or unset it)")
@@ -698,7 +699,7 @@ def _queue_assumed(call: _Call, note: str, pending: _Pending) -> None:
 # Argument normalisation
 
 
-def _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile, context=None) -> _Call:
+def _normalise_call(M, N, K, a_dtype, b_dtype, out_dtype, use_fast_accum, profile, context: Context) -> _Call:
     sizes = [_size(name, value) for name, value in (("M", M), ("N", N), ("K", K))]
     fa, fb = formats.fmt_of(a_dtype), formats.fmt_of(b_dtype)
     out = out_dtype_name(out_dtype) if out_dtype is not None else formats.TORCH_NAMES[fa]

@@ -6,9 +6,9 @@ decoded row of A and row of B in global memory. The fused multiply-add of the co
 (libdevice ``__nv_fmaf_rn``, registered below as the CUDA overload of :func:`mmaemu.arith.scaled.fma_nearest`; the
 CPU and the simulator run its exact float64 emulation: the same IEEE operation, the same bits).
 
-``cuda:offset`` and ``cuda:native`` decline (:func:`chunked_decline`): the offset kernel folds every product into
-one fp32 accumulator per output with no chunk boundary at which a scaled combine could enter, and the native kernel
-is gated for cuBLASLt's chains only.
+``cuda:offset`` and ``cuda:native`` decline (:func:`chunked_decline`, their reasons in the kernel registry,
+:mod:`mmaemu.cuda.catalog`): the offset kernel folds every product into one fp32 accumulator per output with no
+chunk boundary at which a scaled combine could enter, and the native kernel is gated for cuBLASLt's chains only.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ... import formats
 from ...arith import scaled as _scaled
 from ...arith.params import BlockParams, preset_params
 from ...model.presets import get_preset
-from .. import shim
+from .. import catalog, shim
 from ..simple.kernels import BLOCK, MAX_GRID_Y
 
 shim.restore_numpy_row_stack()
@@ -55,20 +55,16 @@ def install_fma_nearest():
 install_fma_nearest()
 accumulate_chunked_one = shim.device(_scaled.accumulate_chunked_one)
 
-DECLINES = {
-    "offset": "the offset kernel keeps one fp32 accumulator per output over all of K (one fused multiply-add per "
-              "product); a block-wise kernel needs each 128-k chunk's partial alone for its scaled combine",
-    "native": "the native tensor-core kernel is gated for cuBLASLt's chains only, not for chunked scaled kernels",
-}
-
-
 def chunked_decline(backend: str):
-    """Why a CUDA backend does not compute a chunked kernel: the decline rule of the block-wise kernels. None for
-    ``cuda:simple``, whose :func:`gemm_chunked_simple` computes every chunked kernel."""
+    """Why a CUDA backend does not compute a chunked kernel: the decline rule of the block-wise recipe, from the
+    kernel registry (:mod:`mmaemu.cuda.catalog`: the kernels that answer to the name, and the reason another kernel
+    gives). None for ``cuda:simple``, whose :func:`gemm_chunked_simple` computes every chunked kernel."""
     name = backend.split(":", 1)[1] if ":" in backend else "cuda"
-    if name == "simple":
+    if name in catalog.answering(catalog.BLOCKWISE):
         return None
-    return DECLINES.get(name, f"only cuda:simple computes block-wise kernels ({name!r} is not one of them)")
+    served = ", ".join(f"cuda:{n}" for n in catalog.answering(catalog.BLOCKWISE))
+    return catalog.recipe_decline(name, catalog.BLOCKWISE) or \
+        f"only {served} computes block-wise kernels ({name!r} is not one of them)"
 
 
 @cuda.jit(fastmath=False)

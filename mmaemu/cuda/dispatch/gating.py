@@ -1,41 +1,40 @@
-"""Gating and dispatch of the CUDA kernels: self-test verdicts per device, the choice of a kernel for a call, and
-the hand-over of a call to the kernel that computes it (platform.md section 4, our own kernels).
+"""The choice of a CUDA kernel for a call and the hand-over of the call to the kernel that computes it
+(platform.md section 4, our own kernels).
 
-One rule chooses a kernel (:func:`choose`: the first that does not decline and whose verdict passes), for the
-selection of a backend and for a call the selected kernel declines; each kernel's decline rules are its own
-(:data:`mmaemu.cuda.dispatch.launch.DECLINES`, :data:`DEVICE_DECLINES`). Decisions return their warnings as data
+One rule chooses a kernel (:func:`choose`: the first candidate that does not decline and whose verdict passes),
+over the candidates the kernel registry gives a recipe's call (:func:`mmaemu.cuda.catalog.candidates`), for the
+selection of a backend, for a call the selected kernel declines and for the epilogues; each kernel's decline rules
+are its own (its registry entry, read by :mod:`.declines`). Decisions return their warnings as data
 (:class:`mmaemu.warn.Notice`): the caller reports them.
 
-Before a kernel is used on a device it must pass its self-test there (:mod:`mmaemu.cuda.verdicts.selftest`: random
-and adversarial GEMMs against the CPU reference). Verdicts are cached in memory and on disk, keyed by the device,
-its driver, the numba CUDA implementation, the mmaemu version and the sources. Importing this module imports neither
-numba.cuda nor torch: that happens when CUDA tensors are seen (:func:`select`), or a status or self-test is asked
-for.
+The verdicts come from the verdict store (:mod:`mmaemu.cuda.verdicts.store`: the self-tests a kernel must pass on a
+device, cached in memory and on disk). Importing this module imports neither numba.cuda nor torch: that happens
+when CUDA tensors are seen (:func:`select`), or a status or self-test is asked for.
 
-Every decision here reads its surroundings from the :class:`mmaemu.context.Context` it is given (``context=``;
-None: a direct caller, read now through :func:`mmaemu.context.context_of`): whether CUDA is disabled
-(``context.cuda_disabled``), the kernels forced to fail (``context.forced_failures``) and the source of the
-verdicts (:func:`verdicts_of`). This module reads no environment itself.
+Every decision here reads its surroundings from the :class:`mmaemu.context.Context` it is given (``context``,
+required: the entry points build it): whether CUDA is disabled (``context.cuda_disabled``), the device's facts
+(``context.device``, when it describes the device asked for; else the probe's, read once per device and process),
+the kernels forced to fail (``context.forced_failures``) and the source of the verdicts
+(:func:`mmaemu.cuda.verdicts.store.verdicts_of`). This module reads no environment itself.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from ...arith.params import Schedule
-from ...context import Context, VerdictSource, context_of
+from ...context import Context, VerdictSource
 from ...errors import BackendFallbackWarning, BackendUnavailableError
 from ...warn import Notice
-from ..catalog import KERNELS, NATIVE_INSTRUCTIONS, BackendStatus, GateResult, KernelInfo, Selection, gemm_kernels
+from ..catalog import (EPILOGUE, KERNELS, REGISTRY, ROWWISE, TENSORWISE, BackendStatus, GateResult, KernelInfo,
+                       Selection, candidates, gemm_kernels)
 from ..device import DISABLED_REASON, DeviceUnavailable
-from ..native.devices import device_decline
+from ..verdicts.store import (FORCE_FAIL_ENV, ensure_verdict, forced_failure, known_verdict,  # noqa: F401
+                              verdicts_of)
+from .declines import UNSPLIT_FAST, _is_gemm, design_skip, device_skip, schedule_skip  # noqa: F401
 
 _lock = threading.RLock()
-_VERDICTS: Dict[tuple, GateResult] = {}
 _SELECTIONS: Dict[tuple, Selection] = {}  # key -> Selection (with its warnings), of the process's verdicts only
-FORCE_FAIL_ENV = "MMAEMU_TEST_FORCE_FAIL"
 
 
 def _fallback_notice(device_label: str, message: str) -> Notice:
@@ -51,202 +50,45 @@ def _probe(device):
 
 
 def _device_info(device, context: Context):
-    """The DeviceInfo of ``device`` for a decision of ``context``: DeviceUnavailable ("disabled by
+    """The facts of ``device`` for a decision of ``context``: DeviceUnavailable ("disabled by
     MMAEMU_DISABLE_CUDA") when the context disables CUDA, before anything is probed (as
-    :func:`mmaemu.cuda.device.probe` with ``disabled=True``), else the probe's answer."""
+    :func:`mmaemu.cuda.device.probe` with ``disabled=True``); the context's own facts (``context.device``) when they
+    are the kernels' view of that device; else the probe's answer."""
     if context.cuda_disabled:
         raise DeviceUnavailable(DISABLED_REASON)
+    carried = context.device
+    if carried is not None and carried.compiler is not None and _index_of(device) in (None, carried.index):
+        return carried
     return _probe(device)
 
 
-# A schedule that only the preset and formats shape: one split, fast accumulation (see design_skip).
-UNSPLIT_FAST = Schedule(1, 1, 0, 0, 0, 0)
-# Kernels with a decline rule for devices, beside the kernel: (device info, preset or None) -> why not, or None.
-DEVICE_DECLINES = {"native": device_decline}
+def _index_of(device) -> Optional[int]:
+    """The CUDA device index ``device`` names (an int, a torch device or its text), None for the current one."""
+    if device is None or isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)
+    if index is not None or not isinstance(device, str):
+        return index
+    _, _, number = device.partition(":")
+    return int(number) if number.isdigit() else None
 
 
-def _is_gemm(kernel: str) -> bool:
-    return kernel in KERNELS and KERNELS[kernel].kind == "gemm"
+def device_context(device, context: Context) -> Context:
+    """``context`` carrying the facts of CUDA device ``device`` as the kernels see it (``context.device``; read once
+    per device and process), or the reason there are none (``device_problem``): what a plan of CUDA tensors keeps,
+    so that every decision of its call reads the same facts."""
+    import dataclasses
+
+    try:
+        facts = _device_info(device, context)
+    except DeviceUnavailable as exc:
+        return dataclasses.replace(context, device=None, device_problem=str(exc))
+    return dataclasses.replace(context, device=facts, device_problem=None)
 
 
-def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
-    """Why ``kernel`` cannot compute this preset by design (None if it can): its decline rule
-    (:func:`mmaemu.cuda.dispatch.launch.kernel_decline`) judged on an unsplit fast schedule, i.e. what the preset
-    and formats alone rule out. Never a failure, never warned."""
-    if _is_gemm(kernel):
-        from ...arith.params import preset_params
-        from .launch import kernel_decline
-
-        why = kernel_decline(kernel, UNSPLIT_FAST, preset_params(preset, fmt_a, fmt_b))
-        if why is not None:
-            return f"{why} (preset {preset.name!r})"
-    return None
-
-
-def device_skip(kernel: str, info, preset=None):
-    """Why ``kernel`` cannot run on the device of ``info`` (for ``preset``, when given) by design (None if it can):
-    the kernel's decline rule for devices (:data:`DEVICE_DECLINES`; ``cuda:native``:
-    :func:`mmaemu.cuda.native.devices.device_decline`), None for a kernel without one."""
-    rule = DEVICE_DECLINES.get(kernel)
-    return None if rule is None else rule(info, preset)
-
-
-def schedule_skip(kernel: str, preset, fmt_a: str, fmt_b: str, use_fast_accum, splits=1, scheme="none"):
-    """Why ``kernel`` cannot compute this call's schedule by design (None if it can): design_skip, plus what the
-    schedule rules out (the offset kernel: k-tiles that start on its stages). Never a failure, never warned."""
-    skip = design_skip(kernel, preset, fmt_a, fmt_b)
-    if skip is not None or not _is_gemm(kernel):
-        return skip
-    from ...arith.params import preset_params, schedule_params
-    from .launch import kernel_decline
-
-    return kernel_decline(kernel, schedule_params(preset, 1, use_fast_accum, splits, scheme),
-                          preset_params(preset, fmt_a, fmt_b))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Self-tests
-
-
-def _run_on_device(kernel: str, info):
-    """(passed, details) of a kernel's self-test on the device of ``info`` through the torch path."""
-    import numpy as np
-    import torch
-
-    from ...model.presets import get_preset
-    from . import engine
-    from ..verdicts import selftest
-
-    dev = torch.device("cuda", info.index)
-    if kernel == "epilogue":
-        views = {32: (torch.int32, np.uint32), 16: (torch.int16, np.uint16), 8: (torch.int8, np.uint8)}
-
-        def scale(bits):
-            return torch.from_numpy(np.array([bits], np.uint32).view(np.float32)).to(dev)
-
-        def compute(acc, sa, sb, sr, out_name):
-            out = engine.epilogue_tensors(torch.from_numpy(acc).to(dev), scale(sa), scale(sb),
-                                          scale(sr) if sr is not None else None, getattr(torch, out_name))
-            signed, unsigned = views[engine.OUT_WIDTH[out_name]]
-            return out.view(signed).cpu().numpy().view(unsigned)
-
-        return selftest.run_epilogue_cases(compute)
-
-    probe_details = []
-    if kernel == "native":  # the hardware computes its blocks: first the instruction itself, then the GEMMs
-        from ..verdicts import probe
-
-        instruction, preset_name, _ = NATIVE_INSTRUCTIONS[tuple(info.capability)]
-        with engine._OnDevice(dev) as on:
-            passed, details = probe.run_probe(probe.device_runner(instruction, on.stream),
-                                              get_preset(preset_name, warn=False))
-        probe_details = [{"case": "instruction probe", "mismatches": details["failing_tiles"],
-                          "first": details["first"][:2], "probe": details, "reason": probe.summarize(details)}]
-        if not passed:
-            return False, probe_details
-
-    compute, skip = gemm_case_functions(kernel, info)
-    passed, details = selftest.run_gemm_cases(compute, selftest.GEMM_CASES, skip=skip)
-    return passed, probe_details + details
-
-
-def gemm_case_functions(kernel: str, info):
-    """(compute, skip) of a GEMM kernel on the device of ``info``, for
-    :func:`mmaemu.cuda.verdicts.selftest.run_gemm_cases`: ``compute(case, a, b)`` = its fp32 accumulators of a
-    case through the torch path, on the host; ``skip(case)`` = why the dispatcher never gives the case to the
-    kernel there (:func:`schedule_skip`, :func:`device_skip`), None if it does."""
-    import torch
-
-    from ... import formats
-    from ...model.presets import get_preset
-    from . import engine
-
-    dev = torch.device("cuda", info.index)
-
-    def compute(case, a, b):
-        at = torch.from_numpy(a).to(dev).view(formats.DTYPE_OF[case.fmt_a])
-        bt = torch.from_numpy(b).to(dev).view(formats.DTYPE_OF[case.fmt_b])
-        acc = engine.accumulate_tensors(kernel, at, bt, case.fmt_a, case.fmt_b, get_preset(case.preset, warn=False),
-                                        case.fast, case.splits, case.scheme)
-        return acc.cpu().numpy()
-
-    def skip(case):
-        preset = get_preset(case.preset, warn=False)
-        return schedule_skip(kernel, preset, case.fmt_a, case.fmt_b, case.fast, case.splits, case.scheme) or \
-            device_skip(kernel, info, preset)
-
-    return compute, skip
-
-
-def ensure_verdict(info, kernel: str, *, force: bool = False) -> GateResult:
-    """The self-test verdict of ``kernel`` on the device of ``info``: from memory, from disk, or run now (the
-    process's verdict source; a decision reads it through :func:`verdicts_of`, which applies forced failures)."""
-    from ..verdicts import selftest
-
-    key = selftest.verdict_key(info.identity(), kernel)
-    memory_key = (selftest.key_digest(key), kernel)
-    why = device_skip(kernel, info)
-    if why is not None:
-        return GateResult("selftest", False, f"not run: {why}", {}, 0.0, False, ran=False)
-    with _lock:
-        if not force and memory_key in _VERDICTS:
-            return _VERDICTS[memory_key]
-        if not force:
-            stored = selftest.load_verdict(key)
-            if stored is not None:
-                result = GateResult("selftest", stored["passed"], stored.get("reason", ""), stored.get("details"),
-                                    float(stored.get("seconds", 0.0)), True)
-                _VERDICTS[memory_key] = result
-                return result
-        start = time.perf_counter()
-        try:
-            passed, details = _run_on_device(kernel, info)
-        except Exception as exc:  # compilation or launch failure: remembered for this process, not on disk
-            text = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
-            result = GateResult("selftest", False, f"self-test raised {text}", {"error": text},
-                                time.perf_counter() - start, False)
-            _VERDICTS[memory_key] = result
-            return result
-        seconds = time.perf_counter() - start
-        reason = selftest.summarize(details)
-        selftest.store_verdict(key, passed, reason, details, seconds)
-        result = GateResult("selftest", passed, reason, details, seconds, False)
-        _VERDICTS[memory_key] = result
-        return result
-
-
-def forced_failure() -> GateResult:
-    """The verdict of a kernel its context forces to fail (``MMAEMU_TEST_FORCE_FAIL``, tests only)."""
-    return GateResult("selftest", False, f"forced to fail by {FORCE_FAIL_ENV}", {}, 0.0, False)
-
-
-def verdicts_of(context: Optional[Context] = None, *, force: bool = False) -> VerdictSource:
-    """The verdict source of a decision: (device info, kernel name) -> GateResult.
-
-    The source is ``context.verdicts`` when the context gives one, else the process's own (:func:`ensure_verdict`:
-    from memory, from disk, or the self-test run now, rerun when ``force``). A kernel among the context's
-    ``forced_failures`` fails (:func:`forced_failure`) whatever the source says, and the source is not asked.
-    ``context`` None: read now (:func:`mmaemu.context.context_of`).
-    """
-    context = context_of(context)
-    forced = context.forced_failures
-    source = context.verdicts
-
-    def verdict(info, kernel: str) -> GateResult:
-        if kernel in forced:
-            return forced_failure()
-        if source is not None:
-            return source(info, kernel)
-        return ensure_verdict(info, kernel, force=force)
-
-    return verdict
-
-
-def run_selftests(device, names: List[str], *, force: bool = False,
-                  context: Optional[Context] = None) -> Dict[str, List[GateResult]]:
+def run_selftests(device, names: List[str], *, force: bool = False, context: Context) -> Dict[str, List[GateResult]]:
     """{"cuda:<name>": [GateResult]} for the named kernels on ``device`` (see :func:`mmaemu.backends.selftest`),
     from the verdict source of ``context`` (:func:`verdicts_of`)."""
-    context = context_of(context)
     try:
         info = _device_info(device, context)
     except DeviceUnavailable as exc:
@@ -256,33 +98,10 @@ def run_selftests(device, names: List[str], *, force: bool = False,
     return {f"cuda:{n}": [verdict(info, n)] for n in names}
 
 
-def _cached_verdict(info, kernel: str):
-    from ..verdicts import selftest
-
-    key = selftest.verdict_key(info.identity(), kernel)
-    with _lock:
-        result = _VERDICTS.get((selftest.key_digest(key), kernel))
-    if result is not None:
-        return result
-    stored = selftest.load_verdict(key)
-    if stored is None:
-        return None
-    return GateResult("selftest", stored["passed"], stored.get("reason", ""), stored.get("details"),
-                      float(stored.get("seconds", 0.0)), True)
-
-
-def _known_verdict(info, kernel: str, context: Context) -> Optional[GateResult]:
-    """The verdict of ``kernel`` known without running a self-test: the context's source when it gives one, else
-    the process's cached verdict (memory, disk), None when there is none yet."""
-    if context.verdicts is not None:
-        return context.verdicts(info, kernel)
-    return _cached_verdict(info, kernel)
-
-
-def status(device=None, *, context: Optional[Context] = None) -> Dict[str, BackendStatus]:
-    """{"cuda:<name>": BackendStatus} of every kernel on ``device``, from known verdicts (none is run;
-    :func:`_known_verdict`), for a decision of ``context`` (None: read now)."""
-    context = context_of(context)
+def status(device=None, *, context: Context) -> Dict[str, BackendStatus]:
+    """{"cuda:<name>": BackendStatus} of every kernel with a self-test of its own (:data:`KERNELS`) on ``device``,
+    from known verdicts (none is run; :func:`mmaemu.cuda.verdicts.store.known_verdict`), for a decision of
+    ``context``."""
     try:
         info = _device_info(device, context)
     except DeviceUnavailable as exc:
@@ -294,7 +113,7 @@ def status(device=None, *, context: Optional[Context] = None) -> Dict[str, Backe
         if why is not None:
             result[k.backend] = BackendStatus(k.backend, False, info.compiler, False, [], f"unavailable: {why}")
             continue
-        verdict = _known_verdict(info, k.name, context)
+        verdict = known_verdict(info, k.name, context)
         gates = [verdict] if verdict is not None else []
         if verdict is None and k.gated:
             available, reason = True, (f"not validated yet on {info.label}: its instruction probe and self-test "
@@ -378,14 +197,13 @@ _NOT_RUN_YET = GateResult("selftest", True, "not validated yet: its self-test ru
                           ran=False)
 
 
-def default_choice(device=None, *, context: Optional[Context] = None) -> DefaultChoice:
+def default_choice(device=None, *, context: Context) -> DefaultChoice:
     """What ``backend="auto"`` picks for CUDA tensors on ``device`` (None: torch's current CUDA device) by the
     rule of :func:`select`: :func:`choose` over the GEMM kernels by priority, with each kernel's decline rule for
     the device (:func:`device_skip`; the preset is each call's, so design declines are not judged) and the verdicts
-    known without running anything (:func:`_known_verdict`, as :func:`status` reads them; a kernel without one yet
-    counts as passing: its self-test runs at the first call). ``context``: the decision's (None: read now); its
-    forced failures are not applied, as :func:`status` does not apply them. Runs no self-test."""
-    context = context_of(context)
+    known without running anything (:func:`mmaemu.cuda.verdicts.store.known_verdict`, as :func:`status` reads
+    them; a kernel without one yet counts as passing: its self-test runs at the first call). ``context``: the
+    decision's; its forced failures are not applied, as :func:`status` does not apply them. Runs no self-test."""
     try:
         info = _device_info(device, context)
     except DeviceUnavailable as exc:
@@ -394,7 +212,7 @@ def default_choice(device=None, *, context: Optional[Context] = None) -> Default
 
     def verdict(kernel: KernelInfo) -> GateResult:
         if kernel.name not in known:
-            known[kernel.name] = _known_verdict(info, kernel.name, context)
+            known[kernel.name] = known_verdict(info, kernel.name, context)
         return known[kernel.name] or _NOT_RUN_YET
 
     contenders: List[KernelInfo] = []
@@ -409,15 +227,14 @@ def default_choice(device=None, *, context: Optional[Context] = None) -> Default
     return DefaultChoice(first, first is not None and known[first.name] is not None, tuple(contenders), None)
 
 
-def select(device, name, fmt_a, fmt_b, preset, *, context: Optional[Context] = None) -> Selection:
+def select(device, name, fmt_a, fmt_b, preset, *, context: Context) -> Selection:
     """The engine for CUDA tensors on ``device`` (platform.md 4.4 with our kernels), with its warnings as data
-    (``Selection.notices``: the caller reports them), from the verdicts of ``context`` (:func:`verdicts_of`; None:
-    read now); the process's source runs self-tests on first use.
+    (``Selection.notices``: the caller reports them), from the verdicts of ``context`` (:func:`verdicts_of`); the
+    process's source runs self-tests on first use.
 
     A selection from the process's verdicts is kept per device, formats, preset, name and forced failures, and
     gives its warnings again when reused; a context with its own verdict source neither reads nor fills that
     store (its verdicts are not the process's)."""
-    context = context_of(context)
     explicit = name[len("cuda:"):] if name.startswith("cuda:") else None
     if explicit is not None and not _is_gemm(explicit):
         known = ", ".join(f"'cuda:{k.name}'" for k in gemm_kernels())
@@ -470,16 +287,13 @@ class Accumulators(NamedTuple):
 
 
 def accumulate(name, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none", *,
-               context: Optional[Context] = None) -> Accumulators:
+               context: Context) -> Accumulators:
     """The accumulators of a call on the tensors' CUDA device, computed by the selected kernel ``name``
     ("cuda:<kernel>"), or, when its decline rule declines the call's schedule, by the kernel :func:`choose` picks
-    among those below it, with the verdicts of the call's ``context`` (:func:`verdicts_of`; None: read now), or
+    among those below it, with the verdicts of the call's ``context`` (:func:`verdicts_of`), or
     the cpu engine, the result copied to the device. That hand-over is by design: nothing is warned."""
-    from . import engine
-
     kernel = name[len("cuda:"):] if name.startswith("cuda:") else name
     if kernel in KERNELS and schedule_skip(kernel, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme):
-        context = context_of(context)
         kernel = _fallback_kernel(kernel, a.device, preset, fmt_a, fmt_b, use_fast_accum, splits, scheme, context)
         if kernel is None:  # no other kernel can run here: the cpu engine computes, the result goes back
             import torch
@@ -491,7 +305,7 @@ def accumulate(name, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits=1, 
             acc = accumulate_codes(codes[0], codes[1], fmt_a, fmt_b, preset, use_fast_accum, splits, scheme,
                                    cpu_engine=context.environment[CPU_ENGINE_ENV])
             return Accumulators(torch.from_numpy(acc).to(a.device), None)
-    acc = engine.accumulate_tensors(kernel, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
+    acc = REGISTRY[kernel].launch(kernel, a, b_rows, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
     return Accumulators(acc, f"cuda:{kernel}")
 
 
@@ -524,35 +338,71 @@ class EpilogueOutcome(NamedTuple):
 
 
 def epilogue(acc, scale_a, scale_b, scale_result, out_dtype, computed_by: Optional[str], *,
-             context: Optional[Context] = None) -> EpilogueOutcome:
+             context: Context) -> EpilogueOutcome:
     """The scaled_mm epilogue on the device of ``acc`` if a GEMM kernel computed ``acc`` (``computed_by``, from
-    :class:`Accumulators`; None: a CPU engine did) and the epilogue kernel passed its self-test there (the verdict
-    of the call's ``context``, :func:`verdicts_of`; None: read now); otherwise no result (the caller then runs the
-    CPU epilogue), with the failed self-test as a warning, once per process."""
+    :class:`Accumulators`; None: a CPU engine did) and :func:`choose` takes the tensor-wise recipe's epilogue kernel
+    there (its verdict from the call's ``context``, :func:`verdicts_of`); otherwise no result (the caller then runs
+    the CPU epilogue), with the failed self-test as a warning, once per process."""
     if computed_by is None:
         return EpilogueOutcome(None, ())  # a CPU engine computed it (backend "cpu"/"reference", or a fallback)
-    context = context_of(context)
     try:
         info = _device_info(acc.device, context)
     except DeviceUnavailable:
         return EpilogueOutcome(None, ())
-    verdict = verdicts_of(context)(info, "epilogue")
-    if not verdict.passed:
+    verdict = verdicts_of(context)
+    choice = choose(candidates(TENSORWISE, EPILOGUE), lambda k: device_skip(k.name, info),
+                    lambda k: entry_verdict(k, info, verdict))
+    if choice.kernel is None:
         return EpilogueOutcome(None, (_fallback_notice(
-            info.label, f"mmaemu on {info.label}: cuda:epilogue: {verdict.reason}; the cpu epilogue computes "
+            info.label, f"mmaemu on {info.label}: {'; '.join(choice.passed_over)}; the cpu epilogue computes "
             "(result copied back to the device)"),))
-    from . import engine
+    return EpilogueOutcome(choice.kernel.launch(acc, scale_a, scale_b, scale_result, out_dtype), ())
 
-    return EpilogueOutcome(engine.epilogue_tensors(acc, scale_a, scale_b, scale_result, out_dtype), ())
+
+# The verdict of a kernel without a device self-test of its own, and without another kernel's to run under.
+NO_SELFTEST = GateResult("selftest", False, "no device self-test of its own", {}, 0.0, False, ran=False)
+
+
+def entry_verdict(kernel: KernelInfo, info, verdict: VerdictSource) -> GateResult:
+    """The verdict that lets ``kernel`` run on the device of ``info``: its own self-test's (``verdict``), that of
+    the kernel it runs under (``kernel.vouched_by``), else :data:`NO_SELFTEST` (no kernel runs on a GPU without a
+    verdict; nothing is asked)."""
+    if kernel.selftest is not None:
+        return verdict(info, kernel.name)
+    if kernel.vouched_by is not None:
+        return verdict(info, kernel.vouched_by)
+    return NO_SELFTEST
+
+
+def recipe_kernel(recipe: str, name: str, device, *, context: Context) -> Choice:
+    """The kernel of the ``recipe``'s candidates (:func:`mmaemu.cuda.catalog.candidates`) that answer to the backend
+    ``name`` ("cuda:<kernel>") which computes a call on ``device``, by :func:`choose`: its device decline rule and
+    :func:`entry_verdict` with the verdicts of ``context``; no kernel (``kernel`` None, ``passed_over`` says why)
+    when none answers, the device cannot be used or every candidate fails. Warns nothing (the caller words it)."""
+    asked = name[len("cuda:"):] if name.startswith("cuda:") else None
+    answering = [k for k in candidates(recipe) if asked in (k.answers_to, k.name)]
+    if not answering:
+        return Choice(None, (f"{name}: no {recipe} kernel answers to it",), ())
+    try:
+        info = _device_info(device, context)
+    except DeviceUnavailable as exc:
+        return Choice(None, (f"cuda: {exc}",), ())
+    verdict = verdicts_of(context)
+    return choose(answering, lambda k: device_skip(k.name, info), lambda k: entry_verdict(k, info, verdict))
 
 
 def rowwise_epilogue(acc, scale_a, scale_b, bias, x_first):
-    """torch's row-wise epilogue (bf16), computed by the CPU loops and copied to acc's device. Its CUDA kernel
-    (:func:`.engine.rowwise_epilogue_tensors`, checked under the simulator) has no device self-test yet, and no
-    kernel runs on a GPU without a verdict of its own, so it is not used on devices."""
+    """torch's row-wise epilogue (bf16) for accumulators on a CUDA device: the row-wise recipe's epilogue kernel
+    when :func:`choose` takes it, else the CPU loops, the result copied to acc's device. Its kernel
+    (:func:`.engine.rowwise_epilogue_tensors`, checked under the simulator) has no device self-test yet
+    (:data:`NO_SELFTEST`), and no kernel runs on a GPU without a verdict, so today the CPU loops compute."""
     import torch
 
     from ...cpu import rowwise_epilogue_codes
+
+    choice = choose(candidates(ROWWISE, EPILOGUE), lambda k: None, lambda k: entry_verdict(k, None, None))
+    if choice.kernel is not None:  # pragma: no cover - needs a device self-test of the row-wise epilogue first
+        raise NotImplementedError(f"{choice.kernel.backend} has a self-test now: give rowwise_epilogue a context")
 
     def bits(t, view):
         return t.detach().contiguous().reshape(-1).view(view).cpu().numpy()
@@ -566,8 +416,9 @@ def reset():
     """Forget verdicts, selections and probed devices of this process (tests; the once-per-process warnings are
     forgotten by :func:`mmaemu.warn.reset`)."""
     from .. import device as device_module
+    from ..verdicts import store
 
+    store.reset()
     with _lock:
-        _VERDICTS.clear()
         _SELECTIONS.clear()
     device_module.reset()

@@ -16,9 +16,9 @@ from ...arith import offset as _offset
 from ...arith.params import BlockParams, Schedule
 from .. import shim
 from ..offset import kernel as offset_kernel
-from ..catalog import CODES_KERNELS, gemm_kernels
+from ..catalog import CODES_KERNELS, GEMM, REGISTRY, gemm_kernels
 from ..simple.kernels import (BLOCK, EPILOGUE_THREADS, MAX_GRID_Y, epilogue, gemm_simple, override_nonfinite,
-                              rowwise_epilogue, simple_decline)
+                              rowwise_epilogue)
 from ..native.kernel import (CTA_M, CTA_N, COMBINE_THREADS, GROUP_THREADS, INSTRUCTIONS, THREADS, combine_partials,
                              gemm_kernel, instruction_of, native_decline, pad_codes, padded_shape, stage_plan)
 from ..native.probe_kernel import probe_kernel
@@ -29,16 +29,14 @@ PACKED_BYTES = 8  # value (fp32), half an exponent word, a low byte and a sign b
 BF16X2_CAPABILITY = (8, 0)  # fma.rn.bf16x2, the power-sum exponent pass of the offset kernel
 
 
-# Each GEMM kernel's decline rule, declared beside the kernel: (schedule, params) -> why it does not compute them
-# (None: it does). The dispatcher asks every kernel through kernel_decline, never by name.
-DECLINES = {"native": native_decline, "offset": offset_kernel.offset_decline, "simple": simple_decline}
-
-
 def kernel_decline(kernel, schedule, params):
-    """Why the GEMM kernel ``kernel`` does not compute this schedule and preset (None if it does): its own rule."""
-    if kernel not in DECLINES:
-        raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {sorted(DECLINES)}")
-    return DECLINES[kernel](schedule, params)
+    """Why the GEMM kernel ``kernel`` does not compute this schedule and preset (None if it does): its own rule,
+    declared beside the kernel and named by its registry entry (:attr:`mmaemu.cuda.catalog.KernelInfo.declines`)."""
+    entry = REGISTRY.get(kernel)
+    if entry is None or entry.kind != GEMM or entry.declines is None:
+        known = sorted(k.name for k in REGISTRY.values() if k.declines is not None)
+        raise ValueError(f"unknown GEMM kernel {kernel!r}; expected one of {known}")
+    return entry.declines(schedule, params)
 
 
 def launch_codes(kernel, a_codes, b_codes, fmt_a, fmt_b, schedule, params, out, stream=0, *, alloc=None):

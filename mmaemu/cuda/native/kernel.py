@@ -34,6 +34,8 @@ conflicts. The instructions and their simulator twins: :mod:`.wgmma`, :mod:`.mma
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import cuda, float32, uint8
 
@@ -170,13 +172,33 @@ def _stage(a, b, row_bytes, k, m0, n0, buffer, smem, t):
                (n0 + row) * row_bytes + k + chunk * CHUNK)
 
 
+class InstructionForms(NamedTuple):
+    """The device functions a kernel of one instruction module (:data:`INSTRUCTIONS`) and format pair calls: its
+    MMA step over the staged operands, the bracket around a chain of steps, the waits for the asynchronous copies
+    and the fragment layout."""
+
+    step: object
+    begin: object
+    end: object
+    copies_wait_one: object
+    copies_wait_all: object
+    fragment_coord: object
+
+
+def instruction_forms(instruction, fmt_a, fmt_b, leading_bytes=LEADING_BYTES) -> InstructionForms:
+    """The :class:`InstructionForms` of ``instruction`` (a module of :data:`INSTRUCTIONS`) for ``fmt_a`` x
+    ``fmt_b``; ``leading_bytes``: the K distance between core matrices the step is told (the staging always uses
+    :data:`LEADING_BYTES`; the probe's tests pass a wrong one)."""
+    return InstructionForms(instruction.make_step(fmt_a, fmt_b, leading_bytes, STRIDE_BYTES), instruction.begin,
+                            instruction.end, instruction.copies_wait_one, instruction.copies_wait_all,
+                            shim.device(instruction.fragment_coord))
+
+
 def _make_gemm(instruction, fmt_a, fmt_b, multi_chain):
     """The GEMM kernel of one instruction (a module of :data:`INSTRUCTIONS`) and format pair; ``multi_chain``: a
     split has several chains (slow accumulation), whose results are added into fp32 registers; otherwise the MMA
     accumulator is the split's partial."""
-    step = instruction.make_step(fmt_a, fmt_b, LEADING_BYTES, STRIDE_BYTES)
-    begin, end, copies_wait_one = instruction.begin, instruction.end, instruction.copies_wait_one
-    fragment_coord = shim.device(instruction.fragment_coord)
+    step, begin, end, copies_wait_one, _, fragment_coord = instruction_forms(instruction, fmt_a, fmt_b)
 
     @cuda.jit(fastmath=False)
     def gemm_native(a, b, row_bytes, plan, counts, partials):

@@ -15,7 +15,7 @@ from .. import shim
 from .cp_async import copies_commit, copy16
 from .fragment import FRAGMENT, fragment_from_array, fragment_to_array
 from .kernel import (ALIGN, GROUP_M, GROUP_N, GROUP_THREADS, INSTRUCTIONS, LEADING_BYTES, MMA_K, OPERAND_STAGE_BYTES,
-                     STRIDE_BYTES, aligned_start, stage_offset)
+                     aligned_start, instruction_forms, stage_offset)
 
 _stage_offset = shim.device(stage_offset)
 SMEM_BYTES = 2 * OPERAND_STAGE_BYTES + ALIGN
@@ -25,9 +25,7 @@ ROW_CHUNKS = MMA_K // 16
 def _make_probe(instruction, fmt_a, fmt_b, leading_bytes):
     """The probe kernel of an instruction module and format pair; ``leading_bytes``: the K distance between core
     matrices the instruction is told (the staging always uses :data:`LEADING_BYTES`; tests pass a wrong one)."""
-    step = instruction.make_step(fmt_a, fmt_b, leading_bytes, STRIDE_BYTES)
-    begin, end, copies_wait_all = instruction.begin, instruction.end, instruction.copies_wait_all
-    fragment_coord = shim.device(instruction.fragment_coord)
+    step, begin, end, _, copies_wait_all, fragment_coord = instruction_forms(instruction, fmt_a, fmt_b, leading_bytes)
 
     @cuda.jit(fastmath=False)
     def probe(a, b, c, use_c, steps, out):

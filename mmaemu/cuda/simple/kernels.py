@@ -36,18 +36,13 @@ from .. import shim
 shim.restore_numpy_row_stack()  # before numba-cuda compiles anything (see shim)
 shim.install_builtin_minmax()
 
-accumulate_one = shim.device(_schedule.accumulate_one)
-combine_step = shim.device(_schedule.combine_step)
-combine = shim.device(_schedule.combine)
-split_chains = shim.device(_schedule.split_chains)
-chain_tiles_of = shim.device(_schedule.chain_tiles_of)
-chain_range_count = shim.device(_chain.chain_range_count)
-chain_range = shim.device(_chain.chain_range)
-nonfinite_accumulator = shim.device(_special.nonfinite_accumulator)
-epilogue_one = shim.device(_epilogue.epilogue_one)
-scale_product = shim.device(_epilogue.scale_product)
-value_of_bits = shim.device(_rounding.value_of_bits)
-rowwise_epilogue_one = shim.device(_rowwise.rowwise_epilogue_one)
+accumulate_one, combine_step, combine, split_chains, chain_tiles_of = shim.devices(
+    _schedule, "accumulate_one", "combine_step", "combine", "split_chains", "chain_tiles_of")
+chain_range_count, chain_range = shim.devices(_chain, "chain_range_count", "chain_range")
+nonfinite_accumulator, = shim.devices(_special, "nonfinite_accumulator")
+epilogue_one, scale_product = shim.devices(_epilogue, "epilogue_one", "scale_product")
+value_of_bits, = shim.devices(_rounding, "value_of_bits")
+rowwise_epilogue_one, = shim.devices(_rowwise, "rowwise_epilogue_one")
 
 FINITE = _special.FINITE
 FLOAT32 = _rounding.FLOAT32
@@ -131,5 +126,5 @@ def rowwise_epilogue(acc, x_scale_bits, w_scale_bits, bias_bits, has_bias, x_fir
 def simple_decline(schedule, params):
     """Why :func:`gemm_simple` does not compute this schedule and preset: never (None). It runs ``accumulate_one``,
     the CPU reference's own walk, so every preset and schedule is its; this rule is declared so that the dispatcher
-    asks every kernel the same question (:data:`mmaemu.cuda.dispatch.launch.DECLINES`)."""
+    asks every kernel the same question (its registry entry, :mod:`mmaemu.cuda.catalog`)."""
     return None

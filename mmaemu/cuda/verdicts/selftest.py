@@ -58,39 +58,22 @@ class GemmCase:
         return dataclasses.replace(self, M=min(self.M, 4), N=min(self.N, 4), K=min(self.K, 96))
 
 
-def _case(label, preset, fa, fb, fast, splits, scheme, M, N, K, data, seed):
-    return GemmCase(label, preset, fa, fb, fast, splits, scheme, M, N, K, data, seed)
+CASES_FILE = pathlib.Path(__file__).resolve().with_name("gemm_cases.json")
 
 
-E4, E5 = "e4m3", "e5m2"
-GEMM_CASES = (
-    _case("random hopper fast", "hopper", E4, E4, True, 1, "none", 16, 8, 64, "random", 1),
-    _case("random hopper slow, ragged K", "hopper", E4, E4, False, 1, "none", 16, 8, 300, "random", 2),
-    _case("random ada fast, ragged K", "ada", E4, E4, True, 1, "none", 16, 8, 72, "random", 3),
-    _case("random ada slow", "ada", E4, E4, False, 1, "none", 16, 8, 384, "random", 4),
-    _case("adversarial hopper fast", "hopper", E4, E4, True, 1, "none", 64, 64, 256, "adversarial", 5),
-    _case("adversarial hopper slow", "hopper", E4, E4, False, 1, "none", 64, 64, 256, "adversarial", 6),
-    _case("adversarial ada fast", "ada", E4, E4, True, 1, "none", 64, 64, 256, "adversarial", 7),
-    _case("adversarial ada slow", "ada", E4, E4, False, 1, "none", 64, 64, 256, "adversarial", 8),
-    _case("hopper contiguous S=2 slow, ragged K", "hopper", E4, E4, False, 2, "contiguous", 24, 20, 300, "random", 9),
-    _case("hopper contiguous S=4 fast, empty split", "hopper", E4, E4, True, 4, "contiguous", 16, 16, 384,
-          "adversarial", 10),
-    _case("hopper contiguous S=3 slow e4m3 x e5m2", "hopper", E4, E5, False, 3, "contiguous", 20, 24, 1000,
-          "random", 11),
-    _case("ada serial S=3 fast, padding tile", "ada", E4, E4, True, 3, "serial", 16, 16, 200, "adversarial", 12),
-    _case("ada pairwise S=5 slow e5m2 x e4m3", "ada", E5, E4, False, 5, "pairwise", 16, 16, 520, "random", 13),
-    _case("ada pairwise S=4 fast", "ada", E4, E4, True, 4, "pairwise", 16, 16, 256, "adversarial", 14),
-    _case("hopper slow e5m2 x e5m2", "hopper", E5, E5, False, 1, "none", 16, 16, 320, "adversarial", 15),
-    _case("ada fast e5m2 x e5m2", "ada", E5, E5, True, 1, "none", 16, 16, 160, "random", 16),
-    _case("b200_mma_sync fast", "b200_mma_sync", E4, E4, True, 1, "none", 16, 16, 200, "adversarial", 17),
-    _case("b200_mma_sync fast e4m3 x e5m2", "b200_mma_sync", E4, E5, True, 1, "none", 8, 8, 96, "random", 18),
-    _case("NaN/Inf e5m2 x e4m3 hopper slow", "hopper", E5, E4, False, 1, "none", 16, 16, 96, "nonfinite", 19),
-    _case("NaN/Inf e4m3 x e5m2 ada serial S=2", "ada", E4, E5, True, 2, "serial", 16, 16, 160, "nonfinite", 20),
-    _case("NaN/Inf e5m2 x e5m2 hopper contiguous S=2", "hopper", E5, E5, False, 2, "contiguous", 12, 12, 256,
-          "nonfinite", 21),
-    _case("multi-block hopper slow, long K", "hopper", E4, E4, False, 1, "none", 130, 136, 1936, "random", 22),
-    _case("multi-block ada fast", "ada", E4, E4, True, 1, "none", 40, 48, 1024, "adversarial", 23),
-)
+def _load_gemm_cases(path: pathlib.Path = CASES_FILE):
+    """The GEMM cases of the self-test, from their table (``gemm_cases.json`` beside this module: one row a case,
+    the columns those of :class:`GemmCase`; part of the sources a verdict is keyed by, :func:`sources_hash`)."""
+    table = json.loads(path.read_text(encoding="utf-8"))
+    columns = [f.name for f in dataclasses.fields(GemmCase)]
+    if table["columns"] != columns:
+        raise ValueError(f"{path}: columns {table['columns']} are not GemmCase's {columns}")
+    return tuple(GemmCase(*row) for row in table["gemm"])
+
+
+# hopper and ada, fast and slow, contiguous/serial/pairwise split-K (ragged K, splits that own no or only padding
+# tiles), mixed formats, NaN/Inf codes, b200_mma_sync fast and multi-block shapes (see the module docstring).
+GEMM_CASES = _load_gemm_cases()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -301,11 +284,12 @@ def run_epilogue_cases(compute: Callable, size="full"):
 
 
 def sources_hash() -> str:
-    """sha256 (16 hex digits) of the arithmetic's sources (mmaemu._cache.source_hash) and of mmaemu/cuda."""
+    """sha256 (16 hex digits) of the arithmetic's sources (mmaemu._cache.source_hash) and of mmaemu/cuda (its
+    modules and its tables: the self-test cases)."""
     from ... import _cache
 
     digest = hashlib.sha256(_cache.source_hash().encode())
-    for path in sorted(_CUDA_DIR.rglob("*.py")):
+    for path in sorted([*_CUDA_DIR.rglob("*.py"), *_CUDA_DIR.rglob("*.json")]):
         digest.update(path.relative_to(_CUDA_DIR).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
