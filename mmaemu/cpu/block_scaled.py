@@ -521,3 +521,40 @@ def accumulate_block_scaled(a_codes, b_codes, fmt_a, fmt_b, scale_a, scale_b, sc
         if todo.any():
             _run_reference(gemm, todo, out)
     return canonical_nan(out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A kept B (a weight): mmaemu.cpu.prepared keeps it between calls
+
+
+KEPT_BYTES_PER_RAW_BYTE = 16
+
+
+class KeptBlockScaledB(NamedTuple):
+    """A B as the kernel reads it, kept for many calls: element codes [N, K] (uint8, one per element, K padded as
+    the call's kernel pads it), scale codes [N, K / block] and their :class:`PreparedBlockScaledB`."""
+
+    codes: np.ndarray
+    scales: np.ndarray
+    prepared: PreparedBlockScaledB
+
+
+def kept_b_engine(name: str, operands_of, fmt: str, scale_fmt: str, block: int):
+    """The :class:`mmaemu.cpu.prepared.Engine` of a block-scaled B: the store compares the bytes it is handed (B's
+    raw bytes and scale bytes, as the call holds them) and, for bytes it has not kept, ``operands_of(bytes) ->
+    (codes [N, K], scale codes [N, K / block])`` gives what is prepared (:class:`KeptBlockScaledB`). ``name``
+    must name everything ``operands_of`` reads besides the bytes (formats, block, K, padding)."""
+    from .prepared import Engine
+
+    def prepare(raw, _fmt):
+        codes, scales = operands_of(raw)
+        codes, scales = np.ascontiguousarray(codes, np.uint8), np.ascontiguousarray(scales, np.uint8)
+        return KeptBlockScaledB(codes, scales, prepare_block_scaled_b(codes, fmt, scales, scale_fmt, block))
+
+    def nbytes(rows, raw_size):
+        # The store asks for the bytes kept for compared bytes of shape [1, raw_size]: an upper bound (per element
+        # one code byte and 5 + 8 / block bytes of panels, at most two elements per raw byte (FP4), whole panels).
+        return rows * raw_size * KEPT_BYTES_PER_RAW_BYTE + MAX_LANES * 1024
+
+
+    return Engine(f"block-scaled:{name}", prepare, nbytes)
