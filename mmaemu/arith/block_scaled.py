@@ -210,37 +210,15 @@ def narrow_run(preset) -> int:
 @arithmetic
 def tile_product_sum_narrow(a_val, b_val, kb, ke, scale, total, run, part):
     """:func:`mmaemu.arith.tile.tile_product_sum` for one row with the terms added in int32 runs of ``run``
-    products (:func:`narrow_run`; ``part``: int32 work array [lanes]) and each run's sum added to ``total``: the
-    same integers, exact by the bound above (every partial sum of a run is bounded by the run's sum of
-    magnitudes)."""
+    products (:func:`narrow_run`; ``part``: int32 work array [lanes], the lane type of each run's sum) and each
+    run's sum added to ``total``: the same integers, exact by the bound above (every partial sum of a run is
+    bounded by the run's sum of magnitudes)."""
     T = total.dtype.type
-    I = np.int32
     lanes = total.shape[0]
-    u = np.uint64
     for k0 in range(kb, ke, run):
         for j in range(lanes):
-            part[j] = I(0)
-        k = u(k0)
-        end = u(min(k0 + run, ke))
-        while k + u(K_UNROLL) <= end:
-            k1 = k + u(1)
-            k2 = k + u(2)
-            k3 = k + u(3)
-            a0 = a_val[k]
-            a1 = a_val[k1]
-            a2 = a_val[k2]
-            a3 = a_val[k3]
-            for j in range(lanes):
-                p = scale[j]
-                t0 = I(I((a0 * p) * b_val[k, j]) + I((a1 * p) * b_val[k1, j]))
-                t1 = I(I((a2 * p) * b_val[k2, j]) + I((a3 * p) * b_val[k3, j]))
-                part[j] = I(part[j] + I(t0 + t1))
-            k += u(K_UNROLL)
-        while k < end:
-            a0 = a_val[k]
-            for j in range(lanes):
-                part[j] = I(part[j] + I((a0 * scale[j]) * b_val[k, j]))
-            k += u(1)
+            part[j] = np.int32(0)
+        tile_product_sum(a_val, b_val, k0, min(k0 + run, ke), scale, part)
         for j in range(lanes):
             total[j] = T(total[j] + T(part[j]))
 
