@@ -1,7 +1,7 @@
 """Block-scaled GEMMs (MXFP8, NVFP4: :mod:`mmaemu.cpu.block_scaled`) on CUDA: ``cuda:simple`` only.
 
-One thread per output calls :func:`mmaemu.arith.block_scaled.scaled_block_chain` or
-:func:`~mmaemu.arith.block_scaled.scaled_group_chain` - the functions the CPU reference loop runs - on the output's
+One thread per output calls :func:`mmaemu.arith.block_scaled.scaled_chain` - the function the CPU reference loop runs
+- on the output's
 decoded row of A and row of B in global memory (decoded on the host, as the CPU reference decodes them). Integer
 arithmetic and correctly rounded float64/fp32 operations only; compiled without fast-math.
 """
