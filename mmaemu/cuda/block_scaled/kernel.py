@@ -1,8 +1,8 @@
 """Block-scaled GEMMs (MXFP8, NVFP4: :mod:`mmaemu.cpu.block_scaled`) on CUDA: ``cuda:simple`` only.
 
-One thread per output calls :func:`mmaemu.arith.block_scaled.scaled_chain` - the function the CPU reference loop runs
-- on the output's
-decoded row of A and row of B in global memory (decoded on the host, as the CPU reference decodes them). Integer
+One thread per output calls :func:`mmaemu.arith.block_scaled.scaled_chain` - the function the CPU reference loop
+runs - on the output's decoded row of A and row of B in global memory (decoded on the host by the CPU reference's
+own preparation, :func:`mmaemu.cpu.block_scaled.gemm_chain_operands`). Integer
 arithmetic and correctly rounded float64/fp32 operations only; compiled without fast-math.
 """
 
