@@ -10,13 +10,17 @@ always loaded, torch need not be):
 * fp32 2**-130 * 0.5 must be nonzero (a subnormal operand is not treated as zero, nor the subnormal product).
 
 The probes are read back as integer bit patterns, so the read-back itself cannot be flushed. Cost: about 2 µs.
+:func:`check_no_flush_to_zero` is the refusal every computing entry point applies (semantics.md (e), last
+paragraph; :mod:`mmaemu.plan.flush` gives it to the plan).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["fp32_subnormals_flushed"]
+from .errors import MmaemuError
+
+__all__ = ["fp32_subnormals_flushed", "check_no_flush_to_zero"]
 
 _THREE_MIN_SUBNORMALS_F64 = np.array([3.0 * 2.0**-149], np.float64)  # a normal float64
 _SUBNORMAL_F32 = np.array([1 << 19], np.int32).view(np.float32)  # 2**-130 = 2**19 * 2**-149
@@ -29,3 +33,13 @@ def fp32_subnormals_flushed() -> bool:
     converted = _THREE_MIN_SUBNORMALS_F64.astype(np.float32).view(np.int32)[0]
     halved = (_SUBNORMAL_F32 * np.float32(0.5)).view(np.int32)[0]
     return converted == 0 or halved == 0
+
+
+def check_no_flush_to_zero() -> None:
+    """Raise :class:`~mmaemu.errors.MmaemuError` if fp32 subnormals are flushed on this CPU thread."""
+    if fp32_subnormals_flushed():
+        raise MmaemuError(
+            "this CPU thread flushes fp32 subnormals to zero (flush-to-zero / denormals-are-zero mode, e.g. after "
+            "torch.set_flush_denormal(True)), so mmaemu cannot reproduce the GPU's bits; call "
+            "torch.set_flush_denormal(False) before computing"
+        )

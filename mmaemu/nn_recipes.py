@@ -406,6 +406,19 @@ class _BlockScaledLinear(_ScaledMMRecipeLayer):
         return dict(out_dtype=out_dtype, use_fast_accum=False, profile=self.profile, splitk=1,
                     backend=self.backend)
 
+    def _swizzled_weight_scale(self):
+        """``to_blocked(self.weight_scale)``, made once and kept while the buffer holds the same codes (compared on
+        every use: a few bytes per row), so that a call does not swizzle the weight's scales again; the same
+        tensor every time, so that the GEMM finds the weight's kept preparation."""
+        from .scale_layout import to_blocked
+
+        codes = self.weight_scale.view(torch.uint8)
+        kept = self.__dict__.get("_kept_swizzled_scale")
+        if kept is None or kept[0].shape != codes.shape or kept[0].device != codes.device or \
+                not torch.equal(kept[0], codes):
+            kept = self.__dict__["_kept_swizzled_scale"] = (codes.clone(), to_blocked(self.weight_scale))
+        return kept[1]
+
     def _recipe_repr(self):
         return (f"recipe={self.recipe!r} (torchao 0.18.0 casts, block-scaled scaled_mm, experimental), "
                 f"profile={getattr(self.profile, 'name', self.profile)!r}")
@@ -448,10 +461,9 @@ class MXFP8Linear(_BlockScaledLinear):
 
     def _gemm(self, x):
         from .block_quantize import quantize_mx
-        from .scale_layout import to_blocked
 
         q = quantize_mx(self._input_rows(x), self.element_fmt, swizzle=True)
-        args = (q.codes, self.weight.t(), q.scales, to_blocked(self.weight_scale))
+        args = (q.codes, self.weight.t(), q.scales, self._swizzled_weight_scale())
         out_dtype = x.dtype if self.out_dtype is None else self.out_dtype
 
         def finish(y):
@@ -513,11 +525,10 @@ class NVFP4Linear(_BlockScaledLinear):
 
     def _gemm(self, x):
         from .block_quantize import quantize_nvfp4
-        from .scale_layout import to_blocked
 
         rows = self._input_rows(x)
         q = quantize_nvfp4(rows, global_scale="dynamic", swizzle=True)
-        args = (q.codes, self.weight.t(), q.scales, to_blocked(self.weight_scale))
+        args = (q.codes, self.weight.t(), q.scales, self._swizzled_weight_scale())
         dtype = rows.dtype
         scale_result = torch.tensor(q.global_scale, dtype=torch.float32, device=rows.device) * \
             self.weight_global_scale.to(rows.device)

@@ -112,3 +112,14 @@ def sass_tools_missing():
     if not missing:
         return None
     return f"{' and '.join(missing)} not found (a CUDA toolkit; `pip install nvidia-cuda-nvdisasm`)"
+
+
+def bit_mismatches(got, want) -> dict:
+    """A worker's report of two fp32 arrays compared bit for bit: how many outputs differ, how many expected
+    outputs are not finite (the report shows the comparison met them) and the first three differences in hex."""
+    import numpy as np
+
+    got_bits, want_bits = got.view(np.uint32).ravel(), want.view(np.uint32).ravel()
+    bad = np.flatnonzero(got_bits != want_bits)
+    return {"mismatches": int(bad.size), "nonfinite": int(np.count_nonzero(~np.isfinite(want))),
+            "first": [f"{int(got_bits[i]):08X} != {int(want_bits[i]):08X}" for i in bad[:3]]}

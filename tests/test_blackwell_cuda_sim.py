@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from subprocess_workers import workers_fixture
+from subprocess_workers import bit_mismatches, workers_fixture
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KERNELS = ("simple", "offset", "native")
@@ -58,11 +58,7 @@ def _worker():
                     runs.append({**entry, "declined": skip})
                     continue
                 got = engine.accumulate_numpy(kernel, a, b, fa, fb, preset, True)
-                got_bits, want_bits = got.view(np.uint32).ravel(), want.view(np.uint32).ravel()
-                bad = np.flatnonzero(got_bits != want_bits)
-                runs.append({**entry, "mismatches": int(bad.size),
-                             "nonfinite": int(np.count_nonzero(~np.isfinite(want))),
-                             "first": [f"{int(got_bits[i]):08X} != {int(want_bits[i]):08X}" for i in bad[:3]]})
+                runs.append({**entry, **bit_mismatches(got, want)})
     print(json.dumps(runs))
 
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from subprocess_workers import workers_fixture
+from subprocess_workers import bit_mismatches, workers_fixture
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CASES = [("tcgen05_mxf8f6f4", "e4m3", "e5m2", 64, 32, "ue8m0"), ("tcgen05_mxf8f6f4", "e2m1", "e3m2", 64, 32, "ue8m0"),
@@ -38,11 +38,7 @@ def _worker():
         b = make_cases(fb, fa, K, block, scale_fmt, 6, 50 + index)
         want = accumulate_block_scaled(a.a, b.a, fa, fb, a.sa, b.sa, scale_fmt, preset, reference=True)
         got = accumulate_block_scaled_numpy(a.a, b.a, fa, fb, a.sa, b.sa, scale_fmt, preset)
-        got_bits, want_bits = got.view(np.uint32).ravel(), want.view(np.uint32).ravel()
-        bad = np.flatnonzero(got_bits != want_bits)
-        runs.append({"case": [name, fa, fb, K, block, scale_fmt], "mismatches": int(bad.size),
-                     "nonfinite": int(np.count_nonzero(~np.isfinite(want))),
-                     "first": [f"{int(got_bits[i]):08X} != {int(want_bits[i]):08X}" for i in bad[:3]]})
+        runs.append({"case": [name, fa, fb, K, block, scale_fmt], **bit_mismatches(got, want)})
     print(json.dumps(runs))
 
 

@@ -177,3 +177,58 @@ def test_one_tile_table_per_format_in_the_tile_layout(fmt):
     present = want != 0
     assert np.array_equal(exp[present], formats.exponents(fmt)[codes][present])
     assert (exp[~present] == TILE_ABSENT_EXP).all()
+
+
+@pytest.mark.parametrize("preset,fmt,block,scale_fmt", [("tcgen05_mxf8f6f4", "e4m3", 32, "ue8m0"),
+                                                        ("tcgen05_mxf4nvf4", "e2m1", 16, "ue4m3")])
+def test_a_prepared_b_gives_the_bits_of_the_reference(preset, fmt, block, scale_fmt):
+    """B prepared once (panels and scales in the tile layout, the rows holding NaN/Inf or a NaN scale) serves
+    several A with the reference's bits, including outputs handed over to the reference chain; a prepared B of
+    another shape is refused."""
+    from mmaemu.cpu.block_scaled import prepare_block_scaled_b
+
+    M, N, K = 7, 150, 256
+    a, b, sa, sb = _operands(fmt, fmt, M, N, K, block, scale_fmt, 61)
+    prepared = prepare_block_scaled_b(b, fmt, sb, scale_fmt, block)
+    assert prepared.bad.any() and not prepared.bad.all()
+    for seed in (62, 63):
+        a, _, sa, _ = _operands(fmt, fmt, M, N, K, block, scale_fmt, seed)
+        want = accumulate_block_scaled(a, b, fmt, fmt, sa, sb, scale_fmt, _preset(preset), reference=True)
+        got = accumulate_block_scaled(a, b, fmt, fmt, sa, sb, scale_fmt, _preset(preset), prepared_b=prepared)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match="prepared_b was prepared"):
+        accumulate_block_scaled(a, b[:-1], fmt, fmt, sa, sb[:-1], scale_fmt, _preset(preset), prepared_b=prepared)
+
+
+def test_a_kept_weight_is_served_only_for_the_same_codes_and_scales():
+    """scaled_mm on the block-scaled profile keeps a repeated mat2's preparation (mmaemu.cpu.prepared.WEIGHTS) and
+    gives the reference's bits from it; a changed scale_b with the same mat2 is prepared anew, never served stale."""
+    from mmaemu.block_quantize import quantize_mx
+    from mmaemu.cpu.prepared import WEIGHTS
+    from mmaemu.scale_layout import to_blocked
+
+    torch.manual_seed(3)
+    w = quantize_mx(torch.randn(192, 128), "e4m3")
+    x = quantize_mx(torch.randn(3, 128), "e4m3", swizzle=True)
+    weight = w.codes
+    scale_w = to_blocked(w.scales)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+
+        def call(scale_b, backend="auto"):
+            return mmaemu.scaled_mm(x.codes, weight.t(), x.scales, scale_b, out_dtype=torch.float32,
+                                    profile="b200-mx-experimental", splitk=1, backend=backend)
+
+        want = call(scale_w, "reference")
+        WEIGHTS.clear()
+        for _ in range(3):
+            assert torch.equal(call(scale_w).view(torch.int32), want.view(torch.int32))
+        assert WEIGHTS.prepares == 1
+        other = scale_w.view(torch.uint8).clone()
+        other[:8] = other[:8] + 1
+        other = other.view(scale_w.dtype)
+        want_other = call(other, "reference")
+        assert not torch.equal(want_other, want)
+        for _ in range(2):
+            assert torch.equal(call(other).view(torch.int32), want_other.view(torch.int32))
+    WEIGHTS.clear()

@@ -107,7 +107,7 @@ LAYERS = (
     ("base", ("mmaemu._version", "mmaemu.errors", "mmaemu.environment", "mmaemu.warn", "mmaemu._private",
               "mmaemu._cache", "mmaemu._numba_cache", "mmaemu._jit", "mmaemu._untraced", "mmaemu.device_facts",
               "mmaemu.context", "mmaemu.scale_layout",
-              "mmaemu.fpmode", "mmaemu.tensor_kinds", "mmaemu.formats", "mmaemu.plan.flush")),
+              "mmaemu.fpmode", "mmaemu.tensor_kinds", "mmaemu.formats")),
     ("arithmetic", ("mmaemu.arith",)),
     ("presets", ("mmaemu.model.presets", "mmaemu.model.chunked")),
     ("kernels", ("mmaemu.cpu", "mmaemu.cuda", "mmaemu.model")),

@@ -22,18 +22,39 @@ scales are the caller's (:mod:`mmaemu.model.instruction`).
 """
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
+from .. import formats
 from .._jit import arithmetic
 from .block import NO_LEAD, RESULT_EXP_FLOOR, block_step_early, normalize
 from .chain import exact_to_float32
 from .intbits import shift_toward_zero
-from .tile import (EMAX_NONE, lane_cap, lane_shift_toward_zero, pow2_scale, tile_exponent_max, tile_normalize,
+from .tile import (EMAX_NONE, K_UNROLL, lane_cap, lane_shift_toward_zero, pow2_scale, tile_exponent_max, tile_normalize,
                    tile_product_sum)
 
 # fp32's minimum normal exponent: the alignment exponent of a subnormal accumulator.
 FP32_MIN_EXP = -126
+
+
+class GroupParams(NamedTuple):
+    """A scaled-groups preset (``kind::mxf4nvf4``) for one pair of operand formats and a scale format, as the
+    compiled arithmetic reads it: integers, built by :func:`group_params`."""
+
+    group: int  # products summed exactly per group
+    e_floor: int  # smallest exponent sum of two nonzero elements: the grid of a group's exact sum is 2**(e_floor - ma - mb)
+    lift: int  # the operands' and the two scales' mantissa bits: a group's value is total * ssa * ssb * 2**(... - lift)
+    frac: int  # fraction bits of the instruction's alignment grid
+    frac_out: int  # fraction bits kept of the result
+    min_exp: int  # floor of the alignment exponent
+
+
+def group_params(preset, fmt_a: str, fmt_b: str, scale_fmt: str) -> GroupParams:
+    """The :class:`GroupParams` of a scaled-groups preset, a format pair and a scale format."""
+    return GroupParams(preset.group, formats.EMIN[fmt_a] + formats.EMIN[fmt_b],
+                       formats.MANT_BITS[fmt_a] + formats.MANT_BITS[fmt_b] + 2 * formats.SCALE_MANT_BITS[scale_fmt],
+                       preset.frac, preset.frac_out, preset.min_exp)
 
 
 @arithmetic
@@ -75,9 +96,8 @@ def group_exact_sum(sa, ea, sb, eb, k0, k1, e_floor):
 
 
 @arithmetic
-def group_scaled_instruction(sa, ea, sb, eb, k0, k1, group, block, ssa, sea, ssb, seb, c, e_floor, lift, frac,
-                             frac_out, min_exp):
-    """One scaled-groups instruction over k in [k0, k1) from the fp32 accumulator c.
+def group_scaled_instruction(sa, ea, sb, eb, k0, k1, block, ssa, sea, ssb, seb, c, gp):
+    """One scaled-groups instruction over k in [k0, k1) from the fp32 accumulator c (``gp``: :class:`GroupParams`).
 
     ``ssa``/``sea`` (``ssb``/``seb``): integer significands and exponents of a's (b's) scales, one per ``block``
     elements of K (value = sig * 2**(exp - scale mantissa bits)). A group's value is ``total * ssa * ssb *
@@ -85,6 +105,7 @@ def group_scaled_instruction(sa, ea, sb, eb, k0, k1, group, block, ssa, sea, ssb
     """
     if not math.isfinite(c):
         return c
+    group, e_floor, lift, frac, frac_out, min_exp = gp.group, gp.e_floor, gp.lift, gp.frac, gp.frac_out, gp.min_exp
     c_sig, c_exp, c_lead = accumulator_parts(c)
     e_block = max(c_lead, min_exp)
     for g0 in range(k0, k1, group):
@@ -120,37 +141,32 @@ def instruction_ieee_sum(va, vb, sva, svb, k0, k1, block):
 
 
 @arithmetic
-def scaled_block_chain(sa, ea, sb, eb, va, vb, sva, svb, bad_a, bad_b, k, block, params):
-    """The fp32 result of one output's chain of scaled-block instructions of ``k`` elements from +0.
-
-    ``ea``/``eb`` hold each element's exponent plus its block scale's exponent; ``va``/``vb`` (float64 element
-    values, NaN/Inf included) and ``sva``/``svb`` (float64 scale values, one per ``block``) serve the
-    instructions flagged in ``bad_a``/``bad_b`` (one flag per instruction: a NaN/Inf element or a NaN scale), which
-    add their IEEE sum (:func:`instruction_ieee_sum`) to the accumulator in float64, rounded to fp32.
-    """
-    lshift, rshift, frac, frac_out, min_exp = params.lshift, params.rshift, params.frac, params.frac_out, params.min_exp
-    acc = np.float32(0.0)
-    for i in range(sa.shape[0] // k):
-        if bad_a[i] or bad_b[i]:
-            acc = np.float32(np.float64(acc) + instruction_ieee_sum(va, vb, sva, svb, i * k, (i + 1) * k, block))
-        else:
-            acc = block_scaled_instruction(sa, ea, sb, eb, i * k, (i + 1) * k, acc, lshift, rshift, frac, frac_out,
-                                           min_exp)
-    return acc
+def scaled_instruction(sa, ea, sb, eb, ssa, sea, ssb, seb, k0, k1, block, c, params, gp):
+    """One instruction of the preset over k in [k0, k1) from c: scaled groups when ``gp.group`` (``gp``:
+    :class:`GroupParams`), else a scaled block (``params``: :class:`~mmaemu.arith.params.BlockParams`; ``ea``/``eb``
+    then hold each element's exponent plus its block scale's exponent and the scale arrays are unused)."""
+    if gp.group:
+        return group_scaled_instruction(sa, ea, sb, eb, k0, k1, block, ssa, sea, ssb, seb, c, gp)
+    return block_scaled_instruction(sa, ea, sb, eb, k0, k1, c, params.lshift, params.rshift, params.frac,
+                                    params.frac_out, params.min_exp)
 
 
 @arithmetic
-def scaled_group_chain(sa, ea, sb, eb, va, vb, ssa, sea, ssb, seb, sva, svb, bad_a, bad_b, k, group, block,
-                       e_floor, lift, frac, frac_out, min_exp):
-    """The fp32 result of one output's chain of scaled-groups instructions of ``k`` elements from +0 (flagged
-    instructions as in :func:`scaled_block_chain`)."""
+def scaled_chain(sa, ea, sb, eb, va, vb, ssa, sea, ssb, seb, sva, svb, bad_a, bad_b, k, block, params, gp):
+    """The fp32 result of one output's chain of the preset's instructions of ``k`` elements from +0
+    (:func:`scaled_instruction`).
+
+    ``va``/``vb`` (float64 element values, NaN/Inf included) and ``sva``/``svb`` (float64 scale values, one per
+    ``block``) serve the instructions flagged in ``bad_a``/``bad_b`` (one flag per instruction: a NaN/Inf element or
+    a NaN scale), which add their IEEE sum (:func:`instruction_ieee_sum`) to the accumulator in float64, rounded to
+    fp32.
+    """
     acc = np.float32(0.0)
     for i in range(sa.shape[0] // k):
         if bad_a[i] or bad_b[i]:
             acc = np.float32(np.float64(acc) + instruction_ieee_sum(va, vb, sva, svb, i * k, (i + 1) * k, block))
         else:
-            acc = group_scaled_instruction(sa, ea, sb, eb, i * k, (i + 1) * k, group, block, ssa, sea, ssb, seb, acc,
-                                           e_floor, lift, frac, frac_out, min_exp)
+            acc = scaled_instruction(sa, ea, sb, eb, ssa, sea, ssb, seb, i * k, (i + 1) * k, block, acc, params, gp)
     return acc
 
 
@@ -176,12 +192,45 @@ TILE_REAL_PRODUCT_FROM = -60
 OVERFLOW_LEAD = 128
 
 
-@arithmetic
-def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, i, kb, ke, params, work, overflow):
-    """Instruction i (k in [kb, ke)) of a scaled-block chain for the tile: updates (c_sig, c_lead) in place.
+# Product terms of a scaled block are below 2**(frac + 2) (mmaemu.arith.tile (3)): with frac <= NARROW_FRAC_MAX a
+# term fits an int32, and a run of 2**(NARROW_FRAC_MAX - frac) terms sums exactly in an int32 (below 2**31), so
+# the int64 lanes of these presets (frac = 25: runs of 16) add their products in int32 lanes, twice as many per
+# vector, and widen once per run.
+NARROW_FRAC_MAX = 29
 
-    ``a_sexp[r, i]``/``b_sexp[i, j]``: the scale exponents of row r of A and lane j of the panel of B for
-    instruction i; ``work`` = (c_sig, c_lead, e_max, scale, total) as in :func:`mmaemu.arith.tile.tile_accumulate`;
+
+def narrow_run(preset) -> int:
+    """Products per int32 run of :func:`tile_product_sum_narrow` for a scaled-block preset (a power of two, at
+    most the instruction's k), 0 when a product term may not fit an int32."""
+    if preset.frac > NARROW_FRAC_MAX:
+        return 0
+    return min(preset.nfma, 1 << (NARROW_FRAC_MAX - preset.frac))
+
+
+@arithmetic
+def tile_product_sum_narrow(a_val, b_val, kb, ke, scale, total, run, part):
+    """:func:`mmaemu.arith.tile.tile_product_sum` for one row with the terms added in int32 runs of ``run``
+    products (:func:`narrow_run`; ``part``: int32 work array [lanes], the lane type of each run's sum) and each
+    run's sum added to ``total``: the same integers, exact by the bound above (every partial sum of a run is
+    bounded by the run's sum of magnitudes)."""
+    T = total.dtype.type
+    lanes = total.shape[0]
+    for k0 in range(kb, ke, run):
+        for j in range(lanes):
+            part[j] = np.int32(0)
+        tile_product_sum(a_val, b_val, k0, min(k0 + run, ke), scale, part)
+        for j in range(lanes):
+            total[j] = T(total[j] + T(part[j]))
+
+
+@arithmetic
+def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, s, kb, ke, params, run, work, part,
+                      overflow):
+    """One scaled-block instruction (k in [kb, ke), scale block s) for the tile: updates (c_sig, c_lead) in place.
+
+    ``a_sexp[r, s]``/``b_sexp[s, j]``: the scale exponents of row r of A and lane j of the panel of B for the
+    instruction; ``work`` = (c_sig, c_lead, e_max, scale, total) as in :func:`mmaemu.arith.tile.tile_accumulate`;
+    ``run``/``part``: :func:`tile_product_sum_narrow` (``run`` 0: the products summed in the lane type);
     ``overflow[r, j]`` is set when a result reaches 2**128.
     """
     frac, frac_out, min_exp = params.frac, params.frac_out, params.min_exp
@@ -194,67 +243,92 @@ def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, i, kb, k
             e_max[r, j] = EMAX_NONE
         tile_exponent_max(a_exp[r], b_exp, kb, ke, e_max[r])
         for j in range(lanes):
-            s = np.int32(a_sexp[r, i] + b_sexp[i, j])
+            sum_exp = np.int32(a_sexp[r, s] + b_sexp[s, j])
             lead = c_lead[r, j]
             c_align = max(lead, FP32_MIN_EXP) if c_sig[r, j] != 0 else np.int32(EMAX_NONE)
             top = np.int32(e_max[r, j])
-            e_prod = top + s if top >= TILE_REAL_PRODUCT_FROM else np.int32(EMAX_NONE)
+            e_prod = top + sum_exp if top >= TILE_REAL_PRODUCT_FROM else np.int32(EMAX_NONE)
             e = np.int32(max(max(c_align, e_prod), min_exp))
             e_max[r, j] = e
-            scale[r, j] = pow2_scale(np.int32(frac - e + s))
+            scale[r, j] = pow2_scale(np.int32(frac - e + sum_exp))
             shift = np.int32(max(lead, RESULT_EXP_FLOOR) - frac_out - e + frac)
             total[r, j] = lane_shift_toward_zero(c_sig[r, j], shift, T, cap)
-        tile_product_sum(a_val[r], b_val, kb, ke, scale[r], total[r])
+        if run:
+            tile_product_sum_narrow(a_val[r], b_val, kb, ke, scale[r], total[r], run, part)
+        else:
+            tile_product_sum(a_val[r], b_val, kb, ke, scale[r], total[r])
         tile_normalize(total, e_max, r, frac, frac_out, c_sig, c_lead)
-        for j in range(lanes):
-            if c_lead[r, j] >= OVERFLOW_LEAD:
-                overflow[r, j] = 1
+        flag_overflow(c_lead, r, overflow)
 
 
 @arithmetic
-def tile_scaled_chain(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, K, k, params, work, overflow, result):
-    """``result[r, j]``: the fp32 value of the chain of scaled-block instructions of ``k`` elements from +0 over
-    all of K for the tile (exact where ``overflow`` stays 0)."""
-    frac, frac_out = params.frac, params.frac_out
-    c_sig, c_lead, e_max, scale, total = work
-    lanes = total.shape[1]
-    for r in range(rows):
-        for j in range(lanes):
-            c_sig[r, j] = 0
-            c_lead[r, j] = NO_LEAD
-            overflow[r, j] = 0
-    for i in range(K // k):
-        tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, i, i * k, (i + 1) * k, params, work,
-                          overflow)
-    for r in range(rows):
-        for j in range(lanes):
-            result[r, j] = exact_to_float32(c_sig[r, j], max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out)
+def flag_overflow(c_lead, r, overflow):
+    """``overflow[r, j]`` set where row r's result has reached 2**128 (fp32 cannot hold it)."""
+    for j in range(c_lead.shape[1]):
+        if c_lead[r, j] >= OVERFLOW_LEAD:
+            overflow[r, j] = 1
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # The fast formulation of a scaled-groups chain (kind::mxf4nvf4) for a tile of outputs
 #
 # E2M1 values are multiples of 1/2 of magnitude <= 6, so a product is a multiple of 1/4 below 37 and a group sum of
-# 16 products a multiple of 1/4 below 2**10: every fp32 partial sum of a group is exact, and so is its product with
-# the two scales' integer significands (at most 4 bits each): at most 20 significant bits. A group's term
-# trunc(G * SA * SB / 2**(E - frac)) is that fp32 value times the power of two 2**(ea_s + eb_s - 2 m_s - E + frac)
-# (m_s: the scales' mantissa bits), exact while the multiplier lies in [2**-33, 2**91] (pow2_scale): a group that
-# sets E has ea_s + eb_s <= E, so the exponent is at most frac; below 2**-33 every group value (< 2**20) truncates to
-# 0, as with the clamped multiplier. Terms are below 2**(frac + 20) and four of them with c's fit int64 lanes. A group
-# takes part in the alignment when one of its products is nonzero (its sum of |products| is not 0) and its scale
-# product is not 0, exactly the reference's rule.
+# 16 products a multiple of 1/4 below 2**10: every fp32 partial sum of a group is exact (in any order), and so is
+# its product with the two scales' integer significands (at most 4 bits each): at most 20 significant bits. A
+# group's term trunc(G * SA * SB / 2**(E - frac)) is that fp32 value times the power of two
+# 2**(ea_s + eb_s - 2 m_s - E + frac) (m_s: the scales' mantissa bits), exact while the multiplier lies in
+# [2**-33, 2**91] (pow2_scale): a group that sets E has ea_s + eb_s <= E, so the exponent is at most frac; below
+# 2**-33 every group value (< 2**20) truncates to 0, as with the clamped multiplier. Terms are below 2**(frac + 20)
+# and four of them with c's fit int64 lanes. A group takes part in the alignment when one of its products is
+# nonzero (its sum of |products| is not 0) and its scale product is not 0, exactly the reference's rule.
 
 
 @arithmetic
-def tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, kb, ke, group, block, scale_bits, params,
-                       work, gsum, gabs, overflow):
+def tile_group_sums(a_row, b_val, g0, group, gsum_g, gabs_g):
+    """``gsum_g[j]``/``gabs_g[j]``: the sum of the group's products a[k] * b[k, j] and of their magnitudes, k in
+    [g0, g0 + group), exact in fp32 in any order (see above); four k per pass of the lane loop."""
+    lanes = gsum_g.shape[0]
+    for j in range(lanes):
+        gsum_g[j] = np.float32(0.0)
+        gabs_g[j] = np.float32(0.0)
+    u = np.uint64
+    k = u(g0)
+    end = u(g0 + group)
+    while k + u(K_UNROLL) <= end:
+        k1 = k + u(1)
+        k2 = k + u(2)
+        k3 = k + u(3)
+        a0 = a_row[k]
+        a1 = a_row[k1]
+        a2 = a_row[k2]
+        a3 = a_row[k3]
+        for j in range(lanes):
+            p0 = a0 * b_val[k, j]
+            p1 = a1 * b_val[k1, j]
+            p2 = a2 * b_val[k2, j]
+            p3 = a3 * b_val[k3, j]
+            gsum_g[j] += (p0 + p1) + (p2 + p3)
+            gabs_g[j] += (abs(p0) + abs(p1)) + (abs(p2) + abs(p3))
+        k += u(K_UNROLL)
+    while k < end:
+        a0 = a_row[k]
+        for j in range(lanes):
+            p = a0 * b_val[k, j]
+            gsum_g[j] += p
+            gabs_g[j] += abs(p)
+        k += u(1)
+
+
+@arithmetic
+def tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, kb, ke, block, scale_bits, gp, work,
+                       gsum, gabs, overflow):
     """One scaled-groups instruction over k in [kb, ke) for the tile: updates (c_sig, c_lead) in place.
 
     ``a_ssig[r, s]``/``a_sexp[r, s]`` (``b_ssig[s, j]``/``b_sexp[s, j]``): the integer significand (float32) and
     exponent of the scale of block s of row r of A (lane j of the panel of B); ``scale_bits`` = twice the scales'
-    mantissa bits; ``gsum``/``gabs`` [groups, lanes] float32 work arrays; ``params`` as for the block presets.
+    mantissa bits; ``gsum``/``gabs`` [groups, lanes] float32 work arrays; ``gp``: :class:`GroupParams`.
     """
-    frac, frac_out, min_exp = params.frac, params.frac_out, params.min_exp
+    group, frac, frac_out, min_exp = gp.group, gp.frac, gp.frac_out, gp.min_exp
     c_sig, c_lead, e_max, scale, total = work
     T = total.dtype.type
     cap = lane_cap(T)
@@ -266,15 +340,7 @@ def tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, kb, k
             e_max[r, j] = max(c_align, min_exp)
         for g in range(groups):
             g0 = kb + g * group
-            for j in range(lanes):
-                gsum[g, j] = np.float32(0.0)
-                gabs[g, j] = np.float32(0.0)
-            for k in range(g0, g0 + group):
-                a = a_val[r, k]
-                for j in range(lanes):
-                    p = a * b_val[k, j]
-                    gsum[g, j] += p
-                    gabs[g, j] += abs(p)
+            tile_group_sums(a_val[r], b_val, g0, group, gsum[g], gabs[g])
             s = g0 // block
             for j in range(lanes):
                 counted = gabs[g, j] != 0 and a_ssig[r, s] * b_ssig[s, j] != 0
@@ -290,16 +356,28 @@ def tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, kb, k
                 v = gsum[g, j] * (a_ssig[r, s] * b_ssig[s, j]) * pow2_scale(n)
                 total[r, j] = T(total[r, j] + T(v))
         tile_normalize(total, e_max, r, frac, frac_out, c_sig, c_lead)
-        for j in range(lanes):
-            if c_lead[r, j] >= OVERFLOW_LEAD:
-                overflow[r, j] = 1
+        flag_overflow(c_lead, r, overflow)
+
+
+class TileScales(NamedTuple):
+    """The scales of a tile's chains: ``a_sig``/``a_exp`` [rows, K / block] (float32 integer significand, int32
+    exponent) of the tile's rows of A, ``b_sig``/``b_exp`` [K / block, lanes] of the panel of B, the block length
+    and ``bits`` = twice the scales' mantissa bits (the scaled-block path reads the exponents only)."""
+
+    a_sig: object
+    a_exp: object
+    b_sig: object
+    b_exp: object
+    block: int
+    bits: int
 
 
 @arithmetic
-def tile_scaled_group_chain(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, K, k, group, block, scale_bits,
-                            params, work, gsum, gabs, overflow, result):
-    """``result[r, j]``: the fp32 value of the chain of scaled-groups instructions of ``k`` elements from +0 over
-    all of K for the tile (exact where ``overflow`` stays 0)."""
+def tile_scaled_chain(a_val, a_exp, b_val, b_exp, scales, rows, K, k, params, gp, run, work, part, gsum, gabs,
+                      overflow, result):
+    """``result[r, j]``: the fp32 value of the chain of the preset's instructions of ``k`` elements from +0 over
+    all of K for the tile (exact where ``overflow`` stays 0): scaled groups (:func:`tile_scaled_groups`) when
+    ``gp.group``, else scaled blocks (:func:`tile_scaled_block`, ``run``/``part`` its int32 runs)."""
     frac_out = params.frac_out
     c_sig, c_lead, e_max, scale, total = work
     lanes = total.shape[1]
@@ -309,8 +387,12 @@ def tile_scaled_group_chain(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, 
             c_lead[r, j] = NO_LEAD
             overflow[r, j] = 0
     for i in range(K // k):
-        tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, i * k, (i + 1) * k, group, block,
-                           scale_bits, params, work, gsum, gabs, overflow)
+        if gp.group:
+            tile_scaled_groups(a_val, b_val, scales.a_sig, scales.a_exp, scales.b_sig, scales.b_exp, rows, i * k,
+                               (i + 1) * k, scales.block, scales.bits, gp, work, gsum, gabs, overflow)
+        else:
+            tile_scaled_block(a_val, a_exp, b_val, b_exp, scales.a_exp, scales.b_exp, rows, (i * k) // scales.block,
+                              i * k, (i + 1) * k, params, run, work, part, overflow)
     for r in range(rows):
         for j in range(lanes):
             result[r, j] = exact_to_float32(c_sig[r, j], max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out)

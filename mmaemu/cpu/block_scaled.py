@@ -1,27 +1,32 @@
-"""CPU loops of the block-scaled instruction model (:mod:`mmaemu.arith.block_scaled`).
+"""CPU loops of the block-scaled instruction model (:mod:`mmaemu.arith.block_scaled`), and the one host
+preparation of block-scaled operands that every engine computes from.
 
-* :func:`scaled_block_rows` / :func:`scaled_group_rows` (``model.dot``): each row is a chain of instructions of
-  ``k`` elements, the fp32 result of one the accumulator of the next. An instruction that holds a NaN/Inf element or
-  a NaN scale takes the IEEE value ``c + special[r, i]`` instead (``special`` is the float64 sum of that
-  instruction's scaled products, computed by the caller).
+* :func:`chain_operand` / :func:`chain_operands`: the operands decoded on the host for the reference chains
+  (:class:`ChainOperand`, :class:`ChainOperands`), used by ``model.dot``, the CPU reference loop and the CUDA
+  kernel (:mod:`mmaemu.cuda.block_scaled.kernel`) alike; :func:`canonical_nan` their results' NaN rule.
+* :func:`scaled_rows` (``model.dot``): each row is a chain of instructions of ``k`` elements, the fp32 result of
+  one the accumulator of the next. An instruction that holds a NaN/Inf element or a NaN scale takes the IEEE value
+  ``c + special[r, i]`` instead (``special`` is the float64 sum of that instruction's scaled products, computed by
+  the caller).
 * GEMMs (:func:`accumulate_block_scaled`): every output of A [M, K] x B [N, K]^T is one chain of the preset's
   instructions along K from +0 (fast accumulation, no split: the B200 block-scaled profile's kernel). The
-  reference loop walks each output alone (:func:`~mmaemu.arith.block_scaled.scaled_block_chain`,
-  :func:`~mmaemu.arith.block_scaled.scaled_group_chain`); the fast path computes tiles of outputs at once
-  (:func:`~mmaemu.arith.block_scaled.tile_scaled_chain`, :func:`~mmaemu.arith.block_scaled.tile_scaled_group_chain`)
-  and hands the outputs it does not cover (a NaN/Inf element or NaN scale in their row or column, a result at or
-  above 2**128) to the reference chain.
+  reference loop walks each output alone (:func:`~mmaemu.arith.block_scaled.scaled_chain`); the fast path computes
+  tiles of TILE_ROWS rows of A against panels of B at once (:func:`~mmaemu.arith.block_scaled.tile_scaled_chain`),
+  one compiled call per task over a range of panels and rows, and hands the outputs it does not cover (a NaN/Inf
+  element or NaN scale in their row or column, a result at or above 2**128) to the reference chain. B's panels
+  and scales in the tile layout (:class:`PreparedBlockScaledB`) are decoded by the task that needs them, or once
+  for many calls (:func:`prepare_block_scaled_b`, kept by :mod:`mmaemu.cpu.prepared` for a repeated weight).
 """
 
-import threading
+from typing import NamedTuple
 
 import numpy as np
 
 from .. import formats
 from .._jit import arithmetic
-from ..arith.block_scaled import (block_scaled_instruction, group_scaled_instruction, scaled_block_chain,
-                                  scaled_group_chain, tile_scaled_chain, tile_scaled_group_chain)
-from ..arith.params import preset_params
+from ..arith.block_scaled import (GroupParams, TileScales, group_params, narrow_run, scaled_chain,
+                                  scaled_instruction, tile_scaled_chain)
+from ..arith.params import BlockParams, preset_params
 from ..arith.tile import lane_bits_needed
 from . import threads
 from .engine import tile_tables
@@ -29,49 +34,101 @@ from .gemm import decode_panel, decoded_rows_arrays, tile_work
 
 # Cost of one product, in products of the fast path (mmaemu.cpu.threads task sizes).
 PRODUCT_WORK = 16
+CANONICAL_NAN_F32 = np.uint32(0x7FFFFFFF)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The host preparation of every engine
+
+
+class ChainOperand(NamedTuple):
+    """One operand of the reference chains, decoded on the host (:func:`chain_operand`)."""
+
+    sig: np.ndarray  # integer significands of the element codes [rows, K]
+    exp: np.ndarray  # int32 element exponents [rows, K], plus the block scale's exponent for a scaled-block preset
+    value: np.ndarray  # float64 element values [rows, K] (NaN/Inf included)
+    scale_sig: np.ndarray  # int64 integer significands of the scales [rows, K / block]
+    scale_exp: np.ndarray  # int32 exponents of the scales [rows, K / block]
+    scale_value: np.ndarray  # float64 scale values [rows, K / block] (NaN for the NaN code)
+    bad: np.ndarray  # bool [rows, K / k]: the instruction holds a NaN/Inf element or a NaN scale
+
+    def rows(self, lo: int, hi: int) -> "ChainOperand":
+        """Rows lo .. hi-1 of every field, C-contiguous."""
+        return ChainOperand(*(np.ascontiguousarray(field[lo:hi]) for field in self))
+
+
+class ChainOperands(NamedTuple):
+    """Both operands of a block-scaled GEMM or dot decoded for the reference chains, with what the instructions
+    read besides: the block length, the preset's :class:`~mmaemu.arith.params.BlockParams` (the scaled-block
+    instruction) and :class:`~mmaemu.arith.block_scaled.GroupParams` (``group`` 0 for a scaled-block preset)."""
+
+    a: ChainOperand
+    b: ChainOperand
+    k: int
+    block: int
+    params: BlockParams
+    group: GroupParams
+
+
+def chain_operand(codes, fmt, scales, scale_fmt, block, preset) -> ChainOperand:
+    """The :class:`ChainOperand` of element codes [rows, K] (uint8, one per element) with scale codes [rows, K /
+    block]. For a scaled-block preset the scale exponents join the element exponents before the alignment
+    (semantics.md b.5)."""
+    k = preset.nfma
+    sig = formats.significands(fmt)[codes]
+    exp = formats.exponents(fmt)[codes].astype(np.int32)
+    scale_exp = formats.scale_exponents(scale_fmt)[scales].astype(np.int32)
+    if not preset.group:
+        exp = exp + np.repeat(scale_exp, block, axis=1)
+    nan_scale = formats.scale_nan_codes(scale_fmt)[scales]
+    bad = formats.nonfinite_mask(codes, fmt) | np.repeat(nan_scale, block, axis=1)
+    rows, K = codes.shape
+    return ChainOperand(np.ascontiguousarray(sig), np.ascontiguousarray(exp),
+                        formats.values(fmt)[codes].astype(np.float64),
+                        formats.scale_significands(scale_fmt)[scales].astype(np.int64), scale_exp,
+                        formats.decode_scales(scales, scale_fmt),
+                        np.ascontiguousarray(bad.reshape(rows, K // k, k).any(-1)))
+
+
+def chain_operands(a_codes, b_codes, fmt_a, fmt_b, scale_a, scale_b, scale_fmt, block, preset) -> ChainOperands:
+    """:class:`ChainOperands` of A and B (codes [rows, K], scale codes [rows, K / block])."""
+    gp = group_params(preset, fmt_a, fmt_b, scale_fmt) if preset.group else GroupParams(0, 0, 0, 0, 0, 0)
+    params = BlockParams(*(int(v) for v in preset_params(preset, fmt_a, fmt_b)))
+    return ChainOperands(chain_operand(a_codes, fmt_a, scale_a, scale_fmt, block, preset),
+                         chain_operand(b_codes, fmt_b, scale_b, scale_fmt, block, preset),
+                         preset.nfma, block, params, GroupParams(*(int(v) for v in gp)))
+
+
+def canonical_nan(out):
+    """``out`` (fp32) with every NaN the canonical 0x7FFFFFFF, in place; returned."""
+    out.view(np.uint32)[np.isnan(out)] = CANONICAL_NAN_F32
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# model.dot: one chain per row
 
 
 @arithmetic
-def scaled_block_rows(lo, hi, sa, ea, sb, eb, c, special, has_special, k, params, out):
-    """Rows lo .. hi-1 of a chain of scaled-block instructions (``ea``/``eb`` include the scale exponents)."""
-    K = sa.shape[1]
+def scaled_rows(lo, hi, a, b, c, special, has_special, k, block, params, gp, out):
+    """Rows lo .. hi-1 of a chain of the preset's instructions (``a``/``b``: :class:`ChainOperand`; row r of A
+    against row r of B)."""
+    K = a.sig.shape[1]
     for r in range(lo, hi):
         acc = c[r]
         for i in range(K // k):
             if has_special[r, i]:
                 acc = np.float32(np.float64(acc) + special[r, i])
             else:
-                acc = block_scaled_instruction(sa[r], ea[r], sb[r], eb[r], i * k, (i + 1) * k, acc, params.lshift,
-                                               params.rshift, params.frac, params.frac_out, params.min_exp)
+                acc = scaled_instruction(a.sig[r], a.exp[r], b.sig[r], b.exp[r], a.scale_sig[r], a.scale_exp[r],
+                                         b.scale_sig[r], b.scale_exp[r], i * k, (i + 1) * k, block, acc, params, gp)
         out[r] = acc
 
 
-@arithmetic
-def scaled_group_rows(lo, hi, sa, ea, sb, eb, ssa, sea, ssb, seb, block, c, special, has_special, k, group, e_floor,
-                      lift, frac, frac_out, min_exp, out):
-    """Rows lo .. hi-1 of a chain of scaled-groups instructions."""
-    K = sa.shape[1]
-    for r in range(lo, hi):
-        acc = c[r]
-        for i in range(K // k):
-            if has_special[r, i]:
-                acc = np.float32(np.float64(acc) + special[r, i])
-            else:
-                acc = group_scaled_instruction(sa[r], ea[r], sb[r], eb[r], i * k, (i + 1) * k, group, block, ssa[r],
-                                               sea[r], ssb[r], seb[r], acc, e_floor, lift, frac, frac_out, min_exp)
-        out[r] = acc
-
-
-def run_scaled_block_rows(sa, ea, sb, eb, c, special, has_special, k, params, out):
-    """:func:`scaled_block_rows` over every row on the CPU backend's threads."""
-    threads.parallel_for(scaled_block_rows, sa.shape[0], PRODUCT_WORK * max(1, sa.shape[1]), sa, ea, sb, eb, c,
-                         special, has_special, k, params, out)
-
-
-def run_scaled_group_rows(*args):
-    """:func:`scaled_group_rows` over every row on the CPU backend's threads (arguments after lo, hi)."""
-    sa = args[0]
-    threads.parallel_for(scaled_group_rows, sa.shape[0], PRODUCT_WORK * max(1, sa.shape[1]), *args)
+def run_scaled_rows(ops: ChainOperands, c, special, has_special, out):
+    """:func:`scaled_rows` over every row on the CPU backend's threads."""
+    threads.parallel_for(scaled_rows, ops.a.sig.shape[0], PRODUCT_WORK * max(1, ops.a.sig.shape[1]), ops.a, ops.b,
+                         c, special, has_special, ops.k, ops.block, ops.params, ops.group, out)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -82,6 +139,8 @@ REFERENCE_PRODUCT_WORK = 25
 # Fast-path tiles: TILE_ROWS rows of A against panels of up to MAX_LANES rows of B (mmaemu.cpu.engine's shape).
 TILE_ROWS = 4
 MAX_LANES = 64
+# Decoding one code of a panel costs about 2 ns, some 20 products of the fast path (mmaemu.cpu.engine).
+PANEL_DECODE_WORK = 20
 
 
 class BlockScaledGemm:
@@ -131,69 +190,161 @@ def check_block_scaled_gemm(a, b, fmt_a, fmt_b, sa, sb, scale_fmt, preset) -> in
     return block
 
 
-def reference_operands(gemm: BlockScaledGemm):
-    """The decoded arrays of the reference chains: per operand (sig, exp, float64 value, scale sig, scale exp,
-    float64 scale value, per-instruction NaN/Inf flags)."""
-    k = gemm.preset.nfma
-    result = []
-    for codes, fmt, scales in ((gemm.a, gemm.fmt_a, gemm.sa), (gemm.b, gemm.fmt_b, gemm.sb)):
-        sig = formats.significands(fmt)[codes]
-        exp = formats.exponents(fmt)[codes].astype(np.int32)
-        value = formats.values(fmt)[codes].astype(np.float64)
-        ssig = formats.scale_significands(gemm.scale_fmt)[scales].astype(np.int64)
-        sexp = formats.scale_exponents(gemm.scale_fmt)[scales].astype(np.int32)
-        svalue = formats.decode_scales(scales, gemm.scale_fmt)
-        bad = formats.nonfinite_mask(codes, fmt) | np.repeat(formats.scale_nan_codes(gemm.scale_fmt)[scales],
-                                                              gemm.block, axis=1)
-        rows, K = codes.shape
-        flags = np.ascontiguousarray(bad.reshape(rows, K // k, k).any(-1))
-        result.append((sig, exp, value, ssig, sexp, svalue, flags))
-    return result
-
-
 @arithmetic
-def scaled_block_gemm_rows(lo, hi, sa, ea, sb, eb, va, vb, sva, svb, bad_a, bad_b, k, block, params, todo, out):
+def scaled_gemm_rows(lo, hi, a, b, k, block, params, gp, todo, out):
     """out[m, n] = the chain of output (m, n) for rows m in lo .. hi-1 where ``todo[m, n]`` (the reference loop:
-    every output; the fast path: the outputs it hands over)."""
+    every output; the fast path: the outputs it hands over); ``a``/``b``: :class:`ChainOperand`."""
     N = out.shape[1]
     for m in range(lo, hi):
         for n in range(N):
             if todo[m, n]:
-                out[m, n] = scaled_block_chain(sa[m], ea[m], sb[n], eb[n], va[m], vb[n], sva[m], svb[n], bad_a[m],
-                                               bad_b[n], k, block, params)
+                out[m, n] = scaled_chain(a.sig[m], a.exp[m], b.sig[n], b.exp[n], a.value[m], b.value[n],
+                                         a.scale_sig[m], a.scale_exp[m], b.scale_sig[n], b.scale_exp[n],
+                                         a.scale_value[m], b.scale_value[n], a.bad[m], b.bad[n], k, block, params, gp)
 
 
-@arithmetic
-def scaled_group_gemm_rows(lo, hi, sa, ea, sb, eb, va, vb, ssa, sea, ssb, seb, sva, svb, bad_a, bad_b, k, group,
-                           block, e_floor, lift, frac, frac_out, min_exp, todo, out):
-    """:func:`scaled_block_gemm_rows` for the scaled-groups instructions."""
-    N = out.shape[1]
-    for m in range(lo, hi):
-        for n in range(N):
-            if todo[m, n]:
-                out[m, n] = scaled_group_chain(sa[m], ea[m], sb[n], eb[n], va[m], vb[n], ssa[m], sea[m], ssb[n],
-                                               seb[n], sva[m], svb[n], bad_a[m], bad_b[n], k, group, block, e_floor,
-                                               lift, frac, frac_out, min_exp)
+def gemm_chain_operands(gemm: BlockScaledGemm) -> ChainOperands:
+    """:func:`chain_operands` of a checked GEMM."""
+    return chain_operands(gemm.a, gemm.b, gemm.fmt_a, gemm.fmt_b, gemm.sa, gemm.sb, gemm.scale_fmt, gemm.block,
+                          gemm.preset)
 
 
 def _run_reference(gemm: BlockScaledGemm, todo, out):
     """The reference chains of the outputs where ``todo`` is True, into ``out``."""
-    (siga, expa, va, ssa, sea, sva, bad_a), (sigb, expb, vb, ssb, seb, svb, bad_b) = reference_operands(gemm)
-    preset, (M, N, K) = gemm.preset, gemm.shape
-    work = REFERENCE_PRODUCT_WORK * max(1, N) * max(1, K)
-    if preset.group:
-        e_floor = formats.EMIN[gemm.fmt_a] + formats.EMIN[gemm.fmt_b]
-        lift = formats.MANT_BITS[gemm.fmt_a] + formats.MANT_BITS[gemm.fmt_b] + 2 * formats.SCALE_MANT_BITS[
-            gemm.scale_fmt]
-        threads.parallel_for(scaled_group_gemm_rows, M, work, siga, expa, sigb, expb, va, vb, ssa, sea, ssb, seb,
-                             sva, svb, bad_a, bad_b, preset.nfma, preset.group, gemm.block, e_floor, lift,
-                             preset.frac, preset.frac_out, preset.min_exp, todo, out)
-        return
-    # The scale exponents join the element exponents before the alignment (semantics.md b.5).
-    expa = np.ascontiguousarray(expa + np.repeat(sea, gemm.block, axis=1))
-    expb = np.ascontiguousarray(expb + np.repeat(seb, gemm.block, axis=1))
-    threads.parallel_for(scaled_block_gemm_rows, M, work, siga, expa, sigb, expb, va, vb, sva, svb, bad_a, bad_b,
-                         preset.nfma, gemm.block, preset_params(preset, gemm.fmt_a, gemm.fmt_b), todo, out)
+    ops = gemm_chain_operands(gemm)
+    M, N, K = gemm.shape
+    threads.parallel_for(scaled_gemm_rows, M, REFERENCE_PRODUCT_WORK * max(1, N) * max(1, K), ops.a, ops.b, ops.k,
+                         ops.block, ops.params, ops.group, todo, out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fast path
+
+
+class PreparedBlockScaledB(NamedTuple):
+    """B [N, K] with its scales in the fast path's tile layout, for any number of products with it: ``val`` float32
+    and ``exp`` int8 [panels, K, lanes] (:func:`mmaemu.cpu.gemm.decode_panel`), the scales' integer significands
+    ``scale_sig`` (float32) and exponents ``scale_exp`` (int32) [panels, K / block, lanes] (lanes past N: 0), and
+    ``bad`` bool [N] (row n holds a NaN/Inf element or a NaN scale). A pure function of B's codes, scale codes and
+    formats (:func:`prepare_block_scaled_b`)."""
+
+    fmt: str
+    scale_fmt: str
+    shape: tuple
+    block: int
+    val: np.ndarray
+    exp: np.ndarray
+    scale_sig: np.ndarray
+    scale_exp: np.ndarray
+    bad: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return sum(x.nbytes for x in (self.val, self.exp, self.scale_sig, self.scale_exp, self.bad))
+
+
+def prepared_nbytes(N: int, K: int, block: int) -> int:
+    """Bytes of a :class:`PreparedBlockScaledB` of a [N, K] B: 5 per code and 8 per scale of whole panels, 1 per
+    row."""
+    lanes = panel_lanes(N)
+    panels = -(-N // lanes)
+    return panels * lanes * (K * 5 + (K // block) * 8) + N
+
+
+@arithmetic
+def decode_scale_panel(scales, n0, sig_table, exp_table, sig, exp):
+    """Rows n0 .. n0+lanes-1 of B's scale codes [N, K / block] transposed: ``sig[s, j]``, ``exp[s, j]`` from the
+    tables (0 for lanes past the last row)."""
+    N, blocks = scales.shape
+    lanes = sig.shape[1]
+    for s in range(blocks):
+        for j in range(lanes):
+            sig[s, j] = np.float32(0.0)
+            exp[s, j] = 0
+    for j in range(min(lanes, N - n0)):
+        for s in range(blocks):
+            code = scales[n0 + j, s]
+            sig[s, j] = sig_table[code]
+            exp[s, j] = exp_table[code]
+
+
+@arithmetic
+def bad_rows(lo, hi, codes, nonfinite, scales, scale_nan, block, flags):
+    """flags[r] = row r (lo .. hi-1) holds a NaN/Inf element code or a NaN scale code (the two tables, uint8)."""
+    for r in range(lo, hi):
+        hit = np.uint8(0)
+        for kk in range(codes.shape[1]):
+            hit |= nonfinite[codes[r, kk]]
+        for s in range(scales.shape[1]):
+            hit |= scale_nan[scales[r, s]]
+        flags[r] = hit != 0
+
+
+class BlockTables(NamedTuple):
+    """The decode tables of one operand format and scale format (uint8 code -> tile value, tile exponent, NaN/Inf
+    flag; scale code -> float32 integer significand, int32 exponent, NaN flag)."""
+
+    val: np.ndarray
+    exp: np.ndarray
+    nonfinite: np.ndarray
+    scale_sig: np.ndarray
+    scale_exp: np.ndarray
+    scale_nan: np.ndarray
+
+
+def block_tables(fmt: str, scale_fmt: str) -> BlockTables:
+    """:class:`BlockTables` of a format pair, built once."""
+    key = (fmt, scale_fmt)
+    if key not in _TABLES:
+        val, exp = tile_tables(fmt)
+        codes = np.arange(256) % (1 << formats.CODE_BITS[fmt])
+        _TABLES[key] = BlockTables(val, exp, formats.nonfinite_codes(fmt)[codes].astype(np.uint8),
+                                   formats.scale_significands(scale_fmt).astype(np.float32),
+                                   formats.scale_exponents(scale_fmt).astype(np.int32),
+                                   formats.scale_nan_codes(scale_fmt).astype(np.uint8))
+    return _TABLES[key]
+
+
+_TABLES = {}
+# The panel decode of mmaemu.cpu.gemm also flags rows holding NaN/Inf codes; this path applies its own rule
+# (scales included, bad_rows), so it hands it an all-zero table.
+_NO_FLAGS = np.zeros(256, np.uint8)
+
+
+def _row_flags(codes, scales, tables: BlockTables, block):
+    flags = np.zeros(codes.shape[0], np.bool_)
+    threads.parallel_for(bad_rows, codes.shape[0], max(1, codes.shape[1]), codes, tables.nonfinite, scales,
+                         tables.scale_nan, block, flags)
+    return flags
+
+
+@arithmetic
+def decode_b_panels(lo, hi, codes, scales, val_table, exp_table, no_flags, sig_table, sexp_table, val, exp,
+                    scale_sig, scale_exp, unused_flags):
+    """Panels lo .. hi-1 of B and its scales in the tile layout (:class:`PreparedBlockScaledB`)."""
+    lanes = val.shape[2]
+    for p in range(lo, hi):
+        decode_panel(codes, p * lanes, val_table, exp_table, no_flags, val[p], exp[p], unused_flags)
+        decode_scale_panel(scales, p * lanes, sig_table, sexp_table, scale_sig[p], scale_exp[p])
+
+
+def prepare_block_scaled_b(b_codes, fmt_b: str, scale_b, scale_fmt: str, block: int) -> PreparedBlockScaledB:
+    """Decode every panel of B [N, K] (uint8 codes, one per element) and of its scale codes [N, K / block] for the
+    fast path, in parallel over the panels."""
+    b_codes = np.ascontiguousarray(b_codes, np.uint8)
+    scale_b = np.ascontiguousarray(scale_b, np.uint8)
+    N, K = b_codes.shape
+    lanes = panel_lanes(N)
+    panels = -(-N // lanes)
+    blocks = scale_b.shape[1]
+    t = block_tables(fmt_b, scale_fmt)
+    val, exp = np.empty((panels, K, lanes), np.float32), np.empty((panels, K, lanes), np.int8)
+    scale_sig, scale_exp = np.empty((panels, blocks, lanes), np.float32), np.empty((panels, blocks, lanes), np.int32)
+    threads.parallel_for(decode_b_panels, panels, lanes * K * PANEL_DECODE_WORK, b_codes, scale_b, t.val, t.exp,
+                         _NO_FLAGS, t.scale_sig, t.scale_exp, val, exp, scale_sig, scale_exp,
+                         np.zeros(N, np.bool_))
+    return PreparedBlockScaledB(fmt_b, scale_fmt, (N, K), block, val, exp, scale_sig, scale_exp,
+                                _row_flags(b_codes, scale_b, t, block))
 
 
 @arithmetic
@@ -208,16 +359,6 @@ def decode_tile_rows(codes, m0, rows, val_table, exp_table, val, exp):
 
 
 @arithmetic
-def panel_rows_arrays(tile_rows, K, lanes, lane_proto):
-    """A fast-path task's arrays: its tile of decoded rows of A (:func:`mmaemu.cpu.gemm.decoded_rows_arrays`), the
-    chain's work arrays (:func:`mmaemu.cpu.gemm.tile_work`), and the chain's overflow flags (uint8) and fp32
-    results [tile_rows, lanes]."""
-    a_val, a_exp = decoded_rows_arrays(tile_rows, K)
-    overflow, result = np.empty((tile_rows, lanes), np.uint8), np.empty((tile_rows, lanes), np.float32)
-    return a_val, a_exp, tile_work(tile_rows, lanes, lane_proto), overflow, result
-
-
-@arithmetic
 def store_tile(result, overflow, m0, rows, n0, out, overflowed):
     """The tile's chains into rows m0 .. m0+rows-1 of ``out`` from column n0 (the lanes within N):
     ``out = result``, ``overflowed = overflow != 0``."""
@@ -227,129 +368,193 @@ def store_tile(result, overflow, m0, rows, n0, out, overflowed):
             overflowed[m0 + r, n0 + j] = overflow[r, j] != 0
 
 
-@arithmetic
-def scaled_block_panel_rows(m_lo, m_hi, a_codes, val_table, exp_table, a_sexp, b_val, b_exp, b_sexp, n0, k, params,
-                            tile_rows, lane_proto, out, overflowed):
-    """The fast path: out[m, n0:n0+lanes] for rows m_lo .. m_hi-1 of A and one decoded panel of B (b_val/b_exp
-    [K, lanes], b_sexp [K / k, lanes]); ``overflowed[m, n]`` marks the outputs whose chain reached 2**128."""
-    K = a_codes.shape[1]
-    a_val, a_exp, work, overflow, result = panel_rows_arrays(tile_rows, K, b_val.shape[1], lane_proto)
-    for m0 in range(m_lo, m_hi, tile_rows):
-        rows = min(tile_rows, m_hi - m0)
-        decode_tile_rows(a_codes, m0, rows, val_table, exp_table, a_val, a_exp)
-        tile_scaled_chain(a_val, a_exp, b_val, b_exp, a_sexp[m0:m0 + rows], b_sexp, rows, K, k, params, work,
-                          overflow, result)
-        store_tile(result, overflow, m0, rows, n0, out, overflowed)
+class FastCall(NamedTuple):
+    """What every task of a fast-path call reads: A's codes [M, K] with its tables and its scales' significands and
+    exponents [M, K / block], B's codes and scale codes (decoded by the task) or B prepared (``prepared`` 1: the
+    panels in ``b_val`` .. ``b_scale_exp``; else these hold one panel's buffers shape and are unused), the
+    instruction's k, its parameters, the int32 run of the scaled-block products, and the block length."""
+
+    a_codes: np.ndarray
+    a_val_table: np.ndarray
+    a_exp_table: np.ndarray
+    a_scale_sig: np.ndarray
+    a_scale_exp: np.ndarray
+    b_codes: np.ndarray
+    b_scales: np.ndarray
+    b_tables: BlockTables
+    prepared: int
+    b_val: np.ndarray
+    b_exp: np.ndarray
+    b_scale_sig: np.ndarray
+    b_scale_exp: np.ndarray
+    k: int
+    block: int
+    scale_bits: int
+    run: int
+    params: BlockParams
+    group: GroupParams
 
 
 @arithmetic
-def scaled_group_panel_rows(m_lo, m_hi, a_codes, val_table, exp_table, a_ssig, a_sexp, b_val, b_ssig, b_sexp, n0, k,
-                            group, block, scale_bits, params, tile_rows, lane_proto, out, overflowed):
-    """:func:`scaled_block_panel_rows` for the scaled-groups instructions (``b_ssig``/``b_sexp`` [K / block,
-    lanes]: the panel's scale significands and exponents)."""
-    K = a_codes.shape[1]
-    lanes = b_val.shape[1]
-    a_val, a_exp, work, overflow, result = panel_rows_arrays(tile_rows, K, lanes, lane_proto)
-    gsum = np.empty((k // group, lanes), np.float32)
-    gabs = np.empty((k // group, lanes), np.float32)
-    for m0 in range(m_lo, m_hi, tile_rows):
-        rows = min(tile_rows, m_hi - m0)
-        decode_tile_rows(a_codes, m0, rows, val_table, exp_table, a_val, a_exp)
-        tile_scaled_group_chain(a_val, b_val, a_ssig[m0:m0 + rows], a_sexp[m0:m0 + rows], b_ssig, b_sexp, rows, K, k,
-                                group, block, scale_bits, params, work, gsum, gabs, overflow, result)
-        store_tile(result, overflow, m0, rows, n0, out, overflowed)
+def fast_panels(p_lo, p_hi, m_lo, m_hi, call, tile_rows, lane_proto, out, overflowed):
+    """The fast path for panels p_lo .. p_hi-1 of B and rows m_lo .. m_hi-1 of A (a task): out[m, n] for those
+    outputs, ``overflowed[m, n]`` where a chain reached 2**128. Each panel is read from the prepared B or decoded
+    here, each tile of rows of A decoded once per panel."""
+    K = call.a_codes.shape[1]
+    lanes = call.b_val.shape[2]
+    blocks = call.b_scale_exp.shape[1]
+    t = call.b_tables
+    a_val, a_exp = decoded_rows_arrays(tile_rows, K)
+    work = tile_work(tile_rows, lanes, lane_proto)
+    overflow, result = np.empty((tile_rows, lanes), np.uint8), np.empty((tile_rows, lanes), np.float32)
+    part = np.empty(lanes, np.int32)
+    groups = max(1, call.k // max(1, call.group.group))
+    gsum, gabs = np.empty((groups, lanes), np.float32), np.empty((groups, lanes), np.float32)
+    if call.prepared:
+        val, exp = call.b_val[0], call.b_exp[0]
+        ssig, sexp = call.b_scale_sig[0], call.b_scale_exp[0]
+    else:
+        val, exp = np.empty((K, lanes), np.float32), np.empty((K, lanes), np.int8)
+        ssig, sexp = np.empty((blocks, lanes), np.float32), np.empty((blocks, lanes), np.int32)
+    unused_flags = np.zeros(call.b_codes.shape[0], np.bool_)
+    for p in range(p_lo, p_hi):
+        if call.prepared:
+            val, exp = call.b_val[p], call.b_exp[p]
+            ssig, sexp = call.b_scale_sig[p], call.b_scale_exp[p]
+        else:
+            decode_panel(call.b_codes, p * lanes, t.val, t.exp, t.nonfinite, val, exp, unused_flags)
+            decode_scale_panel(call.b_scales, p * lanes, t.scale_sig, t.scale_exp, ssig, sexp)
+        for m0 in range(m_lo, m_hi, tile_rows):
+            rows = min(tile_rows, m_hi - m0)
+            decode_tile_rows(call.a_codes, m0, rows, call.a_val_table, call.a_exp_table, a_val, a_exp)
+            scales = TileScales(call.a_scale_sig[m0:m0 + rows], call.a_scale_exp[m0:m0 + rows], ssig, sexp,
+                                call.block, call.scale_bits)
+            tile_scaled_chain(a_val, a_exp, val, exp, scales, rows, K, call.k, call.params, call.group, call.run,
+                              work, part, gsum, gabs, overflow, result)
+            store_tile(result, overflow, m0, rows, p * lanes, out, overflowed)
 
 
-def _panel_lanes(N: int) -> int:
+def panel_lanes(N: int) -> int:
+    """Lanes of the fast path's panels of B: as wide as N needs, 16 .. MAX_LANES (a power of two)."""
     lanes = 16
     while lanes < MAX_LANES and lanes < N:
         lanes *= 2
     return lanes
 
 
-def _run_fast_blocks(gemm: BlockScaledGemm, out):
-    """The fast path into ``out`` (kind::mxf8f6f4 and kind::mxf4nvf4); returns the [M, N] mask of the outputs it
-    does not cover."""
+def _fast_tasks(M: int, N: int, K: int, lanes: int):
+    """The fast path's tasks ``(p_lo, p_hi, m_lo, m_hi)`` and their costs in products: ranges of row tiles of A
+    (:func:`mmaemu.cpu.threads.job_ranges`) against each panel, or, where one range holds every row (small M,
+    decoding), ranges of panels against all rows, so that a call is a few compiled calls."""
+    n_threads = threads.num_threads()
+    panels, row_tiles = -(-N // lanes), -(-M // TILE_ROWS)
+    row_ranges = threads.job_ranges(row_tiles, TILE_ROWS * lanes * K, n_threads, repeats=panels)
+    if len(row_ranges) == 1:
+        ranges = threads.job_ranges(panels, M * lanes * K, n_threads)
+        return [(lo, hi, 0, M) for lo, hi in ranges], [(hi - lo) * M * lanes * K for lo, hi in ranges]
+    tasks = [(p, p + 1, lo * TILE_ROWS, min(hi * TILE_ROWS, M)) for p in range(panels) for lo, hi in row_ranges]
+    return tasks, [(m_hi - m_lo) * lanes * K for _, _, m_lo, m_hi in tasks]
+
+
+def _run_fast_blocks(gemm: BlockScaledGemm, out, prepared=None):
+    """The fast path into ``out``; returns the [M, N] mask of the outputs it does not cover. ``prepared``: B's
+    :class:`PreparedBlockScaledB` (made from ``gemm``'s B), or None (each task decodes its panels)."""
     (M, N, K), preset = gemm.shape, gemm.preset
-    k = preset.nfma
-    lanes = _panel_lanes(N)
-    val_a, exp_a = tile_tables(gemm.fmt_a)
-    val_b, exp_b = tile_tables(gemm.fmt_b)
-    sexp_table = formats.scale_exponents(gemm.scale_fmt).astype(np.int32)
-    # block == k for kind::mxf8f6f4: one scale per operand and instruction.
-    a_sexp = np.ascontiguousarray(sexp_table[gemm.sa])
-    b_sexp = sexp_table[gemm.sb]
-    ssig_table = formats.scale_significands(gemm.scale_fmt).astype(np.float32)
-    a_ssig = np.ascontiguousarray(ssig_table[gemm.sa])
-    b_ssig = ssig_table[gemm.sb]
-    scale_bits = 2 * formats.SCALE_MANT_BITS[gemm.scale_fmt]
-    params = preset_params(preset, gemm.fmt_a, gemm.fmt_b)
+    lanes = panel_lanes(N)
+    ta, tb = block_tables(gemm.fmt_a, gemm.scale_fmt), block_tables(gemm.fmt_b, gemm.scale_fmt)
+    gp = group_params(preset, gemm.fmt_a, gemm.fmt_b, gemm.scale_fmt) if preset.group else GroupParams(0, 0, 0, 0,
+                                                                                                        0, 0)
+    if prepared is None:
+        blocks = gemm.sb.shape[1]
+        b_arrays = (np.empty((1, K, lanes), np.float32), np.empty((1, K, lanes), np.int8),
+                    np.empty((1, blocks, lanes), np.float32), np.empty((1, blocks, lanes), np.int32))
+    else:
+        b_arrays = (prepared.val, prepared.exp, prepared.scale_sig, prepared.scale_exp)
+    call = FastCall(gemm.a, ta.val, ta.exp, np.ascontiguousarray(ta.scale_sig[gemm.sa]),
+                    np.ascontiguousarray(ta.scale_exp[gemm.sa]), gemm.b, gemm.sb, tb, int(prepared is not None),
+                    *b_arrays, preset.nfma, gemm.block, 2 * formats.SCALE_MANT_BITS[gemm.scale_fmt],
+                    0 if preset.group else narrow_run(preset), preset_params(preset, gemm.fmt_a, gemm.fmt_b), gp)
     lane_proto = np.empty(0, np.int32 if lane_bits_needed(preset) == 32 else np.int64)
     overflowed = np.zeros((M, N), np.bool_)
-    panels = -(-N // lanes)
-    row_tiles = -(-M // TILE_ROWS)
-    row_ranges = threads.job_ranges(row_tiles, TILE_ROWS * lanes * K, threads.num_threads(), repeats=panels)
-    decoded = {}
-    lock = threading.Lock()
-    # The panel decode also flags rows holding NaN/Inf codes; this path applies its own rule (scales included),
-    # so it asks for no flags (an all-zero table) and drops them.
-    no_nonfinite, unused_flags = np.zeros(256, np.uint8), np.zeros(N, np.bool_)
+    tasks, works = _fast_tasks(M, N, K, lanes)
 
-    def panel(p):
-        with lock:
-            if p not in decoded:
-                val, exp = np.empty((K, lanes), np.float32), np.empty((K, lanes), np.int8)
-                decode_panel(gemm.b, p * lanes, val_b, exp_b, no_nonfinite, val, exp, unused_flags)
-                width = min(lanes, N - p * lanes)
-                sexp = np.zeros((b_sexp.shape[1], lanes), np.int32)
-                sexp[:, :width] = b_sexp[p * lanes:p * lanes + width].T
-                ssig = np.zeros((b_sexp.shape[1], lanes), np.float32)
-                ssig[:, :width] = b_ssig[p * lanes:p * lanes + width].T
-                decoded[p] = val, exp, sexp, ssig
-            return decoded[p]
+    def task(t):
+        fast_panels(*t, call, TILE_ROWS, lane_proto, out, overflowed)
 
-    def task(p, lo, hi):
-        b_val, b_exp, sexp, ssig = panel(p)
-        m_lo, m_hi = lo * TILE_ROWS, min(hi * TILE_ROWS, M)
-        if preset.group:
-            scaled_group_panel_rows(m_lo, m_hi, gemm.a, val_a, exp_a, a_ssig, a_sexp, b_val, ssig, sexp, p * lanes,
-                                    k, preset.group, gemm.block, scale_bits, params, TILE_ROWS, lane_proto, out,
-                                    overflowed)
-        else:
-            scaled_block_panel_rows(m_lo, m_hi, gemm.a, val_a, exp_a, a_sexp, b_val, b_exp, sexp, p * lanes, k,
-                                    params, TILE_ROWS, lane_proto, out, overflowed)
-
-    threads.run_tasks(lambda t=t: task(*t) for t in [(p, lo, hi) for p in range(panels) for lo, hi in row_ranges])
-    bad_a = _bad_rows(gemm.a, gemm.fmt_a, gemm.sa, gemm.scale_fmt)
-    bad_b = _bad_rows(gemm.b, gemm.fmt_b, gemm.sb, gemm.scale_fmt)
+    if len(tasks) == 1:
+        task(tasks[0])
+    else:
+        threads.run_tasks([lambda t=t: task(t) for t in tasks], works)
+    bad_a = _row_flags(gemm.a, gemm.sa, ta, gemm.block)
+    bad_b = _row_flags(gemm.b, gemm.sb, tb, gemm.block) if prepared is None else prepared.bad
+    if not (bad_a.any() or bad_b.any()):
+        return overflowed
     return overflowed | bad_a[:, None] | bad_b[None, :]
 
 
-def _bad_rows(codes, fmt, scales, scale_fmt):
-    """Per row: it holds a NaN/Inf element or a NaN scale."""
-    return formats.nonfinite_mask(codes, fmt).any(1) | formats.scale_nan_codes(scale_fmt)[scales].any(1)
-
-
 def accumulate_block_scaled(a_codes, b_codes, fmt_a, fmt_b, scale_a, scale_b, scale_fmt, preset, *,
-                            reference=False):
+                            reference=False, prepared_b=None):
     """fp32 accumulators [M, N] of A [M, K] x B [N, K]^T with block scales (semantics.md b.5): every output one
     chain of ``preset``'s instructions along K from +0 (fast accumulation, no split).
 
     ``a_codes``/``b_codes``: one uint8 code per element in ``fmt_a``/``fmt_b`` (FP4 unpacked); ``scale_a`` [M, K /
     block] and ``scale_b`` [N, K / block]: uint8 scale codes of ``scale_fmt`` in plain (row, block) layout.
-    ``reference=True`` runs the per-output loop; both give the same bits. K must be a whole number of instructions
-    (ValueError otherwise). NaN results are canonical (0x7FFFFFFF).
+    ``reference=True`` runs the per-output loop; both give the same bits. ``prepared_b``: B prepared by
+    :func:`prepare_block_scaled_b` from these codes and scales (the caller's guarantee: :mod:`mmaemu.cpu.prepared`
+    checks it), or None. K must be a whole number of instructions (ValueError otherwise). NaN results are
+    canonical (0x7FFFFFFF).
     """
     gemm = BlockScaledGemm(a_codes, b_codes, fmt_a, fmt_b, scale_a, scale_b, scale_fmt, preset)
     M, N, K = gemm.shape
     out = np.zeros((M, N), np.float32)
     if 0 in (M, N, K):
         return out
+    if prepared_b is not None and (prepared_b.fmt, prepared_b.scale_fmt, prepared_b.shape, prepared_b.block) != (
+            fmt_b, scale_fmt, (N, K), gemm.block):
+        raise ValueError(f"prepared_b was prepared for a {prepared_b.fmt} B of shape {prepared_b.shape} with one "
+                         f"{prepared_b.scale_fmt} per {prepared_b.block}, not for this {fmt_b} B of shape {(N, K)} "
+                         f"with one {scale_fmt} per {gemm.block}")
     if reference:
         _run_reference(gemm, np.ones((M, N), np.bool_), out)
     else:
-        todo = _run_fast_blocks(gemm, out)
+        todo = _run_fast_blocks(gemm, out, prepared_b)
         if todo.any():
             _run_reference(gemm, todo, out)
-    out.view(np.uint32)[np.isnan(out)] = np.uint32(0x7FFFFFFF)
-    return out
+    return canonical_nan(out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A kept B (a weight): mmaemu.cpu.prepared keeps it between calls
+
+
+KEPT_BYTES_PER_RAW_BYTE = 16
+
+
+class KeptBlockScaledB(NamedTuple):
+    """A B as the kernel reads it, kept for many calls: element codes [N, K] (uint8, one per element, K padded as
+    the call's kernel pads it), scale codes [N, K / block] and their :class:`PreparedBlockScaledB`."""
+
+    codes: np.ndarray
+    scales: np.ndarray
+    prepared: PreparedBlockScaledB
+
+
+def kept_b_engine(name: str, operands_of, fmt: str, scale_fmt: str, block: int):
+    """The :class:`mmaemu.cpu.prepared.Engine` of a block-scaled B: the store compares the bytes it is handed (B's
+    raw bytes and scale bytes, as the call holds them) and, for bytes it has not kept, ``operands_of(bytes) ->
+    (codes [N, K], scale codes [N, K / block])`` gives what is prepared (:class:`KeptBlockScaledB`). ``name``
+    must name everything ``operands_of`` reads besides the bytes (formats, block, K, padding)."""
+    from .prepared import Engine
+
+    def prepare(raw, _fmt):
+        codes, scales = operands_of(raw)
+        codes, scales = np.ascontiguousarray(codes, np.uint8), np.ascontiguousarray(scales, np.uint8)
+        return KeptBlockScaledB(codes, scales, prepare_block_scaled_b(codes, fmt, scales, scale_fmt, block))
+
+    def nbytes(rows, raw_size):
+        # The store asks for the bytes kept for compared bytes of shape [1, raw_size]: an upper bound (per element
+        # one code byte and 5 + 8 / block bytes of panels, at most two elements per raw byte (FP4), whole panels).
+        return rows * raw_size * KEPT_BYTES_PER_RAW_BYTE + MAX_LANES * 1024
+
+
+    return Engine(f"block-scaled:{name}", prepare, nbytes)

@@ -15,11 +15,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import formats
-from ..arith.params import preset_params
-from ..cpu.block_scaled import run_scaled_block_rows, run_scaled_group_rows
-from ..plan.flush import check_no_flush_to_zero
-
-CANONICAL_NAN_F32 = np.uint32(0x7FFFFFFF)
+from ..cpu.block_scaled import canonical_nan, chain_operands, run_scaled_rows
+from ..fpmode import check_no_flush_to_zero
 _SCALE_DTYPES = {"float8_e8m0fnu": "ue8m0", "float8_e4m3fn": "ue4m3"}
 
 
@@ -106,30 +103,16 @@ def check_kinds(preset, a: Operand, b: Operand, sa: Scales, sb: Scales, K: int) 
         raise ValueError(f"dot: K = {K} is not a whole number of {preset.name!r} instructions (k = {preset.nfma})")
 
 
-def _decoded(op: Operand):
-    return (formats.significands(op.fmt)[op.codes], formats.exponents(op.fmt)[op.codes].astype(np.int32))
-
-
-def _scale_parts(s: Scales):
-    return (formats.scale_significands(s.fmt)[s.codes].astype(np.int64),
-            formats.scale_exponents(s.fmt)[s.codes].astype(np.int32))
-
-
-def _specials(preset, a: Operand, b: Operand, sa: Scales, sb: Scales):
+def _specials(ops, sa: Scales, k: int):
     """(float64 sum of the scaled products per row and instruction, where the instruction holds a NaN/Inf element
-    or a NaN scale) — the IEEE value such an instruction adds to its accumulator."""
-    rows, K = a.codes.shape
-    k = preset.nfma
-    bad = formats.nonfinite_mask(a.codes, a.fmt) | formats.nonfinite_mask(b.codes, b.fmt)
-    nan_scale = formats.scale_nan_codes(sa.fmt)[sa.codes] | formats.scale_nan_codes(sb.fmt)[sb.codes]
-    bad |= np.repeat(nan_scale, sa.block, axis=1)
-    has = bad.reshape(rows, K // k, k).any(-1)
+    or a NaN scale: the IEEE value such an instruction adds to its accumulator; those flags)."""
+    has = ops.a.bad | ops.b.bad
+    rows, K = ops.a.value.shape
     special = np.zeros(has.shape, np.float64)
     if has.any():
         with np.errstate(invalid="ignore", over="ignore"):
-            scale = np.repeat(formats.decode_scales(sa.codes, sa.fmt) * formats.decode_scales(sb.codes, sb.fmt),
-                              sa.block, axis=1)
-            terms = formats.decode(a.codes, a.fmt) * formats.decode(b.codes, b.fmt) * scale
+            scale = np.repeat(ops.a.scale_value * ops.b.scale_value, sa.block, axis=1)
+            terms = ops.a.value * ops.b.value * scale
             special = terms.reshape(rows, K // k, k).sum(-1)
     return special, has
 
@@ -150,26 +133,9 @@ def dot_block_scaled(preset, a, b, c32, fmt, scale_a, scale_b, scale_fmt, lead_s
     out = np.empty(rows, np.float32)
     if K == 0 or rows == 0:
         out[:] = c
-        return _canonical(out)
+        return canonical_nan(out)
     check_no_flush_to_zero()
-    special, has = _specials(preset, op_a, op_b, sa, sb)
-    (siga, expa), (sigb, expb) = _decoded(op_a), _decoded(op_b)
-    (ssa, sea), (ssb, seb) = _scale_parts(sa), _scale_parts(sb)
-    if preset.group:
-        e_floor = formats.EMIN[op_a.fmt] + formats.EMIN[op_b.fmt]
-        lift = (formats.MANT_BITS[op_a.fmt] + formats.MANT_BITS[op_b.fmt]
-                + 2 * formats.SCALE_MANT_BITS[sa.fmt])
-        run_scaled_group_rows(siga, expa, sigb, expb, ssa, sea, ssb, seb, sa.block, c, special, has, preset.nfma,
-                              preset.group, e_floor, lift, preset.frac, preset.frac_out, preset.min_exp, out)
-    else:
-        # The scale exponents join the product exponents before the alignment (semantics.md b.5).
-        expa = expa + np.repeat(sea, sa.block, axis=1)
-        expb = expb + np.repeat(seb, sb.block, axis=1)
-        run_scaled_block_rows(siga, expa, sigb, expb, c, special, has, preset.nfma,
-                              preset_params(preset, op_a.fmt, op_b.fmt), out)
-    return _canonical(out)
-
-
-def _canonical(out):
-    out.view(np.uint32)[np.isnan(out)] = CANONICAL_NAN_F32
-    return out
+    ops = chain_operands(op_a.codes, op_b.codes, op_a.fmt, op_b.fmt, sa.codes, sb.codes, sa.fmt, sa.block, preset)
+    special, has = _specials(ops, sa, preset.nfma)
+    run_scaled_rows(ops, c, special, has, out)
+    return canonical_nan(out)

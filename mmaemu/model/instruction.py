@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import formats
 from ..cpu.dot import dot_codes
-from ..plan.flush import check_no_flush_to_zero
+from ..fpmode import check_no_flush_to_zero
 from ..tensor_kinds import require_data, require_dense
 from .block_scaled import dot_block_scaled
 from .presets import get_preset

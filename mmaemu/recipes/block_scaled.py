@@ -24,7 +24,7 @@ from ..plan.block_scaled import block_scaling, check_block_scaled_call
 from ..warn import Notice
 from ._torch import BitsDtypes, torch_for
 from .base import Recipe
-from .tensorwise import _codes_rows, _scale_bits
+from .tensorwise import _PREPARED_MIN_CODES, _codes_rows, _scale_bits
 
 torch = torch_for(globals())
 
@@ -44,26 +44,51 @@ def _block_scaled_codes(t: torch.Tensor, fmt: str):
     return formats.unpack_fp4(codes) if fmt == "e2m1" else codes
 
 
-def _block_scaled_accumulator(plan) -> torch.Tensor:
+def _block_scaled_accumulator(plan, weights=None) -> torch.Tensor:
     """fp32 accumulators [M, N] of an MXFP8 / MXFP4 / NVFP4 call: the kernel's operands (the swizzled scales mapped
     back to their blocks, K zero-padded to whole instructions: :func:`mmaemu.plan.block_scaled.kernel_operands`),
-    then one chain of the instruction per output."""
+    then one chain of the instruction per output. On the CPU's fast path a repeated mat2 with the same scale_b (a
+    weight) is prepared once and kept in ``weights`` (:data:`mmaemu.cpu.prepared.WEIGHTS`, byte-compared on every
+    use); ``weights`` None prepares it for this call only."""
+    import numpy
+
+    from ..formats import unpack_fp4
     from ..plan.block_scaled import kernel_operands
 
     call = plan.call
     spec = call.block_scaled
-    a, b, sa, sb = kernel_operands(_block_scaled_codes(call.input, spec.fmt_a),
-                                   _block_scaled_codes(call.mat2.t(), spec.fmt_b),
-                                   _codes_rows(call.scale_a.reshape(-1)), _codes_rows(call.scale_b.reshape(-1)), spec)
+    a_codes, scale_a = _block_scaled_codes(call.input, spec.fmt_a), _codes_rows(call.scale_a.reshape(-1))
+    b_raw, scale_b = _codes_rows(call.mat2.t()), _codes_rows(call.scale_b.reshape(-1))
+
+    def b_operands(raw):
+        raw = raw.reshape(-1)
+        codes = raw[:b_raw.size].reshape(b_raw.shape)
+        codes = unpack_fp4(codes) if spec.fmt_b == "e2m1" else codes
+        ops = kernel_operands(numpy.zeros((0, codes.shape[1]), numpy.uint8), codes, numpy.zeros(0, numpy.uint8),
+                              raw[b_raw.size:], spec)
+        return ops.b, ops.scale_b
+
     if plan.backend == "cuda:simple":
         from ..cuda.block_scaled.kernel import accumulate_block_scaled_cuda
 
+        b, sb = b_operands(numpy.concatenate((b_raw.reshape(-1), scale_b)))
+        a, _, sa, _ = kernel_operands(a_codes, b[:0, :a_codes.shape[1]], scale_a, numpy.zeros(0, numpy.uint8), spec)
         return accumulate_block_scaled_cuda(a, b, spec.fmt_a, spec.fmt_b, sa, sb, spec.recipe.scale_fmt, spec.preset,
                                             call.device)
-    from ..cpu.block_scaled import accumulate_block_scaled
+    from ..cpu.block_scaled import accumulate_block_scaled, kept_b_engine
 
+    raw = numpy.concatenate((b_raw.reshape(-1), scale_b))
+    kept = None
+    if (weights is not None and plan.backend != "reference" and call.mat2.device.type == "cpu"
+            and b_raw.size >= _PREPARED_MIN_CODES):
+        engine = kept_b_engine(f"{spec.fmt_b}:{spec.recipe.scale_fmt}:{spec.block}:{spec.K}:{spec.padded_K}",
+                               b_operands, spec.fmt_b, spec.recipe.scale_fmt, spec.block)
+        kept = weights.prepared(engine, spec.fmt_b, call.mat2, raw.reshape(1, -1))
+    b, sb = (kept.codes, kept.scales) if kept is not None else b_operands(raw)
+    a, _, sa, _ = kernel_operands(a_codes, b[:0, :a_codes.shape[1]], scale_a, numpy.zeros(0, numpy.uint8), spec)
     acc = accumulate_block_scaled(a, b, spec.fmt_a, spec.fmt_b, sa, sb, spec.recipe.scale_fmt, spec.preset,
-                                  reference=plan.backend == "reference")
+                                  reference=plan.backend == "reference",
+                                  prepared_b=None if kept is None else kept.prepared)
     return torch.from_numpy(acc)
 
 
@@ -103,7 +128,7 @@ class BlockScaledRecipe(Recipe):
         return _plan_block_scaled(plan, splitk, backend, context)
 
     def run(self, plan, weights=None):
-        return _block_scaled_epilogue(_block_scaled_accumulator(plan), plan.call)
+        return _block_scaled_epilogue(_block_scaled_accumulator(plan, weights), plan.call)
 
 
 def _block_scaled_call(input, mat2, scaling, bias, profile, global_scales, **common) -> rules.ScaledMMCall:
