@@ -63,3 +63,21 @@ def test_fused_call_gives_the_two_step_bits(shape, preset, fast, out_name, speci
     want = epilogue_codes(accumulate_codes(a, b, "e4m3", "e4m3", preset, fast, cpu_engine="tile"), bits[0], bits[1],
                           bits[2] if out_name.startswith("float8") else None, out_name)
     assert np.array_equal(gemm.run(a, b, scales, store, tensor), want)
+
+
+@pytest.mark.parametrize("specials", [False, True])
+def test_fused_call_on_the_offset_engine(specials):
+    from mmaemu.cpu.features import numba_target, offset_engine_decline
+
+    if offset_engine_decline(numba_target()) is not None:
+        pytest.skip("the offset engine cannot run on this CPU target")
+    rng = np.random.default_rng(7)
+    M, N, K = 32, 400, 96
+    a, b = codes(rng, (M, K), specials), codes(rng, (N, K), specials)
+    want = epilogue_codes(accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True, cpu_engine="tile"), 0x3F800000,
+                          0x3F000000, None, "bfloat16")
+    gemm = TensorwiseGemm("offset", HOPPER, "e4m3", "e4m3", M, N, K, True, 1, "none", "bfloat16")
+    scales = np.array([0x3F800000, 0x3F000000, 0, 0], np.int64)
+    store, tensor = PreparedStore(), Identity(b)
+    for _ in range(3):
+        assert np.array_equal(gemm.run(a, b, scales, store, tensor), want)
