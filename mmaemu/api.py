@@ -16,7 +16,7 @@ from ._untraced import require_untraced, untraced
 from .context import for_call
 from .plan.cache import cached_plan_accumulate, cached_plan_scaled_mm
 from .plan.planner import CallPlan, explain_scaled_mm
-from .recipes.tensorwise import _accumulator
+from .recipes.tensorwise import _accumulator, kept_cpu_call
 from .warn import edge
 
 __all__ = ["scaled_mm", "accumulate", "explain", "CallPlan"]
@@ -94,6 +94,9 @@ def run_scaled_mm_plan(plan, weights=None):
     ``weights``: where the CPU engine keeps mat2's prepared panels between calls (:mod:`mmaemu.cpu.prepared`:
     the process-wide store, a layer's slot), or None (decoded for this call only)."""
     call = plan.call
+    kept = kept_cpu_call(plan, weights)  # a kept tensor-wise plan on the cpu backend: one compiled call
+    if kept is not None:
+        return _deliver(kept, call.out)
     _require_data("scaled_mm", call, ("input", "mat2", "scale_a", "scale_b", "bias", "scale_result", "out"))
     if plan.action == "out-unchanged":
         return call.out

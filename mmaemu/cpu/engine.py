@@ -314,6 +314,27 @@ def nonfinite_flags(codes, fmt: str):
     return flags
 
 
+def accumulate_engine(engine: str, a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out, prepared_b=None):
+    """The finite path of ``engine`` (a decided "offset" or "tile": no choice is made here) into ``out`` [M, N]
+    (float32, C-contiguous; non-empty uint8 codes, C-contiguous, as :func:`mmaemu.arith.params.codes_gemm` gives
+    them), B's panels from ``prepared_b`` when given (its engine's :class:`PreparedB`). Returns ``(a_flags,
+    b_flags)``, per row of A and of B whether it holds a NaN or Inf code (the caller applies c.4)."""
+    if engine == "offset":
+        from .offset_engine import accumulate_offset, accumulate_prepared
+
+        if prepared_b is None:
+            accumulate_offset(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out)
+        else:
+            if prepared_b.fmt != fmt_b or prepared_b.shape != b_codes.shape:
+                raise ValueError(f"prepared_b was prepared for a {prepared_b.fmt} B of shape {prepared_b.shape}, "
+                                 f"not for this {fmt_b} B of shape {b_codes.shape} (offset engine)")
+            accumulate_prepared(a_codes, prepared_b, fmt_a, preset, schedule, out)
+        return nonfinite_flags(a_codes, fmt_a), nonfinite_flags(b_codes, fmt_b)
+    if prepared_b is not None:
+        _check_prepared(prepared_b, b_codes, fmt_b)
+    return accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out, prepared_b)
+
+
 def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none", *,
                      reference=False, cpu_engine=None, prepared_b=None):
     """fp32 accumulators [M, N] of A [M, K] times B [N, K]^T given as uint8 FP8 codes (semantics.md (c), (d)).
@@ -339,24 +360,11 @@ def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, spl
         threads.parallel_for(accumulate_gemm_reference, jobs, job_work, sa, ea, sb, eb, schedule, params, out)
         a_flags = nonfinite_flags(a_codes, fmt_a)
         b_flags = nonfinite_flags(b_codes, fmt_b)
-    elif getattr(prepared_b, "engine", None) != TILE_ENGINE and _reported_engine(
-            cpu_engine_choice(preset, schedule, fmt_a, fmt_b, cpu_engine, gemm.shape[:2])) == "offset":
-        from .offset_engine import accumulate_offset, accumulate_prepared
-
-        if prepared_b is None:
-            accumulate_offset(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out)
-        else:
-            if prepared_b.fmt != fmt_b or prepared_b.shape != b_codes.shape:
-                raise ValueError(f"prepared_b was prepared for a {prepared_b.fmt} B of shape {prepared_b.shape}, "
-                                 f"not for this {fmt_b} B of shape {b_codes.shape} (offset engine)")
-            accumulate_prepared(a_codes, prepared_b, fmt_a, preset, schedule, out)
-        a_flags = nonfinite_flags(a_codes, fmt_a)
-        b_flags = nonfinite_flags(b_codes, fmt_b)
     else:
-        if prepared_b is not None:
-            _check_prepared(prepared_b, b_codes, fmt_b)
-        a_flags, b_flags = accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out,
-                                           prepared_b)
+        engine = "tile" if getattr(prepared_b, "engine", None) == TILE_ENGINE else _reported_engine(
+            cpu_engine_choice(preset, schedule, fmt_a, fmt_b, cpu_engine, gemm.shape[:2]))
+        a_flags, b_flags = accumulate_engine(engine, a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out,
+                                             prepared_b)
     if a_flags.any() or b_flags.any():
         threads.parallel_for(override_nonfinite, out.shape[0], out.shape[1], a_codes, a_flags,
                              formats.values(fmt_a), b_codes, b_flags, formats.values(fmt_b), out.view(np.int32))

@@ -6,7 +6,9 @@ An engine prepares B its own way (the tile engine: every panel decoded into its 
 
 The rule that keeps a changed weight from ever being served stale: a prepared B is a pure function of B's codes,
 their format and the engine, and it is used only for codes **byte-identical** to the codes it was prepared from
-(a copy of them is kept and compared with the call's codes on every use, about 0.2 ms per MB). The tensor's
+(a copy of them is kept and compared with the call's codes on every use, about 0.2 ms per MB; a planned call,
+:mod:`mmaemu.cpu.fused`, compares them the same way before its compiled call, and asks
+:meth:`PreparedStore.prepared` again where they differ). The tensor's
 identity (data pointer, storage offset, shape, strides, dtype, device) and torch's version counter
 (``tensor._version``, which every in-place update through the tensor or a view of it increments) only find the
 candidate and drop it early; the comparison also covers what the counter does not see (writes through ``.data``,
@@ -109,6 +111,19 @@ class PreparedStore:
     def __len__(self) -> int:
         return len(self._kept)
 
+    def candidate(self, engine: Engine, fmt: str, tensor) -> Optional[_Kept]:
+        """The kept B of ``tensor`` while its identity and version are those it was prepared at, else None; the
+        caller uses ``.prepared`` only after finding the call's codes byte-identical to ``.codes`` (else it asks
+        :meth:`prepared`, which compares again and drops or replaces it). Marks it recently used, as
+        :meth:`prepared` does."""
+        key = (engine.name, fmt) + tensor_identity(tensor)
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is None:
+                return None
+            self._kept.move_to_end(key)
+        return kept if kept.version == version_of(tensor) else None
+
     def prepared(self, engine: Engine, fmt: str, tensor, codes: np.ndarray):
         """The prepared B of ``codes`` (the uint8 codes [N, K] of ``tensor``, B's rows), or None: not kept (yet),
         the caller decodes as it goes."""
@@ -163,6 +178,13 @@ class WeightSlot:
     def clear(self) -> None:
         with self._lock:
             self._key, self._kept = None, None
+
+    def candidate(self, engine: Engine, fmt: str, tensor) -> Optional[_Kept]:
+        """As :meth:`PreparedStore.candidate`: the kept B while the tensor's identity and version are unchanged."""
+        key = (engine.name, fmt) + tensor_identity(tensor)
+        with self._lock:
+            kept = self._kept if self._key == key else None
+        return kept if kept is not None and kept.version == version_of(tensor) else None
 
     def prepared(self, engine: Engine, fmt: str, tensor, codes: np.ndarray):
         key = (engine.name, fmt) + tensor_identity(tensor)

@@ -25,6 +25,10 @@ with the plan and reported again on every hit (:func:`mmaemu.warn.report`), so t
 thread does not flush subnormals (:mod:`mmaemu.plan.flush`), is the planner's last step and runs again on every
 hit. The cache holds at most :data:`MAX_PLANS` plans (least recently used dropped first) and is thread-safe.
 
+A kept tensor-wise plan on the cpu backend also carries, as ``plan.cpu_gemm``, what it decided in the form the
+compiled call takes (:class:`mmaemu.cpu.fused.TensorwiseGemm`, made once when the plan is kept): a hit goes from
+the key to that one compiled call (:func:`mmaemu.api.run_scaled_mm_plan`).
+
 A call that is planned (a miss, or a call that is never kept) is planned with one :class:`mmaemu.context.Context`
 (:func:`mmaemu.context.for_call`): every decision of the plan reads the same environment snapshot. A hit reuses a
 plan decided from the same environment texts (they are part of the signature).
@@ -40,6 +44,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from .. import environment
+from ..formats import dtype_name
 from ..context import for_call
 from ..platform.definitions import _BY_NAME as _BUILTIN_PROFILES
 from ..platform.definitions import DEFAULT_PROFILE
@@ -242,8 +247,28 @@ def _bind(entry: _Entry, tensors: dict) -> Plan:
 
 def _entry(plan: Plan, notices, profile, fields) -> _Entry:
     call = plan.call
-    return _Entry(_strip(plan, fields), notices, profile, bool(getattr(call, "input_copied", False)),
-                  plan.action == "compute")
+    entry = _Entry(_strip(plan, fields), notices, profile, bool(getattr(call, "input_copied", False)),
+                   plan.action == "compute")
+    gemm = _cpu_gemm(plan)
+    if gemm is not None:  # the bound plans of every hit carry it (_bind copies the template's attributes)
+        entry.template.cpu_gemm = plan.cpu_gemm = gemm
+    return entry
+
+
+def _cpu_gemm(plan: Plan):
+    """The compiled call of a kept tensor-wise scaled_mm plan on the cpu backend
+    (:class:`mmaemu.cpu.fused.TensorwiseGemm`: what the plan decided, made once), or None for every other plan."""
+    from ..arith.tile import TILE_FORMATS
+    from ..cpu.fused import TensorwiseGemm
+
+    call = plan.call
+    if (plan.action != "compute" or plan.backend != "cpu" or plan.cpu_engine is None or plan.split is None
+            or not hasattr(call, "mat2") or call.rowwise or call.blockwise is not None
+            or call.block_scaled is not None or call.device.type != "cpu" or 0 in (call.M, call.N, call.K)
+            or call.fmt_a not in TILE_FORMATS or call.fmt_b not in TILE_FORMATS):
+        return None
+    return TensorwiseGemm(plan.cpu_engine.engine, plan.preset, call.fmt_a, call.fmt_b, call.M, call.N, call.K,
+                          call.use_fast_accum, plan.split.S, plan.split.scheme, dtype_name(call.out_dtype))
 
 
 # ----------------------------------------------------------------------------------------------------------------

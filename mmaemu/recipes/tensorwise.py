@@ -32,8 +32,12 @@ _BITS_DTYPE = BitsDtypes()
 
 
 def _codes_rows(t: torch.Tensor) -> "numpy.ndarray":  # noqa: F821
-    """uint8 codes of a 2-D float8 tensor, C-contiguous, on the CPU."""
-    return t.detach().contiguous().view(torch.uint8).cpu().numpy()
+    """uint8 codes of a 2-D float8 tensor, C-contiguous, on the CPU (no copy of a contiguous CPU tensor)."""
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_cpu:
+        t = t.cpu()
+    return t.contiguous().view(torch.uint8).numpy()
 
 
 def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b: str, fast: bool, weights=None):
@@ -69,8 +73,41 @@ _PREPARED_MIN_CODES = 1 << 14
 
 
 def _scale_bits(scale) -> int:
-    """The fp32 bit pattern of a one-element fp32 scale, read once through numpy (no float conversion)."""
-    return int(scale.detach().cpu().numpy().reshape(-1).view(numpy.uint32)[0])
+    """The fp32 bit pattern of a one-element fp32 scale, read as an integer (no float conversion)."""
+    return scale.view(torch.int32).item() & 0xFFFFFFFF
+
+
+def _plain_data(call) -> bool:
+    """Whether every tensor of a tensor-wise call is a plain tensor with data (``torch.Tensor`` or
+    ``torch.nn.Parameter``, neither functional nor functorch-wrapped): then the entry point's refusal of traced
+    tensors has nothing to refuse (:func:`mmaemu._untraced.traced_tensor_kind` finds a fake tensor only as such a
+    subclass or wrapper)."""
+    plain = (torch.Tensor, torch.nn.Parameter)
+    for t in (call.input, call.mat2, call.scale_a, call.scale_b, call.scale_result, call.out):
+        if t is not None and (type(t) not in plain or torch._is_functional_tensor(t)
+                              or torch._C._functorch.is_functorch_wrapped_tensor(t)):
+            return False
+    return True
+
+
+def kept_cpu_call(plan, weights):
+    """The output of a kept tensor-wise plan on the cpu backend (``plan.cpu_gemm``, set by :mod:`mmaemu.plan.cache`
+    for such plans only), or None where the plan has none or a tensor is not plain data: the codes and the scales'
+    bits to the one compiled call of :class:`mmaemu.cpu.fused.TensorwiseGemm`, whose bits are those of
+    :func:`_accumulator` then :func:`_epilogue`."""
+    gemm = getattr(plan, "cpu_gemm", None)
+    call = plan.call
+    if gemm is None or not _plain_data(call):
+        return None
+    b_rows = call.mat2.t()
+    b_codes = _codes_rows(b_rows)
+    if weights is not None and b_codes.size < _PREPARED_MIN_CODES:
+        weights = None
+    sr = call.scale_result
+    scales = numpy.array((_scale_bits(call.scale_a), _scale_bits(call.scale_b), 0 if sr is None else _scale_bits(sr),
+                          sr is not None), numpy.int64)
+    bits = gemm.run(_codes_rows(call.input), b_codes, scales, weights, b_rows)
+    return torch.from_numpy(bits).view(_BITS_DTYPE[gemm.out_name]).view(call.out_dtype)
 
 
 def _epilogue(acc: torch.Tensor, computed_by, plan) -> torch.Tensor:

@@ -1,0 +1,297 @@
+"""A planned tensor-wise GEMM as one compiled call: accumulate, the NaN/Inf rule and the epilogue together.
+
+:func:`mmaemu.cpu.engine.accumulate_codes` then :func:`mmaemu.cpu.engine.epilogue_codes` compute a call in about
+ten compiled calls with Python between them (the engine choice, the decode, the tasks, the flags of the NaN/Inf
+rule, the scales, the epilogue), some 60 us of Python per call. A call whose plan is kept
+(:mod:`mmaemu.plan.cache`) has decided all of that once: :class:`TensorwiseGemm` holds what the plan decided (the
+engine, the schedule, the block parameters, the tables, the output format) and :meth:`TensorwiseGemm.run` goes from
+the codes and the scales' bits to the output's bits in ONE compiled call per task (one task for a small call),
+each doing the products of its outputs (:func:`mmaemu.cpu.gemm.accumulate_prepared_panels` or
+:func:`~mmaemu.cpu.gemm.accumulate_panel_rows`), the NaN/Inf rule (:func:`mmaemu.arith.special.
+nonfinite_accumulator`) and the epilogue (:func:`mmaemu.arith.epilogue.epilogue_one`) of those outputs. Nothing of
+the arithmetic is written here: these are loops over the functions named.
+
+A kept B (:mod:`mmaemu.cpu.prepared`) is still used only for codes byte-identical to those it was prepared from: the
+store finds the candidate by the tensor's identity and version, and the call's codes are compared with the kept copy
+(:func:`mmaemu.cpu.prepared.same_bytes`) before the tasks run; if they differ, the store is asked again, exactly as
+without this module (it compares again, drops the stale B and decides whether to prepare a new one).
+(:func:`same_codes`, the same check inside the tasks, measured slower than numpy's comparison: 250 us against 9 us
+for 330 KB; the tasks' ``verify`` is kept False.)
+
+The offset engine (:mod:`mmaemu.cpu.offset_engine`) computes its accumulators through its own interface; the
+NaN/Inf rule and the epilogue then run as one compiled call per range of rows (:func:`finish_rows`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import formats
+from .._jit import arithmetic
+from ..arith.epilogue import OUT_CODES, epilogue_one, scale_product
+from ..arith.params import BlockParams, Schedule, preset_params, schedule_params
+from ..arith.rounding import FLOAT32, value_of_bits
+from ..arith.special import FINITE, nonfinite_accumulator
+from ..arith.tile import TILE_FORMATS, lane_bits_needed
+from . import threads
+from .gemm import accumulate_panel_rows, accumulate_prepared_panels, decode_panel, nonfinite_rows
+from .prepared import same_bytes
+
+__all__ = ["TensorwiseGemm", "OUT_VIEWS"]
+
+#: numpy dtype of the output's bit patterns, per output dtype name.
+OUT_VIEWS = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16,
+             "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
+
+# The call's constants in one int64 array (one argument of the compiled calls, whatever the preset):
+# the tile format of A (5), the schedule (6), the block parameters (7), then the rest.
+_FMT, _SCHEDULE, _PARAMS = 0, 5, 11
+TILE_ROWS_AT, MASK_AT, PATTERN_AT, OUT_CODE_AT, LANES_AT, CONSTANTS = 18, 19, 20, 21, 22, 23
+# The scales of one call in one int64 array: fp32 bits of scale_a, scale_b, scale_result, and 1 if scale_result.
+SCALE_A, SCALE_B, SCALE_RESULT, HAS_SCALE_RESULT = 0, 1, 2, 3
+# Codes compared per step of the kept-B check (a vectorised OR of differences, then one test).
+_COMPARE_STEP = 4096
+
+
+@arithmetic
+def _fmt_of(c):
+    return (c[_FMT], c[_FMT + 1], c[_FMT + 2], c[_FMT + 3], c[_FMT + 4])
+
+
+@arithmetic
+def _schedule_of(c):
+    s = _SCHEDULE
+    return Schedule(c[s], c[s + 1], c[s + 2], c[s + 3], c[s + 4], c[s + 5])
+
+
+@arithmetic
+def _params_of(c):
+    p = _PARAMS
+    return BlockParams(c[p], c[p + 1], c[p + 2], c[p + 3], c[p + 4], c[p + 5], c[p + 6])
+
+
+@arithmetic
+def same_codes(x, y, lo, hi):
+    """Whether the flat uint8 arrays x and y hold the same codes in [lo, hi)."""
+    for start in range(lo, hi, _COMPARE_STEP):
+        diff = 0
+        for i in range(start, min(start + _COMPARE_STEP, hi)):
+            diff |= x[i] ^ y[i]
+        if diff != 0:
+            return False
+    return True
+
+
+@arithmetic
+def finish_block(m_lo, m_hi, n_lo, n_hi, a_codes, a_flags, a_table, b_codes, b_flags, b_table, acc, acc_bits,
+                 scales, out_code, out_bits):
+    """For the outputs [m_lo, m_hi) x [n_lo, n_hi): the NaN/Inf rule (semantics.md c.4; rows of A and of B holding a
+    non-finite code: ``a_flags``, ``b_flags``) on the accumulators ``acc`` (``acc_bits``: its int32 view), then the
+    epilogue (semantics.md (e)) into ``out_bits`` with the scales' bits ``scales`` (:data:`SCALE_A`, ...)."""
+    alpha = scale_product(value_of_bits(scales[SCALE_A], FLOAT32), value_of_bits(scales[SCALE_B], FLOAT32))
+    has_scale_result = scales[HAS_SCALE_RESULT] != 0
+    scale_result = value_of_bits(scales[SCALE_RESULT], FLOAT32) if has_scale_result else 1.0
+    for m in range(m_lo, m_hi):
+        if a_flags[m]:
+            for n in range(n_lo, n_hi):
+                bits = nonfinite_accumulator(a_codes[m], b_codes[n], a_table, b_table)
+                if bits != FINITE:
+                    acc_bits[m, n] = bits
+        else:
+            for n in range(n_lo, n_hi):
+                if b_flags[n]:
+                    bits = nonfinite_accumulator(a_codes[m], b_codes[n], a_table, b_table)
+                    if bits != FINITE:
+                        acc_bits[m, n] = bits
+        for n in range(n_lo, n_hi):
+            out_bits[m, n] = epilogue_one(acc[m, n], alpha, out_code, scale_result, has_scale_result)
+
+
+@arithmetic
+def finish_rows(lo, hi, a_codes, a_flags, a_table, b_codes, b_flags, b_table, acc, acc_bits, scales, out_code,
+                out_bits):
+    """:func:`finish_block` of rows lo .. hi-1, every column (a task of :func:`mmaemu.cpu.threads.parallel_for`)."""
+    finish_block(lo, hi, 0, acc.shape[1], a_codes, a_flags, a_table, b_codes, b_flags, b_table, acc, acc_bits,
+                 scales, out_code, out_bits)
+
+
+@arithmetic
+def prepared_task(p_lo, p_hi, m_lo, m_hi, verify, a_codes, b_codes, kept_codes, b_val, b_exp, b_flags, a_table,
+                  b_table, constants, lane_proto, scales, acc, acc_bits, out_bits):
+    """Outputs of rows m_lo .. m_hi-1 and panels p_lo .. p_hi-1 of a prepared B (the tile engine's
+    :class:`mmaemu.cpu.engine.PreparedB`: ``b_val``, ``b_exp``, ``b_flags``) to the output's bits. With ``verify``,
+    first the check that the panels' codes in ``b_codes`` are those of ``kept_codes`` (both flat [N * K]); False
+    (nothing computed) when they differ, else True."""
+    M, K = a_codes.shape
+    N = b_codes.shape[0]
+    lanes = b_val.shape[2]
+    n_lo, n_hi = p_lo * lanes, min(p_hi * lanes, N)
+    if verify and not same_codes(b_codes.reshape(N * K), kept_codes, n_lo * K, n_hi * K):
+        return False
+    mask, pattern = constants[MASK_AT], constants[PATTERN_AT]
+    a_flags = np.zeros(M, np.bool_)
+    accumulate_prepared_panels(p_lo, p_hi, m_lo, m_hi, a_codes, _fmt_of(constants), b_val, b_exp,
+                               _schedule_of(constants), _params_of(constants), constants[TILE_ROWS_AT], lane_proto,
+                               acc, a_flags, mask, pattern)
+    nonfinite_rows(m_lo, m_hi, a_codes, mask, pattern, a_flags)
+    finish_block(m_lo, m_hi, n_lo, n_hi, a_codes, a_flags, a_table, b_codes, b_flags, b_table, acc, acc_bits,
+                 scales, constants[OUT_CODE_AT], out_bits)
+    return True
+
+
+@arithmetic
+def decoded_call(a_codes, b_codes, value_table, exp_table, nonfinite_table, a_table, b_table, constants, lane_proto,
+                 scales, acc, acc_bits, out_bits):
+    """A whole call of the tile engine on the calling thread, B's panels decoded one by one as the fast path decodes
+    them (:func:`mmaemu.cpu.gemm.decode_panel`; the rows of A's NaN/Inf flags found by the first panel's pass)."""
+    M, K = a_codes.shape
+    N = b_codes.shape[0]
+    lanes = constants[LANES_AT]
+    mask, pattern = constants[MASK_AT], constants[PATTERN_AT]
+    fmt, schedule, params = _fmt_of(constants), _schedule_of(constants), _params_of(constants)
+    b_val, b_exp = np.empty((K, lanes), np.float32), np.empty((K, lanes), np.int8)
+    a_flags, b_flags = np.zeros(M, np.bool_), np.zeros(N, np.bool_)
+    for n0 in range(0, N, lanes):
+        decode_panel(b_codes, n0, value_table, exp_table, nonfinite_table, b_val, b_exp, b_flags)
+        accumulate_panel_rows(0, M, a_codes, fmt, b_val, b_exp, n0, schedule, params, constants[TILE_ROWS_AT],
+                              lane_proto, acc, a_flags, mask, pattern)
+    finish_block(0, M, 0, N, a_codes, a_flags, a_table, b_codes, b_flags, b_table, acc, acc_bits, scales,
+                 constants[OUT_CODE_AT], out_bits)
+
+
+class _Tables(NamedTuple):
+    a_values: np.ndarray  # float64 values of A's 256 codes (the NaN/Inf rule)
+    b_values: np.ndarray
+    b_tile_values: np.ndarray  # B's decode into the tile layout (engine.tile_tables, engine.nonfinite_table)
+    b_tile_exps: np.ndarray
+    b_nonfinite: np.ndarray
+
+
+class TensorwiseGemm:
+    """What a kept plan of a tensor-wise call on the CPU decided, ready for :meth:`run` (see the module docstring):
+    the engine ("tile" or "offset", the plan's choice), A [M, K] and B [N, K]'s formats, the preset, the schedule
+    of its split, the output dtype's name. Built once per kept plan; shared by the calls (and threads) of it."""
+
+    def __init__(self, engine: str, preset, fmt_a: str, fmt_b: str, M: int, N: int, K: int, use_fast_accum: bool,
+                 splits: int, scheme: str, out_name: str):
+        from .engine import NONFINITE_PATTERN, nonfinite_table, tile_shape, tile_tables
+
+        self.engine, self.preset, self.fmt_a, self.fmt_b = engine, preset, fmt_a, fmt_b
+        self.shape, self.out_name = (M, N, K), out_name
+        self.schedule = schedule_params(preset, K, use_fast_accum, splits, scheme)
+        self.params = preset_params(preset, fmt_a, fmt_b)
+        self.out_view = OUT_VIEWS[out_name]
+        self.tile_rows, self.lanes = tile_shape(M, N, K)
+        mask, pattern = NONFINITE_PATTERN[fmt_a]
+        constants = (list(TILE_FORMATS[fmt_a]) + list(self.schedule) + list(self.params)
+                     + [self.tile_rows, mask, pattern, OUT_CODES[out_name], self.lanes])
+        assert len(constants) == CONSTANTS
+        self.constants = np.array(constants, np.int64)
+        self.constants.setflags(write=False)
+        self.lane_proto = np.empty(0, np.int32 if lane_bits_needed(preset) == 32 else np.int64)
+        value_table, exp_table = tile_tables(fmt_b)
+        self.tables = _Tables(formats.values(fmt_a), formats.values(fmt_b), value_table, exp_table,
+                              nonfinite_table(fmt_b))
+
+    def run(self, a_codes, b_codes, scales, weights=None, b_tensor=None):
+        """The output's bits [M, N] (:data:`OUT_VIEWS`) of A's codes [M, K] times B's codes [N, K]^T (uint8,
+        C-contiguous, the plan's shape) with the scales' bits ``scales`` (int64 [4]: :data:`SCALE_A`, ...).
+        ``weights``: where B's prepared panels are kept (:mod:`mmaemu.cpu.prepared`; ``b_tensor``, B's tensor, finds
+        them), or None: decoded for this call."""
+        M, N, K = self.shape
+        acc = np.empty((M, N), np.float32)
+        out_bits = np.empty((M, N), self.out_view)
+        if self.engine == "tile":
+            self._tile(a_codes, b_codes, scales, weights, b_tensor, acc, out_bits)
+        else:
+            self._offset(a_codes, b_codes, scales, weights, b_tensor, acc, out_bits)
+        return out_bits
+
+    # -- the tile engine -------------------------------------------------------------------------------------------
+
+    def _tile(self, a_codes, b_codes, scales, weights, b_tensor, acc, out_bits):
+        from .engine import TILE, fast_path_tasks
+
+        if weights is not None:
+            kept = weights.candidate(TILE, self.fmt_b, b_tensor)
+            if kept is not None and self._prepared(kept.prepared, kept.codes, a_codes, b_codes, scales, acc,
+                                                   out_bits):
+                return
+            prepared = weights.prepared(TILE, self.fmt_b, b_tensor, b_codes)  # compares, drops, prepares as before
+            if prepared is not None and self._prepared(prepared, None, a_codes, b_codes, scales, acc, out_bits):
+                return
+        M, N, K = self.shape
+        t = self.tables
+        if len(fast_path_tasks(M, N, K, threads.num_threads())) == 1:
+            decoded_call(a_codes, b_codes, t.b_tile_values, t.b_tile_exps, t.b_nonfinite, t.a_values, t.b_values,
+                         self.constants, self.lane_proto, scales, acc, acc.view(np.int32), out_bits)
+            return
+        from .engine import accumulate_fast
+
+        a_flags, b_flags = accumulate_fast(a_codes, b_codes, self.fmt_a, self.fmt_b, self.preset, self.schedule,
+                                           self.params, acc)
+        self._finish(a_codes, a_flags, b_codes, b_flags, scales, acc, out_bits)
+
+    def _prepared(self, prepared, kept_codes, a_codes, b_codes, scales, acc, out_bits) -> bool:
+        """The call on a prepared B, in tasks of :func:`prepared_task`; ``kept_codes``: the codes it was prepared
+        from, compared with ``b_codes`` first (None: prepared from them in this call). False: they differ."""
+        from .engine import EPILOGUE_WORK, fast_path_tasks
+
+        if prepared.shape != b_codes.shape or prepared.fmt != self.fmt_b:
+            return False
+        M, N, K = self.shape
+        lanes, n_threads = self.lanes, threads.num_threads()
+        tasks = fast_path_tasks(M, N, K, n_threads)
+        row_ranges = sorted({(lo, hi) for _, lo, hi in tasks})
+        if len(row_ranges) == 1:  # every task holds all rows: ranges of panels (as accumulate_fast cuts them)
+            (m_lo, m_hi), = row_ranges
+            panels = prepared.val.shape[0]
+            job_work = (m_hi - m_lo) * lanes * (K + EPILOGUE_WORK)
+            tasks = [(p_lo, p_hi, m_lo, m_hi) for p_lo, p_hi in threads.job_ranges(panels, job_work, n_threads)]
+        else:
+            tasks = [(p, p + 1, lo, hi) for p, lo, hi in tasks]
+        if kept_codes is not None and not same_bytes(kept_codes, b_codes.reshape(-1)):
+            return False
+        verify, kept = False, b_codes.reshape(-1)
+        t = self.tables
+        acc_bits = acc.view(np.int32)
+
+        def task(p_lo, p_hi, m_lo, m_hi):
+            return prepared_task(p_lo, p_hi, m_lo, m_hi, verify and m_lo == 0, a_codes, b_codes, kept, prepared.val,
+                                 prepared.exp, prepared.nonfinite, t.a_values, t.b_values, self.constants,
+                                 self.lane_proto, scales, acc, acc_bits, out_bits)
+
+        if len(tasks) == 1:
+            return task(*tasks[0])
+        results = [True] * len(tasks)
+
+        def run_one(i):
+            results[i] = task(*tasks[i])
+
+        threads.run_tasks([lambda i=i: run_one(i) for i in range(len(tasks))],
+                          [(m_hi - m_lo) * (p_hi - p_lo) * lanes * (K + EPILOGUE_WORK)
+                           for p_lo, p_hi, m_lo, m_hi in tasks])
+        return all(results)
+
+    # -- the offset engine -----------------------------------------------------------------------------------------
+
+    def _offset(self, a_codes, b_codes, scales, weights, b_tensor, acc, out_bits):
+        from .engine import OFFSET, accumulate_engine, nonfinite_flags
+
+        prepared = None if weights is None else weights.prepared(OFFSET, self.fmt_b, b_tensor, b_codes)
+        accumulate_engine("offset", a_codes, b_codes, self.fmt_a, self.fmt_b, self.preset, self.schedule,
+                          self.params, acc, prepared)
+        self._finish(a_codes, nonfinite_flags(a_codes, self.fmt_a), b_codes, nonfinite_flags(b_codes, self.fmt_b),
+                     scales, acc, out_bits)
+
+    def _finish(self, a_codes, a_flags, b_codes, b_flags, scales, acc, out_bits):
+        """The NaN/Inf rule and the epilogue of every output, in parallel over ranges of rows."""
+        from .engine import EPILOGUE_WORK
+
+        M, N, _ = self.shape
+        t = self.tables
+        threads.parallel_for(finish_rows, M, max(1, N) * EPILOGUE_WORK, a_codes, a_flags, t.a_values, b_codes,
+                             b_flags, t.b_values, acc, acc.view(np.int32), scales, OUT_CODES[self.out_name],
+                             out_bits)
