@@ -87,9 +87,11 @@ def test_nonfinite_codes_follow_c4():
 @needs_offset
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_packed_layout_is_offset_packs(fmt):
-    """B's panels and A's columns hold exactly the words of mmaemu.arith.offset.offset_pack_rows (the CUDA kernel's
-    packing), ragged rows and K included (zero codes past them)."""
-    from mmaemu.arith.offset import offset_pack_rows, offset_tables
+    """B's panels and A's rows hold exactly the values, low-byte and sign-byte words of
+    mmaemu.arith.offset.offset_pack_rows (the CUDA kernel's packing) and the exponent bytes of
+    mmaemu.arith.offset.exponent_bytes (A's four times in a word), ragged rows and K included (zero codes past
+    them)."""
+    from mmaemu.arith.offset import exponent_bytes, offset_pack_rows, offset_tables
     from mmaemu.cpu.offset_engine import pack_a
     from mmaemu.cpu.offset_kernel import PANEL, padded_k
 
@@ -100,18 +102,24 @@ def test_packed_layout_is_offset_packs(fmt):
         val, exp = np.zeros((kp, columns), np.float32), np.zeros((kp // 2, columns), np.uint32)
         words = np.zeros((kp // 4, 2 * columns), np.uint32)
         offset_pack_rows(codes, offset_tables(fmt, ADD_MAX), val, exp, words, False)
+        padded = np.zeros((columns, kp), np.uint8)
+        padded[:rows, :K] = codes
+        exp_bytes = exponent_bytes(fmt)[padded.T]  # [kp, columns]
         prepared = prepare_b(codes, fmt)
         for p in range(columns // PANEL):
             part = slice(p * PANEL, (p + 1) * PANEL)
             assert np.array_equal(prepared.val[p].view(np.uint32), val[:, part].view(np.uint32))
-            assert np.array_equal(prepared.exp[p], exp[:, part])
+            assert prepared.exp.dtype == np.int8 and np.array_equal(prepared.exp[p], exp_bytes[:, part])
             assert np.array_equal(prepared.low[p], words[:, 0::2][:, part])
             assert np.array_equal(prepared.sign[p], words[:, 1::2][:, part])
-        a_val, a_exp, a_low, a_sign = pack_a(codes, fmt)
-        used = a_val.shape[1]
-        assert np.array_equal(a_val.view(np.uint32), val[:, :used].view(np.uint32))
-        assert np.array_equal(a_exp, exp[:, :used])
-        assert np.array_equal(a_low, words[:, 0::2][:, :used]) and np.array_equal(a_sign, words[:, 1::2][:, :used])
+        packed = pack_a(codes, fmt)
+        used = packed.val.shape[0]
+        assert used % 4 == 0 and used >= rows
+        assert np.array_equal(packed.val.view(np.uint32), val[:, :used].T.view(np.uint32))
+        replicated = exp_bytes[:, :used].T.view(np.uint8).astype(np.uint32) * np.uint32(0x01010101)
+        assert np.array_equal(packed.exp, replicated)
+        assert np.array_equal(packed.low, words[:, 0::2][:, :used].T)
+        assert np.array_equal(packed.sign, words[:, 1::2][:, :used].T)
 
 
 @needs_offset
@@ -122,7 +130,7 @@ def test_prepared_b_is_reused_and_read_only():
     kept = b.copy()
     prepared = prepare_b(b, "e4m3")
     b[:] = 0  # the prepared panels hold no reference to B's storage
-    assert not prepared.val.flags.writeable and prepared.nbytes == prepared.val.size * 8
+    assert not prepared.val.flags.writeable and prepared.nbytes == prepared.val.size * 7
     for a, fmt_a in ((a1, "e4m3"), (a2, "e5m2")):
         gemm = codes_gemm(a, kept, fmt_a, "e4m3", HOPPER, True)
         out = np.zeros((a.shape[0], 33), np.float32)
@@ -139,7 +147,9 @@ def test_prepared_b_is_reused_and_read_only():
 # ----------------------------------------------------------------------------------------------------------------
 
 MIN_EXP_0 = Preset("offset-minexp0", nfma=32, frac=13, frac_out=13, min_exp=0, late_c=False, slow_chunk=128)
-CONSTANT_NAMES = tuple(name for name in OffsetConstants._fields if name != "start")  # start: power sums only
+# start: power sums only; p_add: the add-max pass's bias, which the CPU engine's byte exponent pass does not read
+# (its own bias, BitMasks.exponent_bias, is altered by test_every_mask_matters)
+CONSTANT_NAMES = tuple(name for name in OffsetConstants._fields if name not in ("start", "p_add"))
 
 
 def _mutation_operands():
@@ -172,7 +182,7 @@ def test_every_constant_matters(name, delta):
     gemm = codes_gemm(a, b, "e4m3", "e4m3", preset, True)
     want = accumulate_codes(a, b, "e4m3", "e4m3", preset, True, reference=True)
     constants = list(offset_params(preset_params(preset, "e4m3", "e4m3"), "e4m3", "e4m3", ADD_MAX))
-    i = CONSTANT_NAMES.index(name)
+    i = OffsetConstants._fields.index(name)
     step = {"p_add": 1 << 23, "floor_bits": 1 << 23, "m_add": 1 << 23, "top4": 1, "mantissa": 1 << 21}.get(name, 1)
     if name == "nfma":
         step = 16  # blocks are read as whole passes of 16 k
@@ -200,23 +210,25 @@ def _mutated_call(preset=HOPPER, constants=None, masks=None):
 
 
 # (index in MASKS, altered value): the byte sum without its top byte, no sign on M, no magnitude of c (the maximum
-# then passes over every negative accumulator), the exponent field without its lowest bit.
-MASK_MUTATIONS = [(0, 0x00010101), (1, 0), (2, -1), (3, -0x01000000)]
+# then passes over every negative accumulator), the exponent field without its lowest bit, the byte exponent
+# pass's bias one exponent step either way.
+MASK_MUTATIONS = [(0, 0x00010101), (1, 0), (2, -1), (3, -0x01000000), (4, (127 - 1) << 23), (4, (127 + 1) << 23)]
 
 
 @needs_offset
-@pytest.mark.parametrize("index,value", MASK_MUTATIONS, ids=["byte_sum", "sign", "magnitude", "exponent_field"])
+@pytest.mark.parametrize("index,value", MASK_MUTATIONS, ids=["byte_sum", "sign", "magnitude", "exponent_field",
+                                                       "exponent_bias-1", "exponent_bias+1"])
 def test_every_mask_matters(index, value):
     from mmaemu.cpu.offset_kernel import MASKS
 
     masks = list(MASKS)
     masks[index] = value
-    got, want = _mutated_call(masks=tuple(masks))
+    got, want = _mutated_call(masks=type(MASKS)(*masks))
     assert not np.array_equal(got, want)
 
 
 # (table, what is altered): zero codes' low byte at 0 (a zero term next to a negative one then counts), the sign
-# byte at 0x40 (bit 7 never set: no correction), zero codes' exponent half as a real one (absent terms then set E),
+# byte at 0x40 (bit 7 never set: no correction), zero codes' exponent byte as a real one (absent terms then set E),
 # every real low byte one higher.
 TABLE_MUTATIONS = ["zero_low", "sign_byte", "exp_absent", "low_bytes"]
 
@@ -227,14 +239,15 @@ def test_every_table_constant_matters(mutation, monkeypatch):
     from mmaemu.arith import offset
     from mmaemu.cpu import offset_engine
 
-    values, exps, lows, signs = (t.copy() for t in offset.offset_tables("e4m3", ADD_MAX))
+    values, _, lows, signs = (t.copy() for t in offset.offset_tables("e4m3", ADD_MAX))
+    exps = offset.exponent_bytes("e4m3").copy()
     zero = values == 0
     if mutation == "zero_low":
         lows[zero] = 0
     elif mutation == "sign_byte":
         signs[signs == offset.SIGN_BYTE] = 0x40
     elif mutation == "exp_absent":
-        exps[zero] = offset.EXP_BIAS + 15
+        exps[zero] = 8
     else:
         lows[~zero] += 1
     monkeypatch.setitem(offset_engine._TABLES, "e4m3", (values, exps, lows, signs))

@@ -96,6 +96,58 @@ def test_broadcasts_and_bit_casts():
     assert np.array_equal(bits[1::2], np.repeat(words[:, None], 16, axis=1))
 
 
+@njit
+def _byte_results(x, y, out):
+    """All 64 bytes of max_i8 and add_saturated_i8, through the four quarters."""
+    for r in range(x.shape[0]):
+        a, b = simd.bytes_of_i32(simd.load_u32(x, r, 0)), simd.load_i8(y, r, 0)
+        m, s = simd.max_i8(a, b), simd.add_saturated_i8(a, b)
+        simd.store_f32(out, 8 * r + 0, 0, simd.f32_of_bits(simd.widen_i8(m, 0)))
+        simd.store_f32(out, 8 * r + 1, 0, simd.f32_of_bits(simd.widen_i8(m, 1)))
+        simd.store_f32(out, 8 * r + 2, 0, simd.f32_of_bits(simd.widen_i8(m, 2)))
+        simd.store_f32(out, 8 * r + 3, 0, simd.f32_of_bits(simd.widen_i8(m, 3)))
+        simd.store_f32(out, 8 * r + 4, 0, simd.f32_of_bits(simd.widen_i8(s, 0)))
+        simd.store_f32(out, 8 * r + 5, 0, simd.f32_of_bits(simd.widen_i8(s, 1)))
+        simd.store_f32(out, 8 * r + 6, 0, simd.f32_of_bits(simd.widen_i8(s, 2)))
+        simd.store_f32(out, 8 * r + 7, 0, simd.f32_of_bits(simd.widen_i8(s, 3)))
+
+
+def test_byte_operations_equal_their_twins():
+    """max_i8, add_saturated_i8 (saturation both ways: the byte exponent pass's absent sums), widen_i8 and
+    load_i8 / bytes_of_i32 on every byte of edge and random rows."""
+    x = word_rows(4)[:, :16].copy()
+    y = np.concatenate([word_rows(5)[1:], word_rows(5)[:1]])[:, :16].copy().view(np.int8)  # [rows, 64] bytes
+    xb = x.view(np.int8)
+    out = np.zeros((8 * x.shape[0], 16), np.float32)
+    _byte_results(x, y, out)
+    got = out.view(np.uint32).reshape(x.shape[0], 2, 64)
+    for r in range(x.shape[0]):
+        assert np.array_equal(got[r, 0], simd.max_i8_twin(xb[r], y[r]).astype(np.int32).view(np.uint32))
+        assert np.array_equal(got[r, 1], simd.add_saturated_i8_twin(xb[r], y[r]).astype(np.int32).view(np.uint32))
+        for q in range(4):
+            assert np.array_equal(got[r, 0, 16 * q:16 * (q + 1)], simd.widen_i8_twin(simd.max_i8_twin(xb[r], y[r]), q))
+    assert (simd.add_saturated_i8_twin(np.int8(100), np.int8(100)) == 127
+            and simd.add_saturated_i8_twin(np.int8(-100), np.int8(-100)) == -128)
+
+
+@njit
+def _broadcast_loads(values, words, out):
+    for r in range(values.shape[0]):
+        for c in range(values.shape[1]):
+            simd.store_f32(out, 2 * (r * values.shape[1] + c), 0, simd.broadcast_load_f32(values, r, c))
+            simd.store_f32(out, 2 * (r * values.shape[1] + c) + 1, 0,
+                           simd.f32_of_bits(simd.broadcast_load_i32(words, r, c)))
+
+
+def test_broadcast_loads():
+    words = np.array(EDGE_WORDS[:24], np.uint32).reshape(4, 6)
+    out = np.zeros((2 * words.size, 16), np.float32)
+    _broadcast_loads(words.view(np.float32), words, out)
+    bits = out.view(np.uint32)
+    assert np.array_equal(bits[0::2], np.repeat(words.reshape(-1, 1), 16, axis=1))
+    assert np.array_equal(bits[1::2], np.repeat(words.reshape(-1, 1), 16, axis=1))
+
+
 def float_rows(seed, rows=400):
     """[rows, 16] float32 triples' operands: +-0, subnormals, the normal extremes, values one ulp apart, and random
     values of every exponent; NaN and Inf left out (the twins' domain)."""

@@ -244,6 +244,25 @@ def offset_tables(fmt: str, method: str = ADD_MAX):
             np.where(finite & (values < 0), SIGN_BYTE, 0).astype(np.uint32))
 
 
+EXPONENT_BYTE_ABSENT = -100  # exponent byte of zero, NaN and Inf codes (the byte exponent pass, below)
+
+
+def exponent_bytes(fmt: str) -> np.ndarray:
+    """int8[256]: the alignment exponent ``ex`` of each code of a format (semantics.md (a); E4M3 -6 ... 8, E5M2
+    -14 ... 15), :data:`EXPONENT_BYTE_ABSENT` for zero, NaN and Inf codes: the operands of the *byte exponent
+    pass*, b.1 steps 1-2 on signed bytes with saturating sums (the CPU's offset engine, 64 outputs per
+    instruction). Why it gives E_prod: two real exponents sum to ``[-28, 30]``, inside int8; a sum with an absent
+    term is at most ``-100 + 15 = -85`` (or saturates at -128), so the maximum over a block is the largest real
+    exponent sum where the block has a product, and otherwise at most -85. The fp32 pattern ``(s + 127) * 2**23``
+    of such a maximum s is 2**s for a real sum, a positive number below 2**-84 (under the floor 2**e_floor, e_floor
+    >= lo >= -32, condition 2) for -85 ... -100 and, for -128, 0xFF800000 (-Inf): the fp32 maximum of
+    :func:`offset_start` passes over both, as over condition 9's patterns of absent sums."""
+    exps = np.array(formats.exponents(fmt), np.int64)
+    values = np.array(formats.values(fmt), np.float64)
+    finite = np.isfinite(values) & (values != 0)
+    return np.where(finite, exps, EXPONENT_BYTE_ABSENT).astype(np.int8)
+
+
 @arithmetic
 def code_at(codes, row, k):
     """The code at (row, k), or the zero code past the rows or past K."""

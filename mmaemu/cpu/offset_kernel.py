@@ -2,51 +2,103 @@
 registers each on AVX2, whose FMA rounds toward zero by MXCSR inside the chains' toward-zero regions).
 
 The arithmetic is that of the ``cuda:offset`` kernel, with the constants of :func:`mmaemu.arith.offset.offset_params`
-and the operand tables of :func:`mmaemu.arith.offset.offset_tables` (add-max exponents); the proofs of
-:mod:`mmaemu.arith.offset` (conditions 1-9) hold unchanged, lane by lane. What differs is only how the lanes are
-laid out:
+and the operand tables of :func:`mmaemu.arith.offset.offset_tables`; the proofs of :mod:`mmaemu.arith.offset`
+(conditions 1-8) hold unchanged, lane by lane. What differs is how the lanes are laid out and two steps that
+vectors do more cheaply:
 
-* a *tile* is :data:`ROWS` rows of A times one *panel* of :data:`PANEL` columns of B (:data:`VECTORS` vectors of 16
-  lanes), its state in registers: per output the offset sum S, the threshold word and the count;
+* a *tile* is :data:`ROWS` = 4 rows of A times one *panel* of :data:`PANEL` = 64 columns of B. Its block step runs
+  the exponent pass over the whole panel, then the products over two *sub-tiles* of 4 rows x :data:`VECTORS` = 2
+  vectors of 16 lanes, whose state (per output the offset sum S, the threshold word T and the count) is 24 of the
+  32 zmm registers; the other 8 hold the sub-tile's B words and the operands of the moment, so nothing spills in
+  the product loop. Each B vector loaded serves 4 rows, each broadcast A value 2 vectors;
+* the *byte exponent pass* (:func:`mmaemu.arith.offset.exponent_bytes`, its proof there): exponents as signed
+  bytes, one saturating add and one signed maximum per k for 64 outputs (the add-max pass of the GPU needs one
+  add and one 16-bit maximum per two k for 16 outputs); A's exponent byte is stored four times in a word, so that
+  it is broadcast by a plain load;
 * the count of condition 7 is kept as four byte counters per output (the flags' bit 7 shifted to bit 0 of its own
   byte, one add per 4-k group) and summed at the block end: ``n`` itself, where the GPU's ``dp4a`` sums ``128 * n``.
   Each byte counts at most nfma / 4 products, and their sum n <= nfma < 256 leaves the byte sum by one multiply
-  (``n * 0x01010101 >> 24``) exact; :func:`offset_engine_decline` checks nfma;
-* the exponent words (two k per word, :func:`~mmaemu.arith.offset.exponent_word`) are summed by a 32-bit add, which
-  is :func:`~mmaemu.arith.packed.add_u16x2` here because no half-sum carries (condition 6), and maximised by
-  ``vpmaxuw``, :func:`~mmaemu.arith.packed.max_u16x2` per lane;
+  (``n * 0x01010101 >> 24``) exact; :func:`mmaemu.cpu.features.offset_call_decline` checks nfma;
 * a block past K (zero padding of a split tile) runs :func:`mmaemu.arith.offset.offset_empty_block` itself, and each
   chain ends with :func:`~mmaemu.arith.offset.offset_chain_value`; the schedule is walked with the functions of
   ``accumulate_one`` (``combine_step``, ``split_chains``, ``chain_tiles_of``, ``chain_range``).
 
-Operand layout (k-major, K padded with zero codes to ``Kp``, a multiple of K_PASS = 16): B's panel p is
-``b_val[p][k, j]`` (fp32), ``b_exp[p][k // 2, j]`` (exponent word of k and k + 1), ``b_low[p][k // 4, j]`` and
-``b_sign[p][k // 4, j]`` (low-byte and sign-byte words of four k); A's rows of a task the same with the row as the
-column. Both are packed by :func:`~mmaemu.arith.offset.offset_pack`.
+Why the block step is written here on vectors rather than once for scalars and vectors: the GPU's step works on
+a tile of scalars in arrays (:func:`mmaemu.arith.offset.offset_block`), whose add-max exponent words, dp4a count
+and per-thread tile are what a GPU thread does cheaply; compiled on vectors the same source reads and writes
+every output's state through memory and gives up the byte pass and the byte counters, which here are most of the
+speed (docs/performance.md). The steps shared are the constants, the tables, the start's formula and the proofs.
+
+Operand layout (:class:`Operand`; K padded with zero codes to ``Kp``, a multiple of K_PASS = 16). B's panel:
+``val[k, j]`` fp32, ``exp[k, j]`` exponent byte (int8), ``low[k // 4, j]`` and ``sign[k // 4, j]`` the low-byte
+and sign-byte words of four k (:func:`~mmaemu.arith.offset.offset_pack`'s words), j < 64. A's rows (rows padded to
+a multiple of ROWS): ``val[m, k]``, ``exp[m, k]`` (the exponent byte times 0x01010101, uint32), ``low[m, k // 4]``,
+``sign[m, k // 4]``.
 """
+
+from typing import NamedTuple
 
 import numpy as np
 
 from .._jit import arithmetic
 from ..arith.chain import chain_range, chain_range_count
-from ..arith.fp32 import FP32_FRACTION_BITS
-from ..arith.offset import EXPONENT_FIELD, K_PASS, block_range, offset_chain_value, offset_empty_block, offset_pack
+from ..arith.fp32 import FP32_EXPONENT_BIAS, FP32_FRACTION_BITS
+from ..arith.offset import EXPONENT_FIELD, K_PASS, block_range, offset_chain_value, offset_empty_block
 from ..arith.packed import BYTE_ONES
 from ..arith.schedule import chain_tiles_of, combine, combine_step, split_chains
-from .simd import (add_f32, add_i32, and_i32, andnot_i32, bits_of_f32, broadcast_f32, broadcast_i32,
-                   enter_toward_zero, f32_of_bits, fma_toward_zero_f32, leave_toward_zero, load_f32, load_u32,
-                   lshr_i32, max_f32, max_i32, max_u16x2_i32, min_i32, mul_i32, or_i32, rotate16_i32, shl_i32,
-                   store_f32, sub_f32, sub_i32, xor_i32)
+from .simd import (add_f32, add_i32, add_saturated_i8, and_i32, andnot_i32, bits_of_f32, broadcast_f32,
+                   broadcast_i32, broadcast_load_f32, broadcast_load_i32, bytes_of_i32, enter_toward_zero,
+                   f32_of_bits, fma_toward_zero_f32, leave_toward_zero, load_f32, load_i8, load_u32, lshr_i32,
+                   max_f32, max_i8, max_i32, min_i32, mul_i32, or_i32, shl_i32, store_f32, sub_f32, sub_i32,
+                   widen_i8, xor_i32)
 
-ROWS = 2  # rows of A per tile: each B vector loaded once serves both
-VECTORS = 4  # 16-lane vectors per row of a tile
-PANEL = 16 * VECTORS  # columns of B per panel
-SIGN_BIT = -0x80000000
-MAGNITUDE = 0x7FFFFFFF
-# The bit masks of the block step (int32 values, passed at run time like the offset constants, so that a test can
-# alter each without recompiling): the byte sum's multiplier, fp32's sign bit, its magnitude, its sign and
-# exponent field.
-MASKS = (BYTE_ONES, SIGN_BIT, MAGNITUDE, EXPONENT_FIELD - 2**32)
+ROWS = 4  # rows of A per tile: each B vector loaded serves all of them
+VECTORS = 2  # 16-lane vectors per row of a sub-tile
+PANEL = 64  # columns of B per panel: one vector of exponent bytes
+SUBTILE = 16 * VECTORS  # columns of a sub-tile
+BYTES_LOWEST = -0x7F7F7F80  # 0x80808080: -128 in every byte, the exponent pass's start
+
+
+class Operand(NamedTuple):
+    """A packed operand (module docstring): fp32 values, exponent bytes (B: int8; A: uint32 words of four copies),
+    low-byte and sign-byte words (uint32)."""
+
+    val: np.ndarray
+    exp: np.ndarray
+    low: np.ndarray
+    sign: np.ndarray
+
+
+class BitMasks(NamedTuple):
+    """The bit masks of the block step (int32 values, passed at run time like the offset constants, so that a test
+    can alter each without recompiling)."""
+
+    byte_sum: int  # the byte counters' multiplier (0x01010101)
+    sign_bit: int  # fp32's sign bit
+    magnitude: int  # fp32's magnitude bits
+    exponent_field: int  # fp32's sign and exponent field
+    exponent_bias: int  # the byte pass's pattern bias: (s + 127) * 2**23 is the pattern of 2**s
+
+
+MASKS = BitMasks(BYTE_ONES, -0x80000000, 0x7FFFFFFF, EXPONENT_FIELD - 2**32, FP32_EXPONENT_BIAS << FP32_FRACTION_BITS)
+
+
+class BlockVectors(NamedTuple):
+    """The vectors the block step reads (:func:`block_vectors`): the offset constants and the masks in every lane."""
+
+    exponent_bias: object
+    floor: object
+    m_add: object
+    tau_add: object
+    tau_max: object
+    top4: object
+    byte_sum: object
+    sign_bit: object
+    magnitude: object
+    one: object  # fp32 1.0
+    zero: object
+    exponent_field: object
+    mantissa: object
 
 
 def padded_k(K: int) -> int:
@@ -54,190 +106,241 @@ def padded_k(K: int) -> int:
     return max(K_PASS, -(-K // K_PASS) * K_PASS)
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Packing (the tables: values float32, exponent bytes int8, low bytes uint32, sign bytes uint32, per code)
+
+
 @arithmetic
-def pack_columns(codes, row0, c0, c1, tables, val, exp, low, sign):
-    """Rows ``row0 + c`` of ``codes`` (zero codes past its rows or past K) into columns c in [c0, c1) of the k-major
-    arrays, in the words of :func:`~mmaemu.arith.offset.offset_pack` (add-max), 4 k at a time for every column so
-    that the stores of one group are adjacent. Groups inside the codes are read directly (the same table entries
-    offset_pack reads); the ragged edge goes through offset_pack itself, which supplies the zero codes
-    (``tests/test_offset_engine.py`` compares the whole layout with offset_pack's)."""
+def pack_panel(codes, row0, tables, panel, scratch):
+    """Rows row0 ... row0 + 63 of ``codes`` [N, K] (zero codes past N and K) into ``panel`` (:class:`Operand`,
+    B's layout), through ``scratch`` (uint8 [Kp, PANEL]): the codes transposed k-major in blocks of 64 k (a row's
+    reads and a k's writes stay in the cache), then each k's 64 contiguous lanes decoded by table."""
     values, exps, lows, signs = tables
     N, K = codes.shape
-    whole = K // 4  # groups with all four k inside K
-    for g in range(low.shape[0]):
-        k = 4 * g
-        for c in range(c0, c1):
-            row = row0 + c
-            if row < N and g < whole:
-                x0, x1, x2, x3 = codes[row, k], codes[row, k + 1], codes[row, k + 2], codes[row, k + 3]
-                v0, v1, v2, v3 = values[x0], values[x1], values[x2], values[x3]
-                e01 = np.uint32(exps[x0] | (exps[x1] << np.uint32(16)))
-                e23 = np.uint32(exps[x2] | (exps[x3] << np.uint32(16)))
-                lw = np.uint32(lows[x0] | (lows[x1] << np.uint32(8)) | (lows[x2] << np.uint32(16))
-                               | (lows[x3] << np.uint32(24)))
-                sg = np.uint32(signs[x0] | (signs[x1] << np.uint32(8)) | (signs[x2] << np.uint32(16))
-                               | (signs[x3] << np.uint32(24)))
+    kp = panel.val.shape[0]
+    for kb in range(0, kp, 64):
+        ke = min(kb + 64, kp)
+        inside = max(kb, min(ke, K))
+        for j in range(PANEL):
+            row = row0 + j
+            if row < N:
+                for k in range(kb, inside):
+                    scratch[k, j] = codes[row, k]
+                for k in range(inside, ke):
+                    scratch[k, j] = np.uint8(0)
             else:
-                v0, v1, v2, v3, e01, e23, lw, sg = offset_pack(codes, row, g, tables, 0, False)
-            val[k, c] = v0
-            val[k + 1, c] = v1
-            val[k + 2, c] = v2
-            val[k + 3, c] = v3
-            exp[2 * g, c] = e01
-            exp[2 * g + 1, c] = e23
-            low[g, c] = lw
-            sign[g, c] = sg
+                for k in range(kb, ke):
+                    scratch[k, j] = np.uint8(0)
+    for g in range(kp // 4):
+        k = 4 * g
+        for j in range(PANEL):
+            c0, c1, c2, c3 = scratch[k, j], scratch[k + 1, j], scratch[k + 2, j], scratch[k + 3, j]
+            panel.val[k, j] = values[c0]
+            panel.val[k + 1, j] = values[c1]
+            panel.val[k + 2, j] = values[c2]
+            panel.val[k + 3, j] = values[c3]
+            panel.exp[k, j] = exps[c0]
+            panel.exp[k + 1, j] = exps[c1]
+            panel.exp[k + 2, j] = exps[c2]
+            panel.exp[k + 3, j] = exps[c3]
+            panel.low[g, j] = np.uint32(lows[c0] | (lows[c1] << np.uint32(8)) | (lows[c2] << np.uint32(16))
+                                        | (lows[c3] << np.uint32(24)))
+            panel.sign[g, j] = np.uint32(signs[c0] | (signs[c1] << np.uint32(8)) | (signs[c2] << np.uint32(16))
+                                         | (signs[c3] << np.uint32(24)))
 
 
 @arithmetic
-def pack_panels(lo, hi, codes, tables, val, exp, low, sign):
-    """Panels lo .. hi-1 of B (rows ``p * PANEL ...`` of ``codes``) into ``val[p]``, ``exp[p]``, ``low[p]``,
-    ``sign[p]``."""
+def pack_panels(lo, hi, codes, tables, prepared, scratch):
+    """Panels lo ... hi - 1 of B (rows ``p * PANEL ...`` of ``codes``) into ``prepared`` (:class:`Operand` of arrays
+    with a leading panel axis); ``scratch``: uint8 [Kp, PANEL]."""
     for p in range(lo, hi):
-        pack_columns(codes, p * PANEL, 0, PANEL, tables, val[p], exp[p], low[p], sign[p])
+        pack_panel(codes, p * PANEL, tables, panel_of(prepared, p), scratch)
 
 
 @arithmetic
-def pack_row_blocks(lo, hi, codes, tables, val, exp, low, sign):
-    """Blocks lo .. hi-1 of PANEL rows of A into the same columns of the k-major arrays (columns past A's rows:
+def pack_panels_task(lo, hi, codes, tables, prepared):
+    """:func:`pack_panels` with its own scratch (one task of the threads)."""
+    pack_panels(lo, hi, codes, tables, prepared, np.empty((prepared.val.shape[1], PANEL), np.uint8))
+
+
+@arithmetic
+def panel_of(prepared, p):
+    """Panel p of a prepared B."""
+    return Operand(prepared.val[p], prepared.exp[p], prepared.low[p], prepared.sign[p])
+
+
+@arithmetic
+def pack_rows(lo, hi, codes, tables, rows):
+    """Rows lo ... hi - 1 of A's packed arrays ``rows`` (:class:`Operand`, A's layout; rows and k past ``codes``:
     zero codes)."""
-    for block in range(lo, hi):
-        pack_columns(codes, 0, block * PANEL, min((block + 1) * PANEL, val.shape[1]), tables, val, exp, low, sign)
+    values, exps, lows, signs = tables
+    M, K = codes.shape
+    u = np.uint32
+    for m in range(lo, hi):
+        for g in range(rows.low.shape[1]):
+            low, sign = u(0), u(0)
+            for i in range(4):
+                k = 4 * g + i
+                c = codes[m, k] if (m < M and k < K) else np.uint8(0)
+                rows.val[m, k] = values[c]
+                rows.exp[m, k] = u(u(np.uint8(exps[c])) * u(BYTE_ONES))
+                low |= u(lows[c] << u(8 * i))
+                sign |= u(signs[c] << u(8 * i))
+            rows.low[m, g] = low
+            rows.sign[m, g] = sign
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# One row of a tile: VECTORS vectors of outputs (tuples of vectors stay in registers)
+# The block step of a tile
 
 
 @arithmetic
-def row_exponent_sums(a_exp, w, r, b_exp):
-    """Exponent word w of row r of A plus that of every column (two exponent sums per lane)."""
-    a = broadcast_i32(a_exp[w, r])
-    return (add_i32(a, load_u32(b_exp, w, 0)), add_i32(a, load_u32(b_exp, w, 16)),
-            add_i32(a, load_u32(b_exp, w, 32)), add_i32(a, load_u32(b_exp, w, 48)))
+def block_vectors(constants, masks):
+    """:class:`BlockVectors` of :class:`~mmaemu.arith.offset.OffsetConstants` and :class:`BitMasks`."""
+    i32 = np.int32
+    return BlockVectors(broadcast_i32(i32(masks.exponent_bias)), broadcast_i32(i32(constants.floor_bits)),
+                        broadcast_i32(i32(constants.m_add)), broadcast_i32(i32(constants.tau_add)),
+                        broadcast_i32(i32(constants.tau_max)), broadcast_i32(i32(constants.top4)),
+                        broadcast_i32(i32(masks.byte_sum)), broadcast_i32(i32(masks.sign_bit)),
+                        broadcast_i32(i32(masks.magnitude)), broadcast_f32(np.float32(1.0)), broadcast_i32(i32(0)),
+                        broadcast_i32(i32(masks.exponent_field)), broadcast_i32(i32(constants.mantissa)))
 
 
 @arithmetic
-def row_exponent_max(e, x):
-    """The per-half maxima of two tuples of exponent words."""
-    return (max_u16x2_i32(e[0], x[0]), max_u16x2_i32(e[1], x[1]), max_u16x2_i32(e[2], x[2]),
-            max_u16x2_i32(e[3], x[3]))
+def exponent_maxima(a_exp, r0, b_exp, k0, k1):
+    """b.1 steps 1-2 by the byte exponent pass for rows r0 ... r0 + 3 and the panel's 64 columns: per row the
+    byte-wise maxima over k in [k0, k1) of A's exponent byte plus B's (saturating)."""
+    lowest = bytes_of_i32(broadcast_i32(np.int32(BYTES_LOWEST)))
+    e0 = e1 = e2 = e3 = lowest
+    for k in range(k0, k1):
+        b = load_i8(b_exp, k, 0)
+        e0 = max_i8(e0, add_saturated_i8(bytes_of_i32(broadcast_load_i32(a_exp, r0, k)), b))
+        e1 = max_i8(e1, add_saturated_i8(bytes_of_i32(broadcast_load_i32(a_exp, r0 + 1, k)), b))
+        e2 = max_i8(e2, add_saturated_i8(bytes_of_i32(broadcast_load_i32(a_exp, r0 + 2, k)), b))
+        e3 = max_i8(e3, add_saturated_i8(bytes_of_i32(broadcast_load_i32(a_exp, r0 + 3, k)), b))
+    return e0, e1, e2, e3
 
 
 @arithmetic
-def vector_start(e, c, vectors):
-    """:func:`mmaemu.arith.offset.offset_start` on one vector, E_prod from its exponent maxima (as
-    :func:`~mmaemu.arith.offset.offset_block_start`): the offset sum and the threshold word."""
-    p_shift, floor, m_add, tau_add, tau_max, top4, ones, sign_bit, magnitude, one, zero, exp_field, mantissa = \
-        vectors
-    largest = max_u16x2_i32(e, rotate16_i32(e, 16))
-    product_bits = add_i32(shl_i32(largest, FP32_FRACTION_BITS), p_shift)
+def vector_start(e, c, v):
+    """:func:`mmaemu.arith.offset.offset_start` on one vector, E_prod from its byte pass maximum ``e`` (int32
+    lanes; :func:`mmaemu.arith.offset.exponent_bytes`): the offset sum and the threshold word."""
+    product_bits = add_i32(shl_i32(e, FP32_FRACTION_BITS), v.exponent_bias)
     c_bits = bits_of_f32(c)
-    top = bits_of_f32(max_f32(max_f32(f32_of_bits(product_bits), f32_of_bits(floor)),
-                              f32_of_bits(and_i32(c_bits, magnitude))))
+    top = bits_of_f32(max_f32(max_f32(f32_of_bits(product_bits), f32_of_bits(v.floor)),
+                              f32_of_bits(and_i32(c_bits, v.magnitude))))
     e_field = lshr_i32(top, FP32_FRACTION_BITS)  # top is a positive pattern
-    m_bits = add_i32(shl_i32(e_field, FP32_FRACTION_BITS), m_add)
-    signed_m = f32_of_bits(or_i32(m_bits, and_i32(c_bits, sign_bit)))
-    acc = add_f32(f32_of_bits(m_bits), sub_f32(fma_toward_zero_f32(c, one, signed_m), signed_m))
-    shift = min_i32(max_i32(add_i32(e_field, tau_add), zero), tau_max)
-    return acc, sub_i32(top4, mul_i32(shift, ones))
+    m_bits = add_i32(shl_i32(e_field, FP32_FRACTION_BITS), v.m_add)
+    signed_m = f32_of_bits(or_i32(m_bits, and_i32(c_bits, v.sign_bit)))
+    acc = add_f32(f32_of_bits(m_bits), sub_f32(fma_toward_zero_f32(c, v.one, signed_m), signed_m))
+    shift = min_i32(max_i32(add_i32(e_field, v.tau_add), v.zero), v.tau_max)
+    return acc, sub_i32(v.top4, mul_i32(shift, v.byte_sum))
 
 
 @arithmetic
-def row_start(e, c_val, r, vectors):
-    """:func:`vector_start` for the VECTORS vectors of row r (c from ``c_val[r]``), counts at 0."""
-    s0, t0 = vector_start(e[0], load_f32(c_val, r, 0), vectors)
-    s1, t1 = vector_start(e[1], load_f32(c_val, r, 16), vectors)
-    s2, t2 = vector_start(e[2], load_f32(c_val, r, 32), vectors)
-    s3, t3 = vector_start(e[3], load_f32(c_val, r, 48), vectors)
-    zero = vectors[10]
-    return (s0, s1, s2, s3), (t0, t1, t2, t3), (zero, zero, zero, zero)
-
-
-@arithmetic
-def vector_group(a, low_a, sign_a, b_val, b_low, b_sign, k, g, column, s, t, n):
-    """Four k of one vector (:func:`~mmaemu.arith.offset.offset_group`): four fused multiply-adds rounding toward
-    zero and the byte counters of the products floored one unit too far."""
-    s = fma_toward_zero_f32(a[0], load_f32(b_val, k, column), s)
-    s = fma_toward_zero_f32(a[1], load_f32(b_val, k + 1, column), s)
-    s = fma_toward_zero_f32(a[2], load_f32(b_val, k + 2, column), s)
-    s = fma_toward_zero_f32(a[3], load_f32(b_val, k + 3, column), s)
-    exact = add_i32(add_i32(low_a, load_u32(b_low, g, column)), t)
-    flags = andnot_i32(exact, xor_i32(sign_a, load_u32(b_sign, g, column)))
-    return s, add_i32(n, lshr_i32(flags, 7))
-
-
-@arithmetic
-def row_group(a_val, a_low, a_sign, r, b_val, b_low, b_sign, g, s, t, n):
-    """Four k (group g) of row r against every vector of the panel."""
-    k = 4 * g
-    a = (broadcast_f32(a_val[k, r]), broadcast_f32(a_val[k + 1, r]), broadcast_f32(a_val[k + 2, r]),
-         broadcast_f32(a_val[k + 3, r]))
-    low_a, sign_a = broadcast_i32(a_low[g, r]), broadcast_i32(a_sign[g, r])
-    s0, n0 = vector_group(a, low_a, sign_a, b_val, b_low, b_sign, k, g, 0, s[0], t[0], n[0])
-    s1, n1 = vector_group(a, low_a, sign_a, b_val, b_low, b_sign, k, g, 16, s[1], t[1], n[1])
-    s2, n2 = vector_group(a, low_a, sign_a, b_val, b_low, b_sign, k, g, 32, s[2], t[2], n[2])
-    s3, n3 = vector_group(a, low_a, sign_a, b_val, b_low, b_sign, k, g, 48, s[3], t[3], n[3])
-    return (s0, s1, s2, s3), (n0, n1, n2, n3)
-
-
-@arithmetic
-def vector_end(s, n, vectors):
+def vector_end(s, n, v):
     """:func:`~mmaemu.arith.offset.offset_block_end` on one vector: the count n (the byte counters' sum) added to
     S's pattern, M rebuilt from S's exponent, ``S - M``."""
-    ones, exp_field, mantissa = vectors[6], vectors[11], vectors[12]
-    count = lshr_i32(mul_i32(n, ones), 24)
+    count = lshr_i32(mul_i32(n, v.byte_sum), 24)
     bits = add_i32(bits_of_f32(s), count)
-    m = f32_of_bits(or_i32(and_i32(bits, exp_field), mantissa))
+    m = f32_of_bits(or_i32(and_i32(bits, v.exponent_field), v.mantissa))
     return sub_f32(f32_of_bits(bits), m)
 
 
 @arithmetic
-def row_end(s, n, c_val, r, vectors):
-    """:func:`vector_end` for the vectors of row r, into ``c_val[r]``."""
-    store_f32(c_val, r, 0, vector_end(s[0], n[0], vectors))
-    store_f32(c_val, r, 16, vector_end(s[1], n[1], vectors))
-    store_f32(c_val, r, 32, vector_end(s[2], n[2], vectors))
-    store_f32(c_val, r, 48, vector_end(s[3], n[3], vectors))
+def row_start(e, c_val, r, column, v):
+    """:func:`vector_start` for the two vectors of row r of a sub-tile (``e``: their exponent maxima)."""
+    s0, t0 = vector_start(e[0], load_f32(c_val, r, column), v)
+    s1, t1 = vector_start(e[1], load_f32(c_val, r, column + 16), v)
+    return (s0, s1), (t0, t1)
 
 
 @arithmetic
-def vector_constants(constants, masks):
-    """The vectors the block step reads: :class:`~mmaemu.arith.offset.OffsetConstants` and the bit masks, in the
-    order :func:`vector_start` unpacks them (``masks``: :data:`MASKS`)."""
-    i32 = np.int32
-    return (broadcast_i32(i32(constants.p_add)), broadcast_i32(i32(constants.floor_bits)),
-            broadcast_i32(i32(constants.m_add)), broadcast_i32(i32(constants.tau_add)),
-            broadcast_i32(i32(constants.tau_max)), broadcast_i32(i32(constants.top4)), broadcast_i32(i32(masks[0])),
-            broadcast_i32(i32(masks[1])), broadcast_i32(i32(masks[2])), broadcast_f32(np.float32(1.0)),
-            broadcast_i32(i32(0)), broadcast_i32(i32(masks[3])), broadcast_i32(i32(constants.mantissa)))
+def row_end(s, n, c_val, r, column, v):
+    """:func:`vector_end` for the two vectors of row r of a sub-tile, into ``c_val[r]``."""
+    store_f32(c_val, r, column, vector_end(s[0], n[0], v))
+    store_f32(c_val, r, column + 16, vector_end(s[1], n[1], v))
 
 
 @arithmetic
-def tile_block(a, r0, b, kb, ke, vectors, c_val):
-    """One early-accumulator block step (b.1, truncation deferred) over k in [kb, ke) for rows r0, r0 + 1 of the
-    task's A and the panel ``b``; updates ``c_val`` [ROWS, PANEL]. kb is a multiple of K_PASS and the packed operands
-    hold zero codes from ke up to the next multiple of K_PASS (:func:`~mmaemu.arith.offset.block_range`)."""
-    a_val, a_exp, a_low, a_sign = a
-    b_val, b_exp, b_low, b_sign = b
+def row_products(a_val, row, k, b0, b1, s):
+    """One k of a row of a sub-tile: ``a[row, k] * b + S`` rounded toward zero, both vectors."""
+    a = broadcast_load_f32(a_val, row, k)
+    return fma_toward_zero_f32(a, b0, s[0]), fma_toward_zero_f32(a, b1, s[1])
+
+
+@arithmetic
+def row_count(a, row, g, low0, low1, sign0, sign1, t, n):
+    """The byte counters of one 4-k group of a row (:func:`~mmaemu.arith.offset.offset_group`'s flags): bit 7 of
+    ``~(low_a + low_b + T) & (sign_a ^ sign_b)``, shifted to bit 0 of its byte."""
+    low_a, sign_a = broadcast_load_i32(a.low, row, g), broadcast_load_i32(a.sign, row, g)
+    flags0 = andnot_i32(add_i32(add_i32(low0, low_a), t[0]), xor_i32(sign0, sign_a))
+    flags1 = andnot_i32(add_i32(add_i32(low1, low_a), t[1]), xor_i32(sign1, sign_a))
+    return add_i32(n[0], lshr_i32(flags0, 7)), add_i32(n[1], lshr_i32(flags1, 7))
+
+
+@arithmetic
+def subtile_group(a, r0, b, column, g, s, t, n):
+    """Four k (group g) of the sub-tile: 32 fused multiply-adds rounding toward zero (each B vector loaded once
+    for the four rows) and the byte counters."""
+    s0, s1, s2, s3 = s
+    k = 4 * g
+    low0, low1 = load_u32(b.low, g, column), load_u32(b.low, g, column + 16)
+    sign0, sign1 = load_u32(b.sign, g, column), load_u32(b.sign, g, column + 16)
+    for i in range(4):
+        b0, b1 = load_f32(b.val, k + i, column), load_f32(b.val, k + i, column + 16)
+        s0 = row_products(a.val, r0, k + i, b0, b1, s0)
+        s1 = row_products(a.val, r0 + 1, k + i, b0, b1, s1)
+        s2 = row_products(a.val, r0 + 2, k + i, b0, b1, s2)
+        s3 = row_products(a.val, r0 + 3, k + i, b0, b1, s3)
+    n0 = row_count(a, r0, g, low0, low1, sign0, sign1, t[0], n[0])
+    n1 = row_count(a, r0 + 1, g, low0, low1, sign0, sign1, t[1], n[1])
+    n2 = row_count(a, r0 + 2, g, low0, low1, sign0, sign1, t[2], n[2])
+    n3 = row_count(a, r0 + 3, g, low0, low1, sign0, sign1, t[3], n[3])
+    return (s0, s1, s2, s3), (n0, n1, n2, n3)
+
+
+@arithmetic
+def subtile_block(a, r0, b, column, g0, g1, e, v, c_val):
+    """The block step's start, products (groups g0 ... g1 - 1) and end for the sub-tile of columns ``column ...
+    column + 31`` (``e``: per row the pair of exponent maxima of its vectors); ``c_val`` [ROWS, PANEL] in place."""
+    s0, t0 = row_start(e[0], c_val, 0, column, v)
+    s1, t1 = row_start(e[1], c_val, 1, column, v)
+    s2, t2 = row_start(e[2], c_val, 2, column, v)
+    s3, t3 = row_start(e[3], c_val, 3, column, v)
+    s, t = (s0, s1, s2, s3), (t0, t1, t2, t3)
+    zeros = (v.zero, v.zero)
+    n = (zeros, zeros, zeros, zeros)
+    for g in range(g0, g1):
+        s, n = subtile_group(a, r0, b, column, g, s, t, n)
+    row_end(s[0], n[0], c_val, 0, column, v)
+    row_end(s[1], n[1], c_val, 1, column, v)
+    row_end(s[2], n[2], c_val, 2, column, v)
+    row_end(s[3], n[3], c_val, 3, column, v)
+
+
+@arithmetic
+def tile_block(a, r0, b, kb, ke, v, c_val):
+    """One early-accumulator block step (b.1, truncation deferred) over k in [kb, ke) for rows r0 ... r0 + 3 of
+    A and the panel ``b``; updates ``c_val`` [ROWS, PANEL]. kb is a multiple of K_PASS and the packed operands hold
+    zero codes from ke up to the next multiple of K_PASS (:func:`~mmaemu.arith.offset.block_range`)."""
     first, end = block_range(kb, ke)
-    w0, w1 = first >> np.uint32(1), end >> np.uint32(1)
-    e0 = row_exponent_sums(a_exp, w0, r0, b_exp)
-    e1 = row_exponent_sums(a_exp, w0, r0 + 1, b_exp)
-    for w in range(w0 + 1, w1):
-        e0 = row_exponent_max(e0, row_exponent_sums(a_exp, w, r0, b_exp))
-        e1 = row_exponent_max(e1, row_exponent_sums(a_exp, w, r0 + 1, b_exp))
-    s0, t0, n0 = row_start(e0, c_val, 0, vectors)
-    s1, t1, n1 = row_start(e1, c_val, 1, vectors)
-    for g in range(first >> np.uint32(2), end >> np.uint32(2)):
-        s0, n0 = row_group(a_val, a_low, a_sign, r0, b_val, b_low, b_sign, g, s0, t0, n0)
-        s1, n1 = row_group(a_val, a_low, a_sign, r0 + 1, b_val, b_low, b_sign, g, s1, t1, n1)
-    row_end(s0, n0, c_val, 0, vectors)
-    row_end(s1, n1, c_val, 1, vectors)
+    e0, e1, e2, e3 = exponent_maxima(a.exp, r0, b.exp, first, end)
+    g0, g1 = first >> np.uint32(2), end >> np.uint32(2)
+    subtile_block(a, r0, b, 0, g0, g1, ((widen_i8(e0, 0), widen_i8(e0, 1)), (widen_i8(e1, 0), widen_i8(e1, 1)),
+                                        (widen_i8(e2, 0), widen_i8(e2, 1)), (widen_i8(e3, 0), widen_i8(e3, 1))),
+                  v, c_val)
+    subtile_block(a, r0, b, SUBTILE, g0, g1, ((widen_i8(e0, 2), widen_i8(e0, 3)), (widen_i8(e1, 2), widen_i8(e1, 3)),
+                                              (widen_i8(e2, 2), widen_i8(e2, 3)), (widen_i8(e3, 2), widen_i8(e3, 3))),
+                  v, c_val)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Chains, splits and the loops over tiles
 
 
 @arithmetic
-def tile_chain(a, r0, b, K, first, stride, count, schedule, constants, vectors, c_val, work):
+def tile_chain(a, r0, b, K, first, stride, count, schedule, constants, v, c_val, work):
     """One chain from +0 over ``count`` k-tiles (``chain_range``); ``c_val`` ends with its deferred accumulator.
     Blocks start every nfma k from each range's start; those past K run on the accumulator alone. The block steps
     run in a toward-zero region (:func:`mmaemu.cpu.simd.enter_toward_zero`: MXCSR on AVX2, nothing on AVX-512),
@@ -252,7 +355,7 @@ def tile_chain(a, r0, b, K, first, stride, count, schedule, constants, vectors, 
         k0, k1 = chain_range(K, first, stride, count, schedule.tile, schedule.padded, i)
         for kb in range(k0, k1, nfma):
             if kb < K:
-                tile_block(a, r0, b, np.uint32(kb), np.uint32(min(kb + nfma, k1, K)), vectors, c_val)
+                tile_block(a, r0, b, np.uint32(kb), np.uint32(min(kb + nfma, k1, K)), v, c_val)
             else:
                 leave_toward_zero(saved)
                 offset_empty_block(constants, c_val, work)
@@ -261,7 +364,7 @@ def tile_chain(a, r0, b, K, first, stride, count, schedule, constants, vectors, 
 
 
 @arithmetic
-def tile_accumulate(a, r0, b, K, schedule, constants, vectors, work, sums):
+def tile_accumulate(a, r0, b, K, schedule, constants, v, work, sums):
     """:func:`mmaemu.arith.schedule.accumulate_one` for the tile: ``acc[r, j]`` (of ``sums`` = (c_val, partial,
     acc, slot), float32 [ROWS, PANEL]) = the fp32 accumulator of output (r0 + r, j)."""
     c_val, partial, acc, slot = sums
@@ -277,7 +380,7 @@ def tile_accumulate(a, r0, b, K, schedule, constants, vectors, work, sums):
                 partial[r, j] = np.float32(0.0)
         for c in range(split_chains(K, s, schedule)):
             first, stride, n = chain_tiles_of(K, s, c, schedule)
-            tile_chain(a, r0, b, K, first, stride, n, schedule, constants, vectors, c_val, work)
+            tile_chain(a, r0, b, K, first, stride, n, schedule, constants, v, c_val, work)
             for r in range(ROWS):
                 for j in range(PANEL):
                     partial[r, j] = np.float32(partial[r, j] + offset_chain_value(c_val[r, j], frac_out))
@@ -289,11 +392,11 @@ def tile_accumulate(a, r0, b, K, schedule, constants, vectors, work, sums):
 @arithmetic
 def offset_panel_rows(m_lo, m_hi, a, b, n0, K, schedule, constants, masks, out):
     """out[m, n0:n0+PANEL] = fp32 accumulators of rows m_lo .. m_hi-1 of A and one packed panel of B (finite
-    codes), bit-identical to ``accumulate_codes(..., reference=True)``. ``a``: A packed (:func:`pack_row_blocks`,
-    a column per row, an even number of columns), ``b``: the panel's four arrays, both (val, exp, low, sign);
-    m_lo even. ``constants``: the :class:`~mmaemu.arith.offset.OffsetConstants` of the call (add-max);
-    ``schedule`` as ``accumulate_one`` takes it (:class:`~mmaemu.arith.params.Schedule`); ``masks``: :data:`MASKS`."""
-    vectors = vector_constants(constants, masks)
+    codes), bit-identical to ``accumulate_codes(..., reference=True)``. ``a``: A packed (:func:`pack_rows`, rows
+    padded to a multiple of ROWS), ``b``: the panel (:class:`Operand`); m_lo a multiple of ROWS. ``constants``: the
+    :class:`~mmaemu.arith.offset.OffsetConstants` of the call (add-max); ``schedule`` as ``accumulate_one`` takes it
+    (:class:`~mmaemu.arith.params.Schedule`); ``masks``: :data:`MASKS`."""
+    v = block_vectors(constants, masks)
     shape = (ROWS, PANEL)
     work = (np.empty(shape, np.uint32), np.empty(shape, np.float32), np.empty(shape, np.uint32),
             np.empty(shape, np.uint32))
@@ -302,7 +405,27 @@ def offset_panel_rows(m_lo, m_hi, a, b, n0, K, schedule, constants, masks, out):
     acc = sums[2]
     N = out.shape[1]
     for r0 in range(m_lo, m_hi, ROWS):
-        tile_accumulate(a, r0, b, K, schedule, constants, vectors, work, sums)
+        tile_accumulate(a, r0, b, K, schedule, constants, v, work, sums)
         for r in range(min(ROWS, m_hi - r0)):
             for j in range(min(PANEL, N - n0)):
                 out[r0 + r, n0 + j] = acc[r, j]
+
+
+@arithmetic
+def offset_prepared_task(p_lo, p_hi, m_lo, m_hi, a, prepared, K, schedule, constants, masks, out):
+    """One task of the engine on a prepared B: panels p_lo ... p_hi - 1 against rows m_lo ... m_hi - 1."""
+    for p in range(p_lo, p_hi):
+        offset_panel_rows(m_lo, m_hi, a, panel_of(prepared, p), p * PANEL, K, schedule, constants, masks, out)
+
+
+@arithmetic
+def offset_codes_task(p_lo, p_hi, m_lo, m_hi, a, codes, tables, K, schedule, constants, masks, out):
+    """One task of the engine on B's codes: each of panels p_lo ... p_hi - 1 packed into the task's own panel
+    (:func:`pack_panel`), then computed against rows m_lo ... m_hi - 1."""
+    kp = a.val.shape[1]
+    panel = Operand(np.empty((kp, PANEL), np.float32), np.empty((kp, PANEL), np.int8),
+                    np.empty((kp // 4, PANEL), np.uint32), np.empty((kp // 4, PANEL), np.uint32))
+    scratch = np.empty((kp, PANEL), np.uint8)
+    for p in range(p_lo, p_hi):
+        pack_panel(codes, p * PANEL, tables, panel, scratch)
+        offset_panel_rows(m_lo, m_hi, a, panel, p * PANEL, K, schedule, constants, masks, out)

@@ -126,15 +126,15 @@ def direct_offset(a, b, fmt_a, fmt_b, preset, schedule):
     from ..arith.offset import ADD_MAX, offset_params
     from ..arith.params import Schedule, preset_params
     from .offset_engine import pack_a, prepare_b
-    from .offset_kernel import MASKS, PANEL, offset_panel_rows
+    from .offset_kernel import MASKS, PANEL, offset_panel_rows, panel_of
 
     prepared, packed_a = prepare_b(b, fmt_b), pack_a(a, fmt_a)
     constants = offset_params(preset_params(preset, fmt_a, fmt_b), fmt_a, fmt_b, ADD_MAX)
     schedule = Schedule(*(int(v) for v in schedule))
     out = np.zeros((a.shape[0], b.shape[0]), np.float32)
     for p in range(prepared.val.shape[0]):
-        panel = (prepared.val[p], prepared.exp[p], prepared.low[p], prepared.sign[p])
-        offset_panel_rows(0, a.shape[0], packed_a, panel, p * PANEL, a.shape[1], schedule, constants, MASKS, out)
+        offset_panel_rows(0, a.shape[0], packed_a, panel_of(prepared.operand, p), p * PANEL, a.shape[1], schedule,
+                          constants, MASKS, out)
     return out
 
 

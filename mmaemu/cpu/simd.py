@@ -57,26 +57,29 @@ MXCSR_TOWARD_ZERO = 0x6000
 
 
 class Vector(types.Type):
-    """A 512-bit vector of 16 lanes of ``element`` (types.float32 or types.int32), kept in one register."""
+    """A 512-bit vector of ``lanes`` lanes of ``element`` (16 of types.float32 or types.int32, 64 of types.int8),
+    kept in one register."""
 
-    def __init__(self, element):
-        self.element = element
-        super().__init__(name=f"vector16x{element}")
+    def __init__(self, element, lanes=LANES):
+        self.element, self.lanes = element, lanes
+        super().__init__(name=f"vector{lanes}x{element}")
 
 
 @register_default(Vector)
 class _VectorModel(models.PrimitiveModel):
     def __init__(self, dmm, fe_type):
-        super().__init__(dmm, fe_type, ir.VectorType(dmm.lookup(fe_type.element).get_value_type(), LANES))
+        super().__init__(dmm, fe_type, ir.VectorType(dmm.lookup(fe_type.element).get_value_type(), fe_type.lanes))
 
 
 f32x16 = Vector(types.float32)
 i32x16 = Vector(types.int32)
+i8x64 = Vector(types.int8, 4 * LANES)
 _I32 = ir.IntType(32)
 _F32 = ir.FloatType()
 _V_I32 = ir.VectorType(_I32, LANES)
 _V_F32 = ir.VectorType(_F32, LANES)
 _V_I16 = ir.VectorType(ir.IntType(16), 2 * LANES)
+_V_I8 = ir.VectorType(ir.IntType(8), 4 * LANES)
 
 
 def _is_row_array(array, dtype):
@@ -130,12 +133,39 @@ def _store(element, vector_type):
     return store
 
 
+def _broadcast_load(element, vector_type, lane_type):
+    @intrinsic
+    def broadcast_load(typingctx, array, row, column):
+        if not (_is_row_array(array, element) and isinstance(row, types.Integer)
+                and isinstance(column, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            array_type, row_type, column_type = signature.args
+            row_value = context.cast(builder, args[1], row_type, types.intp)
+            column_value = context.cast(builder, args[2], column_type, types.intp)
+            pointer = _item_pointer(context, builder, array_type, args[0], row_value, column_value)
+            return _splat(builder, builder.load(pointer), lane_type)
+
+        return vector_type(array, row, column), codegen
+
+    return broadcast_load
+
+
 load_f32 = _load(types.float32, f32x16)
 load_f32.__doc__ = "``array[row, column:column + 16]`` of a C-contiguous float32 array as a vector."
 load_u32 = _load(types.uint32, i32x16)
 load_u32.__doc__ = "``array[row, column:column + 16]`` of a C-contiguous uint32 array as an int32 vector."
 store_f32 = _store(types.float32, f32x16)
 store_f32.__doc__ = "``array[row, column:column + 16] = value`` (a float32 array)."
+load_i8 = _load(types.int8, i8x64)
+load_i8.__doc__ = "``array[row, column:column + 64]`` of a C-contiguous int8 array as a vector of 64 bytes."
+broadcast_load_f32 = _broadcast_load(types.float32, f32x16, _V_F32)
+broadcast_load_f32.__doc__ = ("``array[row, column]`` of a C-contiguous float32 array in every lane (one "
+                              "vbroadcastss from memory; no wrap-around of negative indices).")
+broadcast_load_i32 = _broadcast_load(types.uint32, i32x16, _V_I32)
+broadcast_load_i32.__doc__ = ("``array[row, column]`` of a C-contiguous uint32 array in every lane (one "
+                              "vpbroadcastd from memory; no wrap-around of negative indices).")
 
 
 @intrinsic
@@ -172,7 +202,7 @@ def _splat(builder, value, vector_type):
     """``value`` in every lane: insertelement into lane 0 and a zero-mask shufflevector (one vbroadcast)."""
     first = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(_I32, 0))
     return builder.shuffle_vector(first, ir.Constant(vector_type, ir.Undefined),
-                                  ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+                                  ir.Constant(ir.VectorType(_I32, vector_type.count), [0] * vector_type.count))
 
 
 def _binary(vector_type, emit, doc):
@@ -209,6 +239,17 @@ def _max_u16x2(builder, x, y):
 
 
 max_u16x2_i32 = _binary(i32x16, _max_u16x2, "Per lane :func:`mmaemu.arith.packed.max_u16x2` (vpmaxuw).")
+max_i8 = _binary(i8x64, lambda b, x, y: b.select(b.icmp_signed(">", x, y), x, y),
+                 "Byte-wise signed maximum (vpmaxsb).")
+
+
+def _add_saturated(builder, x, y):
+    function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V_I8, [_V_I8, _V_I8]),
+                                              "llvm.sadd.sat.v64i8")
+    return builder.call(function, [x, y])
+
+
+add_saturated_i8 = _binary(i8x64, _add_saturated, "Byte-wise signed sum saturated to [-128, 127] (vpaddsb).")
 add_f32 = _binary(f32x16, lambda b, x, y: b.fadd(x, y), "Lane-wise fp32 sum rounded to nearest (vaddps).")
 sub_f32 = _binary(f32x16, lambda b, x, y: b.fsub(x, y), "Lane-wise fp32 difference rounded to nearest (vsubps).")
 
@@ -251,6 +292,30 @@ def f32_of_bits(typingctx, x):
     if x != i32x16:
         return None
     return f32x16(x), lambda context, builder, signature, args: builder.bitcast(args[0], _V_F32)
+
+
+@intrinsic
+def bytes_of_i32(typingctx, x):
+    """The 64 bytes of the lanes, little-endian (a bitcast, no instruction)."""
+    if x != i32x16:
+        return None
+    return i8x64(x), lambda context, builder, signature, args: builder.bitcast(args[0], _V_I8)
+
+
+@intrinsic
+def widen_i8(typingctx, x, quarter):
+    """Bytes ``16 * quarter ... 16 * quarter + 15`` of a byte vector sign-extended to 16 int32 lanes (vpmovsxbd);
+    ``quarter`` a constant 0 ... 3."""
+    if x != i8x64 or not isinstance(quarter, types.IntegerLiteral) or not 0 <= quarter.literal_value < 4:
+        return None
+    first = LANES * quarter.literal_value
+
+    def codegen(context, builder, signature, args):
+        part = builder.shuffle_vector(args[0], ir.Constant(_V_I8, ir.Undefined),
+                                      ir.Constant(ir.VectorType(_I32, LANES), list(range(first, first + LANES))))
+        return builder.sext(part, _V_I32)
+
+    return i32x16(x, quarter), codegen
 
 
 @intrinsic
@@ -457,3 +522,19 @@ def rotate16_i32_twin(a):
 def fma_toward_zero_twin(a, b, c):
     return np.array([fma_toward_zero_exact(np.float32(x), np.float32(y), np.float32(z)) for x, y, z in zip(a, b, c)],
                     np.float32)
+
+
+def _i8(x):
+    return np.asarray(x, np.int8)
+
+
+def max_i8_twin(a, b):
+    return np.maximum(_i8(a), _i8(b))
+
+
+def add_saturated_i8_twin(a, b):
+    return np.clip(_i8(a).astype(np.int64) + _i8(b), -128, 127).astype(np.int8)
+
+
+def widen_i8_twin(a, quarter):
+    return _i8(a)[LANES * quarter:LANES * (quarter + 1)].astype(np.int32).view(np.uint32)
