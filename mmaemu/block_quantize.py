@@ -269,7 +269,12 @@ def nvfp4_global_scale(x) -> float:
     """torchao's dynamic NVFP4 global scale of a tensor (``per_tensor_amax_to_scale``) as the GPU computes it:
     ``fp32(max|x| * fp32(1 / 2688))`` (CUDA's division by a Python number); NaN when x holds a NaN."""
     blocks, _, _ = _input_blocks(x, 1, "nvfp4_global_scale")
-    amax = np.float32(np.max(np.abs(blocks))) if blocks.size else np.float32(0.0)
+    return _global_scale_of(blocks)
+
+
+def _global_scale_of(values) -> float:
+    """:func:`nvfp4_global_scale` of the fp32 values of a tensor (any shape)."""
+    amax = np.float32(np.max(np.abs(values))) if values.size else np.float32(0.0)
     return float(divide_by_number(amax, NVFP4_GLOBAL_DIVISOR))
 
 
@@ -291,7 +296,7 @@ def quantize_nvfp4(x, *, global_scale="dynamic", swizzle=False) -> BlockQuantize
         if global_scale != "dynamic":
             raise BlockQuantizeError(f"quantize_nvfp4: global_scale must be 'dynamic', a number or None, got "
                                      f"{global_scale!r}")
-        global_scale = nvfp4_global_scale(x)
+        global_scale = _global_scale_of(blocks)  # x's values, read and checked once
     elif global_scale is not None:
         global_scale = float(np.float32(float(global_scale)))
         if not (math.isfinite(global_scale) and global_scale > 0):
