@@ -124,7 +124,9 @@ def _positive_grid(fmt):
     size = 1 << (formats.CODE_BITS[fmt] - 1)
     codes = np.arange(size)
     codes = codes[np.isfinite(table[:size])]
-    return table[codes], codes
+    # round_to_format's compiled rounding reads code i as the grid's i-th value (the finite codes come first)
+    assert (codes == np.arange(codes.size)).all(), fmt
+    return np.ascontiguousarray(table[codes], np.float64), codes
 
 
 _GRIDS = {fmt: _positive_grid(fmt) for fmt in MX_FORMATS}
@@ -134,25 +136,15 @@ def round_to_format(y, fmt):
     """uint8 codes of fp32 values ``y`` rounded to nearest, ties to the even code, saturating at ±max (±Inf too).
 
     A value rounding to zero keeps its sign bit; NaN gives 0x7F in FP8 and code 0 in FP6/FP4 (no NaN there).
-    FP4 codes are one per element (pack them with :func:`mmaemu.formats.pack_fp4`).
+    FP4 codes are one per element (pack them with :func:`mmaemu.formats.pack_fp4`). Compiled
+    (:func:`mmaemu.arith.rounding.grid_code`: the first grid value not below |y|, then the nearer of it and its
+    lower neighbour).
     """
-    grid, grid_codes = _GRIDS[fmt]
-    y = np.asarray(y, np.float32)
-    magnitude = np.abs(y).astype(np.float64)
-    nan = np.isnan(y)
-    magnitude = np.where(nan, 0.0, np.minimum(magnitude, grid[-1]))
-    upper = np.minimum(np.searchsorted(grid, magnitude, side="left"), grid.size - 1)  # grid[upper] >= magnitude
-    lower = np.maximum(upper - 1, 0)
-    # The midpoint of two adjacent grid values is exact in float64, so the comparisons are exact.
-    midpoint = (grid[lower] + grid[upper]) / 2
-    tie_to_upper = (magnitude == midpoint) & (grid_codes[upper] % 2 == 0)
-    take_upper = (grid[upper] == magnitude) | (magnitude > midpoint) | tie_to_upper
-    index = np.where(take_upper, upper, lower)
-    codes = grid_codes[index].astype(np.uint8)
-    sign = np.signbit(y) & ~nan
-    codes = codes | (sign.astype(np.uint8) << (formats.CODE_BITS[fmt] - 1))
-    nan_code = 0x7F if formats.CODE_BITS[fmt] == 8 else 0
-    return np.where(nan, np.uint8(nan_code), codes).astype(np.uint8)
+    from .cpu.block_scaled import round_onto_grid
+
+    bits = formats.CODE_BITS[fmt]
+    return round_onto_grid(np.asarray(y, np.float32), _GRIDS[fmt][0], formats.MANT_BITS[fmt], formats.EMIN[fmt],
+                           1 << (bits - 1), 0x7F if bits == 8 else 0)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -277,7 +269,12 @@ def nvfp4_global_scale(x) -> float:
     """torchao's dynamic NVFP4 global scale of a tensor (``per_tensor_amax_to_scale``) as the GPU computes it:
     ``fp32(max|x| * fp32(1 / 2688))`` (CUDA's division by a Python number); NaN when x holds a NaN."""
     blocks, _, _ = _input_blocks(x, 1, "nvfp4_global_scale")
-    amax = np.float32(np.max(np.abs(blocks))) if blocks.size else np.float32(0.0)
+    return _global_scale_of(blocks)
+
+
+def _global_scale_of(values) -> float:
+    """:func:`nvfp4_global_scale` of the fp32 values of a tensor (any shape)."""
+    amax = np.float32(np.max(np.abs(values))) if values.size else np.float32(0.0)
     return float(divide_by_number(amax, NVFP4_GLOBAL_DIVISOR))
 
 
@@ -299,7 +296,7 @@ def quantize_nvfp4(x, *, global_scale="dynamic", swizzle=False) -> BlockQuantize
         if global_scale != "dynamic":
             raise BlockQuantizeError(f"quantize_nvfp4: global_scale must be 'dynamic', a number or None, got "
                                      f"{global_scale!r}")
-        global_scale = nvfp4_global_scale(x)
+        global_scale = _global_scale_of(blocks)  # x's values, read and checked once
     elif global_scale is not None:
         global_scale = float(np.float32(float(global_scale)))
         if not (math.isfinite(global_scale) and global_scale > 0):

@@ -65,13 +65,32 @@ def blocked_shape(rows: int, cols: int) -> BlockedShape:
 
 def blocked_offsets(rows: int, cols: int) -> np.ndarray:
     """int64 array [rows, cols]: the offset in the flat swizzled buffer of each scale ``S[r, c]`` (module rule)."""
+    return _kept_offsets(rows, cols).copy()
+
+
+def _kept_offsets(rows: int, cols: int) -> np.ndarray:
+    """:func:`blocked_offsets`, computed once per shape and kept (read-only; at most _KEPT_SHAPES shapes), so that
+    a layer's repeated calls do not compute them again."""
     shape = blocked_shape(rows, cols)
-    r = np.arange(rows, dtype=np.int64)[:, None]
-    c = np.arange(cols, dtype=np.int64)[None, :]
-    tile = (r // TILE_ROWS) * (shape.padded_cols // TILE_COLS) + c // TILE_COLS
-    outer, inner = r % TILE_ROWS, c % TILE_COLS
-    within = (outer % _SUBTILE_ROWS) * (TILE_COLS * TILE_ROWS // _SUBTILE_ROWS) + (outer // _SUBTILE_ROWS) * TILE_COLS
-    return tile * (TILE_ROWS * TILE_COLS) + within + inner
+    key = (int(rows), int(cols))
+    offsets = _KEPT_OFFSETS.get(key)
+    if offsets is None:
+        r = np.arange(rows, dtype=np.int64)[:, None]
+        c = np.arange(cols, dtype=np.int64)[None, :]
+        tile = (r // TILE_ROWS) * (shape.padded_cols // TILE_COLS) + c // TILE_COLS
+        outer, inner = r % TILE_ROWS, c % TILE_COLS
+        within = ((outer % _SUBTILE_ROWS) * (TILE_COLS * TILE_ROWS // _SUBTILE_ROWS) +
+                  (outer // _SUBTILE_ROWS) * TILE_COLS)
+        offsets = tile * (TILE_ROWS * TILE_COLS) + within + inner
+        offsets.flags.writeable = False
+        if len(_KEPT_OFFSETS) >= _KEPT_SHAPES:
+            _KEPT_OFFSETS.clear()
+        _KEPT_OFFSETS[key] = offsets
+    return offsets
+
+
+_KEPT_SHAPES = 64
+_KEPT_OFFSETS = {}
 
 
 def _is_torch_tensor(x) -> bool:
@@ -106,13 +125,13 @@ def to_blocked(scales):
                          f"{tuple(getattr(scales, 'shape', ()))}")
     rows, cols = (int(n) for n in scales.shape)
     shape = blocked_shape(rows, cols)
-    offsets = blocked_offsets(rows, cols).reshape(-1)
+    offsets = _kept_offsets(rows, cols).reshape(-1)
     if _is_torch_tensor(scales):
         import torch
 
         codes = _torch_codes(scales, "to_blocked")
         out = torch.zeros(shape.numel, dtype=torch.uint8, device=codes.device)
-        out[torch.from_numpy(offsets).to(codes.device)] = codes.reshape(-1)
+        out[torch.from_numpy(offsets.copy()).to(codes.device)] = codes.reshape(-1)
         return out.view(scales.dtype)
     codes = _numpy_codes(scales, "to_blocked")
     out = np.zeros(shape.numel, np.uint8)
@@ -132,11 +151,11 @@ def from_blocked(swizzled, rows: int, cols: int):
     if size != shape.numel:
         raise ValueError(f"from_blocked: a swizzled scale buffer of a [{rows}, {cols}] scale matrix has "
                          f"{shape.numel} codes ({shape.padded_rows} x {shape.padded_cols} padded), got {size}")
-    offsets = blocked_offsets(rows, cols)
+    offsets = _kept_offsets(rows, cols)
     if _is_torch_tensor(swizzled):
         import torch
 
         codes = _torch_codes(swizzled, "from_blocked").reshape(-1)
-        index = torch.from_numpy(offsets).to(codes.device)
+        index = torch.from_numpy(offsets.copy()).to(codes.device)
         return codes[index].view(swizzled.dtype)
     return _numpy_codes(swizzled, "from_blocked").reshape(-1)[offsets]

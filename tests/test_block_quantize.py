@@ -399,3 +399,34 @@ def test_rounding_at_every_grid_point_tie_and_neighbour(fmt):
     y = np.concatenate([y, -y])
     want = [rne_saturate(exact(float(v)) if v != 0 else float(v), fmt) for v in y]
     np.testing.assert_array_equal(bq.round_to_format(y, fmt), np.array(want, np.uint8))
+
+
+def rne_saturate_array(y, fmt):
+    """:func:`rne_saturate` of every fp32 value of ``y`` at once (the test's own grid in float64, numpy's
+    searchsorted), for sweeps too large for Fractions."""
+    ebits, mbits = LAYOUT[fmt]
+    values = np.array([float(v) for v in GRIDS[fmt][0]])
+    codes = np.array(GRIDS[fmt][1])
+    nan = np.isnan(y)
+    magnitude = np.minimum(np.abs(np.where(nan, 0, y)).astype(np.float64), values[-1])
+    above = np.minimum(np.searchsorted(values, magnitude), values.size - 1)
+    below = np.maximum(above - 1, 0)
+    middle = (values[below] + values[above]) / 2
+    up = (values[above] == magnitude) | (magnitude > middle) | ((magnitude == middle) & (codes[above] % 2 == 0))
+    code = np.where(up, codes[above], codes[below]) | np.where(np.signbit(y), 1 << (ebits + mbits), 0)
+    return np.where(nan, 0x7F if ebits + mbits == 7 else 0, code).astype(np.uint8)
+
+
+@pytest.mark.parametrize("fmt", bq.MX_FORMATS)
+def test_rounding_over_a_sweep_of_every_fp32_exponent_and_high_fraction(fmt):
+    """The compiled rounding (its code read off the fp32 bits, mmaemu.arith.rounding.grid_code) on every fp32 bit
+    pattern whose low 16 bits are one of six patterns (ties and their neighbours have low bits 0, 1 and 0xFFFF):
+    every exponent (fp32 subnormals, both zeros, Inf, quiet and signalling NaNs of both signs), every high
+    fraction."""
+    high = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
+    bits = np.concatenate([high | np.uint32(low) for low in (0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF)])
+    y = bits.view(np.float32)
+    with np.errstate(invalid="ignore"):
+        want = rne_saturate_array(y, fmt)
+    np.testing.assert_array_equal(bq.round_to_format(y, fmt), want)
+    np.testing.assert_array_equal(bq.round_to_format(y.reshape(-1, 64), fmt), want.reshape(-1, 64))

@@ -93,3 +93,42 @@ def round_float32(x):
     if x != x:
         return x
     return value_of_bits(round_to_format(x, FLOAT32), FLOAT32)
+
+
+
+
+@arithmetic
+def grid_code(y_bits, grid_bits, mid_bits, mbits, emin, sign_bit, nan_code):
+    """The code of the fp32 value of bits ``y_bits`` (uint32) rounded onto a small float format's grid: nearest,
+    ties to the even code, saturating at the largest finite value (±Inf too), the sign bit ``sign_bit`` set for
+    a negative y (also one that rounds to zero), ``nan_code`` for NaN. Integer code, branch-free.
+
+    ``grid_bits``: the fp32 bits of the values of the codes 0 .. n-1, the format's finite non-negative codes,
+    increasing (code i has value grid[i]); ``mid_bits[i]``: the fp32 bits of (grid[i] + grid[i + 1]) / 2, exact
+    (at most 5 significant bits); ``mbits``/``emin``: the format's mantissa bits and smallest normal exponent.
+    Non-negative fp32 values order as their bit patterns (Inf above every finite one), so every comparison is a
+    comparison of exact values. With |y| clamped to grid[n-1], the largest code f with grid[f] <= |y| is read off
+    the bits: with e = max(exponent of |y|, emin) and sig its 24-bit significand (the implicit bit set for a
+    normal fp32), ``f = (sig >> (23 - mbits + e - exponent)) + ((e - emin) << mbits)`` (a normal |y| >= 2**emin:
+    the binade's first code (e - emin + 1) * 2**mbits plus the top mbits of the fraction; a smaller one:
+    floor(|y| / 2**(emin - mbits)), the subnormal code; shifts capped at 31, beyond which sig gives 0). So
+    ``lo = f + (grid[f] < |y|)`` is the number of grid values below |y| (numpy's ``searchsorted(side="left")``),
+    and the result is the nearer of grid[lo] and grid[lo - 1], the even code on a tie.
+    """
+    magnitude = y_bits & np.uint32(0x7FFFFFFF)
+    nan = magnitude > np.uint32(0x7F800000)
+    n = grid_bits.shape[0]
+    clamped = min(magnitude, grid_bits[n - 1])
+    field = np.int32(clamped >> np.uint32(23))
+    exponent = field - np.int32(127)
+    e = max(exponent, np.int32(emin))
+    sig = np.int32(clamped & np.uint32(0x7FFFFF)) | (np.int32(1 if field != 0 else 0) << np.int32(23))
+    shift = min(np.int32(23 - mbits) + (e - exponent), np.int32(31))
+    f = (sig >> shift) + ((e - np.int32(emin)) << np.int32(mbits))
+    lo = f + (np.int32(1) if grid_bits[f] < clamped else np.int32(0))
+    upper = min(lo, np.int32(n - 1))
+    lower = max(upper - np.int32(1), np.int32(0))
+    midpoint = mid_bits[lower]
+    take_upper = grid_bits[upper] == clamped or clamped > midpoint or (clamped == midpoint and upper % 2 == 0)
+    code = np.int32(upper if take_upper else lower) | (np.int32(sign_bit) if y_bits >> np.uint32(31) else np.int32(0))
+    return np.int32(nan_code) if nan else code

@@ -27,6 +27,7 @@ from .._jit import arithmetic
 from ..arith.block_scaled import (GroupParams, TileScales, group_params, narrow_run, scaled_chain,
                                   scaled_instruction, tile_scaled_chain)
 from ..arith.params import BlockParams, preset_params
+from ..arith.rounding import grid_code
 from ..arith.tile import lane_bits_needed
 from . import threads
 from .engine import tile_tables
@@ -521,6 +522,48 @@ def accumulate_block_scaled(a_codes, b_codes, fmt_a, fmt_b, scale_a, scale_b, sc
         if todo.any():
             _run_reference(gemm, todo, out)
     return canonical_nan(out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The element casts of mmaemu.block_quantize
+
+# Cost of rounding one element onto its grid, in products of the fast path.
+GRID_CODE_WORK = 16
+
+
+@arithmetic
+def grid_codes_of(lo, hi, y_bits, grid_bits, mid_bits, mbits, emin, sign_bit, nan_code, out):
+    """out[i] = :func:`~mmaemu.arith.rounding.grid_code` of y_bits[i] for i in lo .. hi-1 (flat uint32 fp32 bits,
+    uint8 codes)."""
+    for i in range(lo, hi):
+        out[i] = np.uint8(grid_code(y_bits[i], grid_bits, mid_bits, mbits, emin, sign_bit, nan_code))
+
+
+def round_onto_grid(y, grid, mbits: int, emin: int, sign_bit: int, nan_code: int):
+    """uint8 codes of the fp32 array ``y`` (any shape) rounded onto a format's grid (``grid``: float64 values of
+    the codes 0 .. n-1; the other arguments as :func:`~mmaemu.arith.rounding.grid_code` takes them), on the CPU
+    backend's threads."""
+    flat = np.ascontiguousarray(y, np.float32).reshape(-1)
+    out = np.empty(flat.shape[0], np.uint8)
+    grid_bits, mid_bits = grid_tables(grid)
+    threads.parallel_for(grid_codes_of, flat.shape[0], GRID_CODE_WORK, flat.view(np.uint32), grid_bits, mid_bits,
+                         np.int32(mbits), np.int32(emin), np.int32(sign_bit), np.int32(nan_code), out)
+    return out.reshape(np.shape(y))
+
+
+def grid_tables(grid):
+    """(fp32 bits of the grid values, of the midpoints of neighbours) of a float64 grid, both uint32, kept; the
+    midpoints checked exact in fp32."""
+    key = grid.tobytes()
+    if key not in _GRID_TABLES:
+        mid = (grid[:-1] + grid[1:]) / 2
+        if not (grid.astype(np.float32) == grid).all() or not (mid.astype(np.float32) == mid).all():
+            raise ValueError("round_onto_grid: the grid and its midpoints must be exact in fp32")
+        _GRID_TABLES[key] = (grid.astype(np.float32).view(np.uint32), mid.astype(np.float32).view(np.uint32))
+    return _GRID_TABLES[key]
+
+
+_GRID_TABLES = {}
 
 
 # ----------------------------------------------------------------------------------------------------------------
