@@ -156,3 +156,17 @@ def test_step_two_signs_of_zero():
     assert epilogue.epilogue_one(np.float32(-0.0), 1.0, epilogue.OUT_FLOAT32, 1.0, False) == 0
     assert epilogue.epilogue_one(np.float32(-0.25), 2.0**-149, epilogue.OUT_FLOAT32, 1.0, False) == 0x80000000
     assert epilogue.epilogue_one(np.float32(-0.75), 2.0**-149, epilogue.OUT_FLOAT32, 1.0, False) == 0x80000001
+
+
+@pytest.mark.parametrize("out", OUT_NAMES)
+def test_epilogue_span_is_epilogue_one_per_output(out):
+    """The vectorised loop of a row (one loop per output code) gives epilogue_one's bits, inside [lo, hi) only."""
+    rng = np.random.default_rng(3)
+    acc = rng.integers(0, 2**32, 50_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    out_code = epilogue.OUT_CODES[out]
+    for alpha, scale_result, has in ((1.0, 1.0, False), (2.0**-130, 0.5, True), (-0.0, 1.0, False)):
+        got = np.full(acc.size, 0xABCD, np.int64)
+        epilogue.epilogue_span(acc, got, 5, acc.size - 7, alpha, out_code, scale_result, has)
+        want = [epilogue.epilogue_one(x, alpha, out_code, scale_result, has) for x in acc[5:-7]]
+        assert got[5:-7].tolist() == want
+        assert set(got[:5].tolist()) | set(got[-7:].tolist()) == {0xABCD}

@@ -114,3 +114,29 @@ def output_bits(y, out_code, scale_result, has_scale_result):
 def epilogue_one(acc, alpha, out_code, scale_result, has_scale_result):
     """Output bits of one fp32 accumulator value (acc as float32 or float64, alpha exact float64)."""
     return output_bits(ffma_plus_zero(acc, alpha), out_code, scale_result, has_scale_result)
+
+
+@arithmetic
+def epilogue_span(acc, out_bits, lo, hi, alpha, out_code, scale_result, has_scale_result):
+    """``out_bits[i] = epilogue_one(acc[i], ...)`` for i in lo .. hi-1 (acc, out_bits: 1-D, e.g. a row).
+
+    One loop per output code, each calling :func:`epilogue_one` with that code as a constant: the loop body is
+    then free of branches (the selects of step 3) and LLVM vectorises it. Measured on this project's 2-core
+    machine (AVX-512), fp32 accumulators 256 x 4096: 0.3-0.6 ns per output, against 8-23 ns with the code read per
+    output and 20-31 ns for the integer rounding this module used before (docs/performance.md).
+    """
+    if out_code == OUT_FLOAT32:
+        for i in range(lo, hi):
+            out_bits[i] = epilogue_one(acc[i], alpha, OUT_FLOAT32, scale_result, has_scale_result)
+    elif out_code == OUT_BFLOAT16:
+        for i in range(lo, hi):
+            out_bits[i] = epilogue_one(acc[i], alpha, OUT_BFLOAT16, scale_result, has_scale_result)
+    elif out_code == OUT_FLOAT16:
+        for i in range(lo, hi):
+            out_bits[i] = epilogue_one(acc[i], alpha, OUT_FLOAT16, scale_result, has_scale_result)
+    elif out_code == OUT_E4M3:
+        for i in range(lo, hi):
+            out_bits[i] = epilogue_one(acc[i], alpha, OUT_E4M3, scale_result, has_scale_result)
+    else:
+        for i in range(lo, hi):
+            out_bits[i] = epilogue_one(acc[i], alpha, OUT_E5M2, scale_result, has_scale_result)
