@@ -248,6 +248,12 @@ def quantize(x, scale, fmt="e4m3"):
         raise TypeError(f"quantize: Transformer Engine casts float32, bfloat16 or float16 tensors; got {x.dtype}")
     x = x.detach()
     _refuse_flush_to_zero(x.device)
+    if x.device.type == "cpu":  # one compiled loop (mmaemu.cpu.cast), the same bits as the torch operations
+        from .cpu.cast import quantize_fp8
+
+        values = x.to(torch.float32).contiguous().reshape(-1).numpy()
+        codes = torch.from_numpy(quantize_fp8(values, _f32(scale), fmt)).reshape(x.shape)
+        return codes.view(formats.DTYPE_OF[fmt])
     y = x.to(torch.float32) * _scale_tensor(scale, x.device)
     return _round_to_fp8(y, fmt)
 

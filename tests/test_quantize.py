@@ -252,3 +252,53 @@ def test_every_helper_refuses_flush_to_zero_mode_as_the_cast_does():
             assert torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)), name
         else:
             assert got == want, name
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The compiled CPU cast (mmaemu.cpu.cast) against the torch operations kept for GPU tensors
+
+
+def adversarial_fp32():
+    """fp32 values at the casts' edges: signed zeros, fp32 subnormals, FP8 subnormals and the normal boundary,
+    the ties and their neighbours (one fp32 ulp either side) around every E4M3 and E5M2 value, values next to
+    the saturation bounds, the largest finite fp32, infinities and NaNs of both signs, and random bit patterns."""
+    bits = [0, 0x80000000, 1, 0x80000001, 0x007FFFFF, 0x00800000, 0x7F7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000,
+            0xFFC00000, 0x7F800001]
+    for fmt in ("e4m3", "e5m2"):
+        values = torch.arange(256, dtype=torch.uint8).view(DTYPE[fmt]).to(torch.float32)
+        finite = values[torch.isfinite(values)].numpy().astype(np.float64)
+        finite = np.unique(finite)
+        ties = (finite[1:] + finite[:-1]) / 2  # exact in fp32: each lies between two neighbours of <= 4 bits
+        for v in np.concatenate([finite, ties, [FP8_MAX[fmt] * 1.0625, FP8_MAX[fmt] * 1.125]]).astype(np.float32):
+            b = int(np.array([v], np.float32).view(np.uint32)[0])
+            bits += [b - 1, b, b + 1, (b - 1) | 0x80000000, b | 0x80000000, (b + 1) | 0x80000000]
+    rng = np.random.default_rng(11)
+    bits += rng.integers(0, 2**32, 20_000, dtype=np.uint64).tolist()
+    bits = [b & 0xFFFFFFFF for b in bits]  # b - 1 of +0 wraps to a NaN pattern: kept, one more NaN
+    return torch.from_numpy(np.array(bits, np.uint64).astype(np.uint32).view(np.int32)).view(torch.float32)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scale", [1.0, 0.5, 3.0, 2.0**-20, 2.0**20, f32(1 / 3), -2.0, 0.0, INF, NAN])
+def test_compiled_cpu_cast_is_the_torch_operations(fmt, dtype, scale):
+    from mmaemu.quantize import _round_to_fp8
+
+    x = adversarial_fp32()
+    if dtype != torch.float32:
+        with np.errstate(all="ignore"):
+            x = x.to(dtype)  # rounds: the cast then sees that dtype's values (and its own ties, subnormals)
+    got = quantize(x, scale, fmt)
+    want = _round_to_fp8(x.to(torch.float32) * torch.tensor(f32(scale)), fmt)
+    assert got.dtype == DTYPE[fmt] and got.shape == x.shape
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_compiled_cpu_cast_keeps_shape_and_reads_strided_inputs():
+    x = torch.randn(6, 8).t()  # not contiguous
+    got = quantize(x, 7.0, "e4m3")
+    from mmaemu.quantize import _round_to_fp8
+
+    assert got.shape == (8, 6)
+    assert torch.equal(got.view(torch.uint8), _round_to_fp8(x * torch.tensor(7.0), "e4m3").view(torch.uint8))
+    assert quantize(torch.tensor(2.0), 1.0, "e4m3").shape == ()

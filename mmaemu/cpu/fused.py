@@ -8,7 +8,7 @@ engine, the schedule, the block parameters, the tables, the output format) and :
 the codes and the scales' bits to the output's bits in ONE compiled call per task (one task for a small call),
 each doing the products of its outputs (:func:`mmaemu.cpu.gemm.accumulate_prepared_panels` or
 :func:`~mmaemu.cpu.gemm.accumulate_panel_rows`), the NaN/Inf rule (:func:`mmaemu.arith.special.
-nonfinite_accumulator`) and the epilogue (:func:`mmaemu.arith.epilogue.epilogue_one`) of those outputs. Nothing of
+nonfinite_accumulator`) and the epilogue (:func:`mmaemu.arith.epilogue.epilogue_span`) of those outputs. Nothing of
 the arithmetic is written here: these are loops over the functions named.
 
 A kept B (:mod:`mmaemu.cpu.prepared`) is still used only for codes byte-identical to those it was prepared from: the
@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import formats
 from .._jit import arithmetic
-from ..arith.epilogue import OUT_CODES, epilogue_one, scale_product
+from ..arith.epilogue import OUT_CODES, epilogue_span, scale_product
 from ..arith.params import BlockParams, Schedule, preset_params, schedule_params
 from ..arith.rounding import FLOAT32, value_of_bits
 from ..arith.special import FINITE, nonfinite_accumulator
@@ -105,8 +105,7 @@ def finish_block(m_lo, m_hi, n_lo, n_hi, a_codes, a_flags, a_table, b_codes, b_f
                     bits = nonfinite_accumulator(a_codes[m], b_codes[n], a_table, b_table)
                     if bits != FINITE:
                         acc_bits[m, n] = bits
-        for n in range(n_lo, n_hi):
-            out_bits[m, n] = epilogue_one(acc[m, n], alpha, out_code, scale_result, has_scale_result)
+        epilogue_span(acc[m], out_bits[m], n_lo, n_hi, alpha, out_code, scale_result, has_scale_result)
 
 
 @arithmetic

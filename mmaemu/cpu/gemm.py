@@ -18,7 +18,7 @@ decoded for the whole of A or B.
 import numpy as np
 
 from .._jit import arithmetic
-from ..arith.epilogue import epilogue_one
+from ..arith.epilogue import epilogue_span
 from ..arith.schedule import accumulate_one
 from ..arith.special import FINITE, nonfinite_accumulator
 from ..arith.tile import tile_accumulate, tile_decode
@@ -235,6 +235,5 @@ def override_nonfinite(lo, hi, a_codes, a_flags, a_table, b_codes, b_flags, b_ta
 @arithmetic
 def epilogue_gemm(lo, hi, acc, alpha, out_code, scale_result, has_scale_result, out_bits):
     """out_bits[i] = output bits of acc[i] (semantics.md (e)) for i in lo .. hi-1; acc and out_bits are flat."""
-    for i in range(lo, hi):
-        out_bits[i] = epilogue_one(acc[i], alpha, out_code, scale_result, has_scale_result)
+    epilogue_span(acc, out_bits, lo, hi, alpha, out_code, scale_result, has_scale_result)
 
