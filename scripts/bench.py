@@ -498,8 +498,8 @@ BLOCK_SCALED_SHAPES = [(256, 1024, 2048)]
 QUICK_BLOCK_SCALED_SHAPES = [(64, 512, 1024)]
 
 
-# The shapes that decide where "auto" takes the offset engine (mmaemu.cpu.features.OFFSET_ROWS,
-# OFFSET_MIN_COLUMNS; docs/performance.md, "Two engines").
+# The shapes that decide where "auto" takes the offset engine (mmaemu.cpu.features.OFFSET_SHAPES;
+# docs/performance.md, "Two engines").
 ENGINE_SHAPES = [(1, 5760, 1920), (8, 5760, 1920), (16, 5760, 1920), (32, 5760, 1920), (64, 5760, 1920),
                  (128, 5760, 1920), (512, 5760, 1920), (1024, 5760, 1920), (2048, 5760, 1920), (256, 256, 4096),
                  (16, 16, 65536), (64, 384, 384), (380, 384, 384), (380, 1536, 384)]
