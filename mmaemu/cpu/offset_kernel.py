@@ -108,7 +108,8 @@ def padded_k(K: int) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Packing (the tables: values float32, exponent bytes int8, low bytes uint32, sign bytes uint32, per code)
+# Packing: A by the tables (values float32, exponent bytes int8, low bytes uint32, sign bytes uint32, per code), B
+# by decode_code, which gives the same entries (checked for every code: mmaemu.cpu.offset_engine.code_decode)
 
 
 class CodeDecode(NamedTuple):
