@@ -24,6 +24,7 @@ process, a later decision, ``python -m mmaemu explain`` (target: under 1.5 s) ag
     python scripts/bench.py --minilm        # only the MiniLM example against fp32 (needs sentence-transformers)
     python scripts/bench.py --models        # MiniLM and docs/examples/decoder.py (every recipe) against native
     python scripts/bench.py --cuda [...]    # only the CUDA kernels on a GPU (scripts/bench_cuda.py, its options)
+    python scripts/bench.py --proto DIR     # only accumulate_codes against the offset prototype in DIR (issue 29)
 
 The block-wise section (also at the end of a full run) times mmaemu.cpu.chunked.accumulate_chunked_codes (DeepGEMM's
 sm_90 1d2d kernel: 128-k chunks and the scaled FMA combine) against accumulate_codes with the hopper preset and slow
@@ -91,6 +92,9 @@ def parse_args(argv=None):
                         help="only the offset engine against the tile engine (the shapes of auto's rule)")
     parser.add_argument("--block-scaled", action="store_true",
                         help="only the block-scaled (MXFP8/NVFP4) against unscaled tcgen05_f8f6f4 section")
+    parser.add_argument("--proto", nargs="?", const="", default=None, metavar="DIR",
+                        help="only accumulate_codes hopper fast against the offset prototype's offset_cpu.py in DIR "
+                             f"(default: ${PROTO_ENV}), 1 and 2 threads, checking the bits")
     return parser.parse_args(argv)
 
 
@@ -494,8 +498,8 @@ BLOCK_SCALED_SHAPES = [(256, 1024, 2048)]
 QUICK_BLOCK_SCALED_SHAPES = [(64, 512, 1024)]
 
 
-# The shapes that decide where "auto" takes the offset engine (mmaemu.cpu.features.OFFSET_ROWS,
-# OFFSET_MIN_COLUMNS; docs/performance.md, "Two engines").
+# The shapes that decide where "auto" takes the offset engine (mmaemu.cpu.features.OFFSET_SHAPES;
+# docs/performance.md, "Two engines").
 ENGINE_SHAPES = [(1, 5760, 1920), (8, 5760, 1920), (16, 5760, 1920), (32, 5760, 1920), (64, 5760, 1920),
                  (128, 5760, 1920), (512, 5760, 1920), (1024, 5760, 1920), (2048, 5760, 1920), (256, 256, 4096),
                  (16, 16, 65536), (64, 384, 384), (380, 384, 384), (380, 1536, 384)]
@@ -533,6 +537,58 @@ def engines_section(rng, quick, repeats):
         label = f"{name} {'fast' if fast else 'slow'}" + ("" if fmt_b == "e4m3" else f", B {fmt_b}")
         print(f"| ({M}, {N}, {K}) | {label} | {best['offset'] * 1e3:.2f} | {best['tile'] * 1e3:.2f} | "
               f"{best['tile'] / best['offset']:.2f} | {same} |", flush=True)
+    print(f"# load average {os.getloadavg()[0]:.2f} at the end")
+
+
+# The offset prototype (issue 29's measuring stick, kept outside the repository): its folder is given on the command
+# line or in this variable; the shapes are the issue's targets (ratio prototype time / accumulate_codes time).
+PROTO_ENV = "MMAEMU_OFFSET_PROTOTYPE"
+PROTO_SHAPES = [(8, 5760, 1920), (64, 5760, 1920), (512, 5760, 1920), (2048, 5760, 1920), (256, 256, 4096)]
+
+
+def proto_section(folder, repeats):
+    """Print ``accumulate_codes`` (hopper fast, E4M3: the engine ``auto`` picks, and the offset engine forced) against
+    the prototype's ``accumulate_hopper_fast`` on the same codes, with 1 and 2 threads (best of ``repeats``,
+    interleaved), the time ratios ours / prototype (target: at most 1.0) and whether all give the same bits."""
+    import numba
+    import numpy as np
+
+    from mmaemu.arith.params import schedule_params
+    from mmaemu.cpu import accumulate_codes
+    from mmaemu.cpu.engine import cpu_engine_choice
+    from mmaemu.model.presets import HOPPER
+
+    folder = folder or os.environ.get(PROTO_ENV, "")
+    if not os.path.isfile(os.path.join(folder, "offset_cpu.py")):
+        raise SystemExit(f"--proto: no offset_cpu.py in {folder!r} (give the prototype's folder or set {PROTO_ENV})")
+    sys.path.insert(0, os.path.abspath(folder))
+    import offset_cpu as proto
+
+    rng = np.random.default_rng(5)
+    print(f"# {time.strftime('%c')}, load average {os.getloadavg()[0]:.2f}; best of {repeats}, interleaved")
+    print("\n| shape (M, N, K) | threads | auto's engine | auto ms | offset ms | prototype ms | auto / prototype | "
+          "offset / prototype | same bits |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---|")
+    for M, N, K in PROTO_SHAPES:
+        a, b = fp8_codes(rng, "e4m3", (M, K)), fp8_codes(rng, "e4m3", (N, K))
+        runs = {"auto": lambda: accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True),
+                "offset": lambda: accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True, cpu_engine="offset"),
+                "proto": lambda: proto.accumulate_hopper_fast(a, b)}
+        bits = [run().view(np.uint32) for run in runs.values()]
+        same = all(np.array_equal(bits[0], other) for other in bits[1:])
+        engine = cpu_engine_choice(HOPPER, schedule_params(HOPPER, K, True), "e4m3", "e4m3", shape=(M, N)).engine
+        if engine == "offset":
+            del runs["offset"]  # the same call as auto's
+        for n_threads in (1, 2):
+            numba.set_num_threads(n_threads)
+            best = {name: float("inf") for name in runs}
+            for _ in range(repeats):
+                for name, run in runs.items():
+                    best[name] = min(best[name], best_of(run, 1))
+            forced = best.get("offset", best["auto"])
+            print(f"| ({M}, {N}, {K}) | {n_threads} | {engine} | {best['auto'] * 1e3:.2f} | {forced * 1e3:.2f} | "
+                  f"{best['proto'] * 1e3:.2f} | {best['auto'] / best['proto']:.2f} | "
+                  f"{forced / best['proto']:.2f} | {same} |", flush=True)
     print(f"# load average {os.getloadavg()[0]:.2f} at the end")
 
 
@@ -609,6 +665,9 @@ def main(argv=None):
     if args.engines:
         print(f"# {time.strftime('%c')}, load average {os.getloadavg()[0]:.2f}, {args.threads} threads")
         engines_section(np.random.default_rng(args.seed), args.quick, args.repeats or (2 if args.quick else 4))
+        return
+    if args.proto is not None:
+        proto_section(args.proto, args.repeats or 3)
         return
     if args.block_scaled:
         block_scaled_section(np.random.default_rng(args.seed), args.quick, args.repeats or (2 if args.quick else 3))

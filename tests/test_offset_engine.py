@@ -75,6 +75,107 @@ def test_adversarial_blocks_and_schedules(fmt_a, fmt_b):
     _engines_agree(a, b, fmt_a, fmt_b, ADA, True, 24, "serial")  # splits made of padding tiles only
 
 
+def _finite(fmt):
+    """(values float64[256], the finite codes (+0 and -0 included), the nonzero finite codes) of a format."""
+    from mmaemu import formats
+
+    values = np.asarray(formats.values(fmt), np.float64)
+    finite = np.flatnonzero(np.isfinite(values)).astype(np.uint8)
+    return values, finite, finite[values[finite] != 0]
+
+
+def _nearest(fmt, x):
+    """The finite codes nearest to the values x (ties to the lower), +0 for 0."""
+    values, finite, _ = _finite(fmt)
+    order = finite[np.argsort(values[finite], kind="stable")]
+    sorted_values = values[order]
+    i = np.clip(np.searchsorted(sorted_values, x), 1, len(order) - 1)
+    lower = (x - sorted_values[i - 1]) <= (sorted_values[i] - x)
+    codes = order[i - lower]
+    return np.where(x == 0, np.uint8(0), codes).astype(np.uint8)
+
+
+def _prototype_family(kind, rng, fmt, shape, negative=False):
+    """One operand of the offset prototype's input families (its check_exact.py), for any FP8 format:
+    ``uniform`` every finite code equally likely (+0 and -0 too); ``wide`` log-uniform magnitudes over the whole
+    range, random signs, a tenth zeros; ``block_peak`` one largest-magnitude term at the start of every 32 k among
+    tiny ones (every block's products all truncated but one: the counts decide); ``positive`` (or, ``negative``,
+    negative) magnitudes of a few binades, so that all products have one sign; ``growing`` large terms in the
+    first half of K, small ones of both signs after (the accumulator dominates the block exponents); ``subnormal``
+    subnormal and smallest normal codes only, both signs; ``grid`` significands 1.0, the next one up and the
+    largest (powers of two and odd significands: products on the grid's edge)."""
+    from mmaemu import formats
+
+    values, finite, nonzero = _finite(fmt)
+    mbits = formats.MANT_BITS[fmt]
+    largest, smallest = np.abs(values[finite]).max(), np.abs(values[nonzero]).min()
+    rows, K = shape
+    if kind == "uniform":
+        return rng.choice(finite, shape)
+    if kind == "wide":
+        x = np.exp2(rng.uniform(np.log2(smallest), np.log2(largest), shape)) * rng.choice([-1, 1], shape)
+        x[rng.random(shape) < 0.1] = 0
+        return _nearest(fmt, x)
+    if kind == "block_peak":
+        codes = _nearest(fmt, rng.standard_normal(shape) * smallest * 4)
+        codes[:, ::32] = _nearest(fmt, largest * rng.choice([-1.0, 1.0], (rows, len(range(0, K, 32)))))
+        return codes
+    if kind == "positive":
+        x = np.abs(rng.standard_normal(shape)) * 4 + smallest
+        return _nearest(fmt, -x if negative else x)
+    if kind == "growing":
+        codes = _nearest(fmt, np.abs(rng.standard_normal(shape)) * largest / 8 + 1)
+        codes[:, K // 2:] = _nearest(fmt, rng.standard_normal((rows, K - K // 2)) * 0.05)
+        return codes
+    if kind == "subnormal":
+        small = nonzero[np.abs(values[nonzero]) <= 2.0 ** formats.EMIN[fmt]]
+        return rng.choice(small, shape)
+    if kind == "grid":
+        low_bits = nonzero & ((1 << mbits) - 1)
+        edge = nonzero[(low_bits == 0) | (low_bits == 1) | (low_bits == (1 << mbits) - 1)]
+        return rng.choice(edge, shape)
+    raise ValueError(kind)
+
+
+PROTOTYPE_FAMILIES = ("uniform", "wide", "block_peak", "positive", "growing", "subnormal", "grid")
+
+
+@needs_offset
+@pytest.mark.parametrize("fmt_a,fmt_b", PAIRS)
+def test_prototype_families(fmt_a, fmt_b):
+    """The offset prototype's input families (:func:`_prototype_family`) on its awkward shapes (one output, partial
+    tiles and panels, K past one block and across several), the offset engine against the reference; the
+    ``positive`` family with B negated gives products of one sign only."""
+    rng = np.random.default_rng(abs(hash(("prototype", fmt_a, fmt_b))) % 2**32)
+    shapes = [(1, 1, 1), (3, 5, 7), (5, 70, 33), (9, 130, 100), (8, 64, 1920), (33, 65, 95)]
+    for kind in PROTOTYPE_FAMILIES:
+        for (M, N, K), (preset, fast) in zip(shapes, [(HOPPER, True), (ADA, False), (HOPPER, True), (ADA, True),
+                                                       (HOPPER, True), (HOPPER, False)]):
+            a = _prototype_family(kind, rng, fmt_a, (M, K))
+            b = _prototype_family(kind, rng, fmt_b, (N, K), negative=True)
+            _engines_agree(a, b, fmt_a, fmt_b, preset, fast)
+
+
+def test_prototype_families_are_what_they_say():
+    """The families' defining properties (so that a family cannot silently turn into random codes)."""
+    from mmaemu import formats
+
+    rng = np.random.default_rng(3)
+    for fmt in ("e4m3", "e5m2"):
+        values = np.asarray(formats.values(fmt), np.float64)
+        shape = (6, 256)
+        assert np.all(np.isfinite(values[_prototype_family("uniform", rng, fmt, shape)]))
+        peak = values[_prototype_family("block_peak", rng, fmt, shape)]
+        assert np.all(np.abs(peak[:, ::32]) == np.nanmax(np.abs(values[np.isfinite(values)])))
+        assert np.all(np.abs(np.delete(peak, np.s_[::32], axis=1)) < 1)
+        assert np.all(values[_prototype_family("positive", rng, fmt, shape)] > 0)
+        assert np.all(values[_prototype_family("positive", rng, fmt, shape, negative=True)] < 0)
+        sub = np.abs(values[_prototype_family("subnormal", rng, fmt, shape)])
+        assert np.all((sub > 0) & (sub <= 2.0 ** formats.EMIN[fmt]))
+        wide = values[_prototype_family("wide", rng, fmt, shape)]
+        assert (wide == 0).any() and (wide < 0).any() and np.abs(wide).max() / np.abs(wide[wide != 0]).min() > 2**12
+
+
 @needs_offset
 def test_nonfinite_codes_follow_c4():
     rng = np.random.default_rng(9)
@@ -290,15 +391,17 @@ def test_choice_from_the_target_cpu():
 def test_auto_takes_the_offset_engine_where_it_is_the_faster_one():
     """A speed rule of "auto" only (docs/performance.md): forcing the offset engine ignores it, and both engines
     give the same bits whatever the shape (the tests above)."""
-    lo, hi = features.OFFSET_ROWS
-    n = features.OFFSET_MIN_COLUMNS
-    for M, N, faster in ((lo, n, True), (hi, 5760, True), (lo - 1, 5760, False), (hi + 1, 5760, False),
-                         (64, n - 1, False), (1, 5760, False), (16, 16, False)):
-        decline = features.offset_shape_decline(M, N)
-        assert (decline is None) == faster, (M, N, decline)
-        choice = features.choose_cpu_engine("auto", ZEN4, None, decline)
-        assert choice.engine == ("offset" if faster else "tile"), (M, N, choice)
-        assert features.choose_cpu_engine("offset", ZEN4, None, decline).engine == "offset"
+    for rounding, shapes in features.OFFSET_SHAPES.items():
+        lo, hi, n = shapes
+        cases = [(lo, n, True), (lo, 5760, True), (lo - 1, 5760, False), (64, n - 1, False), (1, 5760, False),
+                 (16, 16, False)]
+        cases += [(hi, 5760, True), (hi + 1, 5760, False)] if hi is not None else [(1 << 20, 5760, True)]
+        for M, N, faster in cases:
+            decline = features.offset_shape_decline(M, N, rounding)
+            assert (decline is None) == faster, (rounding, M, N, decline)
+            choice = features.choose_cpu_engine("auto", ZEN4, None, decline)
+            assert choice.engine == ("offset" if faster else "tile"), (M, N, choice)
+            assert features.choose_cpu_engine("offset", ZEN4, None, decline).engine == "offset"
     assert "M = 1, N = 5760" in features.choose_cpu_engine("auto", ZEN4, None,
                                                            features.offset_shape_decline(1, 5760)).reason
     schedule = (4096, 1, 0, 0, 0, 0)

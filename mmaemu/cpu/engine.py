@@ -18,7 +18,7 @@ from ..arith.rowwise import exact_values, rowwise_epilogue_rows
 from ..arith.tile import TILE_ABSENT_EXP, TILE_FORMATS, lane_bits_needed, tile_decode
 from . import threads
 from .features import (CPU_ENGINE_ENV, EngineChoice, choose_cpu_engine, numba_target, offset_call_decline,
-                       offset_shape_decline)
+                       offset_rounding, offset_shape_decline)
 from .gemm import (TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, accumulate_prepared_panels,
                    decode_panel, decode_panels, epilogue_gemm, nonfinite_rows, override_nonfinite)
 from .prepared import Engine
@@ -274,11 +274,13 @@ def cpu_engine_choice(preset, schedule, fmt_a: str, fmt_b: str, requested=None, 
     (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE`` of ``context``, :func:`mmaemu.context.environment_of`), the CPU
     Numba compiles for, whether the offset method computes the preset, schedule and formats
     (:func:`mmaemu.cpu.features.offset_call_decline`), for ``auto`` whether it is the faster engine for the
-    result's ``shape`` (M, N) (None: any shape), and on an AVX2 target the self-test verdict of ``context``'s
+    result's ``shape`` (M, N) with the target's rounding (None: any shape), and on an AVX2 target the self-test verdict of ``context``'s
     source (:func:`selftest_of`)."""
     requested = environment_of(context)[CPU_ENGINE_ENV] if requested is None else requested
-    shape_decline = None if shape is None else offset_shape_decline(*shape)
-    return choose_cpu_engine(requested, numba_target(), offset_call_decline(preset, schedule, fmt_a, fmt_b),
+    target = numba_target()
+    rounding = offset_rounding(target)
+    shape_decline = None if shape is None or rounding is None else offset_shape_decline(*shape, rounding)
+    return choose_cpu_engine(requested, target, offset_call_decline(preset, schedule, fmt_a, fmt_b),
                              shape_decline, selftest_of(context))
 
 

@@ -96,24 +96,38 @@ def offset_engine_decline(target: TargetCpu) -> Optional[str]:
     return None
 
 
-# Where "auto" takes the offset engine: the shapes on which it measured faster than the tile engine (both give the
-# same bits; docs/performance.md, "Two engines", 2 Dec 2026, on this project's 2-core Zen 4). Rows 16 to 512 with at
-# least 384 columns: 1.08-1.68x; elsewhere the tile engine was as fast or faster (M <= 8: 0.65-0.99x, M >= 1024:
-# 0.89-0.99x, N = 16: 0.18-0.27x, (256, 256, 4096): 0.96-1.08x). The same rule holds with MXCSR rounding on AVX2
-# (docs/performance.md, "The offset engine on AVX2", 7 Dec 2026, a 2-core Zen 3 without AVX-512, one thread):
-# 1.25-1.52x for 16 <= M <= 512, 0.73x at M = 2048, 0.83-0.90x at M = 1, 0.26x at N = 16.
-OFFSET_ROWS = (16, 512)
-OFFSET_MIN_COLUMNS = 384
+class OffsetShapes(NamedTuple):
+    """The results on which ``auto`` takes the offset engine: rows min_rows ... max_rows (None: no upper bound) and
+    at least min_columns columns."""
+
+    min_rows: int
+    max_rows: Optional[int]
+    min_columns: int
 
 
-def offset_shape_decline(M: int, N: int) -> Optional[str]:
-    """Why ``auto`` keeps the tile engine for an [M, N] result although the offset engine could compute it (None
-    where the offset engine is the faster one: :data:`OFFSET_ROWS`, :data:`OFFSET_MIN_COLUMNS`)."""
-    lo, hi = OFFSET_ROWS
-    if lo <= M <= hi and N >= OFFSET_MIN_COLUMNS:
+# Where "auto" takes the offset engine, per rounding: the shapes on which it measured faster than the tile engine
+# (both give the same bits). AVX-512 (docs/performance.md, "The offset engine against the prototype", 7 Dec 2026,
+# this project's 2-core Zen 4, hopper fast, 1 and 2 threads): offset / tile 1.5-1.6x at (2048, 5760, 1920), 1.6-1.9x
+# at (256, 256, 4096), 0.68x at (8, 5760, 1920) before its panel decode was made faster (about even after); earlier
+# ("Two engines", 2 Dec 2026) 1.08-1.68x for rows 16 to 512, N = 16: 0.18-0.27x. AVX2 with MXCSR rounding
+# ("The offset engine on AVX2", 7 Dec 2026, a 2-core Zen 3 without AVX-512, one thread): 1.25-1.52x for
+# 16 <= M <= 512, 0.73x at M = 2048, 0.83-0.90x at M = 1, 0.26x at N = 16.
+OFFSET_SHAPES = {ROUNDING_EMBEDDED: OffsetShapes(16, None, 256), ROUNDING_MXCSR: OffsetShapes(16, 512, 384)}
+
+
+def offset_shape_decline(M: int, N: int, rounding: str = ROUNDING_EMBEDDED) -> Optional[str]:
+    """Why ``auto`` keeps the tile engine for an [M, N] result although the offset engine could compute it with
+    ``rounding`` (:func:`offset_rounding`; None where the offset engine is the faster one: :data:`OFFSET_SHAPES`)."""
+    shapes = OFFSET_SHAPES[rounding]
+    if shapes.min_rows <= M and (shapes.max_rows is None or M <= shapes.max_rows) and N >= shapes.min_columns:
         return None
-    return (f"is the faster engine for {lo} <= M <= {hi} rows and N >= {OFFSET_MIN_COLUMNS} columns only "
-            f"(docs/performance.md), this call is M = {M}, N = {N}")
+    return f"is the faster engine for {_shape_words(shapes)} only (docs/performance.md), this call is M = {M}, N = {N}"
+
+
+def _shape_words(shapes: OffsetShapes) -> str:
+    rows = (f"M >= {shapes.min_rows}" if shapes.max_rows is None
+            else f"{shapes.min_rows} <= M <= {shapes.max_rows}")
+    return f"{rows} rows and N >= {shapes.min_columns} columns"
 
 
 def choose_cpu_engine(requested: str, target: TargetCpu, call_decline: Optional[str],
@@ -190,8 +204,9 @@ def engine_summary(requested: str, target: TargetCpu, selftest: Optional[Callabl
                     f"{CPU_ENGINE_ENV} for the tile engine)")
         return f"engine: tile (the offset engine {why})"
     return (f"engine: offset ({_rounding_words(target)}) for the calls the offset method fits (hopper, "
-            f"ada: fast and slow, every split scheme, every FP8 pair) with {OFFSET_ROWS[0]} <= M <= {OFFSET_ROWS[1]} "
-            f"and N >= {OFFSET_MIN_COLUMNS} (where it is the faster one), tile for the others")
+            f"ada: fast and slow, every split scheme, every FP8 pair) with "
+            f"{_shape_words(OFFSET_SHAPES[offset_rounding(target)])} (where it is the faster one), tile for the "
+            f"others")
 
 
 def offset_call_decline(preset, schedule, fmt_a: str, fmt_b: str) -> Optional[str]:

@@ -43,6 +43,7 @@ import numpy as np
 from .._jit import arithmetic
 from ..arith.chain import chain_range, chain_range_count
 from ..arith.fp32 import FP32_EXPONENT_BIAS, FP32_FRACTION_BITS
+from ..arith.fp32 import float32_from_bits as f32_of_bits_scalar
 from ..arith.offset import EXPONENT_FIELD, K_PASS, block_range, offset_chain_value, offset_empty_block
 from ..arith.packed import BYTE_ONES
 from ..arith.schedule import chain_tiles_of, combine, combine_step, split_chains
@@ -107,17 +108,59 @@ def padded_k(K: int) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Packing (the tables: values float32, exponent bytes int8, low bytes uint32, sign bytes uint32, per code)
+# Packing: A by the tables (values float32, exponent bytes int8, low bytes uint32, sign bytes uint32, per code), B
+# by decode_code, which gives the same entries (checked for every code: mmaemu.cpu.offset_engine.code_decode)
+
+
+class CodeDecode(NamedTuple):
+    """The fields of a format's codes that :func:`decode_code` reads (int32 values; :func:`mmaemu.cpu.
+    offset_engine.code_decode` derives them and checks the decode against the tables for every code)."""
+
+    mant_bits: int  # significand bits below the implicit one
+    min_exponent: int  # the exponent of the subnormals (1 - bias), that of exponent field 1 too
+    special: int  # the smallest magnitude code (c & 0x7F) that is NaN or Inf: it and those above are absent
+    low_base: int  # low byte = ex + trailing zero bits of the significand + low_base (- mant_bits - la_min)
+    zero_low: int  # low byte of an absent term (ZERO_LOW)
+    exponent_absent: int  # exponent byte of an absent term (EXPONENT_BYTE_ABSENT)
+    sign_byte: int  # sign byte of a negative term (SIGN_BYTE)
 
 
 @arithmetic
-def pack_panel(codes, row0, tables, panel, scratch):
+def decode_code(c, d):
+    """(value float32, exponent byte, low byte, sign byte) of a code c (int32, 0 ... 255) of an FP8 format with the
+    fields ``d`` (:class:`CodeDecode`): the tables' entries (:func:`mmaemu.cpu.offset_engine.packing_tables`), by
+    integer arithmetic without branches or table reads, so that a loop over 64 lanes of codes is vectorised. The
+    value is the significand times the power 2**(ex - mant_bits) built as an fp32 pattern (a normal number for
+    every FP8 format), exact. Trailing zero bits: of the significand's lowest set bit (at most 8 for FP8)."""
+    i32 = np.int32
+    mag = c & i32(0x7F)
+    field = mag >> i32(d.mant_bits)
+    normal = field > 0
+    sig = (mag & i32((1 << d.mant_bits) - 1)) | (i32(normal) << i32(d.mant_bits))
+    ex = field + i32(d.min_exponent) - i32(normal)
+    present = (mag > 0) & (mag < i32(d.special))
+    lowest = sig & -sig
+    trailing = i32(lowest >= 2) + i32(lowest >= 4) + i32(lowest >= 8)
+    power = f32_of_bits_scalar(i32((ex - i32(d.mant_bits) + i32(127)) << i32(23)))
+    magnitude = np.float32(sig) * power
+    value = np.float32(-magnitude) if (c & i32(0x80)) else magnitude
+    value = value if present else np.float32(0.0)
+    exponent = ex if present else i32(d.exponent_absent)
+    low = (ex + trailing + i32(d.low_base)) if present else i32(d.zero_low)
+    sign = i32(d.sign_byte) if (present & ((c & i32(0x80)) != 0)) else i32(0)
+    return value, exponent, low, sign
+
+
+@arithmetic
+def pack_panel(codes, row0, decode, panel, scratch):
     """Rows row0 ... row0 + 63 of ``codes`` [N, K] (zero codes past N and K) into ``panel`` (:class:`Operand`,
     B's layout), through ``scratch`` (uint8 [Kp, PANEL]): the codes transposed k-major in blocks of 64 k (a row's
-    reads and a k's writes stay in the cache), then each k's 64 contiguous lanes decoded by table."""
-    values, exps, lows, signs = tables
+    reads and a k's writes stay in the cache), then each 4-k group's 64 contiguous lanes decoded by
+    :func:`decode_code` (``decode``: :class:`CodeDecode`), a vectorised loop (table reads are not: docs/
+    performance.md)."""
     N, K = codes.shape
     kp = panel.val.shape[0]
+    at = np.uint64  # unsigned indices: no negative-index wrap in the loops, which LLVM then vectorises
     for kb in range(0, kp, 64):
         ke = min(kb + 64, kp)
         inside = max(kb, min(ke, K))
@@ -125,42 +168,39 @@ def pack_panel(codes, row0, tables, panel, scratch):
             row = row0 + j
             if row < N:
                 for k in range(kb, inside):
-                    scratch[k, j] = codes[row, k]
+                    scratch[at(k), at(j)] = codes[at(row), at(k)]
                 for k in range(inside, ke):
-                    scratch[k, j] = np.uint8(0)
+                    scratch[at(k), at(j)] = np.uint8(0)
             else:
                 for k in range(kb, ke):
-                    scratch[k, j] = np.uint8(0)
+                    scratch[at(k), at(j)] = np.uint8(0)
+    u = np.uint32
     for g in range(kp // 4):
         k = 4 * g
         for j in range(PANEL):
-            c0, c1, c2, c3 = scratch[k, j], scratch[k + 1, j], scratch[k + 2, j], scratch[k + 3, j]
-            panel.val[k, j] = values[c0]
-            panel.val[k + 1, j] = values[c1]
-            panel.val[k + 2, j] = values[c2]
-            panel.val[k + 3, j] = values[c3]
-            panel.exp[k, j] = exps[c0]
-            panel.exp[k + 1, j] = exps[c1]
-            panel.exp[k + 2, j] = exps[c2]
-            panel.exp[k + 3, j] = exps[c3]
-            panel.low[g, j] = np.uint32(lows[c0] | (lows[c1] << np.uint32(8)) | (lows[c2] << np.uint32(16))
-                                        | (lows[c3] << np.uint32(24)))
-            panel.sign[g, j] = np.uint32(signs[c0] | (signs[c1] << np.uint32(8)) | (signs[c2] << np.uint32(16))
-                                         | (signs[c3] << np.uint32(24)))
+            panel.low[at(g), at(j)] = u(0)
+            panel.sign[at(g), at(j)] = u(0)
+        for i in range(4):
+            for j in range(PANEL):
+                value, exponent, low, sign = decode_code(np.int32(scratch[at(k + i), at(j)]), decode)
+                panel.val[at(k + i), at(j)] = value
+                panel.exp[at(k + i), at(j)] = np.int8(exponent)
+                panel.low[at(g), at(j)] |= u(low) << u(8 * i)
+                panel.sign[at(g), at(j)] |= u(sign) << u(8 * i)
 
 
 @arithmetic
-def pack_panels(lo, hi, codes, tables, prepared, scratch):
+def pack_panels(lo, hi, codes, decode, prepared, scratch):
     """Panels lo ... hi - 1 of B (rows ``p * PANEL ...`` of ``codes``) into ``prepared`` (:class:`Operand` of arrays
     with a leading panel axis); ``scratch``: uint8 [Kp, PANEL]."""
     for p in range(lo, hi):
-        pack_panel(codes, p * PANEL, tables, panel_of(prepared, p), scratch)
+        pack_panel(codes, p * PANEL, decode, panel_of(prepared, p), scratch)
 
 
 @arithmetic
-def pack_panels_task(lo, hi, codes, tables, prepared):
+def pack_panels_task(lo, hi, codes, decode, prepared):
     """:func:`pack_panels` with its own scratch (one task of the threads)."""
-    pack_panels(lo, hi, codes, tables, prepared, np.empty((prepared.val.shape[1], PANEL), np.uint8))
+    pack_panels(lo, hi, codes, decode, prepared, np.empty((prepared.val.shape[1], PANEL), np.uint8))
 
 
 @arithmetic
@@ -419,7 +459,7 @@ def offset_prepared_task(p_lo, p_hi, m_lo, m_hi, a, prepared, K, schedule, const
 
 
 @arithmetic
-def offset_codes_task(p_lo, p_hi, m_lo, m_hi, a, codes, tables, K, schedule, constants, masks, out):
+def offset_codes_task(p_lo, p_hi, m_lo, m_hi, a, codes, decode, K, schedule, constants, masks, out):
     """One task of the engine on B's codes: each of panels p_lo ... p_hi - 1 packed into the task's own panel
     (:func:`pack_panel`), then computed against rows m_lo ... m_hi - 1."""
     kp = a.val.shape[1]
@@ -427,5 +467,5 @@ def offset_codes_task(p_lo, p_hi, m_lo, m_hi, a, codes, tables, K, schedule, con
                     np.empty((kp // 4, PANEL), np.uint32), np.empty((kp // 4, PANEL), np.uint32))
     scratch = np.empty((kp, PANEL), np.uint8)
     for p in range(p_lo, p_hi):
-        pack_panel(codes, p * PANEL, tables, panel, scratch)
+        pack_panel(codes, p * PANEL, decode, panel, scratch)
         offset_panel_rows(m_lo, m_hi, a, panel, p * PANEL, K, schedule, constants, masks, out)
