@@ -391,25 +391,23 @@ def recipe_kernel(recipe: str, name: str, device, *, context: Context) -> Choice
     return choose(answering, lambda k: device_skip(k.name, info), lambda k: entry_verdict(k, info, verdict))
 
 
-def rowwise_epilogue(acc, scale_a, scale_b, bias, x_first):
-    """torch's row-wise epilogue (bf16) for accumulators on a CUDA device: the row-wise recipe's epilogue kernel
-    when :func:`choose` takes it, else the CPU loops, the result copied to acc's device. Its kernel
+def rowwise_epilogue(acc, scale_a, scale_b, bias, x_first, *, context: Context) -> EpilogueOutcome:
+    """torch's row-wise epilogue (bf16) for accumulators on a CUDA device, by the row-wise recipe's epilogue kernel
+    when :func:`choose` takes it there (its verdict: :func:`entry_verdict`, from the call's ``context``); otherwise
+    no result (the caller runs the CPU loops and copies the result to the device). Its kernel
     (:func:`.engine.rowwise_epilogue_tensors`, checked under the simulator) has no device self-test yet
-    (:data:`NO_SELFTEST`), and no kernel runs on a GPU without a verdict, so today the CPU loops compute."""
-    import torch
-
-    from ...cpu import rowwise_epilogue_codes
-
-    choice = choose(candidates(ROWWISE, EPILOGUE), lambda k: None, lambda k: entry_verdict(k, None, None))
-    if choice.kernel is not None:  # pragma: no cover - needs a device self-test of the row-wise epilogue first
-        raise NotImplementedError(f"{choice.kernel.backend} has a self-test now: give rowwise_epilogue a context")
-
-    def bits(t, view):
-        return t.detach().contiguous().reshape(-1).view(view).cpu().numpy()
-
-    out = rowwise_epilogue_codes(acc.cpu().numpy(), bits(scale_a, torch.uint32), bits(scale_b, torch.uint32),
-                                 None if bias is None else bits(bias, torch.uint16), x_first)
-    return torch.from_numpy(out).view(torch.bfloat16).to(acc.device)
+    (:data:`NO_SELFTEST`) and no kernel runs on a GPU without a verdict, so today it never runs on a GPU; that is by
+    design, not a failure: nothing is warned."""
+    try:
+        info = _device_info(acc.device, context)
+    except DeviceUnavailable:
+        return EpilogueOutcome(None, ())
+    verdict = verdicts_of(context)
+    choice = choose(candidates(ROWWISE, EPILOGUE), lambda k: device_skip(k.name, info),
+                    lambda k: entry_verdict(k, info, verdict))
+    if choice.kernel is None:
+        return EpilogueOutcome(None, ())
+    return EpilogueOutcome(choice.kernel.launch(acc, scale_a, scale_b, bias, x_first), ())
 
 
 def reset():
