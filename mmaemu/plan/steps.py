@@ -15,7 +15,7 @@ from typing import Iterable, List, NamedTuple, Optional, Tuple, Union
 
 from .. import backends
 from ..arith.params import require_gemm_level
-from ..context import Context, environment_of
+from ..context import Context
 from ..errors import BackendUnavailableError, ExperimentalPresetWarning, UnsupportedFeatureError
 from ..model.presets import Preset
 from ..platform import block_scaled
@@ -159,7 +159,7 @@ def cpu_engine(plan: Plan, fmt_a, fmt_b, context):
 
     call = plan.call
     schedule = schedule_params(plan.preset, call.K, call.use_fast_accum, plan.split.S, plan.split.scheme)
-    return cpu_engine_choice(plan.preset, schedule, fmt_a, fmt_b, environment_of(context)[CPU_ENGINE_ENV],
+    return cpu_engine_choice(plan.preset, schedule, fmt_a, fmt_b, context.environment[CPU_ENGINE_ENV],
                              (call.M, call.N), context=context)
 
 
