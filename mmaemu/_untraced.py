@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import sys
 
-__all__ = ["untraced", "traced_tensor_kind", "require_untraced"]
+__all__ = ["untraced", "traced_tensor_kind", "require_untraced", "plain_tensor"]
 
 
 def untraced(fn=None, *, reason=None):
@@ -52,10 +52,22 @@ def _disable(torch, fn, reason):
         return torch.compiler.disable(fn)
 
 
+def plain_tensor(tensor) -> bool:
+    """Whether ``tensor`` is a plain tensor with data: a ``torch.Tensor`` or ``torch.nn.Parameter`` itself (a fake
+    or functional tensor is a subclass; a Parameter of one keeps the subclass), neither functional nor
+    functorch-wrapped. Such a tensor is never traced (:func:`traced_tensor_kind` returns None for it at once); the
+    kept tensor-wise CPU call takes plain tensors only (:func:`mmaemu.recipes.tensorwise.kept_cpu_call`)."""
+    torch = sys.modules["torch"]  # a tensor exists: torch is imported
+    return (type(tensor) in (torch.Tensor, torch.nn.Parameter) and not torch._is_functional_tensor(tensor)
+            and not torch._C._functorch.is_functorch_wrapped_tensor(tensor))
+
+
 def traced_tensor_kind(tensor):
     """"fake" or "functional" for a tensor that a tracer (torch.compile's dynamo and AOTAutograd, make_fx,
-    FakeTensorMode) hands over in place of one with data, else None. Read without importing torch's tracing
-    modules: a process that has not imported them holds no such tensor."""
+    FakeTensorMode) hands over in place of one with data, else None (a :func:`plain_tensor` at once). Read without
+    importing torch's tracing modules: a process that has not imported them holds no such tensor."""
+    if "torch" in sys.modules and plain_tensor(tensor):
+        return None
     fake_module = sys.modules.get("torch._subclasses.fake_tensor")
     if fake_module is not None and fake_module.is_fake(tensor):
         return "fake"

@@ -71,12 +71,15 @@ def _codes(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().view(torch.uint8).cpu().numpy()
 
 
-def _accumulate(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, backend):
-    """fp32 accumulators [M, N] of the kernel on ``backend`` ("cpu", "reference" or "cuda:simple")."""
+def accumulate_chunked(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, backend):
+    """fp32 accumulators [M, N] of the chunked ``kernel`` (:mod:`mmaemu.model.chunked`) on ``backend`` ("cpu",
+    "reference" or "cuda:simple": the block-wise recipe's CUDA kernel, launched through its registry entry,
+    :data:`mmaemu.cuda.catalog.REGISTRY`); the one step of both block-wise front doors (``scaled_mm`` and
+    :mod:`mmaemu.deepgemm`)."""
     if backend == "cuda:simple":
-        from .cuda.blockwise.kernel import accumulate_chunked_numpy
+        from .cuda.catalog import BLOCKWISE, REGISTRY
 
-        return accumulate_chunked_numpy(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel)
+        return REGISTRY[BLOCKWISE].launch(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel)
     from .cpu.chunked import accumulate_chunked_codes
 
     return accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel,
@@ -94,7 +97,7 @@ def compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, bac
     kernel = kernel_for(spec.block_a, spec.block_b, out_dtype, bias is not None, accumulate_into is not None)
     scales_a = _scale_rows(scale_a, spec.block_a, "a", spec.api, M, chunks)
     scales_b = _scale_rows(scale_b, spec.block_b, "b", spec.api, N, chunks)
-    final = _accumulate(_codes(mat_a), _codes(mat_b.t()), spec.fmt_a, spec.fmt_b, scales_a, scales_b, kernel,
+    final = accumulate_chunked(_codes(mat_a), _codes(mat_b.t()), spec.fmt_a, spec.fmt_b, scales_a, scales_b, kernel,
                         backend)
     from .cpu.chunked import chunked_output
 

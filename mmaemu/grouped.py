@@ -39,6 +39,7 @@ from typing import List, NamedTuple, Optional
 import torch
 
 from ._untraced import untraced
+from .context import for_call
 from .errors import ExperimentalPresetWarning, ReferenceRejectsError, UnsupportedFeatureError
 from .formats import dtype_name
 from .platform import kernel_families
@@ -51,7 +52,6 @@ __all__ = ["scaled_grouped_mm", "scaled_grouped_mm_v2_op", "scaled_grouped_mm_op
 
 _TORCH = "[torch _scaled_grouped_mm]"
 _MAX_GROUPS = 1024
-_BF16_NEGATIVE_ZERO = 0x8000
 MATURITY_MESSAGE = (
     "mmaemu scaled_grouped_mm (torch's CUTLASS f8f8bf16_grouped_mm on sm_90) is experimental: modelled from pinned "
     "public source (pytorch ScaledGroupMM.cu, GroupedBlas.cpp; NVIDIA CUTLASS's FP8 pointer-array mainloop), not "
@@ -204,10 +204,11 @@ def _require_aligned(spans, name: str) -> None:
 
 
 def resolve_grouped(mat_a, mat_b, scale_a, scale_b, offs, bias, scale_result, out_dtype, pair: str, *,
-                    profile=None) -> GroupedCall:
+                    profile=None, context) -> GroupedCall:
     """Check a grouped call in torch's order (GroupedBlas.cpp), then the route of the profile's stack, then the
-    row-wise kernel's operand dtypes; the :class:`GroupedCall` to compute, or the error torch or mmaemu raises."""
-    profile = get_profile(profile)
+    row-wise kernel's operand dtypes; the :class:`GroupedCall` to compute, or the error torch or mmaemu raises.
+    ``context``: the call's (the profile's default)."""
+    profile = get_profile(profile, context=context)
     _check_layouts(mat_a, mat_b)
     if bias is not None:
         raise _rejects("Bias not supported yet: add the bias to the grouped result yourself")
@@ -233,34 +234,29 @@ def resolve_grouped(mat_a, mat_b, scale_a, scale_b, offs, bias, scale_result, ou
     return GroupedCall(pair, route, out, groups)
 
 
-def _fp32_bits(t: torch.Tensor):
-    return t.detach().contiguous().reshape(-1).view(torch.int32).cpu().numpy().view("uint32")
-
-
-def _compute_group(group: Group, use_fast_accum: bool, profile, backend) -> None:
+def _compute_group(group: Group, use_fast_accum: bool, profile, backend, context) -> None:
     """One group: the accumulators of the profile's preset (one CTA per output, S = 1), then the grouped
-    epilogue (x scale first, no bias node: a -0 bias in the row-wise epilogue arithmetic)."""
-    import numpy
-
+    epilogue through the row-wise recipe's (:func:`mmaemu.recipes.rowwise.rowwise_epilogue`: x scale first, no bias
+    node, i.e. a -0 bias), in the call's ``context``."""
     from .api import accumulate
-    from .cpu import rowwise_epilogue_codes
+    from .recipes.rowwise import rowwise_epilogue
 
     m, n = group.out.shape
     if m == 0 or n == 0:
         return
     acc = accumulate(group.a, group.b.t(), use_fast_accum=use_fast_accum, profile=profile, splitk=1,
                      backend=backend, out_dtype_for_split=torch.bfloat16)
-    no_bias = numpy.full(n, _BF16_NEGATIVE_ZERO, numpy.uint16)
-    bits = rowwise_epilogue_codes(acc.cpu().numpy(), _fp32_bits(group.sa), _fp32_bits(group.sb), no_bias, True)
-    group.out.copy_(torch.from_numpy(bits.view(numpy.int16)).view(torch.bfloat16))
+    no_bias = torch.full((n,), -0.0, dtype=torch.bfloat16)  # bits 0x8000: RN(-0 + q) = q for every q
+    group.out.copy_(rowwise_epilogue(acc, group.sa, group.sb, no_bias, True, context))
 
 
-def run_grouped(call: GroupedCall, use_fast_accum: bool, *, profile=None, backend="auto") -> torch.Tensor:
-    """Compute a resolved grouped call group by group (warning once that the model is experimental)."""
+def run_grouped(call: GroupedCall, use_fast_accum: bool, *, profile=None, backend="auto", context) -> torch.Tensor:
+    """Compute a resolved grouped call group by group in the call's ``context`` (warning once that the model is
+    experimental)."""
     report([Notice(ExperimentalPresetWarning, MATURITY_MESSAGE, ("grouped:cutlass-rowwise-sm90",))])
-    profile = get_profile(profile)
+    profile = get_profile(profile, context=context)
     for group in call.groups:
-        _compute_group(group, bool(use_fast_accum), profile, backend)
+        _compute_group(group, bool(use_fast_accum), profile, backend, context)
     return call.out
 
 
@@ -274,11 +270,12 @@ def scaled_grouped_mm_op(self, mat2, scale_a, scale_b, offs=None, bias=None, sca
                          use_fast_accum=False, *, profile=None, splitk="auto", backend="auto"):
     """``torch._scaled_grouped_mm`` (torch 2.13.0's schema) as the profile's reference GPU computes it."""
     with edge():
+        context = for_call()
         _one_split(splitk)
         pair = _pair_of_v1(scale_a, scale_b)
         call = resolve_grouped(self, mat2, scale_a, scale_b, offs, bias, scale_result, out_dtype, pair,
-                               profile=profile)
-        return run_grouped(call, use_fast_accum, profile=profile, backend=backend)
+                               profile=profile, context=context)
+        return run_grouped(call, use_fast_accum, profile=profile, backend=backend, context=context)
 
 
 @untraced
@@ -288,17 +285,19 @@ def scaled_grouped_mm_v2_op(self, mat2, scale_a, recipe_a, swizzle_a, scale_b, r
     """``torch._scaled_grouped_mm_v2`` (torch 2.13.0's schema: scale, recipe and swizzle lists; offs before bias)
     as the profile's reference GPU computes it."""
     with edge():
+        context = for_call()
         _one_split(splitk)
         if not (self.dim() == 2 and mat2.dim() == 2):
             _refuse_contraction_dim(contraction_dim)
         scale_a, scale_b = _as_list(scale_a), _as_list(scale_b)
         pair = _pair_of_v2(_enum_values(_as_list(recipe_a)), _enum_values(_as_list(recipe_b)), self)
         if pair != "rowwise_rowwise":  # refused by the route; the scale lists are the block-scaled pairs' own
-            route = kernel_families.route("scaled_grouped_mm", pair, get_profile(profile))
-            raise refusal_error("scaled_grouped_mm", pair, route, get_profile(profile))
+            resolved = get_profile(profile, context=context)
+            route = kernel_families.route("scaled_grouped_mm", pair, resolved)
+            raise refusal_error("scaled_grouped_mm", pair, route, resolved)
         call = resolve_grouped(self, mat2, scale_a[0], scale_b[0], offs, bias, None, out_dtype, pair,
-                               profile=profile)
-        return run_grouped(call, use_fast_accum, profile=profile, backend=backend)
+                               profile=profile, context=context)
+        return run_grouped(call, use_fast_accum, profile=profile, backend=backend, context=context)
 
 
 def _one_split(splitk) -> None:

@@ -92,11 +92,12 @@ def _check_splitk_and_backend(splitk, backend, profile):
     preset computes (the bounds that depend on K stay per call), and the backend's name, each with its own error
     (as ``mmaemu.patch`` checks them). "auto" is resolved per call ($MMAEMU_BACKEND is read then)."""
     from .backends import requested_backend
+    from .context import for_call
     from .platform.splitk import check_splitk_argument
 
     check_splitk_argument(splitk, profile)
-    if not (isinstance(backend, str) and backend == "auto"):
-        requested_backend(backend)
+    if not (isinstance(backend, str) and backend == "auto"):  # a name other than "auto" reads no environment
+        requested_backend(backend, context=for_call())
 
 
 class EmulatedFP8Linear(torch.nn.Module):

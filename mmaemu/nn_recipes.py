@@ -227,11 +227,12 @@ class BlockwiseFP8Linear(_RecipeLayer):
             raise UnsupportedFeatureError("explain() of a block-wise layer covers DeepGEMM's kernel; this layer runs "
                                           "mmaemu.blockwise_cublaslt.scaled_mm_blockwise: explain that call with "
                                           "mmaemu.explain (see docs/guide.md, 'Block-wise FP8')")
+        from .context import for_call
         from .model.chunked import DEEPGEMM_SM90_1D2D
         from .plan.deepgemm import explain_blockwise
 
         (x_fp8, _), _ = self._quantise_input(x)
-        return explain_blockwise(DEEPGEMM_SM90_1D2D, x_fp8.device, self.backend)
+        return explain_blockwise(DEEPGEMM_SM90_1D2D, x_fp8.device, self.backend, context=for_call())
 
     def _recipe_repr(self):
         if self.kernel == "cublaslt":

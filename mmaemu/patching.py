@@ -619,10 +619,13 @@ class patch(contextlib.ContextDecorator):
     """
 
     def __init__(self, profile=_UNSET, splitk=_UNSET, backend=_UNSET, *, log_limit=DEFAULT_LOG_LIMIT):
+        from .context import for_call
+
+        context = for_call()  # the edge: these checks read the environment of this moment
         if profile is not None:
             from .platform.profiles import get_profile
 
-            get_profile(profile)  # unknown names fail here, not at the first call
+            get_profile(profile, context=context)  # unknown names fail here, not at the first call
         if splitk is not None:
             from .platform.splitk import check_splitk_argument
 
@@ -630,7 +633,7 @@ class patch(contextlib.ContextDecorator):
         if backend is not None:
             from .backends import requested_backend
 
-            requested_backend(backend)
+            requested_backend(backend, context=context)
         self.profile, self.splitk, self.backend = profile, splitk, backend
         self.log_limit = _check_log_limit(log_limit)
         self.log = PatchLog(limit=self.log_limit)

@@ -240,16 +240,36 @@ def test_backends_of_block_scaled_calls(monkeypatch):
 def test_cuda_simple_for_a_block_scaled_call_says_its_kernel_has_no_device_self_test(monkeypatch):
     """Named cuda:simple on CUDA tensors is an explicit choice of a kernel checked only under the simulator: the
     plan takes it and carries the warning (the plan of a CUDA call, built on the CPU from a device stand-in)."""
+    from mmaemu import environment
+    from mmaemu.context import Context
+    from mmaemu.cuda.catalog import GateResult
+    from mmaemu.cuda.dispatch import gating
+    from mmaemu.device_facts import DeviceFacts
     from mmaemu.plan import steps
     from mmaemu.platform import block_scaled
 
-    monkeypatch.delenv("MMAEMU_DISABLE_CUDA", raising=False)
-    plan = types.SimpleNamespace(notices=[], fallbacks=[], backend=None)
-    with collecting():
-        steps.choose_block_scaled_backend(plan, torch.device("cuda"), "cuda:simple", None)
-    assert plan.backend == "cuda:simple"
-    assert [(n.category, n.message) for n in plan.notices] == [
-        (mmaemu.ExperimentalPresetWarning, block_scaled.CUDA_SIMPLE_UNCHECKED)]
+    facts = DeviceFacts(0, "Fake GPU", "GPU-1234", (10, 0), 148, None, torch.__version__, None, None, "13.0",
+                        compiler="numba 0.68 + numba-cuda 0.30")
+    monkeypatch.setattr(gating, "_probe", lambda device=None: facts)  # the device stand-in
+
+    def verdicts(outcome):
+        return lambda info, kernel: GateResult("selftest", outcome, "" if outcome else f"stub: {kernel} fails", {},
+                                               0.0, True)
+
+    for outcome in (True, False):
+        context = Context(environment.snapshot({}), verdicts=verdicts(outcome))
+        plan = types.SimpleNamespace(notices=[], fallbacks=[], backend=None, context=context)
+        with collecting():
+            if not outcome:  # the kernel runs under cuda:simple's verdict: a failed one refuses the named backend
+                with pytest.raises(mmaemu.BackendUnavailableError, match="cuda:simple: stub: simple fails"):
+                    steps.choose_block_scaled_backend(plan, torch.device("cuda"), "cuda:simple", context,
+                                                      recipe="block_scaled")
+                continue
+            steps.choose_block_scaled_backend(plan, torch.device("cuda"), "cuda:simple", context,
+                                              recipe="block_scaled")
+        assert plan.backend == "cuda:simple" and plan.context.device == facts
+        assert [(n.category, n.message) for n in plan.notices] == [
+            (mmaemu.ExperimentalPresetWarning, block_scaled.CUDA_SIMPLE_UNCHECKED)]
     assert "no device self-test" in block_scaled.CUDA_SIMPLE_UNCHECKED
 
 

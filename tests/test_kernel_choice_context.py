@@ -364,3 +364,23 @@ def test_the_self_test_cases_table_loads_as_gemm_cases(tmp_path):
     (tmp_path / "cases.json").write_text(json.dumps(table))
     with pytest.raises(ValueError, match="are not GemmCase's"):
         selftest._load_gemm_cases(tmp_path / "cases.json")
+
+
+def test_the_row_wise_epilogue_kernel_never_runs_on_a_device_without_a_verdict(device):
+    import types
+
+    acc = types.SimpleNamespace(device=CUDA0)  # the kernel is not launched: nothing reads the values
+    outcome = gating.rowwise_epilogue(acc, None, None, None, True, context=context(verdict_source({})))
+    assert outcome == gating.EpilogueOutcome(None, ())  # the recipe's CPU loops compute, nothing is warned
+
+
+def test_a_preferred_block_scaled_cuda_kernel_that_may_not_run_leaves_the_call_to_the_cpu(device):
+    import types
+
+    from mmaemu.plan import steps
+
+    preferred = context(verdict_source({"simple": False}), MMAEMU_BACKEND="cuda:simple")
+    plan = types.SimpleNamespace(notices=[], fallbacks=[], backend=None, context=preferred)
+    steps.choose_block_scaled_backend(plan, CUDA0, "auto", preferred, recipe="block_scaled")
+    assert plan.backend == "cpu" and plan.fallbacks == ["cuda:simple: stub says simple fails"]
+    assert plan.context.device == H100  # the plan keeps the facts its choice read

@@ -90,9 +90,11 @@ def same(x, y):
 def uncached(a, mat2):
     """The product decoded for this call alone (the store bypassed)."""
     from mmaemu.api import run_scaled_mm_plan
+    from mmaemu.context import for_call
     from mmaemu.plan.planner import plan_scaled_mm
 
-    return run_scaled_mm_plan(plan_scaled_mm(a, mat2, ONE, ONE, None, None, torch.float32, False, splitk=1))
+    return run_scaled_mm_plan(plan_scaled_mm(a, mat2, ONE, ONE, None, None, torch.float32, False, splitk=1,
+                                             context=for_call()))
 
 
 def test_a_small_b_is_decoded_at_each_call(monkeypatch):

@@ -95,6 +95,7 @@ def explain_call(M, N, K, a, b, out, fast, scale_a, scale_b, scale_result, profi
 def _explain_described(M, N, K, a, b, out, fast, scale_a, scale_b, scale_result, profile, splitk, backend, device):
     """explain_call on operand descriptors: the planner reads only metadata, so no torch is imported. The scale
     values are not part of the plan (explain reads no element), as with the zero tensors of a CUDA call."""
+    from ..context import for_call
     from ..plan.planner import explain_scaled_mm
 
     input = row_major((M, K), TorchName(formats.TORCH_NAMES[a]), device)
@@ -105,4 +106,4 @@ def _explain_described(M, N, K, a, b, out, fast, scale_a, scale_b, scale_result,
         return explain_scaled_mm(
             input, mat2, scalar, scalar, scale_result=None if scale_result is None else scalar,
             out_dtype=None if out is None else TorchName(OUT_DTYPES[out]), use_fast_accum=fast, profile=profile,
-            splitk=splitk, backend=backend)
+            splitk=splitk, backend=backend, context=for_call())

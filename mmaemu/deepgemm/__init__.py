@@ -187,14 +187,9 @@ def _scales(t):
 
 def _final(a_codes, b_codes, scales_a, scales_b, plan):
     """fp32 accumulators [M, N] of the plan's chunked kernel on the plan's engine."""
-    if plan.backend == "cuda:simple":
-        from ..cuda.blockwise.kernel import accumulate_chunked_numpy
+    from ..blockwise_cublaslt import accumulate_chunked
 
-        return accumulate_chunked_numpy(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, plan.kernel)
-    from ..cpu.chunked import accumulate_chunked_codes
-
-    return accumulate_chunked_codes(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, plan.kernel,
-                                    reference=plan.backend == "reference")
+    return accumulate_chunked(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, plan.kernel, plan.backend)
 
 
 def _store(d_view, final, kernel):

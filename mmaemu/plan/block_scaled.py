@@ -44,7 +44,8 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 from ..errors import ReferenceRejectsError, UnsupportedFeatureError
-from ..platform.block_scaled import BIAS_REFUSAL, RECIPES, Recipe, padded_K, recipe_preset, refusal
+from ..platform.block_scaled import (BIAS_REFUSAL, RECIPES, BlockScaledFormat, padded_K, recipe_preset,
+                                     refusal)
 from .descriptors import dtype_name
 from .layout import is_row_major, mat2_is_column_major
 
@@ -69,7 +70,7 @@ class BlockScaledSpec(NamedTuple):
     """A checked block-scaled call: the recipe, the preset that computes it, the element formats, K in elements,
     the block length, and the K the kernel computes (``padded_K`` > K: the last instruction zero-padded)."""
 
-    recipe: Recipe
+    recipe: BlockScaledFormat
     preset: object
     fmt_a: str
     fmt_b: str
@@ -117,7 +118,7 @@ def _scope(message: str) -> UnsupportedFeatureError:
     return UnsupportedFeatureError(f"{message} {_SCOPE}")
 
 
-def _recipe_of(input, mat2, scaling: BlockScaling) -> Recipe:
+def _recipe_of(input, mat2, scaling: BlockScaling) -> BlockScaledFormat:
     """B.2: MXFP8, MXFP4 or NVFP4 by the operand and scale dtypes."""
     dtypes = (_dtype_name(input), _dtype_name(mat2))
     for recipe in RECIPES.values():
@@ -175,7 +176,7 @@ def check_block_scaled_call(input, mat2, scaling: BlockScaling, od, bias, out, p
     return BlockScaledSpec(recipe, preset, _format_of(input), _format_of(mat2), K, scaling.block, K_padded)
 
 
-def _check_globals(recipe: Recipe, globals_) -> None:
+def _check_globals(recipe: BlockScaledFormat, globals_) -> None:
     if globals_ is None:
         return
     if recipe.name != "nvfp4":

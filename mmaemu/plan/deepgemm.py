@@ -8,9 +8,10 @@ decided from the call's :class:`mmaemu.context.Context` by the rules :func:`mmae
   (:func:`mmaemu.cuda.blockwise.kernel.gemm_chunked_simple`) has no device self-test of its own, so it runs only
   when asked for.
 * "cuda" and "cuda:simple" ask for that kernel: it runs on CUDA tensors, unless the context disables CUDA
-  (``MMAEMU_DISABLE_CUDA``: BackendUnavailableError, nothing of CUDA is touched), and only where the kernel choice
-  of :func:`mmaemu.cuda.select` takes ``cuda:simple`` by its verdict on the device (its self-test, a forced
-  failure, the context's verdict source); a failed verdict is a BackendUnavailableError that names it. It warns
+  (``MMAEMU_DISABLE_CUDA``: BackendUnavailableError, nothing of CUDA is touched), and only where the kernel
+  registry's one choice (:func:`mmaemu.plan.steps.recipe_cuda_kernel`, :func:`mmaemu.cuda.recipe_kernel`) takes
+  the block-wise recipe's kernel by the verdict of ``cuda:simple`` it runs under on the device (its self-test, a
+  forced failure, the context's verdict source); a failed verdict is a BackendUnavailableError that names it. It warns
   once (:data:`CUDA_SIMPLE_UNCHECKED`).
 * Another CUDA kernel declines by design (:func:`mmaemu.cuda.blockwise.kernel.chunked_decline`): named as the
   argument, a BackendUnavailableError with its reason; named by ``$MMAEMU_BACKEND`` (a preference of the process,
@@ -25,14 +26,15 @@ from typing import NamedTuple, Optional, Tuple
 
 from .. import backends
 from ..context import Context
+from ..cuda.catalog import BLOCKWISE
 from ..errors import BackendUnavailableError, ExperimentalPresetWarning
-from ..model.presets import get_preset
 from ..platform.splitk import SplitDecision
 from ..warn import Notice, collecting, report
 from .flush import check_no_flush_to_zero
-from .steps import CallPlan
+from .steps import CallPlan, recipe_cuda_kernel
 
-__all__ = ["BlockwisePlan", "plan_blockwise", "explain_blockwise", "CUDA_SIMPLE_UNCHECKED", "NO_SPLIT_REASON"]
+__all__ = ["BlockwisePlan", "plan_blockwise", "explain_blockwise", "CUDA_SIMPLE_UNCHECKED",
+           "NO_SPLIT_REASON"]
 
 FORMAT = "e4m3"  # DeepGEMM's sm_90 FP8 GEMMs take E4M3 operands only
 CUDA_SIMPLE_UNCHECKED = (
@@ -56,9 +58,9 @@ class BlockwisePlan(NamedTuple):
     context: Optional[Context]
 
 
-def plan_blockwise(kernel, device, backend, *, context: Optional[Context] = None) -> BlockwisePlan:
+def plan_blockwise(kernel, device, backend, *, context: Context) -> BlockwisePlan:
     """The :class:`BlockwisePlan` of a call of ``kernel`` (:mod:`mmaemu.model.chunked`) on tensors of ``device``
-    with the ``backend`` argument, by the rules of the module docstring; ``context`` None: read now."""
+    with the ``backend`` argument, by the rules of the module docstring, in ``context`` (the front door's)."""
     name = backends.requested_backend(backend, context=context)
     on_cuda = getattr(device, "type", str(device)) == "cuda"
     if name in backends.CPU_ENGINES:
@@ -85,15 +87,17 @@ def _plan_cuda(kernel, device, name: str, *, from_environment: bool, context) ->
             return BlockwisePlan(kernel, "cpu", (f"{name}: {why}",), context)
         raise BackendUnavailableError(f"backend {name!r} cannot run {kernel.name}: {why}; use backend='cuda:simple', "
                                       "'cpu' or 'auto'")
-    # The CUDA switch, the device and the kernel's verdict, as scaled_mm's selection judges them; an unusable
-    # device or a failed verdict raises here (the backend was asked for), before anything is computed.
-    selection = backends.select(device, "cuda:simple", FORMAT, FORMAT, get_preset(kernel.preset, warn=False),
-                                context=context)
+    # The CUDA switch, the device and the verdict the block-wise kernel runs under, as the kernel registry's one
+    # choice judges them (the words of scaled_mm's selection); an unusable device or a failed verdict raises here
+    # (the backend was asked for), before anything is computed.
+    chosen = recipe_cuda_kernel(BLOCKWISE, "cuda:simple", device, context)
+    if chosen.backend is None:
+        raise BackendUnavailableError(chosen.refusal)
     report([Notice(ExperimentalPresetWarning, CUDA_SIMPLE_UNCHECKED, ("deepgemm:cuda:simple",))])
-    return BlockwisePlan(kernel, selection.name, tuple(selection.fallbacks), context)
+    return BlockwisePlan(kernel, chosen.backend, chosen.passed_over, chosen.context)
 
 
-def explain_blockwise(kernel, device, backend, *, context: Optional[Context] = None) -> CallPlan:
+def explain_blockwise(kernel, device, backend, *, context: Context) -> CallPlan:
     """What a block-wise call of ``kernel`` on ``device`` would do, as a :class:`mmaemu.CallPlan` (``explain``'s
     answer for the block-wise recipe): its engine, and the split decision of a kernel that never splits (S = 1,
     source "kernel", modelled from the pinned source: not verified). Never raises for a bad call (its

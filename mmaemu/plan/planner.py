@@ -8,7 +8,7 @@ Each decision returns its warnings as data (:class:`mmaemu.warn.Notice`); the pl
 The entry point decides what happens to them: ``scaled_mm``/``accumulate`` emit them (once per process per key,
 at the user's line); ``explain`` plans inside :func:`mmaemu.warn.collecting`, so it emits nothing and consumes no
 once-per-process slot. The entry point also gives the plan its :class:`mmaemu.context.Context` (``context=``),
-which every decision of the plan reads (None: each decision reads the environment as it is then).
+which every decision of the plan reads (required: the planner never reads the environment itself).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = ["CallPlan", "Plan", "plan_scaled_mm", "plan_accumulate", "explain_sca
 
 def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
                    use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto",
-                   global_scales=None, context=None) -> Plan:
+                   global_scales=None, context) -> Plan:
     """Validate and plan a ``scaled_mm`` call in the order of semantics.md (f); raises what scaled_mm raises.
     ``global_scales``: NVFP4's (global_scale_a, global_scale_b) or None (:mod:`mmaemu.plan.block_scaled`); they
     may also come as ``(block scales, global scale)`` pairs in scale_a and scale_b.
@@ -50,7 +50,7 @@ def plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, 
 
 
 def plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="auto",
-                    out_dtype_for_split=None, context=None) -> Plan:
+                    out_dtype_for_split=None, context) -> Plan:
     """Validate and plan an ``accumulate`` call (semantics.md f.8)."""
     import torch
 
@@ -77,10 +77,10 @@ def explain_scaled_mm(*args, **kwargs) -> CallPlan:
         try:
             return plan_scaled_mm(*args, **kwargs).describe()
         except Exception as error:  # explain reports every failure of the call instead of raising it
-            return _failed_plan(error, kwargs.get("profile"), kwargs.get("context"))
+            return _failed_plan(error, kwargs.get("profile"), kwargs["context"])
 
 
-def _failed_plan(error: Exception, profile, context=None) -> CallPlan:
+def _failed_plan(error: Exception, profile, context) -> CallPlan:
     name = preset = maturity = None
     try:
         resolved = get_profile(profile, context=context)

@@ -11,11 +11,11 @@ Each step returns its warnings as data (:class:`mmaemu.warn.Notice`): :func:`not
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, List, Optional, Tuple, Union
+from typing import Iterable, List, NamedTuple, Optional, Tuple, Union
 
 from .. import backends
 from ..arith.params import require_gemm_level
-from ..context import Context, environment_of
+from ..context import Context
 from ..errors import BackendUnavailableError, ExperimentalPresetWarning, UnsupportedFeatureError
 from ..model.presets import Preset
 from ..platform import block_scaled
@@ -26,7 +26,8 @@ from .flush import check_no_flush_to_zero
 
 __all__ = ["CallPlan", "Plan", "OUT_UNCHANGED_MESSAGE", "OUT_RESIZED_MESSAGE", "note", "out_warning",
            "out_resized_warning", "maturity_warnings", "decide", "check_backend_name", "choose_backend",
-           "refuse_block_scaled_preset", "choose_block_scaled_backend"]
+           "refuse_block_scaled_preset", "choose_block_scaled_backend", "recipe_cuda_kernel",
+           "RecipeKernel"]
 
 OUT_UNCHANGED_MESSAGE = (
     "out= is neither row- nor column-major: torch 2.7.1 computes into a private contiguous copy and never "
@@ -158,7 +159,7 @@ def cpu_engine(plan: Plan, fmt_a, fmt_b, context):
 
     call = plan.call
     schedule = schedule_params(plan.preset, call.K, call.use_fast_accum, plan.split.S, plan.split.scheme)
-    return cpu_engine_choice(plan.preset, schedule, fmt_a, fmt_b, environment_of(context)[CPU_ENGINE_ENV],
+    return cpu_engine_choice(plan.preset, schedule, fmt_a, fmt_b, context.environment[CPU_ENGINE_ENV],
                              (call.M, call.N), context=context)
 
 
@@ -173,17 +174,63 @@ def refuse_block_scaled_preset(plan: Plan) -> None:
 
 
 
-def choose_block_scaled_backend(plan: Plan, device, backend, context) -> None:
-    """The engines of block-scaled calls: "reference" and "cpu"; on CUDA tensors "cuda:simple" when named (it
-    warns: its kernel has no device self-test), else the CPU engine (the result is copied back)."""
+class RecipeKernel(NamedTuple):
+    """The CUDA kernel of a recipe's call asked for by name (:func:`recipe_cuda_kernel`): ``backend``
+    ("cuda:<kernel>", None: none may run), ``refusal`` (the BackendUnavailableError's text when none may run, in
+    the words of :func:`mmaemu.backends.select`), ``passed_over`` (why, as the kernel choice lists it) and the
+    ``context`` carrying the device's facts (:func:`mmaemu.cuda.device_context`), which the plan keeps."""
+
+    backend: Optional[str]
+    refusal: Optional[str]
+    passed_over: Tuple[str, ...]
+    context: Context
+
+
+def recipe_cuda_kernel(recipe: str, name: str, device, context: Context) -> RecipeKernel:
+    """The kernel of ``recipe`` (a :mod:`mmaemu.cuda.catalog` recipe name) that answers to backend ``name`` for
+    tensors on ``device``, as the kernel registry's one choice takes it (:func:`mmaemu.cuda.recipe_kernel`: its
+    decline rules and the verdict it runs under, from ``context``); nothing of CUDA is touched when the tensors are
+    not on a CUDA device or the context disables CUDA."""
+    on_cuda = getattr(device, "type", str(device)) == "cuda"
+    if not on_cuda or backends.cuda_disabled(context=context):
+        reason = "cuda: tensors on cpu" if not on_cuda else "cuda: disabled by MMAEMU_DISABLE_CUDA"
+        return RecipeKernel(None, f"backend {name!r} cannot run: {reason}; use backend='cpu' or 'auto'", (reason,),
+                            context)
+    from .. import cuda
+
+    context = cuda.device_context(device, context)
+    choice = cuda.recipe_kernel(recipe, name, device, context=context)
+    if choice.kernel is not None:
+        return RecipeKernel(name, None, (), context)
+    if context.device is None:
+        refusal = f"backend {name!r} cannot run: cuda: {context.device_problem}; use backend='cpu' or 'auto'"
+    else:
+        refusal = f"backend {name!r} cannot run on {context.device.label}: " + "; ".join(choice.passed_over)
+    return RecipeKernel(None, refusal, choice.passed_over, context)
+
+
+def choose_block_scaled_backend(plan: Plan, device, backend, context, *, recipe: str) -> None:
+    """The engines of block-scaled and block-wise calls (``recipe``: "block_scaled" or "blockwise", the kernel
+    registry's names): "reference" and "cpu"; on CUDA tensors "cuda:simple" when named and the registry's choice
+    takes the recipe's kernel there (:func:`recipe_cuda_kernel`; it warns: the kernel has no device self-test of its
+    own), else the CPU engine (the result is copied back). Named as the argument, a ``cuda:simple`` that may not run
+    is a BackendUnavailableError; named by ``$MMAEMU_BACKEND`` (a preference), the CPU engine computes and the plan
+    lists why."""
     name = backends.requested_backend(backend, context=context)
     on_cuda = getattr(device, "type", str(device)) == "cuda"
     if name in backends.CPU_ENGINES:
         plan.backend = name
     elif name == "cuda:simple" and on_cuda and not backends.cuda_disabled(context=context):
-        plan.backend = name
-        note(plan, [Notice(ExperimentalPresetWarning, block_scaled.CUDA_SIMPLE_UNCHECKED,
-                            ("block-scaled:cuda:simple",))])
+        kernel = recipe_cuda_kernel(recipe, name, device, context)
+        plan.context = kernel.context
+        if kernel.backend is not None:
+            plan.backend = kernel.backend
+            note(plan, [Notice(ExperimentalPresetWarning, block_scaled.CUDA_SIMPLE_UNCHECKED,
+                                ("block-scaled:cuda:simple",))])
+        elif backend == "auto":  # $MMAEMU_BACKEND's preference: the cpu engine computes
+            plan.backend, plan.fallbacks = "cpu", list(kernel.passed_over)
+        else:
+            raise BackendUnavailableError(kernel.refusal)
     elif name == "auto" or backend == "auto":  # $MMAEMU_BACKEND naming another CUDA kernel is a preference
         plan.backend = "cpu"
         if on_cuda or name != "auto":

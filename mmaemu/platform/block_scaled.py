@@ -54,7 +54,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-__all__ = ["PROFILE", "KERNEL", "Recipe", "RECIPES", "recipe_preset", "is_block_scaled_profile", "NO_SPLIT_REASON",
+__all__ = ["PROFILE", "KERNEL", "BlockScaledFormat", "RECIPES", "recipe_preset", "is_block_scaled_profile",
+           "NO_SPLIT_REASON",
            "UNKNOWNS", "unknowns", "maturity_message", "padded_K", "padding_scale_refusal", "BIAS_REFUSAL"]
 
 #: The built-in profile of the B200 block-scaled GEMMs.
@@ -80,8 +81,9 @@ MXFP4_UNKNOWN = "the instruction cuBLASLt runs for MXFP4 (modelled as CUTLASS's 
 PADDING_UNKNOWN = "the zero padding of the last instruction (K % 64 == 32)"
 
 
-class Recipe(NamedTuple):
-    """One variant of the block-scaled recipe of ``_scaled_mm`` (:mod:`mmaemu.recipes.block_scaled`): operand
+class BlockScaledFormat(NamedTuple):
+    """One format of the block-scaled recipe (MXFP8, MXFP4, NVFP4; not a :class:`mmaemu.recipes.base.Recipe`, which is
+    the whole recipe), one variant of ``_scaled_mm`` (:mod:`mmaemu.recipes.block_scaled`): operand
     dtypes (the first is the one its casts produce), scale dtype and format, block length (elements of K per
     scale), the instruction preset of the B200 profile, and the multiple of K (elements) a call and a layer's
     in_features need: one 32-element MXFP8 instruction, or torch's packed-FP4 rule (K / 2 a multiple of 16)."""
@@ -98,9 +100,10 @@ class Recipe(NamedTuple):
 #: The one table of the block-scaled variants: validation (:mod:`mmaemu.plan.block_scaled`), the casts
 #: (:mod:`mmaemu.block_quantize`) and the layers (:mod:`mmaemu.nn_recipes`) read it.
 RECIPES = {
-    "mxfp8": Recipe("mxfp8", ("float8_e4m3fn", "float8_e5m2"), "float8_e8m0fnu", "ue8m0", 32, "tcgen05_mxf8f6f4", 32),
-    "mxfp4": Recipe("mxfp4", ("float4_e2m1fn_x2",), "float8_e8m0fnu", "ue8m0", 32, "tcgen05_mxf4nvf4", 32),
-    "nvfp4": Recipe("nvfp4", ("float4_e2m1fn_x2",), "float8_e4m3fn", "ue4m3", 16, "tcgen05_mxf4nvf4", 32),
+    "mxfp8": BlockScaledFormat("mxfp8", ("float8_e4m3fn", "float8_e5m2"), "float8_e8m0fnu", "ue8m0", 32,
+                               "tcgen05_mxf8f6f4", 32),
+    "mxfp4": BlockScaledFormat("mxfp4", ("float4_e2m1fn_x2",), "float8_e8m0fnu", "ue8m0", 32, "tcgen05_mxf4nvf4", 32),
+    "nvfp4": BlockScaledFormat("nvfp4", ("float4_e2m1fn_x2",), "float8_e4m3fn", "ue4m3", 16, "tcgen05_mxf4nvf4", 32),
 }
 FP4_RECIPES = tuple(name for name, row in RECIPES.items() if "float4_e2m1fn_x2" in row.operand_dtypes)
 
@@ -117,7 +120,7 @@ def _preset_of(profile):
     return get_preset(profile.preset, warn=False)
 
 
-def recipe_preset(profile, recipe: Recipe):
+def recipe_preset(profile, recipe: BlockScaledFormat):
     """The instruction preset that computes ``recipe`` on ``profile``, or None if the profile has none for it.
 
     The B200 profile: the recipe's own preset. A profile made from a block-scaled preset: that preset when it takes
@@ -145,7 +148,7 @@ def padded_K(K: int, preset) -> int:
     return K
 
 
-def padding_scale_refusal(recipe: Recipe, K: int, K_padded: int) -> str:
+def padding_scale_refusal(recipe: BlockScaledFormat, K: int, K_padded: int) -> str:
     """The refusal of a padded call whose scale padding (the blocks in [K, K_padded)) holds a NaN code."""
     return (f"{recipe.name.upper()} scaled_mm with K = {K}: the last {recipe.preset} instruction is zero-padded to "
             f"K = {K_padded}, and the swizzled scale tensor holds a NaN code in the padding column(s) of blocks "
@@ -154,12 +157,12 @@ def padding_scale_refusal(recipe: Recipe, K: int, K_padded: int) -> str:
             "of the scale tensor (mmaemu.scale_layout.to_blocked and torchao's to_blocked pad with zeros)")
 
 
-def unknowns(recipe: Recipe, padded: bool = False) -> tuple:
+def unknowns(recipe: BlockScaledFormat, padded: bool = False) -> tuple:
     """What no source fixes for a call of ``recipe`` (``padded``: its last instruction is zero-padded)."""
     return UNKNOWNS + ((MXFP4_UNKNOWN,) if recipe.name == "mxfp4" else ()) + ((PADDING_UNKNOWN,) if padded else ())
 
 
-def maturity_message(recipe: Recipe, preset_name: str, padded: bool = False) -> str:
+def maturity_message(recipe: BlockScaledFormat, preset_name: str, padded: bool = False) -> str:
     """The ExperimentalPresetWarning text of a block-scaled call (``padded`` as for :func:`unknowns`)."""
     return (f"mmaemu: {recipe.name.upper()} scaled_mm on profile {PROFILE!r} is experimental: instruction "
             f"{preset_name!r} as MMA-Sim 2.1.1 models it, one chain per output (modelled, not recorded); unknown: "

@@ -68,13 +68,13 @@ def _block_scaled_accumulator(plan, weights=None) -> torch.Tensor:
                               raw[b_raw.size:], spec)
         return ops.b, ops.scale_b
 
-    if plan.backend == "cuda:simple":
-        from ..cuda.block_scaled.kernel import accumulate_block_scaled_cuda
+    if plan.backend == "cuda:simple":  # the recipe's CUDA kernel, launched through its registry entry
+        from ..cuda.catalog import BLOCK_SCALED as KERNEL, REGISTRY
 
         b, sb = b_operands(numpy.concatenate((b_raw.reshape(-1), scale_b)))
         a, _, sa, _ = kernel_operands(a_codes, b[:0, :a_codes.shape[1]], scale_a, numpy.zeros(0, numpy.uint8), spec)
-        return accumulate_block_scaled_cuda(a, b, spec.fmt_a, spec.fmt_b, sa, sb, spec.recipe.scale_fmt, spec.preset,
-                                            call.device)
+        return REGISTRY[KERNEL].launch(a, b, spec.fmt_a, spec.fmt_b, sa, sb, spec.recipe.scale_fmt, spec.preset,
+                                       call.device)
     from ..cpu.block_scaled import accumulate_block_scaled, kept_b_engine
 
     raw = numpy.concatenate((b_raw.reshape(-1), scale_b))
@@ -170,7 +170,7 @@ def _plan_block_scaled(plan: steps.Plan, splitk, backend, context) -> steps.Plan
                                f"{spec.recipe.name.upper()} block {spec.block}, K = {spec.K} elements"
                                f"{f', K zero-padded to {spec.padded_K}' if padded else ''}; unknown: "
                                f"{'; '.join(block_scaled.unknowns(spec.recipe, padded))}")
-    steps.choose_block_scaled_backend(plan, call.device, backend, context)
+    steps.choose_block_scaled_backend(plan, call.device, backend, context, recipe=BLOCK_SCALED.name)
     return plan
 
 

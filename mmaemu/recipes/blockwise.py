@@ -82,7 +82,7 @@ def _plan_blockwise(plan: steps.Plan, splitk, backend, context) -> steps.Plan:
         raise UnsupportedFeatureError(f"splitk={splitk!r}: {blockwise.NO_SPLIT_REASON}; use splitk='auto' or 1")
     plan.kernel = blockwise.KERNEL
     plan.split = SplitDecision(1, "none", "kernel", False, None, blockwise.NO_SPLIT_REASON)
-    steps.choose_block_scaled_backend(plan, call.device, backend, context)
+    steps.choose_block_scaled_backend(plan, call.device, backend, context, recipe=BLOCKWISE.name)
     return plan
 
 

@@ -8,7 +8,8 @@
 * Plan: experimental (a warning), one CTA per output over all of K (S = 1), the scale order of the epilogue in the
   split note (:func:`mmaemu.platform.rowwise.scale_order`); the engines of the tensor-wise recipe.
 * Host preparation and kernels: the tensor-wise accumulator (:func:`mmaemu.recipes.tensorwise._accumulator`).
-  Epilogue: torch's row-wise epilogue (:mod:`mmaemu.arith.rowwise`, :func:`_rowwise_epilogue`).
+  Epilogue: torch's row-wise epilogue (:mod:`mmaemu.arith.rowwise`, :func:`rowwise_epilogue`, also the grouped
+  GEMM's).
 """
 
 from __future__ import annotations
@@ -26,31 +27,41 @@ from .tensorwise import _accumulator
 
 torch = torch_for(globals())
 
-__all__ = ["ROWWISE", "RowwiseRecipe"]
+__all__ = ["ROWWISE", "RowwiseRecipe", "rowwise_epilogue"]
 
 
 def _bits(t: torch.Tensor, view) -> "numpy.ndarray":  # noqa: F821
     return t.detach().contiguous().reshape(-1).view(view).cpu().numpy()
 
 
-def _rowwise_epilogue(acc: torch.Tensor, call) -> torch.Tensor:
-    """bf16 output of torch's row-wise epilogue (:mod:`mmaemu.arith.rowwise`) on the accumulator's device. An
-    accumulator on a CUDA device goes to :func:`mmaemu.cuda.rowwise_epilogue`, which today computes with the CPU
-    loops and copies the result back (its CUDA kernel, checked under the simulator only, has no device self-test,
-    so it runs on no GPU); an accumulator on the CPU gets the CPU loops here."""
-    from ..platform.rowwise import scale_order
-
-    x_first = scale_order(call.M, call.N).x_first
+def rowwise_epilogue(acc: torch.Tensor, scale_a, scale_b, bias, x_first: bool, context) -> torch.Tensor:
+    """bf16 output [M, N] of torch's row-wise epilogue (:mod:`mmaemu.arith.rowwise`) of the fp32 accumulators
+    ``acc`` with fp32 scales ``scale_a`` [M] and ``scale_b`` [N] (any shape holding them in order), a bf16
+    ``bias`` [N] or None and the scale order ``x_first`` (:func:`mmaemu.platform.rowwise.scale_order`), on the
+    accumulator's device: the one row-wise epilogue of ``scaled_mm``'s row-wise recipe and of the grouped GEMM
+    (:mod:`mmaemu.grouped`). An accumulator on a CUDA device is offered to the recipe's epilogue kernel
+    (:func:`mmaemu.cuda.rowwise_epilogue`, with ``context``'s verdicts); that kernel has no device self-test yet, so
+    no GPU runs it and the CPU loops compute, the result copied back to the accumulator's device."""
     if acc.device.type == "cuda":
         from .. import cuda as cuda_backend
 
-        return cuda_backend.rowwise_epilogue(acc, call.scale_a, call.scale_b, call.bias, x_first)
+        outcome = cuda_backend.rowwise_epilogue(acc, scale_a, scale_b, bias, x_first, context=context)
+        if outcome.result is not None:
+            return outcome.result
     from ..cpu import rowwise_epilogue_codes
 
-    bias = None if call.bias is None else _bits(call.bias, torch.uint16)
-    bits = rowwise_epilogue_codes(acc.numpy(), _bits(call.scale_a, torch.uint32), _bits(call.scale_b, torch.uint32),
-                                  bias, x_first)
-    return torch.from_numpy(bits).view(torch.bfloat16)
+    bias_bits = None if bias is None else _bits(bias, torch.uint16)
+    bits = rowwise_epilogue_codes(acc.cpu().numpy(), _bits(scale_a, torch.uint32), _bits(scale_b, torch.uint32),
+                                  bias_bits, x_first)
+    return torch.from_numpy(bits).view(torch.bfloat16).to(acc.device)
+
+
+def _rowwise_epilogue(acc: torch.Tensor, call, context) -> torch.Tensor:
+    """The row-wise recipe's epilogue of a ``scaled_mm`` call: :func:`rowwise_epilogue` in the scale order of the
+    call's shape."""
+    from ..platform.rowwise import scale_order
+
+    return rowwise_epilogue(acc, call.scale_a, call.scale_b, call.bias, scale_order(call.M, call.N).x_first, context)
 
 
 class RowwiseRecipe(Recipe):
@@ -78,7 +89,7 @@ class RowwiseRecipe(Recipe):
     def run(self, plan, weights=None):
         call = plan.call
         acc, _ = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum, weights)
-        return _rowwise_epilogue(acc, call)
+        return _rowwise_epilogue(acc, call, plan.context)
 
 
 def _rowwise_call(input, mat2, bias, profile, **common) -> rules.ScaledMMCall:

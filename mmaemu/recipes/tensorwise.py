@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy
 
+from .._untraced import plain_tensor
 from ..formats import dtype_name
 from ..plan import rules, steps
 from ..plan.layout import is_layout_std
@@ -78,16 +79,10 @@ def _scale_bits(scale) -> int:
 
 
 def _plain_data(call) -> bool:
-    """Whether every tensor of a tensor-wise call is a plain tensor with data (``torch.Tensor`` or
-    ``torch.nn.Parameter``, neither functional nor functorch-wrapped): then the entry point's refusal of traced
-    tensors has nothing to refuse (:func:`mmaemu._untraced.traced_tensor_kind` finds a fake tensor only as such a
-    subclass or wrapper)."""
-    plain = (torch.Tensor, torch.nn.Parameter)
-    for t in (call.input, call.mat2, call.scale_a, call.scale_b, call.scale_result, call.out):
-        if t is not None and (type(t) not in plain or torch._is_functional_tensor(t)
-                              or torch._C._functorch.is_functorch_wrapped_tensor(t)):
-            return False
-    return True
+    """Whether every tensor of a tensor-wise call is a plain tensor with data (:func:`mmaemu._untraced.plain_tensor`):
+    then the entry point's refusal of traced tensors has nothing to refuse."""
+    return all(t is None or plain_tensor(t) for t in (call.input, call.mat2, call.scale_a, call.scale_b,
+                                                      call.scale_result, call.out))
 
 
 def kept_cpu_call(plan, weights):

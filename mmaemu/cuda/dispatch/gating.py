@@ -345,18 +345,28 @@ def epilogue(acc, scale_a, scale_b, scale_result, out_dtype, computed_by: Option
     the CPU epilogue), with the failed self-test as a warning, once per process."""
     if computed_by is None:
         return EpilogueOutcome(None, ())  # a CPU engine computed it (backend "cpu"/"reference", or a fallback)
-    try:
-        info = _device_info(acc.device, context)
-    except DeviceUnavailable:
+    found = _epilogue_choice(TENSORWISE, acc.device, context)
+    if found is None:
         return EpilogueOutcome(None, ())
-    verdict = verdicts_of(context)
-    choice = choose(candidates(TENSORWISE, EPILOGUE), lambda k: device_skip(k.name, info),
-                    lambda k: entry_verdict(k, info, verdict))
+    info, choice = found
     if choice.kernel is None:
         return EpilogueOutcome(None, (_fallback_notice(
             info.label, f"mmaemu on {info.label}: {'; '.join(choice.passed_over)}; the cpu epilogue computes "
             "(result copied back to the device)"),))
     return EpilogueOutcome(choice.kernel.launch(acc, scale_a, scale_b, scale_result, out_dtype), ())
+
+
+def _epilogue_choice(recipe: str, device, context: Context):
+    """(the device's facts, the :class:`Choice` by :func:`choose` among ``recipe``'s epilogue kernels on ``device``,
+    each with its device decline rule and :func:`entry_verdict` from ``context``), or None when the device cannot
+    be used."""
+    try:
+        info = _device_info(device, context)
+    except DeviceUnavailable:
+        return None
+    verdict = verdicts_of(context)
+    return info, choose(candidates(recipe, EPILOGUE), lambda k: device_skip(k.name, info),
+                        lambda k: entry_verdict(k, info, verdict))
 
 
 # The verdict of a kernel without a device self-test of its own, and without another kernel's to run under.
@@ -391,25 +401,18 @@ def recipe_kernel(recipe: str, name: str, device, *, context: Context) -> Choice
     return choose(answering, lambda k: device_skip(k.name, info), lambda k: entry_verdict(k, info, verdict))
 
 
-def rowwise_epilogue(acc, scale_a, scale_b, bias, x_first):
-    """torch's row-wise epilogue (bf16) for accumulators on a CUDA device: the row-wise recipe's epilogue kernel
-    when :func:`choose` takes it, else the CPU loops, the result copied to acc's device. Its kernel
+def rowwise_epilogue(acc, scale_a, scale_b, bias, x_first, *, context: Context) -> EpilogueOutcome:
+    """torch's row-wise epilogue (bf16) for accumulators on a CUDA device, by the row-wise recipe's epilogue kernel
+    when :func:`choose` takes it there (its verdict: :func:`entry_verdict`, from the call's ``context``); otherwise
+    no result (the caller runs the CPU loops and copies the result to the device). Its kernel
     (:func:`.engine.rowwise_epilogue_tensors`, checked under the simulator) has no device self-test yet
-    (:data:`NO_SELFTEST`), and no kernel runs on a GPU without a verdict, so today the CPU loops compute."""
-    import torch
-
-    from ...cpu import rowwise_epilogue_codes
-
-    choice = choose(candidates(ROWWISE, EPILOGUE), lambda k: None, lambda k: entry_verdict(k, None, None))
-    if choice.kernel is not None:  # pragma: no cover - needs a device self-test of the row-wise epilogue first
-        raise NotImplementedError(f"{choice.kernel.backend} has a self-test now: give rowwise_epilogue a context")
-
-    def bits(t, view):
-        return t.detach().contiguous().reshape(-1).view(view).cpu().numpy()
-
-    out = rowwise_epilogue_codes(acc.cpu().numpy(), bits(scale_a, torch.uint32), bits(scale_b, torch.uint32),
-                                 None if bias is None else bits(bias, torch.uint16), x_first)
-    return torch.from_numpy(out).view(torch.bfloat16).to(acc.device)
+    (:data:`NO_SELFTEST`) and no kernel runs on a GPU without a verdict, so today it never runs on a GPU; that is by
+    design, not a failure: nothing is warned."""
+    found = _epilogue_choice(ROWWISE, acc.device, context)
+    if found is None or found[1].kernel is None:
+        return EpilogueOutcome(None, ())
+    choice = found[1]
+    return EpilogueOutcome(choice.kernel.launch(acc, scale_a, scale_b, bias, x_first), ())
 
 
 def reset():
