@@ -71,16 +71,22 @@ def _codes(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().view(torch.uint8).cpu().numpy()
 
 
-def _accumulate(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, backend):
-    """fp32 accumulators [M, N] of the kernel on ``backend`` ("cpu", "reference" or "cuda:simple")."""
+def _accumulate(a_codes, b_rows, fmt_a, fmt_b, scales_a, scales_b, kernel, backend):
+    """fp32 accumulators [M, N] of the kernel on ``backend`` ("cpu", "reference" or "cuda:simple"); ``b_rows``: B's
+    rows [N, K] (a tensor). On "cpu" a repeated B (a weight) has its decoded panels kept between calls
+    (:data:`mmaemu.cpu.prepared.WEIGHTS`, as ``scaled_mm`` keeps them)."""
+    b_codes = _codes(b_rows)
     if backend == "cuda:simple":
         from .cuda.blockwise.kernel import accumulate_chunked_numpy
 
         return accumulate_chunked_numpy(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel)
-    from .cpu.chunked import accumulate_chunked_codes
+    from .cpu.chunked import accumulate_chunked_codes, kept_panels
+    from .cpu.prepared import WEIGHTS
 
-    return accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel,
-                                    reference=backend == "reference")
+    reference = backend == "reference"
+    prepared = None if reference else kept_panels(WEIGHTS, b_rows, b_codes, fmt_a, fmt_b)
+    return accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, reference=reference,
+                                    prepared_b=prepared)
 
 
 def compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, backend,
@@ -94,8 +100,7 @@ def compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, bac
     kernel = kernel_for(spec.block_a, spec.block_b, out_dtype, bias is not None, accumulate_into is not None)
     scales_a = _scale_rows(scale_a, spec.block_a, "a", spec.api, M, chunks)
     scales_b = _scale_rows(scale_b, spec.block_b, "b", spec.api, N, chunks)
-    final = _accumulate(_codes(mat_a), _codes(mat_b.t()), spec.fmt_a, spec.fmt_b, scales_a, scales_b, kernel,
-                        backend)
+    final = _accumulate(_codes(mat_a), mat_b.t(), spec.fmt_a, spec.fmt_b, scales_a, scales_b, kernel, backend)
     from .cpu.chunked import chunked_output
 
     addend = None if bias is None else bias.detach().reshape(-1).to(torch.float32).cpu().numpy()

@@ -185,16 +185,21 @@ def _scales(t):
     return np.ascontiguousarray(t.detach().float().cpu().numpy(), dtype=np.float32)
 
 
-def _final(a_codes, b_codes, scales_a, scales_b, plan):
-    """fp32 accumulators [M, N] of the plan's chunked kernel on the plan's engine."""
+def _final(a_codes, b_codes, scales_a, scales_b, plan, b_rows=None):
+    """fp32 accumulators [M, N] of the plan's chunked kernel on the plan's engine. ``b_rows``: the tensor of B's
+    rows whose codes ``b_codes`` are, or None: on the CPU engine a repeated B (a weight) then has its decoded
+    panels kept between calls (:data:`mmaemu.cpu.prepared.WEIGHTS`, as ``scaled_mm`` keeps them)."""
     if plan.backend == "cuda:simple":
         from ..cuda.blockwise.kernel import accumulate_chunked_numpy
 
         return accumulate_chunked_numpy(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, plan.kernel)
-    from ..cpu.chunked import accumulate_chunked_codes
+    from ..cpu.chunked import accumulate_chunked_codes, kept_panels
+    from ..cpu.prepared import WEIGHTS
 
+    reference = plan.backend == "reference"
+    prepared = None if reference or b_rows is None else kept_panels(WEIGHTS, b_rows, b_codes, "e4m3", "e4m3")
     return accumulate_chunked_codes(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, plan.kernel,
-                                    reference=plan.backend == "reference")
+                                    reference=reference, prepared_b=prepared)
 
 
 def _store(d_view, final, kernel):
@@ -213,8 +218,8 @@ def _store(d_view, final, kernel):
         d_view.copy_(result.to(d_view.device))
 
 
-def _gemm_into(d_view, a_codes, b_codes, scales_a, scales_b, plan):
-    _store(d_view, _final(a_codes, b_codes, scales_a, scales_b, plan), plan.kernel)
+def _gemm_into(d_view, a_codes, b_codes, scales_a, scales_b, plan, b_rows=None):
+    _store(d_view, _final(a_codes, b_codes, scales_a, scales_b, plan, b_rows), plan.kernel)
 
 
 def _rows_of_blocks(sfb, n):
@@ -280,7 +285,7 @@ def _gemm_nt(a, b, d, c, recipe, backend, context):
         scales_b = _rows_of_blocks(_scales(sfb), n)
     plan = plan_blockwise(kernel, a_t.device, backend, context=context)
     _warn_experimental(kernel)
-    _gemm_into(d, _codes(a_t), _codes(b_t), _scales(sfa), scales_b, plan)
+    _gemm_into(d, _codes(a_t), _codes(b_t), _scales(sfa), scales_b, plan, b_t)
 
 
 def fp8_gemm_nn(a, b, d, c=None, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False, *, backend="auto"):
