@@ -23,6 +23,7 @@ import dataclasses
 import numpy as np
 import torch
 
+from ._untraced import untraced
 from .arith.scaled import OUTPUT_ACCUMULATE_FLAG, OUTPUT_ADD_FLAG, OUTPUT_FP32_FLAG
 from .errors import BackendUnavailableError, ExperimentalPresetWarning, ReferenceRejectsError, \
     UnsupportedFeatureError
@@ -146,6 +147,7 @@ def _engine(backend, device) -> str:
     return "cpu" if backend == "auto" else backend
 
 
+@untraced
 def scaled_mm_blockwise(mat_a, mat_b, scale_a, scale_b, *, block_a, block_b, out_dtype=torch.bfloat16, bias=None,
                         use_fast_accum=False, profile=None, splitk="auto", backend="auto", accumulate_into=None):
     """``F.scaled_mm`` with block-wise scales (``ScalingType.BlockWise1x128`` / ``BlockWise128x128``) as torch 2.13
