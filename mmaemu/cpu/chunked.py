@@ -26,8 +26,8 @@ from ..arith.params import Schedule
 from ..arith.scaled import accumulate_chunked_one, chunked_output_bits, combine_chunk, combine_chunk_rows
 from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_accumulate, tile_decode
 from . import threads
-from .engine import (EPILOGUE_WORK, REFERENCE_PRODUCT_WORK, DecodedPanels, _check_prepared, accumulate_codes,
-                     decode_operand, fast_path_tasks, nonfinite_flags, tile_shape)
+from .engine import (EPILOGUE_WORK, REFERENCE_PRODUCT_WORK, _check_prepared, accumulate_codes, decode_operand,
+                     fast_path_tasks, nonfinite_flags, panel_source, tile_shape)
 from .gemm import FEW_ROWS, TILE_M, TILE_N, output_tile, tile_accumulate_arrays
 
 
@@ -134,17 +134,8 @@ def accumulate_chunked_fast(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, 
         threads.run_tasks([lambda r=r: panel_range(*r) for r in ranges])
         b_flags = prepared.nonfinite
     else:
-        if prepared is not None:
-            def acquire(panel):
-                return prepared.val[panel], prepared.exp[panel]
-
-            def release(panel):
-                pass
-
-            b_flags = prepared.nonfinite
-        else:
-            decoded = DecodedPanels(b_codes, fmt_b, lanes, uses=len(tasks) // -(-N // lanes))
-            acquire, release, b_flags = decoded.acquire, decoded.release, decoded.flags
+        acquire, release, b_flags = panel_source(prepared, b_codes, fmt_b, lanes,
+                                                 uses=len(tasks) // -(-N // lanes))
 
         def task(panel, m_lo, m_hi):
             b_val, b_exp = acquire(panel)

@@ -132,6 +132,23 @@ class DecodedPanels:
                 del self._decoded[panel]
 
 
+def panel_source(prepared, b_codes, fmt_b: str, lanes: int, uses: int):
+    """(acquire(panel) -> (val, exp), release(panel), flags) of B's panels in the tile layout: a kept B's
+    (``prepared``, a :class:`PreparedB`; nothing to release, its flags complete), else :class:`DecodedPanels`
+    decoding ``b_codes`` (``uses`` tasks per panel; its flags complete once every panel was acquired)."""
+    if prepared is None:
+        decoded = DecodedPanels(b_codes, fmt_b, lanes, uses=uses)
+        return decoded.acquire, decoded.release, decoded.flags
+
+    def acquire(panel):
+        return prepared.val[panel], prepared.exp[panel]
+
+    def release(panel):
+        pass
+
+    return acquire, release, prepared.nonfinite
+
+
 class PreparedB(NamedTuple):
     """B [N, K] prepared once by an engine, for any number of products with it (:func:`prepare_b`; kept by
     :mod:`mmaemu.cpu.prepared`). For the tile engine: every panel in the tile layout, ``val`` float32 and ``exp``
@@ -244,17 +261,7 @@ def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, ou
 
         threads.run_tasks([lambda r=r: panel_range(*r) for r in ranges])
         return a_flags, prepared.nonfinite
-    if prepared is not None:
-        def acquire(panel):
-            return prepared.val[panel], prepared.exp[panel]
-
-        def release(panel):
-            pass
-
-        b_flags = prepared.nonfinite
-    else:
-        decoded = DecodedPanels(b_codes, fmt_b, lanes, uses=len(tasks) // -(-N // lanes))
-        acquire, release, b_flags = decoded.acquire, decoded.release, decoded.flags
+    acquire, release, b_flags = panel_source(prepared, b_codes, fmt_b, lanes, uses=len(tasks) // -(-N // lanes))
 
     def task(panel, m_lo, m_hi):
         b_val, b_exp = acquire(panel)
