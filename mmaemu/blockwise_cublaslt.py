@@ -23,6 +23,7 @@ import dataclasses
 import numpy as np
 import torch
 
+from ._untraced import untraced
 from .arith.scaled import OUTPUT_ACCUMULATE_FLAG, OUTPUT_ADD_FLAG, OUTPUT_FP32_FLAG
 from .errors import BackendUnavailableError, ExperimentalPresetWarning, ReferenceRejectsError, \
     UnsupportedFeatureError
@@ -71,19 +72,24 @@ def _codes(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().view(torch.uint8).cpu().numpy()
 
 
-def accumulate_chunked(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, backend):
+def accumulate_chunked(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, backend, b_rows=None):
     """fp32 accumulators [M, N] of the chunked ``kernel`` (:mod:`mmaemu.model.chunked`) on ``backend`` ("cpu",
     "reference" or "cuda:simple": the block-wise recipe's CUDA kernel, launched through its registry entry,
     :data:`mmaemu.cuda.catalog.REGISTRY`); the one step of both block-wise front doors (``scaled_mm`` and
-    :mod:`mmaemu.deepgemm`)."""
+    :mod:`mmaemu.deepgemm`). ``b_rows``: the tensor of B's rows [N, K] whose codes ``b_codes`` are, or None: on
+    "cpu" a repeated B (a weight) then has its decoded panels kept between calls
+    (:data:`mmaemu.cpu.prepared.WEIGHTS`, as ``scaled_mm`` keeps them)."""
     if backend == "cuda:simple":
         from .cuda.catalog import BLOCKWISE, REGISTRY
 
         return REGISTRY[BLOCKWISE].launch(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel)
-    from .cpu.chunked import accumulate_chunked_codes
+    from .cpu.chunked import accumulate_chunked_codes, kept_panels
+    from .cpu.prepared import WEIGHTS
 
-    return accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel,
-                                    reference=backend == "reference")
+    reference = backend == "reference"
+    prepared = None if reference or b_rows is None else kept_panels(WEIGHTS, b_rows, b_codes, fmt_a, fmt_b)
+    return accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, reference=reference,
+                                    prepared_b=prepared)
 
 
 def compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, backend,
@@ -97,8 +103,9 @@ def compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, bac
     kernel = kernel_for(spec.block_a, spec.block_b, out_dtype, bias is not None, accumulate_into is not None)
     scales_a = _scale_rows(scale_a, spec.block_a, "a", spec.api, M, chunks)
     scales_b = _scale_rows(scale_b, spec.block_b, "b", spec.api, N, chunks)
-    final = accumulate_chunked(_codes(mat_a), _codes(mat_b.t()), spec.fmt_a, spec.fmt_b, scales_a, scales_b, kernel,
-                        backend)
+    b_rows = mat_b.t()
+    final = accumulate_chunked(_codes(mat_a), _codes(b_rows), spec.fmt_a, spec.fmt_b, scales_a, scales_b, kernel,
+                               backend, b_rows=b_rows)
     from .cpu.chunked import chunked_output
 
     addend = None if bias is None else bias.detach().reshape(-1).to(torch.float32).cpu().numpy()
@@ -144,6 +151,7 @@ def _engine(backend, device) -> str:
     return "cpu" if backend == "auto" else backend
 
 
+@untraced
 def scaled_mm_blockwise(mat_a, mat_b, scale_a, scale_b, *, block_a, block_b, out_dtype=torch.bfloat16, bias=None,
                         use_fast_accum=False, profile=None, splitk="auto", backend="auto", accumulate_into=None):
     """``F.scaled_mm`` with block-wise scales (``ScalingType.BlockWise1x128`` / ``BlockWise128x128``) as torch 2.13

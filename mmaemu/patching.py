@@ -79,6 +79,7 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 
 from . import torch_ops
+from ._untraced import untraced
 from .formats import dtype_name
 
 __all__ = ["patch", "PatchRecord", "PatchLog", "is_patched", "original_scaled_mm", "original", "route_call",
@@ -412,14 +413,23 @@ def route_call(entry_point: str, args, kwargs):
     """Compute a call of ``torch.<entry_point>`` made inside a patch block: bind its arguments by torch's schema,
     compute it with mmaemu and the block's settings, record it in the logs of the blocks open in this context
     (failed calls too, with their error) and return the result. The one function every stand-in calls."""
-    from .plan.planner import recipe_pair_of
-
     block, logs = _effective_block()
     if block is None:  # called through a reference kept after every block closed
         return original(entry_point)(*args, **kwargs)
     named = _bind(entry_point, args, kwargs)
     if torch_ops.is_tracing(value for value in _flat(named.values())):
         return _traced_call(block, entry_point, named)
+    return _computed_call(block, logs, entry_point, named)
+
+
+@untraced
+def _computed_call(block: _Block, logs: List[_Block], entry_point: str, named: dict):
+    """A call computed now, on tensors with data, and recorded in ``logs``. Never traced by dynamo: a call that
+    dynamo could not put in its graph (a block-wise ``torch._scaled_mm_v2``: the graph breaks at the stand-in)
+    runs eagerly, but its frames would still be traced one by one, the emulation's host work (numpy on the
+    operands' codes) compiled into graphs of torch ops at each graph break; excluded here, it runs as numpy."""
+    from .plan.planner import recipe_pair_of
+
     plan = error = None
     recipe = _recipe_of_arguments(entry_point, named)
     try:

@@ -268,6 +268,29 @@ def test_engine_fast_paths_equal_the_reference_engine():
                 assert _same(_bits(fast), _bits(ref)).all(), (fmt_a, fmt_b, m, n, k)
 
 
+def test_fused_fast_path_with_prepared_b_equals_the_reference_engine():
+    """The fused E4M3 path reading a prepared B (kept weight): one row and a few (bfloat16 panels,
+    mmaemu.cpu.gemm.FEW_ROWS), more rows (fp32 panels), NaN codes, ragged K and N."""
+    from mmaemu.cpu.chunked import accumulate_chunked_codes
+    from mmaemu.cpu.engine import prepare_b
+    from mmaemu.model.chunked import CHUNKED_KERNELS
+
+    rng = np.random.default_rng(23)
+    for m, n, k in [(1, 130, 1000), (2, 17, 300), (4, 300, 129), (9, 130, 1000)]:
+        a = rng.integers(0, 256, (m, k)).astype(np.uint8)
+        b = rng.integers(0, 256, (n, k)).astype(np.uint8)
+        a[(a & 0x7F) == 0x7F] = 0x38
+        b[(b & 0x7F) == 0x7F] = 0x38
+        b[n // 2, k - 1] = 0x7F
+        chunks = -(-k // 128)
+        sfa, sfb = _scales(rng, (m, chunks)), _scales(rng, (n, chunks))
+        prepared = prepare_b(b, "e4m3")
+        for kernel in CHUNKED_KERNELS.values():
+            fast = accumulate_chunked_codes(a, b, "e4m3", "e4m3", sfa, sfb, kernel, prepared_b=prepared)
+            ref = accumulate_chunked_codes(a, b, "e4m3", "e4m3", sfa, sfb, kernel, reference=True)
+            assert _same(_bits(fast), _bits(ref)).all(), (m, n, k, kernel.name)
+
+
 def test_chunks_start_at_absolute_multiples_of_128():
     """Large products at k = 120..127 and small ones at 128..135, the second chunk scaled by 2**40: the small ones
     form their own chunk from +0 (a chunk that straddled k = 128 would truncate them against the large ones), so

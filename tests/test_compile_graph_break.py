@@ -114,8 +114,15 @@ def test_compiled_accumulate_and_explain_match_eager():
 
 
 def test_entry_points_are_marked_disabled():
-    """The decorator itself, as dynamo records it on the wrapper (checked only where this torch exposes it)."""
-    for fn in (mmaemu.scaled_mm, mmaemu.accumulate, mmaemu.explain):
+    """The decorator itself, as dynamo records it on the wrapper (checked only where this torch exposes it): the
+    entry points that compute on the host, the block-wise recipe's and DeepGEMM's included."""
+    from mmaemu import deepgemm
+    from mmaemu.blockwise_cublaslt import scaled_mm_blockwise
+
+    for fn in (mmaemu.scaled_mm, mmaemu.accumulate, mmaemu.explain, scaled_mm_blockwise, deepgemm.fp8_gemm_nt,
+               deepgemm.fp8_gemm_nn, deepgemm.fp8_gemm_tn, deepgemm.fp8_gemm_tt,
+               deepgemm.m_grouped_fp8_gemm_nt_contiguous, deepgemm.m_grouped_fp8_gemm_nn_contiguous,
+               deepgemm.m_grouped_fp8_gemm_nt_masked):
         marker = getattr(fn, "_torchdynamo_disable", None)
         if marker is None:
             pytest.skip("this torch does not expose the torch.compiler.disable marker")

@@ -123,9 +123,9 @@ def test_mmaemu_backend_replaces_auto(on_fake_gpu, monkeypatch):
     engines = []
     real = chunked.accumulate_chunked_codes
 
-    def spy(*args, reference=False):
+    def spy(*args, reference=False, **options):
         engines.append("reference" if reference else "cpu")
-        return real(*args, reference=reference)
+        return real(*args, reference=reference, **options)
 
     monkeypatch.setattr(chunked, "accumulate_chunked_codes", spy)
     for variable, launches, engine in (("reference", [], ["reference"]), ("cuda:simple", ["1d2d"], []),

@@ -340,3 +340,78 @@ def test_gemm_level_errors_unchanged():
         accumulate_codes(a, a, "e4m3", "e4m3", B200_MMA_SYNC, False)
     assert accumulate_codes(a[:, :0], a[:, :0], "e4m3", "e4m3", HOPPER, True).view(np.uint32).tolist() == [[0]]
     assert schedule_params(HOPPER, 64, True) and preset_params(HOPPER, "e4m3", "e4m3")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Few rows of A with a prepared B (bfloat16 panel values, mmaemu.cpu.gemm.FEW_ROWS) == reference path
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_narrow_panel_values_exact_for_every_code():
+    from numba import njit
+
+    from mmaemu.arith.tile import narrow_panel_values, panel_value
+
+    @njit
+    def widen(bits, out):
+        for i in range(bits.size):
+            out[i] = panel_value(bits[i])
+
+    for fmt in ("e4m3", "e5m2"):
+        values = engine.tile_tables(fmt)[0]
+        bits = narrow_panel_values(values)
+        assert bits.dtype == np.uint16
+        wide = np.empty(values.size, np.float32)
+        widen(bits, wide)
+        assert np.array_equal(wide.view(np.uint32), values.view(np.uint32)), fmt
+    with pytest.raises(ValueError):
+        narrow_panel_values(np.array([1.0 + 2.0**-10], np.float32))
+
+
+@pytest.mark.parametrize("fmt_a,fmt_b", PAIRS)
+def test_few_rows_prepared_matches_reference(fmt_a, fmt_b):
+    """M = 1 .. FEW_ROWS + 1 against a prepared B (the bfloat16 panels below FEW_ROWS, the fp32 ones above), on
+    random, spread, cancelling and NaN/Inf inputs, every preset and schedule family."""
+    from mmaemu.cpu.gemm import FEW_ROWS
+
+    rng = np.random.default_rng(hash(("few", fmt_a, fmt_b)) % 2**32)
+    for M in range(1, FEW_ROWS + 2):
+        for preset, fast, S, scheme in [(HOPPER, True, 1, "none"), (HOPPER, False, 1, "none"),
+                                        (HOPPER, True, 3, "contiguous"), (ADA, False, 4, "pairwise"),
+                                        (B200_MMA_SYNC, True, 1, "none"), (CUSTOM, True, 5, "serial")]:
+            N, K = int(rng.choice([5, 17, 130, 300])), int(rng.choice([7, 129, 385]))
+            gen = rng.integers(0, 3)
+            if gen == 0:
+                a, b = random_codes(rng, fmt_a, (M, K)), random_codes(rng, fmt_b, (N, K))
+            elif gen == 1:
+                a, b = spread_codes(rng, fmt_a, (M, K)), spread_codes(rng, fmt_b, (N, K))
+            else:
+                a, b = cancelling_codes(rng, fmt_a, fmt_b, M, N, K)
+            if M > 1:
+                a[M - 1, K // 2] = NONFINITE[fmt_a][0]
+            b[N // 2, 0] = NONFINITE[fmt_b][-1]
+            ref = accumulate_codes(a, b, fmt_a, fmt_b, preset, fast, S, scheme, reference=True)
+            got = accumulate_codes(a, b, fmt_a, fmt_b, preset, fast, S, scheme,
+                                   prepared_b=engine.prepare_b(b, fmt_b))
+            assert np.array_equal(_bits(ref), _bits(got)), (M, N, K, preset.name, fast, S, scheme)
+
+
+def test_few_rows_adversarial_blocks():
+    """The hand-built adversarial rows of test_adversarial_blocks, one row at a time, against a prepared B."""
+    for fmt_a, fmt_b in PAIRS:
+        big_a, tiny_a, norm_a = EXTREMES[fmt_a]
+        big_b, tiny_b, norm_b = EXTREMES[fmt_b]
+        K = 300
+        rows = [np.zeros(K, np.uint8) for _ in range(4)]
+        rows[0][0] = big_a; rows[0][1:32] = tiny_a
+        rows[1][0] = big_a; rows[1][1] = big_a ^ 0x80; rows[1][2] = tiny_a
+        rows[2][:] = norm_a
+        rows[3][0] = big_a; rows[3][40:300:3] = tiny_a
+        b = np.stack([np.full(K, big_b, np.uint8), np.full(K, tiny_b, np.uint8), np.zeros(K, np.uint8),
+                      np.arange(K, dtype=np.uint8) % 0x70] * 5)
+        prepared = engine.prepare_b(b, fmt_b)
+        for row in rows:
+            a = row[None, :].copy()
+            for preset, fast in itertools.product((HOPPER, ADA), (True, False)):
+                ref = accumulate_codes(a, b, fmt_a, fmt_b, preset, fast, reference=True)
+                got = accumulate_codes(a, b, fmt_a, fmt_b, preset, fast, prepared_b=prepared)
+                assert np.array_equal(_bits(ref), _bits(got)), (fmt_a, fmt_b, preset.name, fast)

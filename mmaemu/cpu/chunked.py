@@ -25,11 +25,10 @@ from .._jit import arithmetic
 from ..arith.params import Schedule
 from ..arith.scaled import accumulate_chunked_one, chunked_output_bits, combine_chunk, combine_chunk_rows
 from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_accumulate, tile_decode
-from ..model.presets import get_preset
 from . import threads
-from .engine import (EPILOGUE_WORK, REFERENCE_PRODUCT_WORK, DecodedPanels, accumulate_codes, decode_operand,
-                     fast_path_tasks, nonfinite_flags, tile_shape)
-from .gemm import TILE_M, TILE_N, output_tile, tile_accumulate_arrays
+from .engine import (EPILOGUE_WORK, REFERENCE_PRODUCT_WORK, _check_prepared, accumulate_codes, decode_operand,
+                     fast_path_tasks, nonfinite_flags, panel_source, tile_shape)
+from .gemm import FEW_ROWS, TILE_M, TILE_N, output_tile, tile_accumulate_arrays
 
 
 @arithmetic
@@ -97,26 +96,60 @@ def nan_rows_and_columns(lo, hi, a_flags, b_flags, final):
                 final[m, n] = np.float32(np.nan)
 
 
-def accumulate_chunked_fast(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, preset, params, final):
-    """The fused fast path of E4M3 x E4M3 (module docstring) into ``final``, one call of
-    :func:`accumulate_chunked_panel_rows` per task of :func:`mmaemu.cpu.engine.fast_path_tasks`."""
+@arithmetic
+def accumulate_chunked_prepared_panels(p_lo, p_hi, m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, chunk, rule, scales_a,
+                                       scales_b, params, tile_rows, lane_proto, final):
+    """:func:`accumulate_chunked_panel_rows` for panels p_lo .. p_hi-1 of a prepared B (``b_val``/``b_exp``
+    [panels, K, lanes], :func:`mmaemu.cpu.engine.prepare_b`), one compiled call for a range of panels."""
+    lanes = b_val.shape[2]
+    for p in range(p_lo, p_hi):
+        accumulate_chunked_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val[p], b_exp[p], p * lanes, chunk, rule,
+                                      scales_a, scales_b, params, tile_rows, lane_proto, final)
+
+
+def accumulate_chunked_fast(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, preset, params, final,
+                            prepared=None):
+    """The fused fast path of E4M3 x E4M3 (module docstring) into ``final``. With ``prepared`` (B's panels,
+    :func:`mmaemu.cpu.engine.prepare_b`) and rows of A that make one tile range: the panels in ranges, one
+    compiled call per range (:func:`accumulate_chunked_prepared_panels`; few rows read the bfloat16 panel values,
+    :data:`mmaemu.cpu.gemm.FEW_ROWS`); otherwise one call of :func:`accumulate_chunked_panel_rows` per task of
+    :func:`mmaemu.cpu.engine.fast_path_tasks`, B's panels decoded as the tasks need them or taken from
+    ``prepared``."""
     (M, K), N = a_codes.shape, b_codes.shape[0]
     tile_rows, lanes = tile_shape(M, N, K)
     tasks = fast_path_tasks(M, N, K, threads.num_threads())
-    decoded = DecodedPanels(b_codes, fmt_b, lanes, uses=len(tasks) // -(-N // lanes))
     lane_proto = np.empty(0, np.int32 if lane_bits_needed(preset) == 32 else np.int64)
     fmt = TILE_FORMATS[fmt_a]
+    row_ranges = {(lo, hi) for _, lo, hi in tasks}
+    if prepared is not None and len(row_ranges) == 1:
+        (m_lo, m_hi), = row_ranges
+        b_val = prepared.val16 if M <= FEW_ROWS else prepared.val
+        ranges = threads.job_ranges(b_val.shape[0], (m_hi - m_lo) * lanes * K, threads.num_threads())
 
-    def task(panel, m_lo, m_hi):
-        b_val, b_exp = decoded.acquire(panel)
-        try:
-            accumulate_chunked_panel_rows(m_lo, m_hi, a_codes, fmt, b_val, b_exp, panel * lanes, kernel.chunk,
-                                          kernel.combine, scales_a, scales_b, params, tile_rows, lane_proto, final)
-        finally:
-            decoded.release(panel)
+        def panel_range(p_lo, p_hi):
+            accumulate_chunked_prepared_panels(p_lo, p_hi, m_lo, m_hi, a_codes, fmt, b_val, prepared.exp,
+                                               kernel.chunk, kernel.combine, scales_a, scales_b, params, tile_rows,
+                                               lane_proto, final)
 
-    threads.run_tasks(lambda t=t: task(*t) for t in tasks)
-    a_flags, b_flags = nonfinite_flags(a_codes, fmt_a), nonfinite_flags(b_codes, fmt_b)
+        threads.run_tasks([lambda r=r: panel_range(*r) for r in ranges])
+        b_flags = prepared.nonfinite
+    else:
+        acquire, release, b_flags = panel_source(prepared, b_codes, fmt_b, lanes,
+                                                 uses=len(tasks) // -(-N // lanes))
+
+        def task(panel, m_lo, m_hi):
+            b_val, b_exp = acquire(panel)
+            try:
+                accumulate_chunked_panel_rows(m_lo, m_hi, a_codes, fmt, b_val, b_exp, panel * lanes, kernel.chunk,
+                                              kernel.combine, scales_a, scales_b, params, tile_rows, lane_proto,
+                                              final)
+            finally:
+                release(panel)
+
+        threads.run_tasks(lambda t=t: task(*t) for t in tasks)
+        if prepared is None:
+            b_flags = nonfinite_flags(b_codes, fmt_b)
+    a_flags = nonfinite_flags(a_codes, fmt_a)
     if a_flags.any() or b_flags.any():
         threads.parallel_for(nan_rows_and_columns, M, N, a_flags, b_flags, final)
 
@@ -129,6 +162,24 @@ def output_rows(lo, hi, mode, final, d_bits, c_bits, out_bits):
         out_bits[i] = chunked_output_bits(mode, final[i], d_bits[i], c_bits[i])
 
 
+# A B of fewer codes is decoded at each call: its decode costs less than finding and checking its kept panels (the
+# bound of scaled_mm's kept weights, mmaemu.api).
+KEPT_MIN_CODES = 1 << 14
+
+
+def kept_panels(store, tensor, b_codes, fmt_a: str, fmt_b: str):
+    """B's prepared panels (:func:`mmaemu.cpu.engine.prepare_b`) kept in ``store`` (:mod:`mmaemu.cpu.prepared`: the
+    process-wide :data:`~mmaemu.cpu.prepared.WEIGHTS` or a layer's slot) for ``tensor``, B's rows [N, K] whose
+    uint8 codes are ``b_codes``; None where the fused fast path would not read them (a format pair other than
+    E4M3 x E4M3, a B of fewer than :data:`KEPT_MIN_CODES` codes, a tensor off the CPU) or the store keeps none
+    yet (it keeps a B the second time it sees it unchanged)."""
+    if fmt_a != "e4m3" or fmt_b != "e4m3" or b_codes.size < KEPT_MIN_CODES or tensor.device.type != "cpu":
+        return None
+    from .engine import TILE
+
+    return store.prepared(TILE, fmt_b, tensor, b_codes)
+
+
 def _check_scales(scales, rows, chunks, name):
     scales = np.ascontiguousarray(scales, dtype=np.float32)
     if scales.shape != (rows, chunks):
@@ -137,18 +188,21 @@ def _check_scales(scales, rows, chunks, name):
     return scales
 
 
-def accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, *, reference=False):
+def accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, *, reference=False,
+                             prepared_b=None):
     """fp32 accumulators [M, N] of A [M, K] times B [N, K]^T (uint8 FP8 codes) by a chunked kernel.
 
     ``scales_a`` [M, ceil(K / chunk)], ``scales_b`` [N, ceil(K / chunk)]: the fp32 scale of each row's chunk (a
-    block scale of B is given once per row of B it covers). K must be positive.
+    block scale of B is given once per row of B it covers). K must be positive. ``prepared_b``: B's panels for the
+    tile engine (:func:`mmaemu.cpu.engine.prepare_b` of these codes, the caller's guarantee, as for
+    :func:`mmaemu.cpu.engine.accumulate_codes`), used by the fused fast path (E4M3 x E4M3), or None.
     """
     from ..arith.params import preset_params
 
     a_codes = np.ascontiguousarray(a_codes, dtype=np.uint8)
     b_codes = np.ascontiguousarray(b_codes, dtype=np.uint8)
     (M, K), N = a_codes.shape, b_codes.shape[0]
-    preset = get_preset(kernel.preset)
+    preset = kernel.tensor_core_preset
     if kernel.chunk % preset.nfma:
         raise ValueError(f"kernel {kernel.name!r}: chunk {kernel.chunk} is not a multiple of nfma={preset.nfma}")
     chunks = -(-K // kernel.chunk)
@@ -168,7 +222,10 @@ def accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b,
                              params, final)
         return final
     if fmt_a == fmt_b == "e4m3":
-        accumulate_chunked_fast(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, preset, params, final)
+        if prepared_b is not None:
+            _check_prepared(prepared_b, b_codes, fmt_b)
+        accumulate_chunked_fast(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, preset, params, final,
+                                prepared_b)
         return final
     for kb in range(chunks):
         k0, k1 = kb * kernel.chunk, min((kb + 1) * kernel.chunk, K)

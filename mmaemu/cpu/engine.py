@@ -15,11 +15,11 @@ from ..arith.epilogue import OUT_CODES, scale_product
 from ..arith.params import codes_gemm
 from ..arith.rounding import BFLOAT16, FLOAT32, value_of_bits
 from ..arith.rowwise import exact_values, rowwise_epilogue_rows
-from ..arith.tile import TILE_ABSENT_EXP, TILE_FORMATS, lane_bits_needed, tile_decode
+from ..arith.tile import TILE_ABSENT_EXP, TILE_FORMATS, lane_bits_needed, narrow_panel_values, tile_decode
 from . import threads
 from .features import (CPU_ENGINE_ENV, EngineChoice, choose_cpu_engine, numba_target, offset_call_decline,
                        offset_rounding, offset_shape_decline)
-from .gemm import (TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, accumulate_prepared_panels,
+from .gemm import (FEW_ROWS, TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, accumulate_prepared_panels,
                    decode_panel, decode_panels, epilogue_gemm, nonfinite_rows, override_nonfinite)
 from .prepared import Engine
 from .selftest import OffsetSelftest, process_verdict, run_offset_selftest
@@ -132,10 +132,28 @@ class DecodedPanels:
                 del self._decoded[panel]
 
 
+def panel_source(prepared, b_codes, fmt_b: str, lanes: int, uses: int):
+    """(acquire(panel) -> (val, exp), release(panel), flags) of B's panels in the tile layout: a kept B's
+    (``prepared``, a :class:`PreparedB`; nothing to release, its flags complete), else :class:`DecodedPanels`
+    decoding ``b_codes`` (``uses`` tasks per panel; its flags complete once every panel was acquired)."""
+    if prepared is None:
+        decoded = DecodedPanels(b_codes, fmt_b, lanes, uses=uses)
+        return decoded.acquire, decoded.release, decoded.flags
+
+    def acquire(panel):
+        return prepared.val[panel], prepared.exp[panel]
+
+    def release(panel):
+        pass
+
+    return acquire, release, prepared.nonfinite
+
+
 class PreparedB(NamedTuple):
     """B [N, K] prepared once by an engine, for any number of products with it (:func:`prepare_b`; kept by
     :mod:`mmaemu.cpu.prepared`). For the tile engine: every panel in the tile layout, ``val`` float32 and ``exp``
-    int8 [panels, K, lanes], and ``nonfinite`` bool [N] (row n holds a NaN or Inf code). It depends only on B's
+    int8 [panels, K, lanes], ``nonfinite`` bool [N] (row n holds a NaN or Inf code) and ``val16``, ``val`` as
+    bfloat16 bits (uint16) for calls of few rows of A (:data:`mmaemu.cpu.gemm.FEW_ROWS`). It depends only on B's
     codes, their format and the engine."""
 
     engine: str
@@ -144,10 +162,11 @@ class PreparedB(NamedTuple):
     val: np.ndarray
     exp: np.ndarray
     nonfinite: np.ndarray
+    val16: np.ndarray
 
     @property
     def nbytes(self) -> int:
-        return self.val.nbytes + self.exp.nbytes + self.nonfinite.nbytes
+        return self.val.nbytes + self.exp.nbytes + self.nonfinite.nbytes + self.val16.nbytes
 
 
 #: The tile engine's name in prepared data and cache keys (another CPU engine prepares B its own way).
@@ -155,9 +174,9 @@ TILE_ENGINE = "tile"
 
 
 def prepared_b_nbytes(N: int, K: int) -> int:
-    """Bytes of the tile engine's :class:`PreparedB` of a [N, K] B (5 per code of its panels, 1 per row)."""
+    """Bytes of the tile engine's :class:`PreparedB` of a [N, K] B (7 per code of its panels, 1 per row)."""
     lanes = panel_lanes(N)
-    return -(-N // lanes) * lanes * K * 5 + N
+    return -(-N // lanes) * lanes * K * 7 + N
 
 
 def prepare_b(b_codes, fmt_b: str) -> PreparedB:
@@ -171,7 +190,7 @@ def prepare_b(b_codes, fmt_b: str) -> PreparedB:
     value_table, exp_table = tile_tables(fmt_b)
     threads.parallel_for(decode_panels, panels, lanes * K * PANEL_DECODE_WORK, b_codes, value_table, exp_table,
                          nonfinite_table(fmt_b), val, exp, flags)
-    return PreparedB(TILE_ENGINE, fmt_b, (N, K), val, exp, flags)
+    return PreparedB(TILE_ENGINE, fmt_b, (N, K), val, exp, flags, narrow_panel_values(val))
 
 
 #: The tile engine as :mod:`mmaemu.cpu.prepared` keeps its prepared B.
@@ -234,24 +253,15 @@ def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, ou
         (m_lo, m_hi), = row_ranges
         panels = prepared.val.shape[0]
         ranges = threads.job_ranges(panels, (m_hi - m_lo) * lanes * K, threads.num_threads())
+        b_val = prepared.val16 if M <= FEW_ROWS else prepared.val
 
         def panel_range(p_lo, p_hi):
-            accumulate_prepared_panels(p_lo, p_hi, m_lo, m_hi, a_codes, fmt, prepared.val, prepared.exp, schedule,
+            accumulate_prepared_panels(p_lo, p_hi, m_lo, m_hi, a_codes, fmt, b_val, prepared.exp, schedule,
                                        params, tile_rows, lane_proto, out, a_flags, mask, pattern)
 
         threads.run_tasks([lambda r=r: panel_range(*r) for r in ranges])
         return a_flags, prepared.nonfinite
-    if prepared is not None:
-        def acquire(panel):
-            return prepared.val[panel], prepared.exp[panel]
-
-        def release(panel):
-            pass
-
-        b_flags = prepared.nonfinite
-    else:
-        decoded = DecodedPanels(b_codes, fmt_b, lanes, uses=len(tasks) // -(-N // lanes))
-        acquire, release, b_flags = decoded.acquire, decoded.release, decoded.flags
+    acquire, release, b_flags = panel_source(prepared, b_codes, fmt_b, lanes, uses=len(tasks) // -(-N // lanes))
 
     def task(panel, m_lo, m_hi):
         b_val, b_exp = acquire(panel)

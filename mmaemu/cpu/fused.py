@@ -36,7 +36,7 @@ from ..arith.rounding import FLOAT32, value_of_bits
 from ..arith.special import FINITE, nonfinite_accumulator
 from ..arith.tile import TILE_FORMATS, lane_bits_needed
 from . import threads
-from .gemm import accumulate_panel_rows, accumulate_prepared_panels, decode_panel, nonfinite_rows
+from .gemm import FEW_ROWS, accumulate_panel_rows, accumulate_prepared_panels, decode_panel, nonfinite_rows
 from .prepared import same_bytes
 
 __all__ = ["TensorwiseGemm", "OUT_VIEWS"]
@@ -256,9 +256,10 @@ class TensorwiseGemm:
         verify, kept = False, b_codes.reshape(-1)
         t = self.tables
         acc_bits = acc.view(np.int32)
+        b_val = prepared.val16 if M <= FEW_ROWS else prepared.val  # as accumulate_fast reads them
 
         def task(p_lo, p_hi, m_lo, m_hi):
-            return prepared_task(p_lo, p_hi, m_lo, m_hi, verify and m_lo == 0, a_codes, b_codes, kept, prepared.val,
+            return prepared_task(p_lo, p_hi, m_lo, m_hi, verify and m_lo == 0, a_codes, b_codes, kept, b_val,
                                  prepared.exp, prepared.nonfinite, t.a_values, t.b_values, self.constants,
                                  self.lane_proto, scales, acc, acc_bits, out_bits)
 

@@ -191,12 +191,21 @@ def accumulate_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, n0, schedule
                 out[m0 + r, n0 + j] = acc[r, j]
 
 
+# Calls of at most FEW_ROWS rows of A read a prepared B's panel values as bfloat16 (PreparedB.val16, 2 bytes a code
+# instead of 4; :func:`mmaemu.arith.tile.panel_value`): such a call reads each decoded element once or a few
+# times, so its time is that of B's memory traffic, not of its products (docs/performance.md: with 5-byte panels
+# M = 1, 2 and 4 of (M, 5760, 1920) took the same time on 2 threads). Past a few rows the products dominate and the
+# fp32 panels, one instruction less per product, are faster.
+FEW_ROWS = 4
+
+
 @arithmetic
 def accumulate_prepared_panels(p_lo, p_hi, m_lo, m_hi, a_codes, fmt_a, b_val, b_exp, schedule, params, tile_rows,
                                lane_proto, out, a_flags, nonfinite_mask, nonfinite_pattern):
     """:func:`accumulate_panel_rows` for panels p_lo .. p_hi-1 of a prepared B (``b_val``/``b_exp`` [panels, K,
-    lanes], :func:`mmaemu.cpu.engine.prepare_b`): one compiled call where a task spans several panels (few rows of
-    A: a call per panel cost more in dispatch than its products)."""
+    lanes], :func:`mmaemu.cpu.engine.prepare_b`; ``b_val`` float32 or its bfloat16 bits, :data:`FEW_ROWS`): one
+    compiled call where a task spans several panels (few rows of A: a call per panel cost more in dispatch than
+    its products)."""
     lanes = b_val.shape[2]
     for p in range(p_lo, p_hi):
         accumulate_panel_rows(m_lo, m_hi, a_codes, fmt_a, b_val[p], b_exp[p], p * lanes, schedule, params, tile_rows,

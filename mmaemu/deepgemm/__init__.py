@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .. import backends
+from .._untraced import untraced
 from ..context import for_call
 from ..errors import ExperimentalPresetWarning, ReferenceRejectsError, UnsupportedFeatureError
 from ..model.chunked import DEEPGEMM_SM90_1D1D, DEEPGEMM_SM90_1D2D
@@ -185,11 +186,14 @@ def _scales(t):
     return np.ascontiguousarray(t.detach().float().cpu().numpy(), dtype=np.float32)
 
 
-def _final(a_codes, b_codes, scales_a, scales_b, plan):
-    """fp32 accumulators [M, N] of the plan's chunked kernel on the plan's engine."""
+def _final(a_codes, b_codes, scales_a, scales_b, plan, b_rows=None):
+    """fp32 accumulators [M, N] of the plan's chunked kernel on the plan's engine. ``b_rows``: the tensor of B's
+    rows whose codes ``b_codes`` are, or None: on the CPU engine a repeated B (a weight) then has its decoded
+    panels kept between calls (:data:`mmaemu.cpu.prepared.WEIGHTS`, as ``scaled_mm`` keeps them)."""
     from ..blockwise_cublaslt import accumulate_chunked
 
-    return accumulate_chunked(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, plan.kernel, plan.backend)
+    return accumulate_chunked(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, plan.kernel, plan.backend,
+                              b_rows=b_rows)
 
 
 def _store(d_view, final, kernel):
@@ -208,8 +212,8 @@ def _store(d_view, final, kernel):
         d_view.copy_(result.to(d_view.device))
 
 
-def _gemm_into(d_view, a_codes, b_codes, scales_a, scales_b, plan):
-    _store(d_view, _final(a_codes, b_codes, scales_a, scales_b, plan), plan.kernel)
+def _gemm_into(d_view, a_codes, b_codes, scales_a, scales_b, plan, b_rows=None):
+    _store(d_view, _final(a_codes, b_codes, scales_a, scales_b, plan, b_rows), plan.kernel)
 
 
 def _rows_of_blocks(sfb, n):
@@ -221,6 +225,7 @@ def _rows_of_blocks(sfb, n):
 # The API
 
 
+@untraced
 def fp8_gemm_nt(a, b, d, c=None, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False, *, backend="auto"):
     """``d = a @ b.T`` of FP8 ``a = (codes [M, K], sfa)`` and ``b = (codes [N, K], sfb)``, written into d.
 
@@ -275,21 +280,24 @@ def _gemm_nt(a, b, d, c, recipe, backend, context):
         scales_b = _rows_of_blocks(_scales(sfb), n)
     plan = plan_blockwise(kernel, a_t.device, backend, context=context)
     _warn_experimental(kernel)
-    _gemm_into(d, _codes(a_t), _codes(b_t), _scales(sfa), scales_b, plan)
+    _gemm_into(d, _codes(a_t), _codes(b_t), _scales(sfa), scales_b, plan, b_t)
 
 
+@untraced
 def fp8_gemm_nn(a, b, d, c=None, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False, *, backend="auto"):
     """``fp8_gemm_nt`` with ``b = (codes [K, N], sfb)`` given transposed: ``nt(a, (b.T, sfb.T))``."""
     return fp8_gemm_nt(a, (b[0].transpose(0, 1), b[1].transpose(0, 1)), d, c, recipe, compiled_dims,
                        disable_ue8m0_cast, backend=backend)
 
 
+@untraced
 def fp8_gemm_tn(a, b, d, c=None, recipe=None, compiled_dims="mn", disable_ue8m0_cast=False, *, backend="auto"):
     """``fp8_gemm_nt`` with both operands given transposed: ``nt((a.T, sfa.T), (b.T, sfb.T))``."""
     return fp8_gemm_nt((a[0].transpose(0, 1), a[1].transpose(0, 1)), (b[0].transpose(0, 1), b[1].transpose(0, 1)),
                        d, c, recipe, compiled_dims, disable_ue8m0_cast, backend=backend)
 
 
+@untraced
 def fp8_gemm_tt(a, b, d, c=None, recipe=None, compiled_dims="mn", disable_ue8m0_cast=False, *, backend="auto"):
     """``fp8_gemm_nt`` with ``a = (codes [K, M], sfa)`` given transposed: ``nt((a.T, sfa.T), b)``."""
     return fp8_gemm_nt((a[0].transpose(0, 1), a[1].transpose(0, 1)), b, d, c, recipe, compiled_dims,
@@ -333,6 +341,7 @@ def _contiguous_rows(m_indices, num_groups):
     return group, wave_first >= 0
 
 
+@untraced
 def m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False,
                                      *, backend="auto"):
     """M-grouped GEMM (MoE): rows of ``a = (codes [M, K], sfa [M, ceil(K/128)])`` times the group's
@@ -384,6 +393,7 @@ def _grouped_contiguous(a, b, d, m_indices, recipe, backend, context):
     return None
 
 
+@untraced
 def m_grouped_fp8_gemm_nn_contiguous(a, b, d, m_indices, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False,
                                      *, backend="auto"):
     """``m_grouped_fp8_gemm_nt_contiguous`` with ``b = (codes [G, K, N], sfb [G, ceil(K/128), ceil(N/128)])``."""
@@ -391,6 +401,7 @@ def m_grouped_fp8_gemm_nn_contiguous(a, b, d, m_indices, recipe=None, compiled_d
                                             compiled_dims, disable_ue8m0_cast, backend=backend)
 
 
+@untraced
 def m_grouped_fp8_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None, compiled_dims="nk",
                                  disable_ue8m0_cast=False, *, backend="auto"):
     """Masked M-grouped GEMM (MoE decoding): for each group g, the first ``masked_m[g]`` rows of

@@ -12,6 +12,7 @@ import dataclasses
 
 from ..arith.scaled import (COMBINE_FMA_SCALE_A_FIRST, COMBINE_FMA_SCALE_B_FIRST, COMBINE_SCALED_FMA, OUTPUT_BFLOAT16,
                             OUTPUT_REDUCE_ADD_FP32)
+from .presets import Preset, get_preset
 
 DEEPGEMM_SOURCE = ("deepseek-ai/DeepGEMM v2.1.1.post3 (commit c9f8b34dcdacc20aa746b786f983492c51072870): "
                    "csrc/apis/gemm.hpp, csrc/jit_kernels/impls/sm90_fp8_gemm_1d2d.hpp and sm90_fp8_gemm_1d1d.hpp, "
@@ -48,6 +49,12 @@ class ChunkedKernel:
     splitk: str
     maturity: str
     source: str
+
+    @property
+    def tensor_core_preset(self) -> Preset:
+        """The :class:`~mmaemu.model.presets.Preset` named by ``preset`` (the engines take it from the record, so
+        that they need not look presets up themselves)."""
+        return get_preset(self.preset)
 
 
 DEEPGEMM_SM90_1D2D = ChunkedKernel(
