@@ -20,14 +20,19 @@ vectors do more cheaply:
   Each byte counts at most nfma / 4 products, and their sum n <= nfma < 256 leaves the byte sum by one multiply
   (``n * 0x01010101 >> 24``) exact; :func:`mmaemu.cpu.features.offset_call_decline` checks nfma;
 * a block past K (zero padding of a split tile) runs :func:`mmaemu.arith.offset.offset_empty_block` itself, and each
-  chain ends with :func:`~mmaemu.arith.offset.offset_chain_value`; the schedule is walked with the functions of
-  ``accumulate_one`` (``combine_step``, ``split_chains``, ``chain_tiles_of``, ``chain_range``).
+  chain enters its split's partial by :func:`~mmaemu.arith.offset.add_chain_values` (``offset_chain_value`` per
+  output, as in ``cuda:offset``); the schedule is walked with the functions of ``accumulate_one``
+  (``combine_step``, ``split_chains``, ``chain_tiles_of``, ``chain_range``) and the partials combined by
+  :func:`mmaemu.arith.schedule.combine_tile`, the split-K skeleton of every engine.
 
 Why the block step is written here on vectors rather than once for scalars and vectors: the GPU's step works on
 a tile of scalars in arrays (:func:`mmaemu.arith.offset.offset_block`), whose add-max exponent words, dp4a count
 and per-thread tile are what a GPU thread does cheaply; compiled on vectors the same source reads and writes
 every output's state through memory and gives up the byte pass and the byte counters, which here are most of the
-speed (docs/performance.md). The steps shared are the constants, the tables, the start's formula and the proofs.
+speed (docs/performance.md). The steps shared are the constants, the tables, the start's formula, the empty
+block, the chain's end and split-K skeleton, and the proofs. A generic block step (the SIMD operations given scalar
+twins by ``@overload``, one source compiled on scalars for CUDA and on vectors here) is not written: it would have
+to be measured against this form on both targets, with ``cuda:offset``'s PTX unchanged (issue 30 item 4, open).
 
 Operand layout (:class:`Operand`; K padded with zero codes to ``Kp``, a multiple of K_PASS = 16). B's panel:
 ``val[k, j]`` fp32, ``exp[k, j]`` exponent byte (int8), ``low[k // 4, j]`` and ``sign[k // 4, j]`` the low-byte

@@ -16,7 +16,8 @@ exponent pass:
   adjacent words, vector loads). The block copies STAGE_K k of its rows of A and of B into shared memory (48 KiB,
   the static limit), each thread 16 bytes per load (:func:`mmaemu.cuda.offset.ptx.load4`); each thread runs
   :func:`mmaemu.arith.offset.offset_block` (or :func:`~mmaemu.arith.offset.power_offset_block`) on every block of
-  its chains, state in registers, and ends each chain with :func:`mmaemu.arith.offset.offset_chain_value`.
+  its chains, state in registers, and enters each chain into its split's partial with
+  :func:`mmaemu.arith.offset.add_chain_values` (``offset_chain_value`` per output, as the CPU's offset engine).
 
 The schedule (unsplit fast and slow, every split-K scheme) is walked with the functions ``accumulate_one`` uses
 (``combine_step``, ``split_chains``, ``chain_tiles_of``, ``chain_range``); presets are those
