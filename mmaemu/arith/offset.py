@@ -501,6 +501,18 @@ def offset_chain_value(c, frac_out):
 
 
 @arithmetic
+def add_chain_values(partial, c_val, frac_out):
+    """``partial[r, j] += offset_chain_value(c_val[r, j])`` (fp32 RNE adds, in place): a chain that ended with the
+    deferred accumulators ``c_val`` enters its split's partial (float32 arrays [rows, lanes]). The split-K skeleton
+    of the offset engines (CPU and ``cuda:offset``): the partial cleared
+    (:func:`mmaemu.arith.schedule.clear_tile`), then per chain of the split its block steps and this call."""
+    rows, lanes = partial.shape
+    for r in range(rows):
+        for j in range(lanes):
+            partial[r, j] = np.float32(partial[r, j] + offset_chain_value(c_val[r, j], frac_out))
+
+
+@arithmetic
 def offset_pack_into(codes, row, g, tables, column, val, exp, byte_words, paired):
     """Four k (group g) of row ``row`` of ``codes`` (zero codes past its rows or past K) packed into column
     ``column`` of the k-major staged arrays (:func:`offset_pack`; ``row - column`` even)."""

@@ -86,6 +86,27 @@ def combine(acc, slot, partial, target, flush):
 
 
 @arithmetic
+def clear_tile(tile):
+    """Every entry of a float32 [rows, lanes] array set to +0 (an accumulator, slot or partial before its first
+    term)."""
+    rows, lanes = tile.shape
+    for r in range(rows):
+        for j in range(lanes):
+            tile[r, j] = np.float32(0.0)
+
+
+@arithmetic
+def combine_tile(acc, slot, partial, target, flush):
+    """:func:`combine` for every output of a tile: ``(acc[r, j], slot[r, j])`` after ``partial[r, j]`` enters
+    (float32 arrays [rows, lanes], in place). The engines' split-K skeleton: ``acc`` and ``slot`` cleared
+    (:func:`clear_tile`), then per step i of :func:`combine_step` the partial of its split and this call."""
+    rows, lanes = acc.shape
+    for r in range(rows):
+        for j in range(lanes):
+            acc[r, j], slot[r, j] = combine(acc[r, j], slot[r, j], partial[r, j], target, flush)
+
+
+@arithmetic
 def split_chains(K, s, schedule):
     """Number of chains of split s: one over all of its tiles (chain_tiles = 0), or one per chain_tiles tiles;
     0 for a split that owns no tile."""

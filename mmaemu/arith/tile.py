@@ -64,7 +64,7 @@ from .._jit import arithmetic
 from .block import NO_LEAD, RESULT_EXP_FLOOR
 from .chain import chain_range, chain_range_count
 from .fp32 import float32_from_bits
-from .schedule import chain_tiles_of, combine, combine_step, split_chains
+from .schedule import chain_tiles_of, clear_tile, combine_step, combine_tile, split_chains
 
 # Exponent of zero, NaN and Inf codes in the tile layout (int8); see the module docstring.
 TILE_ABSENT_EXP = -100
@@ -386,9 +386,7 @@ def tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, rows, K, first, stride, co
 def tile_split_partial(a_val, a_exp, b_val, b_exp, rows, K, s, schedule, params, work, result, partial):
     """:func:`~.schedule.split_partial` for the tile: ``partial`` = fp32 sum of split s's chains (+0 if none)."""
     lanes = partial.shape[1]
-    for r in range(rows):
-        for j in range(lanes):
-            partial[r, j] = np.float32(0.0)
+    clear_tile(partial)
     for c in range(split_chains(K, s, schedule)):
         first, stride, n = chain_tiles_of(K, s, c, schedule)
         tile_chain_over_tiles(a_val, a_exp, b_val, b_exp, rows, K, first, stride, n, schedule.tile, schedule.padded,
@@ -407,14 +405,9 @@ def tile_accumulate(a_val, a_exp, b_val, b_exp, rows, K, schedule, params, work,
     """
     splits, pairwise = schedule.splits, schedule.pairwise
     result, partial, slot = sums
-    lanes = acc.shape[1]
-    for r in range(rows):
-        for j in range(lanes):
-            acc[r, j] = np.float32(0.0)
-            slot[r, j] = np.float32(0.0)
+    clear_tile(acc)
+    clear_tile(slot)
     for i in range(splits):
         s, target, flush = combine_step(splits, pairwise, i)
         tile_split_partial(a_val, a_exp, b_val, b_exp, rows, K, s, schedule, params, work, result, partial)
-        for r in range(rows):
-            for j in range(lanes):
-                acc[r, j], slot[r, j] = combine(acc[r, j], slot[r, j], partial[r, j], target, flush)
+        combine_tile(acc, slot, partial, target, flush)

@@ -20,14 +20,19 @@ vectors do more cheaply:
   Each byte counts at most nfma / 4 products, and their sum n <= nfma < 256 leaves the byte sum by one multiply
   (``n * 0x01010101 >> 24``) exact; :func:`mmaemu.cpu.features.offset_call_decline` checks nfma;
 * a block past K (zero padding of a split tile) runs :func:`mmaemu.arith.offset.offset_empty_block` itself, and each
-  chain ends with :func:`~mmaemu.arith.offset.offset_chain_value`; the schedule is walked with the functions of
-  ``accumulate_one`` (``combine_step``, ``split_chains``, ``chain_tiles_of``, ``chain_range``).
+  chain enters its split's partial by :func:`~mmaemu.arith.offset.add_chain_values` (``offset_chain_value`` per
+  output, as in ``cuda:offset``); the schedule is walked with the functions of ``accumulate_one``
+  (``combine_step``, ``split_chains``, ``chain_tiles_of``, ``chain_range``) and the partials combined by
+  :func:`mmaemu.arith.schedule.combine_tile`, the split-K skeleton of every engine.
 
 Why the block step is written here on vectors rather than once for scalars and vectors: the GPU's step works on
 a tile of scalars in arrays (:func:`mmaemu.arith.offset.offset_block`), whose add-max exponent words, dp4a count
 and per-thread tile are what a GPU thread does cheaply; compiled on vectors the same source reads and writes
 every output's state through memory and gives up the byte pass and the byte counters, which here are most of the
-speed (docs/performance.md). The steps shared are the constants, the tables, the start's formula and the proofs.
+speed (docs/performance.md). The steps shared are the constants, the tables, the start's formula, the empty
+block, the chain's end and split-K skeleton, and the proofs. A generic block step (the SIMD operations given scalar
+twins by ``@overload``, one source compiled on scalars for CUDA and on vectors here) is not written: it would have
+to be measured against this form on both targets, with ``cuda:offset``'s PTX unchanged (issue 30 item 4, open).
 
 Operand layout (:class:`Operand`; K padded with zero codes to ``Kp``, a multiple of K_PASS = 16). B's panel:
 ``val[k, j]`` fp32, ``exp[k, j]`` exponent byte (int8), ``low[k // 4, j]`` and ``sign[k // 4, j]`` the low-byte
@@ -44,9 +49,9 @@ from .._jit import arithmetic
 from ..arith.chain import chain_range, chain_range_count
 from ..arith.fp32 import FP32_EXPONENT_BIAS, FP32_FRACTION_BITS
 from ..arith.fp32 import float32_from_bits as f32_of_bits_scalar
-from ..arith.offset import EXPONENT_FIELD, K_PASS, block_range, offset_chain_value, offset_empty_block
+from ..arith.offset import EXPONENT_FIELD, K_PASS, add_chain_values, block_range, offset_empty_block
 from ..arith.packed import BYTE_ONES
-from ..arith.schedule import chain_tiles_of, combine, combine_step, split_chains
+from ..arith.schedule import chain_tiles_of, clear_tile, combine_step, combine_tile, split_chains
 from .simd import (add_f32, add_i32, add_saturated_i8, and_i32, andnot_i32, bits_of_f32, broadcast_f32,
                    broadcast_i32, broadcast_load_f32, broadcast_load_i32, bytes_of_i32, enter_toward_zero,
                    f32_of_bits, fma_toward_zero_f32, leave_toward_zero, load_f32, load_i8, load_u32, lshr_i32,
@@ -387,9 +392,7 @@ def tile_chain(a, r0, b, K, first, stride, count, schedule, constants, v, c_val,
     which the empty blocks (their float64 emulation of the FMA needs rounding to nearest) and the chain's caller
     (the split combination) stay out of."""
     nfma = constants.nfma
-    for r in range(ROWS):
-        for j in range(PANEL):
-            c_val[r, j] = np.float32(0.0)
+    clear_tile(c_val)
     saved = enter_toward_zero()
     for i in range(chain_range_count(stride, count)):
         k0, k1 = chain_range(K, first, stride, count, schedule.tile, schedule.padded, i)
@@ -408,25 +411,17 @@ def tile_accumulate(a, r0, b, K, schedule, constants, v, work, sums):
     """:func:`mmaemu.arith.schedule.accumulate_one` for the tile: ``acc[r, j]`` (of ``sums`` = (c_val, partial,
     acc, slot), float32 [ROWS, PANEL]) = the fp32 accumulator of output (r0 + r, j)."""
     c_val, partial, acc, slot = sums
-    splits, pairwise, frac_out = schedule.splits, schedule.pairwise, constants.frac_out
-    for r in range(ROWS):
-        for j in range(PANEL):
-            acc[r, j] = np.float32(0.0)
-            slot[r, j] = np.float32(0.0)
+    splits, pairwise = schedule.splits, schedule.pairwise
+    clear_tile(acc)
+    clear_tile(slot)
     for i in range(splits):
         s, target, flush = combine_step(splits, pairwise, i)
-        for r in range(ROWS):
-            for j in range(PANEL):
-                partial[r, j] = np.float32(0.0)
+        clear_tile(partial)
         for c in range(split_chains(K, s, schedule)):
             first, stride, n = chain_tiles_of(K, s, c, schedule)
             tile_chain(a, r0, b, K, first, stride, n, schedule, constants, v, c_val, work)
-            for r in range(ROWS):
-                for j in range(PANEL):
-                    partial[r, j] = np.float32(partial[r, j] + offset_chain_value(c_val[r, j], frac_out))
-        for r in range(ROWS):
-            for j in range(PANEL):
-                acc[r, j], slot[r, j] = combine(acc[r, j], slot[r, j], partial[r, j], target, flush)
+            add_chain_values(partial, c_val, constants.frac_out)
+        combine_tile(acc, slot, partial, target, flush)
 
 
 @arithmetic

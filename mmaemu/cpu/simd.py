@@ -45,7 +45,7 @@ from numba.core.datamodel import models, register_default
 from numba.core.extending import intrinsic
 
 from .._jit import arithmetic
-from ..arith.fp32 import fma_toward_zero_exact
+from ..arith.fp32 import _bitcast, fma_toward_zero_exact
 from ..arith.packed import max_u16x2_exact, swap_halves
 from .features import ROUNDING_EMBEDDED, numba_target, offset_rounding
 
@@ -82,30 +82,41 @@ _V_I16 = ir.VectorType(ir.IntType(16), 2 * LANES)
 _V_I8 = ir.VectorType(ir.IntType(8), 4 * LANES)
 
 
-def _is_row_array(array, dtype):
-    return isinstance(array, types.Array) and array.ndim == 2 and array.dtype == dtype and array.layout == "C"
+def _is_indexed_row_array(array, dtype, row, column):
+    """Whether (array, row, column) are a C-contiguous 2-d array of ``dtype`` and two integer indices."""
+    return (isinstance(array, types.Array) and array.ndim == 2 and array.dtype == dtype and array.layout == "C"
+            and isinstance(row, types.Integer) and isinstance(column, types.Integer))
 
 
-def _item_pointer(context, builder, array_type, array, row, column):
-    ary = context.make_array(array_type)(context, builder, array)
+def _item_pointer(context, builder, signature, args):
+    """The pointer to ``array[row, column]`` for an intrinsic whose first three arguments are (array, row,
+    column): no wrap-around of negative indices, no bounds check."""
+    array_type, row_type, column_type = signature.args[:3]
+    row = context.cast(builder, args[1], row_type, types.intp)
+    column = context.cast(builder, args[2], column_type, types.intp)
+    ary = context.make_array(array_type)(context, builder, args[0])
     return cgutils.get_item_pointer(context, builder, array_type, ary, [row, column], wraparound=False,
                                     boundscheck=False)
 
 
-def _load(element, vector_type):
+def _vector_pointer(context, builder, signature, args, vector_type):
+    return builder.bitcast(_item_pointer(context, builder, signature, args),
+                           context.get_value_type(vector_type).as_pointer())
+
+
+def _load(element, vector_type, lane_type=None):
+    """The load of ``vector_type`` from ``array[row, column:column + lanes]``, or with ``lane_type`` (the LLVM
+    vector type) ``array[row, column]`` broadcast to every lane."""
+
     @intrinsic
     def load(typingctx, array, row, column):
-        if not (_is_row_array(array, element) and isinstance(row, types.Integer)
-                and isinstance(column, types.Integer)):
+        if not _is_indexed_row_array(array, element, row, column):
             return None
 
         def codegen(context, builder, signature, args):
-            array_type, row_type, column_type = signature.args
-            row_value = context.cast(builder, args[1], row_type, types.intp)
-            column_value = context.cast(builder, args[2], column_type, types.intp)
-            pointer = _item_pointer(context, builder, array_type, args[0], row_value, column_value)
-            vector_pointer = builder.bitcast(pointer, context.get_value_type(vector_type).as_pointer())
-            return builder.load(vector_pointer, align=4)
+            if lane_type is not None:
+                return _splat(builder, builder.load(_item_pointer(context, builder, signature, args)), lane_type)
+            return builder.load(_vector_pointer(context, builder, signature, args, vector_type), align=4)
 
         return vector_type(array, row, column), codegen
 
@@ -115,41 +126,16 @@ def _load(element, vector_type):
 def _store(element, vector_type):
     @intrinsic
     def store(typingctx, array, row, column, value):
-        if not (_is_row_array(array, element) and isinstance(row, types.Integer)
-                and isinstance(column, types.Integer) and value == vector_type):
+        if not (_is_indexed_row_array(array, element, row, column) and value == vector_type):
             return None
 
         def codegen(context, builder, signature, args):
-            array_type, row_type, column_type, _ = signature.args
-            row_value = context.cast(builder, args[1], row_type, types.intp)
-            column_value = context.cast(builder, args[2], column_type, types.intp)
-            pointer = _item_pointer(context, builder, array_type, args[0], row_value, column_value)
-            vector_pointer = builder.bitcast(pointer, context.get_value_type(vector_type).as_pointer())
-            builder.store(args[3], vector_pointer, align=4)
+            builder.store(args[3], _vector_pointer(context, builder, signature, args, vector_type), align=4)
             return context.get_dummy_value()
 
         return types.void(array, row, column, value), codegen
 
     return store
-
-
-def _broadcast_load(element, vector_type, lane_type):
-    @intrinsic
-    def broadcast_load(typingctx, array, row, column):
-        if not (_is_row_array(array, element) and isinstance(row, types.Integer)
-                and isinstance(column, types.Integer)):
-            return None
-
-        def codegen(context, builder, signature, args):
-            array_type, row_type, column_type = signature.args
-            row_value = context.cast(builder, args[1], row_type, types.intp)
-            column_value = context.cast(builder, args[2], column_type, types.intp)
-            pointer = _item_pointer(context, builder, array_type, args[0], row_value, column_value)
-            return _splat(builder, builder.load(pointer), lane_type)
-
-        return vector_type(array, row, column), codegen
-
-    return broadcast_load
 
 
 load_f32 = _load(types.float32, f32x16)
@@ -160,10 +146,10 @@ store_f32 = _store(types.float32, f32x16)
 store_f32.__doc__ = "``array[row, column:column + 16] = value`` (a float32 array)."
 load_i8 = _load(types.int8, i8x64)
 load_i8.__doc__ = "``array[row, column:column + 64]`` of a C-contiguous int8 array as a vector of 64 bytes."
-broadcast_load_f32 = _broadcast_load(types.float32, f32x16, _V_F32)
+broadcast_load_f32 = _load(types.float32, f32x16, _V_F32)
 broadcast_load_f32.__doc__ = ("``array[row, column]`` of a C-contiguous float32 array in every lane (one "
                               "vbroadcastss from memory; no wrap-around of negative indices).")
-broadcast_load_i32 = _broadcast_load(types.uint32, i32x16, _V_I32)
+broadcast_load_i32 = _load(types.uint32, i32x16, _V_I32)
 broadcast_load_i32.__doc__ = ("``array[row, column]`` of a C-contiguous uint32 array in every lane (one "
                               "vpbroadcastd from memory; no wrap-around of negative indices).")
 
@@ -278,28 +264,9 @@ rotate16_i32 = _shift(lambda b, x, n: b.or_(b.lshr(x, n), b.shl(x, n)),
                       "Per lane :func:`mmaemu.arith.packed.swap_halves` (vprold 16); the amount must be 16.")
 
 
-@intrinsic
-def bits_of_f32(typingctx, x):
-    """The int32 patterns of the lanes (a bitcast, no instruction)."""
-    if x != f32x16:
-        return None
-    return i32x16(x), lambda context, builder, signature, args: builder.bitcast(args[0], _V_I32)
-
-
-@intrinsic
-def f32_of_bits(typingctx, x):
-    """The fp32 numbers whose patterns are the lanes (a bitcast, no instruction)."""
-    if x != i32x16:
-        return None
-    return f32x16(x), lambda context, builder, signature, args: builder.bitcast(args[0], _V_F32)
-
-
-@intrinsic
-def bytes_of_i32(typingctx, x):
-    """The 64 bytes of the lanes, little-endian (a bitcast, no instruction)."""
-    if x != i32x16:
-        return None
-    return i8x64(x), lambda context, builder, signature, args: builder.bitcast(args[0], _V_I8)
+bits_of_f32 = _bitcast(f32x16, i32x16, "The int32 patterns of the lanes (a bitcast, no instruction).")
+f32_of_bits = _bitcast(i32x16, f32x16, "The fp32 numbers whose patterns are the lanes (a bitcast, no instruction).")
+bytes_of_i32 = _bitcast(i32x16, i8x64, "The 64 bytes of the lanes, little-endian (a bitcast, no instruction).")
 
 
 @intrinsic

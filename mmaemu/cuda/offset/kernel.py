@@ -16,7 +16,8 @@ exponent pass:
   adjacent words, vector loads). The block copies STAGE_K k of its rows of A and of B into shared memory (48 KiB,
   the static limit), each thread 16 bytes per load (:func:`mmaemu.cuda.offset.ptx.load4`); each thread runs
   :func:`mmaemu.arith.offset.offset_block` (or :func:`~mmaemu.arith.offset.power_offset_block`) on every block of
-  its chains, state in registers, and ends each chain with :func:`mmaemu.arith.offset.offset_chain_value`.
+  its chains, state in registers, and enters each chain into its split's partial with
+  :func:`mmaemu.arith.offset.add_chain_values` (``offset_chain_value`` per output, as the CPU's offset engine).
 
 The schedule (unsplit fast and slow, every split-K scheme) is walked with the functions ``accumulate_one`` uses
 (``combine_step``, ``split_chains``, ``chain_tiles_of``, ``chain_range``); presets are those
@@ -29,6 +30,7 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from ...arith import offset as _offset
+from ...arith import schedule as _schedule
 from .. import shim
 from . import ptx
 from .ptx import load4
@@ -40,7 +42,8 @@ ptx.install()
 offset_block = shim.device(_offset.offset_block)
 power_offset_block = shim.device(_offset.power_offset_block)
 offset_empty_block = shim.device(_offset.offset_empty_block)
-offset_chain_value = shim.device(_offset.offset_chain_value)
+add_chain_values = shim.device(_offset.add_chain_values)
+clear_tile = shim.device(_schedule.clear_tile)
 offset_pack_into = shim.device(_offset.offset_pack_into)
 
 # Geometry: ROWS x COLS outputs per thread (registers: four words per output while a block runs), TY x TX threads.
@@ -187,7 +190,8 @@ def compile_for_simulator(block_step, constants):
     u = np.uint32
     block_step(*sh_a, u(0), *sh_b, u(0), u(0), u(constants.nfma), constants, c_val, work)
     _offset.offset_empty_block(constants, c_val, work)
-    _offset.offset_chain_value(np.float32(0.0), constants.frac_out)
+    _offset.add_chain_values(c_val, c_val, constants.frac_out)
+    _schedule.clear_tile(c_val)
     _COMPILED_HERE.add((block_step, constants))
 
 
@@ -207,9 +211,7 @@ def _gemm_kernel(block_step):
         r0 = np.uint32(cuda.threadIdx.y * ROWS)
         j0 = np.uint32(cuda.threadIdx.x * COLS)
         nfma = i32(constants.nfma)
-        for r in range(ROWS):
-            for j in range(COLS):
-                c_val[r, j] = np.float32(0.0)
+        clear_tile(c_val)
         for i in range(chain_range_count(stride, count)):
             k0, k1 = chain_range(K, first, stride, count, schedule.tile, schedule.padded, i)
             data_end = i32(min(i32(k1), K))
@@ -241,16 +243,11 @@ def _gemm_kernel(block_step):
         work = (cuda.local.array((ROWS, COLS), uint32), cuda.local.array((ROWS, COLS), float32),
                 cuda.local.array((ROWS, COLS), uint32), cuda.local.array((ROWS, COLS), uint32))
         c_val = cuda.local.array((ROWS, COLS), float32)
-        frac_out = constants.frac_out
-        for r in range(ROWS):
-            for j in range(COLS):
-                partial[r, j] = np.float32(0.0)
+        clear_tile(partial)
         for c in range(split_chains(K, s, schedule)):
             first, stride, count = chain_tiles_of(K, s, c, schedule)
             chain(a, b, K, first, stride, count, schedule, constants, sh_a, sh_b, work, c_val)
-            for r in range(ROWS):
-                for j in range(COLS):
-                    partial[r, j] = np.float32(partial[r, j] + offset_chain_value(c_val[r, j], frac_out))
+            add_chain_values(partial, c_val, constants.frac_out)
 
     @cuda.jit(fastmath=False, **shim.register_cap(REGISTERS))
     def gemm(a_val, a_exp, a_bytes, a_cols, b_val, b_exp, b_bytes, b_cols, K, schedule, constants, out, slot):
