@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ._untraced import require_untraced, untraced
+from .base._untraced import require_untraced, untraced
 from .context import for_call
 from .plan.cache import cached_plan_accumulate, cached_plan_scaled_mm
 from .plan.planner import CallPlan, explain_scaled_mm

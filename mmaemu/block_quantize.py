@@ -32,7 +32,7 @@ dequantises to half its value with the stored scale 2**-127: torchao's behaviour
 
 **NVFP4** (:func:`quantize_nvfp4`; e2m1 elements, UE4M3 scales per 16, an optional fp32 global scale ``g``).
 ``b = fp32(amax * fp32(1 / 6))``: torchao's ``max_abs / 6.0`` divides a tensor by a Python number, which torch's
-CUDA kernel computes as a multiplication by the fp32 reciprocal (:mod:`mmaemu.gpu_torch_ops`; the CPU kernel's
+CUDA kernel computes as a multiplication by the fp32 reciprocal (:mod:`mmaemu.base.gpu_torch_ops`; the CPU kernel's
 true division gives other bits for a third of the amaxes). Without a global scale:
 ``s = e4m3(clamp(b, 2**-6, 448))`` and the elements are ``e2m1(clamp(fp32(x * fp32(1 / s)), -6, 6))``. With one:
 ``s = e4m3(clamp(fp32(b / g), 2**-6, 448))`` and the elements are
@@ -71,7 +71,7 @@ import numpy as np
 
 from . import formats, scale_layout
 from .errors import MmaemuError
-from .gpu_torch_ops import divide_by_number
+from .base.gpu_torch_ops import divide_by_number
 from .platform.block_scaled import RECIPES
 
 __all__ = ["MX_FORMATS", "SCALING_MODES", "BlockQuantized", "BlockQuantizeError", "quantize_mx", "mx_scale_codes",

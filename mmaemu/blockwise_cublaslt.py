@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from ._untraced import untraced
+from .base._untraced import untraced
 from .arith.scaled import OUTPUT_ACCUMULATE_FLAG, OUTPUT_ADD_FLAG, OUTPUT_FP32_FLAG
 from .errors import BackendUnavailableError, ExperimentalPresetWarning, ReferenceRejectsError, \
     UnsupportedFeatureError

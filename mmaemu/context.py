@@ -8,7 +8,7 @@ its warnings, the selection with its fallbacks). Only the entry points build a c
 gets one from :func:`for_call` (``explain``, :mod:`mmaemu.patching`, and the plan cache of
 :mod:`mmaemu.plan.cache` behind ``scaled_mm``, ``accumulate`` and the ``nn`` layers, on a miss), which its plan
 keeps for what is decided while it computes, and ``mmaemu info`` one with the device facts
-(:func:`mmaemu.diagnostics.report_context`), so a call sees one reading of the environment from its first
+(:func:`mmaemu.cli.diagnostics.report_context`), so a call sees one reading of the environment from its first
 decision to its last. A decision called without a context (a test, a script) reads the environment then
 (:func:`environment_of`).
 
@@ -31,7 +31,7 @@ import dataclasses
 from typing import Any, Callable, Mapping, Optional
 
 from . import environment
-from .device_facts import DeviceFacts
+from .base.device_facts import DeviceFacts
 
 __all__ = ["Context", "for_call", "context_of", "environment_of", "TableSource", "RecordedSource", "VerdictSource",
            "CpuSelftestSource"]
@@ -49,7 +49,7 @@ class Context:
     """The surroundings of the decisions, read at the edge.
 
     ``environment``: the parsed ``MMAEMU_*`` variables (:func:`mmaemu.environment.snapshot`). ``device``: the facts
-    of the CUDA device described (``mmaemu info``; :class:`mmaemu.device_facts.DeviceFacts`), None when none was
+    of the CUDA device described (``mmaemu info``; :class:`mmaemu.base.device_facts.DeviceFacts`), None when none was
     read; then ``device_problem`` says why (CUDA disabled, no device, "probe failed") and ``device_error`` what
     reading it raised, if it raised. ``tables``, ``recorded`` and ``verdicts``: the sources of the split-K tables,
     the recorded profiles and the kernels' verdicts; ``cpu_selftest``: that of the AVX2 offset engine's self-test

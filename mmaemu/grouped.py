@@ -38,7 +38,7 @@ from typing import List, NamedTuple, Optional
 
 import torch
 
-from ._untraced import untraced
+from .base._untraced import untraced
 from .context import for_call
 from .errors import ExperimentalPresetWarning, ReferenceRejectsError, UnsupportedFeatureError
 from .formats import dtype_name

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from . import formats
-from ._untraced import untraced
+from .base._untraced import untraced
 from .audit import GemmAudit, ModelAudit, run_audit
 from .errors import SplitKUnknownError
 from .nn_recipes import _inference_rows

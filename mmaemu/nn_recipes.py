@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ._untraced import untraced
+from .base._untraced import untraced
 from .errors import ExperimentalPresetWarning, UnsupportedFeatureError
 from .platform.block_scaled import RECIPES as _BLOCK_SCALED_TABLE
 from .platform.splitk import asks_one_split

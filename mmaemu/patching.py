@@ -79,7 +79,7 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 
 from . import torch_ops
-from ._untraced import untraced
+from .base._untraced import untraced
 from .formats import dtype_name
 
 __all__ = ["patch", "PatchRecord", "PatchLog", "is_patched", "original_scaled_mm", "original", "route_call",

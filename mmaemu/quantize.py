@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from . import formats
-from .gpu_torch_ops import power_of_two_floor
+from .base.gpu_torch_ops import power_of_two_floor
 
 __all__ = [
     "FP8_MAX",
@@ -318,7 +318,7 @@ def rowwise_scale(x, fmt="e4m3", *, round_scales_to_power_of_2=True) -> torch.Te
     lies within 2**-49 of an fp32 rounding boundary). Those are computed with the same torch operations on x's
     device. With ``round_scales_to_power_of_2`` (its row-wise recipe sets it), torchao's
     ``exp2(floor(log2(s)))``: computed as the exact power of two at most s
-    (:func:`mmaemu.gpu_torch_ops.power_of_two_floor`), as the GPU's log2 gives it except within 2 fp32 ulps below
+    (:func:`mmaemu.base.gpu_torch_ops.power_of_two_floor`), as the GPU's log2 gives it except within 2 fp32 ulps below
     an integer log2, where CUDA's 1-ulp ``log2f`` may round up to the next power: such a scale raises
     :class:`~mmaemu.errors.UnsupportedFeatureError` (no bf16 or fp16 row gives one). For the weight [N, K] of a
     linear layer this is its per-output-channel scale.

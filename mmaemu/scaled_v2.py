@@ -26,7 +26,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from ._untraced import untraced
+from .base._untraced import untraced
 from .errors import ReferenceRejectsError, UnsupportedFeatureError
 from .platform import kernel_families
 from .platform.profiles import get_profile, list_profiles

@@ -32,7 +32,7 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
-from ._untraced import traced_tensor_kind
+from .base._untraced import traced_tensor_kind
 from .api import run_scaled_mm_plan
 from .context import for_call
 from .errors import UnsupportedFeatureError

@@ -172,14 +172,14 @@ def test_extra_memory_is_linear_in_inputs_and_outputs():
 
 @pytest.mark.subprocess
 def test_cache_directory_is_keyed_and_unusable_location_falls_back_to_the_per_user_folder(tmp_path):
-    code = ("import mmaemu, torch; from mmaemu import _cache; a = torch.ones(2, 32).to(torch.float8_e4m3fn); "
+    code = ("import mmaemu, torch; from mmaemu.base import _cache; a = torch.ones(2, 32).to(torch.float8_e4m3fn); "
             "print(float(mmaemu.accumulate(a, a, use_fast_accum=True, splitk=1)[0, 0]), "
             "_cache.numba_location().root)")
     per_user = tmp_path / "xdg" / "mmaemu"
     env = dict(os.environ, MMAEMU_CACHE_DIR=str(per_user), XDG_CACHE_HOME=str(tmp_path / "xdg"))
     assert subprocess.check_output([sys.executable, "-c", code], env=env, text=True).split() == [
         "32.0", str(per_user.resolve())]
-    from mmaemu import _cache
+    from mmaemu.base import _cache
 
     keyed = per_user / "numba" / _cache.cache_key()
     assert keyed.is_dir() and any(keyed.rglob("*.nbi"))

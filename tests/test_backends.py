@@ -163,7 +163,7 @@ def fake_device(monkeypatch):
     """mmaemu.cuda sees one device; ``outcomes[kernel]`` is what its self-test returns (or raises)."""
     from mmaemu.cuda.dispatch import gating
     from mmaemu.cuda.verdicts import store
-    from mmaemu.device_facts import DeviceFacts
+    from mmaemu.base.device_facts import DeviceFacts
 
     state = {"outcomes": {}, "runs": [], "info": DeviceFacts(0, "Fake GPU", "GPU-1234", (9, 0), 132, None,
                                                              torch.__version__, None, None, "13.0",
@@ -360,7 +360,7 @@ def test_native_kernel_runs_each_devices_own_instruction_for_its_preset_only(fak
     another GPU, goes to the next kernel without a warning (never FP8 mma.sync for hopper)."""
 
     import mmaemu.cuda as cuda_backend
-    from mmaemu.device_facts import DeviceFacts
+    from mmaemu.base.device_facts import DeviceFacts
 
     ada = get_preset("ada", warn=False)
     with warnings.catch_warnings(record=True) as caught:
@@ -561,7 +561,7 @@ def test_bench_cuda_without_a_device_skips_saying_why_and_renders_its_tables(tmp
 def test_damaged_or_unprotected_verdicts_are_ignored_and_the_selftest_runs_again(fake_device, tmp_path,
                                                                                  monkeypatch):
     import mmaemu.cuda as cuda_backend
-    from mmaemu import _cache
+    from mmaemu.base import _cache
     from mmaemu.errors import CacheWarning
 
     mmaemu.warn.reset()

@@ -244,7 +244,7 @@ def test_cuda_simple_for_a_block_scaled_call_says_its_kernel_has_no_device_self_
     from mmaemu.context import Context
     from mmaemu.cuda.catalog import GateResult
     from mmaemu.cuda.dispatch import gating
-    from mmaemu.device_facts import DeviceFacts
+    from mmaemu.base.device_facts import DeviceFacts
     from mmaemu.plan import steps
     from mmaemu.platform import block_scaled
 

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from mmaemu import _cache, _numba_cache, _private, cli
+from mmaemu.base import _cache, _numba_cache, _private
+from mmaemu import cli
 from mmaemu.cpu import accumulate_codes
 from mmaemu.model.presets import HOPPER
 
@@ -27,7 +28,7 @@ CHILD = r"""
 import json, warnings
 import numpy as np
 warnings.simplefilter("always")
-from mmaemu import _cache, diagnostics
+from mmaemu.base import _cache; from mmaemu.cli import diagnostics
 from mmaemu.cli import info
 from mmaemu.cpu import accumulate_codes, gemm
 from mmaemu.model.presets import HOPPER

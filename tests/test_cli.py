@@ -18,7 +18,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from mmaemu import cli, device_facts, diagnostics, environment
+from mmaemu import cli, environment
+from mmaemu.base import device_facts
+from mmaemu.cli import diagnostics
 
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -459,7 +461,7 @@ class Gate:
 
 
 def fake_gpu(monkeypatch, name, capability):
-    """torch describes CUDA device 0 as ``name`` of ``capability`` (read afresh by mmaemu.device_facts)."""
+    """torch describes CUDA device 0 as ``name`` of ``capability`` (read afresh by mmaemu.base.device_facts)."""
     import types
 
     props = types.SimpleNamespace(name=name, major=capability[0], minor=capability[1], multi_processor_count=24,

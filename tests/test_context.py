@@ -1,4 +1,4 @@
-"""The context of the decisions (mmaemu.context) and the device facts it carries (mmaemu.device_facts).
+"""The context of the decisions (mmaemu.context) and the device facts it carries (mmaemu.base.device_facts).
 
 The decisions read the environment of the context they are given, not the process environment; a device is read
 once per process, and every consumer (info, verdict identity, the recorder) reads the same facts. No GPU here:
@@ -13,7 +13,9 @@ import types
 import pytest
 import torch
 
-from mmaemu import backends, device_facts, diagnostics, environment
+from mmaemu import backends, environment
+from mmaemu.base import device_facts
+from mmaemu.cli import diagnostics
 from mmaemu.context import Context, environment_of, for_call
 from mmaemu.errors import AssumedUnsplitWarning
 from mmaemu.platform.profiles import get_profile

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 import mmaemu
-from mmaemu import _cache, device_facts, diagnostics, environment, warn
+from mmaemu.base import _cache, device_facts
+from mmaemu.cli import diagnostics
+from mmaemu import environment, warn
 from mmaemu.errors import CacheWarning
 from mmaemu.platform import cublaslt
 
@@ -98,10 +100,10 @@ def test_the_scan_finds_each_form_of_read():
 READERS = {
     "mmaemu.environment": "the variables' own module",
     "mmaemu.context": "for_call (the reading of an entry point) and environment_of (of a call without a context)",
-    "mmaemu._cache": "where the compiled-code cache lives, read when the cache is first opened",
-    "mmaemu.device_facts": "which libcuda the device probe loads",
+    "mmaemu.base._cache": "where the compiled-code cache lives, read when the cache is first opened",
+    "mmaemu.base.device_facts": "which libcuda the device probe loads",
     "mmaemu.plan.cache": "the raw texts of the variables, the key of the plan cache at the entry point",
-    "mmaemu.diagnostics": "the edge: mmaemu info",
+    "mmaemu.cli.diagnostics": "the edge: mmaemu info",
     "mmaemu.record": "the edge: mmaemu record",
     "mmaemu.cli": "the edge: the command line",
 }

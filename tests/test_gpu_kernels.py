@@ -60,7 +60,7 @@ def device_ordinal():
 
 @pytest.fixture(scope="module")
 def info():
-    """The device's facts (:class:`mmaemu.device_facts.DeviceFacts`); fails where the kernels cannot run on it."""
+    """The device's facts (:class:`mmaemu.base.device_facts.DeviceFacts`); fails where the kernels cannot run on it."""
     from mmaemu.cuda import device
 
     try:

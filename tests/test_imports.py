@@ -104,15 +104,14 @@ def cycles(graph):
 # prefix (the package itself, "mmaemu", is no prefix: a new top-level module must be given a layer here); it may
 # import its own layer and those below, never one above.
 LAYERS = (
-    ("base", ("mmaemu._version", "mmaemu.errors", "mmaemu.environment", "mmaemu.warn", "mmaemu._private",
-              "mmaemu._cache", "mmaemu._numba_cache", "mmaemu._jit", "mmaemu._untraced", "mmaemu.device_facts",
+    ("base", ("mmaemu._version", "mmaemu.base", "mmaemu.errors", "mmaemu.environment", "mmaemu.warn",
               "mmaemu.context", "mmaemu.scale_layout",
-              "mmaemu.fpmode", "mmaemu.tensor_kinds", "mmaemu.formats")),
+              "mmaemu.formats")),
     ("arithmetic", ("mmaemu.arith",)),
     ("presets", ("mmaemu.model.presets", "mmaemu.model.chunked")),
     ("kernels", ("mmaemu.cpu", "mmaemu.cuda", "mmaemu.model")),
     ("plan", ("mmaemu.plan", "mmaemu.platform", "mmaemu.backends", "mmaemu.quantize", "mmaemu.block_quantize",
-              "mmaemu.gpu_torch_ops", "mmaemu.delayed_scaling")),
+              "mmaemu.delayed_scaling")),
     # A recipe (mmaemu.recipes) is made of the plan's rules and steps and the kernels, and computes; the block-wise
     # recipe's GEMM is mmaemu.blockwise_cublaslt's. Validation, the planner and its cache find the call's recipe
     # and ask it: they sit on top of the recipes.
@@ -121,7 +120,7 @@ LAYERS = (
     ("api", ("mmaemu.api", "mmaemu.deepgemm", "mmaemu.audit", "mmaemu.scaled_v2", "mmaemu.grouped",
              "mmaemu.torch_ops")),
     ("edge", ("mmaemu", "mmaemu.cli", "mmaemu.nn", "mmaemu.nn_recipes", "mmaemu.nn_training", "mmaemu.audit_training",
-              "mmaemu.patching", "mmaemu.diagnostics", "mmaemu.record", "mmaemu.testing", "mmaemu.demo",
+              "mmaemu.patching", "mmaemu.cli.diagnostics", "mmaemu.record", "mmaemu.testing", "mmaemu.demo",
               "mmaemu.__main__")),
 )
 

@@ -19,7 +19,7 @@ from mmaemu import backends, environment
 from mmaemu.context import Context
 from mmaemu.cuda.catalog import GateResult
 from mmaemu.cuda.dispatch import gating
-from mmaemu.device_facts import DeviceFacts
+from mmaemu.base.device_facts import DeviceFacts
 from mmaemu.errors import BackendFallbackWarning
 from mmaemu.model.presets import Preset, get_preset
 
@@ -221,7 +221,7 @@ def _text_from_statuses(statuses) -> str:
                                                   ((8, 9), "numba 0.68 (built-in CUDA target)"),
                                                   ((12, 0), "numba 0.68 + numba-cuda 0.30")])
 def test_info_tells_the_default_engine_the_backends_section_implies(device, capability, compiler):
-    from mmaemu import diagnostics
+    from mmaemu.cli import diagnostics
 
     device["info"] = DeviceFacts(0, "Fake GPU", None, capability, 24, None, torch.__version__, None, None, None,
                                  compiler=compiler)

@@ -281,7 +281,7 @@ def test_native_declines_every_block_but_the_instructions():
 
 def test_device_requirements_of_the_native_kernel():
     from mmaemu.cuda.dispatch import gating as cuda_backend
-    from mmaemu.device_facts import DeviceFacts
+    from mmaemu.base.device_facts import DeviceFacts
 
     def info(capability, compiler):
         return DeviceFacts(0, "GPU", None, capability, 1, None, "torch", None, None, None, compiler=compiler)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import mmaemu
-from mmaemu import diagnostics
+from mmaemu.cli import diagnostics
 from mmaemu.cli import operands
 from mmaemu.plan.descriptors import DeviceDescriptor, TensorDescriptor, TorchName, dtype_name, row_major
 from mmaemu.plan import layout as rules
@@ -190,7 +190,7 @@ def test_explain_on_the_cpu_does_not_import_torch(disable_cuda):
 
 
 def test_cuda_driver_absent_reads_the_driver_and_the_switch(monkeypatch):
-    from mmaemu import device_facts
+    from mmaemu.base import device_facts
 
     def missing():
         raise device_facts.CublasLtError("libcuda not found")

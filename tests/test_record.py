@@ -220,7 +220,7 @@ def test_profile_path(recorded, tmp_path, monkeypatch):
     assert get_profile(NAME).splitk_table == TABLE
     with pytest.raises(KeyError, match="refused bundle"):
         get_profile("no-such-profile")
-    from mmaemu import diagnostics
+    from mmaemu.cli import diagnostics
     from mmaemu.context import for_call
 
     table = next(t for t in diagnostics._splitk_tables(for_call()) if t["table_id"] == TABLE)
@@ -232,7 +232,7 @@ def test_profile_path(recorded, tmp_path, monkeypatch):
 
 
 def test_info_reads_the_profile_path_as_the_loader_does(recorded, tmp_path, monkeypatch):
-    from mmaemu import diagnostics
+    from mmaemu.cli import diagnostics
 
     copy_bundle(recorded, tmp_path / "shelf", NAME)
     monkeypatch.setenv("HOME", str(tmp_path))

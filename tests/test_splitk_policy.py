@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import mmaemu
-from mmaemu import diagnostics, environment, warn
+from mmaemu.cli import diagnostics
+from mmaemu import environment, warn
 from mmaemu.errors import AssumedUnsplitWarning, SplitKUnknownError, UnverifiedSplitWarning
 from mmaemu.platform.splitk import SOURCES, resolve_splitk
 

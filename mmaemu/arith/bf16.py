@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from .fp32 import float32_bits, float32_from_bits
 from .packed import overload_on_words
 

@@ -14,7 +14,7 @@ The accumulator of the early presets (hopper, ada) is carried as an exact pair `
 ``c = c_sig * 2**c_exp`` and ``c_lead = floor(log2|c|)`` (:data:`NO_LEAD` for c = 0).
 """
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from .intbits import MAX_SHIFT, bit_length, shift_toward_zero
 
 # floor(log2|c|) of a zero accumulator: below every exponent sum, even of two ABSENT_EXP codes.

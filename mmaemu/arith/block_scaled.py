@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import formats
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from .block import NO_LEAD, RESULT_EXP_FLOOR, block_step_early, normalize
 from .chain import exact_to_float32
 from .intbits import shift_toward_zero

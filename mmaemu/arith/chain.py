@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from .block import NO_LEAD, block_products_late, block_step_early
 
 

@@ -23,7 +23,7 @@ How each step is computed, and why it is exact (every rounding is the single IEE
   (the integer formula is monotone in the bits). The FP8 clamp happens before, so E4M3/E5M2 never overflow.
 
 The conversions are IEEE operations of the processor, so they need gradual underflow: mmaemu refuses to compute on
-a CPU thread that flushes fp32 subnormals (:mod:`mmaemu.fpmode`), as its tile engine already relies on fp32
+a CPU thread that flushes fp32 subnormals (:mod:`mmaemu.base.fpmode`), as its tile engine already relies on fp32
 subnormals; numba compiles the kernels for CUDA devices without fast-math (no flush-to-zero). Every branch on a
 value is a select, so the loops of :mod:`mmaemu.cpu.fused` vectorise. ``tests/test_epilogue.py`` checks every
 function here against the integer rounding of :mod:`.rounding` on every fp32 exponent with the rounding-relevant
@@ -32,7 +32,7 @@ low bits, and the whole epilogue against the independent oracle (``tests/oracle.
 
 import numpy as np
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from .fp32 import float32_bits, float32_from_bits
 from .rounding import BFLOAT16, E4M3, E5M2, FLOAT16, round_float32
 

@@ -18,7 +18,7 @@ import numpy as np
 from numba import types
 from numba.core.extending import intrinsic, overload
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 
 FP32_FRACTION_BITS = 23
 FP32_EXPONENT_BIAS = 127

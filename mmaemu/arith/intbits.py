@@ -4,7 +4,7 @@ Everything here is plain integer code so that it compiles identically for CPUs a
 depends on a floating-point mode (rounding direction, flush-to-zero).
 """
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 
 # Right shifts by 63 or more are undefined in LLVM; every magnitude shifted here is below 2**62.
 MAX_SHIFT = 62

@@ -101,7 +101,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import formats
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from .fp32 import (FP32_EXPONENT_BIAS, FP32_FRACTION_BITS, float32_bits, float32_from_bits, fma_toward_zero,
                    truncate_significand)
 from .packed import BYTE_ONES, add_u16x2, dp4a, load_words4, max_u16x2, swap_halves

@@ -34,7 +34,7 @@ import numpy as np
 from numba import types
 from numba.core.extending import overload
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 
 BYTE_ONES = 0x01010101  # dp4a's b for "sum of the four bytes of a"
 F16_NORMAL_MIN = 0x0400  # the domain of max.f16x2 as an unsigned maximum: [F16_NORMAL_MIN, F16_NORMAL_MAX]

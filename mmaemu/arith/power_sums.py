@@ -53,7 +53,7 @@ of one w are the same 16-byte vectors the add-max pass reads, and a column pair'
 
 import numpy as np
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from .bf16 import fma_bf16x2, high_halves, low_halves
 from .fp32 import FP32_EXPONENT_BIAS, FP32_FRACTION_BITS
 from .packed import load_words4

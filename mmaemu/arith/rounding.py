@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 
 FLOAT32 = (23, 8, 1)
 BFLOAT16 = (7, 8, 1)

@@ -19,7 +19,7 @@ of two fp32 values is zero only when exact, with IEEE's sign of zero.
 
 import numpy as np
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from .epilogue import OUT_BFLOAT16, output_bits
 from .rounding import round_float32, value_of_bits
 

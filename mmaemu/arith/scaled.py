@@ -26,7 +26,7 @@ import math
 import numpy as np
 from numba import types
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from .chain import chain_over_tiles
 from .epilogue import OUT_BFLOAT16, OUT_FLOAT32, output_bits
 from .fp32 import _bitcast, float32_fma, float32_from_bits

@@ -19,7 +19,7 @@ combined with fp32 RNE adds in the scheme's order.
 
 import numpy as np
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from .chain import chain_over_tiles
 
 

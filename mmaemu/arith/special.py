@@ -8,7 +8,7 @@ split combination, so it depends on neither.
 
 import math
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 
 NAN_BITS = 0x7FFFFFFF
 POS_INF_BITS = 0x7F800000

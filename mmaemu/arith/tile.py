@@ -60,7 +60,7 @@ import numpy as np
 from numba import types
 from numba.core.extending import overload
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from .block import NO_LEAD, RESULT_EXP_FLOOR
 from .chain import chain_range, chain_range_count
 from .fp32 import float32_from_bits

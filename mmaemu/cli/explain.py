@@ -9,8 +9,8 @@ from typing import List, Optional
 
 import click
 
-from .. import diagnostics
-from ..diagnostics import error_text, jsonable
+from . import diagnostics
+from .diagnostics import error_text, jsonable
 from .operands import CPU, FP8_DTYPES, OUT_DTYPES, explain_call
 from .output import EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, emit, json_option, line
 

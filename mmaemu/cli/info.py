@@ -1,6 +1,6 @@
 """``mmaemu info``: versions, device, profiles, presets, backends and split-K tables, as text or JSON.
 
-The report is :func:`mmaemu.diagnostics.build_info`; this module only formats it.
+The report is :func:`mmaemu.cli.diagnostics.build_info`; this module only formats it.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import click
 
-from ..diagnostics import build_info
+from .diagnostics import build_info
 from .output import emit, json_option
 
 _DRIVER_LABELS = (("display_driver", "display driver"), ("cuda_driver_api", "CUDA driver API"),
@@ -149,7 +149,7 @@ def _unavailable(components: List[dict]) -> List[str]:
 
 
 def format_info(report: dict) -> str:
-    """The text form of a :func:`~mmaemu.diagnostics.build_info` report."""
+    """The text form of a :func:`~mmaemu.cli.diagnostics.build_info` report."""
     sections = (("Environment", _environment(report)),
                 ("Defaults", _defaults(report.get("defaults", {}))),
                 ("Device", _device(report["device"])),

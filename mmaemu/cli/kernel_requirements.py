@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Optional, Tuple
 
-from .. import device_facts
+from ..base import device_facts
 
 _METADATA_MODULES = ("..backends", "..cuda")
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 
 import click
 
-from ..diagnostics import jsonable
+from .diagnostics import jsonable
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 4
 KEY_WIDTH = 16

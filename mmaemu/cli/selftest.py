@@ -7,8 +7,9 @@ from typing import List
 
 import click
 
-from .. import device_facts, diagnostics
-from ..diagnostics import error_text, jsonable
+from ..base import device_facts
+from . import diagnostics
+from .diagnostics import error_text, jsonable
 from .kernel_requirements import kernel_requirement
 from .output import CPU_USED, EXIT_FAIL, EXIT_OK, EXIT_UNAVAILABLE, json_option, write_json
 

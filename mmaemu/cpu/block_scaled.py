@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import formats
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from ..arith.block_scaled import (GroupParams, TileScales, group_params, narrow_run, scaled_chain,
                                   scaled_instruction, tile_scaled_chain)
 from ..arith.params import BlockParams, preset_params

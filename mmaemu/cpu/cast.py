@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from ..arith.epilogue import E4M3_LARGEST, E5M2_LARGEST, fp8_bits
 from ..arith.rounding import E4M3, E5M2
 from . import threads

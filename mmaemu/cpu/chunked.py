@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import formats
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from ..arith.params import Schedule
 from ..arith.scaled import accumulate_chunked_one, chunked_output_bits, combine_chunk, combine_chunk_rows
 from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_accumulate, tile_decode

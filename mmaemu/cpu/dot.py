@@ -8,7 +8,7 @@ the expected side of ``cuda:native``'s instruction twins and probe, :mod:`mmaemu
 import numpy as np
 
 from .. import formats
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from ..arith.block import NO_LEAD
 from ..arith.chain import chain_early, chain_late, exact_to_float32
 from ..arith.params import preset_params

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import formats
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from ..arith.epilogue import OUT_CODES, epilogue_span, scale_product
 from ..arith.params import BlockParams, Schedule, preset_params, schedule_params
 from ..arith.rounding import FLOAT32, value_of_bits

@@ -17,7 +17,7 @@ decoded for the whole of A or B.
 
 import numpy as np
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from ..arith.epilogue import epilogue_span
 from ..arith.schedule import accumulate_one
 from ..arith.special import FINITE, nonfinite_accumulator

@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from ..arith.chain import chain_range, chain_range_count
 from ..arith.fp32 import FP32_EXPONENT_BIAS, FP32_FRACTION_BITS
 from ..arith.fp32 import float32_from_bits as f32_of_bits_scalar

@@ -44,7 +44,7 @@ from numba.core import cgutils
 from numba.core.datamodel import models, register_default
 from numba.core.extending import intrinsic
 
-from .._jit import arithmetic
+from ..base._jit import arithmetic
 from ..arith.fp32 import _bitcast, fma_toward_zero_exact
 from ..arith.packed import max_u16x2_exact, swap_halves
 from .features import ROUNDING_EMBEDDED, numba_target, offset_rounding

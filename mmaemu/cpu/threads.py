@@ -2,7 +2,7 @@
 
 mmaemu does not use Numba's threading layer and never changes it (``NUMBA_THREADING_LAYER``,
 ``numba.config.THREADING_LAYER`` and the layer Numba picks stay the user's). Its loops are plain compiled
-functions that release the GIL (``nogil``, :mod:`mmaemu._jit`), each called on a range of jobs (a *task*); the
+functions that release the GIL (``nogil``, :mod:`mmaemu.base._jit`), each called on a range of jobs (a *task*); the
 tasks of a call run on a process-wide pool of Python threads (``concurrent.futures``), at most
 :func:`num_threads` of them at a time. Why, rather than ``prange`` on some Numba layer:
 
@@ -33,7 +33,7 @@ import threading
 
 import numba
 
-from ..fpmode import fp32_subnormals_flushed
+from ..base.fpmode import fp32_subnormals_flushed
 
 TASK_WORK = 1 << 25
 MIN_TASK_WORK = 1 << 20

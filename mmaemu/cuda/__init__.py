@@ -5,7 +5,7 @@ The package is grouped by kind:
 
 * registry and device - :mod:`.catalog` (the kernel registry: every kernel as one entry, with its recipes,
   priority, decline rules, self-test cases and launch), :mod:`.device` (which GPU, can the kernels run there: its
-  :class:`mmaemu.device_facts.DeviceFacts`), :mod:`.shim` (how kernels call the ``@njit`` arithmetic);
+  :class:`mmaemu.base.device_facts.DeviceFacts`), :mod:`.shim` (how kernels call the ``@njit`` arithmetic);
 * kernels - ``@cuda.jit`` shells around :mod:`mmaemu.arith` (no arithmetic of their own), each beside its decline
   rule: :mod:`.simple` (the GPU reference and the kernels all share: NaN/Inf rule, epilogues), :mod:`.offset`,
   :mod:`.native` (the tensor-core instructions and their wrappers), :mod:`.blockwise` (chunked kernels),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Optional
 
-from .. import device_facts
+from ..base import device_facts
 
 
 class DeviceUnavailable(Exception):
@@ -59,10 +59,10 @@ def _index_of(device) -> Optional[int]:
 
 def probe(device=None, *, disabled: bool = False) -> DeviceFacts:
     """The facts of ``device`` (None: torch's current CUDA device) as the kernels see it (a
-    :class:`mmaemu.device_facts.DeviceFacts` with its ``compiler``); DeviceUnavailable with the reason if the
+    :class:`mmaemu.base.device_facts.DeviceFacts` with its ``compiler``); DeviceUnavailable with the reason if the
     kernels cannot run there. ``disabled``: the caller's context disables CUDA (``MMAEMU_DISABLE_CUDA``, e.g.
     :attr:`mmaemu.context.Context.cuda_disabled`): DeviceUnavailable before anything is probed. The facts are read
-    once per device and process (:func:`mmaemu.device_facts.read`, the one cache of them), whether numba's CUDA
+    once per device and process (:func:`mmaemu.base.device_facts.read`, the one cache of them), whether numba's CUDA
     driver answers once per process (:func:`_numba_cuda_problem`)."""
     from . import shim
 

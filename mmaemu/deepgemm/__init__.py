@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .. import backends
-from .._untraced import untraced
+from ..base._untraced import untraced
 from ..context import for_call
 from ..errors import ExperimentalPresetWarning, ReferenceRejectsError, UnsupportedFeatureError
 from ..model.chunked import DEEPGEMM_SM90_1D1D, DEEPGEMM_SM90_1D2D

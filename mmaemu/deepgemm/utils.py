@@ -12,7 +12,7 @@ Each step and the device kernel it follows (docs/semantics.md, section 13, has t
 * ``amax = max |x|`` per strip in fp32: exact on every device (a maximum, NaN propagating);
 * ``amax.clamp(1e-4)``: NaN passes, the bound is fp32(1e-4), on CPU and CUDA alike;
 * ``sf = amax / 448.0`` — **the CUDA kernel's result**: a tensor divided by a Python number is
-  ``amax * fp32(1 / 448)`` on CUDA (:func:`mmaemu.gpu_torch_ops.divide_by_number`), while torch's CPU kernel
+  ``amax * fp32(1 / 448)`` on CUDA (:func:`mmaemu.base.gpu_torch_ops.divide_by_number`), while torch's CPU kernel
   divides (correctly rounded) and differs for about half the scales;
 * with ``use_ue8m0=True``, ``sf = 2 ** ceil(log2 sf)`` (:func:`ceil_to_ue8m0`): the exact power of two, refused
   where the GPU's log2 rounding would decide it (never for bf16 or fp16 inputs);
@@ -29,7 +29,7 @@ from typing import Tuple
 
 import torch
 
-from ..gpu_torch_ops import divide_by_number, power_of_two_ceil
+from ..base.gpu_torch_ops import divide_by_number, power_of_two_ceil
 
 __all__ = ["ceil_div", "align", "ceil_to_ue8m0", "per_token_cast_to_fp8", "per_channel_cast_to_fp8",
            "per_block_cast_to_fp8", "get_mk_alignment_for_contiguous_layout"]
@@ -60,7 +60,7 @@ def ceil_to_ue8m0(x: torch.Tensor) -> torch.Tensor:
 
     The exact power of two (0 stays 0); a value whose log2 lies within 2 fp32 ulps above an integer, where CUDA's
     1-ulp ``log2f`` may round either way, raises :class:`~mmaemu.errors.UnsupportedFeatureError`
-    (:func:`mmaemu.gpu_torch_ops.power_of_two_ceil`). As DeepGEMM, refuses scales without a positive maximum;
+    (:func:`mmaemu.base.gpu_torch_ops.power_of_two_ceil`). As DeepGEMM, refuses scales without a positive maximum;
     an empty tensor gives an empty result.
     """
     if x.dtype != torch.float32:

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import formats
 from ..cpu.block_scaled import canonical_nan, chain_operands, run_scaled_rows
-from ..fpmode import check_no_flush_to_zero
+from ..base.fpmode import check_no_flush_to_zero
 _SCALE_DTYPES = {"float8_e8m0fnu": "ue8m0", "float8_e4m3fn": "ue4m3"}
 
 

@@ -11,8 +11,8 @@ import numpy as np
 
 from .. import formats
 from ..cpu.dot import dot_codes
-from ..fpmode import check_no_flush_to_zero
-from ..tensor_kinds import require_data, require_dense
+from ..base.fpmode import check_no_flush_to_zero
+from ..base.tensor_kinds import require_data, require_dense
 from .block_scaled import dot_block_scaled
 from .presets import get_preset
 

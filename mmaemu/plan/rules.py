@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 
 from .. import formats
 from ..errors import ReferenceRejectsError, UnsupportedFeatureError
-from ..tensor_kinds import require_dense
+from ..base.tensor_kinds import require_dense
 from .descriptors import TensorDescriptor, TorchName, dtype_name
 from .layout import byte_misalignment, is_column_major, is_neither_major, is_row_major, leading_dimensions, \
     mat2_is_column_major

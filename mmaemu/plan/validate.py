@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy
 
 from ..recipes import RECIPES
-from ..tensor_kinds import require_data, require_dense
+from ..base.tensor_kinds import require_data, require_dense
 from .layout import is_layout_std
 from .rules import (
     FP8_FORMAT_OF_DTYPE_NAME,

@@ -2,7 +2,7 @@
 
 The query itself goes through NVIDIA's bindings (:mod:`.heuristic`, the optional extra ``mmaemu[record]``). The
 facts a profile is matched by (the driver's device name and SM count, the loaded cuBLASLt version) are read by
-:mod:`mmaemu.device_facts`, on ctypes (see there why). None of it runs at import time or when
+:mod:`mmaemu.base.device_facts`, on ctypes (see there why). None of it runs at import time or when
 MMAEMU_DISABLE_CUDA=1, and any probe error means "not the reference GPU" (False / no answer), so a machine without
 CUDA simply skips the live query.
 """
@@ -13,8 +13,13 @@ import sys
 from typing import Optional, Tuple
 
 from ..context import Context
-from ..device_facts import (CublasLtError, driver_device_info, load_cublaslt, loaded_cublaslt_version,
-                            mapped_cublaslt_paths)
+from ..base.device_facts import (
+    CublasLtError,
+    driver_device_info,
+    load_cublaslt,
+    loaded_cublaslt_version,
+    mapped_cublaslt_paths,
+)
 
 __all__ = [
     "CublasLtError",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy
 
-from .._untraced import plain_tensor
+from ..base._untraced import plain_tensor
 from ..formats import dtype_name
 from ..plan import rules, steps
 from ..plan.layout import is_layout_std
@@ -79,7 +79,7 @@ def _scale_bits(scale) -> int:
 
 
 def _plain_data(call) -> bool:
-    """Whether every tensor of a tensor-wise call is a plain tensor with data (:func:`mmaemu._untraced.plain_tensor`):
+    """Whether every tensor of a tensor-wise call is a plain tensor with data (:func:`mmaemu.base._untraced.plain_tensor`):
     then the entry point's refusal of traced tensors has nothing to refuse."""
     return all(t is None or plain_tensor(t) for t in (call.input, call.mat2, call.scale_a, call.scale_b,
                                                       call.scale_result, call.out))

@@ -11,7 +11,8 @@ import dataclasses
 import re
 from typing import Callable, Optional, Tuple
 
-from .. import device_facts, environment
+from ..base import device_facts
+from .. import environment
 from ..errors import BackendUnavailableError
 from ..platform.heuristic import LtApi
 

@@ -33,7 +33,7 @@ def design_skip(kernel: str, preset, fmt_a: str, fmt_b: str):
 
 
 def device_skip(kernel: str, info, preset=None):
-    """Why ``kernel`` cannot run on the device of ``info`` (its :class:`mmaemu.device_facts.DeviceFacts`; for
+    """Why ``kernel`` cannot run on the device of ``info`` (its :class:`mmaemu.base.device_facts.DeviceFacts`; for
     ``preset``, when given) by design (None if it can): the kernel's decline rule for devices (its entry's
     ``device_declines``; ``cuda:native``: :func:`mmaemu.cuda.native.devices.device_decline`), None for a kernel
     without one."""

@@ -18,7 +18,7 @@ def _block(preset):
 
 
 def device_decline(info, preset=None):
-    """Why ``cuda:native`` cannot run on the device of ``info`` (its :class:`mmaemu.device_facts.DeviceFacts`), for
+    """Why ``cuda:native`` cannot run on the device of ``info`` (its :class:`mmaemu.base.device_facts.DeviceFacts`), for
     ``preset`` when given; None if it can. A decline by design: never a failure, never warned."""
     sm = f"sm_{info.capability[0]}{info.capability[1]}"
     entry = NATIVE_INSTRUCTIONS.get(tuple(info.capability))

@@ -39,7 +39,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda, float32, uint8
 
-from ..._jit import arithmetic
+from ...base._jit import arithmetic
 from ...arith import chain as _chain
 from ...arith import schedule as _schedule
 from .. import shim

@@ -43,7 +43,7 @@ from llvmlite import ir
 from numba import cuda, types
 from numba.core.extending import intrinsic
 
-from ..._jit import arithmetic
+from ...base._jit import arithmetic
 from ...model.presets import ADA
 from .. import shim
 from . import cp_async

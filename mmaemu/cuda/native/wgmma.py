@@ -54,7 +54,7 @@ import numpy as np
 from numba import cuda, types
 from numba.core.extending import intrinsic
 
-from ..._jit import arithmetic
+from ...base._jit import arithmetic
 from ...model.presets import HOPPER
 from .. import shim
 from .cp_async import SIM_SHARED_BASE, statement_or_nothing

@@ -11,10 +11,10 @@ kernel is compared with
 The same cases, shrunk (``size="tiny"``: M, N <= 4, K <= 96), run under numba's CUDA simulator in CI
 (``tests/test_cuda_sim.py``).
 
-Verdicts are kept in memory and in ``verdicts/<sha256>.json`` of the cache folder (:mod:`mmaemu._cache`), the
+Verdicts are kept in memory and in ``verdicts/<sha256>.json`` of the cache folder (:mod:`mmaemu.base._cache`), the
 sha256 of a key made of the device identity (name, uuid, capability, driver, numba CUDA implementation, torch), the
-mmaemu version, the sources (:func:`mmaemu._cache.source_hash` and the sources of :mod:`mmaemu.cuda`), the kernel
-and the self-test version. They are read only from a private folder (:mod:`mmaemu._private`: a planted "pass"
+mmaemu version, the sources (:func:`mmaemu.base._cache.source_hash` and the sources of :mod:`mmaemu.cuda`), the kernel
+and the self-test version. They are read only from a private folder (:mod:`mmaemu.base._private`: a planted "pass"
 would put a wrong kernel to work); a damaged file makes the self-test run again. A self-test that raises
 (compilation or launch error) is not written to disk, so it is retried by the next process.
 """
@@ -284,9 +284,9 @@ def run_epilogue_cases(compute: Callable, size="full"):
 
 
 def sources_hash() -> str:
-    """sha256 (16 hex digits) of the arithmetic's sources (mmaemu._cache.source_hash) and of mmaemu/cuda (its
+    """sha256 (16 hex digits) of the arithmetic's sources (mmaemu.base._cache.source_hash) and of mmaemu/cuda (its
     modules and its tables: the self-test cases)."""
-    from ... import _cache
+    from ...base import _cache
 
     digest = hashlib.sha256(_cache.source_hash().encode())
     for path in sorted([*_CUDA_DIR.rglob("*.py"), *_CUDA_DIR.rglob("*.json")]):
@@ -311,9 +311,9 @@ def key_digest(key: dict) -> str:
 
 
 def verdict_dir(location=None) -> Optional[pathlib.Path]:
-    """``verdicts/`` of the cache folder in use (mmaemu._cache.cache_location), None if there is none or the
-    folder breaks the rules of mmaemu._private (a planted "pass" could put a wrong kernel to work)."""
-    from ... import _cache
+    """``verdicts/`` of the cache folder in use (mmaemu.base._cache.cache_location), None if there is none or the
+    folder breaks the rules of mmaemu.base._private (a planted "pass" could put a wrong kernel to work)."""
+    from ...base import _cache
 
     return (location or _cache.cache_location()).subfolder("verdicts")
 
@@ -321,7 +321,7 @@ def verdict_dir(location=None) -> Optional[pathlib.Path]:
 def load_verdict(key: dict) -> Optional[dict]:
     """The stored verdict of a key, or None (missing, not private, damaged, or written for another key). A file
     that cannot be read or parsed is reported once per process (CacheWarning) and the self-test runs again."""
-    from ... import _cache, _private
+    from ...base import _cache, _private
 
     directory = verdict_dir()
     if directory is None:
@@ -343,7 +343,7 @@ def load_verdict(key: dict) -> Optional[dict]:
 def store_verdict(key: dict, passed: bool, reason: str, details, seconds: float) -> Optional[pathlib.Path]:
     """Write a verdict (0600, atomically) into a private folder; None if the cache is not writable (never
     raises)."""
-    from ... import _cache, _private
+    from ...base import _cache, _private
 
     location = _cache.cache_location()
     directory = verdict_dir(location)

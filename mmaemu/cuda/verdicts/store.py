@@ -6,7 +6,7 @@ Before a kernel is used on a device it must pass its self-test there: the cases 
 GEMMs against the CPU reference, the epilogue's special and random accumulators), after the instruction probe for
 a gated kernel (:mod:`mmaemu.cuda.verdicts.probe`). A verdict is kept in memory for the process and on disk
 (:func:`mmaemu.cuda.verdicts.selftest.store_verdict`), keyed by the device's identity
-(:meth:`mmaemu.device_facts.DeviceFacts.identity`: name, driver, the numba CUDA implementation, torch), the mmaemu
+(:meth:`mmaemu.base.device_facts.DeviceFacts.identity`: name, driver, the numba CUDA implementation, torch), the mmaemu
 version and the sources; a self-test that raises is remembered for the process only.
 
 A decision reads verdicts through :func:`verdicts_of` (the source of its :class:`mmaemu.context.Context`, else this

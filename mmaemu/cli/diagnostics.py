@@ -16,9 +16,10 @@ import dataclasses
 import os
 from typing import Any, Dict, List, Optional
 
-from . import device_facts, environment
-from ._version import __version__
-from .context import Context
+from ..base import device_facts
+from .. import environment
+from .._version import __version__
+from ..context import Context
 
 __all__ = ["INFO_FORMAT", "NO_CUDA_REASON", "build_info", "cuda_disabled_value", "cuda_driver_absent",
            "cuda_unusable", "environment_problems", "error_text", "jsonable"]
@@ -138,7 +139,7 @@ def _environment(env: environment.Snapshot) -> Dict[str, str]:
 
 
 def _profile_problem(value: str) -> Optional[str]:
-    from .platform.profiles import get_profile
+    from ..platform.profiles import get_profile
 
     try:
         get_profile(value)
@@ -148,7 +149,7 @@ def _profile_problem(value: str) -> Optional[str]:
 
 
 def _backend_problem(value: str) -> Optional[str]:
-    from .backends import requested_backend
+    from ..backends import requested_backend
 
     try:
         requested_backend(value)
@@ -158,14 +159,14 @@ def _backend_problem(value: str) -> Optional[str]:
 
 
 def _profile_path_problem(value: str) -> Optional[str]:
-    from .platform.bundles import path_entries  # the entries as the loader reads them
+    from ..platform.bundles import path_entries  # the entries as the loader reads them
 
     missing = [str(entry) for entry in path_entries(value) if not entry.is_dir()]
     return f"not a folder: {', '.join(missing)}" if missing else None
 
 
 def _split_policy_problem(value: str) -> Optional[str]:
-    from .platform.splitk import POLICIES
+    from ..platform.splitk import POLICIES
 
     return None if value in POLICIES else "not a split-K policy: use " + " or ".join(POLICIES)
 
@@ -191,7 +192,7 @@ def _unread_variables() -> int:
 
 
 def _default_profile(problems: Dict[str, str], context: Context) -> str:
-    from .platform import get_profile
+    from ..platform import get_profile
 
     value = context.environment.raw.get("MMAEMU_PROFILE")
     if "MMAEMU_PROFILE" in problems:
@@ -204,7 +205,7 @@ def _default_profile(problems: Dict[str, str], context: Context) -> str:
 def _default_backend(problems: Dict[str, str], device: dict, context: Context) -> str:
     """The engine of a call with backend="auto": MMAEMU_BACKEND, else the CPU engine for CPU tensors and, for CUDA
     tensors, the first CUDA kernel that passed its self-test here (read from cached verdicts; none is run)."""
-    from . import backends
+    from .. import backends
 
     value = context.environment.raw.get("MMAEMU_BACKEND")
     if "MMAEMU_BACKEND" in problems:
@@ -220,7 +221,7 @@ def _default_cuda_engine(device: dict, context: Context) -> str:
     (:func:`mmaemu.cuda.default_choice`: the kernels by priority, each after its self-test, from the verdicts known
     in ``context``; none is run) on the device of the report's Device section (``device``): the Backends section
     and this line come from the same verdicts."""
-    from . import cuda as cuda_backend
+    from .. import cuda as cuda_backend
 
     if context.cuda_disabled:
         return "the CPU engine, the result copied back (CUDA disabled by MMAEMU_DISABLE_CUDA)"
@@ -273,7 +274,7 @@ def _device_info(context: Context) -> dict:
 
 
 def device_section(facts: device_facts.DeviceFacts) -> dict:
-    """The Device section of an available device (:class:`~mmaemu.device_facts.DeviceFacts`) with the cuBLASLt
+    """The Device section of an available device (:class:`~mmaemu.base.device_facts.DeviceFacts`) with the cuBLASLt
     and NVRTC versions; a version that cannot be read is None, its error in "errors"."""
     info = {
         "available": True,
@@ -342,7 +343,7 @@ def _nvrtc_candidates() -> List[Optional[str]]:
 
 def _profiles(device: dict, device_arg, context: Context) -> List[dict]:
     """Every profile, with whether it matches the device (``device``: the report's Device section)."""
-    from .platform import get_profile, list_profiles
+    from ..platform import get_profile, list_profiles
 
     out = []
     for name in list_profiles(context=context):
@@ -373,13 +374,13 @@ def _profile_match(p, device: dict, device_arg, context: Context) -> tuple:
 
 
 def _presets() -> List[dict]:
-    from .model import presets
+    from ..model import presets
 
     return presets.describe()
 
 
 def _backends(device_arg, context: Context) -> List[dict]:
-    from . import backends
+    from .. import backends
 
     out = []
     for name, s in backends.backends_status(device_arg, context=context).items():
@@ -398,8 +399,8 @@ def _backends(device_arg, context: Context) -> List[dict]:
 def _splitk_tables(context: Context) -> List[dict]:
     """Per table id of the profiles, the table's own description (a recorded bundle's, else the packaged one's:
     files with bytes and sha256, row counts) and the profiles that use it."""
-    from .platform.bundles import loaded_bundles
-    from .platform.tables import describe_packaged
+    from ..platform.bundles import loaded_bundles
+    from ..platform.tables import describe_packaged
 
     recorded = {b.table.table_id: b for b in loaded_bundles()}
     out = []
@@ -410,14 +411,14 @@ def _splitk_tables(context: Context) -> List[dict]:
 
 
 def _refused_bundles() -> List[dict]:
-    from .platform.bundles import refused_bundles
+    from ..platform.bundles import refused_bundles
 
     return [{"component": f"profile bundle {path}", "reason": reason} for path, reason in refused_bundles().items()]
 
 
 def _table_users(context: Context) -> Dict[str, List[str]]:
     """table id -> the profiles that use it, in profile order."""
-    from .platform import get_profile, list_profiles
+    from ..platform import get_profile, list_profiles
 
     users: Dict[str, List[str]] = {}
     for name in list_profiles(context=context):
@@ -428,9 +429,9 @@ def _table_users(context: Context) -> Dict[str, List[str]]:
 
 
 def _numba_cache() -> dict:
-    """The cache folder this process uses (mmaemu._cache.cache_location): its numba folder, state and why, and
+    """The cache folder this process uses (mmaemu.base._cache.cache_location): its numba folder, state and why, and
     the folders passed over with the reason."""
-    from . import _cache
+    from ..base import _cache
 
     location = _cache.cache_location()
     path = location.numba_dir
@@ -462,7 +463,7 @@ def build_info(device: Optional[int] = None) -> dict:
     """The ``mmaemu info`` report as plain data (format "mmaemu-info/1"); never raises for a missing component."""
     report: Dict[str, Any] = {
         "format": INFO_FORMAT,
-        "mmaemu": {"version": __version__, "location": os.path.dirname(os.path.abspath(__file__))},
+        "mmaemu": {"version": __version__, "location": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))},
         "unavailable": [],
     }
     versions = _versions()

@@ -2,9 +2,9 @@
 
 Every arithmetic function is compiled from the same Python source for the CPU loops (:mod:`mmaemu.cpu`) and,
 when called from a ``@cuda.jit`` kernel, for the GPU (:mod:`mmaemu.cuda`). The CPU loops run on mmaemu's own
-threads (:mod:`mmaemu.cpu.threads`), hence ``nogil``. The cache folder is chosen by :mod:`mmaemu._cache` (keyed
+threads (:mod:`mmaemu.cpu.threads`), hence ``nogil``. The cache folder is chosen by :mod:`mmaemu.base._cache` (keyed
 by the package version and a hash of the arithmetic's sources) and its entries are read and written by
-:mod:`mmaemu._numba_cache`, so that a damaged or foreign cache never fails a call.
+:mod:`mmaemu.base._numba_cache`, so that a damaged or foreign cache never fails a call.
 """
 
 from numba import njit

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import UnsupportedFeatureError
+from ..errors import UnsupportedFeatureError
 
 __all__ = ["reciprocal_of_number", "divide_by_number", "power_of_two_ceil", "power_of_two_floor",
            "LOG2_WINDOW_ULPS"]

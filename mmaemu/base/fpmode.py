@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import MmaemuError
+from ..errors import MmaemuError
 
 __all__ = ["fp32_subnormals_flushed", "check_no_flush_to_zero"]
 

@@ -1,6 +1,6 @@
 """The facts of this machine's CUDA devices and of its cuBLASLt, read in one place (platform.md 3.6, 7).
 
-Every part of mmaemu that needs a device fact reads it here: ``mmaemu info`` (:mod:`mmaemu.diagnostics`), device
+Every part of mmaemu that needs a device fact reads it here: ``mmaemu info`` (:mod:`mmaemu.cli.diagnostics`), device
 matching of the profiles (:mod:`mmaemu.platform.cublaslt`), the identity the kernels' self-test verdicts are keyed
 by (:mod:`mmaemu.cuda.device`) and the recorder (:mod:`mmaemu.record.machine`).
 
@@ -30,8 +30,8 @@ import os
 import threading
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from . import environment
-from .errors import BackendUnavailableError
+from .. import environment
+from ..errors import BackendUnavailableError
 
 # library_types.h (libraryPropertyType) and cuda.h (CUdevice_attribute): identification only, see above.
 LIBRARY_MAJOR_VERSION, LIBRARY_MINOR_VERSION, LIBRARY_PATCH_LEVEL = 0, 1, 2

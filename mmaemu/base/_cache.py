@@ -7,7 +7,7 @@ package version and a hash of the sources of every module that Numba compiles fo
 :mod:`mmaemu.cpu`), so a cache written by other code is never loaded: a stale cache cannot change a result.
 
 The folder holds executable content (unpickling an entry runs code), so a folder is used only if it keeps the rules
-of :mod:`mmaemu._private` (owned by the caller or root, not writable by group or others, nor replaceable through a
+of :mod:`mmaemu.base._private` (owned by the caller or root, not writable by group or others, nor replaceable through a
 folder above it). A folder is
 
 * ``read-write`` when it keeps the rules and the caller can write it (missing folders are created 0700);
@@ -30,13 +30,15 @@ import os
 import pathlib
 from typing import Optional, Tuple
 
-from . import _private, environment
-from ._version import __version__
-from .warn import Notice, report
+from . import _private
+from .. import environment
+from .._version import __version__
+from ..warn import Notice, report
 
-_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent.parent  # mmaemu/, above base/
 _COMPILED_PACKAGES = ("arith", "cpu")
-_COMPILED_MODULES = ("_jit.py", "_cache.py", "_numba_cache.py", "_private.py", "_version.py")
+_COMPILED_MODULES = ("base/_jit.py", "base/_cache.py", "base/_numba_cache.py", "base/_private.py",
+                     "_version.py")
 ENV = "MMAEMU_CACHE_DIR"
 
 
@@ -95,7 +97,7 @@ class CacheLocation:
         return None if self.root is None else numba_cache_dir(self.root)
 
     def subfolder(self, name: str) -> Optional[pathlib.Path]:
-        """``root/name`` if it keeps the rules of :mod:`mmaemu._private` (it may not exist yet), else None."""
+        """``root/name`` if it keeps the rules of :mod:`mmaemu.base._private` (it may not exist yet), else None."""
         if self.root is None:
             return None
         folder = self.root / name
@@ -164,6 +166,6 @@ def numba_location() -> CacheLocation:
 
 def warn_once(key, message: str) -> None:
     """Report a CacheWarning, once per process per ``key`` (:mod:`mmaemu.warn`)."""
-    from .errors import CacheWarning
+    from ..errors import CacheWarning
 
     report([Notice(CacheWarning, message, (key,))])

@@ -6,13 +6,13 @@ other code is left as it is), :class:`MmaemuFunctionCache` changes three things:
 
 * every index (``*.nbi``) and data (``*.nbc``) file starts with a magic line and the sha256 of its payload; a file
   whose digest does not match (truncated, overwritten, half-written by a crashed writer), that is not private (see
-  :mod:`mmaemu._private`) or that cannot be read is ignored before anything is unpickled, with one
+  :mod:`mmaemu.base._private`) or that cannot be read is ignored before anything is unpickled, with one
   :class:`~mmaemu.errors.CacheWarning` per process (naming the first such file); the function is compiled again
   and, where the cache is writable, the entry is replaced;
 * any other failure while loading an entry (rebuilding the compiled code) is handled the same way, and a failure
   while saving one only costs the saving (one warning);
 * the folders and files it writes are private (0700 and 0600), the locator is mmaemu's own
-  (:func:`mmaemu._cache.numba_location`), and nothing is saved into a read-only cache.
+  (:func:`mmaemu.base._cache.numba_location`), and nothing is saved into a read-only cache.
 
 Before the first function of a process is compiled into a cache that holds no compiled code of this build yet
 (a new install, a new version, a new cache folder), one INFO record goes to the logger ``"mmaemu"``: what is
@@ -53,7 +53,7 @@ def _note_first_miss(location) -> None:
     folder = location.numba_dir
     if folder is not None and folder.is_dir() and any(folder.rglob("*.nbi")):
         return  # a warm cache missing one function (a new schedule): a short compile, not worth a note
-    from ._version import __version__
+    from .._version import __version__
 
     LOGGER.info(COLD_COMPILE_NOTE.format(folder=folder, version=__version__))
 
