@@ -21,6 +21,8 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 __all__ = [
@@ -103,6 +105,22 @@ def _is_inf(code, fmt):
     return fmt == "e5m2" and e == 31 and m == 0
 
 
+class CodeTables(NamedTuple):
+    """The decoding tables of one format (operand or scale), each indexed by code, read-only."""
+
+    values: np.ndarray  # float64 value (NaN and +-Inf included, -0.0 kept)
+    significands: np.ndarray  # int8 signed integer significand (0 for zero and the special codes)
+    exponents: np.ndarray  # int16 exponent (ABSENT_EXP for zero and the special codes)
+    special: np.ndarray  # bool: the code is NaN or Inf (an operand format), NaN (a scale format)
+
+
+def _frozen_tables(value, sig, exp, special) -> CodeTables:
+    """The four tables of a format, made read-only (they are shared by every caller)."""
+    for table in (value, sig, exp, special):
+        table.setflags(write=False)
+    return CodeTables(value, sig, exp, special)
+
+
 def _build_tables(fmt):
     """Per code: value (float64, NaN/Inf included), signed significand, alignment exponent, non-finite flag.
 
@@ -126,9 +144,7 @@ def _build_tables(fmt):
             sig[code] = sign * (implicit + m)
             exp[code] = ex
             value[code] = sign * (implicit + m) * 2.0 ** (ex - mbits)
-    for table in (value, sig, exp, nonfinite):
-        table.setflags(write=False)
-    return value, sig, exp, nonfinite
+    return _frozen_tables(value, sig, exp, nonfinite)
 
 
 _TABLES = {fmt: _build_tables(fmt) for fmt in OPERAND_FORMATS}
@@ -142,22 +158,22 @@ def _check_fmt(fmt):
 
 def values(fmt):
     """Table of the decoded values of a format, indexed by code (float64; NaN and +-Inf included, -0.0 kept)."""
-    return _check_fmt(fmt)[0]
+    return _check_fmt(fmt).values
 
 
 def significands(fmt):
     """Table of the signed integer significands (0 for zero and non-finite codes)."""
-    return _check_fmt(fmt)[1]
+    return _check_fmt(fmt).significands
 
 
 def exponents(fmt):
     """Table of the alignment exponents ex (ABSENT_EXP for zero and non-finite codes)."""
-    return _check_fmt(fmt)[2]
+    return _check_fmt(fmt).exponents
 
 
 def nonfinite_codes(fmt):
     """Boolean table: the code is NaN or Inf."""
-    return _check_fmt(fmt)[3]
+    return _check_fmt(fmt).special
 
 
 def decode(codes, fmt):
@@ -304,9 +320,7 @@ def _build_scale_tables(fmt):
         low = code & 0x7F
         value[code], nan[code] = abs(values("e4m3")[low]), bool(nonfinite_codes("e4m3")[low])
         sig[code], exp[code] = significands("e4m3")[low], exponents("e4m3")[low]
-    for table in (value, sig, exp, nan):
-        table.setflags(write=False)
-    return value, sig, exp, nan
+    return _frozen_tables(value, sig, exp, nan)
 
 
 _SCALE_TABLES = {fmt: _build_scale_tables(fmt) for fmt in SCALE_FORMATS}
@@ -321,23 +335,23 @@ def _check_scale_fmt(fmt):
 
 def decode_scales(codes, fmt):
     """Decode scale codes (uint8) of ``fmt`` ("ue8m0" or "ue4m3") to float64 values (NaN for the NaN code)."""
-    return _check_scale_fmt(fmt)[0][_as_codes(codes)]
+    return _check_scale_fmt(fmt).values[_as_codes(codes)]
 
 
 def scale_significands(fmt):
     """Table of the scales' integer significands (value = sig * 2**(exp - SCALE_MANT_BITS[fmt]); 0 for a zero
     UE4M3 scale and for NaN)."""
-    return _check_scale_fmt(fmt)[1]
+    return _check_scale_fmt(fmt).significands
 
 
 def scale_exponents(fmt):
     """Table of the scales' exponents (ABSENT_EXP for a zero UE4M3 scale and for NaN)."""
-    return _check_scale_fmt(fmt)[2]
+    return _check_scale_fmt(fmt).exponents
 
 
 def scale_nan_codes(fmt):
     """Boolean table: the scale code is NaN."""
-    return _check_scale_fmt(fmt)[3]
+    return _check_scale_fmt(fmt).special
 
 
 def unpack_fp4(packed):

@@ -131,31 +131,41 @@ def restore_numpy_row_stack():
 _FMA_INSTALLED = False
 
 
+def overload_fp32_fma(function, libdevice_name):
+    """Register a ``target="cuda"`` overload of the arithmetic's emulated fused multiply-add ``function`` that, on
+    three float32 arguments, is the GPU's own instruction ``libdevice.<libdevice_name>`` (e.g. ``fmaf_rz``).
+
+    numba prefers a ``target="cuda"`` overload to the generic function in kernels (its built-in CUDA target and
+    numba-cuda alike); other argument types keep the emulation. The caller checks that both round alike.
+    """
+    from numba.core import types
+    from numba.core.extending import overload
+
+    @overload(function, target="cuda")
+    def _fma_cuda(a, b, c):
+        if (a, b, c) != (types.float32,) * 3:
+            return None
+        from numba.cuda import libdevice
+
+        instruction = getattr(libdevice, libdevice_name)
+
+        def impl(a, b, c):
+            return instruction(a, b, c)
+
+        return impl
+
+
 def install_fma_toward_zero():
     """Compile :func:`mmaemu.arith.fp32.fma_toward_zero` to the GPU's own fused multiply-add rounding toward zero
     (libdevice ``__nv_fmaf_rz``, PTX ``fma.rz.f32``) in CUDA kernels, instead of its float64 emulation.
 
     Both are IEEE ``fusedMultiplyAdd`` with roundTowardZero, so the bits are the same; the instruction is one
-    fp32 operation where the emulation is a dozen float64 ones. Registered as a ``target="cuda"`` overload,
-    which numba prefers to the generic one in kernels (numba's built-in CUDA target and numba-cuda alike).
+    fp32 operation where the emulation is a dozen float64 ones.
     """
     global _FMA_INSTALLED
     if _FMA_INSTALLED or simulator_enabled():
         return
-    from numba.core import types
-    from numba.core.extending import overload
-
     from ..arith.fp32 import fma_toward_zero
 
-    @overload(fma_toward_zero, target="cuda")
-    def _fma_toward_zero_cuda(a, b, c):
-        if (a, b, c) != (types.float32,) * 3:
-            return None
-        from numba.cuda import libdevice
-
-        def impl(a, b, c):
-            return libdevice.fmaf_rz(a, b, c)
-
-        return impl
-
+    overload_fp32_fma(fma_toward_zero, "fmaf_rz")
     _FMA_INSTALLED = True

@@ -35,20 +35,7 @@ def install_fma_nearest():
     global _FMA_INSTALLED
     if _FMA_INSTALLED or shim.simulator_enabled():
         return
-    from numba.core import types
-    from numba.core.extending import overload
-
-    @overload(_scaled.fma_nearest, target="cuda")
-    def _fma_nearest_cuda(a, b, c):
-        if (a, b, c) != (types.float32,) * 3:
-            return None
-        from numba.cuda import libdevice
-
-        def impl(a, b, c):
-            return libdevice.fmaf_rn(a, b, c)
-
-        return impl
-
+    shim.overload_fp32_fma(_scaled.fma_nearest, "fmaf_rn")
     _FMA_INSTALLED = True
 
 
