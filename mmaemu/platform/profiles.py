@@ -16,10 +16,9 @@ from typing import Mapping, Optional
 from ..context import Context, context_of
 from ..errors import ExperimentalPresetWarning
 from ..warn import Notice, report
-from . import definitions
-from .definitions import (_BY_NAME, _PROFILES, DEFAULT_PROFILE, FORMATS, OUT_DTYPES, Profile,
-                          RejectRule, builtin_profile_names, out_dtype_name, register_recorded_profile,
-                          splitk_maturity_note)
+from .definitions import (_BY_NAME, _PROFILES, CALLERS, DEFAULT_PROFILE, FORMATS, OUT_DTYPES, TE_ALIGN, Profile,
+                          RejectRule, builtin_profile_names, builtin_profiles, out_dtype_name,
+                          register_recorded_profile, splitk_maturity_note)
 
 __all__ = [
     "get_profile",
@@ -29,7 +28,9 @@ __all__ = [
     "profile_maturity_messages",
     "profile_maturity_notices",
     "warn_profile_maturity",
-    *definitions.__all__,  # re-exported: the profile type and vocabulary
+    # re-exported: the profile type and vocabulary, every name of definitions.__all__ (tests/test_profiles.py)
+    "Profile", "RejectRule", "splitk_maturity_note", "out_dtype_name", "builtin_profiles", "builtin_profile_names",
+    "register_recorded_profile", "FORMATS", "OUT_DTYPES", "CALLERS", "TE_ALIGN", "DEFAULT_PROFILE",
 ]
 
 
