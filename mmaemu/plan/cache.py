@@ -266,11 +266,12 @@ def _cpu_gemm(plan: Plan):
     (:class:`mmaemu.cpu.fused.TensorwiseGemm`: what the plan decided, made once), or None for every other plan."""
     from ..arith.tile import TILE_FORMATS
     from ..cpu.fused import TensorwiseGemm
+    from ..recipes.tensorwise import TENSORWISE
 
     call = plan.call
     if (plan.action != "compute" or plan.backend != "cpu" or plan.cpu_engine is None or plan.split is None
-            or not hasattr(call, "mat2") or call.rowwise or call.blockwise is not None
-            or call.block_scaled is not None or call.device.type != "cpu" or 0 in (call.M, call.N, call.K)
+            or getattr(call, "recipe", None) is not TENSORWISE  # the call's recipe says; nothing else is asked
+            or call.device.type != "cpu" or 0 in (call.M, call.N, call.K)
             or call.fmt_a not in TILE_FORMATS or call.fmt_b not in TILE_FORMATS):
         return None
     return TensorwiseGemm(plan.cpu_engine.engine, plan.preset, call.fmt_a, call.fmt_b, call.M, call.N, call.K,
