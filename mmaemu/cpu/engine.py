@@ -364,10 +364,11 @@ def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, spl
     ``cpu_engine`` (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE`` of ``context``) picks the fast path's engine
     (:func:`cpu_engine_choice`, with the AVX2 self-test source of ``context``). ``context``: a
     :class:`mmaemu.context.Context`; None (a caller outside a planned call) takes the context of this moment, read
-    here, at this entry point, once and only when the choice needs it. ``prepared_b``: B's prepared panels for the tile engine (:class:`PreparedB` from
-    :func:`prepare_b`, or the offset engine's :class:`mmaemu.cpu.offset_engine.PreparedB`; the fast path then
-    decodes nothing of B): a tile PreparedB runs the tile engine whatever ``cpu_engine`` says; it must have been
-    prepared from these codes (the caller's guarantee: :mod:`mmaemu.cpu.prepared` checks it).
+    here, at this entry point, once and only when the choice needs it. ``prepared_b``: B's prepared panels for the
+    tile engine (:class:`PreparedB` from :func:`prepare_b`, or the offset engine's
+    :class:`mmaemu.cpu.offset_engine.PreparedB`; the fast path then decodes nothing of B): a tile PreparedB runs the
+    tile engine whatever ``cpu_engine`` says; it must have been prepared from these codes (the caller's guarantee:
+    :mod:`mmaemu.cpu.prepared` checks it).
     """
     gemm = codes_gemm(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
     a_codes, b_codes, schedule, params = gemm.a_codes, gemm.b_codes, gemm.schedule, gemm.params

@@ -30,10 +30,10 @@ compiled call takes (:class:`mmaemu.cpu.fused.TensorwiseGemm`, made once when th
 the key to that one compiled call (:func:`mmaemu.api.run_scaled_mm_plan`).
 
 A call that is planned (a miss, or a call that is never kept) is planned with one :class:`mmaemu.context.Context`
-(:func:`mmaemu.context.for_call`): every decision of the plan reads the same environment snapshot. A profile that
-is not a built-in one is resolved for the key in that same context, taken before the lookup (a hit then takes a
-reading the plan does not need: the recorded profiles are read through the context's source). A hit reuses a
-plan decided from the same environment texts (they are part of the signature).
+(:func:`mmaemu.context.for_call`): every decision of the plan reads the same environment snapshot. A profile name
+that is not a built-in one is resolved for the key in that same context, taken before the lookup (a hit takes
+that one reading too: a recorded name is resolved on every call). A hit reuses a plan decided from the same
+environment texts (they are part of the signature).
 """
 
 from __future__ import annotations
