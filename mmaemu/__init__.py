@@ -48,7 +48,8 @@ _EXPORTS = {
 _SUBMODULES = ("model", "platform", "backends", "testing", "formats", "api", "errors", "nn", "quantize", "patching",
                "cpu", "cuda", "arith", "plan", "warn")
 
-__all__ = ["__version__"] + sorted(_EXPORTS) + list(_SUBMODULES)
+__all__ = ["__version__"]  # a literal first: pyflakes then sees the re-export of _version
+__all__ += sorted(_EXPORTS) + list(_SUBMODULES)
 
 
 def __getattr__(name):

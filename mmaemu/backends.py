@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from .context import context_of, environment_of
+from .context import context_of
 from .cuda.catalog import KERNELS, BackendStatus, GateResult, KernelInfo, Selection, gemm_kernels
 from .errors import BackendUnavailableError
 from .warn import report
@@ -45,12 +45,13 @@ DISABLE_ENV = "MMAEMU_DISABLE_CUDA"
 def requested_backend(backend, *, context=None) -> str:
     """The backend name asked for: ``backend``, with "auto" replaced by ``$MMAEMU_BACKEND`` when set (an unknown
     name from there is a ValueError that names the variable); the variable of ``context`` (a
-    :class:`mmaemu.context.Context`; without one, read now)."""
+    :class:`mmaemu.context.Context`: the planners and the edge pass theirs). A public entry point: without a
+    context (a caller outside the edge), the context of this moment, taken here, and only for "auto"."""
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a string such as 'auto', 'cpu' or 'cuda', got {type(backend).__name__}")
     source = ""
     if backend == "auto":
-        env = environment_of(context)
+        env = context_of(context).environment
         if env[BACKEND_ENV]:
             backend, source = env[BACKEND_ENV], f" (from {BACKEND_ENV})"
     if backend not in ("auto", "cuda") + CPU_ENGINES and not backend.startswith("cuda:"):
@@ -62,8 +63,9 @@ def requested_backend(backend, *, context=None) -> str:
 
 def cuda_disabled(*, context=None) -> bool:
     """``MMAEMU_DISABLE_CUDA`` is true (1/true/yes/on, :func:`mmaemu.environment.parse_bool`): never touch CUDA
-    (the variable of ``context``; without one, read now)."""
-    return environment_of(context)[DISABLE_ENV]
+    (:attr:`mmaemu.context.Context.cuda_disabled` of ``context``: the planners and the edge pass theirs). A public
+    entry point: without a context (a caller outside the edge), the context of this moment, taken here."""
+    return context_of(context).cuda_disabled
 
 
 def select(device, backend, fmt_a, fmt_b, preset, *, context=None) -> Selection:
@@ -77,7 +79,7 @@ def select(device, backend, fmt_a, fmt_b, preset, *, context=None) -> Selection:
     if name in CPU_ENGINES:
         return Selection(name, [])
     on_cuda = getattr(device, "type", str(device)) == "cuda"
-    if not on_cuda or cuda_disabled(context=context):
+    if not on_cuda or context.cuda_disabled:
         reason = "cuda: tensors on cpu" if not on_cuda else "cuda: disabled by MMAEMU_DISABLE_CUDA"
         if name == "auto":
             return Selection("cpu", [reason])
@@ -112,13 +114,14 @@ _CPU_STATUS = {
 }
 
 
-def cpu_engine_summary(*, context=None) -> str:
+def cpu_engine_summary(*, context) -> str:
     """Which engine the cpu backend runs on this CPU and why (``MMAEMU_CPU_ENGINE`` and the AVX2 self-test source
-    of ``context``; without one, read now; :mod:`mmaemu.cpu.features`, :func:`mmaemu.cpu.engine.selftest_of`)."""
+    of ``context``, the one :func:`backends_status` took; :mod:`mmaemu.cpu.features`,
+    :func:`mmaemu.cpu.engine.selftest_of`)."""
     from .cpu.features import CPU_ENGINE_ENV, engine_summary, numba_target
     from .cpu.engine import selftest_of
 
-    return engine_summary(environment_of(context)[CPU_ENGINE_ENV], numba_target(), selftest_of(context))
+    return engine_summary(context.environment[CPU_ENGINE_ENV], numba_target(), selftest_of(context))
 
 
 def backends_status(device=None, *, context=None) -> Dict[str, BackendStatus]:
@@ -127,7 +130,7 @@ def backends_status(device=None, *, context=None) -> Dict[str, BackendStatus]:
     self-test verdicts; runs none (see :func:`selftest`)."""
     context = context_of(context)
     result: Dict[str, BackendStatus] = {}
-    if cuda_disabled(context=context):
+    if context.cuda_disabled:
         for k in KERNELS.values():
             result[k.backend] = BackendStatus(k.backend, False, None, False, [], "disabled by MMAEMU_DISABLE_CUDA")
     else:
@@ -149,7 +152,7 @@ def selftest(device=None, *, kernels="all", force=False, context=None) -> Dict[s
     """
     names = kernel_names(kernels)
     context = context_of(context)
-    if cuda_disabled(context=context):
+    if context.cuda_disabled:
         reason = "not run: disabled by MMAEMU_DISABLE_CUDA"
         return {f"cuda:{n}": [GateResult("selftest", False, reason, {}, 0.0, False, ran=False)] for n in names}
     from . import cuda as cuda_backend

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .base._untraced import untraced
+from .context import for_call
 from .arith.scaled import OUTPUT_ACCUMULATE_FLAG, OUTPUT_ADD_FLAG, OUTPUT_FP32_FLAG
 from .errors import BackendUnavailableError, ExperimentalPresetWarning, ReferenceRejectsError, \
     UnsupportedFeatureError
@@ -72,13 +73,16 @@ def _codes(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().view(torch.uint8).cpu().numpy()
 
 
-def accumulate_chunked(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, backend, b_rows=None):
+def accumulate_chunked(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, backend, b_rows=None, *,
+                       context=None):
     """fp32 accumulators [M, N] of the chunked ``kernel`` (:mod:`mmaemu.model.chunked`) on ``backend`` ("cpu",
     "reference" or "cuda:simple": the block-wise recipe's CUDA kernel, launched through its registry entry,
     :data:`mmaemu.cuda.catalog.REGISTRY`); the one step of both block-wise front doors (``scaled_mm`` and
     :mod:`mmaemu.deepgemm`). ``b_rows``: the tensor of B's rows [N, K] whose codes ``b_codes`` are, or None: on
     "cpu" a repeated B (a weight) then has its decoded panels kept between calls
-    (:data:`mmaemu.cpu.prepared.WEIGHTS`, as ``scaled_mm`` keeps them)."""
+    (:data:`mmaemu.cpu.prepared.WEIGHTS`, as ``scaled_mm`` keeps them). ``context``: the call's
+    :class:`mmaemu.context.Context` (the CPU engine of the chunks :mod:`mmaemu.cpu.chunked` gives to
+    :func:`mmaemu.cpu.engine.accumulate_codes`; None: that of the moment)."""
     if backend == "cuda:simple":
         from .cuda.catalog import BLOCKWISE, REGISTRY
 
@@ -89,14 +93,15 @@ def accumulate_chunked(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kerne
     reference = backend == "reference"
     prepared = None if reference or b_rows is None else kept_panels(WEIGHTS, b_rows, b_codes, fmt_a, fmt_b)
     return accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, reference=reference,
-                                    prepared_b=prepared)
+                                    prepared_b=prepared, context=context)
 
 
 def compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, backend,
-                      accumulate_into=None) -> torch.Tensor:
+                      accumulate_into=None, *, context=None) -> torch.Tensor:
     """The [M, N] result of a checked block-wise call (``spec``: :class:`mmaemu.plan.blockwise.BlockwiseSpec`) on
     ``backend`` ("cpu", "reference" or "cuda:simple"), on mat_a's device; ``accumulate_into``: an [M, N] tensor of
-    ``out_dtype`` the result is added to after its cast, or None."""
+    ``out_dtype`` the result is added to after its cast, or None; ``context``: the call's
+    :class:`mmaemu.context.Context` (:func:`accumulate_chunked`)."""
     M, K = mat_a.shape
     N = mat_b.shape[1]
     chunks = -(-K // 128)
@@ -105,7 +110,7 @@ def compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, bac
     scales_b = _scale_rows(scale_b, spec.block_b, "b", spec.api, N, chunks)
     b_rows = mat_b.t()
     final = accumulate_chunked(_codes(mat_a), _codes(b_rows), spec.fmt_a, spec.fmt_b, scales_a, scales_b, kernel,
-                               backend, b_rows=b_rows)
+                               backend, b_rows=b_rows, context=context)
     from .cpu.chunked import chunked_output
 
     addend = None if bias is None else bias.detach().reshape(-1).to(torch.float32).cpu().numpy()
@@ -175,12 +180,13 @@ def scaled_mm_blockwise(mat_a, mat_b, scale_a, scale_b, *, block_a, block_b, out
     mat_a's device; warns ``ExperimentalPresetWarning`` once per process per scale pair.
     """
     with edge():
+        context = for_call()  # the edge: the profile and the CPU engine read this one reading of the environment
         for name, value in (("mat_a", mat_a), ("mat_b", mat_b)):
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"scaled_mm_blockwise: {name} must be a torch.Tensor, got {type(value).__name__}")
         scale_a, scale_b = _one_scale(scale_a, "scale_a"), _one_scale(scale_b, "scale_b")
         block_a, block_b = block_of(block_a, "block_a"), block_of(block_b, "block_b")
-        profile = get_profile(profile)
+        profile = get_profile(profile, context=context)
         if mat_a.dim() != 2 or mat_b.dim() != 2 or mat_a.shape[1] != mat_b.shape[0]:
             raise ReferenceRejectsError(f"mat_a [M, K] and mat_b [K, N] must be matrices that can be multiplied, "
                                         f"got {list(mat_a.shape)} and {list(mat_b.shape)} [torch _scaled_mm_v2]")
@@ -203,7 +209,8 @@ def scaled_mm_blockwise(mat_a, mat_b, scale_a, scale_b, *, block_a, block_b, out
         engine = _engine(backend, mat_a.device)
         pair = pair_name(block_a, block_b)
         report([Notice(ExperimentalPresetWarning, platform_blockwise.maturity_message(pair), (f"blockwise:{pair}",))])
-        return compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, engine, accumulate_into)
+        return compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, engine, accumulate_into,
+                                 context=context)
 
 
 def _check_accumulate_into(c, M: int, N: int, out_dtype, device) -> None:

@@ -95,9 +95,10 @@ def _check_splitk_and_backend(splitk, backend, profile):
     from .context import for_call
     from .platform.splitk import check_splitk_argument
 
-    check_splitk_argument(splitk, profile)
+    context = for_call()  # the edge: one reading of the environment for these checks
+    check_splitk_argument(splitk, profile, context=context)
     if not (isinstance(backend, str) and backend == "auto"):  # a name other than "auto" reads no environment
-        requested_backend(backend, context=for_call())
+        requested_backend(backend, context=context)
 
 
 class EmulatedFP8Linear(torch.nn.Module):

@@ -639,7 +639,7 @@ class patch(contextlib.ContextDecorator):
         if splitk is not None:
             from .platform.splitk import check_splitk_argument
 
-            check_splitk_argument(splitk, profile)
+            check_splitk_argument(splitk, profile, context=context)
         if backend is not None:
             from .backends import requested_backend
 
@@ -663,10 +663,13 @@ class patch(contextlib.ContextDecorator):
             else:
                 settings[name] = _DEFAULTS[name]
         if self.splitk is not None or self.profile is not None:  # a new combination
+            from .context import for_call
             from .platform.profiles import get_profile
             from .platform.splitk import check_splitk_argument
 
-            check_splitk_argument(settings["splitk"], get_profile(settings["profile"]))
+            context = for_call()  # the edge: the block's profile and split read this one reading
+            check_splitk_argument(settings["splitk"], get_profile(settings["profile"], context=context),
+                                  context=context)
         return settings
 
     def __enter__(self) -> PatchLog:

@@ -555,6 +555,7 @@ def proto_section(folder, repeats):
 
     from mmaemu.arith.params import schedule_params
     from mmaemu.cpu import accumulate_codes
+    from mmaemu.context import for_call
     from mmaemu.cpu.engine import cpu_engine_choice
     from mmaemu.model.presets import HOPPER
 
@@ -576,7 +577,8 @@ def proto_section(folder, repeats):
                 "proto": lambda: proto.accumulate_hopper_fast(a, b)}
         bits = [run().view(np.uint32) for run in runs.values()]
         same = all(np.array_equal(bits[0], other) for other in bits[1:])
-        engine = cpu_engine_choice(HOPPER, schedule_params(HOPPER, K, True), "e4m3", "e4m3", shape=(M, N)).engine
+        engine = cpu_engine_choice(HOPPER, schedule_params(HOPPER, K, True), "e4m3", "e4m3", shape=(M, N),
+                                   context=for_call()).engine  # auto's choice: MMAEMU_CPU_ENGINE as the run reads it
         if engine == "offset":
             del runs["offset"]  # the same call as auto's
         for n_threads in (1, 2):

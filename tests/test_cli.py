@@ -275,7 +275,9 @@ def test_explain_huge_shape_needs_no_memory():
 
 
 def test_large_zero_operands_are_zero_and_row_major():
-    t = cli._zero_rows(70_000, 1024, torch.float8_e4m3fn, torch.device("cpu"))
+    from mmaemu.cli.operands import zero_rows
+
+    t = zero_rows(70_000, 1024, torch.float8_e4m3fn, torch.device("cpu"))
     assert t.shape == (70_000, 1024) and t.stride() == (1024, 1) and t.is_contiguous()
     assert t.dtype == torch.float8_e4m3fn and t.storage_offset() == 0 and t.data_ptr() % 16 == 0
     assert float(t[0, 0]) == 0.0 and float(t[-1, -1]) == 0.0 and float(t[35_000, 512]) == 0.0

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from mmaemu import environment
+from mmaemu.context import Context
 from mmaemu.arith.offset import ADD_MAX, OffsetConstants, offset_params
 from mmaemu.arith.params import codes_gemm, preset_params
 from mmaemu.cpu import features
@@ -436,13 +437,30 @@ def test_environment_variable():
     assert env["MMAEMU_CPU_ENGINE"] == "auto" and "MMAEMU_CPU_ENGINE" in env.invalid
 
 
-def test_reported_choice_follows_the_variable(monkeypatch):
+def test_the_choice_follows_the_variable_of_its_context():
     schedule = (100, 1, 0, 0, 0, 0)
-    monkeypatch.setenv("MMAEMU_CPU_ENGINE", "tile")
-    assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3").engine == "tile"
-    monkeypatch.setenv("MMAEMU_CPU_ENGINE", "auto")
-    assert cpu_engine_choice(B200_MMA_SYNC, schedule, "e4m3", "e4m3").engine == "tile"
-    assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3").engine == ("offset" if OFFSET_RUNS else "tile")
+    tile, auto = (Context(environment.snapshot({"MMAEMU_CPU_ENGINE": name})) for name in ("tile", "auto"))
+    assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3", context=tile).engine == "tile"
+    assert cpu_engine_choice(B200_MMA_SYNC, schedule, "e4m3", "e4m3", context=auto).engine == "tile"
+    assert cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3", context=auto).engine == (
+        "offset" if OFFSET_RUNS else "tile")
+    with pytest.raises(TypeError, match="requested engine or the context"):
+        cpu_engine_choice(HOPPER, schedule, "e4m3", "e4m3")  # a decision reads no environment
+
+
+def test_accumulate_codes_follows_the_variable_at_its_edge(monkeypatch):
+    """accumulate_codes, a public entry point, takes the context of the moment when given none: forcing the
+    offset engine where it cannot compute (a preset that adds c late) raises the choice's error; its own context
+    overrides the environment."""
+    rng = np.random.default_rng(3)
+    a, b = random_codes(rng, "e4m3", (2, 64)), random_codes(rng, "e4m3", (3, 64))
+    want = accumulate_codes(a, b, "e4m3", "e4m3", B200_MMA_SYNC, True, reference=True)
+    monkeypatch.setenv("MMAEMU_CPU_ENGINE", "offset")
+    with pytest.raises(ValueError, match="unset MMAEMU_CPU_ENGINE"):
+        accumulate_codes(a, b, "e4m3", "e4m3", B200_MMA_SYNC, True)
+    tile = Context(environment.snapshot({"MMAEMU_CPU_ENGINE": "tile"}))
+    got = accumulate_codes(a, b, "e4m3", "e4m3", B200_MMA_SYNC, True, context=tile)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @pytest.mark.filterwarnings("ignore::mmaemu.ExperimentalPresetWarning")  # b200_mma_sync, the preset refused here
@@ -476,7 +494,7 @@ import numpy as np
 from mmaemu.cpu.engine import accumulate_codes, cpu_engine_choice
 from mmaemu.model.presets import HOPPER
 a, b = (np.frombuffer(bytes.fromhex(text), np.uint8).reshape(rows, 40) for text, rows in zip(sys.argv[1:], (3, 5)))
-choice = cpu_engine_choice(HOPPER, (40, 1, 0, 0, 0, 0), "e4m3", "e4m3")
+choice = cpu_engine_choice(HOPPER, (40, 1, 0, 0, 0, 0), "e4m3", "e4m3", "auto")
 got = accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True)
 try:
     accumulate_codes(a, b, "e4m3", "e4m3", HOPPER, True, cpu_engine="offset")

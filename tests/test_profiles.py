@@ -55,6 +55,16 @@ def test_field_names():
     assert [f.name for f in dataclasses.fields(RejectRule)] == ["fmt_a", "fmt_b", "out_dtype", "message"]
 
 
+def test_profiles_reexports_the_vocabulary_of_definitions():
+    """mmaemu.platform.profiles re-exports every name of definitions.__all__, and a star import of it works."""
+    from mmaemu.platform import definitions, profiles
+
+    assert set(definitions.__all__) <= set(profiles.__all__)
+    names = {}
+    exec("from mmaemu.platform.profiles import *", names)
+    assert all(names[name] is getattr(definitions, name) for name in definitions.__all__)
+
+
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_profile_fields(name):
     preset, (gpu, cap, sms, lt, torch_v, table), caller, ws, align, maturity, sk_maturity = EXPECTED[name]

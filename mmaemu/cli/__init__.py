@@ -17,7 +17,6 @@ import click
 
 from .._version import __version__
 from . import demo, explain, info, record, selftest
-from .operands import zero_rows as _zero_rows  # noqa: F401  (tests/test_cli.py reaches it as cli._zero_rows)
 
 __all__ = ["cli", "main"]
 

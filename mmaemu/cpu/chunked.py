@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import formats
+from ..context import context_of
 from ..base._jit import arithmetic
 from ..arith.params import Schedule
 from ..arith.scaled import accumulate_chunked_one, chunked_output_bits, combine_chunk, combine_chunk_rows
@@ -189,13 +190,15 @@ def _check_scales(scales, rows, chunks, name):
 
 
 def accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, *, reference=False,
-                             prepared_b=None):
+                             prepared_b=None, context=None):
     """fp32 accumulators [M, N] of A [M, K] times B [N, K]^T (uint8 FP8 codes) by a chunked kernel.
 
     ``scales_a`` [M, ceil(K / chunk)], ``scales_b`` [N, ceil(K / chunk)]: the fp32 scale of each row's chunk (a
     block scale of B is given once per row of B it covers). K must be positive. ``prepared_b``: B's panels for the
     tile engine (:func:`mmaemu.cpu.engine.prepare_b` of these codes, the caller's guarantee, as for
-    :func:`mmaemu.cpu.engine.accumulate_codes`), used by the fused fast path (E4M3 x E4M3), or None.
+    :func:`mmaemu.cpu.engine.accumulate_codes`), used by the fused fast path (E4M3 x E4M3), or None. ``context``: the
+    :class:`mmaemu.context.Context` whose ``MMAEMU_CPU_ENGINE`` picks the engine of the other pairs' chunks (None:
+    that of this moment, read once, here, when such a chunk is computed).
     """
     from ..arith.params import preset_params
 
@@ -227,9 +230,11 @@ def accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b,
         accumulate_chunked_fast(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, preset, params, final,
                                 prepared_b)
         return final
+    context = context_of(context)  # one reading for every chunk of a call outside a planned one
     for kb in range(chunks):
         k0, k1 = kb * kernel.chunk, min((kb + 1) * kernel.chunk, K)
-        partial = accumulate_codes(a_codes[:, k0:k1], b_codes[:, k0:k1], fmt_a, fmt_b, preset, True)
+        partial = accumulate_codes(a_codes[:, k0:k1], b_codes[:, k0:k1], fmt_a, fmt_b, preset, True,
+                                   context=context)
         threads.parallel_for(combine_chunk_rows, M, max(1, N // 8), kernel.combine, final, partial, scales_a,
                              scales_b, kb)
     return final

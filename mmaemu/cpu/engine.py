@@ -9,7 +9,7 @@ from typing import NamedTuple, Tuple
 import numpy as np
 
 from .. import formats
-from ..context import environment_of
+from ..context import context_of
 from ..warn import report
 from ..arith.epilogue import OUT_CODES, scale_product
 from ..arith.params import codes_gemm
@@ -280,13 +280,18 @@ def accumulate_fast(a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, ou
 
 def cpu_engine_choice(preset, schedule, fmt_a: str, fmt_b: str, requested=None, shape=None, *,
                       context=None) -> EngineChoice:
-    """The engine of the fast path for a call (:func:`mmaemu.cpu.features.choose_cpu_engine`): ``requested``
-    (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE`` of ``context``, :func:`mmaemu.context.environment_of`), the CPU
-    Numba compiles for, whether the offset method computes the preset, schedule and formats
+    """The engine of the fast path for a call (:func:`mmaemu.cpu.features.choose_cpu_engine`), a pure function of
+    its arguments and ``context`` (a :class:`mmaemu.context.Context`; it reads no environment): ``requested``
+    (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE`` of ``context``, which must then be given), the CPU Numba
+    compiles for, whether the offset method computes the preset, schedule and formats
     (:func:`mmaemu.cpu.features.offset_call_decline`), for ``auto`` whether it is the faster engine for the
-    result's ``shape`` (M, N) with the target's rounding (None: any shape), and on an AVX2 target the self-test verdict of ``context``'s
-    source (:func:`selftest_of`)."""
-    requested = environment_of(context)[CPU_ENGINE_ENV] if requested is None else requested
+    result's ``shape`` (M, N) with the target's rounding (None: any shape), and on an AVX2 target the self-test
+    verdict of ``context``'s source (:func:`selftest_of`; without a context, the process's)."""
+    if requested is None:
+        if context is None:
+            raise TypeError("cpu_engine_choice: give the requested engine or the context whose MMAEMU_CPU_ENGINE "
+                            "names it")
+        requested = context.environment[CPU_ENGINE_ENV]
     target = numba_target()
     rounding = offset_rounding(target)
     shape_decline = None if shape is None or rounding is None else offset_shape_decline(*shape, rounding)
@@ -311,9 +316,12 @@ def selftest_of(context):
     return offset_selftest if source is None else source
 
 
-def _reported_engine(choice: EngineChoice) -> str:
-    """The engine of a choice made here (a caller that did not plan the call), its warnings reported
-    (:func:`mmaemu.warn.report`)."""
+def _chosen_engine(preset, schedule, fmt_a, fmt_b, requested, shape, context) -> str:
+    """The engine of an :func:`accumulate_codes` call (a caller that did not plan the call), its warnings reported
+    (:func:`mmaemu.warn.report`); the context of this moment when none was given and ``requested`` is None."""
+    if requested is None:
+        context = context_of(context)
+    choice = cpu_engine_choice(preset, schedule, fmt_a, fmt_b, requested, shape, context=context)
     report(choice.notices)
     return choice.engine
 
@@ -348,16 +356,19 @@ def accumulate_engine(engine: str, a_codes, b_codes, fmt_a, fmt_b, preset, sched
 
 
 def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits=1, scheme="none", *,
-                     reference=False, cpu_engine=None, prepared_b=None):
+                     reference=False, cpu_engine=None, prepared_b=None, context=None):
     """fp32 accumulators [M, N] of A [M, K] times B [N, K]^T given as uint8 FP8 codes (semantics.md (c), (d)).
 
     Every format pair is accepted (E5M2 x E5M2 included); non-finite codes follow the rule of c.4.
     ``reference=True`` runs the straightforward loop (one chain walk per output) instead of the fast path;
-    ``cpu_engine`` (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE``) picks the fast path's engine
-    (:func:`cpu_engine_choice`). ``prepared_b``: B's prepared panels for the tile engine (:class:`PreparedB` from
-    :func:`prepare_b`, or the offset engine's :class:`mmaemu.cpu.offset_engine.PreparedB`; the fast path then
-    decodes nothing of B): a tile PreparedB runs the tile engine whatever ``cpu_engine`` says; it must have been
-    prepared from these codes (the caller's guarantee: :mod:`mmaemu.cpu.prepared` checks it).
+    ``cpu_engine`` (auto, offset, tile; None: ``MMAEMU_CPU_ENGINE`` of ``context``) picks the fast path's engine
+    (:func:`cpu_engine_choice`, with the AVX2 self-test source of ``context``). ``context``: a
+    :class:`mmaemu.context.Context`; None (a caller outside a planned call) takes the context of this moment, read
+    here, at this entry point, once and only when the choice needs it. ``prepared_b``: B's prepared panels for the
+    tile engine (:class:`PreparedB` from :func:`prepare_b`, or the offset engine's
+    :class:`mmaemu.cpu.offset_engine.PreparedB`; the fast path then decodes nothing of B): a tile PreparedB runs the
+    tile engine whatever ``cpu_engine`` says; it must have been prepared from these codes (the caller's guarantee:
+    :mod:`mmaemu.cpu.prepared` checks it).
     """
     gemm = codes_gemm(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, splits, scheme)
     a_codes, b_codes, schedule, params = gemm.a_codes, gemm.b_codes, gemm.schedule, gemm.params
@@ -373,8 +384,8 @@ def accumulate_codes(a_codes, b_codes, fmt_a, fmt_b, preset, use_fast_accum, spl
         a_flags = nonfinite_flags(a_codes, fmt_a)
         b_flags = nonfinite_flags(b_codes, fmt_b)
     else:
-        engine = "tile" if getattr(prepared_b, "engine", None) == TILE_ENGINE else _reported_engine(
-            cpu_engine_choice(preset, schedule, fmt_a, fmt_b, cpu_engine, gemm.shape[:2]))
+        engine = "tile" if getattr(prepared_b, "engine", None) == TILE_ENGINE else _chosen_engine(
+            preset, schedule, fmt_a, fmt_b, cpu_engine, gemm.shape[:2], context)
         a_flags, b_flags = accumulate_engine(engine, a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out,
                                              prepared_b)
     if a_flags.any() or b_flags.any():

@@ -215,7 +215,7 @@ def offset_call_decline(preset, schedule, fmt_a: str, fmt_b: str) -> Optional[st
     window, frac_out >= frac, nfma a multiple of 16, a min_exp whose offset stays finite), nfma <= MAX_NFMA (the
     byte counters), and k-tiles that whole blocks fill (split or slow schedules: nfma divides the tile, so no block ends inside a tile before K)."""
     params = preset_params(preset, fmt_a, fmt_b)
-    nfma, frac = params.nfma, params.frac
+    nfma = params.nfma
     why = offset_preset_decline(params)
     if why is not None:
         return why

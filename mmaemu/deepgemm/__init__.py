@@ -193,7 +193,7 @@ def _final(a_codes, b_codes, scales_a, scales_b, plan, b_rows=None):
     from ..blockwise_cublaslt import accumulate_chunked
 
     return accumulate_chunked(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, plan.kernel, plan.backend,
-                              b_rows=b_rows)
+                              b_rows=b_rows, context=plan.context)
 
 
 def _store(d_view, final, kernel):

@@ -30,8 +30,10 @@ compiled call takes (:class:`mmaemu.cpu.fused.TensorwiseGemm`, made once when th
 the key to that one compiled call (:func:`mmaemu.api.run_scaled_mm_plan`).
 
 A call that is planned (a miss, or a call that is never kept) is planned with one :class:`mmaemu.context.Context`
-(:func:`mmaemu.context.for_call`): every decision of the plan reads the same environment snapshot. A hit reuses a
-plan decided from the same environment texts (they are part of the signature).
+(:func:`mmaemu.context.for_call`): every decision of the plan reads the same environment snapshot. A profile name
+that is not a built-in one is resolved for the key in that same context, taken before the lookup (a hit takes
+that one reading too: a recorded name is resolved on every call). A hit reuses a plan decided from the same
+environment texts (they are part of the signature).
 """
 
 from __future__ import annotations
@@ -45,9 +47,9 @@ import torch
 
 from .. import environment
 from ..formats import dtype_name
-from ..context import for_call
+from ..context import context_of, for_call
 from ..platform.definitions import _BY_NAME as _BUILTIN_PROFILES
-from ..platform.definitions import DEFAULT_PROFILE
+from ..platform.definitions import DEFAULT_PROFILE, Profile
 from ..platform.profiles import PROFILE_ENV, get_profile
 from ..warn import Notice, collecting, report
 from .flush import check_no_flush_to_zero
@@ -156,18 +158,22 @@ _PROFILE_TEXT = environment.NAMES.index(PROFILE_ENV)
 
 
 def _resolve_profile(profile, state):
-    """(key part, Profile) of the profile argument: a built-in profile by name, without reading the environment
-    twice (its text is in the process state); any other one through get_profile, which raises as the planner's
-    first step does."""
+    """(key part, Profile, context) of the profile argument: a built-in profile by name, without reading the
+    environment (its text is in the process state), and a Profile as it is (context None: a miss takes its own);
+    any other one through get_profile in the call's context (:func:`mmaemu.context.for_call`, taken here: the
+    planner of a miss plans in the same one), which raises as the planner's first step does."""
     name = profile
     if profile is None:
         name = state[0][_PROFILE_TEXT] or DEFAULT_PROFILE
     if isinstance(name, str):
         builtin = _BUILTIN_PROFILES.get(name)
         if builtin is not None:
-            return ("builtin", name), builtin
-    resolved = get_profile(profile)
-    return ("object", id(resolved)), resolved
+            return ("builtin", name), builtin, None
+    if isinstance(profile, Profile):  # as it is: nothing to read
+        return ("object", id(profile)), profile, None
+    context = for_call()
+    resolved = get_profile(profile, context=context)
+    return ("object", id(resolved)), resolved, context
 
 
 def _key(kind: str, tensors: tuple, out, plain: tuple, profile_part, state) -> Optional[tuple]:
@@ -260,11 +266,12 @@ def _cpu_gemm(plan: Plan):
     (:class:`mmaemu.cpu.fused.TensorwiseGemm`: what the plan decided, made once), or None for every other plan."""
     from ..arith.tile import TILE_FORMATS
     from ..cpu.fused import TensorwiseGemm
+    from ..recipes.tensorwise import TENSORWISE
 
     call = plan.call
     if (plan.action != "compute" or plan.backend != "cpu" or plan.cpu_engine is None or plan.split is None
-            or not hasattr(call, "mat2") or call.rowwise or call.blockwise is not None
-            or call.block_scaled is not None or call.device.type != "cpu" or 0 in (call.M, call.N, call.K)
+            or getattr(call, "recipe", None) is not TENSORWISE  # the call's recipe says; nothing else is asked
+            or call.device.type != "cpu" or 0 in (call.M, call.N, call.K)
             or call.fmt_a not in TILE_FORMATS or call.fmt_b not in TILE_FORMATS):
         return None
     return TensorwiseGemm(plan.cpu_engine.engine, plan.preset, call.fmt_a, call.fmt_b, call.M, call.N, call.K,
@@ -285,14 +292,14 @@ def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result
                           use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto") -> Plan:
     """:func:`mmaemu.plan.planner.plan_scaled_mm`, planned once per signature (see the module docstring)."""
     state = _process_state()
-    profile_part, resolved = _resolve_profile(profile, state)  # the planner's first step; raises as it does
+    profile_part, resolved, context = _resolve_profile(profile, state)  # the planner's first step; raises as it does
     key = _key("scaled_mm", (input, mat2, scale_a, scale_b, bias, scale_result), out,
                (out_dtype, use_fast_accum, splitk, backend), profile_part, state)
     arguments = (input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
     options = dict(out=out, profile=resolved, splitk=splitk, backend=backend)
     if key is None:
         _count_uncached()
-        return plan_scaled_mm(*arguments, **options, context=for_call())
+        return plan_scaled_mm(*arguments, **options, context=context_of(context))
     entry = _lookup(key)
     if entry is not None:
         _replay(entry)
@@ -301,7 +308,7 @@ def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result
                      bias=bias if _takes_bias(entry.template.call) else None)
         return _bind(entry, given)
     try:
-        plan, notices = _plan_reporting(plan_scaled_mm, *arguments, **options, context=for_call())
+        plan, notices = _plan_reporting(plan_scaled_mm, *arguments, **options, context=context_of(context))
     except BaseException:
         _count_uncached()
         raise
@@ -314,20 +321,20 @@ def cached_plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto",
                            out_dtype_for_split=None) -> Plan:
     """:func:`mmaemu.plan.planner.plan_accumulate`, planned once per signature (see the module docstring)."""
     state = _process_state()
-    profile_part, resolved = _resolve_profile(profile, state)
+    profile_part, resolved, context = _resolve_profile(profile, state)
     key = _key("accumulate", (a, b), None, (use_fast_accum, splitk, backend, out_dtype_for_split), profile_part,
                state)
     options = dict(use_fast_accum=use_fast_accum, profile=resolved, splitk=splitk, backend=backend,
                    out_dtype_for_split=out_dtype_for_split)
     if key is None:
         _count_uncached()
-        return plan_accumulate(a, b, **options, context=for_call())
+        return plan_accumulate(a, b, **options, context=context_of(context))
     entry = _lookup(key)
     if entry is not None:
         _replay(entry)
         return _bind(entry, dict(a=a, b=b))
     try:
-        plan, notices = _plan_reporting(plan_accumulate, a, b, **options, context=for_call())
+        plan, notices = _plan_reporting(plan_accumulate, a, b, **options, context=context_of(context))
     except BaseException:
         _count_uncached()
         raise

@@ -192,7 +192,7 @@ def recipe_cuda_kernel(recipe: str, name: str, device, context: Context) -> Reci
     decline rules and the verdict it runs under, from ``context``); nothing of CUDA is touched when the tensors are
     not on a CUDA device or the context disables CUDA."""
     on_cuda = getattr(device, "type", str(device)) == "cuda"
-    if not on_cuda or backends.cuda_disabled(context=context):
+    if not on_cuda or context.cuda_disabled:
         reason = "cuda: tensors on cpu" if not on_cuda else "cuda: disabled by MMAEMU_DISABLE_CUDA"
         return RecipeKernel(None, f"backend {name!r} cannot run: {reason}; use backend='cpu' or 'auto'", (reason,),
                             context)
@@ -220,7 +220,7 @@ def choose_block_scaled_backend(plan: Plan, device, backend, context, *, recipe:
     on_cuda = getattr(device, "type", str(device)) == "cuda"
     if name in backends.CPU_ENGINES:
         plan.backend = name
-    elif name == "cuda:simple" and on_cuda and not backends.cuda_disabled(context=context):
+    elif name == "cuda:simple" and on_cuda and not context.cuda_disabled:
         kernel = recipe_cuda_kernel(recipe, name, device, context)
         plan.context = kernel.context
         if kernel.backend is not None:

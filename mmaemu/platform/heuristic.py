@@ -153,7 +153,9 @@ class LtApi:
 def nvmath_api() -> LtApi:
     """NVIDIA's cuBLASLt bindings, bound to torch's libcublasLt (torch is imported first). CublasLtError if the
     optional extra is missing."""
-    import torch  # noqa: F401  (loads torch's libcublasLt before the bindings look for one)
+    import importlib
+
+    importlib.import_module("torch")  # loads torch's libcublasLt before the bindings look for one
 
     try:
         import nvmath

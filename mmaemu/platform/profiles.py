@@ -16,10 +16,9 @@ from typing import Mapping, Optional
 from ..context import Context, context_of
 from ..errors import ExperimentalPresetWarning
 from ..warn import Notice, report
-from . import definitions
-from .definitions import (_BY_NAME, _PROFILES, DEFAULT_PROFILE, FORMATS, OUT_DTYPES, Profile,
-                          RejectRule, builtin_profile_names, out_dtype_name, register_recorded_profile,
-                          splitk_maturity_note)
+from .definitions import (_BY_NAME, _PROFILES, CALLERS, DEFAULT_PROFILE, FORMATS, OUT_DTYPES, TE_ALIGN, Profile,
+                          RejectRule, builtin_profile_names, builtin_profiles, out_dtype_name,
+                          register_recorded_profile, splitk_maturity_note)
 
 __all__ = [
     "get_profile",
@@ -29,7 +28,9 @@ __all__ = [
     "profile_maturity_messages",
     "profile_maturity_notices",
     "warn_profile_maturity",
-    *definitions.__all__,  # re-exported: the profile type and vocabulary
+    # re-exported: the profile type and vocabulary, every name of definitions.__all__ (tests/test_profiles.py)
+    "Profile", "RejectRule", "splitk_maturity_note", "out_dtype_name", "builtin_profiles", "builtin_profile_names",
+    "register_recorded_profile", "FORMATS", "OUT_DTYPES", "CALLERS", "TE_ALIGN", "DEFAULT_PROFILE",
 ]
 
 
@@ -58,7 +59,8 @@ def get_profile(name_or_profile=None, *, context=None) -> Profile:
         return name_or_profile
     from_env = False
     if name_or_profile is None:
-        env = context_of(context).environment
+        context = context_of(context)  # the entry point's one reading, when it was given no context
+        env = context.environment
         from_env = env.is_set(PROFILE_ENV)
         name_or_profile = env[PROFILE_ENV] or DEFAULT_PROFILE
     if not isinstance(name_or_profile, str):
@@ -68,8 +70,12 @@ def get_profile(name_or_profile=None, *, context=None) -> Profile:
                     "mmaemu.profile_from_preset(preset, base='hopper')")
         raise TypeError(f"profile must be a name, a mmaemu.Profile or None, got {type(name_or_profile).__name__}"
                         + hint)
+    builtin = _BY_NAME.get(name_or_profile)
+    if builtin is not None:  # a built-in name reads nothing
+        return builtin
+    context = context_of(context)  # once: the recorded profiles and the error read the same context
     try:
-        return _BY_NAME.get(name_or_profile) or _recorded_profiles(context_of(context))[name_or_profile]
+        return _recorded_profiles(context)[name_or_profile]
     except KeyError:
         source = f" (from {PROFILE_ENV})" if from_env else ""
         raise KeyError(f"unknown profile {name_or_profile!r}{source}; known profiles: "

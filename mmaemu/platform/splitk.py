@@ -309,16 +309,19 @@ def _as_splitk(splitk, profile: Profile) -> SplitK:
                     f"got {splitk!r}")
 
 
-def check_splitk_argument(splitk, profile=None) -> None:
-    """Refuse a ``splitk`` argument that every call would refuse, before any call (``mmaemu.patch`` uses it).
+def check_splitk_argument(splitk, profile=None, *, context=None) -> None:
+    """Refuse a ``splitk`` argument that every call would refuse, before any call (``mmaemu.patch`` and the ``nn``
+    layers use it, with the context of their edge).
 
     "auto" and "assume-unsplit" pass; otherwise the form of 3.1 (TypeError / ValueError as at call time) and,
     when ``profile`` is given (a name or Profile; None: not known yet), the scheme its preset computes (semantics.md
-    d.3). Bounds that depend on the call's K are checked per call.
+    d.3). Bounds that depend on the call's K are checked per call. The profile (for None, ``$MMAEMU_PROFILE``'s,
+    named in the error's hint) is resolved in ``context`` (a :class:`mmaemu.context.Context`; None, a caller
+    outside the edge: the context of this moment, :func:`mmaemu.platform.profiles.get_profile`'s).
     """
     if isinstance(splitk, str) and splitk in POLICIES:
         return
-    resolved = get_profile(profile)
+    resolved = get_profile(profile, context=context)
     sk = _as_splitk(splitk, resolved)
     if profile is not None:
         check_scheme_for_preset(sk, resolved.preset)

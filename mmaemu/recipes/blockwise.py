@@ -54,7 +54,7 @@ class BlockwiseRecipe(Recipe):
 
         call = plan.call
         return compute_blockwise(call.input, call.mat2, call.scale_a, call.scale_b, call.blockwise, call.bias,
-                                 call.out_dtype, plan.backend)
+                                 call.out_dtype, plan.backend, context=plan.context)
 
 
 def _blockwise_call(input, mat2, pair, bias, profile, **common) -> rules.ScaledMMCall:

@@ -30,7 +30,7 @@ torch = torch_for(globals())
 __all__ = ["ROWWISE", "RowwiseRecipe", "rowwise_epilogue"]
 
 
-def _bits(t: torch.Tensor, view) -> "numpy.ndarray":  # noqa: F821
+def _bits(t: torch.Tensor, view):  # the numpy array of the tensor's bits, as ``view``
     return t.detach().contiguous().reshape(-1).view(view).cpu().numpy()
 
 

@@ -1,5 +1,5 @@
 """The tensor-wise recipe: one fp32 scale per operand (torch 2.7.1's ``TensorWise``), the GEMM of cuBLASLt 12.8
-(semantics.md sections (a)-(e)), the smallest recipe and the example of docs/architecture.md, "Recipes".
+(semantics.md sections (a)-(e)).
 
 * Recognised: what no recipe before it in :data:`mmaemu.recipes.RECIPES` took (the row-wise recogniser refuses
   every scale that is neither tensor- nor row-wise).

@@ -29,9 +29,8 @@ from ...warn import Notice
 from ..catalog import (EPILOGUE, KERNELS, REGISTRY, ROWWISE, TENSORWISE, BackendStatus, GateResult, KernelInfo,
                        Selection, candidates, gemm_kernels)
 from ..device import DISABLED_REASON, DeviceUnavailable
-from ..verdicts.store import (FORCE_FAIL_ENV, ensure_verdict, forced_failure, known_verdict,  # noqa: F401
-                              verdicts_of)
-from .declines import UNSPLIT_FAST, _is_gemm, design_skip, device_skip, schedule_skip  # noqa: F401
+from ..verdicts.store import known_verdict, verdicts_of
+from .declines import _is_gemm, design_skip, device_skip, schedule_skip
 
 _lock = threading.RLock()
 _SELECTIONS: Dict[tuple, Selection] = {}  # key -> Selection (with its warnings), of the process's verdicts only
