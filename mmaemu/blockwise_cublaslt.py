@@ -26,14 +26,16 @@ import torch
 from .base._untraced import untraced
 from .context import for_call
 from .arith.scaled import OUTPUT_ACCUMULATE_FLAG, OUTPUT_ADD_FLAG, OUTPUT_FP32_FLAG
-from .errors import BackendUnavailableError, ExperimentalPresetWarning, ReferenceRejectsError, \
+from .errors import ExperimentalPresetWarning, ReferenceRejectsError, \
     UnsupportedFeatureError
+from .cuda.catalog import BLOCKWISE
 from .model.chunked import CUBLASLT_BLOCKWISE
 from .platform import blockwise as platform_blockwise
 from .platform.profiles import get_profile
 from .platform.splitk import asks_one_split
 from .plan.blockwise import BLOCK_128X128, BLOCK_1X128, block_of, check_blockwise_call, check_v2_scales, pair_name
 from .plan.descriptors import dtype_name
+from .plan.steps import recipe_engine
 from .plan.rules import (_check_bias_dtype, _check_bias_size, _check_divisible_by_16, _check_float8_operands,
                             _check_same_device)
 from .warn import Notice, edge, report
@@ -139,23 +141,6 @@ def _one_scale(scale, name: str):
     return scale
 
 
-def _engine(backend, device) -> str:
-    """The engine of a v2 call: "auto" computes on the CPU (a CUDA tensor gets its result copied back)."""
-    if backend not in BACKENDS:
-        if isinstance(backend, str) and backend.startswith("cuda"):
-            raise BackendUnavailableError(f"backend {backend!r} cannot run a block-wise call: only 'cuda:simple' "
-                                          "computes the chunked kernels on a GPU; use 'cuda:simple', 'cpu' or "
-                                          "'auto'")
-        raise ValueError(f"unknown backend {backend!r} for scaled_mm_blockwise; expected one of {BACKENDS}")
-    if backend == "cuda:simple" and device.type != "cuda":
-        raise BackendUnavailableError("backend 'cuda:simple' needs CUDA tensors; use 'cpu' or 'auto'")
-    if backend != "cuda:simple":
-        from .plan.flush import check_no_flush_to_zero
-
-        check_no_flush_to_zero()  # the same refusal as scaled_mm's (semantics.md (e))
-    return "cpu" if backend == "auto" else backend
-
-
 @untraced
 def scaled_mm_blockwise(mat_a, mat_b, scale_a, scale_b, *, block_a, block_b, out_dtype=torch.bfloat16, bias=None,
                         use_fast_accum=False, profile=None, splitk="auto", backend="auto", accumulate_into=None):
@@ -206,11 +191,13 @@ def scaled_mm_blockwise(mat_a, mat_b, scale_a, scale_b, *, block_a, block_b, out
             raise UnsupportedFeatureError(f"splitk={splitk!r}: {platform_blockwise.NO_SPLIT_REASON}; use "
                                           "splitk='auto' or 1")
         _check_accumulate_into(accumulate_into, M, N, out_dtype, mat_a.device)
-        engine = _engine(backend, mat_a.device)
         pair = pair_name(block_a, block_b)
         report([Notice(ExperimentalPresetWarning, platform_blockwise.maturity_message(pair), (f"blockwise:{pair}",))])
-        return compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, engine, accumulate_into,
-                                 context=context)
+        # scaled_mm's rule for the recipe's engine: the switch, the verdict, $MMAEMU_BACKEND (plan.steps)
+        engine = recipe_engine(mat_a.device, backend, context, recipe=BLOCKWISE)
+        report(engine.notices)
+        return compute_blockwise(mat_a, mat_b, scale_a, scale_b, spec, bias, out_dtype, engine.backend,
+                                 accumulate_into, context=engine.context)
 
 
 def _check_accumulate_into(c, M: int, N: int, out_dtype, device) -> None:

@@ -27,7 +27,7 @@ from .flush import check_no_flush_to_zero
 __all__ = ["CallPlan", "Plan", "OUT_UNCHANGED_MESSAGE", "OUT_RESIZED_MESSAGE", "note", "out_warning",
            "out_resized_warning", "maturity_warnings", "decide", "check_backend_name", "choose_backend",
            "refuse_block_scaled_preset", "choose_block_scaled_backend", "recipe_cuda_kernel",
-           "RecipeKernel"]
+           "RecipeKernel", "RecipeEngine", "recipe_engine"]
 
 OUT_UNCHANGED_MESSAGE = (
     "out= is neither row- nor column-major: torch 2.7.1 computes into a private contiguous copy and never "
@@ -209,36 +209,61 @@ def recipe_cuda_kernel(recipe: str, name: str, device, context: Context) -> Reci
     return RecipeKernel(None, refusal, choice.passed_over, context)
 
 
-def choose_block_scaled_backend(plan: Plan, device, backend, context, *, recipe: str) -> None:
-    """The engines of block-scaled and block-wise calls (``recipe``: "block_scaled" or "blockwise", the kernel
-    registry's names): "reference" and "cpu"; on CUDA tensors "cuda:simple" when named and the registry's choice
-    takes the recipe's kernel there (:func:`recipe_cuda_kernel`; it warns: the kernel has no device self-test of its
-    own), else the CPU engine (the result is copied back). Named as the argument, a ``cuda:simple`` that may not run
-    is a BackendUnavailableError; named by ``$MMAEMU_BACKEND`` (a preference), the CPU engine computes and the plan
-    lists why."""
+class RecipeEngine(NamedTuple):
+    """The engine of a block-scaled or block-wise call (:func:`recipe_engine`): ``backend`` ("reference", "cpu" or
+    "cuda:simple"), why a CUDA kernel was passed over (``fallbacks``), the ``context`` computing it reads (with the
+    device's facts when a CUDA kernel was judged) and the warnings of the choice (``notices``, data)."""
+
+    backend: str
+    fallbacks: Tuple[str, ...]
+    context: Context
+    notices: Tuple[Notice, ...]
+
+
+RECIPE_WORDS = {"block_scaled": "block-scaled", "blockwise": "block-wise"}  # the kernel registry's recipe names
+
+
+def recipe_engine(device, backend, context: Context, *, recipe: str) -> RecipeEngine:
+    """The engine of a call of ``recipe`` ("block_scaled" or "blockwise", the kernel registry's names) on tensors
+    of ``device``: "reference" and "cpu"; "cuda:simple" when named and the registry's choice takes the recipe's
+    kernel there (:func:`recipe_cuda_kernel`: ``MMAEMU_DISABLE_CUDA``, the device and the verdict it runs under;
+    it warns, the kernel has no device self-test of its own), else the CPU engine (a CUDA tensor gets its result
+    copied back). Named as the argument, a ``cuda:simple`` that may not run is a BackendUnavailableError; named by
+    ``$MMAEMU_BACKEND`` (a preference of the process), the CPU engine computes and ``fallbacks`` says why. On a CPU
+    thread that flushes fp32 subnormals the call is refused (semantics.md (e)). Every front door of the two
+    recipes (``scaled_mm``, ``F.scaled_mm``'s block-wise form) chooses by this one rule."""
     name = backends.requested_backend(backend, context=context)
     on_cuda = getattr(device, "type", str(device)) == "cuda"
+    words = RECIPE_WORDS[recipe]
+    choice = None
     if name in backends.CPU_ENGINES:
-        plan.backend = name
-    elif name == "cuda:simple" and on_cuda and not context.cuda_disabled:
+        choice = RecipeEngine(name, (), context, ())
+    elif name == "cuda:simple" and (on_cuda or backend != "auto"):
         kernel = recipe_cuda_kernel(recipe, name, device, context)
-        plan.context = kernel.context
         if kernel.backend is not None:
-            plan.backend = kernel.backend
-            note(plan, [Notice(ExperimentalPresetWarning, block_scaled.CUDA_SIMPLE_UNCHECKED,
-                                ("block-scaled:cuda:simple",))])
+            notice = Notice(ExperimentalPresetWarning, block_scaled.CUDA_SIMPLE_UNCHECKED, ("block-scaled:cuda:simple",))
+            choice = RecipeEngine(kernel.backend, (), kernel.context, (notice,))
         elif backend == "auto":  # $MMAEMU_BACKEND's preference: the cpu engine computes
-            plan.backend, plan.fallbacks = "cpu", list(kernel.passed_over)
+            choice = RecipeEngine("cpu", kernel.passed_over, kernel.context, ())
         else:
             raise BackendUnavailableError(kernel.refusal)
     elif name == "auto" or backend == "auto":  # $MMAEMU_BACKEND naming another CUDA kernel is a preference
-        plan.backend = "cpu"
+        why = ()
         if on_cuda or name != "auto":
-            plan.fallbacks = [f"{name if name != 'auto' else 'cuda'}: block-scaled calls run on a CUDA device only "
-                              f"with backend='cuda:simple'"]
+            why = (f"{name if name != 'auto' else 'cuda'}: {words} calls run on a CUDA device only with "
+                   f"backend='cuda:simple'",)
+        choice = RecipeEngine("cpu", why, context, ())
     else:
         raise BackendUnavailableError(
-            f"backend {name!r} cannot run a block-scaled call: it runs on 'cpu', 'reference' and, for CUDA "
+            f"backend {name!r} cannot run a {words} call: it runs on 'cpu', 'reference' and, for CUDA "
             f"tensors, 'cuda:simple'")
     check_no_flush_to_zero()
+    return choice
+
+
+def choose_block_scaled_backend(plan: Plan, device, backend, context, *, recipe: str) -> None:
+    """The plan's engine by :func:`recipe_engine` (its warnings noted in the plan)."""
+    choice = recipe_engine(device, backend, context, recipe=recipe)
+    plan.backend, plan.fallbacks, plan.context = choice.backend, list(choice.fallbacks), choice.context
+    note(plan, choice.notices)
 
