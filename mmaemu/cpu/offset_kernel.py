@@ -383,33 +383,20 @@ def subtile_block(a, row0, b, column, g0, g1, e, v, c_val):
 
 
 @arithmetic
-def tile_block(a, row0, b, kb, ke, v, c_val):
-    """One early-accumulator block step (b.1, truncation deferred) over k in [kb, ke) for the 4 rows of a tile of
-    A and the panel ``b``; updates ``c_val`` [ROWS, PANEL]. kb is a multiple of K_PASS and the packed operands hold
-    zero codes from ke up to the next multiple of K_PASS (:func:`~mmaemu.arith.offset.block_range`). ``a``: A's
-    tile-major words (:func:`pack_tiles`) as rows of TILE_WORDS, the tile's groups from row ``row0``."""
-    first, end = block_range(kb, ke)
-    g0, g1 = first >> np.uint32(2), end >> np.uint32(2)
-    e0, e1, e2, e3 = exponent_maxima(a, row0, b.exp, g0, g1)
-    subtile_block(a, row0, b, 0, g0, g1, ((widen_i8(e0, 0), widen_i8(e0, 1)), (widen_i8(e1, 0), widen_i8(e1, 1)),
-                                        (widen_i8(e2, 0), widen_i8(e2, 1)), (widen_i8(e3, 0), widen_i8(e3, 1))),
-                  v, c_val)
-    subtile_block(a, row0, b, SUBTILE, g0, g1, ((widen_i8(e0, 2), widen_i8(e0, 3)), (widen_i8(e1, 2), widen_i8(e1, 3)),
-                                              (widen_i8(e2, 2), widen_i8(e2, 3)), (widen_i8(e3, 2), widen_i8(e3, 3))),
-                  v, c_val)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Chains, splits and the loops over tiles
-
-
-@arithmetic
 def tile_chain(a, row0, b, K, first, stride, count, schedule, constants, v, c_val, work):
-    """One chain from +0 over ``count`` k-tiles (``chain_range``); ``c_val`` ends with its deferred accumulator.
-    Blocks start every nfma k from each range's start; those past K run on the accumulator alone. The block steps
-    run in a toward-zero region (:func:`mmaemu.cpu.simd.enter_toward_zero`: MXCSR on AVX2, nothing on AVX-512),
-    which the empty blocks (their float64 emulation of the FMA needs rounding to nearest) and the chain's caller
-    (the split combination) stay out of."""
+    """One chain from +0 over ``count`` k-tiles (``chain_range``) for the 4 rows of a tile of A and the panel
+    ``b``; ``c_val`` [ROWS, PANEL] ends with its deferred accumulator. ``a``: A's tile-major words
+    (:func:`pack_tiles`) as rows of TILE_WORDS, the tile's groups from row ``row0``.
+
+    Blocks start every nfma k from each range's start. A block over [kb, ke) with kb < K is one early-accumulator
+    block step (b.1, truncation deferred): the byte exponent pass, then the two sub-tiles (:func:`subtile_block`);
+    kb is a multiple of K_PASS and the packed operands hold zero codes from ke up to the next multiple of K_PASS
+    (:func:`~mmaemu.arith.offset.block_range`). Blocks past K run on the accumulator alone. The block steps run in
+    a toward-zero region (:func:`mmaemu.cpu.simd.enter_toward_zero`: MXCSR on AVX2, nothing on AVX-512), which the
+    empty blocks (their float64 emulation of the FMA needs rounding to nearest) and the chain's caller (the split
+    combination) stay out of. Why the block loop is here and not in a function per block: a call of a Numba
+    function with arrays increments and decrements their reference counts (atomics, on the lines that every
+    thread shares), 12 per block when it was one (docs/performance.md)."""
     nfma = constants.nfma
     clear_tile(c_val)
     saved = enter_toward_zero()
@@ -417,7 +404,15 @@ def tile_chain(a, row0, b, K, first, stride, count, schedule, constants, v, c_va
         k0, k1 = chain_range(K, first, stride, count, schedule.tile, schedule.padded, i)
         for kb in range(k0, k1, nfma):
             if kb < K:
-                tile_block(a, row0, b, np.uint32(kb), np.uint32(min(kb + nfma, k1, K)), v, c_val)
+                start, end = block_range(np.uint32(kb), np.uint32(min(kb + nfma, k1, K)))
+                g0, g1 = start >> np.uint32(2), end >> np.uint32(2)
+                e0, e1, e2, e3 = exponent_maxima(a, row0, b.exp, g0, g1)
+                subtile_block(a, row0, b, 0, g0, g1,
+                              ((widen_i8(e0, 0), widen_i8(e0, 1)), (widen_i8(e1, 0), widen_i8(e1, 1)),
+                               (widen_i8(e2, 0), widen_i8(e2, 1)), (widen_i8(e3, 0), widen_i8(e3, 1))), v, c_val)
+                subtile_block(a, row0, b, SUBTILE, g0, g1,
+                              ((widen_i8(e0, 2), widen_i8(e0, 3)), (widen_i8(e1, 2), widen_i8(e1, 3)),
+                               (widen_i8(e2, 2), widen_i8(e2, 3)), (widen_i8(e3, 2), widen_i8(e3, 3))), v, c_val)
             else:
                 leave_toward_zero(saved)
                 offset_empty_block(constants, c_val, work)
