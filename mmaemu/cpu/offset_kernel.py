@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..base._jit import arithmetic
+from ..base._jit import arithmetic, arithmetic_inlined
 from ..arith.chain import chain_range, chain_range_count
 from ..arith.fp32 import FP32_EXPONENT_BIAS, FP32_FRACTION_BITS
 from ..arith.fp32 import float32_bits as bits_of_f32_scalar
@@ -363,7 +363,7 @@ def subtile_group(a, row0, b, column, g, s, t, n):
     return (s0, s1, s2, s3), (n0, n1, n2, n3)
 
 
-@arithmetic
+@arithmetic_inlined
 def subtile_block(a, row0, b, column, g0, g1, e, v, c_val):
     """The block step's start, products (groups g0 ... g1 - 1) and end for the sub-tile of columns ``column ...
     column + 31`` (``e``: per row the pair of exponent maxima of its vectors); ``c_val`` [ROWS, PANEL] in place."""
