@@ -34,11 +34,23 @@ block, the chain's end and split-K skeleton, and the proofs. A generic block ste
 twins by ``@overload``, one source compiled on scalars for CUDA and on vectors here) is not written: it would have
 to be measured against this form on both targets, with ``cuda:offset``'s PTX unchanged (issue 30 item 4, open).
 
-Operand layout (:class:`Operand`; K padded with zero codes to ``Kp``, a multiple of K_PASS = 16). B's panel:
+Operand layout (K padded with zero codes to ``Kp``, a multiple of K_PASS = 16). B's panel (:class:`Operand`):
 ``val[k, j]`` fp32, ``exp[k, j]`` exponent byte (int8), ``low[k // 4, j]`` and ``sign[k // 4, j]`` the low-byte
-and sign-byte words of four k (:func:`~mmaemu.arith.offset.offset_pack`'s words), j < 64. A's rows (rows padded to
-a multiple of ROWS): ``val[m, k]``, ``exp[m, k]`` (the exponent byte times 0x01010101, uint32), ``low[m, k // 4]``,
-``sign[m, k // 4]``.
+and sign-byte words of four k (:func:`~mmaemu.arith.offset.offset_pack`'s words), j < 64. A is *tile-major*
+(:func:`pack_tiles`; rows padded to a multiple of ROWS): uint32 words ``a[t * Kp / 4 + g, w]``, one row of
+:data:`TILE_WORDS` = 40 words per tile t (rows 4t ... 4t + 3) and 4-k group g: words ``TILE_VALUES + 4 * i + r``
+the fp32 pattern of row r's value at k = 4g + i, ``TILE_LOWS + r`` and ``TILE_SIGNS + r`` row r's low-byte and
+sign-byte words, ``TILE_EXPONENTS + 4 * i + r`` its exponent byte times 0x01010101 (so that it is broadcast by a
+plain load). Why: the group loop then reads all of A from one pointer at constant offsets. With A's fields in
+three row-major arrays, the four rows needed twelve row pointers, more than the general registers left: the loop
+(127 instructions per group for 32 FMAs) reloaded 8 of them from the stack and spilled two threshold vectors; now
+118 instructions, nothing spilled (``inspect_asm``, docs/performance.md).
+
+How the steps are compiled matters as much (docs/performance.md, "The offset engine against the prototype"): the
+loop over the blocks is in :func:`tile_chain` itself, not in a function called per block (a call of a Numba
+function with arrays increments and decrements their reference counts, 12 atomics per block on lines that every
+thread shares), and :func:`subtile_block` is compiled into it (:func:`mmaemu.base._jit.arithmetic_inlined`: its
+call passed the operands and 21 vectors through memory twice per block).
 """
 
 from typing import NamedTuple
@@ -73,8 +85,8 @@ TILE_WORDS = 40
 
 
 class Operand(NamedTuple):
-    """A packed operand (module docstring): fp32 values, exponent bytes (B: int8; A: uint32 words of four copies),
-    low-byte and sign-byte words (uint32)."""
+    """B's packed panel (module docstring): fp32 values, exponent bytes (int8), low-byte and sign-byte words
+    (uint32). A is packed tile-major instead (:func:`pack_tiles`)."""
 
     val: np.ndarray
     exp: np.ndarray
