@@ -189,13 +189,14 @@ def test_nonfinite_codes_follow_c4():
 @needs_offset
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_packed_layout_is_offset_packs(fmt):
-    """B's panels and A's rows hold exactly the values, low-byte and sign-byte words of
+    """B's panels and A's tile-major words hold exactly the values, low-byte and sign-byte words of
     mmaemu.arith.offset.offset_pack_rows (the CUDA kernel's packing) and the exponent bytes of
     mmaemu.arith.offset.exponent_bytes (A's four times in a word), ragged rows and K included (zero codes past
     them)."""
     from mmaemu.arith.offset import exponent_bytes, offset_pack_rows, offset_tables
     from mmaemu.cpu.offset_engine import pack_a
-    from mmaemu.cpu.offset_kernel import PANEL, padded_k
+    from mmaemu.cpu.offset_kernel import (PANEL, ROWS, TILE_EXPONENTS, TILE_LOWS, TILE_SIGNS, TILE_VALUES,
+                                          TILE_WORDS, padded_k)
 
     rng = np.random.default_rng(2)
     for rows, K in ((1, 1), (3, 17), (65, 70), (130, 33)):
@@ -215,13 +216,20 @@ def test_packed_layout_is_offset_packs(fmt):
             assert np.array_equal(prepared.low[p], words[:, 0::2][:, part])
             assert np.array_equal(prepared.sign[p], words[:, 1::2][:, part])
         packed = pack_a(codes, fmt)
-        used = packed.val.shape[0]
-        assert used % 4 == 0 and used >= rows
-        assert np.array_equal(packed.val.view(np.uint32), val[:, :used].T.view(np.uint32))
+        tiles = -(-rows // ROWS)
+        assert packed.dtype == np.uint32 and packed.shape == (tiles * (kp // 4), TILE_WORDS)
+        words_of = packed.reshape(tiles, kp // 4, TILE_WORDS)
+
+        def field(start, per_group):  # [tiles * ROWS, kp // 4 * per_group]: row-major like offset_pack_rows
+            part = words_of[:, :, start:start + per_group * ROWS].reshape(tiles, kp // 4, per_group, ROWS)
+            return part.transpose(0, 3, 1, 2).reshape(tiles * ROWS, kp // 4 * per_group)
+
+        used = tiles * ROWS
+        assert np.array_equal(field(TILE_VALUES, 4), val[:, :used].T.view(np.uint32))
         replicated = exp_bytes[:, :used].T.view(np.uint8).astype(np.uint32) * np.uint32(0x01010101)
-        assert np.array_equal(packed.exp, replicated)
-        assert np.array_equal(packed.low, words[:, 0::2][:, :used].T)
-        assert np.array_equal(packed.sign, words[:, 1::2][:, :used].T)
+        assert np.array_equal(field(TILE_EXPONENTS, 4), replicated)
+        assert np.array_equal(field(TILE_LOWS, 1), words[:, 0::2][:, :used].T)
+        assert np.array_equal(field(TILE_SIGNS, 1), words[:, 1::2][:, :used].T)
 
 
 @needs_offset

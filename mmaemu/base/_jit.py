@@ -16,3 +16,11 @@ def arithmetic(func):
     """Compile ``func`` lazily in nopython mode, without the GIL, with caching; no explicit signature."""
     return _numba_cache.enable(njit(nogil=True)(func))
 
+
+
+def arithmetic_inlined(func):
+    """:func:`arithmetic` compiled into each of its callers (Numba's IR inlining, ``inline="always"``) instead of
+    called: for a CPU step called in a hot loop whose call would pass hundreds of words through memory (the offset
+    kernel's sub-tile, :func:`mmaemu.cpu.offset_kernel.subtile_block`: its operands and 21 vectors, twice per block;
+    about 7% of the kernel's time, docs/performance.md)."""
+    return _numba_cache.enable(njit(nogil=True, inline="always")(func))

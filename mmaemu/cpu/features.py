@@ -109,10 +109,13 @@ class OffsetShapes(NamedTuple):
 # (both give the same bits). AVX-512 (docs/performance.md, "The offset engine against the prototype", 7 Dec 2026,
 # this project's 2-core Zen 4, hopper fast, 1 and 2 threads): offset / tile 1.5-1.6x at (2048, 5760, 1920), 1.6-1.9x
 # at (256, 256, 4096), 0.68x at (8, 5760, 1920) before its panel decode was made faster (about even after); earlier
-# ("Two engines", 2 Dec 2026) 1.08-1.68x for rows 16 to 512, N = 16: 0.18-0.27x. AVX2 with MXCSR rounding
+# ("Two engines", 2 Dec 2026) 1.08-1.68x for rows 16 to 512, N = 16: 0.18-0.27x. After A's tile-major packing
+# and the inlined block step ("The offset engine against the prototype", N = 5760, K = 1920, load average about 5,
+# 1 and 2 threads, two runs): 1.30-1.47x at M = 8, 1.52-1.67x at M = 12, 0.85-1.08x at M = 4, 0.73-0.80x at M = 2,
+# hence the offset engine from M = 8 on AVX-512. AVX2 with MXCSR rounding
 # ("The offset engine on AVX2", 7 Dec 2026, a 2-core Zen 3 without AVX-512, one thread): 1.25-1.52x for
 # 16 <= M <= 512, 0.73x at M = 2048, 0.83-0.90x at M = 1, 0.26x at N = 16.
-OFFSET_SHAPES = {ROUNDING_EMBEDDED: OffsetShapes(16, None, 256), ROUNDING_MXCSR: OffsetShapes(16, 512, 384)}
+OFFSET_SHAPES = {ROUNDING_EMBEDDED: OffsetShapes(8, None, 256), ROUNDING_MXCSR: OffsetShapes(16, 512, 384)}
 
 
 def offset_shape_decline(M: int, N: int, rounding: str = ROUNDING_EMBEDDED) -> Optional[str]:

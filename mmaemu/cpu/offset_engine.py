@@ -22,8 +22,8 @@ from ..arith.offset import (ADD_MAX, EXPONENT_BYTE_ABSENT, SIGN_BYTE, ZERO_LOW, 
                             offset_params, offset_tables)
 from ..arith.params import Schedule, preset_params
 from . import threads
-from .offset_kernel import (MASKS, PANEL, ROWS, CodeDecode, Operand, decode_code, offset_codes_task, offset_prepared_task, pack_panels_task,
-                            pack_rows, padded_k)
+from .offset_kernel import (MASKS, PANEL, ROWS, TILE_WORDS, CodeDecode, Operand, decode_code, offset_codes_task,
+                            offset_prepared_task, pack_panels_task, pack_tiles, padded_k)
 from .simd import call_restoring_mxcsr
 
 # The cost of packing one element, in products of the fast path (threads' units): about 1 ns.
@@ -123,15 +123,15 @@ def offset_tasks(M: int, panels: int, K: int, n_threads: int):
     return [(p, p + 1, lo * ROWS, min(hi * ROWS, M)) for p in range(panels) for lo, hi in row_ranges]
 
 
-def pack_a(a_codes, fmt_a: str) -> Operand:
-    """A's codes [M, K] packed once per call (:func:`~.offset_kernel.pack_rows`: rows rounded up to whole tiles of
-    ROWS rows, K to whole passes; zero codes there): the four arrays every task reads."""
+def pack_a(a_codes, fmt_a: str) -> np.ndarray:
+    """A's codes [M, K] packed once per call (:func:`~.offset_kernel.pack_tiles`: rows rounded up to whole tiles of
+    ROWS rows, K to whole passes; zero codes there): the tile-major words every task reads, uint32 [tiles * groups,
+    TILE_WORDS] (tile t's 4-k group g in row ``t * groups + g``; groups = Kp / 4)."""
     M, K = a_codes.shape
-    kp, rows = padded_k(K), max(ROWS, -(-M // ROWS) * ROWS)
-    packed = Operand(np.empty((rows, kp), np.float32), np.empty((rows, kp), np.uint32),
-                     np.empty((rows, kp // 4), np.uint32), np.empty((rows, kp // 4), np.uint32))
-    threads.parallel_for(pack_rows, rows, PACK_WORK * kp, a_codes, packing_tables(fmt_a), packed)
-    return packed
+    tiles, groups = max(1, -(-M // ROWS)), padded_k(K) // 4
+    packed = np.empty((tiles, groups, TILE_WORDS), np.uint32)
+    threads.parallel_for(pack_tiles, tiles, PACK_WORK * 4 * groups * ROWS, a_codes, packing_tables(fmt_a), packed)
+    return packed.reshape(tiles * groups, TILE_WORDS)
 
 
 def _constants(preset, fmt_a, fmt_b, constants):

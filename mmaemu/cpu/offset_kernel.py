@@ -34,20 +34,33 @@ block, the chain's end and split-K skeleton, and the proofs. A generic block ste
 twins by ``@overload``, one source compiled on scalars for CUDA and on vectors here) is not written: it would have
 to be measured against this form on both targets, with ``cuda:offset``'s PTX unchanged (issue 30 item 4, open).
 
-Operand layout (:class:`Operand`; K padded with zero codes to ``Kp``, a multiple of K_PASS = 16). B's panel:
+Operand layout (K padded with zero codes to ``Kp``, a multiple of K_PASS = 16). B's panel (:class:`Operand`):
 ``val[k, j]`` fp32, ``exp[k, j]`` exponent byte (int8), ``low[k // 4, j]`` and ``sign[k // 4, j]`` the low-byte
-and sign-byte words of four k (:func:`~mmaemu.arith.offset.offset_pack`'s words), j < 64. A's rows (rows padded to
-a multiple of ROWS): ``val[m, k]``, ``exp[m, k]`` (the exponent byte times 0x01010101, uint32), ``low[m, k // 4]``,
-``sign[m, k // 4]``.
+and sign-byte words of four k (:func:`~mmaemu.arith.offset.offset_pack`'s words), j < 64. A is *tile-major*
+(:func:`pack_tiles`; rows padded to a multiple of ROWS): uint32 words ``a[t * Kp / 4 + g, w]``, one row of
+:data:`TILE_WORDS` = 40 words per tile t (rows 4t ... 4t + 3) and 4-k group g: words ``TILE_VALUES + 4 * i + r``
+the fp32 pattern of row r's value at k = 4g + i, ``TILE_LOWS + r`` and ``TILE_SIGNS + r`` row r's low-byte and
+sign-byte words, ``TILE_EXPONENTS + 4 * i + r`` its exponent byte times 0x01010101 (so that it is broadcast by a
+plain load). Why: the group loop then reads all of A from one pointer at constant offsets. With A's fields in
+three row-major arrays, the four rows needed twelve row pointers, more than the general registers left: the loop
+(127 instructions per group for 32 FMAs) reloaded 8 of them from the stack and spilled two threshold vectors; now
+118 instructions, nothing spilled (``inspect_asm``, docs/performance.md).
+
+How the steps are compiled matters as much (docs/performance.md, "The offset engine against the prototype"): the
+loop over the blocks is in :func:`tile_chain` itself, not in a function called per block (a call of a Numba
+function with arrays increments and decrements their reference counts, 12 atomics per block on lines that every
+thread shares), and :func:`subtile_block` is compiled into it (:func:`mmaemu.base._jit.arithmetic_inlined`: its
+call passed the operands and 21 vectors through memory twice per block).
 """
 
 from typing import NamedTuple
 
 import numpy as np
 
-from ..base._jit import arithmetic
+from ..base._jit import arithmetic, arithmetic_inlined
 from ..arith.chain import chain_range, chain_range_count
 from ..arith.fp32 import FP32_EXPONENT_BIAS, FP32_FRACTION_BITS
+from ..arith.fp32 import float32_bits as bits_of_f32_scalar
 from ..arith.fp32 import float32_from_bits as f32_of_bits_scalar
 from ..arith.offset import EXPONENT_FIELD, K_PASS, add_chain_values, block_range, offset_empty_block
 from ..arith.packed import BYTE_ONES
@@ -63,11 +76,17 @@ VECTORS = 2  # 16-lane vectors per row of a sub-tile
 PANEL = 64  # columns of B per panel: one vector of exponent bytes
 SUBTILE = 16 * VECTORS  # columns of a sub-tile
 BYTES_LOWEST = -0x7F7F7F80  # 0x80808080: -128 in every byte, the exponent pass's start
+# A's tile-major words of one tile and 4-k group (module docstring): where each field starts.
+TILE_VALUES = 0  # 16 fp32 patterns, k-major: word 4 * i + r holds row r's value at k = 4 * g + i
+TILE_LOWS = 16  # 4 low-byte words, one per row
+TILE_SIGNS = 20  # 4 sign-byte words, one per row
+TILE_EXPONENTS = 24  # 16 exponent words (the byte four times), k-major like the values
+TILE_WORDS = 40
 
 
 class Operand(NamedTuple):
-    """A packed operand (module docstring): fp32 values, exponent bytes (B: int8; A: uint32 words of four copies),
-    low-byte and sign-byte words (uint32)."""
+    """B's packed panel (module docstring): fp32 values, exponent bytes (int8), low-byte and sign-byte words
+    (uint32). A is packed tile-major instead (:func:`pack_tiles`)."""
 
     val: np.ndarray
     exp: np.ndarray
@@ -107,9 +126,10 @@ class BlockVectors(NamedTuple):
     mantissa: object
 
 
-def padded_k(K: int) -> int:
+@arithmetic
+def padded_k(K):
     """K rounded up to whole passes (K_PASS), at least one."""
-    return max(K_PASS, -(-K // K_PASS) * K_PASS)
+    return max(K_PASS, (K + K_PASS - 1) // K_PASS * K_PASS)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -136,23 +156,27 @@ def decode_code(c, d):
     fields ``d`` (:class:`CodeDecode`): the tables' entries (:func:`mmaemu.cpu.offset_engine.packing_tables`), by
     integer arithmetic without branches or table reads, so that a loop over 64 lanes of codes is vectorised. The
     value is the significand times the power 2**(ex - mant_bits) built as an fp32 pattern (a normal number for
-    every FP8 format), exact. Trailing zero bits: of the significand's lowest set bit (at most 8 for FP8)."""
-    i32 = np.int32
-    mag = c & i32(0x7F)
-    field = mag >> i32(d.mant_bits)
-    normal = field > 0
-    sig = (mag & i32((1 << d.mant_bits) - 1)) | (i32(normal) << i32(d.mant_bits))
-    ex = field + i32(d.min_exponent) - i32(normal)
-    present = (mag > 0) & (mag < i32(d.special))
-    lowest = sig & -sig
-    trailing = i32(lowest >= 2) + i32(lowest >= 4) + i32(lowest >= 8)
-    power = f32_of_bits_scalar(i32((ex - i32(d.mant_bits) + i32(127)) << i32(23)))
+    every FP8 format), exact. Trailing zero bits: of the significand's lowest set bit (at most 8 for FP8: its
+    significand has at most 4 bits)."""
+    i32 = np.int32  # every intermediate cast back to int32: Numba widens int32 arithmetic to int64, which would
+    # halve the lanes per vector (8 int64, not 16 int32: 1.6 times the instructions)
+    c = i32(c)
+    mag = i32(c & i32(0x7F))
+    field = i32(mag >> i32(d.mant_bits))
+    normal = i32(i32(i32(-field) >> i32(31)) & i32(1))  # field > 0, by arithmetic (a bool's widening is 64-bit)
+    sig = i32(i32(mag & i32((1 << d.mant_bits) - 1)) | i32(normal << i32(d.mant_bits)))
+    ex = i32(i32(field + i32(d.min_exponent)) - normal)
+    present = (mag > i32(0)) & (mag < i32(d.special))
+    lowest = i32(sig & i32(-sig))
+    trailing = i32(i32(lowest >> i32(1)) - i32(lowest >> i32(3)))  # lowest in {1, 2, 4, 8}: 0, 1, 2, 3
+    power = f32_of_bits_scalar(i32(i32(i32(ex - i32(d.mant_bits)) + i32(127)) << i32(23)))
     magnitude = np.float32(sig) * power
-    value = np.float32(-magnitude) if (c & i32(0x80)) else magnitude
+    negative = i32(c & i32(0x80)) != i32(0)
+    value = np.float32(-magnitude) if negative else magnitude
     value = value if present else np.float32(0.0)
     exponent = ex if present else i32(d.exponent_absent)
-    low = (ex + trailing + i32(d.low_base)) if present else i32(d.zero_low)
-    sign = i32(d.sign_byte) if (present & ((c & i32(0x80)) != 0)) else i32(0)
+    low = i32(i32(ex + trailing) + i32(d.low_base)) if present else i32(d.zero_low)
+    sign = i32(d.sign_byte) if (present & negative) else i32(0)
     return value, exponent, low, sign
 
 
@@ -190,8 +214,8 @@ def pack_panel(codes, row0, decode, panel, scratch):
                 value, exponent, low, sign = decode_code(np.int32(scratch[at(k + i), at(j)]), decode)
                 panel.val[at(k + i), at(j)] = value
                 panel.exp[at(k + i), at(j)] = np.int8(exponent)
-                panel.low[at(g), at(j)] |= u(low) << u(8 * i)
-                panel.sign[at(g), at(j)] |= u(sign) << u(8 * i)
+                panel.low[at(g), at(j)] = u(panel.low[at(g), at(j)] | u(u(low) << u(8 * i)))
+                panel.sign[at(g), at(j)] = u(panel.sign[at(g), at(j)] | u(u(sign) << u(8 * i)))
 
 
 @arithmetic
@@ -215,24 +239,26 @@ def panel_of(prepared, p):
 
 
 @arithmetic
-def pack_rows(lo, hi, codes, tables, rows):
-    """Rows lo ... hi - 1 of A's packed arrays ``rows`` (:class:`Operand`, A's layout; rows and k past ``codes``:
-    zero codes)."""
+def pack_tiles(lo, hi, codes, tables, tiles):
+    """Tiles lo ... hi - 1 of A's tile-major words ``tiles`` [A-tiles, groups, TILE_WORDS] (uint32; the module
+    docstring's layout; rows and k past ``codes``: zero codes)."""
     values, exps, lows, signs = tables
     M, K = codes.shape
     u = np.uint32
-    for m in range(lo, hi):
-        for g in range(rows.low.shape[1]):
-            low, sign = u(0), u(0)
-            for i in range(4):
-                k = 4 * g + i
-                c = codes[m, k] if (m < M and k < K) else np.uint8(0)
-                rows.val[m, k] = values[c]
-                rows.exp[m, k] = u(u(np.uint8(exps[c])) * u(BYTE_ONES))
-                low |= u(lows[c] << u(8 * i))
-                sign |= u(signs[c] << u(8 * i))
-            rows.low[m, g] = low
-            rows.sign[m, g] = sign
+    for t in range(lo, hi):
+        for g in range(tiles.shape[1]):
+            for r in range(ROWS):
+                m = t * ROWS + r
+                low, sign = u(0), u(0)
+                for i in range(4):
+                    k = 4 * g + i
+                    c = codes[m, k] if (m < M and k < K) else np.uint8(0)
+                    tiles[t, g, TILE_VALUES + ROWS * i + r] = bits_of_f32_scalar(values[c])
+                    tiles[t, g, TILE_EXPONENTS + ROWS * i + r] = u(u(np.uint8(exps[c])) * u(BYTE_ONES))
+                    low |= u(lows[c] << u(8 * i))
+                    sign |= u(signs[c] << u(8 * i))
+                tiles[t, g, TILE_LOWS + r] = low
+                tiles[t, g, TILE_SIGNS + r] = sign
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -252,17 +278,21 @@ def block_vectors(constants, masks):
 
 
 @arithmetic
-def exponent_maxima(a_exp, r0, b_exp, k0, k1):
-    """b.1 steps 1-2 by the byte exponent pass for rows r0 ... r0 + 3 and the panel's 64 columns: per row the
-    byte-wise maxima over k in [k0, k1) of A's exponent byte plus B's (saturating)."""
+def exponent_maxima(a, row0, b_exp, g0, g1):
+    """b.1 steps 1-2 by the byte exponent pass for the tile's 4 rows (``a``'s words from row ``row0``) and the
+    panel's 64 columns: per row the byte-wise maxima over groups [g0, g1) of A's exponent byte plus B's
+    (saturating)."""
     lowest = bytes_of_i32(broadcast_i32(np.int32(BYTES_LOWEST)))
     e0 = e1 = e2 = e3 = lowest
-    for k in range(k0, k1):
-        b = load_i8(b_exp, k, 0)
-        e0 = max_i8(e0, add_saturated_i8(bytes_of_i32(broadcast_load_i32(a_exp, r0, k)), b))
-        e1 = max_i8(e1, add_saturated_i8(bytes_of_i32(broadcast_load_i32(a_exp, r0 + 1, k)), b))
-        e2 = max_i8(e2, add_saturated_i8(bytes_of_i32(broadcast_load_i32(a_exp, r0 + 2, k)), b))
-        e3 = max_i8(e3, add_saturated_i8(bytes_of_i32(broadcast_load_i32(a_exp, r0 + 3, k)), b))
+    for g in range(g0, g1):
+        row = row0 + g
+        for i in range(4):
+            b = load_i8(b_exp, 4 * g + i, 0)
+            e = TILE_EXPONENTS + ROWS * i
+            e0 = max_i8(e0, add_saturated_i8(bytes_of_i32(broadcast_load_i32(a, row, e)), b))
+            e1 = max_i8(e1, add_saturated_i8(bytes_of_i32(broadcast_load_i32(a, row, e + 1)), b))
+            e2 = max_i8(e2, add_saturated_i8(bytes_of_i32(broadcast_load_i32(a, row, e + 2)), b))
+            e3 = max_i8(e3, add_saturated_i8(bytes_of_i32(broadcast_load_i32(a, row, e + 3)), b))
     return e0, e1, e2, e3
 
 
@@ -308,45 +338,49 @@ def row_end(s, n, c_val, r, column, v):
 
 
 @arithmetic
-def row_products(a_val, row, k, b0, b1, s):
-    """One k of a row of a sub-tile: ``a[row, k] * b + S`` rounded toward zero, both vectors."""
-    a = broadcast_load_f32(a_val, row, k)
-    return fma_toward_zero_f32(a, b0, s[0]), fma_toward_zero_f32(a, b1, s[1])
+def row_products(a, row, word, b0, b1, s):
+    """One k of a row of a sub-tile: ``a * b + S`` rounded toward zero, both vectors (A's value: word ``word`` of
+    ``a``'s row ``row``)."""
+    value = f32_of_bits(broadcast_load_i32(a, row, word))
+    return fma_toward_zero_f32(value, b0, s[0]), fma_toward_zero_f32(value, b1, s[1])
 
 
 @arithmetic
-def row_count(a, row, g, low0, low1, sign0, sign1, t, n):
-    """The byte counters of one 4-k group of a row (:func:`~mmaemu.arith.offset.offset_group`'s flags): bit 7 of
-    ``~(low_a + low_b + T) & (sign_a ^ sign_b)``, shifted to bit 0 of its byte."""
-    low_a, sign_a = broadcast_load_i32(a.low, row, g), broadcast_load_i32(a.sign, row, g)
+def row_count(a, row, r, low0, low1, sign0, sign1, t, n):
+    """The byte counters of one 4-k group of row r of the tile (``a``'s words of the group: row ``row``;
+    :func:`~mmaemu.arith.offset.offset_group`'s flags): bit 7 of ``~(low_a + low_b + T) & (sign_a ^ sign_b)``,
+    shifted to bit 0 of its byte."""
+    low_a, sign_a = broadcast_load_i32(a, row, TILE_LOWS + r), broadcast_load_i32(a, row, TILE_SIGNS + r)
     flags0 = andnot_i32(add_i32(add_i32(low0, low_a), t[0]), xor_i32(sign0, sign_a))
     flags1 = andnot_i32(add_i32(add_i32(low1, low_a), t[1]), xor_i32(sign1, sign_a))
     return add_i32(n[0], lshr_i32(flags0, 7)), add_i32(n[1], lshr_i32(flags1, 7))
 
 
 @arithmetic
-def subtile_group(a, r0, b, column, g, s, t, n):
+def subtile_group(a, row0, b, column, g, s, t, n):
     """Four k (group g) of the sub-tile: 32 fused multiply-adds rounding toward zero (each B vector loaded once
-    for the four rows) and the byte counters."""
+    for the four rows) and the byte counters; A's words of the group: ``a``'s row ``row0 + g``."""
     s0, s1, s2, s3 = s
     k = 4 * g
+    row = row0 + g
     low0, low1 = load_u32(b.low, g, column), load_u32(b.low, g, column + 16)
     sign0, sign1 = load_u32(b.sign, g, column), load_u32(b.sign, g, column + 16)
     for i in range(4):
         b0, b1 = load_f32(b.val, k + i, column), load_f32(b.val, k + i, column + 16)
-        s0 = row_products(a.val, r0, k + i, b0, b1, s0)
-        s1 = row_products(a.val, r0 + 1, k + i, b0, b1, s1)
-        s2 = row_products(a.val, r0 + 2, k + i, b0, b1, s2)
-        s3 = row_products(a.val, r0 + 3, k + i, b0, b1, s3)
-    n0 = row_count(a, r0, g, low0, low1, sign0, sign1, t[0], n[0])
-    n1 = row_count(a, r0 + 1, g, low0, low1, sign0, sign1, t[1], n[1])
-    n2 = row_count(a, r0 + 2, g, low0, low1, sign0, sign1, t[2], n[2])
-    n3 = row_count(a, r0 + 3, g, low0, low1, sign0, sign1, t[3], n[3])
+        word = TILE_VALUES + ROWS * i
+        s0 = row_products(a, row, word, b0, b1, s0)
+        s1 = row_products(a, row, word + 1, b0, b1, s1)
+        s2 = row_products(a, row, word + 2, b0, b1, s2)
+        s3 = row_products(a, row, word + 3, b0, b1, s3)
+    n0 = row_count(a, row, 0, low0, low1, sign0, sign1, t[0], n[0])
+    n1 = row_count(a, row, 1, low0, low1, sign0, sign1, t[1], n[1])
+    n2 = row_count(a, row, 2, low0, low1, sign0, sign1, t[2], n[2])
+    n3 = row_count(a, row, 3, low0, low1, sign0, sign1, t[3], n[3])
     return (s0, s1, s2, s3), (n0, n1, n2, n3)
 
 
-@arithmetic
-def subtile_block(a, r0, b, column, g0, g1, e, v, c_val):
+@arithmetic_inlined
+def subtile_block(a, row0, b, column, g0, g1, e, v, c_val):
     """The block step's start, products (groups g0 ... g1 - 1) and end for the sub-tile of columns ``column ...
     column + 31`` (``e``: per row the pair of exponent maxima of its vectors); ``c_val`` [ROWS, PANEL] in place."""
     s0, t0 = row_start(e[0], c_val, 0, column, v)
@@ -357,7 +391,7 @@ def subtile_block(a, r0, b, column, g0, g1, e, v, c_val):
     zeros = (v.zero, v.zero)
     n = (zeros, zeros, zeros, zeros)
     for g in range(g0, g1):
-        s, n = subtile_group(a, r0, b, column, g, s, t, n)
+        s, n = subtile_group(a, row0, b, column, g, s, t, n)
     row_end(s[0], n[0], c_val, 0, column, v)
     row_end(s[1], n[1], c_val, 1, column, v)
     row_end(s[2], n[2], c_val, 2, column, v)
@@ -365,32 +399,20 @@ def subtile_block(a, r0, b, column, g0, g1, e, v, c_val):
 
 
 @arithmetic
-def tile_block(a, r0, b, kb, ke, v, c_val):
-    """One early-accumulator block step (b.1, truncation deferred) over k in [kb, ke) for rows r0 ... r0 + 3 of
-    A and the panel ``b``; updates ``c_val`` [ROWS, PANEL]. kb is a multiple of K_PASS and the packed operands hold
-    zero codes from ke up to the next multiple of K_PASS (:func:`~mmaemu.arith.offset.block_range`)."""
-    first, end = block_range(kb, ke)
-    e0, e1, e2, e3 = exponent_maxima(a.exp, r0, b.exp, first, end)
-    g0, g1 = first >> np.uint32(2), end >> np.uint32(2)
-    subtile_block(a, r0, b, 0, g0, g1, ((widen_i8(e0, 0), widen_i8(e0, 1)), (widen_i8(e1, 0), widen_i8(e1, 1)),
-                                        (widen_i8(e2, 0), widen_i8(e2, 1)), (widen_i8(e3, 0), widen_i8(e3, 1))),
-                  v, c_val)
-    subtile_block(a, r0, b, SUBTILE, g0, g1, ((widen_i8(e0, 2), widen_i8(e0, 3)), (widen_i8(e1, 2), widen_i8(e1, 3)),
-                                              (widen_i8(e2, 2), widen_i8(e2, 3)), (widen_i8(e3, 2), widen_i8(e3, 3))),
-                  v, c_val)
+def tile_chain(a, row0, b, K, first, stride, count, schedule, constants, v, c_val, work):
+    """One chain from +0 over ``count`` k-tiles (``chain_range``) for the 4 rows of a tile of A and the panel
+    ``b``; ``c_val`` [ROWS, PANEL] ends with its deferred accumulator. ``a``: A's tile-major words
+    (:func:`pack_tiles`) as rows of TILE_WORDS, the tile's groups from row ``row0``.
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# Chains, splits and the loops over tiles
-
-
-@arithmetic
-def tile_chain(a, r0, b, K, first, stride, count, schedule, constants, v, c_val, work):
-    """One chain from +0 over ``count`` k-tiles (``chain_range``); ``c_val`` ends with its deferred accumulator.
-    Blocks start every nfma k from each range's start; those past K run on the accumulator alone. The block steps
-    run in a toward-zero region (:func:`mmaemu.cpu.simd.enter_toward_zero`: MXCSR on AVX2, nothing on AVX-512),
-    which the empty blocks (their float64 emulation of the FMA needs rounding to nearest) and the chain's caller
-    (the split combination) stay out of."""
+    Blocks start every nfma k from each range's start. A block over [kb, ke) with kb < K is one early-accumulator
+    block step (b.1, truncation deferred): the byte exponent pass, then the two sub-tiles (:func:`subtile_block`);
+    kb is a multiple of K_PASS and the packed operands hold zero codes from ke up to the next multiple of K_PASS
+    (:func:`~mmaemu.arith.offset.block_range`). Blocks past K run on the accumulator alone. The block steps run in
+    a toward-zero region (:func:`mmaemu.cpu.simd.enter_toward_zero`: MXCSR on AVX2, nothing on AVX-512), which the
+    empty blocks (their float64 emulation of the FMA needs rounding to nearest) and the chain's caller (the split
+    combination) stay out of. Why the block loop is here and not in a function per block: a call of a Numba
+    function with arrays increments and decrements their reference counts (atomics, on the lines that every
+    thread shares), 12 per block when it was one (docs/performance.md)."""
     nfma = constants.nfma
     clear_tile(c_val)
     saved = enter_toward_zero()
@@ -398,7 +420,15 @@ def tile_chain(a, r0, b, K, first, stride, count, schedule, constants, v, c_val,
         k0, k1 = chain_range(K, first, stride, count, schedule.tile, schedule.padded, i)
         for kb in range(k0, k1, nfma):
             if kb < K:
-                tile_block(a, r0, b, np.uint32(kb), np.uint32(min(kb + nfma, k1, K)), v, c_val)
+                start, end = block_range(np.uint32(kb), np.uint32(min(kb + nfma, k1, K)))
+                g0, g1 = start >> np.uint32(2), end >> np.uint32(2)
+                e0, e1, e2, e3 = exponent_maxima(a, row0, b.exp, g0, g1)
+                subtile_block(a, row0, b, 0, g0, g1,
+                              ((widen_i8(e0, 0), widen_i8(e0, 1)), (widen_i8(e1, 0), widen_i8(e1, 1)),
+                               (widen_i8(e2, 0), widen_i8(e2, 1)), (widen_i8(e3, 0), widen_i8(e3, 1))), v, c_val)
+                subtile_block(a, row0, b, SUBTILE, g0, g1,
+                              ((widen_i8(e0, 2), widen_i8(e0, 3)), (widen_i8(e1, 2), widen_i8(e1, 3)),
+                               (widen_i8(e2, 2), widen_i8(e2, 3)), (widen_i8(e3, 2), widen_i8(e3, 3))), v, c_val)
             else:
                 leave_toward_zero(saved)
                 offset_empty_block(constants, c_val, work)
@@ -407,9 +437,10 @@ def tile_chain(a, r0, b, K, first, stride, count, schedule, constants, v, c_val,
 
 
 @arithmetic
-def tile_accumulate(a, r0, b, K, schedule, constants, v, work, sums):
+def tile_accumulate(a, row0, b, K, schedule, constants, v, work, sums):
     """:func:`mmaemu.arith.schedule.accumulate_one` for the tile: ``acc[r, j]`` (of ``sums`` = (c_val, partial,
-    acc, slot), float32 [ROWS, PANEL]) = the fp32 accumulator of output (r0 + r, j)."""
+    acc, slot), float32 [ROWS, PANEL]) = the fp32 accumulator of output (row r of the tile whose words start at
+    ``a``'s row ``row0``, column j)."""
     c_val, partial, acc, slot = sums
     splits, pairwise = schedule.splits, schedule.pairwise
     clear_tile(acc)
@@ -419,7 +450,7 @@ def tile_accumulate(a, r0, b, K, schedule, constants, v, work, sums):
         clear_tile(partial)
         for c in range(split_chains(K, s, schedule)):
             first, stride, n = chain_tiles_of(K, s, c, schedule)
-            tile_chain(a, r0, b, K, first, stride, n, schedule, constants, v, c_val, work)
+            tile_chain(a, row0, b, K, first, stride, n, schedule, constants, v, c_val, work)
             add_chain_values(partial, c_val, constants.frac_out)
         combine_tile(acc, slot, partial, target, flush)
 
@@ -427,8 +458,8 @@ def tile_accumulate(a, r0, b, K, schedule, constants, v, work, sums):
 @arithmetic
 def offset_panel_rows(m_lo, m_hi, a, b, n0, K, schedule, constants, masks, out):
     """out[m, n0:n0+PANEL] = fp32 accumulators of rows m_lo .. m_hi-1 of A and one packed panel of B (finite
-    codes), bit-identical to ``accumulate_codes(..., reference=True)``. ``a``: A packed (:func:`pack_rows`, rows
-    padded to a multiple of ROWS), ``b``: the panel (:class:`Operand`); m_lo a multiple of ROWS. ``constants``: the
+    codes), bit-identical to ``accumulate_codes(..., reference=True)``. ``a``: A packed (:func:`pack_tiles`, as
+    uint32 [A-tiles * groups, TILE_WORDS]), ``b``: the panel (:class:`Operand`); m_lo a multiple of ROWS. ``constants``: the
     :class:`~mmaemu.arith.offset.OffsetConstants` of the call (add-max); ``schedule`` as ``accumulate_one`` takes it
     (:class:`~mmaemu.arith.params.Schedule`); ``masks``: :data:`MASKS`."""
     v = block_vectors(constants, masks)
@@ -439,8 +470,9 @@ def offset_panel_rows(m_lo, m_hi, a, b, n0, K, schedule, constants, masks, out):
             np.empty(shape, np.float32))
     acc = sums[2]
     N = out.shape[1]
+    groups = b.low.shape[0]
     for r0 in range(m_lo, m_hi, ROWS):
-        tile_accumulate(a, r0, b, K, schedule, constants, v, work, sums)
+        tile_accumulate(a, (r0 // ROWS) * groups, b, K, schedule, constants, v, work, sums)
         for r in range(min(ROWS, m_hi - r0)):
             for j in range(min(PANEL, N - n0)):
                 out[r0 + r, n0 + j] = acc[r, j]
@@ -457,7 +489,7 @@ def offset_prepared_task(p_lo, p_hi, m_lo, m_hi, a, prepared, K, schedule, const
 def offset_codes_task(p_lo, p_hi, m_lo, m_hi, a, codes, decode, K, schedule, constants, masks, out):
     """One task of the engine on B's codes: each of panels p_lo ... p_hi - 1 packed into the task's own panel
     (:func:`pack_panel`), then computed against rows m_lo ... m_hi - 1."""
-    kp = a.val.shape[1]
+    kp = padded_k(K)
     panel = Operand(np.empty((kp, PANEL), np.float32), np.empty((kp, PANEL), np.int8),
                     np.empty((kp // 4, PANEL), np.uint32), np.empty((kp // 4, PANEL), np.uint32))
     scratch = np.empty((kp, PANEL), np.uint8)
