@@ -256,19 +256,21 @@ def _entry(plan: Plan, notices, profile, fields) -> _Entry:
 
 
 def _cpu_gemm(plan: Plan):
-    """The compiled call of a kept tensor-wise scaled_mm plan on the cpu backend
-    (:class:`mmaemu.cpu.fused.TensorwiseGemm`: what the plan decided, made once), or None for every other plan."""
+    """The compiled call of a kept tensor-wise or row-wise scaled_mm plan on the cpu backend
+    (:class:`mmaemu.cpu.fused.TensorwiseGemm`: what the plan decided, made once; a row-wise call's output is its
+    epilogue's bfloat16), or None for every other plan."""
     from ..arith.tile import TILE_FORMATS
     from ..cpu.fused import TensorwiseGemm
 
     call = plan.call
     if (plan.action != "compute" or plan.backend != "cpu" or plan.cpu_engine is None or plan.split is None
-            or not hasattr(call, "mat2") or call.rowwise or call.blockwise is not None
+            or not hasattr(call, "mat2") or call.blockwise is not None
             or call.block_scaled is not None or call.device.type != "cpu" or 0 in (call.M, call.N, call.K)
             or call.fmt_a not in TILE_FORMATS or call.fmt_b not in TILE_FORMATS):
         return None
     return TensorwiseGemm(plan.cpu_engine.engine, plan.preset, call.fmt_a, call.fmt_b, call.M, call.N, call.K,
-                          call.use_fast_accum, plan.split.S, plan.split.scheme, dtype_name(call.out_dtype))
+                          call.use_fast_accum, plan.split.S, plan.split.scheme,
+                          "bfloat16" if call.rowwise else dtype_name(call.out_dtype))
 
 
 # ----------------------------------------------------------------------------------------------------------------
