@@ -441,13 +441,25 @@ class _BlockScaledLinear(_ScaledMMRecipeLayer):
         codes = self.weight_scale.view(torch.uint8)
         kept = self.__dict__.get("_kept_swizzled_scale")
         if kept is None or kept[0].shape != codes.shape or kept[0].device != codes.device or \
-                not torch.equal(kept[0], codes):
+                not _same_codes(kept[0], codes):
             kept = self.__dict__["_kept_swizzled_scale"] = (codes.clone(), to_blocked(self.weight_scale))
         return kept[1]
 
     def _recipe_repr(self):
         return (f"recipe={self.recipe!r} (torchao 0.18.0 casts, block-scaled scaled_mm, experimental), "
                 f"profile={getattr(self.profile, 'name', self.profile)!r}")
+
+
+def _same_codes(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether two uint8 tensors of one shape and device hold the same bytes: on the CPU compared by numpy on the
+    calling thread (:func:`mmaemu.cpu.prepared.same_bytes`), as ``torch.equal`` of 32768 bytes or more starts torch's
+    intra-op threads, whose parallel region measured 18 ms a call on a busy machine (a (1536, 36) NVFP4 weight's
+    scales: docs/performance.md, "Recipe layers")."""
+    if x.device.type != "cpu":
+        return torch.equal(x, y)
+    from .cpu.prepared import same_bytes
+
+    return same_bytes(x.contiguous().numpy().reshape(-1), y.contiguous().numpy().reshape(-1))
 
 
 _BLOCK_SCALED_PROFILE = "b200-mx-experimental"
