@@ -610,8 +610,10 @@ def recipe_layers_section(repeats):
     """Print each recipe layer's forward (``mmaemu.nn.EmulatedFP8Linear.from_linear(..., recipe=)``, kept weight,
     fp32 input, no grad) against the tensor-wise layer of the same torch.nn.Linear, for M rows of input on
     (N, K) = (out, in) features: every layer of a shape timed in turn in one process, best of ``repeats`` rounds of
-    a few calls each (wall time per forward), with the tensor-wise layer's slowest round (a round far above its
-    best is a stall of the process, not of the recipe). Target (issue 29): every recipe within 1.3x."""
+    a few calls each, in CPU time of the process per forward (all threads: the steadiest measure on a shared
+    machine), with the tensor-wise layer's slowest round in wall time (a round far above its best is a stall, e.g.
+    torch's intra-op threads waiting for a core: docs/performance.md, "Recipe layers"). Target (issue 29): every
+    recipe within 1.3x."""
     import warnings
 
     import torch
@@ -619,8 +621,8 @@ def recipe_layers_section(repeats):
     from mmaemu.nn import EmulatedFP8Linear
 
     recipes = list(RECIPE_LAYER_OPTIONS)
-    print("\n| M | N | K | tensor-wise us (slowest round) | " + " | ".join(f"{r} us (ratio)" for r in recipes[1:])
-          + " |")
+    print("\n| M | N | K | tensor-wise CPU us (slowest round, wall us) | "
+          + " | ".join(f"{r} CPU us (ratio)" for r in recipes[1:]) + " |")
     print("|---:|---:|---:|---:|" + "---:|" * (len(recipes) - 1))
     torch.manual_seed(0)
     for N, K in RECIPE_LAYER_SHAPES:
@@ -638,13 +640,12 @@ def recipe_layers_section(repeats):
                         layer(x), layer(x)
                     for _ in range(repeats):
                         for r, layer in layers.items():
-                            start = time.perf_counter()
+                            start, cpu = time.perf_counter(), time.process_time()
                             for _ in range(calls):
                                 layer(x)
-                            t = (time.perf_counter() - start) / calls
-                            best[r] = min(best[r], t)
+                            best[r] = min(best[r], (time.process_time() - cpu) / calls)
                             if r == "tensorwise":
-                                slowest = max(slowest, t)
+                                slowest = max(slowest, (time.perf_counter() - start) / calls)
                 t0 = best["tensorwise"]
                 cells = " | ".join(f"{best[r] * 1e6:.0f} ({best[r] / t0:.2f})" for r in recipes[1:])
                 print(f"| {M} | {N} | {K} | {t0 * 1e6:.0f} ({slowest * 1e6:.0f}) | {cells} |", flush=True)
