@@ -20,6 +20,10 @@ for 330 KB; the tasks' ``verify`` is kept False.)
 
 The offset engine (:mod:`mmaemu.cpu.offset_engine`) computes its accumulators through its own interface; the
 NaN/Inf rule and the epilogue then run as one compiled call per range of rows (:func:`finish_rows`).
+
+A kept row-wise plan (:mod:`mmaemu.recipes.rowwise`) runs the same calls with :class:`RowwiseScales` in place of the
+int64 scales: the same products and NaN/Inf rule, then the row-wise epilogue (:func:`epilogue_row`, compiled per
+type of the scales).
 """
 
 from __future__ import annotations

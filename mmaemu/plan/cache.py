@@ -25,9 +25,10 @@ with the plan and reported again on every hit (:func:`mmaemu.warn.report`), so t
 thread does not flush subnormals (:mod:`mmaemu.plan.flush`), is the planner's last step and runs again on every
 hit. The cache holds at most :data:`MAX_PLANS` plans (least recently used dropped first) and is thread-safe.
 
-A kept tensor-wise plan on the cpu backend also carries, as ``plan.cpu_gemm``, what it decided in the form the
-compiled call takes (:class:`mmaemu.cpu.fused.TensorwiseGemm`, made once when the plan is kept): a hit goes from
-the key to that one compiled call (:func:`mmaemu.api.run_scaled_mm_plan`).
+A kept tensor-wise or row-wise plan on the cpu backend also carries, as ``plan.cpu_gemm``, what it decided in the
+form the compiled call takes (:class:`mmaemu.cpu.fused.TensorwiseGemm`, made once when the plan is kept): a hit
+goes from the key to that one compiled call (:func:`mmaemu.api.run_scaled_mm_plan`; a row-wise plan's through its
+recipe's run).
 
 A call that is planned (a miss, or a call that is never kept) is planned with one :class:`mmaemu.context.Context`
 (:func:`mmaemu.context.for_call`): every decision of the plan reads the same environment snapshot. A hit reuses a
