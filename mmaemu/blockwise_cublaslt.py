@@ -75,16 +75,17 @@ def _codes(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().view(torch.uint8).cpu().numpy()
 
 
-def accumulate_chunked(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, backend, b_rows=None, *,
-                       context=None):
+def accumulate_chunked(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, backend, b_rows=None,
+                       weights=None, *, context=None):
     """fp32 accumulators [M, N] of the chunked ``kernel`` (:mod:`mmaemu.model.chunked`) on ``backend`` ("cpu",
     "reference" or "cuda:simple": the block-wise recipe's CUDA kernel, launched through its registry entry,
     :data:`mmaemu.cuda.catalog.REGISTRY`); the one step of both block-wise front doors (``scaled_mm`` and
     :mod:`mmaemu.deepgemm`). ``b_rows``: the tensor of B's rows [N, K] whose codes ``b_codes`` are, or None: on
     "cpu" a repeated B (a weight) then has its decoded panels kept between calls
-    (:data:`mmaemu.cpu.prepared.WEIGHTS`, as ``scaled_mm`` keeps them). ``context``: the call's
-    :class:`mmaemu.context.Context` (the CPU engine of the chunks :mod:`mmaemu.cpu.chunked` gives to
-    :func:`mmaemu.cpu.engine.accumulate_codes`; None: that of the moment)."""
+    (:data:`mmaemu.cpu.prepared.WEIGHTS`, as ``scaled_mm`` keeps them, or ``weights``: a layer's slot,
+    :class:`mmaemu.cpu.prepared.WeightSlot`). ``context``: the call's :class:`mmaemu.context.Context` (the CPU
+    engine of the chunks :mod:`mmaemu.cpu.chunked` gives to :func:`mmaemu.cpu.engine.accumulate_codes`; None: that
+    of the moment)."""
     if backend == "cuda:simple":
         from .cuda.catalog import BLOCKWISE, REGISTRY
 
@@ -93,7 +94,8 @@ def accumulate_chunked(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kerne
     from .cpu.prepared import WEIGHTS
 
     reference = backend == "reference"
-    prepared = None if reference or b_rows is None else kept_panels(WEIGHTS, b_rows, b_codes, fmt_a, fmt_b)
+    store = WEIGHTS if weights is None else weights
+    prepared = None if reference or b_rows is None else kept_panels(store, b_rows, b_codes, fmt_a, fmt_b)
     return accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, reference=reference,
                                     prepared_b=prepared, context=context)
 

@@ -39,7 +39,7 @@ from . import formats
 from .base._untraced import untraced
 from .audit import GemmAudit, ModelAudit, run_audit
 from .errors import SplitKUnknownError
-from .nn_recipes import _inference_rows
+from .nn_recipes import _inference_rows, weight_slot
 from .platform.profiles import get_profile
 from .quantize import amax_scale, quantize, scale_inv
 
@@ -274,13 +274,7 @@ class EmulatedFP8Linear(torch.nn.Module):
         from .plan.cache import cached_plan_scaled_mm
         from .warn import edge
 
-        weights = None
-        if self.keep_prepared_weight:
-            weights = self.__dict__.get("_prepared_weight")
-            if weights is None:
-                from .cpu.prepared import WeightSlot
-
-                weights = self.__dict__["_prepared_weight"] = WeightSlot()
+        weights = weight_slot(self)
         with edge():  # as in mmaemu.scaled_mm: the call's warnings at the caller's line
             plan = cached_plan_scaled_mm(x_fp8, self.weight.t(), s_inv, self.weight_scale_inv, out_dtype=out_dtype,
                                          use_fast_accum=self.use_fast_accum, profile=self.profile,

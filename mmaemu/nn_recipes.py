@@ -58,9 +58,30 @@ def _register_weights(layer, weight_fp8, weight_scale, bias):
     layer.register_buffer("bias", bias)
 
 
+def weight_slot(layer):
+    """The slot where ``layer`` (:class:`mmaemu.nn.EmulatedFP8Linear` or a recipe layer) keeps its weight's prepared
+    operands on the CPU (:class:`mmaemu.cpu.prepared.WeightSlot`, made at the first call), or None where the layer's
+    ``keep_prepared_weight`` is False. One slot per layer: a model of more weights than the process-wide store
+    keeps (:data:`mmaemu.cpu.prepared.MAX_BYTES`, 256 MB: a 135 M-parameter decoder's take about 850 MB) would
+    otherwise prepare some of them again at every step."""
+    if not layer.keep_prepared_weight:
+        return None
+    slot = layer.__dict__.get("_prepared_weight")
+    if slot is None:
+        from .cpu.prepared import WeightSlot
+
+        slot = layer.__dict__["_prepared_weight"] = WeightSlot()
+    return slot
+
+
 class _RecipeLayer(torch.nn.Module):
-    """What every recipe layer shares: its buffers move between devices but keep their dtypes, and its repr gives
-    its shape, its bias and then what the layer's ``_recipe_repr`` says of its recipe."""
+    """What every recipe layer shares: its buffers move between devices but keep their dtypes, its weight's
+    prepared operands are kept in the layer (:func:`weight_slot`), and its repr gives its shape, its bias and then
+    what the layer's ``_recipe_repr`` says of its recipe."""
+
+    #: As :attr:`mmaemu.nn.EmulatedFP8Linear.keep_prepared_weight`: the weight's prepared operands kept in the
+    #: layer from the first forward on (used only while its codes and scales are byte-identical to those prepared).
+    keep_prepared_weight = True
 
     def _apply(self, fn, recurse=True):
         """Move buffers between devices but never change their dtypes (FP8 codes and fp32 scales are exact)."""
@@ -82,11 +103,14 @@ class _ScaledMMRecipeLayer(_RecipeLayer):
 
     @untraced(reason=_GRAPH_BREAK_REASON)
     def forward(self, x):
-        from .api import scaled_mm
+        from .api import run_scaled_mm_plan
+        from .plan.cache import cached_plan_scaled_mm
+        from .warn import edge
 
         args, options, finish = self._gemm(x)
-        y = finish(scaled_mm(*args, **options))
-        return y.reshape(tuple(x.shape[:-1]) + (self.out_features,))
+        with edge():  # as in mmaemu.scaled_mm, with the weight kept in the layer's slot
+            y = run_scaled_mm_plan(cached_plan_scaled_mm(*args, **options), weights=weight_slot(self))
+        return finish(y).reshape(tuple(x.shape[:-1]) + (self.out_features,))
 
     def explain(self, x):
         """The :class:`mmaemu.CallPlan` of the layer's GEMM for input ``x`` (its casts run; the GEMM does not)."""
@@ -183,7 +207,7 @@ class BlockwiseFP8Linear(_RecipeLayer):
 
     @untraced(reason=_GRAPH_BREAK_REASON)
     def forward(self, x):
-        from .deepgemm import fp8_gemm_nt
+        from .deepgemm import gemm_nt_kept
 
         (x_fp8, sfa), lead = self._quantise_input(x)
         if self.kernel == "cublaslt":
@@ -191,7 +215,8 @@ class BlockwiseFP8Linear(_RecipeLayer):
         else:
             y = torch.empty((x_fp8.shape[0], self.out_features), dtype=torch.bfloat16, device=x_fp8.device)
             if x_fp8.shape[0]:
-                fp8_gemm_nt((x_fp8, sfa), (self.weight, self.weight_scale), y, backend=self.backend)
+                gemm_nt_kept((x_fp8, sfa), (self.weight, self.weight_scale), y, backend=self.backend,
+                             weights=weight_slot(self))
             if self.bias is not None:
                 y = y + self.bias
         if self.out_dtype is None:
@@ -416,13 +441,25 @@ class _BlockScaledLinear(_ScaledMMRecipeLayer):
         codes = self.weight_scale.view(torch.uint8)
         kept = self.__dict__.get("_kept_swizzled_scale")
         if kept is None or kept[0].shape != codes.shape or kept[0].device != codes.device or \
-                not torch.equal(kept[0], codes):
+                not _same_codes(kept[0], codes):
             kept = self.__dict__["_kept_swizzled_scale"] = (codes.clone(), to_blocked(self.weight_scale))
         return kept[1]
 
     def _recipe_repr(self):
         return (f"recipe={self.recipe!r} (torchao 0.18.0 casts, block-scaled scaled_mm, experimental), "
                 f"profile={getattr(self.profile, 'name', self.profile)!r}")
+
+
+def _same_codes(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether two uint8 tensors of one shape and device hold the same bytes: on the CPU compared by numpy on the
+    calling thread (:func:`mmaemu.cpu.prepared.same_bytes`), as ``torch.equal`` of 32768 bytes or more starts torch's
+    intra-op threads, whose parallel region measured 18 ms a call on a busy machine (a (1536, 36) NVFP4 weight's
+    scales: docs/performance.md, "Recipe layers")."""
+    if x.device.type != "cpu":
+        return torch.equal(x, y)
+    from .cpu.prepared import same_bytes
+
+    return same_bytes(x.contiguous().numpy().reshape(-1), y.contiguous().numpy().reshape(-1))
 
 
 _BLOCK_SCALED_PROFILE = "b200-mx-experimental"

@@ -25,6 +25,7 @@ process, a later decision, ``python -m mmaemu explain`` (target: under 1.5 s) ag
     python scripts/bench.py --models        # MiniLM and docs/examples/decoder.py (every recipe) against native
     python scripts/bench.py --cuda [...]    # only the CUDA kernels on a GPU (scripts/bench_cuda.py, its options)
     python scripts/bench.py --proto DIR     # only accumulate_codes against the offset prototype in DIR (issue 29)
+    python scripts/bench.py --recipes       # only the recipe layers' forwards against the tensor-wise layer
 
 The block-wise section (also at the end of a full run) times mmaemu.cpu.chunked.accumulate_chunked_codes (DeepGEMM's
 sm_90 1d2d kernel: 128-k chunks and the scaled FMA combine) against accumulate_codes with the hopper preset and slow
@@ -92,6 +93,9 @@ def parse_args(argv=None):
                         help="only the offset engine against the tile engine (the shapes of auto's rule)")
     parser.add_argument("--block-scaled", action="store_true",
                         help="only the block-scaled (MXFP8/NVFP4) against unscaled tcgen05_f8f6f4 section")
+    parser.add_argument("--recipes", action="store_true",
+                        help="only the recipe layers' forwards (row-wise, block-wise, MXFP8, NVFP4) against the "
+                             "tensor-wise layer on the same shapes")
     parser.add_argument("--proto", nargs="?", const="", default=None, metavar="DIR",
                         help="only accumulate_codes hopper fast against the offset prototype's offset_cpu.py in DIR "
                              f"(default: ${PROTO_ENV}), 1 and 2 threads, checking the bits")
@@ -594,6 +598,62 @@ def proto_section(folder, repeats):
     print(f"# load average {os.getloadavg()[0]:.2f} at the end")
 
 
+# The recipe layers against the tensor-wise layer (issue 29: each within 1.3x): decoding (M = 1) and small batches
+# on the decoder's projections (docs/examples/decoder.py: hidden 576, intermediate 1536).
+RECIPE_LAYER_ROWS = (1, 16, 64)
+RECIPE_LAYER_SHAPES = [(576, 576), (1536, 576)]
+# Each recipe's layer options, as the decoder example builds them.
+RECIPE_LAYER_OPTIONS = {"tensorwise": dict(profile="hopper", splitk="assume-unsplit"),
+                        "rowwise": dict(profile="hopper", splitk="assume-unsplit"),
+                        "blockwise": {}, "mxfp8": {}, "nvfp4": {}}
+
+
+def recipe_layers_section(repeats):
+    """Print each recipe layer's forward (``mmaemu.nn.EmulatedFP8Linear.from_linear(..., recipe=)``, kept weight,
+    fp32 input, no grad) against the tensor-wise layer of the same torch.nn.Linear, for M rows of input on
+    (N, K) = (out, in) features: every layer of a shape timed in turn in one process, best of ``repeats`` rounds of
+    a few calls each, in CPU time of the process per forward (all threads: the steadiest measure on a shared
+    machine), with the tensor-wise layer's slowest round in wall time (a round far above its best is a stall, e.g.
+    torch's intra-op threads waiting for a core: docs/performance.md, "Recipe layers"). Target (issue 29): every
+    recipe within 1.3x."""
+    import warnings
+
+    import torch
+
+    from mmaemu.nn import EmulatedFP8Linear
+
+    recipes = list(RECIPE_LAYER_OPTIONS)
+    print("\n| M | N | K | tensor-wise CPU us (slowest round, wall us) | "
+          + " | ".join(f"{r} CPU us (ratio)" for r in recipes[1:]) + " |")
+    print("|---:|---:|---:|---:|" + "---:|" * (len(recipes) - 1))
+    torch.manual_seed(0)
+    for N, K in RECIPE_LAYER_SHAPES:
+        linear = torch.nn.Linear(K, N)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the experimental recipes' and the assumed split's warnings
+            layers = {r: EmulatedFP8Linear.from_linear(linear, recipe=r, **RECIPE_LAYER_OPTIONS[r]) for r in recipes}
+            for M in RECIPE_LAYER_ROWS:
+                x = torch.randn(M, K)
+                calls = max(1, 64 // M)
+                best = {r: float("inf") for r in recipes}
+                slowest = 0.0
+                with torch.no_grad():
+                    for layer in layers.values():  # compile / load and prepare the weights outside the timings
+                        layer(x), layer(x)
+                    for _ in range(repeats):
+                        for r, layer in layers.items():
+                            start, cpu = time.perf_counter(), time.process_time()
+                            for _ in range(calls):
+                                layer(x)
+                            best[r] = min(best[r], (time.process_time() - cpu) / calls)
+                            if r == "tensorwise":
+                                slowest = max(slowest, (time.perf_counter() - start) / calls)
+                t0 = best["tensorwise"]
+                cells = " | ".join(f"{best[r] * 1e6:.0f} ({best[r] / t0:.2f})" for r in recipes[1:])
+                print(f"| {M} | {N} | {K} | {t0 * 1e6:.0f} ({slowest * 1e6:.0f}) | {cells} |", flush=True)
+    print(f"# load average while measuring: {os.getloadavg()}")
+
+
 def block_scaled_section(rng, quick, repeats):
     """Print the block-scaled GEMMs (tcgen05 kind::mxf8f6f4 with UE8M0 scales, kind::mxf4nvf4 with UE4M3 scales)
     against the unscaled tcgen05_f8f6f4 preset on the same shape, fast CPU paths, interleaved runs (target for
@@ -674,6 +734,10 @@ def main(argv=None):
     if args.block_scaled:
         block_scaled_section(np.random.default_rng(args.seed), args.quick, args.repeats or (2 if args.quick else 3))
         return
+    if args.recipes:
+        print(f"# {time.strftime('%c')}, load average {os.getloadavg()[0]:.2f}, {args.threads} threads")
+        recipe_layers_section(args.repeats or (3 if args.quick else 10))
+        return
 
     import mmaemu
     from mmaemu.cpu import accumulate_codes, threads
@@ -744,6 +808,7 @@ def main(argv=None):
 
 
     blockwise_section(rng, args.quick, repeats)
+    recipe_layers_section(repeats)
     print()
     overhead_section(repeats)
     minilm_section(min(repeats, 3))

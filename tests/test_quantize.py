@@ -158,6 +158,29 @@ def test_amax_ignores_nan_keeps_inf_and_is_zero_when_empty():
     assert amax.dtype == torch.float32 and amax.shape == () and float(amax) == 0.5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cpu_amax_is_torchs_reduction(dtype):
+    # the CPU path reads the amax off the bits; torch's abs / where / max (the path of other devices) is the oracle
+    rng = np.random.default_rng(7)
+    info = torch.finfo(dtype)
+    specials = torch.tensor([0.0, -0.0, INF, -INF, NAN, -NAN, info.max, -info.max, info.tiny, -info.tiny,
+                             info.tiny / 4, -info.tiny / 8, info.eps], dtype=dtype)
+    samples = [specials, torch.tensor([NAN, -NAN], dtype=dtype), torch.tensor([-0.0, -0.0], dtype=dtype),
+               torch.tensor([-0.0, NAN], dtype=dtype), torch.tensor([-INF, NAN, 1.0], dtype=dtype)]
+    for _ in range(20):  # every bit pattern equally likely (NaNs, subnormals and both signs included)
+        bits = rng.integers(0, 1 << (8 * info.bits // 8), 257)
+        view = torch.int32 if dtype == torch.float32 else torch.int16
+        samples.append(torch.from_numpy(bits.astype(np.uint32 if view == torch.int32 else np.uint16)
+                                        .view(np.int32 if view == torch.int32 else np.int16)).view(dtype))
+    samples.append(torch.randn(64, 576).to(dtype)[:, ::3])  # not contiguous, above torch's parallel grain
+    for x in samples:
+        magnitude = x.abs()
+        want = torch.where(torch.isnan(magnitude), torch.zeros((), dtype=dtype), magnitude).max().to(torch.float32)
+        got = compute_amax(x)
+        assert got.dtype == torch.float32 and got.shape == ()
+        assert got.view(torch.int32).item() == want.view(torch.int32).item(), (x, got, want)
+
+
 def test_delayed_scaling_factor():
     assert scale_from_amax(3.0) == f32(np.float32(448.0) / np.float32(3.0))
     assert scale_from_amax(3.0, "e5m2") == f32(np.float32(57344.0) / np.float32(3.0))

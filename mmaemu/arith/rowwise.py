@@ -21,7 +21,7 @@ import numpy as np
 
 from ..base._jit import arithmetic
 from .epilogue import OUT_BFLOAT16, output_bits
-from .rounding import round_float32, value_of_bits
+from .rounding import BFLOAT16, FLOAT32, round_float32, value_of_bits
 
 
 @arithmetic
@@ -54,6 +54,24 @@ def rowwise_epilogue_rows(lo, hi, acc, x_scale, w_scale, bias, x_first, out_bits
             else:
                 first, second = w_scale[n], x_scale[m]
             out_bits[m, n] = rowwise_epilogue_one(acc[m, n], first, second, bias[n])
+
+
+@arithmetic
+def rowwise_epilogue_span(acc, out_bits, lo, hi, x_scale_bits, w_scale_bits, bias_bits, x_first):
+    """``out_bits[n]`` for n in lo .. hi-1 of one row ``acc`` (fp32) of the output: ``x_scale_bits``, the fp32
+    bits of the row's scale; ``w_scale_bits`` [N] the columns' (uint32), ``bias_bits`` [N] the bias's bf16 bits
+    (uint16; empty: no bias, the kernel adds +0); ``x_first`` as in :func:`rowwise_epilogue_rows`. The values are
+    decoded from their bits (integer decoding: immune to a denormals-are-zero mode), as
+    :func:`mmaemu.cpu.engine.rowwise_epilogue_codes` decodes them before :func:`rowwise_epilogue_rows`."""
+    x_scale = value_of_bits(np.int64(x_scale_bits), FLOAT32)
+    has_bias = bias_bits.shape[0] > 0
+    for n in range(lo, hi):
+        w_scale = value_of_bits(np.int64(w_scale_bits[n]), FLOAT32)
+        bias = value_of_bits(np.int64(bias_bits[n]), BFLOAT16) if has_bias else 0.0
+        if x_first:
+            out_bits[n] = rowwise_epilogue_one(acc[n], x_scale, w_scale, bias)
+        else:
+            out_bits[n] = rowwise_epilogue_one(acc[n], w_scale, x_scale, bias)
 
 
 @arithmetic

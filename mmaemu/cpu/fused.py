@@ -20,6 +20,10 @@ for 330 KB; the tasks' ``verify`` is kept False.)
 
 The offset engine (:mod:`mmaemu.cpu.offset_engine`) computes its accumulators through its own interface; the
 NaN/Inf rule and the epilogue then run as one compiled call per range of rows (:func:`finish_rows`).
+
+A kept row-wise plan (:mod:`mmaemu.recipes.rowwise`) runs the same calls with :class:`RowwiseScales` in place of the
+int64 scales: the same products and NaN/Inf rule, then the row-wise epilogue (:func:`epilogue_row`, compiled per
+type of the scales).
 """
 
 from __future__ import annotations
@@ -27,19 +31,22 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from numba import types
+from numba.core.extending import overload
 
 from .. import formats
 from ..base._jit import arithmetic
 from ..arith.epilogue import OUT_CODES, epilogue_span, scale_product
 from ..arith.params import BlockParams, Schedule, preset_params, schedule_params
 from ..arith.rounding import FLOAT32, value_of_bits
+from ..arith.rowwise import rowwise_epilogue_span
 from ..arith.special import FINITE, nonfinite_accumulator
 from ..arith.tile import TILE_FORMATS, lane_bits_needed
 from . import threads
 from .gemm import FEW_ROWS, accumulate_panel_rows, accumulate_prepared_panels, decode_panel, nonfinite_rows
 from .prepared import same_bytes
 
-__all__ = ["TensorwiseGemm", "OUT_VIEWS"]
+__all__ = ["TensorwiseGemm", "RowwiseScales", "OUT_VIEWS"]
 
 #: numpy dtype of the output's bit patterns, per output dtype name.
 OUT_VIEWS = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16,
@@ -84,15 +91,49 @@ def same_codes(x, y, lo, hi):
     return True
 
 
+class RowwiseScales(NamedTuple):
+    """The scales of a row-wise call (:mod:`mmaemu.recipes.rowwise`) as the compiled calls take them in place of a
+    tensor-wise call's int64 ``scales``: the fp32 bits of scale_a [M] and scale_b [N] (uint32), the bias's bf16
+    bits [N] (uint16; empty: no bias) and whether the kernel applies scale_a first
+    (:func:`mmaemu.platform.rowwise.scale_order`). The output is then the row-wise epilogue's bf16
+    (:func:`mmaemu.arith.rowwise.rowwise_epilogue_span`)."""
+
+    x_bits: np.ndarray
+    w_bits: np.ndarray
+    bias_bits: np.ndarray
+    x_first: bool
+
+
+def epilogue_row(scales, acc, out_bits, m, n_lo, n_hi, out_code):
+    """Outputs [n_lo, n_hi) of row m into ``out_bits`` from the accumulators ``acc`` [M, N]: the tensor-wise
+    epilogue (semantics.md (e)) for int64 ``scales`` (:data:`SCALE_A`, ...), the row-wise one for
+    :class:`RowwiseScales`. Compiled per type of ``scales`` (an overload): one loop source for both recipes."""
+    raise NotImplementedError("compiled only (an overload)")
+
+
+@overload(epilogue_row, target="generic")
+def _epilogue_row(scales, acc, out_bits, m, n_lo, n_hi, out_code):
+    if isinstance(scales, types.Array):
+        def tensorwise(scales, acc, out_bits, m, n_lo, n_hi, out_code):
+            alpha = scale_product(value_of_bits(scales[SCALE_A], FLOAT32), value_of_bits(scales[SCALE_B], FLOAT32))
+            has_scale_result = scales[HAS_SCALE_RESULT] != 0
+            scale_result = value_of_bits(scales[SCALE_RESULT], FLOAT32) if has_scale_result else 1.0
+            epilogue_span(acc[m], out_bits[m], n_lo, n_hi, alpha, out_code, scale_result, has_scale_result)
+        return tensorwise
+
+    def rowwise(scales, acc, out_bits, m, n_lo, n_hi, out_code):
+        rowwise_epilogue_span(acc[m], out_bits[m], n_lo, n_hi, scales.x_bits[m], scales.w_bits, scales.bias_bits,
+                              scales.x_first)
+    return rowwise
+
+
 @arithmetic
 def finish_block(m_lo, m_hi, n_lo, n_hi, a_codes, a_flags, a_table, b_codes, b_flags, b_table, acc, acc_bits,
                  scales, out_code, out_bits):
     """For the outputs [m_lo, m_hi) x [n_lo, n_hi): the NaN/Inf rule (semantics.md c.4; rows of A and of B holding a
     non-finite code: ``a_flags``, ``b_flags``) on the accumulators ``acc`` (``acc_bits``: its int32 view), then the
-    epilogue (semantics.md (e)) into ``out_bits`` with the scales' bits ``scales`` (:data:`SCALE_A`, ...)."""
-    alpha = scale_product(value_of_bits(scales[SCALE_A], FLOAT32), value_of_bits(scales[SCALE_B], FLOAT32))
-    has_scale_result = scales[HAS_SCALE_RESULT] != 0
-    scale_result = value_of_bits(scales[SCALE_RESULT], FLOAT32) if has_scale_result else 1.0
+    epilogue (:func:`epilogue_row`: semantics.md (e) with the scales' bits ``scales``, :data:`SCALE_A`, ..., or the
+    row-wise epilogue of :class:`RowwiseScales`) into ``out_bits``."""
     for m in range(m_lo, m_hi):
         if a_flags[m]:
             for n in range(n_lo, n_hi):
@@ -105,7 +146,7 @@ def finish_block(m_lo, m_hi, n_lo, n_hi, a_codes, a_flags, a_table, b_codes, b_f
                     bits = nonfinite_accumulator(a_codes[m], b_codes[n], a_table, b_table)
                     if bits != FINITE:
                         acc_bits[m, n] = bits
-        epilogue_span(acc[m], out_bits[m], n_lo, n_hi, alpha, out_code, scale_result, has_scale_result)
+        epilogue_row(scales, acc, out_bits, m, n_lo, n_hi, out_code)
 
 
 @arithmetic
@@ -196,7 +237,8 @@ class TensorwiseGemm:
 
     def run(self, a_codes, b_codes, scales, weights=None, b_tensor=None):
         """The output's bits [M, N] (:data:`OUT_VIEWS`) of A's codes [M, K] times B's codes [N, K]^T (uint8,
-        C-contiguous, the plan's shape) with the scales' bits ``scales`` (int64 [4]: :data:`SCALE_A`, ...).
+        C-contiguous, the plan's shape) with the scales' bits ``scales`` (int64 [4]: :data:`SCALE_A`, ...), or of
+        a row-wise call with its :class:`RowwiseScales` (made with ``out_name`` "bfloat16").
         ``weights``: where B's prepared panels are kept (:mod:`mmaemu.cpu.prepared`; ``b_tensor``, B's tensor, finds
         them), or None: decoded for this call."""
         M, N, K = self.shape

@@ -186,14 +186,15 @@ def _scales(t):
     return np.ascontiguousarray(t.detach().float().cpu().numpy(), dtype=np.float32)
 
 
-def _final(a_codes, b_codes, scales_a, scales_b, plan, b_rows=None):
+def _final(a_codes, b_codes, scales_a, scales_b, plan, b_rows=None, weights=None):
     """fp32 accumulators [M, N] of the plan's chunked kernel on the plan's engine. ``b_rows``: the tensor of B's
     rows whose codes ``b_codes`` are, or None: on the CPU engine a repeated B (a weight) then has its decoded
-    panels kept between calls (:data:`mmaemu.cpu.prepared.WEIGHTS`, as ``scaled_mm`` keeps them)."""
+    panels kept between calls (:data:`mmaemu.cpu.prepared.WEIGHTS`, as ``scaled_mm`` keeps them, or ``weights``,
+    a layer's slot)."""
     from ..blockwise_cublaslt import accumulate_chunked
 
     return accumulate_chunked(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, plan.kernel, plan.backend,
-                              b_rows=b_rows, context=plan.context)
+                              b_rows=b_rows, weights=weights, context=plan.context)
 
 
 def _store(d_view, final, kernel):
@@ -212,8 +213,8 @@ def _store(d_view, final, kernel):
         d_view.copy_(result.to(d_view.device))
 
 
-def _gemm_into(d_view, a_codes, b_codes, scales_a, scales_b, plan, b_rows=None):
-    _store(d_view, _final(a_codes, b_codes, scales_a, scales_b, plan, b_rows), plan.kernel)
+def _gemm_into(d_view, a_codes, b_codes, scales_a, scales_b, plan, b_rows=None, weights=None):
+    _store(d_view, _final(a_codes, b_codes, scales_a, scales_b, plan, b_rows, weights), plan.kernel)
 
 
 def _rows_of_blocks(sfb, n):
@@ -235,12 +236,19 @@ def fp8_gemm_nt(a, b, d, c=None, recipe=None, compiled_dims="nk", disable_ue8m0_
     d (``d = RN(d + a @ b.T)``) and never reads c's values. ``compiled_dims`` and ``disable_ue8m0_cast`` change
     nothing on sm_90 (accepted for compatibility).
     """
+    gemm_nt_kept(a, b, d, c, recipe, backend=backend)
+
+
+def gemm_nt_kept(a, b, d, c=None, recipe=None, *, backend="auto", weights=None):
+    """:func:`fp8_gemm_nt` with B's decoded panels kept in ``weights`` (a layer's
+    :class:`mmaemu.cpu.prepared.WeightSlot`; None: the process-wide store), as
+    :class:`mmaemu.nn_recipes.BlockwiseFP8Linear` calls it."""
     with edge():
         context = _call_context(recipe, backend, (("a", a), ("b", b)), (("d", d),))
-        _gemm_nt(a, b, d, c, recipe, backend, context)
+        _gemm_nt(a, b, d, c, recipe, backend, context, weights)
 
 
-def _gemm_nt(a, b, d, c, recipe, backend, context):
+def _gemm_nt(a, b, d, c, recipe, backend, context, weights=None):
     (a_t, sfa), (b_t, sfb) = a, b
     _k_major(a_t, "a")
     _k_major(b_t, "b")
@@ -280,7 +288,7 @@ def _gemm_nt(a, b, d, c, recipe, backend, context):
         scales_b = _rows_of_blocks(_scales(sfb), n)
     plan = plan_blockwise(kernel, a_t.device, backend, context=context)
     _warn_experimental(kernel)
-    _gemm_into(d, _codes(a_t), _codes(b_t), _scales(sfa), scales_b, plan, b_t)
+    _gemm_into(d, _codes(a_t), _codes(b_t), _scales(sfa), scales_b, plan, b_t, weights)
 
 
 @untraced

@@ -25,9 +25,10 @@ with the plan and reported again on every hit (:func:`mmaemu.warn.report`), so t
 thread does not flush subnormals (:mod:`mmaemu.plan.flush`), is the planner's last step and runs again on every
 hit. The cache holds at most :data:`MAX_PLANS` plans (least recently used dropped first) and is thread-safe.
 
-A kept tensor-wise plan on the cpu backend also carries, as ``plan.cpu_gemm``, what it decided in the form the
-compiled call takes (:class:`mmaemu.cpu.fused.TensorwiseGemm`, made once when the plan is kept): a hit goes from
-the key to that one compiled call (:func:`mmaemu.api.run_scaled_mm_plan`).
+A kept tensor-wise or row-wise plan on the cpu backend also carries, as ``plan.cpu_gemm``, what it decided in the
+form the compiled call takes (:class:`mmaemu.cpu.fused.TensorwiseGemm`, made once when the plan is kept): a hit
+goes from the key to that one compiled call (:func:`mmaemu.api.run_scaled_mm_plan`; a row-wise plan's through its
+recipe's run).
 
 A call that is planned (a miss, or a call that is never kept) is planned with one :class:`mmaemu.context.Context`
 (:func:`mmaemu.context.for_call`): every decision of the plan reads the same environment snapshot. A profile name
@@ -262,20 +263,23 @@ def _entry(plan: Plan, notices, profile, fields) -> _Entry:
 
 
 def _cpu_gemm(plan: Plan):
-    """The compiled call of a kept tensor-wise scaled_mm plan on the cpu backend
-    (:class:`mmaemu.cpu.fused.TensorwiseGemm`: what the plan decided, made once), or None for every other plan."""
+    """The compiled call of a kept tensor-wise or row-wise scaled_mm plan on the cpu backend
+    (:class:`mmaemu.cpu.fused.TensorwiseGemm`: what the plan decided, made once; a row-wise call's output is its
+    epilogue's bfloat16), or None for every other plan."""
     from ..arith.tile import TILE_FORMATS
     from ..cpu.fused import TensorwiseGemm
+    from ..recipes.rowwise import ROWWISE
     from ..recipes.tensorwise import TENSORWISE
 
     call = plan.call
     if (plan.action != "compute" or plan.backend != "cpu" or plan.cpu_engine is None or plan.split is None
-            or getattr(call, "recipe", None) is not TENSORWISE  # the call's recipe says; nothing else is asked
+            or getattr(call, "recipe", None) not in (TENSORWISE, ROWWISE)  # the call's recipe says
             or call.device.type != "cpu" or 0 in (call.M, call.N, call.K)
             or call.fmt_a not in TILE_FORMATS or call.fmt_b not in TILE_FORMATS):
         return None
     return TensorwiseGemm(plan.cpu_engine.engine, plan.preset, call.fmt_a, call.fmt_b, call.M, call.N, call.K,
-                          call.use_fast_accum, plan.split.S, plan.split.scheme, dtype_name(call.out_dtype))
+                          call.use_fast_accum, plan.split.S, plan.split.scheme,
+                          "bfloat16" if call.rowwise else dtype_name(call.out_dtype))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -77,19 +77,37 @@ def _block_scaled_accumulator(plan, weights=None) -> torch.Tensor:
                                        call.device)
     from ..cpu.block_scaled import accumulate_block_scaled, kept_b_engine
 
-    raw = numpy.concatenate((b_raw.reshape(-1), scale_b))
-    kept = None
+    kept, raw = None, None
     if (weights is not None and plan.backend != "reference" and call.mat2.device.type == "cpu"
             and b_raw.size >= _PREPARED_MIN_CODES):
         engine = kept_b_engine(f"{spec.fmt_b}:{spec.recipe.scale_fmt}:{spec.block}:{spec.K}:{spec.padded_K}",
                                b_operands, spec.fmt_b, spec.recipe.scale_fmt, spec.block)
-        kept = weights.prepared(engine, spec.fmt_b, call.mat2, raw.reshape(1, -1))
+        kept = _kept_unchanged(weights.candidate(engine, spec.fmt_b, call.mat2), b_raw.reshape(-1), scale_b)
+        if kept is None:  # not kept, or changed: the store compares again, drops, prepares (the bytes joined)
+            raw = numpy.concatenate((b_raw.reshape(-1), scale_b))
+            kept = weights.prepared(engine, spec.fmt_b, call.mat2, raw.reshape(1, -1))
+    if kept is None:
+        raw = numpy.concatenate((b_raw.reshape(-1), scale_b)) if raw is None else raw
     b, sb = (kept.codes, kept.scales) if kept is not None else b_operands(raw)
     a, _, sa, _ = kernel_operands(a_codes, b[:0, :a_codes.shape[1]], scale_a, numpy.zeros(0, numpy.uint8), spec)
     acc = accumulate_block_scaled(a, b, spec.fmt_a, spec.fmt_b, sa, sb, spec.recipe.scale_fmt, spec.preset,
                                   reference=plan.backend == "reference",
                                   prepared_b=None if kept is None else kept.prepared)
     return torch.from_numpy(acc)
+
+
+def _kept_unchanged(candidate, b_raw, scale_b):
+    """The prepared B of the store's ``candidate`` (:meth:`mmaemu.cpu.prepared.WeightSlot.candidate`) when the bytes
+    it was prepared from are B's raw bytes then its scale bytes as this call holds them (compared in place, without
+    joining them), else None."""
+    from ..cpu.prepared import same_bytes
+
+    if candidate is None or candidate.codes.size != b_raw.size + scale_b.size:
+        return None
+    codes = candidate.codes
+    if same_bytes(codes[:b_raw.size], b_raw) and same_bytes(codes[b_raw.size:], scale_b):
+        return candidate.prepared
+    return None
 
 
 def _block_scaled_epilogue(acc: torch.Tensor, call) -> torch.Tensor:

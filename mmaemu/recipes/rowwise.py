@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 from ..arith.params import require_gemm_level
+from ..base._untraced import plain_tensor
 from ..errors import UnsupportedFeatureError
 from ..platform import rowwise
 from ..platform.splitk import SplitDecision, asks_one_split
@@ -87,9 +88,39 @@ class RowwiseRecipe(Recipe):
         return _plan_rowwise(plan, splitk, backend, context)
 
     def run(self, plan, weights=None):
+        kept = _kept_cpu_call(plan, weights)
+        if kept is not None:
+            return kept
         call = plan.call
         acc, _ = _accumulator(plan, call.input, call.mat2.t(), call.fmt_a, call.fmt_b, call.use_fast_accum, weights)
         return _rowwise_epilogue(acc, call, plan.context)
+
+
+def _kept_cpu_call(plan, weights):
+    """The bf16 output of a kept row-wise plan on the cpu backend (``plan.cpu_gemm``, set by :mod:`mmaemu.plan.cache`),
+    or None where the plan has none or a tensor is not plain data: the codes and the scales' and bias's bits to the
+    one compiled call of :class:`mmaemu.cpu.fused.TensorwiseGemm` with :class:`mmaemu.cpu.fused.RowwiseScales`,
+    whose bits are those of :func:`_accumulator` then :func:`_rowwise_epilogue` (the same products and NaN/Inf
+    rule, then :func:`mmaemu.arith.rowwise.rowwise_epilogue_span` per row)."""
+    import numpy
+
+    from ..cpu.fused import RowwiseScales
+    from ..platform.rowwise import scale_order
+    from .tensorwise import _PREPARED_MIN_CODES, _codes_rows, _plain_data
+
+    gemm = getattr(plan, "cpu_gemm", None)
+    call = plan.call
+    if gemm is None or not _plain_data(call) or (call.bias is not None and not plain_tensor(call.bias)):
+        return None
+    b_rows = call.mat2.t()
+    b_codes = _codes_rows(b_rows)
+    if weights is not None and b_codes.size < _PREPARED_MIN_CODES:
+        weights = None
+    bias = numpy.zeros(0, numpy.uint16) if call.bias is None else _bits(call.bias, torch.uint16)
+    scales = RowwiseScales(_bits(call.scale_a, torch.uint32), _bits(call.scale_b, torch.uint32), bias,
+                           scale_order(call.M, call.N).x_first)
+    bits = gemm.run(_codes_rows(call.input), b_codes, scales, weights, b_rows)
+    return torch.from_numpy(bits).view(torch.bfloat16)
 
 
 def _rowwise_call(input, mat2, bias, profile, **common) -> rules.ScaledMMCall:

@@ -92,7 +92,7 @@ def kept_cpu_call(plan, weights):
     :func:`_accumulator` then :func:`_epilogue`."""
     gemm = getattr(plan, "cpu_gemm", None)
     call = plan.call
-    if gemm is None or not _plain_data(call):
+    if gemm is None or call.rowwise or not _plain_data(call):  # a row-wise plan's: its recipe's run
         return None
     b_rows = call.mat2.t()
     b_codes = _codes_rows(b_rows)
