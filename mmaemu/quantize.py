@@ -154,6 +154,17 @@ def compute_amax(x):
     _refuse_flush_to_zero(x.device)
     if x.numel() == 0:
         return torch.zeros((), dtype=torch.float32, device=x.device)
+    if x.device.type == "cpu" and x.dtype in _INPUT_DTYPES:  # one compiled pass (mmaemu.cpu.cast), the same value
+        from .cpu.cast import amax_fp32
+
+        values = x.to(torch.float32).contiguous().reshape(-1).numpy()
+        return torch.tensor(float(amax_fp32(values)), dtype=torch.float32)
+    return _amax_torch(x)
+
+
+def _amax_torch(x: torch.Tensor) -> torch.Tensor:
+    """:func:`compute_amax` of a non-empty tensor with torch operations (GPU tensors, float64; the oracle of the
+    compiled CPU amax in ``tests/test_quantize.py``)."""
     magnitude = x.abs()
     magnitude = torch.where(torch.isnan(magnitude), torch.zeros((), dtype=x.dtype, device=x.device), magnitude)
     return magnitude.max().to(torch.float32)
