@@ -93,13 +93,16 @@ def finish_block(m_lo, m_hi, n_lo, n_hi, a_codes, a_flags, a_table, b_codes, b_f
     alpha = scale_product(value_of_bits(scales[SCALE_A], FLOAT32), value_of_bits(scales[SCALE_B], FLOAT32))
     has_scale_result = scales[HAS_SCALE_RESULT] != 0
     scale_result = value_of_bits(scales[SCALE_RESULT], FLOAT32) if has_scale_result else 1.0
+    any_b = False  # a column of the block with a non-finite code: else rows without one skip the column scan
+    for n in range(n_lo, n_hi):
+        any_b |= b_flags[n]
     for m in range(m_lo, m_hi):
         if a_flags[m]:
             for n in range(n_lo, n_hi):
                 bits = nonfinite_accumulator(a_codes[m], b_codes[n], a_table, b_table)
                 if bits != FINITE:
                     acc_bits[m, n] = bits
-        else:
+        elif any_b:
             for n in range(n_lo, n_hi):
                 if b_flags[n]:
                     bits = nonfinite_accumulator(a_codes[m], b_codes[n], a_table, b_table)
