@@ -154,36 +154,36 @@ def compute_amax(x):
     _refuse_flush_to_zero(x.device)
     if x.numel() == 0:
         return torch.zeros((), dtype=torch.float32, device=x.device)
-    if x.device.type == "cpu" and x.dtype in _MAGNITUDE_BITS:
+    if x.device.type == "cpu" and x.dtype in _INPUT_DTYPES:
         return _cpu_amax(x)
+    return _amax_torch(x)
+
+
+def _amax_torch(x: torch.Tensor) -> torch.Tensor:
+    """:func:`compute_amax` of a non-empty tensor with torch operations (GPU tensors, float64; the oracle of the
+    compiled CPU amax in ``tests/test_quantize.py``)."""
     magnitude = x.abs()
     magnitude = torch.where(torch.isnan(magnitude), torch.zeros((), dtype=x.dtype, device=x.device), magnitude)
     return magnitude.max().to(torch.float32)
 
 
-# A CPU tensor's amax from its bits: per dtype, the integer view, the mask of the magnitude bits and the largest
-# magnitude that is not NaN (the Inf pattern). Magnitudes of IEEE values are ordered as their bits are.
-_MAGNITUDE_BITS = {torch.float32: (torch.int32, np.int32(0x7FFFFFFF), np.int32(0x7F800000)),
-                   torch.bfloat16: (torch.int16, np.int16(0x7FFF), np.int16(0x7F80)),
-                   torch.float16: (torch.int16, np.int16(0x7FFF), np.int16(0x7C00))}
-
-
 def _cpu_amax(x: torch.Tensor) -> torch.Tensor:
-    """:func:`compute_amax` of a non-empty CPU fp32 / bf16 / fp16 tensor from its bits, on the calling thread (the
-    largest magnitude bits at most Inf's; its value widened exactly to fp32): the same value as torch's ``abs``,
-    NaN-to-zero ``where`` and ``max``, without torch's intra-op threads. Those start for tensors of 32768 elements or
-    more and, beside mmaemu's own pool on a busy machine, measured 16 ms per operation in some calls (a layer's
-    (64, 576) input: 2.3 ms forwards taking 100-380 ms; docs/performance.md, "Recipe layers")."""
-    view, mask, inf = _MAGNITUDE_BITS[x.dtype]
-    magnitude = x.contiguous().view(view).numpy() & mask
-    top = np.max(np.where(magnitude <= inf, magnitude, np.zeros((), magnitude.dtype)))
+    """:func:`compute_amax` of a non-empty CPU fp32 / bf16 / fp16 tensor: its values widened exactly to fp32 by
+    numpy (a bf16 pattern is the top half of its fp32 pattern), then one compiled pass on the fp32 bits
+    (:func:`mmaemu.cpu.cast.amax_fp32`, on mmaemu's own pool): the same value as torch's ``abs``, NaN-to-zero
+    ``where`` and ``max``, without torch's intra-op threads. Those start for tensors of 32768 elements or more and,
+    beside mmaemu's pool on a busy machine, measured 16 ms per operation in some calls (a layer's (64, 576) input:
+    2.3 ms forwards taking 100-380 ms; docs/performance.md, "Recipe layers")."""
+    from .cpu.cast import amax_fp32
+
+    flat = x.contiguous().reshape(-1)
     if x.dtype == torch.float32:
-        value = np.array(top, np.int32).view(np.float32)
+        values = flat.numpy()
     elif x.dtype == torch.bfloat16:
-        value = np.array(np.int32(top) << np.int32(16), np.int32).view(np.float32)
+        values = (flat.view(torch.int16).numpy().astype(np.int32) << np.int32(16)).view(np.float32)
     else:
-        value = np.array(top, np.int16).view(np.float16).astype(np.float32)
-    return torch.tensor(float(value), dtype=torch.float32)
+        values = flat.view(torch.int16).numpy().view(np.float16).astype(np.float32)
+    return torch.tensor(float(amax_fp32(values)), dtype=torch.float32)
 
 
 def _check_margin(margin) -> int:

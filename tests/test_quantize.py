@@ -325,3 +325,47 @@ def test_compiled_cpu_cast_keeps_shape_and_reads_strided_inputs():
     assert got.shape == (8, 6)
     assert torch.equal(got.view(torch.uint8), _round_to_fp8(x * torch.tensor(7.0), "e4m3").view(torch.uint8))
     assert quantize(torch.tensor(2.0), 1.0, "e4m3").shape == ()
+
+
+# The compiled CPU amax (mmaemu.cpu.cast.amax_fp32) against the torch operations kept for GPU tensors
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_compiled_cpu_amax_is_the_torch_operations(dtype):
+    from mmaemu.quantize import _amax_torch
+
+    x = adversarial_fp32()
+    with np.errstate(all="ignore"):
+        x = x.to(dtype)
+    finite = x[~torch.isnan(x)]
+    rng = np.random.default_rng(5)
+    cases = [x, finite, finite[torch.isfinite(finite)], x[torch.isnan(x)], -finite[:100], x[:1], x.reshape(-1, 4).t()]
+    for _ in range(20):  # random subsets: every position of the largest value in some order
+        cases.append(x[torch.from_numpy(rng.permutation(x.numel())[: int(rng.integers(1, x.numel()))])])
+    for case in cases:
+        got, want = compute_amax(case), _amax_torch(case)
+        assert got.dtype == torch.float32 and got.shape == ()
+        assert got.view(torch.int32).item() == want.view(torch.int32).item()
+
+
+def test_compiled_cpu_amax_and_cast_of_large_tensors_cut_into_tasks():
+    """Inputs of several tasks (mmaemu.cpu.cast's spans start inside the array): the largest magnitude placed in
+    each task's span in turn, NaN around it; the cast of the same values against the torch operations."""
+    from mmaemu.cpu import threads
+    from mmaemu.cpu.cast import AMAX_WORK, CAST_WORK, amax_fp32
+    from mmaemu.quantize import _amax_torch, _round_to_fp8
+
+    n = 3 * threads.MIN_TASK_WORK // min(AMAX_WORK, CAST_WORK) + 17  # at least 3 tasks of either loop
+    assert len(threads.job_ranges(n, AMAX_WORK, 2)) >= 3 and len(threads.job_ranges(n, CAST_WORK, 2)) >= 3
+    rng = np.random.default_rng(9)
+    base = rng.standard_normal(n).astype(np.float32)
+    base[rng.integers(0, n, 1000)] = np.nan
+    for position in (0, n // 3, n // 2 + 1, n - 1):
+        values = base.copy()
+        values[position] = -1000.0
+        x = torch.from_numpy(values)
+        assert float(amax_fp32(values)) == 1000.0
+        assert compute_amax(x).item() == _amax_torch(x).item() == 1000.0
+    x = torch.from_numpy(base * np.float32(50))
+    assert torch.equal(quantize(x, 1.0, "e4m3").view(torch.uint8),
+                       _round_to_fp8(x * torch.tensor(1.0), "e4m3").view(torch.uint8))

@@ -134,13 +134,16 @@ def finish_block(m_lo, m_hi, n_lo, n_hi, a_codes, a_flags, a_table, b_codes, b_f
     non-finite code: ``a_flags``, ``b_flags``) on the accumulators ``acc`` (``acc_bits``: its int32 view), then the
     epilogue (:func:`epilogue_row`: semantics.md (e) with the scales' bits ``scales``, :data:`SCALE_A`, ..., or the
     row-wise epilogue of :class:`RowwiseScales`) into ``out_bits``."""
+    any_b = False  # a column of the block with a non-finite code: else rows without one skip the column scan
+    for n in range(n_lo, n_hi):
+        any_b |= b_flags[n]
     for m in range(m_lo, m_hi):
         if a_flags[m]:
             for n in range(n_lo, n_hi):
                 bits = nonfinite_accumulator(a_codes[m], b_codes[n], a_table, b_table)
                 if bits != FINITE:
                     acc_bits[m, n] = bits
-        else:
+        elif any_b:
             for n in range(n_lo, n_hi):
                 if b_flags[n]:
                     bits = nonfinite_accumulator(a_codes[m], b_codes[n], a_table, b_table)

@@ -66,7 +66,7 @@ from ..arith.offset import EXPONENT_FIELD, K_PASS, add_chain_values, block_range
 from ..arith.packed import BYTE_ONES
 from ..arith.schedule import chain_tiles_of, clear_tile, combine_step, combine_tile, split_chains
 from .simd import (add_f32, add_i32, add_saturated_i8, and_i32, andnot_i32, bits_of_f32, broadcast_f32,
-                   broadcast_i32, broadcast_load_f32, broadcast_load_i32, bytes_of_i32, enter_toward_zero,
+                   broadcast_i32, broadcast_load_i32, bytes_of_i32, enter_toward_zero,
                    f32_of_bits, fma_toward_zero_f32, leave_toward_zero, load_f32, load_i8, load_u32, lshr_i32,
                    max_f32, max_i8, max_i32, min_i32, mul_i32, or_i32, shl_i32, store_f32, sub_f32, sub_i32,
                    widen_i8, xor_i32)
