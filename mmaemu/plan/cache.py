@@ -45,6 +45,7 @@ import torch
 
 from .. import environment
 from ..formats import dtype_name
+from ..base._untraced import plain_tensor
 from ..context import for_call
 from ..platform.definitions import _BY_NAME as _BUILTIN_PROFILES
 from ..platform.definitions import DEFAULT_PROFILE
@@ -77,6 +78,7 @@ class _Entry:
     profile: object  # keeps the profile alive: its id is part of the key
     copies_input: bool  # the planner copied a neither-major input (torch does): the hit copies it again
     checks_flush: bool  # the plan ended with the CPU flush-to-zero check
+    gemm: object = None  # the plan's compiled CPU call (mmaemu.cpu.fused.TensorwiseGemm), if it has one
 
 
 _lock = threading.Lock()
@@ -247,9 +249,10 @@ def _bind(entry: _Entry, tensors: dict) -> Plan:
 
 def _entry(plan: Plan, notices, profile, fields) -> _Entry:
     call = plan.call
-    entry = _Entry(_strip(plan, fields), notices, profile, bool(getattr(call, "input_copied", False)),
-                   plan.action == "compute")
     gemm = _cpu_gemm(plan)
+    copies_input = bool(getattr(call, "input_copied", False))
+    entry = _Entry(_strip(plan, fields), notices, profile, copies_input, plan.action == "compute",
+                   None if copies_input else gemm)
     if gemm is not None:  # the bound plans of every hit carry it (_bind copies the template's attributes)
         entry.template.cpu_gemm = plan.cpu_gemm = gemm
     return entry
@@ -282,32 +285,64 @@ def _takes_bias(call) -> bool:
 
 
 def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
-                          use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto") -> Plan:
-    """:func:`mmaemu.plan.planner.plan_scaled_mm`, planned once per signature (see the module docstring)."""
+                          use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto",
+                          compiled=False):
+    """:func:`mmaemu.plan.planner.plan_scaled_mm`, planned once per signature (see the module docstring).
+
+    ``compiled``: a hit whose kept plan carries a compiled CPU call (``cpu_gemm``), whose input is not copied and
+    whose tensors are all plain data (:func:`mmaemu.base._untraced.plain_tensor`) returns that
+    :class:`mmaemu.cpu.fused.TensorwiseGemm` instead of a plan bound to the call's tensors (its warnings replayed
+    and the flush check done, as for any hit): the caller runs it on the tensors it holds
+    (:func:`mmaemu.api.planned_scaled_mm`)."""
     state = _process_state()
     profile_part, resolved = _resolve_profile(profile, state)  # the planner's first step; raises as it does
-    key = _key("scaled_mm", (input, mat2, scale_a, scale_b, bias, scale_result), out,
-               (out_dtype, use_fast_accum, splitk, backend), profile_part, state)
-    arguments = (input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
-    options = dict(out=out, profile=resolved, splitk=splitk, backend=backend)
+    key = _scaled_mm_key(input, mat2, scale_a, scale_b, bias, scale_result, out, out_dtype, use_fast_accum, splitk,
+                         backend, profile_part, state)
     if key is None:
         _count_uncached()
-        return plan_scaled_mm(*arguments, **options, context=for_call())
+        return plan_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out=out,
+                              profile=resolved, splitk=splitk, backend=backend, context=for_call())
     entry = _lookup(key)
     if entry is not None:
         _replay(entry)
+        if compiled and entry.gemm is not None and _plain(input, mat2, scale_a, scale_b, scale_result, out):
+            return entry.gemm
         given = dict(input=input.contiguous() if entry.copies_input else input, mat2=mat2, scale_a=scale_a,
                      scale_b=scale_b, scale_result=scale_result, out=out,
                      bias=bias if _takes_bias(entry.template.call) else None)
         return _bind(entry, given)
     try:
-        plan, notices = _plan_reporting(plan_scaled_mm, *arguments, **options, context=for_call())
+        plan, notices = _plan_reporting(plan_scaled_mm, input, mat2, scale_a, scale_b, bias, scale_result,
+                                        out_dtype, use_fast_accum, out=out, profile=resolved, splitk=splitk,
+                                        backend=backend, context=for_call())
     except BaseException:
         _count_uncached()
         raise
     if getattr(plan.call, "global_scales", None) is None:  # NVFP4's global scales come in tuples: never kept
         _keep(key, _entry(plan, notices, resolved, _SCALED_MM_TENSORS))
     return plan
+
+
+def _plain(*tensors) -> bool:
+    """Whether every one of ``tensors`` is None or plain data (:func:`mmaemu.base._untraced.plain_tensor`)."""
+    for t in tensors:
+        if t is not None and not plain_tensor(t):
+            return False
+    return True
+
+
+def _scaled_mm_key(input, mat2, scale_a, scale_b, bias, scale_result, out, out_dtype, use_fast_accum, splitk,
+                   backend, profile_part, state) -> Optional[tuple]:
+    """:func:`_key` of a scaled_mm call, the same tuple, built without the generic loops (it is built at every
+    call: a hit costs little else)."""
+    parts = (_signature_part(input), _signature_part(mat2), _signature_part(scale_a), _signature_part(scale_b),
+             _signature_part(bias), _signature_part(scale_result), _signature_part(out, out=True))
+    if _NOT_KEPT in parts:
+        return None
+    typed = (_typed(out_dtype), _typed(use_fast_accum), _typed(splitk), _typed(backend))
+    if None in typed:
+        return None
+    return ("scaled_mm", parts, typed, profile_part, state)
 
 
 def cached_plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="auto",

@@ -87,22 +87,30 @@ def _plain_data(call) -> bool:
 
 def kept_cpu_call(plan, weights):
     """The output of a kept tensor-wise plan on the cpu backend (``plan.cpu_gemm``, set by :mod:`mmaemu.plan.cache`
-    for such plans only), or None where the plan has none or a tensor is not plain data: the codes and the scales'
-    bits to the one compiled call of :class:`mmaemu.cpu.fused.TensorwiseGemm`, whose bits are those of
-    :func:`_accumulator` then :func:`_epilogue`."""
+    for such plans only), or None where the plan has none or a tensor is not plain data: :func:`run_cpu_gemm` of
+    the plan's tensors."""
     gemm = getattr(plan, "cpu_gemm", None)
     call = plan.call
     if gemm is None or not _plain_data(call):
         return None
-    b_rows = call.mat2.t()
+    return run_cpu_gemm(gemm, call.input, call.mat2, call.scale_a, call.scale_b, call.scale_result, call.out_dtype,
+                        weights)
+
+
+def run_cpu_gemm(gemm, input, mat2, scale_a, scale_b, scale_result, out_dtype, weights):
+    """The output tensor of the kept plan's compiled call ``gemm`` (:class:`mmaemu.cpu.fused.TensorwiseGemm`) on
+    plain CPU tensors of the plan's signature: the codes and the scales' bits to its one compiled call, whose bits
+    are those of :func:`_accumulator` then :func:`_epilogue`. ``weights``: where B's prepared panels are kept
+    (:mod:`mmaemu.cpu.prepared`), or None."""
+    b_rows = mat2.t()
     b_codes = _codes_rows(b_rows)
-    if weights is not None and b_codes.size < _PREPARED_MIN_CODES:
+    if b_codes.size < _PREPARED_MIN_CODES:
         weights = None
-    sr = call.scale_result
-    scales = numpy.array((_scale_bits(call.scale_a), _scale_bits(call.scale_b), 0 if sr is None else _scale_bits(sr),
-                          sr is not None), numpy.int64)
-    bits = gemm.run(_codes_rows(call.input), b_codes, scales, weights, b_rows)
-    return torch.from_numpy(bits).view(_BITS_DTYPE[gemm.out_name]).view(call.out_dtype)
+    scales = numpy.array((_scale_bits(scale_a), _scale_bits(scale_b),
+                          0 if scale_result is None else _scale_bits(scale_result), scale_result is not None),
+                         numpy.int64)
+    bits = gemm.run(_codes_rows(input), b_codes, scales, weights, b_rows)
+    return torch.from_numpy(bits).view(out_dtype)
 
 
 def _epilogue(acc: torch.Tensor, computed_by, plan) -> torch.Tensor:
