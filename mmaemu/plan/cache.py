@@ -129,6 +129,9 @@ def _out_signature(out) -> Optional[tuple]:
 def _typed(value) -> Optional[tuple]:
     """A hashable key of a plain argument that tells apart values of other types (1, True and 1.0); None when the
     value is not hashable."""
+    kind = type(value)
+    if kind in _SCALAR_TYPES:  # the common arguments, hashable: what the general path below returns for them
+        return kind, value
     if isinstance(value, tuple):
         parts = tuple(_typed(v) for v in value)
         return None if None in parts else (tuple, parts)
@@ -141,6 +144,7 @@ def _typed(value) -> Optional[tuple]:
     return type(value), value
 
 
+_SCALAR_TYPES = frozenset((type(None), bool, int, float, str, torch.dtype))
 _NOT_KEPT = object()
 
 
