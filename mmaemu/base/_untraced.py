@@ -56,7 +56,8 @@ def plain_tensor(tensor) -> bool:
     """Whether ``tensor`` is a plain tensor with data: a ``torch.Tensor`` or ``torch.nn.Parameter`` itself (a fake
     or functional tensor is a subclass; a Parameter of one keeps the subclass), neither functional nor
     functorch-wrapped. Such a tensor is never traced (:func:`traced_tensor_kind` returns None for it at once); the
-    kept tensor-wise CPU call takes plain tensors only (:func:`mmaemu.recipes.tensorwise.kept_cpu_call`)."""
+    kept tensor-wise CPU call takes plain tensors only (:func:`mmaemu.recipes.tensorwise.kept_cpu_call`,
+    :func:`mmaemu.plan.cache.cached_plan_scaled_mm` with ``compiled``)."""
     probes = _PLAIN_PROBES or _plain_probes()
     return type(tensor) in probes[0] and not probes[1](tensor) and not probes[2](tensor)
 

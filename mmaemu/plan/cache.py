@@ -27,7 +27,8 @@ hit. The cache holds at most :data:`MAX_PLANS` plans (least recently used droppe
 
 A kept tensor-wise plan on the cpu backend also carries, as ``plan.cpu_gemm``, what it decided in the form the
 compiled call takes (:class:`mmaemu.cpu.fused.TensorwiseGemm`, made once when the plan is kept): a hit goes from
-the key to that one compiled call (:func:`mmaemu.api.run_scaled_mm_plan`).
+the key to that one compiled call: :func:`cached_plan_scaled_mm` with ``compiled`` returns it, no plan bound
+(:func:`mmaemu.api.planned_scaled_mm`), and a bound plan still carries it (:func:`mmaemu.api.run_scaled_mm_plan`).
 
 A call that is planned (a miss, or a call that is never kept) is planned with one :class:`mmaemu.context.Context`
 (:func:`mmaemu.context.for_call`): every decision of the plan reads the same environment snapshot. A hit reuses a
