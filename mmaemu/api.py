@@ -15,8 +15,8 @@ import torch
 from .base._untraced import require_untraced, untraced
 from .context import for_call
 from .plan.cache import cached_plan_accumulate, cached_plan_scaled_mm
-from .plan.planner import CallPlan, explain_scaled_mm
-from .recipes.tensorwise import _accumulator, kept_cpu_call
+from .plan.planner import CallPlan, Plan, explain_scaled_mm
+from .recipes.tensorwise import _accumulator, kept_cpu_call, run_cpu_gemm
 from .warn import edge
 
 __all__ = ["scaled_mm", "accumulate", "explain", "CallPlan"]
@@ -76,16 +76,34 @@ def scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_d
     or SplitKUnknownError where mmaemu cannot reproduce the call exactly: it never approximates.
     """
     with edge():  # the warnings of the call are emitted here, at the caller's line
-        plan = cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum,
-                                     out=out, profile=profile, splitk=splitk, backend=backend)
-        return run_scaled_mm_plan(plan, weights=_process_weights())
+        return planned_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out,
+                                 profile, splitk, backend, _process_weights())
+
+
+def planned_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum, out, profile,
+                      splitk, backend, weights):
+    """The result of a scaled_mm call (inside an entry point's :class:`mmaemu.warn.edge`): its kept plan's compiled
+    CPU call run on these tensors where the plan cache has one (:func:`mmaemu.plan.cache.cached_plan_scaled_mm`
+    with ``compiled``: no plan is bound), else the plan run by :func:`run_scaled_mm_plan`. ``weights``: as
+    there."""
+    found = cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum,
+                                  out=out, profile=profile, splitk=splitk, backend=backend, compiled=True)
+    if type(found) is Plan:
+        return run_scaled_mm_plan(found, weights)
+    return _deliver(run_cpu_gemm(found, input, mat2, scale_a, scale_b, scale_result, out_dtype, weights), out)
 
 
 def _process_weights():
-    """The process-wide store of prepared B (:data:`mmaemu.cpu.prepared.WEIGHTS`)."""
-    from .cpu.prepared import WEIGHTS
+    """The process-wide store of prepared B (:data:`mmaemu.cpu.prepared.WEIGHTS`), imported at the first call."""
+    global _WEIGHTS
+    if _WEIGHTS is None:
+        from .cpu.prepared import WEIGHTS
 
-    return WEIGHTS
+        _WEIGHTS = WEIGHTS
+    return _WEIGHTS
+
+
+_WEIGHTS = None
 
 
 def run_scaled_mm_plan(plan, weights=None):

@@ -167,8 +167,10 @@ def texts() -> Tuple[Optional[str], ...]:
     (Windows, a mapping put in its place) is read through ``get``."""
     environ = os.environ
     if type(environ) is _POSIX_ENVIRON:
-        data = environ._data
-        return tuple(None if raw is None else environ.decodevalue(raw) for raw in map(data.get, _ENCODED_NAMES))
+        raw = tuple(map(environ._data.get, _ENCODED_NAMES))
+        if raw.count(None) == len(raw):  # none set (the usual case): nothing to decode
+            return raw
+        return tuple(None if text is None else environ.decodevalue(text) for text in raw)
     return tuple(map(environ.get, NAMES))
 
 

@@ -270,16 +270,13 @@ class EmulatedFP8Linear(torch.nn.Module):
     def _gemm(self, x_fp8, s_inv, out_dtype):
         """``mmaemu.scaled_mm`` of the layer, with the weight's prepared panels kept in the layer's slot
         (:class:`mmaemu.cpu.prepared.WeightSlot`; see ``keep_prepared_weight``)."""
-        from .api import run_scaled_mm_plan
-        from .plan.cache import cached_plan_scaled_mm
+        from .api import planned_scaled_mm
         from .warn import edge
 
         weights = weight_slot(self)
         with edge():  # as in mmaemu.scaled_mm: the call's warnings at the caller's line
-            plan = cached_plan_scaled_mm(x_fp8, self.weight.t(), s_inv, self.weight_scale_inv, out_dtype=out_dtype,
-                                         use_fast_accum=self.use_fast_accum, profile=self.profile,
-                                         splitk=self.splitk, backend=self.backend)
-            return run_scaled_mm_plan(plan, weights=weights)
+            return planned_scaled_mm(x_fp8, self.weight.t(), s_inv, self.weight_scale_inv, None, None, out_dtype,
+                                     self.use_fast_accum, None, self.profile, self.splitk, self.backend, weights)
 
     def explain(self, x):
         """The :class:`mmaemu.CallPlan` of the GEMM this layer would run for input ``x`` (nothing computed)."""

@@ -122,6 +122,109 @@ def test_a_copied_input_is_copied_again_on_a_hit(fresh):
     assert len(fresh) == 2 and first.shape == (4, 16) and torch.equal(got, want)
 
 
+def _compiled_hit(a, mat2, scale_b=ONE, scale_result=None, out_dtype=torch.bfloat16, out=None):
+    return cache.cached_plan_scaled_mm(a, mat2, ONE, scale_b, None, scale_result, out_dtype, True, out=out,
+                                       splitk=1, compiled=True)
+
+
+@pytest.mark.parametrize("case", ["bf16", "fp8 out with scale_result", "out=", "kept weight"])
+def test_a_compiled_hit_is_the_kept_call_and_gives_the_bits_of_a_fresh_plan(fresh, case):
+    """A hit asked for the compiled call (as scaled_mm and the layer ask) returns the plan's TensorwiseGemm, no
+    bound plan; scaled_mm runs it on the call's tensors, with the bits (and out= handling) of a fresh plan."""
+    from mmaemu.cpu.fused import TensorwiseGemm
+    from mmaemu.cpu.prepared import WEIGHTS
+
+    n, k = (160, 128) if case == "kept weight" else (48, 64)  # 20480 codes: B's panels kept
+    a, w = fp8((3, k), 30), fp8((n, k), 31)
+    options = dict(out_dtype=torch.bfloat16, use_fast_accum=True, splitk=1)
+    if case == "fp8 out with scale_result":
+        options.update(out_dtype=torch.float8_e4m3fn, scale_result=torch.tensor(0.25))
+    WEIGHTS.clear()
+
+    def call(x, out=None):
+        return mmaemu.scaled_mm(x, w.t(), ONE, torch.tensor(0.5), out=out, **options)
+
+    call(a)
+    found = _compiled_hit(a, w.t(), torch.tensor(0.5), options.get("scale_result"), options["out_dtype"])
+    assert type(found) is TensorwiseGemm and cache.stats().hits == 1
+    for seed in (32, 33, 34):  # new tensors of the signature, each a hit
+        x = fp8((3, k), seed)
+        out = torch.empty((3, n), dtype=options["out_dtype"]) if case == "out=" else None
+        got = call(x, out)
+        assert out is None or got is out
+        cache.clear()
+        want = call(x)
+        assert same_outcome(got, want)
+        call(x)  # kept again: the next round is a hit
+    assert len(WEIGHTS) == (1 if case == "kept weight" else 0)
+
+
+def test_a_rowwise_hit_is_a_bound_plan_with_the_bits_of_a_fresh_plan(fresh):
+    """A kept row-wise plan carries a compiled call too (its scale vectors and the row-wise epilogue), which only its
+    recipe's run may use: a compiled hit returns the bound plan, and repeated calls with new scales and operands
+    give the bits of a fresh plan (a tensor-wise reading of the scale vectors would not)."""
+    from mmaemu.plan.planner import Plan
+
+    m, n, k = 4, 48, 64
+    w = fp8((n, k), 40)
+
+    def scales(rows, seed):
+        return torch.rand((rows, 1), generator=torch.Generator().manual_seed(seed)) * 3.75 + 0.25
+
+    def call(x, sa, sb):
+        return mmaemu.scaled_mm(x, w.t(), sa, sb.t(), out_dtype=torch.bfloat16, use_fast_accum=True, splitk=1)
+
+    a = fp8((m, k), 42)
+    call(a, scales(m, 43), scales(n, 44))
+    found = cache.cached_plan_scaled_mm(a, w.t(), scales(m, 43), scales(n, 44).t(), None, None, torch.bfloat16,
+                                        True, splitk=1, compiled=True)
+    assert type(found) is Plan and found.call.rowwise and cache.stats().hits == 1
+    for seed in (45, 46, 47):
+        x, sa, sb = fp8((m, k), seed), scales(m, seed + 10), scales(n, seed + 20)
+        got = call(x, sa, sb)
+        cache.clear()
+        want = call(x, sa, sb)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), seed
+        call(x, sa, sb)  # kept again: the next round is a hit
+
+
+def test_a_compiled_hit_needs_plain_tensors_and_an_uncopied_input(fresh):
+    """Where the kept call does not apply (a functional tensor, a copied neither-major input) a hit returns the
+    bound plan: the functional tensor is refused and the copy made, as without the compiled call."""
+    from mmaemu.base._untraced import plain_tensor
+    from mmaemu.plan.planner import Plan
+
+    a, w = fp8((2, 64), 35), fp8((16, 64), 36)
+    mmaemu.scaled_mm(a, w.t(), ONE, ONE, out_dtype=torch.bfloat16, use_fast_accum=True, splitk=1)
+    functional = torch._to_functional_tensor(a)
+    assert type(functional) is torch.Tensor and not plain_tensor(functional)
+    assert type(_compiled_hit(functional, w.t())) is Plan and cache.stats().hits == 1  # a hit, not the kept call
+    with pytest.raises(TypeError, match="functional tensor"):
+        mmaemu.scaled_mm(functional, w.t(), ONE, ONE, out_dtype=torch.bfloat16, use_fast_accum=True, splitk=1)
+    strided = fp8((2, 128), 37)[:, ::2]  # neither-major: planned with a copy
+    mmaemu.scaled_mm(strided, w.t(), ONE, ONE, out_dtype=torch.bfloat16, use_fast_accum=True, splitk=1)
+    assert type(_compiled_hit(strided, w.t())) is Plan
+
+
+def test_an_environment_change_between_compiled_hits_takes_effect(fresh, monkeypatch):
+    """The compiled call is found through the same key: a variable set between two calls plans the call again."""
+    a, w = fp8((1, 64), 38), fp8((16, 64), 39)
+
+    def call():
+        return mmaemu.scaled_mm(a, w.t(), ONE, ONE, out_dtype=torch.bfloat16, use_fast_accum=True, splitk=1)
+
+    call(), call()
+    assert len(fresh) == 1 and cache.stats().hits == 1
+    monkeypatch.setenv("MMAEMU_BACKEND", "reference")
+    got = call()
+    assert len(fresh) == 2
+    plan = _compiled_hit(a, w.t())
+    assert plan.backend == "reference" and not hasattr(plan, "cpu_gemm")  # no compiled call for this plan
+    monkeypatch.delenv("MMAEMU_BACKEND")
+    assert torch.equal(call().view(torch.int16), got.view(torch.int16))  # the reference's bits are the engine's
+    assert len(fresh) == 2  # the first plan, kept, is found again
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Warnings and errors as without the cache
 

@@ -787,6 +787,32 @@ def test_ftz_check_raises_base_class_when_flushing():
     check_no_flush_to_zero()
 
 
+def test_ftz_float64_probe_agrees_with_the_numpy_probes(monkeypatch):
+    """Where one register bit decides the mode for every width (x86-64, AArch64), the probe is two Python float64
+    products; it must read the mode as the numpy fp32 probes do, off and on."""
+    from mmaemu.base import fpmode
+
+    if not fpmode._UNIFORM_MODE:
+        pytest.skip("the float64 probe is used on x86-64 and AArch64 only")
+
+    def both():
+        fast = fpmode.fp32_subnormals_flushed()
+        monkeypatch.setattr(fpmode, "_UNIFORM_MODE", False)
+        try:
+            return fast, fpmode.fp32_subnormals_flushed()
+        finally:
+            monkeypatch.setattr(fpmode, "_UNIFORM_MODE", True)
+
+    assert both() == (False, False)
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU does not support torch.set_flush_denormal")
+    try:
+        assert both() == (True, True)
+    finally:
+        torch.set_flush_denormal(False)
+    assert both() == (False, False)
+
+
 @pytest.mark.subprocess
 def test_ftz_check_is_two_numpy_probes_without_torch_or_numba():
     """What keeps the per-call check cheap (a few microseconds; not timed here): it needs neither torch nor Numba,

@@ -56,10 +56,23 @@ def plain_tensor(tensor) -> bool:
     """Whether ``tensor`` is a plain tensor with data: a ``torch.Tensor`` or ``torch.nn.Parameter`` itself (a fake
     or functional tensor is a subclass; a Parameter of one keeps the subclass), neither functional nor
     functorch-wrapped. Such a tensor is never traced (:func:`traced_tensor_kind` returns None for it at once); the
-    kept tensor-wise CPU call takes plain tensors only (:func:`mmaemu.recipes.tensorwise.kept_cpu_call`)."""
-    torch = sys.modules["torch"]  # a tensor exists: torch is imported
-    return (type(tensor) in (torch.Tensor, torch.nn.Parameter) and not torch._is_functional_tensor(tensor)
-            and not torch._C._functorch.is_functorch_wrapped_tensor(tensor))
+    kept tensor-wise CPU call takes plain tensors only (:func:`mmaemu.recipes.tensorwise.kept_cpu_call`,
+    :func:`mmaemu.plan.cache.cached_plan_scaled_mm` with ``compiled``)."""
+    probes = _PLAIN_PROBES or _plain_probes()
+    return type(tensor) in probes[0] and not probes[1](tensor) and not probes[2](tensor)
+
+
+_PLAIN_PROBES = None
+
+
+def _plain_probes():
+    """(plain tensor types, is functional, is functorch-wrapped) of torch, looked up once (a tensor exists: torch
+    is imported)."""
+    global _PLAIN_PROBES
+    torch = sys.modules["torch"]
+    _PLAIN_PROBES = ((torch.Tensor, torch.nn.Parameter), torch._is_functional_tensor,
+                     torch._C._functorch.is_functorch_wrapped_tensor)
+    return _PLAIN_PROBES
 
 
 def traced_tensor_kind(tensor):

@@ -15,8 +15,6 @@ A kept B (:mod:`mmaemu.cpu.prepared`) is still used only for codes byte-identica
 store finds the candidate by the tensor's identity and version, and the call's codes are compared with the kept copy
 (:func:`mmaemu.cpu.prepared.same_bytes`) before the tasks run; if they differ, the store is asked again, exactly as
 without this module (it compares again, drops the stale B and decides whether to prepare a new one).
-(:func:`same_codes`, the same check inside the tasks, measured slower than numpy's comparison: 250 us against 9 us
-for 330 KB; the tasks' ``verify`` is kept False.)
 
 The offset engine (:mod:`mmaemu.cpu.offset_engine`) computes its accumulators through its own interface; the
 NaN/Inf rule and the epilogue then run as one compiled call per range of rows (:func:`finish_rows`).
@@ -58,8 +56,6 @@ _FMT, _SCHEDULE, _PARAMS = 0, 5, 11
 TILE_ROWS_AT, MASK_AT, PATTERN_AT, OUT_CODE_AT, LANES_AT, CONSTANTS = 18, 19, 20, 21, 22, 23
 # The scales of one call in one int64 array: fp32 bits of scale_a, scale_b, scale_result, and 1 if scale_result.
 SCALE_A, SCALE_B, SCALE_RESULT, HAS_SCALE_RESULT = 0, 1, 2, 3
-# Codes compared per step of the kept-B check (a vectorised OR of differences, then one test).
-_COMPARE_STEP = 4096
 
 
 @arithmetic
@@ -77,18 +73,6 @@ def _schedule_of(c):
 def _params_of(c):
     p = _PARAMS
     return BlockParams(c[p], c[p + 1], c[p + 2], c[p + 3], c[p + 4], c[p + 5], c[p + 6])
-
-
-@arithmetic
-def same_codes(x, y, lo, hi):
-    """Whether the flat uint8 arrays x and y hold the same codes in [lo, hi)."""
-    for start in range(lo, hi, _COMPARE_STEP):
-        diff = 0
-        for i in range(start, min(start + _COMPARE_STEP, hi)):
-            diff |= x[i] ^ y[i]
-        if diff != 0:
-            return False
-    return True
 
 
 class RowwiseScales(NamedTuple):
@@ -161,18 +145,15 @@ def finish_rows(lo, hi, a_codes, a_flags, a_table, b_codes, b_flags, b_table, ac
 
 
 @arithmetic
-def prepared_task(p_lo, p_hi, m_lo, m_hi, verify, a_codes, b_codes, kept_codes, b_val, b_exp, b_flags, a_table,
-                  b_table, constants, lane_proto, scales, acc, acc_bits, out_bits):
+def prepared_task(p_lo, p_hi, m_lo, m_hi, a_codes, b_codes, b_val, b_exp, b_flags, a_table, b_table, constants,
+                  lane_proto, scales, acc, acc_bits, out_bits):
     """Outputs of rows m_lo .. m_hi-1 and panels p_lo .. p_hi-1 of a prepared B (the tile engine's
-    :class:`mmaemu.cpu.engine.PreparedB`: ``b_val``, ``b_exp``, ``b_flags``) to the output's bits. With ``verify``,
-    first the check that the panels' codes in ``b_codes`` are those of ``kept_codes`` (both flat [N * K]); False
-    (nothing computed) when they differ, else True."""
-    M, K = a_codes.shape
+    :class:`mmaemu.cpu.engine.PreparedB`: ``b_val``, ``b_exp``, ``b_flags``) to the output's bits (the caller has
+    found ``b_codes`` byte-identical to the codes B was prepared from)."""
+    M = a_codes.shape[0]
     N = b_codes.shape[0]
     lanes = b_val.shape[2]
     n_lo, n_hi = p_lo * lanes, min(p_hi * lanes, N)
-    if verify and not same_codes(b_codes.reshape(N * K), kept_codes, n_lo * K, n_hi * K):
-        return False
     mask, pattern = constants[MASK_AT], constants[PATTERN_AT]
     a_flags = np.zeros(M, np.bool_)
     accumulate_prepared_panels(p_lo, p_hi, m_lo, m_hi, a_codes, _fmt_of(constants), b_val, b_exp,
@@ -212,6 +193,35 @@ class _Tables(NamedTuple):
     b_nonfinite: np.ndarray
 
 
+class _Cut(NamedTuple):
+    """How a kept plan's call is cut into tasks for one thread count (:meth:`TensorwiseGemm._cut`)."""
+
+    one_decoded_task: bool  # B decoded at the call: the fast path has one task (one compiled call, decoded_call)
+    prepared_tasks: tuple  # B prepared: (p_lo, p_hi, m_lo, m_hi) of each task of prepared_task
+    prepared_works: tuple  # their costs in products (threads.run_tasks)
+
+
+def _tile_cut(shape, lanes: int, n_threads: int) -> _Cut:
+    """The :class:`_Cut` of a call of ``shape`` (M, N, K) with panels of ``lanes`` on ``n_threads`` threads: the
+    fast path's tasks (:func:`mmaemu.cpu.engine.fast_path_tasks`); on a prepared B, where every task holds all
+    rows, ranges of panels as :func:`mmaemu.threads.job_ranges` cuts them (one compiled call per range), else one
+    task per panel and range of rows."""
+    from .engine import EPILOGUE_WORK, fast_path_tasks
+
+    M, N, K = shape
+    tasks = fast_path_tasks(M, N, K, n_threads)
+    row_ranges = sorted({(lo, hi) for _, lo, hi in tasks})
+    if len(row_ranges) == 1:  # every task holds all rows: ranges of panels (as accumulate_fast cuts them)
+        (m_lo, m_hi), = row_ranges
+        panels = -(-N // lanes)
+        job_work = (m_hi - m_lo) * lanes * (K + EPILOGUE_WORK)
+        prepared = [(p_lo, p_hi, m_lo, m_hi) for p_lo, p_hi in threads.job_ranges(panels, job_work, n_threads)]
+    else:
+        prepared = [(p, p + 1, lo, hi) for p, lo, hi in tasks]
+    works = tuple((m_hi - m_lo) * (p_hi - p_lo) * lanes * (K + EPILOGUE_WORK) for p_lo, p_hi, m_lo, m_hi in prepared)
+    return _Cut(len(tasks) == 1, tuple(prepared), works)
+
+
 class TensorwiseGemm:
     """What a kept plan of a tensor-wise call on the CPU decided, ready for :meth:`run` (see the module docstring):
     the engine ("tile" or "offset", the plan's choice), A [M, K] and B [N, K]'s formats, the preset, the schedule
@@ -237,6 +247,7 @@ class TensorwiseGemm:
         value_table, exp_table = tile_tables(fmt_b)
         self.tables = _Tables(formats.values(fmt_a), formats.values(fmt_b), value_table, exp_table,
                               nonfinite_table(fmt_b))
+        self._cuts = {}  # thread count -> _Cut (a dict read and written whole: safe across threads)
 
     def run(self, a_codes, b_codes, scales, weights=None, b_tensor=None):
         """The output's bits [M, N] (:data:`OUT_VIEWS`) of A's codes [M, K] times B's codes [N, K]^T (uint8,
@@ -255,20 +266,31 @@ class TensorwiseGemm:
 
     # -- the tile engine -------------------------------------------------------------------------------------------
 
-    def _tile(self, a_codes, b_codes, scales, weights, b_tensor, acc, out_bits):
-        from .engine import TILE, fast_path_tasks
+    def _cut(self, n_threads: int) -> "_Cut":
+        """How a call of this plan is cut for ``n_threads`` threads (:class:`_Cut`), decided once per thread
+        count: the same decisions as :func:`mmaemu.cpu.engine.fast_path_tasks` and
+        :func:`mmaemu.threads.job_ranges` take at every call, which are pure functions of the shape and the
+        thread count."""
+        cut = self._cuts.get(n_threads)
+        if cut is None:
+            cut = self._cuts[n_threads] = _tile_cut(self.shape, self.lanes, n_threads)
+        return cut
 
+    def _tile(self, a_codes, b_codes, scales, weights, b_tensor, acc, out_bits):
+        from .engine import TILE
+
+        cut = self._cut(threads.num_threads())
         if weights is not None:
             kept = weights.candidate(TILE, self.fmt_b, b_tensor)
-            if kept is not None and self._prepared(kept.prepared, kept.codes, a_codes, b_codes, scales, acc,
+            if kept is not None and self._prepared(cut, kept.prepared, kept.codes, a_codes, b_codes, scales, acc,
                                                    out_bits):
                 return
             prepared = weights.prepared(TILE, self.fmt_b, b_tensor, b_codes)  # compares, drops, prepares as before
-            if prepared is not None and self._prepared(prepared, None, a_codes, b_codes, scales, acc, out_bits):
+            if prepared is not None and self._prepared(cut, prepared, None, a_codes, b_codes, scales, acc,
+                                                       out_bits):
                 return
-        M, N, K = self.shape
         t = self.tables
-        if len(fast_path_tasks(M, N, K, threads.num_threads())) == 1:
+        if cut.one_decoded_task:
             decoded_call(a_codes, b_codes, t.b_tile_values, t.b_tile_exps, t.b_nonfinite, t.a_values, t.b_values,
                          self.constants, self.lane_proto, scales, acc, acc.view(np.int32), out_bits)
             return
@@ -278,47 +300,29 @@ class TensorwiseGemm:
                                            self.params, acc)
         self._finish(a_codes, a_flags, b_codes, b_flags, scales, acc, out_bits)
 
-    def _prepared(self, prepared, kept_codes, a_codes, b_codes, scales, acc, out_bits) -> bool:
-        """The call on a prepared B, in tasks of :func:`prepared_task`; ``kept_codes``: the codes it was prepared
-        from, compared with ``b_codes`` first (None: prepared from them in this call). False: they differ."""
-        from .engine import EPILOGUE_WORK, fast_path_tasks
-
+    def _prepared(self, cut, prepared, kept_codes, a_codes, b_codes, scales, acc, out_bits) -> bool:
+        """The call on a prepared B, in the tasks ``cut.prepared_tasks`` of :func:`prepared_task`;
+        ``kept_codes``: the codes it was prepared from, compared with ``b_codes`` first (None: prepared from them
+        in this call). False: they differ."""
         if prepared.shape != b_codes.shape or prepared.fmt != self.fmt_b:
             return False
-        M, N, K = self.shape
-        lanes, n_threads = self.lanes, threads.num_threads()
-        tasks = fast_path_tasks(M, N, K, n_threads)
-        row_ranges = sorted({(lo, hi) for _, lo, hi in tasks})
-        if len(row_ranges) == 1:  # every task holds all rows: ranges of panels (as accumulate_fast cuts them)
-            (m_lo, m_hi), = row_ranges
-            panels = prepared.val.shape[0]
-            job_work = (m_hi - m_lo) * lanes * (K + EPILOGUE_WORK)
-            tasks = [(p_lo, p_hi, m_lo, m_hi) for p_lo, p_hi in threads.job_ranges(panels, job_work, n_threads)]
-        else:
-            tasks = [(p, p + 1, lo, hi) for p, lo, hi in tasks]
-        if kept_codes is not None and not same_bytes(kept_codes, b_codes.reshape(-1)):
+        flat = b_codes.reshape(-1)
+        if kept_codes is not None and not same_bytes(kept_codes, flat):
             return False
-        verify, kept = False, b_codes.reshape(-1)
         t = self.tables
         acc_bits = acc.view(np.int32)
-        b_val = prepared.val16 if M <= FEW_ROWS else prepared.val  # as accumulate_fast reads them
+        b_val = prepared.val16 if self.shape[0] <= FEW_ROWS else prepared.val  # as accumulate_fast reads them
+        tasks = cut.prepared_tasks
 
         def task(p_lo, p_hi, m_lo, m_hi):
-            return prepared_task(p_lo, p_hi, m_lo, m_hi, verify and m_lo == 0, a_codes, b_codes, kept, b_val,
-                                 prepared.exp, prepared.nonfinite, t.a_values, t.b_values, self.constants,
-                                 self.lane_proto, scales, acc, acc_bits, out_bits)
+            prepared_task(p_lo, p_hi, m_lo, m_hi, a_codes, b_codes, b_val, prepared.exp, prepared.nonfinite,
+                          t.a_values, t.b_values, self.constants, self.lane_proto, scales, acc, acc_bits, out_bits)
 
         if len(tasks) == 1:
-            return task(*tasks[0])
-        results = [True] * len(tasks)
-
-        def run_one(i):
-            results[i] = task(*tasks[i])
-
-        threads.run_tasks([lambda i=i: run_one(i) for i in range(len(tasks))],
-                          [(m_hi - m_lo) * (p_hi - p_lo) * lanes * (K + EPILOGUE_WORK)
-                           for p_lo, p_hi, m_lo, m_hi in tasks])
-        return all(results)
+            task(*tasks[0])
+        else:
+            threads.run_tasks([lambda job=job: task(*job) for job in tasks], cut.prepared_works)
+        return True
 
     # -- the offset engine -----------------------------------------------------------------------------------------
 

@@ -33,8 +33,9 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
+from ..base._jit import arithmetic
 
-__all__ = ["Engine", "WeightSlot", "PreparedStore", "WEIGHTS", "MAX_BYTES", "tensor_identity"]
+__all__ = ["Engine", "WeightSlot", "PreparedStore", "WEIGHTS", "MAX_BYTES", "tensor_identity", "same_bytes"]
 
 MAX_BYTES = 256 << 20
 MAX_SEEN = 4096
@@ -73,11 +74,43 @@ def _matches(kept: Optional[_Kept], version: int, codes: np.ndarray) -> bool:
 
 
 def same_bytes(x: np.ndarray, y: np.ndarray) -> bool:
-    """Whether two flat uint8 arrays of one size hold the same bytes; compared 8 at a time where the size allows
-    (about half the time of a byte-wise ``np.array_equal``)."""
+    """Whether two flat uint8 arrays of one size hold the same bytes: compared 8 at a time where the size allows,
+    by :func:`same_words` (about 0.6 of the time of numpy's ``array_equal`` of the words: 7 against 11 us for
+    330 KB, docs/performance.md), else byte-wise."""
     if x.size % 8 == 0 and x.flags.c_contiguous and y.flags.c_contiguous:
-        return bool(np.array_equal(x.view(np.uint64), y.view(np.uint64)))
+        return bool(same_words(x.view(np.uint64), y.view(np.uint64)))
     return bool(np.array_equal(x, y))
+
+
+# Words compared per step of same_words: ORs of differences in four independent lanes (they vectorise), then one
+# test per step, so that a difference stops the comparison early.
+_COMPARE_WORDS = 1024
+
+
+@arithmetic
+def same_words(x, y):
+    """Whether the flat uint64 arrays x and y (of one size) hold the same words. Indices run unsigned, so that the
+    loop has no negative-index code and vectorises."""
+    u = np.uint64
+    n = u(x.shape[0])
+    start = u(0)
+    while start < n:
+        end = min(start + u(_COMPARE_WORDS), n)
+        d0 = d1 = d2 = d3 = u(0)
+        i = start
+        while i + u(4) <= end:
+            d0 |= x[i] ^ y[i]
+            d1 |= x[i + u(1)] ^ y[i + u(1)]
+            d2 |= x[i + u(2)] ^ y[i + u(2)]
+            d3 |= x[i + u(3)] ^ y[i + u(3)]
+            i += u(4)
+        while i < end:
+            d0 |= x[i] ^ y[i]
+            i += u(1)
+        if (d0 | d1 | d2 | d3) != u(0):
+            return False
+        start = end
+    return True
 
 
 def _prepare(engine: Engine, codes: np.ndarray, fmt: str, version: int) -> _Kept:

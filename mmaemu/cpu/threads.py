@@ -32,6 +32,7 @@ import os
 import threading
 
 import numba
+from numba.np.ufunc import parallel as _numba_parallel
 
 from ..base.fpmode import fp32_subnormals_flushed
 
@@ -52,9 +53,7 @@ def num_threads() -> int:
     """Threads a call uses: ``numba.get_num_threads()`` of the calling thread (``numba.set_num_threads``) where
     Numba's thread pool is already running, else ``NUMBA_NUM_THREADS`` (reading the former would start Numba's
     threading layer, which then can no longer be chosen by the user)."""
-    from numba.np.ufunc import parallel
-
-    if getattr(parallel, "_is_initialized", False):
+    if getattr(_numba_parallel, "_is_initialized", False):
         return numba.get_num_threads()
     return max_threads()
 

@@ -27,8 +27,9 @@ hit. The cache holds at most :data:`MAX_PLANS` plans (least recently used droppe
 
 A kept tensor-wise or row-wise plan on the cpu backend also carries, as ``plan.cpu_gemm``, what it decided in the
 form the compiled call takes (:class:`mmaemu.cpu.fused.TensorwiseGemm`, made once when the plan is kept): a hit
-goes from the key to that one compiled call (:func:`mmaemu.api.run_scaled_mm_plan`; a row-wise plan's through its
-recipe's run).
+goes from the key to that one compiled call. A tensor-wise plan's is returned with no plan bound
+(:func:`cached_plan_scaled_mm` with ``compiled``, :func:`mmaemu.api.planned_scaled_mm`); a bound plan carries it
+too (:func:`mmaemu.api.run_scaled_mm_plan`), and a row-wise plan's runs through its recipe's run.
 
 A call that is planned (a miss, or a call that is never kept) is planned with one :class:`mmaemu.context.Context`
 (:func:`mmaemu.context.for_call`): every decision of the plan reads the same environment snapshot. A profile name
@@ -48,6 +49,7 @@ import torch
 
 from .. import environment
 from ..formats import dtype_name
+from ..base._untraced import plain_tensor
 from ..context import context_of, for_call
 from ..platform.definitions import _BY_NAME as _BUILTIN_PROFILES
 from ..platform.definitions import DEFAULT_PROFILE, Profile
@@ -80,6 +82,9 @@ class _Entry:
     profile: object  # keeps the profile alive: its id is part of the key
     copies_input: bool  # the planner copied a neither-major input (torch does): the hit copies it again
     checks_flush: bool  # the plan ended with the CPU flush-to-zero check
+    # The compiled CPU call a hit may return unbound (cached_plan_scaled_mm's ``compiled``): a tensor-wise plan's
+    # only, whose scales are the call's four scalars; a row-wise plan's needs its recipe's run (its scale vectors).
+    gemm: object = None
 
 
 _lock = threading.Lock()
@@ -130,6 +135,9 @@ def _out_signature(out) -> Optional[tuple]:
 def _typed(value) -> Optional[tuple]:
     """A hashable key of a plain argument that tells apart values of other types (1, True and 1.0); None when the
     value is not hashable."""
+    kind = type(value)
+    if kind in _SCALAR_TYPES:  # the common arguments, hashable: what the general path below returns for them
+        return kind, value
     if isinstance(value, tuple):
         parts = tuple(_typed(v) for v in value)
         return None if None in parts else (tuple, parts)
@@ -142,6 +150,7 @@ def _typed(value) -> Optional[tuple]:
     return type(value), value
 
 
+_SCALAR_TYPES = frozenset((type(None), bool, int, float, str, torch.dtype))
 _NOT_KEPT = object()
 
 
@@ -254,9 +263,10 @@ def _bind(entry: _Entry, tensors: dict) -> Plan:
 
 def _entry(plan: Plan, notices, profile, fields) -> _Entry:
     call = plan.call
-    entry = _Entry(_strip(plan, fields), notices, profile, bool(getattr(call, "input_copied", False)),
-                   plan.action == "compute")
     gemm = _cpu_gemm(plan)
+    copies_input = bool(getattr(call, "input_copied", False))
+    unbound = None if copies_input or getattr(call, "rowwise", False) else gemm
+    entry = _Entry(_strip(plan, fields), notices, profile, copies_input, plan.action == "compute", unbound)
     if gemm is not None:  # the bound plans of every hit carry it (_bind copies the template's attributes)
         entry.template.cpu_gemm = plan.cpu_gemm = gemm
     return entry
@@ -293,12 +303,19 @@ def _takes_bias(call) -> bool:
 
 
 def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None,
-                          use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto") -> Plan:
-    """:func:`mmaemu.plan.planner.plan_scaled_mm`, planned once per signature (see the module docstring)."""
+                          use_fast_accum=False, *, out=None, profile=None, splitk="auto", backend="auto",
+                          compiled=False):
+    """:func:`mmaemu.plan.planner.plan_scaled_mm`, planned once per signature (see the module docstring).
+
+    ``compiled``: a hit whose kept plan carries a compiled CPU call (``cpu_gemm``), whose input is not copied and
+    whose tensors are all plain data (:func:`mmaemu.base._untraced.plain_tensor`) returns that
+    :class:`mmaemu.cpu.fused.TensorwiseGemm` instead of a plan bound to the call's tensors (its warnings replayed
+    and the flush check done, as for any hit): the caller runs it on the tensors it holds
+    (:func:`mmaemu.api.planned_scaled_mm`)."""
     state = _process_state()
     profile_part, resolved, context = _resolve_profile(profile, state)  # the planner's first step; raises as it does
-    key = _key("scaled_mm", (input, mat2, scale_a, scale_b, bias, scale_result), out,
-               (out_dtype, use_fast_accum, splitk, backend), profile_part, state)
+    key = _scaled_mm_key(input, mat2, scale_a, scale_b, bias, scale_result, out, out_dtype, use_fast_accum, splitk,
+                         backend, profile_part, state)
     arguments = (input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
     options = dict(out=out, profile=resolved, splitk=splitk, backend=backend)
     if key is None:
@@ -307,6 +324,8 @@ def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result
     entry = _lookup(key)
     if entry is not None:
         _replay(entry)
+        if compiled and entry.gemm is not None and _plain(input, mat2, scale_a, scale_b, scale_result, out):
+            return entry.gemm
         given = dict(input=input.contiguous() if entry.copies_input else input, mat2=mat2, scale_a=scale_a,
                      scale_b=scale_b, scale_result=scale_result, out=out,
                      bias=bias if _takes_bias(entry.template.call) else None)
@@ -319,6 +338,28 @@ def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result
     if getattr(plan.call, "global_scales", None) is None:  # NVFP4's global scales come in tuples: never kept
         _keep(key, _entry(plan, notices, resolved, _SCALED_MM_TENSORS))
     return plan
+
+
+def _plain(*tensors) -> bool:
+    """Whether every one of ``tensors`` is None or plain data (:func:`mmaemu.base._untraced.plain_tensor`)."""
+    for t in tensors:
+        if t is not None and not plain_tensor(t):
+            return False
+    return True
+
+
+def _scaled_mm_key(input, mat2, scale_a, scale_b, bias, scale_result, out, out_dtype, use_fast_accum, splitk,
+                   backend, profile_part, state) -> Optional[tuple]:
+    """:func:`_key` of a scaled_mm call, the same tuple, built without the generic loops (it is built at every
+    call: a hit costs little else)."""
+    parts = (_signature_part(input), _signature_part(mat2), _signature_part(scale_a), _signature_part(scale_b),
+             _signature_part(bias), _signature_part(scale_result), _signature_part(out, out=True))
+    if _NOT_KEPT in parts:
+        return None
+    typed = (_typed(out_dtype), _typed(use_fast_accum), _typed(splitk), _typed(backend))
+    if None in typed:
+        return None
+    return ("scaled_mm", parts, typed, profile_part, state)
 
 
 def cached_plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="auto",

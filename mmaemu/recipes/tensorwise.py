@@ -41,6 +41,15 @@ def _codes_rows(t: torch.Tensor) -> "numpy.ndarray":  # noqa: F821
     return t.contiguous().view(torch.uint8).numpy()
 
 
+def _codes_columns(t: torch.Tensor) -> "numpy.ndarray":  # noqa: F821
+    """:func:`_codes_rows` of ``t.t()`` (the same array) for a 2-D float8 CPU tensor, transposed by numpy rather
+    than by torch (a fraction of a microsecond against one)."""
+    if t.requires_grad:
+        t = t.detach()
+    codes = t.view(torch.uint8).numpy().T
+    return codes if codes.flags.c_contiguous else numpy.ascontiguousarray(codes)
+
+
 def _accumulator(plan, a: torch.Tensor, b_rows: torch.Tensor, fmt_a: str, fmt_b: str, fast: bool, weights=None):
     """(fp32 accumulators [M, N] of a [M, K] times b_rows [N, K]^T on the tensors' device, the CUDA kernel that
     computed them or None for a CPU engine). ``weights``: where the fast CPU engine keeps B's prepared panels
@@ -87,22 +96,32 @@ def _plain_data(call) -> bool:
 
 def kept_cpu_call(plan, weights):
     """The output of a kept tensor-wise plan on the cpu backend (``plan.cpu_gemm``, set by :mod:`mmaemu.plan.cache`
-    for such plans only), or None where the plan has none or a tensor is not plain data: the codes and the scales'
-    bits to the one compiled call of :class:`mmaemu.cpu.fused.TensorwiseGemm`, whose bits are those of
-    :func:`_accumulator` then :func:`_epilogue`."""
+    for such plans only), or None where the plan has none or a tensor is not plain data: :func:`run_cpu_gemm` of
+    the plan's tensors."""
     gemm = getattr(plan, "cpu_gemm", None)
     call = plan.call
     if gemm is None or call.rowwise or not _plain_data(call):  # a row-wise plan's: its recipe's run
         return None
-    b_rows = call.mat2.t()
-    b_codes = _codes_rows(b_rows)
-    if weights is not None and b_codes.size < _PREPARED_MIN_CODES:
+    return run_cpu_gemm(gemm, call.input, call.mat2, call.scale_a, call.scale_b, call.scale_result, call.out_dtype,
+                        weights)
+
+
+def run_cpu_gemm(gemm, input, mat2, scale_a, scale_b, scale_result, out_dtype, weights):
+    """The output tensor of the kept plan's compiled call ``gemm`` (:class:`mmaemu.cpu.fused.TensorwiseGemm`) on
+    plain CPU tensors of the plan's signature: the codes and the scales' bits to its one compiled call, whose bits
+    are those of :func:`_accumulator` then :func:`_epilogue`. ``weights``: where B's prepared panels are kept
+    (:mod:`mmaemu.cpu.prepared`), or None."""
+    b_codes = _codes_columns(mat2)
+    b_rows = None
+    if b_codes.size < _PREPARED_MIN_CODES:
         weights = None
-    sr = call.scale_result
-    scales = numpy.array((_scale_bits(call.scale_a), _scale_bits(call.scale_b), 0 if sr is None else _scale_bits(sr),
-                          sr is not None), numpy.int64)
-    bits = gemm.run(_codes_rows(call.input), b_codes, scales, weights, b_rows)
-    return torch.from_numpy(bits).view(_BITS_DTYPE[gemm.out_name]).view(call.out_dtype)
+    else:
+        b_rows = mat2.t()  # the tensor whose identity finds B's kept panels, as _accumulator gives it
+    scales = numpy.array((_scale_bits(scale_a), _scale_bits(scale_b),
+                          0 if scale_result is None else _scale_bits(scale_result), scale_result is not None),
+                         numpy.int64)
+    bits = gemm.run(_codes_rows(input), b_codes, scales, weights, b_rows)
+    return torch.from_numpy(bits).view(out_dtype)
 
 
 def _epilogue(acc: torch.Tensor, computed_by, plan) -> torch.Tensor:
