@@ -3,7 +3,7 @@
 start, the block end and the byte counters of :mod:`.offset_kernel`, drop-in replacements for its
 ``vector_start``, ``vector_end`` and ``row_count`` (same arguments, same bits; ``tests/test_offset_generic.py``).
 
-Measured as fast as the hand-written vector forms (docs/performance.md, "One block step source"), and
+Measured as fast as the hand-written vector forms (docs/performance.md, "One offset block-step source"), and
 ``cuda:offset`` compiles the same source on scalars to the same SASS. What stays per target, and why: the
 exponent pass (bytes here, 16-bit add-max words or bf16 power sums on the GPU), the count's unit (byte counters
 summed at the block end here, ``dp4a`` on the GPU) and the tile layout (:mod:`.offset_kernel`'s docstring).
