@@ -234,7 +234,8 @@ def test_step_on_scalars_equals_the_vector_steps(preset, pair):
 
     constants = _constants(preset, pair)
     e, c, s, n, words = step_inputs(7)
-    a_words = offset_kernel.Operand(np.zeros((1, 16), np.float32), np.zeros((1, 16), np.uint32), words[0][:, :1].copy(), words[2][:, :1].copy())
+    a_words = offset_kernel.Operand(np.zeros((1, 16), np.float32), np.zeros((1, 16), np.uint32),
+                                    words[0][:, :1].copy(), words[2][:, :1].copy())
     b_words = (words[1], words[3])
     scalar = np.zeros((4,) + e.shape, np.uint32)
     _steps_on_scalars(e, c, s, n, a_words, b_words, constants, scalar)

@@ -14,12 +14,11 @@ import numpy as np
 
 from ..base._jit import arithmetic
 from .fp32 import FP32_EXPONENT_BIAS, FP32_FRACTION_BITS
-from .lanes import (abs_f32, add_f32, add_i32, and_i32, andnot_i32, bits_of_f32, f32_of_bits, fma_toward_zero_f32, lshr_i32,
-                    max_f32, max_i32, min_i32, mul_i32, or_i32, shl_i32, sub_f32, sub_i32, xor_i32)
+from .lanes import (abs_f32, add_f32, add_i32, and_i32, andnot_i32, bits_of_f32, f32_of_bits, fma_toward_zero_f32,
+                   lshr_i32, max_f32, max_i32, min_i32, mul_i32, or_i32, shl_i32, sub_f32, sub_i32, xor_i32)
 from .packed import BYTE_ONES
 
 SIGN_BIT = -0x80000000  # fp32's sign bit (int32)
-MAGNITUDE = 0x7FFFFFFF  # fp32's magnitude bits
 EXPONENT_FIELD_I32 = 0xFF800000 - 2**32  # fp32's sign and exponent field (int32)
 
 
@@ -35,7 +34,6 @@ class StepConstants(NamedTuple):
     top4: object
     byte_sum: object  # 0x01010101
     sign_bit: object
-    magnitude: object
     one: object  # fp32 1.0
     zero: object
     exponent_field: object
@@ -48,7 +46,7 @@ def step_scalars(constants):
     i32 = np.int32
     return StepConstants(i32(FP32_EXPONENT_BIAS << FP32_FRACTION_BITS), i32(constants.floor_bits),
                          i32(constants.m_add), i32(constants.tau_add), i32(constants.tau_max), i32(constants.top4),
-                         i32(BYTE_ONES), i32(SIGN_BIT), i32(MAGNITUDE), np.float32(1.0), i32(0),
+                         i32(BYTE_ONES), i32(SIGN_BIT), np.float32(1.0), i32(0),
                          i32(EXPONENT_FIELD_I32), i32(constants.mantissa))
 
 

@@ -25,22 +25,22 @@ vectors do more cheaply:
   (``combine_step``, ``split_chains``, ``chain_tiles_of``, ``chain_range``) and the partials combined by
   :func:`mmaemu.arith.schedule.combine_tile`, the split-K skeleton of every engine.
 
-What is written once, and what per target. The step's per-output arithmetic (the start, the flags of the
-products to correct and the block end) has one source, :mod:`mmaemu.arith.offset_step`, on the lane operations
-of :mod:`mmaemu.arith.lanes` (scalar overloads there, vector ones in :mod:`.simd`): :mod:`mmaemu.arith.offset`
-compiles it on scalars for ``cuda:offset`` (the same SASS instructions per product as before on sm_90, sm_89 and
-sm_120), and :mod:`.offset_generic` on vectors, drop-ins for ``vector_start``, ``vector_end`` and ``row_count``
-below (the same bits; the product loop compiles to the same 126 instructions per 4-k group of a sub-tile, the
-start to fewer, and measured no slower: docs/performance.md, "One offset block-step source"). Until they replace
-the three here, which are written out by hand, the port also turns :class:`BlockVectors` into
-:class:`mmaemu.arith.offset_step.StepConstants` (the same fields) and drops the ``magnitude`` mask (the generic
-start takes ``abs_f32`` of c, so that the GPU's maximum takes |c| as an operand modifier). Not shared, by design:
-the tile and its state (a GPU thread's arrays in registers; here tuples of vectors, 24 of the 32 zmm registers),
-the exponent pass (bytes here: one saturating add and one maximum per k for 64 outputs; on the GPU one
-``VIADDMNMX.U16x2`` or bf16x2 power-sum fma per two k per output, where the byte pass on a thread's scalars
-would be two instructions per k, four times as many) and the count's unit (byte counters summed once per block
-here, ``IDP4A`` there). Shared besides: the constants, the tables, the empty block, the chain's end, the
-split-K skeleton and the proofs.
+What is written once, and what per target. The step's per-output arithmetic (the start, the flags of the products to
+correct and the block end) has one source, :mod:`mmaemu.arith.offset_step`, on the lane operations of
+:mod:`mmaemu.arith.lanes` (scalar overloads there, vector ones in :mod:`.simd`): :mod:`mmaemu.arith.offset` compiles
+it on scalars for ``cuda:offset`` (the same SASS instructions per product as before on sm_90, sm_89 and sm_120), and
+:mod:`.offset_generic` on vectors, drop-ins for ``vector_start``, ``vector_end`` and ``row_count`` below (the same
+bits; the product loop compiles to the same 126 instructions per 4-k group of a sub-tile on AVX-512, 5 fewer on
+AVX2, the start to fewer, and measured no slower: docs/performance.md, "One offset block-step source"). Until they
+replace the three here, which are written out by hand, the port also turns :class:`BlockVectors` into
+:class:`mmaemu.arith.offset_step.StepConstants` (its fields less ``magnitude``) and drops the ``magnitude`` mask
+(the generic start takes ``abs_f32`` of c, so that the GPU's maximum takes |c| as an operand modifier). Not shared,
+by design: the tile and its state (a GPU thread's arrays in registers; here tuples of vectors, 24 of the 32 zmm
+registers), the exponent pass (bytes here: one saturating add and one maximum per k for 64 outputs; on the GPU one
+``VIADDMNMX.U16x2`` or bf16x2 power-sum fma per two k per output, where the byte pass on a thread's scalars would be
+two instructions per k, four times as many) and the count's unit (byte counters summed once per block here,
+``IDP4A`` there). Shared besides: the constants, the tables, the empty block, the chain's end, the split-K skeleton
+and the proofs.
 
 Operand layout (:class:`Operand`; K padded with zero codes to ``Kp``, a multiple of K_PASS = 16). B's panel:
 ``val[k, j]`` fp32, ``exp[k, j]`` exponent byte (int8), ``low[k // 4, j]`` and ``sign[k // 4, j]`` the low-byte
