@@ -102,9 +102,9 @@ import numpy as np
 
 from .. import formats
 from ..base._jit import arithmetic
-from .fp32 import (FP32_EXPONENT_BIAS, FP32_FRACTION_BITS, float32_bits, float32_from_bits, fma_toward_zero,
-                   truncate_significand)
+from .fp32 import FP32_EXPONENT_BIAS, FP32_FRACTION_BITS, fma_toward_zero, truncate_significand
 from .packed import BYTE_ONES, add_u16x2, dp4a, load_words4, max_u16x2, swap_halves
+from .offset_step import correction_flags, step_end, step_scalars, step_start
 from .params import BlockParams
 from .power_sums import (POWER_FORMATS, POWER_START, POWER_TERMS, power_add, power_bits, power_exponent_pass,
                          power_product_bits)
@@ -343,23 +343,10 @@ def offset_start(constants, product_bits, c, clamp_low):
     """b.1 steps 2-3 and the accumulator's term of step 4 for one output: E from ``product_bits`` (the int32
     pattern of 2**E_prod, or a pattern below the floor's when the block has no product), c and the floor; returns
     the offset sum ``M + trunc(c / u) * u`` and the threshold word (four copies of T). ``clamp_low``: clamp the
-    threshold's shift at 0 (the power sums' tables do without, condition 14)."""
-    i32, u32 = np.int32, np.uint32
-    floor_bits, m_add = i32(constants.floor_bits), i32(constants.m_add)
-    tau_add, tau_max, top4 = i32(constants.tau_add), i32(constants.tau_max), u32(constants.top4)
-    c_bits = float32_bits(c)
-    # the largest of 2**E_prod, 2**e_floor and |c|, as fp32 numbers (conditions 9, 13)
-    top = float32_bits(max(max(float32_from_bits(i32(product_bits)), float32_from_bits(floor_bits)), abs(c)))
-    e_field = i32(top >> i32(FP32_FRACTION_BITS))  # E + 127
-    m_bits = i32(i32(e_field << i32(FP32_FRACTION_BITS)) + m_add)
-    m = float32_from_bits(m_bits)
-    signed_m = float32_from_bits(i32(m_bits | (c_bits & i32(-0x80000000))))
-    acc = np.float32(m + np.float32(fma_toward_zero(c, np.float32(1.0), signed_m) - signed_m))
-    shift = i32(e_field + tau_add)
-    if clamp_low:
-        shift = max(shift, i32(0))
-    shift = min(shift, tau_max)
-    return acc, u32(top4 - u32(shift) * u32(BYTE_ONES))
+    threshold's shift at 0 (the power sums' tables do without, condition 14). :func:`.offset_step.step_start` on
+    scalars (the CPU's offset engine runs it on vectors)."""
+    acc, thresh = step_start(np.int32(product_bits), c, step_scalars(constants), clamp_low)
+    return acc, np.uint32(thresh)
 
 
 @arithmetic
@@ -410,8 +397,8 @@ def offset_group(a_val, a_bytes, r0, b_val, b_bytes, j0, g, acc, thresh, count):
             s = fma_toward_zero(a1, b_val[k + u(1), j0 + u(j)], s)
             s = fma_toward_zero(a2, b_val[k + u(2), j0 + u(j)], s)
             acc[r, j] = fma_toward_zero(a3, b_val[k + u(3), j0 + u(j)], s)
-            exact = u(u(low_a + u(b_bytes[g, u(2) * (j0 + u(j))])) + thresh[r, j])
-            flags = u(~exact & u(sign_a ^ u(b_bytes[g, u(2) * (j0 + u(j)) + u(1)])))
+            flags = u(correction_flags(low_a, u(b_bytes[g, u(2) * (j0 + u(j))]), sign_a,
+                                       u(b_bytes[g, u(2) * (j0 + u(j)) + u(1)]), thresh[r, j]))
             count[r, j] = dp4a(flags, u(BYTE_ONES), count[r, j])
 
 
@@ -431,16 +418,14 @@ def offset_products(a_val, a_bytes, r0, b_val, b_bytes, j0, g0, g1, acc, thresh,
 
 @arithmetic
 def offset_block_end(constants, acc, count, c_val):
-    """The block sum ``c = S + count/128 units - M`` (exact; +0 when zero); its truncation is deferred. M is read
-    back from S's exponent (S stays in M's binade); its mantissa comes from ``constants`` (a register operand, so
-    that one logic instruction rebuilds M)."""
-    mantissa = np.int32(constants.mantissa)
+    """The block sum ``c = S + count/128 units - M`` (exact; +0 when zero; :func:`.offset_step.step_end` on
+    scalars); its truncation is deferred. M is read back from S's exponent (S stays in M's binade); its mantissa
+    comes from ``constants`` (a register operand, so that one logic instruction rebuilds M)."""
+    v = step_scalars(constants)
     rows, lanes = acc.shape
     for r in range(rows):
         for j in range(lanes):
-            bits = np.int32(float32_bits(acc[r, j]) + np.int32(count[r, j] >> np.uint32(7)))
-            m = float32_from_bits(np.int32((bits & np.int32(EXPONENT_FIELD - 2**32)) | mantissa))
-            c_val[r, j] = np.float32(float32_from_bits(bits) - m)
+            c_val[r, j] = step_end(acc[r, j], np.int32(count[r, j] >> np.uint32(7)), v)
 
 
 @arithmetic

@@ -25,14 +25,22 @@ vectors do more cheaply:
   (``combine_step``, ``split_chains``, ``chain_tiles_of``, ``chain_range``) and the partials combined by
   :func:`mmaemu.arith.schedule.combine_tile`, the split-K skeleton of every engine.
 
-Why the block step is written here on vectors rather than once for scalars and vectors: the GPU's step works on
-a tile of scalars in arrays (:func:`mmaemu.arith.offset.offset_block`), whose add-max exponent words, dp4a count
-and per-thread tile are what a GPU thread does cheaply; compiled on vectors the same source reads and writes
-every output's state through memory and gives up the byte pass and the byte counters, which here are most of the
-speed (docs/performance.md). The steps shared are the constants, the tables, the start's formula, the empty
-block, the chain's end and split-K skeleton, and the proofs. A generic block step (the SIMD operations given scalar
-twins by ``@overload``, one source compiled on scalars for CUDA and on vectors here) is not written: it would have
-to be measured against this form on both targets, with ``cuda:offset``'s PTX unchanged (issue 30 item 4, open).
+What is written once, and what per target. The step's per-output arithmetic (the start, the flags of the products to
+correct and the block end) has one source, :mod:`mmaemu.arith.offset_step`, on the lane operations of
+:mod:`mmaemu.arith.lanes` (scalar overloads there, vector ones in :mod:`.simd`): :mod:`mmaemu.arith.offset` compiles
+it on scalars for ``cuda:offset`` (the same SASS instructions per product as before on sm_90, sm_89 and sm_120), and
+:mod:`.offset_generic` on vectors, drop-ins for ``vector_start``, ``vector_end`` and ``row_count`` below (the same
+bits; the product loop compiles to the same 126 instructions per 4-k group of a sub-tile on AVX-512, 5 fewer on
+AVX2, the start to fewer, and measured no slower: docs/performance.md, "One offset block-step source"). Until they
+replace the three here, which are written out by hand, the port also turns :class:`BlockVectors` into
+:class:`mmaemu.arith.offset_step.StepConstants` (its fields less ``magnitude``) and drops the ``magnitude`` mask
+(the generic start takes ``abs_f32`` of c, so that the GPU's maximum takes |c| as an operand modifier). Not shared,
+by design: the tile and its state (a GPU thread's arrays in registers; here tuples of vectors, 24 of the 32 zmm
+registers), the exponent pass (bytes here: one saturating add and one maximum per k for 64 outputs; on the GPU one
+``VIADDMNMX.U16x2`` or bf16x2 power-sum fma per two k per output, where the byte pass on a thread's scalars would be
+two instructions per k, four times as many) and the count's unit (byte counters summed once per block here,
+``IDP4A`` there). Shared besides: the constants, the tables, the empty block, the chain's end, the split-K skeleton
+and the proofs.
 
 Operand layout (K padded with zero codes to ``Kp``, a multiple of K_PASS = 16). B's panel (:class:`Operand`):
 ``val[k, j]`` fp32, ``exp[k, j]`` exponent byte (int8), ``low[k // 4, j]`` and ``sign[k // 4, j]`` the low-byte

@@ -42,9 +42,10 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.core.datamodel import models, register_default
-from numba.core.extending import intrinsic
+from numba.core.extending import intrinsic, overload
 
 from ..base._jit import arithmetic
+from ..arith import lanes
 from ..arith.fp32 import _bitcast, fma_toward_zero_exact
 from ..arith.packed import max_u16x2_exact, swap_halves
 from .features import ROUNDING_EMBEDDED, numba_target, offset_rounding
@@ -321,6 +322,70 @@ def fma_toward_zero_f32(typingctx, a, b, c):
         return builder.call(function, list(args))
 
     return f32x16(a, b, c), codegen
+
+
+
+@intrinsic
+def abs_f32(typingctx, x):
+    """Lane-wise ``|x|``: the sign bits cleared (``llvm.fabs``: one vandps with a constant)."""
+    if x != f32x16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V_F32, [_V_F32]),
+                                                  "llvm.fabs.v16f32")
+        return builder.call(function, [args[0]])
+
+    return f32x16(x), codegen
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The lane operations of mmaemu.arith.lanes on vectors: each stub's overload for Vector arguments is the intrinsic
+# of the same name here, so that mmaemu.arith.offset_step compiles on vectors.
+
+LANE_OPERATIONS = {1: ("bits_of_f32", "f32_of_bits", "abs_f32"),
+                   2: ("add_i32", "sub_i32", "mul_i32", "and_i32", "or_i32", "xor_i32", "andnot_i32", "max_i32",
+                       "min_i32", "add_f32", "sub_f32", "max_f32"),
+                   3: ("fma_toward_zero_f32",)}
+LANE_SHIFTS = ("shl_i32", "lshr_i32")
+
+
+def _vectors(*args):
+    return all(isinstance(a, Vector) for a in args)
+
+
+def _overload_on_vectors(name, arity, operation):
+    stub = getattr(lanes, name)
+    if arity == 1:
+        @overload(stub)
+        def unary(a):
+            if _vectors(a):
+                return lambda a: operation(a)
+    elif arity == 2:
+        @overload(stub)
+        def binary(a, b):
+            if _vectors(a, b):
+                return lambda a, b: operation(a, b)
+    else:
+        @overload(stub)
+        def ternary(a, b, c):
+            if _vectors(a, b, c):
+                return lambda a, b, c: operation(a, b, c)
+
+
+def _overload_shift_on_vectors(name, operation):
+    @overload(getattr(lanes, name))
+    def shift(a, amount):
+        if _vectors(a) and isinstance(amount, types.IntegerLiteral):
+            count = amount.literal_value  # the intrinsic's constant amount, a literal in the implementation
+            return lambda a, amount: operation(a, count)
+
+
+for _arity, _names in LANE_OPERATIONS.items():
+    for _name in _names:
+        _overload_on_vectors(_name, _arity, globals()[_name])
+for _name in LANE_SHIFTS:
+    _overload_shift_on_vectors(_name, globals()[_name])
 
 
 _I8_POINTER = ir.IntType(8).as_pointer()
