@@ -5,8 +5,8 @@ and on the CPU's 512-bit vectors gives the same bits, lane by lane:
   on the edge and random words of tests/test_simd.py (finite fp32 numbers for the fp32 operations);
 * the step's start, correction flags and end, on scalars (as mmaemu.arith.offset runs them for cuda:offset and
   the reference) against vectors, for the shipped presets' constants of every format pair;
-* the CPU engine's steps written on the generic source (mmaemu.cpu.offset_generic) against the hand-written ones
-  of mmaemu.cpu.offset_kernel, and a whole GEMM through the engine with them.
+* the CPU engine's steps (mmaemu.cpu.offset_kernel's vector_start, vector_end and row_count, the generic source
+  on vectors) against the same source on scalars, lane by lane.
 
 Runs only where the offset engine runs (AVX-512 F/BW/DQ/VL, or AVX2 and FMA)."""
 
@@ -199,27 +199,26 @@ def _steps_on_scalars(e, c, s, n, a_words, b_words, constants, out):
             out[3, r, j] = np.uint32(lanes.add_i32(np.int32(n[r, j]), lanes.lshr_i32(flags, 7)))
 
 
-def _vector_steps(module):
-    """A kernel running ``module``'s vector_start, vector_end and row_count (one group, both vectors of a row
-    alike) into out[4, rows, 16]."""
-    from mmaemu.cpu.offset_kernel import block_vectors
-
-    start, end, count = module.vector_start, module.vector_end, module.row_count
+def _vector_steps():
+    """A kernel running mmaemu.cpu.offset_kernel's vector_start, vector_end and row_count (one group, both vectors
+    of a row alike; A's low and sign words of row r in the tile-major row r) into out[4, rows, 16]."""
+    from mmaemu.cpu.offset_kernel import block_vectors, row_count, vector_end, vector_start
 
     @njit
-    def run(e, c, s, n, a_words, b_words, constants, masks, out):
+    def run(e, c, s, n, a_tiles, b_words, constants, masks, out):
         v = block_vectors(constants, masks)  # vectors live in compiled code only (no boxing)
         f = out.view(np.float32)
         low_b, sign_b = b_words
         saved = simd.enter_toward_zero()
         for r in range(e.shape[0]):
-            acc, thresh = start(simd.load_u32(e.view(np.uint32), r, 0), simd.load_f32(c.view(np.float32), r, 0), v)
+            acc, thresh = vector_start(simd.load_u32(e.view(np.uint32), r, 0), simd.load_f32(c.view(np.float32), r, 0),
+                                       v)
             simd.store_f32(f[0], r, 0, acc)
             simd.store_f32(f[1], r, 0, simd.f32_of_bits(thresh))
             n_r = simd.load_u32(n, r, 0)
-            simd.store_f32(f[2], r, 0, end(simd.load_f32(s.view(np.float32), r, 0), n_r, v))
+            simd.store_f32(f[2], r, 0, vector_end(simd.load_f32(s.view(np.float32), r, 0), n_r, v))
             low, sign = simd.load_u32(low_b, r, 0), simd.load_u32(sign_b, r, 0)
-            counted = count(a_words, r, 0, low, low, sign, sign, (thresh, thresh), (n_r, n_r))
+            counted = row_count(a_tiles, r, 0, low, low, sign, sign, (thresh, thresh), (n_r, n_r))
             simd.store_f32(f[3], r, 0, simd.f32_of_bits(counted[1]))
         simd.leave_toward_zero(saved)
 
@@ -228,66 +227,19 @@ def _vector_steps(module):
 
 @pytest.mark.parametrize("preset,pair", CASES, ids=[f"{p.name}-{a}-{b}" for p, (a, b) in CASES])
 def test_step_on_scalars_equals_the_vector_steps(preset, pair):
-    """The generic step on scalars against offset_generic's (the generic step on vectors) and offset_kernel's
-    (written by hand on vectors)."""
-    from mmaemu.cpu import offset_generic, offset_kernel
+    """The generic step on scalars against the CPU engine's (the same source on vectors)."""
+    from mmaemu.cpu import offset_kernel
 
     constants = _constants(preset, pair)
     e, c, s, n, words = step_inputs(7)
     a_words = offset_kernel.Operand(np.zeros((1, 16), np.float32), np.zeros((1, 16), np.uint32),
                                     words[0][:, :1].copy(), words[2][:, :1].copy())
+    a_tiles = np.zeros((e.shape[0], offset_kernel.TILE_WORDS), np.uint32)
+    a_tiles[:, offset_kernel.TILE_LOWS] = words[0][:, 0]
+    a_tiles[:, offset_kernel.TILE_SIGNS] = words[2][:, 0]
     b_words = (words[1], words[3])
     scalar = np.zeros((4,) + e.shape, np.uint32)
     _steps_on_scalars(e, c, s, n, a_words, b_words, constants, scalar)
-    for module in (offset_generic, offset_kernel):
-        vector = np.zeros_like(scalar)
-        simd.call_restoring_mxcsr(_vector_steps(module), e, c, s, n, a_words, b_words, constants,
-                                  offset_kernel.MASKS, vector)
-        assert np.array_equal(scalar, vector), module.__name__
-
-
-def kernel_with_generic_steps():
-    """The functions of mmaemu.cpu.offset_kernel compiled afresh (plain njit, no cache) with offset_generic's
-    vector_start, vector_end and row_count in place of its own: {name: dispatcher}."""
-    import types
-
-    from numba.core.registry import CPUDispatcher
-
-    from mmaemu.cpu import offset_generic, offset_kernel
-
-    namespace = dict(vars(offset_kernel))
-    for name, value in vars(offset_kernel).items():
-        if isinstance(value, CPUDispatcher) and value.py_func.__module__ == offset_kernel.__name__:
-            f = value.py_func
-            namespace[name] = njit(nogil=True)(types.FunctionType(f.__code__, namespace, f.__name__,
-                                                                  f.__defaults__, f.__closure__))
-    for name in ("vector_start", "vector_end", "row_count"):
-        namespace[name] = getattr(offset_generic, name)
-    return namespace
-
-
-def test_the_engine_with_the_generic_steps_gives_the_same_bits():
-    """A GEMM through the engine's tile loop with offset_generic's steps in place of offset_kernel's equals the
-    engine's result: hopper unsplit, ada split three ways (pairwise)."""
-    from mmaemu.arith.params import Schedule
-    from mmaemu.cpu import offset_engine, offset_kernel
-
-    generic = kernel_with_generic_steps()
-    rng = np.random.default_rng(8)
-    M, N, K = 9, 70, 200
-    a = rng.integers(0, 256, (M, K), dtype=np.uint8)
-    b = rng.integers(0, 256, (N, K), dtype=np.uint8)
-    a[(a & 0x7F) == 0x7F] = 0x7E  # finite E4M3 codes (the engine's callers handle NaN rows)
-    b[(b & 0x7F) == 0x7F] = 0x7E
-    prepared = offset_engine.prepare_b(b, "e4m3")
-    packed = offset_engine.pack_a(a, "e4m3")
-    for preset, schedule in ((HOPPER, Schedule(K, 1, 0, 0, 0, 0)), (ADA, Schedule(64, 3, 1, 0, 1, 1))):
-        constants = _constants(preset, ("e4m3", "e4m3"))
-        outs = []
-        for task in (offset_kernel.offset_prepared_task, generic["offset_prepared_task"]):
-            out = np.zeros((M, N), np.float32)
-            simd.call_restoring_mxcsr(task, 0, prepared.val.shape[0], 0, M, packed, prepared.operand, K, schedule,
-                                      constants, offset_kernel.MASKS, out)
-            outs.append(out.view(np.uint32))
-        assert np.array_equal(outs[0], outs[1]), preset.name
-        assert np.count_nonzero(outs[0])
+    vector = np.zeros_like(scalar)
+    simd.call_restoring_mxcsr(_vector_steps(), e, c, s, n, a_tiles, b_words, constants, offset_kernel.MASKS, vector)
+    assert np.array_equal(scalar, vector)

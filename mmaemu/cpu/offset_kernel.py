@@ -29,12 +29,10 @@ What is written once, and what per target. The step's per-output arithmetic (the
 correct and the block end) has one source, :mod:`mmaemu.arith.offset_step`, on the lane operations of
 :mod:`mmaemu.arith.lanes` (scalar overloads there, vector ones in :mod:`.simd`): :mod:`mmaemu.arith.offset` compiles
 it on scalars for ``cuda:offset`` (the same SASS instructions per product as before on sm_90, sm_89 and sm_120), and
-:mod:`.offset_generic` on vectors, drop-ins for ``vector_start``, ``vector_end`` and ``row_count`` below (the same
-bits; the product loop compiles to the same 126 instructions per 4-k group of a sub-tile on AVX-512, 5 fewer on
-AVX2, the start to fewer, and measured no slower: docs/performance.md, "One offset block-step source"). Until they
-replace the three here, which are written out by hand, the port also turns :class:`BlockVectors` into
-:class:`mmaemu.arith.offset_step.StepConstants` (its fields less ``magnitude``) and drops the ``magnitude`` mask
-(the generic start takes ``abs_f32`` of c, so that the GPU's maximum takes |c| as an operand modifier). Not shared,
+this module on vectors (``vector_start``, ``vector_end`` and ``row_count`` below; measured no slower than the
+hand-written vector forms they replaced: the product loop the same 126 instructions per 4-k group of a sub-tile
+on AVX-512, 5 fewer on AVX2; docs/performance.md, "One offset block-step source"). The start takes ``abs_f32`` of
+c, so that the GPU's maximum takes |c| as an operand modifier. Not shared,
 by design: the tile and its state (a GPU thread's arrays in registers; here tuples of vectors, 24 of the 32 zmm
 registers), the exponent pass (bytes here: one saturating add and one maximum per k for 64 outputs; on the GPU one
 ``VIADDMNMX.U16x2`` or bf16x2 power-sum fma per two k per output, where the byte pass on a thread's scalars would be
@@ -71,13 +69,12 @@ from ..arith.fp32 import FP32_EXPONENT_BIAS, FP32_FRACTION_BITS
 from ..arith.fp32 import float32_bits as bits_of_f32_scalar
 from ..arith.fp32 import float32_from_bits as f32_of_bits_scalar
 from ..arith.offset import EXPONENT_FIELD, K_PASS, add_chain_values, block_range, offset_empty_block
+from ..arith.offset_step import StepConstants, correction_flags, step_end, step_start
 from ..arith.packed import BYTE_ONES
 from ..arith.schedule import chain_tiles_of, clear_tile, combine_step, combine_tile, split_chains
-from .simd import (add_f32, add_i32, add_saturated_i8, and_i32, andnot_i32, bits_of_f32, broadcast_f32,
-                   broadcast_i32, broadcast_load_i32, bytes_of_i32, enter_toward_zero,
-                   f32_of_bits, fma_toward_zero_f32, leave_toward_zero, load_f32, load_i8, load_u32, lshr_i32,
-                   max_f32, max_i8, max_i32, min_i32, mul_i32, or_i32, shl_i32, store_f32, sub_f32, sub_i32,
-                   widen_i8, xor_i32)
+from .simd import (add_i32, add_saturated_i8, broadcast_f32, broadcast_i32, broadcast_load_i32, bytes_of_i32,
+                   enter_toward_zero, f32_of_bits, fma_toward_zero_f32, leave_toward_zero, load_f32, load_i8,
+                   load_u32, lshr_i32, max_i8, mul_i32, shl_i32, store_f32, widen_i8)
 
 ROWS = 4  # rows of A per tile: each B vector loaded serves all of them
 VECTORS = 2  # 16-lane vectors per row of a sub-tile
@@ -108,30 +105,11 @@ class BitMasks(NamedTuple):
 
     byte_sum: int  # the byte counters' multiplier (0x01010101)
     sign_bit: int  # fp32's sign bit
-    magnitude: int  # fp32's magnitude bits
     exponent_field: int  # fp32's sign and exponent field
     exponent_bias: int  # the byte pass's pattern bias: (s + 127) * 2**23 is the pattern of 2**s
 
 
-MASKS = BitMasks(BYTE_ONES, -0x80000000, 0x7FFFFFFF, EXPONENT_FIELD - 2**32, FP32_EXPONENT_BIAS << FP32_FRACTION_BITS)
-
-
-class BlockVectors(NamedTuple):
-    """The vectors the block step reads (:func:`block_vectors`): the offset constants and the masks in every lane."""
-
-    exponent_bias: object
-    floor: object
-    m_add: object
-    tau_add: object
-    tau_max: object
-    top4: object
-    byte_sum: object
-    sign_bit: object
-    magnitude: object
-    one: object  # fp32 1.0
-    zero: object
-    exponent_field: object
-    mantissa: object
+MASKS = BitMasks(BYTE_ONES, -0x80000000, EXPONENT_FIELD - 2**32, FP32_EXPONENT_BIAS << FP32_FRACTION_BITS)
 
 
 @arithmetic
@@ -275,14 +253,15 @@ def pack_tiles(lo, hi, codes, tables, tiles):
 
 @arithmetic
 def block_vectors(constants, masks):
-    """:class:`BlockVectors` of :class:`~mmaemu.arith.offset.OffsetConstants` and :class:`BitMasks`."""
+    """The block step's :class:`~mmaemu.arith.offset_step.StepConstants` in every lane, of
+    :class:`~mmaemu.arith.offset.OffsetConstants` and :class:`BitMasks`."""
     i32 = np.int32
-    return BlockVectors(broadcast_i32(i32(masks.exponent_bias)), broadcast_i32(i32(constants.floor_bits)),
-                        broadcast_i32(i32(constants.m_add)), broadcast_i32(i32(constants.tau_add)),
-                        broadcast_i32(i32(constants.tau_max)), broadcast_i32(i32(constants.top4)),
-                        broadcast_i32(i32(masks.byte_sum)), broadcast_i32(i32(masks.sign_bit)),
-                        broadcast_i32(i32(masks.magnitude)), broadcast_f32(np.float32(1.0)), broadcast_i32(i32(0)),
-                        broadcast_i32(i32(masks.exponent_field)), broadcast_i32(i32(constants.mantissa)))
+    return StepConstants(broadcast_i32(i32(masks.exponent_bias)), broadcast_i32(i32(constants.floor_bits)),
+                         broadcast_i32(i32(constants.m_add)), broadcast_i32(i32(constants.tau_add)),
+                         broadcast_i32(i32(constants.tau_max)), broadcast_i32(i32(constants.top4)),
+                         broadcast_i32(i32(masks.byte_sum)), broadcast_i32(i32(masks.sign_bit)),
+                         broadcast_f32(np.float32(1.0)), broadcast_i32(i32(0)),
+                         broadcast_i32(i32(masks.exponent_field)), broadcast_i32(i32(constants.mantissa)))
 
 
 @arithmetic
@@ -306,28 +285,16 @@ def exponent_maxima(a, row0, b_exp, g0, g1):
 
 @arithmetic
 def vector_start(e, c, v):
-    """:func:`mmaemu.arith.offset.offset_start` on one vector, E_prod from its byte pass maximum ``e`` (int32
+    """:func:`mmaemu.arith.offset_step.step_start` on one vector, E_prod from its byte pass maximum ``e`` (int32
     lanes; :func:`mmaemu.arith.offset.exponent_bytes`): the offset sum and the threshold word."""
-    product_bits = add_i32(shl_i32(e, FP32_FRACTION_BITS), v.exponent_bias)
-    c_bits = bits_of_f32(c)
-    top = bits_of_f32(max_f32(max_f32(f32_of_bits(product_bits), f32_of_bits(v.floor)),
-                              f32_of_bits(and_i32(c_bits, v.magnitude))))
-    e_field = lshr_i32(top, FP32_FRACTION_BITS)  # top is a positive pattern
-    m_bits = add_i32(shl_i32(e_field, FP32_FRACTION_BITS), v.m_add)
-    signed_m = f32_of_bits(or_i32(m_bits, and_i32(c_bits, v.sign_bit)))
-    acc = add_f32(f32_of_bits(m_bits), sub_f32(fma_toward_zero_f32(c, v.one, signed_m), signed_m))
-    shift = min_i32(max_i32(add_i32(e_field, v.tau_add), v.zero), v.tau_max)
-    return acc, sub_i32(v.top4, mul_i32(shift, v.byte_sum))
+    return step_start(add_i32(shl_i32(e, FP32_FRACTION_BITS), v.exponent_bias), c, v, True)
 
 
 @arithmetic
 def vector_end(s, n, v):
-    """:func:`~mmaemu.arith.offset.offset_block_end` on one vector: the count n (the byte counters' sum) added to
-    S's pattern, M rebuilt from S's exponent, ``S - M``."""
-    count = lshr_i32(mul_i32(n, v.byte_sum), 24)
-    bits = add_i32(bits_of_f32(s), count)
-    m = f32_of_bits(or_i32(and_i32(bits, v.exponent_field), v.mantissa))
-    return sub_f32(f32_of_bits(bits), m)
+    """:func:`mmaemu.arith.offset_step.step_end` on one vector, the count n the sum of its four byte counters
+    (``n * 0x01010101 >> 24``)."""
+    return step_end(s, lshr_i32(mul_i32(n, v.byte_sum), 24), v)
 
 
 @arithmetic
@@ -355,12 +322,12 @@ def row_products(a, row, word, b0, b1, s):
 
 @arithmetic
 def row_count(a, row, r, low0, low1, sign0, sign1, t, n):
-    """The byte counters of one 4-k group of row r of the tile (``a``'s words of the group: row ``row``;
-    :func:`~mmaemu.arith.offset.offset_group`'s flags): bit 7 of ``~(low_a + low_b + T) & (sign_a ^ sign_b)``,
-    shifted to bit 0 of its byte."""
+    """The byte counters of one 4-k group of row r of the tile (``a``'s words of the group: row ``row``):
+    :func:`mmaemu.arith.offset_step.correction_flags`' bit 7 shifted to bit 0 of its byte and added, both
+    vectors."""
     low_a, sign_a = broadcast_load_i32(a, row, TILE_LOWS + r), broadcast_load_i32(a, row, TILE_SIGNS + r)
-    flags0 = andnot_i32(add_i32(add_i32(low0, low_a), t[0]), xor_i32(sign0, sign_a))
-    flags1 = andnot_i32(add_i32(add_i32(low1, low_a), t[1]), xor_i32(sign1, sign_a))
+    flags0 = correction_flags(low_a, low0, sign_a, sign0, t[0])
+    flags1 = correction_flags(low_a, low1, sign_a, sign1, t[1])
     return add_i32(n[0], lshr_i32(flags0, 7)), add_i32(n[1], lshr_i32(flags1, 7))
 
 
