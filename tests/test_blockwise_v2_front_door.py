@@ -9,19 +9,15 @@ reference engine (the bits of ``cuda:simple`` itself are checked under the simul
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 import mmaemu.blockwise_cublaslt as v2
-from mmaemu import context as context_module
 from mmaemu.cuda.dispatch import gating
 from mmaemu.errors import BackendUnavailableError
-from mmaemu.plan import steps
 
 from test_blockwise_cublaslt import B1, B128, Case
-from test_kernel_choice_context import CUDA0, H100, verdict_source
+from test_kernel_choice_context import CUDA0, fake_gpu_front_door, verdict_source
 
 pytestmark = [pytest.mark.usefixtures("fresh_dispatcher", "fresh_warnings"),
               pytest.mark.filterwarnings("ignore::mmaemu.ExperimentalPresetWarning")]
@@ -37,35 +33,11 @@ def bits(t):
 
 @pytest.fixture
 def on_fake_gpu(monkeypatch):
-    """The engine rule sees the operands on cuda:0 of a fake H100; CUDA launches are recorded (``launches``) and
-    computed by the CPU reference engine; ``verdicts``: the verdict source of the call's context (None: the
-    process's); ``chosen``: each call's :class:`mmaemu.plan.steps.RecipeEngine`."""
-    import mmaemu.cuda.blockwise.kernel as blockwise_kernel
-    from mmaemu.cpu.chunked import accumulate_chunked_codes
-
-    state = {"launches": [], "verdicts": None, "chosen": []}
-    monkeypatch.setattr(gating, "_probe", lambda device=None: H100)
-    real_engine = steps.recipe_engine
-
-    def recipe_engine(device, backend, context, *, recipe):
-        choice = real_engine(CUDA0, backend, context, recipe=recipe)
-        state["chosen"].append(choice)
-        return choice
-
-    def launch(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel):
-        state["launches"].append(kernel.name)
-        return accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, reference=True)
-
-    real_for_call = context_module.for_call
-
-    def for_call():
-        given = real_for_call()
-        return given if state["verdicts"] is None else dataclasses.replace(given, verdicts=state["verdicts"])
-
-    monkeypatch.setattr(v2, "recipe_engine", recipe_engine)
-    monkeypatch.setattr(v2, "for_call", for_call)
-    monkeypatch.setattr(blockwise_kernel, "accumulate_chunked_numpy", launch)
-    return state
+    """The engine rule sees the operands on cuda:0 of a fake H100 (:func:`fake_gpu_front_door`; ``planned``: each
+    call's :class:`mmaemu.plan.steps.RecipeEngine`)."""
+    return fake_gpu_front_door(monkeypatch, v2, "recipe_engine",
+                               lambda engine, device, backend, context, *, recipe:
+                               engine(CUDA0, backend, context, recipe=recipe))
 
 
 def test_cuda_simple_runs_the_cuda_kernel_where_its_verdict_passes_with_the_same_bits(on_fake_gpu):
@@ -74,7 +46,7 @@ def test_cuda_simple_runs_the_cuda_kernel_where_its_verdict_passes_with_the_same
     on_fake_gpu["verdicts"] = verdict_source({})
     assert torch.equal(bits(c.v2(torch.bfloat16, backend="cuda:simple")), bits(expected))
     assert len(on_fake_gpu["launches"]) == 1
-    assert [e.backend for e in on_fake_gpu["chosen"]] == ["cpu", "cuda:simple"]
+    assert [e.backend for e in on_fake_gpu["planned"]] == ["cpu", "cuda:simple"]
 
 
 def test_disabled_cuda_never_runs_a_cuda_kernel(on_fake_gpu, monkeypatch):
@@ -87,7 +59,7 @@ def test_disabled_cuda_never_runs_a_cuda_kernel(on_fake_gpu, monkeypatch):
     monkeypatch.setenv("MMAEMU_BACKEND", "cuda:simple")  # a preference: the cpu engine computes and says why
     assert torch.equal(bits(c.v2(torch.bfloat16)), bits(expected))
     assert on_fake_gpu["launches"] == []
-    assert on_fake_gpu["chosen"][-1].fallbacks == ("cuda: disabled by MMAEMU_DISABLE_CUDA",)
+    assert on_fake_gpu["planned"][-1].fallbacks == ("cuda: disabled by MMAEMU_DISABLE_CUDA",)
 
 
 def test_a_failed_verdict_refuses_the_cuda_kernel(on_fake_gpu, monkeypatch):
@@ -123,7 +95,7 @@ def test_mmaemu_backend_replaces_auto(on_fake_gpu, monkeypatch):
         monkeypatch.setenv("MMAEMU_BACKEND", variable)
         assert torch.equal(bits(c.v2(torch.bfloat16)), bits(expected)), variable
         assert (len(on_fake_gpu["launches"]), engines) == (launches, engine), variable
-    assert on_fake_gpu["chosen"][-1].fallbacks == (
+    assert on_fake_gpu["planned"][-1].fallbacks == (
         "cuda:offset: block-wise calls run on a CUDA device only with backend='cuda:simple'",)
     monkeypatch.setenv("MMAEMU_BACKEND", "tpu")
     with pytest.raises(ValueError, match=r"unknown backend 'tpu' \(from MMAEMU_BACKEND\)"):

@@ -10,20 +10,17 @@ tests/test_blockwise.py).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
 
 import mmaemu.deepgemm as dg
-from mmaemu import context as context_module
 from mmaemu.cuda.dispatch import gating
 from mmaemu.errors import BackendUnavailableError, ExperimentalPresetWarning, UnsupportedFeatureError
 from mmaemu.model.chunked import DEEPGEMM_SM90_1D2D
 from mmaemu.plan.deepgemm import CUDA_SIMPLE_UNCHECKED, plan_blockwise
 
-from test_kernel_choice_context import CUDA0, H100, context, verdict_source
+from test_kernel_choice_context import CUDA0, H100, context, fake_gpu_front_door, verdict_source
 
 pytestmark = [pytest.mark.usefixtures("fresh_dispatcher", "fresh_warnings"),
               pytest.mark.filterwarnings("ignore::mmaemu.ExperimentalPresetWarning")]
@@ -44,34 +41,10 @@ def cpu_result(a, b, backend="cpu"):
 
 @pytest.fixture
 def on_fake_gpu(monkeypatch):
-    """The planner sees the operands on cuda:0 of a fake H100; CUDA kernel launches are recorded (``launches``) and
-    computed by the CPU reference engine; ``verdicts``: the verdict source the call's context gets (None: the
-    process's)."""
-    import mmaemu.cuda.blockwise.kernel as blockwise_kernel
-    from mmaemu.cpu.chunked import accumulate_chunked_codes
-
-    state = {"launches": [], "verdicts": None, "planned": []}
-    monkeypatch.setattr(gating, "_probe", lambda device=None: H100)
-
-    def planner(kernel, device, backend, *, context=None):
-        plan = plan_blockwise(kernel, CUDA0, backend, context=context)
-        state["planned"].append(plan)
-        return plan
-
-    def launch(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel):
-        state["launches"].append(kernel.name)
-        return accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, reference=True)
-
-    real_for_call = context_module.for_call
-
-    def for_call():
-        given = real_for_call()
-        return given if state["verdicts"] is None else dataclasses.replace(given, verdicts=state["verdicts"])
-
-    monkeypatch.setattr(dg, "plan_blockwise", planner)
-    monkeypatch.setattr(dg, "for_call", for_call)
-    monkeypatch.setattr(blockwise_kernel, "accumulate_chunked_numpy", launch)
-    return state
+    """The planner sees the operands on cuda:0 of a fake H100 (:func:`fake_gpu_front_door`)."""
+    return fake_gpu_front_door(monkeypatch, dg, "plan_blockwise",
+                               lambda plan, kernel, device, backend, *, context=None:
+                               plan(kernel, CUDA0, backend, context=context))
 
 
 # ----------------------------------------------------------------------------------------------------------------

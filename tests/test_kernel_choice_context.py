@@ -42,6 +42,40 @@ def device(monkeypatch):
     return state
 
 
+def fake_gpu_front_door(monkeypatch, front_door, planner_name, on_cuda0):
+    """A front door's planning on cuda:0 of a fake H100, for tests of block-wise front doors without a GPU: the
+    device probe answers :data:`H100`; ``front_door.<planner_name>`` is replaced by ``on_cuda0(real planner, *args,
+    **options)`` (which asks the real one with the device cuda:0), each answer recorded in ``state["planned"]``;
+    ``front_door.for_call`` gives ``state["verdicts"]`` as the context's verdict source when set (None: the
+    process's); the block-wise CUDA kernel's launch is recorded (``state["launches"]``: the kernels' names) and
+    computed by the CPU reference engine. Returns ``state``."""
+    import mmaemu.cuda.blockwise.kernel as blockwise_kernel
+    from mmaemu import context as context_module
+    from mmaemu.cpu.chunked import accumulate_chunked_codes
+
+    state = {"launches": [], "verdicts": None, "planned": []}
+    monkeypatch.setattr(gating, "_probe", lambda device=None: H100)
+    real_planner, real_for_call = getattr(front_door, planner_name), context_module.for_call
+
+    def planner(*args, **options):
+        answer = on_cuda0(real_planner, *args, **options)
+        state["planned"].append(answer)
+        return answer
+
+    def launch(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel):
+        state["launches"].append(kernel.name)
+        return accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, reference=True)
+
+    def for_call():
+        given = real_for_call()
+        return given if state["verdicts"] is None else dataclasses.replace(given, verdicts=state["verdicts"])
+
+    monkeypatch.setattr(front_door, planner_name, planner)
+    monkeypatch.setattr(front_door, "for_call", for_call)
+    monkeypatch.setattr(blockwise_kernel, "accumulate_chunked_numpy", launch)
+    return state
+
+
 def verdict_source(outcomes, asked=None):
     """A stub verdict source: ``outcomes[kernel]`` True/False (default True), or None for "no verdict yet" (read
     by status and the default choice only); ``asked`` lists the kernels asked, in order."""

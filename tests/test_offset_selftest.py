@@ -53,7 +53,7 @@ def _broken_mask_offset(a, b, fmt_a, fmt_b, preset, schedule, params):
     index, value = MASK_MUTATIONS[0]
     masks[index] = value
     out = np.zeros((a.shape[0], b.shape[0]), np.float32)
-    accumulate_prepared(a, prepare_b(b, fmt_b), fmt_a, preset, schedule, out, None, tuple(masks))
+    accumulate_prepared(a, prepare_b(b, fmt_b), fmt_a, preset, schedule, out, None, type(MASKS)(*masks))
     return out
 
 

@@ -178,7 +178,7 @@ def test_a_rowwise_hit_is_a_bound_plan_with_the_bits_of_a_fresh_plan(fresh):
     call(a, scales(m, 43), scales(n, 44))
     found = cache.cached_plan_scaled_mm(a, w.t(), scales(m, 43), scales(n, 44).t(), None, None, torch.bfloat16,
                                         True, splitk=1, compiled=True)
-    assert type(found) is Plan and found.call.rowwise and cache.stats().hits == 1
+    assert type(found) is Plan and found.call.recipe.name == "rowwise" and cache.stats().hits == 1
     for seed in (45, 46, 47):
         x, sa, sb = fp8((m, k), seed), scales(m, seed + 10), scales(n, seed + 20)
         got = call(x, sa, sb)

@@ -87,7 +87,7 @@ def _outcome(fn, *args, **kwargs):
     except Exception as exc:  # the refusal is what is compared
         return type(exc).__name__, str(exc)
     return (call.M, call.N, call.K, call.fmt_a, call.fmt_b, str(call.out_dtype), call.zero_size, call.layout_std,
-            call.input_copied, call.out_column_major, call.out_unusable, call.rowwise)
+            call.input_copied, call.out_column_major, call.out_unusable, getattr(call.recipe, "name", None))
 
 
 DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float32]

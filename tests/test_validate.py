@@ -580,7 +580,7 @@ def test_f6_rowwise_needs_a_modelled_platform():
     rejects(UnsupportedFeatureError, "row-wise scaling.*modelled only", scale_a=one([32, 1]), scale_b=one([1, 48]),
             out_dtype=torch.bfloat16)
     call = validate(scale_a=one([32, 1]), scale_b=one([1, 48]), out_dtype=torch.bfloat16, profile=get_profile("hopper"))
-    assert call.rowwise and call.bias is None
+    assert call.recipe.name == "rowwise" and call.bias is None
 
 
 @pytest.mark.parametrize("name", ["input", "mat2", "scale_a", "scale_b", "scale_result"])

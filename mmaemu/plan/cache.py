@@ -265,11 +265,18 @@ def _entry(plan: Plan, notices, profile, fields) -> _Entry:
     call = plan.call
     gemm = _cpu_gemm(plan)
     copies_input = bool(getattr(call, "input_copied", False))
-    unbound = None if copies_input or getattr(call, "rowwise", False) else gemm
+    unbound = None if copies_input or not _tensorwise(call) else gemm
     entry = _Entry(_strip(plan, fields), notices, profile, copies_input, plan.action == "compute", unbound)
     if gemm is not None:  # the bound plans of every hit carry it (_bind copies the template's attributes)
         entry.template.cpu_gemm = plan.cpu_gemm = gemm
     return entry
+
+
+def _tensorwise(call) -> bool:
+    """Whether the kept call is a tensor-wise one (its recipe's; an accumulate call has none)."""
+    from ..recipes.tensorwise import TENSORWISE
+
+    return getattr(call, "recipe", None) is TENSORWISE
 
 
 def _cpu_gemm(plan: Plan):
@@ -289,7 +296,7 @@ def _cpu_gemm(plan: Plan):
         return None
     return TensorwiseGemm(plan.cpu_engine.engine, plan.preset, call.fmt_a, call.fmt_b, call.M, call.N, call.K,
                           call.use_fast_accum, plan.split.S, plan.split.scheme,
-                          "bfloat16" if call.rowwise else dtype_name(call.out_dtype))
+                          "bfloat16" if call.recipe is ROWWISE else dtype_name(call.out_dtype))
 
 
 # ----------------------------------------------------------------------------------------------------------------

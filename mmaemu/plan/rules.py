@@ -18,8 +18,7 @@ from ..base.tensor_kinds import require_dense
 from .descriptors import TensorDescriptor, TorchName, dtype_name
 from .layout import byte_misalignment, is_column_major, is_neither_major, is_row_major, leading_dimensions, \
     mat2_is_column_major
-from .block_scaled import FP4_DTYPE_NAME, BlockScaledSpec
-from .blockwise import BlockwiseSpec
+from .block_scaled import FP4_DTYPE_NAME
 
 if TYPE_CHECKING:
     import torch
@@ -100,16 +99,16 @@ class ScaledMMCall:
     The three out flags are False in a zero-size call except ``out_resize``/``out_resize_warns`` (torch resizes
     out before its early return and zero-fills out itself).
 
-    * ``rowwise``: scale_a [M, 1] and scale_b [1, N] (torch's CUTLASS row-wise kernel, :mod:`.rowwise`); then
-      ``bias`` is the validated bias (bf16 [N]) or None, and the out flags other than the resize are False (the
-      kernel refuses an out that is not row-major).
-    * ``blockwise``: a block-wise (1x128 / 128x128 fp32 scales) call through cuBLASLt >= 12.9 (:mod:`.blockwise`):
-      the scale blocks and formats; ``bias`` is then the validated bf16 bias or None.
     * ``recipe``: the recipe (:mod:`mmaemu.recipes`) whose rules the call passed, which plans and computes it; None
       for a zero-size call (torch returns before choosing a kernel, so no recipe applies).
-    * ``block_scaled``: an MXFP8 or NVFP4 call (:mod:`.block_scaled`): the recipe, its preset, the element formats
-      and K in elements (fmt_a/fmt_b are then None: the formats are the spec's); ``global_scales``: NVFP4's
-      (global_scale_a, global_scale_b) or None.
+    * ``spec``: the recipe's own call spec where it has one, made by its validation and read by its plan and run
+      (a new recipe needs no new field here): a block-wise call's :class:`mmaemu.plan.blockwise.BlockwiseSpec`
+      (the scale blocks and formats), an MXFP8 / NVFP4 call's :class:`mmaemu.plan.block_scaled.BlockScaledSpec`
+      (the recipe, its preset, the element formats and K in elements; fmt_a/fmt_b are then None); None for
+      tensor-wise and row-wise calls.
+    * ``bias``: the validated bias (bf16 [N]) or None, of the recipes that keep it (row-wise: the out flags other
+      than the resize are then False, the kernel refuses an out that is not row-major; block-wise).
+    * ``global_scales``: NVFP4's (global_scale_a, global_scale_b) or None.
     """
 
     input: torch.Tensor = dataclasses.field(repr=False)
@@ -133,11 +132,9 @@ class ScaledMMCall:
     out_resize_warns: bool
     input_copied: bool
     device: torch.device
-    rowwise: bool = False
     bias: Optional[torch.Tensor] = dataclasses.field(default=None, repr=False)
-    block_scaled: Optional[BlockScaledSpec] = None
+    spec: Optional[object] = None
     global_scales: Optional[tuple] = dataclasses.field(default=None, repr=False)
-    blockwise: Optional[BlockwiseSpec] = None
     recipe: Optional[object] = dataclasses.field(default=None, repr=False)
 
 

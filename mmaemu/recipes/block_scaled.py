@@ -56,7 +56,7 @@ def _block_scaled_accumulator(plan, weights=None) -> torch.Tensor:
     from ..plan.block_scaled import kernel_operands
 
     call = plan.call
-    spec = call.block_scaled
+    spec = call.spec
     a_codes, scale_a = _block_scaled_codes(call.input, spec.fmt_a), _codes_rows(call.scale_a.reshape(-1))
     b_raw, scale_b = _codes_rows(call.mat2.t()), _codes_rows(call.scale_b.reshape(-1))
 
@@ -138,7 +138,7 @@ class BlockScaledRecipe(Recipe):
         return _block_scaled_call(input, mat2, found, bias, profile, global_scales, **common)
 
     def pair(self, call) -> str:
-        spec = call.block_scaled
+        spec = call.spec
         single = spec.recipe.name == "nvfp4" and getattr(call, "global_scales", None) is None
         return f"{spec.recipe.name}_{spec.recipe.name}" + ("_single_scale" if single else "")
 
@@ -161,7 +161,7 @@ def _block_scaled_call(input, mat2, scaling, bias, profile, global_scales, **com
     return rules.ScaledMMCall(
         input=input, mat2=mat2, fmt_a=None, fmt_b=None, zero_size=False, layout_std=True, input_copied=False,
         out_column_major=False, out_unusable=False, out_resize=resize, out_resize_warns=resize_warns,
-        block_scaled=spec, global_scales=global_scales, **common, recipe=BLOCK_SCALED,
+        spec=spec, global_scales=global_scales, **common, recipe=BLOCK_SCALED,
     )
 
 
@@ -170,7 +170,7 @@ def _plan_block_scaled(plan: steps.Plan, splitk, backend, context) -> steps.Plan
     instruction per output over all of K (zero-padded to whole instructions), so S = 1 only; CPU engines, or
     ``cuda:simple`` when asked for by name."""
     call = plan.call
-    spec = call.block_scaled
+    spec = call.spec
     plan.preset = spec.preset
     padded = spec.padded_K != spec.K
     steps.note(plan, [Notice(ExperimentalPresetWarning,

@@ -53,7 +53,7 @@ class BlockwiseRecipe(Recipe):
         from ..blockwise_cublaslt import compute_blockwise
 
         call = plan.call
-        return compute_blockwise(call.input, call.mat2, call.scale_a, call.scale_b, call.blockwise, call.bias,
+        return compute_blockwise(call.input, call.mat2, call.scale_a, call.scale_b, call.spec, call.bias,
                                  call.out_dtype, plan.backend, context=plan.context)
 
 
@@ -66,7 +66,7 @@ def _blockwise_call(input, mat2, pair, bias, profile, **common) -> rules.ScaledM
     return rules.ScaledMMCall(
         input=input, mat2=mat2, fmt_a=spec.fmt_a, fmt_b=spec.fmt_b, zero_size=False, layout_std=True,
         input_copied=False, out_column_major=False, out_unusable=False, out_resize=resize,
-        out_resize_warns=resize_warns, bias=bias, blockwise=spec, **common, recipe=BLOCKWISE,
+        out_resize_warns=resize_warns, bias=bias, spec=spec, **common, recipe=BLOCKWISE,
     )
 
 
@@ -74,7 +74,7 @@ def _plan_blockwise(plan: steps.Plan, splitk, backend, context) -> steps.Plan:
     """A block-wise call through cuBLASLt >= 12.9 (:mod:`mmaemu.platform.blockwise`): experimental; no split-K
     table is recorded, so S = 1 is assumed; the engines of the block-scaled calls."""
     call = plan.call
-    spec = call.blockwise
+    spec = call.spec
     pair = pair_name(spec.block_a, spec.block_b)
     steps.note(plan, [Notice(ExperimentalPresetWarning, blockwise.maturity_message(pair), (f"blockwise:{pair}",))])
     steps.out_resized_warning(plan)

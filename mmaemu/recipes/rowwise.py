@@ -134,7 +134,7 @@ def _rowwise_call(input, mat2, bias, profile, **common) -> rules.ScaledMMCall:
     return rules.ScaledMMCall(
         input=input, mat2=mat2, fmt_a=rules._fp8_format(input.dtype), fmt_b=rules._fp8_format(mat2.dtype),
         zero_size=False, layout_std=True, input_copied=False, out_column_major=False, out_unusable=False,
-        out_resize=resize, out_resize_warns=resize_warns, rowwise=True, bias=bias, **common, recipe=ROWWISE,
+        out_resize=resize, out_resize_warns=resize_warns, bias=bias, **common, recipe=ROWWISE,
     )
 
 

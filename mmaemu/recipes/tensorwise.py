@@ -100,7 +100,7 @@ def kept_cpu_call(plan, weights):
     the plan's tensors."""
     gemm = getattr(plan, "cpu_gemm", None)
     call = plan.call
-    if gemm is None or call.rowwise or not _plain_data(call):  # a row-wise plan's: its recipe's run
+    if gemm is None or call.recipe is not TENSORWISE or not _plain_data(call):  # a row-wise plan's: its recipe's run
         return None
     return run_cpu_gemm(gemm, call.input, call.mat2, call.scale_a, call.scale_b, call.scale_result, call.out_dtype,
                         weights)
