@@ -233,6 +233,33 @@ def test_scaled_mm_is_the_oracle_epilogue_of_the_accumulator(M, N, K, fast):
         assert int(got[m, n]) == want, (m, n)
 
 
+@pytest.mark.parametrize("M,N", [(64, 3072), (65, 3072)], ids=["x-first", "w-first"])
+def test_scaled_mm_multiplies_the_scales_in_the_dispatched_order(M, N):
+    """Through scaled_mm (the kept plan's compiled row-wise call), scales whose order decides the result: a huge
+    scale_a (about 2**126) and a tiny scale_b (about 2**-126), so that ``acc * scale_a`` first overflows to Inf
+    where ``acc * scale_b`` first stays finite. Every sampled output is the oracle's for the order the kernel's
+    dispatch gives the shape (64 x 3072: scale_a first; 65 x 3072: transposed, scale_b first), and most differ
+    from the other order's, so a swapped order fails."""
+    rng = np.random.default_rng(M * 3 + N)
+    K = 16
+    a, w, _, _, _ = _operands(rng, M, N, K)
+    sa = torch.from_numpy((rng.uniform(1.0, 2.0, (M, 1)) * 2.0 ** 126).astype(np.float32))
+    sb = torch.from_numpy((rng.uniform(1.0, 2.0, (1, N)) * 2.0 ** -126).astype(np.float32))
+    got = _rowwise(a, w.t(), sa, sb, out_dtype=torch.bfloat16, use_fast_accum=True).view(torch.uint16).numpy()
+    acc = mmaemu.accumulate(a, w, use_fast_accum=True, splitk=1).numpy().view(np.uint32)
+    xs, ws = sa.numpy().view(np.uint32).reshape(-1), sb.numpy().view(np.uint32).reshape(-1)
+    transposed = oracle.rowwise_runs_transposed(M, N)
+    assert transposed is (M == 65)
+    differ = 0
+    picks = rng.choice(M * N, size=4000, replace=False)
+    for i in picks:
+        m, n = divmod(int(i), N)
+        args = (int(acc[m, n]), int(xs[m]), int(ws[n]), None)
+        assert int(got[m, n]) == oracle.rowwise_epilogue(*args, transposed), (m, n)
+        differ += oracle.rowwise_epilogue(*args, not transposed) != int(got[m, n])
+    assert differ > picks.size // 2, f"only {differ} outputs tell the two orders apart"
+
+
 def test_accumulator_chunks_against_the_oracle():
     """The row-wise accumulator is the hopper chain: against the oracle's unsplit fast / slow (c.1, c.2)."""
     rng = np.random.default_rng(RNG_SEED)
