@@ -26,6 +26,7 @@ process, a later decision, ``python -m mmaemu explain`` (target: under 1.5 s) ag
     python scripts/bench.py --cuda [...]    # only the CUDA kernels on a GPU (scripts/bench_cuda.py, its options)
     python scripts/bench.py --proto DIR     # only accumulate_codes against the offset prototype in DIR (issue 29)
     python scripts/bench.py --recipes       # only the recipe layers' forwards against the tensor-wise layer
+    python scripts/bench.py --whole-call    # only scaled_mm (kept weight, bf16 out) against np.dot, every schedule
 
 The block-wise section (also at the end of a full run) times mmaemu.cpu.chunked.accumulate_chunked_codes (DeepGEMM's
 sm_90 1d2d kernel: 128-k chunks and the scaled FMA combine) against accumulate_codes with the hopper preset and slow
@@ -96,6 +97,9 @@ def parse_args(argv=None):
     parser.add_argument("--recipes", action="store_true",
                         help="only the recipe layers' forwards (row-wise, block-wise, MXFP8, NVFP4) against the "
                              "tensor-wise layer on the same shapes")
+    parser.add_argument("--whole-call", action="store_true",
+                        help="only mmaemu.scaled_mm's whole call (bf16 out, kept weight) against float64 np.dot, "
+                             "with hopper fast, hopper slow, ada and E5M2 weights")
     parser.add_argument("--proto", nargs="?", const="", default=None, metavar="DIR",
                         help="only accumulate_codes hopper fast against the offset prototype's offset_cpu.py in DIR "
                              f"(default: ${PROTO_ENV}), 1 and 2 threads, checking the bits")
@@ -326,6 +330,66 @@ def rowwise_vs_tensorwise(rng, shapes, repeats):
             rows.append((M, N, K, "fast" if fast else "slow", best_t, best_r))
     return rows
 
+
+# The whole call with a kept weight (issue 29): at least 0.6x np.dot on these, no shape below 0.3x, and the other
+# schedules and formats within 1.2x of hopper fast.
+WHOLE_CALL_SHAPES = SHAPES
+WHOLE_CALL_VARIANTS = (  # (label, profile, use_fast_accum, weight format)
+    ("hopper fast", "hopper", True, "e4m3"),
+    ("hopper slow", "hopper", False, "e4m3"),
+    ("ada fast", "ada", True, "e4m3"),
+    ("ada slow", "ada", False, "e4m3"),
+    ("hopper fast, E5M2 weight", "hopper", True, "e5m2"),
+)
+
+
+def whole_call_section(rng, shapes, repeats):
+    """Print ``mmaemu.scaled_mm`` (tensor-wise scales of 1, bf16 out, splitk=1, the weight kept: called twice
+    before timing) against float64 ``np.dot`` of the same shape, and each variant against hopper fast. One pass per
+    weight format (the store emptied before each: two kept 4096 x 4096 weights exceed its
+    ``mmaemu.cpu.prepared.MAX_BYTES``, and interleaving them would time their decoding); within a pass the
+    variants and ``np.dot`` are interleaved; best of ``repeats``."""
+    import warnings
+
+    import numpy as np
+    import torch
+
+    import mmaemu
+    from mmaemu.cpu import prepared
+
+    dtypes = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+    one = torch.tensor(1.0)
+    print(f"# {time.strftime('%c')}, load average {os.getloadavg()[0]:.2f}")
+    print("| M | N | K | call | scaled_mm ms | np.dot f64 ms | vs np.dot | time / hopper fast |")
+    print("|---:|---:|---:|---|---:|---:|---:|---:|")
+    worst = float("inf")
+    for M, N, K in shapes:
+        a = torch.from_numpy(fp8_codes(rng, "e4m3", (M, K))).view(torch.float8_e4m3fn)
+        af, bf = rng.standard_normal((M, K)), rng.standard_normal((N, K))
+        best, best_dot = {}, float("inf")
+        for fmt, dtype in dtypes.items():
+            w = torch.from_numpy(fp8_codes(rng, fmt, (N, K))).view(dtype)
+            calls = {label: (lambda profile=profile, fast=fast: mmaemu.scaled_mm(
+                a, w.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=fast, profile=profile, splitk=1))
+                for label, profile, fast, weight_fmt in WHOLE_CALL_VARIANTS if weight_fmt == fmt}
+            prepared.WEIGHTS.clear()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for call in calls.values():  # seen, then kept; compiled or loaded outside the timings
+                    call(), call()
+                np.dot(af, bf.T)
+                best.update(dict.fromkeys(calls, float("inf")))
+                for _ in range(repeats):
+                    best_dot = min(best_dot, best_of(lambda: np.dot(af, bf.T), 1))
+                    time.sleep(BLAS_SETTLE_S)
+                    for label, call in calls.items():
+                        best[label] = min(best[label], best_of(call, 1))
+        for label in best:
+            worst = min(worst, best_dot / best[label])
+            print(f"| {M} | {N} | {K} | {label} | {best[label] * 1e3:.2f} | {best_dot * 1e3:.2f} | "
+                  f"{best_dot / best[label]:.3f} | {best[label] / best['hopper fast']:.2f} |")
+    prepared.WEIGHTS.clear()
+    print(f"# lowest ratio to np.dot: {worst:.3f}; load average at the end {os.getloadavg()[0]:.2f}")
 
 def print_rowwise(rows):
     print("| M | N | K | accumulation | tensor-wise s | row-wise + bias s | ratio (target <= 1.3) |")
@@ -721,6 +785,10 @@ def main(argv=None):
         return
     import numpy as np
 
+    if args.whole_call:
+        whole_call_section(np.random.default_rng(args.seed), QUICK_SHAPES if args.quick else WHOLE_CALL_SHAPES,
+                           args.repeats or (2 if args.quick else 3))
+        return
     if args.blockwise:
         blockwise_section(np.random.default_rng(args.seed), args.quick, args.repeats or (2 if args.quick else 3))
         return
@@ -805,8 +873,9 @@ def main(argv=None):
     print(f"# fresh process, warm cache: import {imp:.2f} s, first call (hopper fast) {first:.2f} s, "
           f"first call of another schedule (ada slow, 2 pairwise splits) {second:.2f} s")
     print_startup(args)
-
-
+    print()
+    whole_call_section(rng, QUICK_SHAPES if args.quick else WHOLE_CALL_SHAPES, repeats)
+    print()
     blockwise_section(rng, args.quick, repeats)
     recipe_layers_section(repeats)
     print()
