@@ -76,14 +76,20 @@ def chunked_prepared_task(p_lo, p_hi, m_lo, m_hi, a, prepared, K, chunk, rule, s
 
 
 @arithmetic
+def task_panel(kp):
+    """A task's own panel of B (:class:`.offset_kernel.Operand` of one panel, K padded to ``kp``) and the scratch
+    of :func:`.offset_kernel.pack_panel` (uint8 [kp, PANEL])."""
+    words = (kp // 4, PANEL)
+    val, exp = np.empty((kp, PANEL), np.float32), np.empty((kp, PANEL), np.int8)
+    return Operand(val, exp, np.empty(words, np.uint32), np.empty(words, np.uint32)), np.empty((kp, PANEL), np.uint8)
+
+
+@arithmetic
 def chunked_codes_task(p_lo, p_hi, m_lo, m_hi, a, codes, decode, K, chunk, rule, scales_a, scales_b, schedule,
                        constants, masks, out):
     """One task on B's codes: each of panels p_lo ... p_hi - 1 packed into the task's own panel
     (:func:`.offset_kernel.pack_panel`), then computed against rows m_lo ... m_hi - 1."""
-    kp = padded_k(K)
-    panel = Operand(np.empty((kp, PANEL), np.float32), np.empty((kp, PANEL), np.int8),
-                    np.empty((kp // 4, PANEL), np.uint32), np.empty((kp // 4, PANEL), np.uint32))
-    scratch = np.empty((kp, PANEL), np.uint8)
+    panel, scratch = task_panel(padded_k(K))
     for p in range(p_lo, p_hi):
         pack_panel(codes, p * PANEL, decode, panel, scratch)
         chunked_panel_rows(m_lo, m_hi, a, panel, p * PANEL, K, chunk, rule, scales_a, scales_b, schedule,
