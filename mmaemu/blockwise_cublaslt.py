@@ -95,7 +95,8 @@ def accumulate_chunked(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kerne
 
     reference = backend == "reference"
     store = WEIGHTS if weights is None else weights
-    prepared = None if reference or b_rows is None else kept_panels(store, b_rows, b_codes, fmt_a, fmt_b)
+    prepared = None if reference or b_rows is None else kept_panels(store, b_rows, b_codes, fmt_a, fmt_b, kernel,
+                                                                    a_codes.shape[0], context)
     return accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, reference=reference,
                                     prepared_b=prepared, context=context)
 

@@ -9,6 +9,11 @@ and cuBLASLt's; the kernel record's combine rule and output mode are the only di
 * fast path, other format pairs: for each chunk, the chunk's partials of the whole GEMM
   (:func:`mmaemu.cpu.engine.accumulate_codes` on the chunk's k range, the NaN/Inf rule on the chunk's codes), then
   :func:`mmaemu.arith.scaled.combine_chunk_rows` enters them into the accumulators;
+* the offset engine (:mod:`mmaemu.cpu.offset_chunked`), where :func:`chunked_engine` takes it (the offset method
+  fits the chunk's chain: :func:`mmaemu.cpu.features.offset_call_decline` for :func:`chunk_schedule`, every FP8
+  pair with the shipped kernels): each chunk's chain on the offset block step and the combine per tile right after
+  it; then the outputs of rows holding a NaN or Inf code are those of E4M3's rule above (E4M3 x E4M3) or of the
+  reference (:func:`reference_rows_and_columns`, the other pairs);
 * ``reference=True``: every output walks its chunks alone with
   :func:`mmaemu.arith.scaled.accumulate_chunked_one`, the reference the fast path is tested against.
 
@@ -27,8 +32,8 @@ from ..arith.params import Schedule
 from ..arith.scaled import accumulate_chunked_one, chunked_output_bits, combine_chunk, combine_chunk_rows
 from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_accumulate, tile_decode
 from . import threads
-from .engine import (EPILOGUE_WORK, REFERENCE_PRODUCT_WORK, _check_prepared, accumulate_codes, decode_operand,
-                     fast_path_tasks, nonfinite_flags, panel_source, tile_shape)
+from .engine import (EPILOGUE_WORK, REFERENCE_PRODUCT_WORK, TILE_ENGINE, _check_prepared, _chosen_engine,
+                     accumulate_codes, decode_operand, fast_path_tasks, nonfinite_flags, panel_source, tile_shape)
 from .gemm import FEW_ROWS, TILE_M, TILE_N, output_tile, tile_accumulate_arrays
 
 
@@ -95,6 +100,21 @@ def nan_rows_and_columns(lo, hi, a_flags, b_flags, final):
         for n in range(N):
             if a_flags[m] or b_flags[n]:
                 final[m, n] = np.float32(np.nan)
+
+
+@arithmetic
+def reference_rows_and_columns(lo, hi, a_flags, b_flags, sa, ea, sb, eb, a_codes, b_codes, a_table, b_table,
+                               scales_a, scales_b, chunk, rule, params, final):
+    """final[m, n] = accumulate_chunked_one(row m of A, row n of B), the reference, where row m of A or row n of B
+    holds a NaN or Inf code (rows lo .. hi-1): the rule of non-finite codes after the offset engine's finite
+    products (:func:`accumulate_chunked_codes`)."""
+    K = sa.shape[1]
+    N = final.shape[1]
+    for m in range(lo, hi):
+        for n in range(N):
+            if a_flags[m] or b_flags[n]:
+                final[m, n] = accumulate_chunked_one(sa[m], ea[m], sb[n], eb[n], a_codes[m], b_codes[n], a_table,
+                                                     b_table, K, scales_a[m], scales_b[n], chunk, rule, params)
 
 
 @arithmetic
@@ -168,17 +188,40 @@ def output_rows(lo, hi, mode, final, d_bits, c_bits, out_bits):
 KEPT_MIN_CODES = 1 << 14
 
 
-def kept_panels(store, tensor, b_codes, fmt_a: str, fmt_b: str):
-    """B's prepared panels (:func:`mmaemu.cpu.engine.prepare_b`) kept in ``store`` (:mod:`mmaemu.cpu.prepared`: the
-    process-wide :data:`~mmaemu.cpu.prepared.WEIGHTS` or a layer's slot) for ``tensor``, B's rows [N, K] whose
-    uint8 codes are ``b_codes``; None where the fused fast path would not read them (a format pair other than
-    E4M3 x E4M3, a B of fewer than :data:`KEPT_MIN_CODES` codes, a tensor off the CPU) or the store keeps none
-    yet (it keeps a B the second time it sees it unchanged)."""
-    if fmt_a != "e4m3" or fmt_b != "e4m3" or b_codes.size < KEPT_MIN_CODES or tensor.device.type != "cpu":
-        return None
-    from .engine import TILE
+def chunk_schedule(chunk: int) -> Schedule:
+    """The schedule whose chains are the chunks of ``chunk`` k: one split, a chain restarted from +0 at every
+    k-tile of width ``chunk``, stopped at K (a chunk's partial, :func:`mmaemu.arith.scaled.chunk_partial`): the
+    schedule the engine choice asks :func:`mmaemu.cpu.features.offset_call_decline` about, and the one the offset
+    engine walks each chunk's chain with (:mod:`mmaemu.cpu.offset_chunked`)."""
+    return Schedule(chunk, 1, 0, 1, 0, 0)
 
-    return store.prepared(TILE, fmt_b, tensor, b_codes)
+
+def chunked_engine(kernel, fmt_a: str, fmt_b: str, shape, context=None) -> str:
+    """The engine ("offset" or "tile") of a chunked call's fast path on an [M, N] result ``shape``:
+    :func:`mmaemu.cpu.engine.cpu_engine_choice` for the kernel's preset, :func:`chunk_schedule` and the formats
+    (``MMAEMU_CPU_ENGINE`` of ``context``; None: the context of this moment, read here), its warnings reported."""
+    return _chosen_engine(kernel.tensor_core_preset, chunk_schedule(kernel.chunk), fmt_a, fmt_b, None, shape,
+                          context)
+
+
+def kept_panels(store, tensor, b_codes, fmt_a: str, fmt_b: str, kernel=None, rows=None, context=None):
+    """B's prepared panels kept in ``store`` (:mod:`mmaemu.cpu.prepared`: the process-wide
+    :data:`~mmaemu.cpu.prepared.WEIGHTS` or a layer's slot) for ``tensor``, B's rows [N, K] whose uint8 codes are
+    ``b_codes``: the offset engine's (:func:`mmaemu.cpu.offset_engine.prepare_b`) where :func:`chunked_engine`
+    takes it for ``kernel`` and a result of ``rows`` rows (``context``: as it takes it), else the tile engine's
+    (:func:`mmaemu.cpu.engine.prepare_b`; also without ``kernel`` or ``rows``). None where no fast path would read
+    them (a B of fewer than :data:`KEPT_MIN_CODES` codes, a tensor off the CPU, the tile engine with a format
+    pair other than E4M3 x E4M3) or the store keeps none yet (it keeps a B the second time it sees it
+    unchanged)."""
+    if b_codes.size < KEPT_MIN_CODES or tensor.device.type != "cpu":
+        return None
+    from .engine import OFFSET, TILE
+
+    offset = kernel is not None and rows is not None and chunked_engine(
+        kernel, fmt_a, fmt_b, (rows, b_codes.shape[0]), context) == "offset"
+    if not offset and (fmt_a != "e4m3" or fmt_b != "e4m3"):
+        return None
+    return store.prepared(OFFSET if offset else TILE, fmt_b, tensor, b_codes)
 
 
 def _check_scales(scales, rows, chunks, name):
@@ -194,11 +237,13 @@ def accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b,
     """fp32 accumulators [M, N] of A [M, K] times B [N, K]^T (uint8 FP8 codes) by a chunked kernel.
 
     ``scales_a`` [M, ceil(K / chunk)], ``scales_b`` [N, ceil(K / chunk)]: the fp32 scale of each row's chunk (a
-    block scale of B is given once per row of B it covers). K must be positive. ``prepared_b``: B's panels for the
-    tile engine (:func:`mmaemu.cpu.engine.prepare_b` of these codes, the caller's guarantee, as for
-    :func:`mmaemu.cpu.engine.accumulate_codes`), used by the fused fast path (E4M3 x E4M3), or None. ``context``: the
-    :class:`mmaemu.context.Context` whose ``MMAEMU_CPU_ENGINE`` picks the engine of the other pairs' chunks (None:
-    that of this moment, read once, here, when such a chunk is computed).
+    block scale of B is given once per row of B it covers). K must be positive. ``prepared_b``: B's panels of these
+    codes (the caller's guarantee, as for :func:`mmaemu.cpu.engine.accumulate_codes`), which name the engine: the
+    offset engine's (:func:`mmaemu.cpu.offset_engine.prepare_b`) or the tile engine's
+    (:func:`mmaemu.cpu.engine.prepare_b`, read by its fused fast path, E4M3 x E4M3), or None: the engine is
+    :func:`chunked_engine`'s. ``context``: the :class:`mmaemu.context.Context` whose ``MMAEMU_CPU_ENGINE`` picks
+    the engine, and that of the other pairs' chunks on the tile engine (None: that of this moment, read once,
+    here).
     """
     from ..arith.params import preset_params
 
@@ -224,13 +269,24 @@ def accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b,
                              np.array(formats.values(fmt_b)), scales_a, scales_b, kernel.chunk, kernel.combine,
                              params, final)
         return final
+    if prepared_b is None:
+        context = context_of(context)  # one reading for the engine and every chunk of a call outside a planned one
+        engine = chunked_engine(kernel, fmt_a, fmt_b, (M, N), context)
+    else:
+        engine = prepared_b.engine
+    if engine == "offset":
+        accumulate_chunked_on_offset(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, preset, params,
+                                     final, prepared_b)
+        return final
     if fmt_a == fmt_b == "e4m3":
         if prepared_b is not None:
             _check_prepared(prepared_b, b_codes, fmt_b)
         accumulate_chunked_fast(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, preset, params, final,
                                 prepared_b)
         return final
-    context = context_of(context)  # one reading for every chunk of a call outside a planned one
+    if prepared_b is not None:
+        _check_prepared(prepared_b, b_codes, fmt_b)  # a tile engine's B for a pair its fused path does not take
+    context = context_of(context)
     for kb in range(chunks):
         k0, k1 = kb * kernel.chunk, min((kb + 1) * kernel.chunk, K)
         partial = accumulate_codes(a_codes[:, k0:k1], b_codes[:, k0:k1], fmt_a, fmt_b, preset, True,
@@ -238,6 +294,36 @@ def accumulate_chunked_codes(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b,
         threads.parallel_for(combine_chunk_rows, M, max(1, N // 8), kernel.combine, final, partial, scales_a,
                              scales_b, kb)
     return final
+
+
+def accumulate_chunked_on_offset(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, preset, params, final,
+                                 prepared=None):
+    """The offset engine's chunked path (:func:`mmaemu.cpu.offset_chunked.accumulate_chunked_offset`) into
+    ``final``, then the rule of non-finite codes: E4M3 x E4M3 by NaN rows and columns (E4M3 has no Inf: a NaN code
+    makes its chunk and with it the output NaN), the other pairs by the reference for the outputs of rows holding
+    a NaN or Inf code (:func:`reference_rows_and_columns`). ``prepared``: B's offset panels of these codes, or
+    None."""
+    from .offset_chunked import accumulate_chunked_offset
+
+    if prepared is not None and (prepared.engine != "offset" or prepared.fmt != fmt_b
+                                 or prepared.shape != b_codes.shape):
+        raise ValueError(f"prepared_b was prepared by engine {prepared.engine!r} for a {prepared.fmt} B of shape "
+                         f"{prepared.shape}, not for this {fmt_b} B of shape {b_codes.shape} (offset engine)")
+    accumulate_chunked_offset(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, preset,
+                              chunk_schedule(kernel.chunk), final, prepared)
+    a_flags, b_flags = nonfinite_flags(a_codes, fmt_a), nonfinite_flags(b_codes, fmt_b)
+    if not (a_flags.any() or b_flags.any()):
+        return
+    M, K = a_codes.shape
+    N = b_codes.shape[0]
+    if fmt_a == fmt_b == "e4m3":
+        threads.parallel_for(nan_rows_and_columns, M, N, a_flags, b_flags, final)
+        return
+    sa, ea = decode_operand(a_codes, fmt_a)
+    sb, eb = decode_operand(b_codes, fmt_b)
+    threads.parallel_for(reference_rows_and_columns, M, REFERENCE_PRODUCT_WORK * N * K, a_flags, b_flags, sa, ea,
+                         sb, eb, a_codes, b_codes, np.array(formats.values(fmt_a)), np.array(formats.values(fmt_b)),
+                         scales_a, scales_b, kernel.chunk, kernel.combine, params, final)
 
 
 def _fp32_bits(values, shape, given: bool):
