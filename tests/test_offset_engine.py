@@ -233,6 +233,33 @@ def test_packed_layout_is_offset_packs(fmt):
 
 
 @needs_offset
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_panel_decode_is_checked_against_the_tables(fmt, monkeypatch):
+    """code_decode runs the engine's own panel decode (pack_panel) on every code at every byte position of a 4-k
+    word and compares it with the tables: it accepts the format, and one entry of any table altered (a value's
+    last bit, an exponent, a low or a sign byte of one code) makes it raise."""
+    from mmaemu.cpu import offset_engine
+
+    codes = offset_engine.every_code_panel()
+    for i in range(4):
+        assert sorted(codes[:, i::4].ravel()) == list(range(256))
+    monkeypatch.setattr(offset_engine, "_DECODES", {})
+    assert offset_engine.code_decode(fmt).mant_bits == (3 if fmt == "e4m3" else 2)
+    tables = offset_engine.packing_tables(fmt)
+    code = 0xB3  # a negative normal code of both formats
+    for field in range(4):
+        altered = [t.copy() for t in tables]
+        if field == 0:
+            altered[0][code] = np.nextafter(altered[0][code], np.float32(0))
+        else:
+            altered[field][code] ^= 1 if field < 3 else 0x80
+        monkeypatch.setattr(offset_engine, "_DECODES", {})
+        monkeypatch.setitem(offset_engine._TABLES, fmt, tuple(altered))
+        with pytest.raises(ValueError, match="differs from its tables"):
+            offset_engine.code_decode(fmt)
+
+
+@needs_offset
 def test_prepared_b_is_reused_and_read_only():
     rng = np.random.default_rng(1)
     a1, a2 = random_codes(rng, "e4m3", (3, 70)), random_codes(rng, "e5m2", (4, 70))

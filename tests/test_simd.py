@@ -238,3 +238,92 @@ def test_mxcsr_is_restored_when_a_kernel_raises():
     finally:
         simd.set_thread_mxcsr(np.uint32(before))
     assert simd.thread_mxcsr() == before
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The operations of B's panel decode (mmaemu.cpu.offset_kernel.decode_words): byte lanes, shifts, conversions
+
+BYTE_BINARY = [(simd.add_i8, simd.add_i8_twin), (simd.sub_i8, simd.sub_i8_twin), (simd.and_i8, simd.and_i8_twin),
+               (simd.or_i8, simd.or_i8_twin), (simd.xor_i8, simd.xor_i8_twin), (simd.max_u8, simd.max_u8_twin),
+               (simd.less_u8, simd.less_u8_twin)]
+
+
+def _byte_binary_kernel(op):
+    @njit
+    def run(x, y, out):
+        for r in range(x.shape[0]):
+            v = op(simd.bytes_of_i32(simd.load_u32(x, r, 0)), simd.bytes_of_i32(simd.load_u32(y, r, 0)))
+            simd.store_u32(out, r, 0, simd.i32_of_bytes(v))
+    return run
+
+
+def _byte_operands():
+    """[rows, 16] words of every pair of bytes that matters: edges (0, 1, 0x7F, 0x80, 0xFF, ...) and random."""
+    x, y = word_rows(8), word_rows(9)
+    return x, np.concatenate([y[1:], y[:1]])
+
+
+@pytest.mark.parametrize("op,twin", BYTE_BINARY, ids=lambda f: getattr(f, "__name__", str(f)))
+def test_byte_operations_of_the_decode_equal_their_twins(op, twin):
+    x, y = _byte_operands()
+    out = np.zeros(x.shape, np.uint32)
+    _byte_binary_kernel(op)(x, y, out)
+    want = np.stack([twin(x[r].view(np.int8), y[r].view(np.int8)) for r in range(x.shape[0])])
+    assert np.array_equal(out.view(np.int8), want)
+
+
+@njit
+def _decode_operations(x, y, mask, out, low_bytes):
+    for r in range(x.shape[0]):
+        a, b = simd.load_u32(x, r, 0), simd.load_u32(y, r, 0)
+        ab, bb = simd.bytes_of_i32(a), simd.bytes_of_i32(b)
+        simd.store_u32(out, 8 * r, 0, simd.i32_of_bytes(simd.select_i8(simd.bytes_of_i32(simd.load_u32(mask, r, 0)),
+                                                                       ab, bb)))
+        simd.store_u32(out, 8 * r + 1, 0, simd.i32_of_bytes(simd.trailing_zeros_i8(ab)))
+        simd.store_u32(out, 8 * r + 2, 0, simd.lshr_by_i32(a, simd.and_i32(b, simd.broadcast_i32(31))))
+        simd.store_u32(out, 8 * r + 3, 0, simd.ashr_i32(a, 24))
+        simd.store_u32(out, 8 * r + 4, 0, simd.ashr_i32(a, 7))
+        simd.store_f32(out.view(np.float32), 8 * r + 5, 0, simd.f32_of_i32(a))
+        simd.store_f32(out.view(np.float32), 8 * r + 6, 0,
+                       simd.mul_f32(simd.f32_of_i32(simd.ashr_i32(a, 24)), simd.f32_of_bits(simd.and_i32(
+                           b, simd.broadcast_i32(0x3F800000)))))
+        simd.store_low_bytes(low_bytes, r, 0, a)
+
+
+def test_decode_operations_equal_their_twins():
+    """select_i8 on masks of 0xFF and 0 bytes, trailing_zeros_i8 (8 for a zero byte), shifts by lane counts and
+    arithmetic shifts, the int32 conversion (exact below 2**24 and rounded above), a product of small integers
+    and powers of two (the decode's values: exact), and the low bytes stored."""
+    x, y = _byte_operands()
+    rng = np.random.default_rng(10)
+    mask = np.where(rng.random((x.shape[0], 64)) < 0.5, 0xFF, 0).astype(np.uint8).view(np.uint32)
+    out = np.zeros((8 * x.shape[0], 16), np.uint32)
+    low_bytes = np.zeros((x.shape[0], 16), np.int8)
+    _decode_operations(x, y, mask, out, low_bytes)
+    got = out.reshape(x.shape[0], 8, 16)
+    for r in range(x.shape[0]):
+        xb, yb = x[r].view(np.int8), y[r].view(np.int8)
+        assert np.array_equal(got[r, 0].view(np.int8), simd.select_i8_twin(mask[r].view(np.int8), xb, yb))
+        assert np.array_equal(got[r, 1].view(np.int8), simd.trailing_zeros_i8_twin(xb))
+        assert np.array_equal(got[r, 2], simd.lshr_by_i32_twin(x[r], y[r] & np.uint32(31)))
+        assert np.array_equal(got[r, 3], simd.ashr_i32_twin(x[r], 24))
+        assert np.array_equal(got[r, 4], simd.ashr_i32_twin(x[r], 7))
+        assert np.array_equal(got[r, 5].view(np.float32), simd.f32_of_i32_twin(x[r]))
+        powers = (y[r] & np.uint32(0x3F800000)).view(np.float32)
+        assert np.array_equal(got[r, 6].view(np.float32),
+                              simd.mul_f32_twin(simd.f32_of_i32_twin(simd.ashr_i32_twin(x[r], 24)), powers))
+        assert np.array_equal(low_bytes[r], simd.store_low_bytes_twin(x[r]))
+
+
+@njit
+def _words(codes, out):
+    for r in range(codes.shape[0]):
+        for c in range(codes.shape[1] - 3):
+            out[r, c] = simd.load_word(codes, r, c)
+
+
+def test_load_word_reads_four_bytes_little_endian_at_any_offset():
+    codes = np.random.default_rng(11).integers(0, 256, (3, 11), dtype=np.uint8)
+    out = np.zeros((3, 8), np.uint32)
+    _words(codes, out)
+    assert all(out[r, c] == simd.load_word_twin(codes[r], c) for r in range(3) for c in range(8))

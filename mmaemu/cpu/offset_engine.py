@@ -22,12 +22,14 @@ from ..arith.offset import (ADD_MAX, EXPONENT_BYTE_ABSENT, SIGN_BYTE, ZERO_LOW, 
                             offset_params, offset_tables)
 from ..arith.params import Schedule, preset_params
 from . import threads
-from .offset_kernel import (MASKS, PANEL, ROWS, TILE_WORDS, CodeDecode, Operand, decode_code, offset_codes_task,
-                            offset_prepared_task, pack_panels_task, pack_tiles, padded_k)
+from .offset_kernel import (MASKS, PANEL, ROWS, TILE_WORDS, CodeDecode, Operand, offset_codes_task,
+                            offset_prepared_task, pack_panel, pack_panels_task, pack_tiles, padded_k)
 from .simd import call_restoring_mxcsr
 
-# The cost of packing one element, in products of the fast path (threads' units): about 1 ns.
+# The cost of packing one element, in products of the fast path (threads' units): A's tiles (by table) about 1 ns,
+# B's panels (by vectors, :func:`~.offset_kernel.decode_words`) about 0.3 ns (docs/performance.md).
 PACK_WORK = 10
+B_PACK_WORK = 3
 
 
 class PreparedB(NamedTuple):
@@ -73,22 +75,38 @@ def packing_tables(fmt: str):
 _DECODES = {}
 
 
+def every_code_panel() -> np.ndarray:
+    """B's codes [PANEL, 16] holding each of the 256 codes at each of the four byte positions of a 4-k word
+    (column k % 4) exactly once: code ``(j + 64 * (k // 4)) % 256`` at row j, column k."""
+    rows, columns = np.arange(PANEL)[:, None], np.arange(16)[None, :]
+    return ((rows + PANEL * (columns // 4)) % 256).astype(np.uint8)
+
+
 def code_decode(fmt: str) -> CodeDecode:
-    """The fields of ``fmt``'s codes for :func:`~.offset_kernel.decode_code` (B's panels are decoded by arithmetic,
-    not by table: about 2.5 times faster, docs/performance.md), computed once. Raises ValueError unless the decode
-    gives :func:`packing_tables`' entries for all 256 codes, bit for bit: the tables stay the definition."""
+    """The fields of ``fmt``'s codes for the panel decode (:func:`~.offset_kernel.decode_words`: B's panels are
+    decoded by arithmetic on vectors, not by table, docs/performance.md), computed once. Raises ValueError unless
+    the panel of :func:`every_code_panel` packed by :func:`~.offset_kernel.pack_panel` holds
+    :func:`packing_tables`' entries for all 256 codes at every byte position, bit for bit: the tables stay the
+    definition, and the check runs the decode the engine runs."""
     if fmt not in _DECODES:
         values = np.asarray(formats.values(fmt), np.float64)
         mbits = formats.MANT_BITS[fmt]
         special = min([m for m in range(128) if not np.isfinite(values[m])], default=128)
         decode = CodeDecode(mbits, formats.EMIN[fmt], special, -mbits - format_low_range(fmt)[0], ZERO_LOW,
                             EXPONENT_BYTE_ABSENT, SIGN_BYTE)
-        tables = packing_tables(fmt)
-        for c in range(256):
-            value, exponent, low, sign = decode_code(np.int32(c), decode)
-            expected = (tables[0][c].view(np.uint32), int(tables[1][c]), int(tables[2][c]), int(tables[3][c]))
-            if (np.float32(value).view(np.uint32), int(exponent), int(low), int(sign)) != expected:
-                raise ValueError(f"the arithmetic decode of {fmt} code {c:#04x} differs from its tables")
+        codes = every_code_panel()
+        K = codes.shape[1]
+        panel = Operand(np.empty((K, PANEL), np.float32), np.empty((K, PANEL), np.int8),
+                        np.empty((K // 4, PANEL), np.uint32), np.empty((K // 4, PANEL), np.uint32))
+        pack_panel(codes, 0, decode, panel, np.empty((K // 4, PANEL), np.uint32))
+        values, exps, lows, signs = packing_tables(fmt)
+        shifts = (8 * np.arange(4, dtype=np.uint32))[None, :, None]
+        words = codes.T.reshape(K // 4, 4, PANEL)  # [group, byte position, column]
+        if not (np.array_equal(panel.val.view(np.uint32), values[codes.T].view(np.uint32))
+                and np.array_equal(panel.exp, exps[codes.T])
+                and np.array_equal(panel.low, np.bitwise_or.reduce(lows[words].astype(np.uint32) << shifts, 1))
+                and np.array_equal(panel.sign, np.bitwise_or.reduce(signs[words].astype(np.uint32) << shifts, 1))):
+            raise ValueError(f"the arithmetic decode of {fmt}'s codes differs from its tables")
         _DECODES[fmt] = decode
     return _DECODES[fmt]
 
@@ -98,7 +116,7 @@ def prepare_b(b_codes: np.ndarray, fmt_b: str) -> PreparedB:
 
     Contract: the result depends only on the codes' values, their shape and ``fmt_b``; it holds no reference to
     ``b_codes`` (a cache may keep it while B's storage changes, keyed on what changes B). Its arrays are
-    read-only. Cost: one pass over B (about 1 ns per element); memory 7 bytes per element of B (rounded up to whole
+    read-only. Cost: one pass over B (about 0.3 ns per element); memory 7 bytes per element of B (rounded up to whole
     panels and 16 k).
     """
     b_codes = np.ascontiguousarray(b_codes, dtype=np.uint8)
@@ -106,7 +124,7 @@ def prepare_b(b_codes: np.ndarray, fmt_b: str) -> PreparedB:
     panels, kp = max(1, -(-N // PANEL)), padded_k(K)
     prepared = Operand(np.empty((panels, kp, PANEL), np.float32), np.empty((panels, kp, PANEL), np.int8),
                        np.empty((panels, kp // 4, PANEL), np.uint32), np.empty((panels, kp // 4, PANEL), np.uint32))
-    threads.parallel_for(pack_panels_task, panels, PACK_WORK * kp * PANEL, b_codes, code_decode(fmt_b), prepared)
+    threads.parallel_for(pack_panels_task, panels, B_PACK_WORK * kp * PANEL, b_codes, code_decode(fmt_b), prepared)
     for array in prepared:
         array.setflags(write=False)
     return PreparedB(fmt_b, (N, K), *prepared)

@@ -67,14 +67,15 @@ from ..base._jit import arithmetic, arithmetic_inlined
 from ..arith.chain import chain_range, chain_range_count
 from ..arith.fp32 import FP32_EXPONENT_BIAS, FP32_FRACTION_BITS
 from ..arith.fp32 import float32_bits as bits_of_f32_scalar
-from ..arith.fp32 import float32_from_bits as f32_of_bits_scalar
 from ..arith.offset import EXPONENT_FIELD, K_PASS, add_chain_values, block_range, offset_empty_block
 from ..arith.offset_step import StepConstants, correction_flags, step_end, step_start
 from ..arith.packed import BYTE_ONES
 from ..arith.schedule import chain_tiles_of, clear_tile, combine_step, combine_tile, split_chains
-from .simd import (add_i32, add_saturated_i8, broadcast_f32, broadcast_i32, broadcast_load_i32, bytes_of_i32,
-                   enter_toward_zero, f32_of_bits, fma_toward_zero_f32, leave_toward_zero, load_f32, load_i8,
-                   load_u32, lshr_i32, max_i8, mul_i32, shl_i32, store_f32, widen_i8)
+from .simd import (add_i8, add_i32, add_saturated_i8, and_i8, and_i32, ashr_i32, broadcast_f32, broadcast_i32,
+                   broadcast_load_i32, bytes_of_i32, enter_toward_zero, f32_of_bits, f32_of_i32, fma_toward_zero_f32,
+                   i32_of_bytes, leave_toward_zero, less_u8, load_f32, load_word, load_i8, load_u32, lshr_by_i32, lshr_i32,
+                   max_i8, max_u8, mul_f32, mul_i32, or_i8, select_i8, shl_i32, store_f32, store_low_bytes,
+                   store_u32, sub_i8, trailing_zeros_i8, widen_i8, xor_i8)
 
 ROWS = 4  # rows of A per tile: each B vector loaded serves all of them
 VECTORS = 2  # 16-lane vectors per row of a sub-tile
@@ -87,6 +88,7 @@ TILE_LOWS = 16  # 4 low-byte words, one per row
 TILE_SIGNS = 20  # 4 sign-byte words, one per row
 TILE_EXPONENTS = 24  # 16 exponent words (the byte four times), k-major like the values
 TILE_WORDS = 40
+WORD_BLOCK = 16  # 4-k groups of B's panel transposed, then decoded, at a time: 64 k, one cache line of each row
 
 
 class Operand(NamedTuple):
@@ -120,11 +122,11 @@ def padded_k(K):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Packing: A by the tables (values float32, exponent bytes int8, low bytes uint32, sign bytes uint32, per code), B
-# by decode_code, which gives the same entries (checked for every code: mmaemu.cpu.offset_engine.code_decode)
+# by decode_words, which gives the same entries (checked for every code: mmaemu.cpu.offset_engine.code_decode)
 
 
 class CodeDecode(NamedTuple):
-    """The fields of a format's codes that :func:`decode_code` reads (int32 values; :func:`mmaemu.cpu.
+    """The fields of a format's codes that :func:`decode_words` reads (int32 values; :func:`mmaemu.cpu.
     offset_engine.code_decode` derives them and checks the decode against the tables for every code)."""
 
     mant_bits: int  # significand bits below the implicit one
@@ -136,78 +138,141 @@ class CodeDecode(NamedTuple):
     sign_byte: int  # sign byte of a negative term (SIGN_BYTE)
 
 
-@arithmetic
-def decode_code(c, d):
-    """(value float32, exponent byte, low byte, sign byte) of a code c (int32, 0 ... 255) of an FP8 format with the
-    fields ``d`` (:class:`CodeDecode`): the tables' entries (:func:`mmaemu.cpu.offset_engine.packing_tables`), by
-    integer arithmetic without branches or table reads, so that a loop over 64 lanes of codes is vectorised. The
-    value is the significand times the power 2**(ex - mant_bits) built as an fp32 pattern (a normal number for
-    every FP8 format), exact. Trailing zero bits: of the significand's lowest set bit (at most 8 for FP8: its
-    significand has at most 4 bits)."""
-    i32 = np.int32  # every intermediate cast back to int32: Numba widens int32 arithmetic to int64, which would
-    # halve the lanes per vector (8 int64, not 16 int32: 1.6 times the instructions)
-    c = i32(c)
-    mag = i32(c & i32(0x7F))
-    field = i32(mag >> i32(d.mant_bits))
-    normal = i32(i32(i32(-field) >> i32(31)) & i32(1))  # field > 0, by arithmetic (a bool's widening is 64-bit)
-    sig = i32(i32(mag & i32((1 << d.mant_bits) - 1)) | i32(normal << i32(d.mant_bits)))
-    ex = i32(i32(field + i32(d.min_exponent)) - normal)
-    present = (mag > i32(0)) & (mag < i32(d.special))
-    lowest = i32(sig & i32(-sig))
-    trailing = i32(i32(lowest >> i32(1)) - i32(lowest >> i32(3)))  # lowest in {1, 2, 4, 8}: 0, 1, 2, 3
-    power = f32_of_bits_scalar(i32(i32(i32(ex - i32(d.mant_bits)) + i32(127)) << i32(23)))
-    magnitude = np.float32(sig) * power
-    negative = i32(c & i32(0x80)) != i32(0)
-    value = np.float32(-magnitude) if negative else magnitude
-    value = value if present else np.float32(0.0)
-    exponent = ex if present else i32(d.exponent_absent)
-    low = i32(i32(ex + trailing) + i32(d.low_base)) if present else i32(d.zero_low)
-    sign = i32(d.sign_byte) if (present & negative) else i32(0)
-    return value, exponent, low, sign
+class DecodeVectors(NamedTuple):
+    """:class:`CodeDecode` as the byte vectors :func:`decode_words` reads (each field's byte in all 64 bytes; the
+    shift count in every int32 lane)."""
+
+    magnitude: object  # 0x7F: the code without its sign bit
+    mant_bits: object  # int32 lanes: the shift from the magnitude to the exponent field
+    field_mask: object  # 0x7F >> mant_bits: the exponent field after that shift
+    mant_mask: object  # 2**mant_bits - 1: the significand's bits below the implicit one
+    implicit: object  # 2**mant_bits: the implicit one of a normal code
+    one: object  # 1
+    exponent_step: object  # min_exponent - 1: ex = max(field, 1) + min_exponent - 1
+    special_less: object  # special - 1: a code is present where 0 < magnitude < special
+    power_bias: object  # 127 - mant_bits: the fp32 exponent field of 2**(ex - mant_bits) is ex + power_bias
+    low_base: object
+    zero_low: object
+    exponent_absent: object
+    sign_byte: object
+    power_field: object  # int32 lanes: fp32's exponent field (0x7F800000)
 
 
 @arithmetic
-def pack_panel(codes, row0, decode, panel, scratch):
-    """Rows row0 ... row0 + 63 of ``codes`` [N, K] (zero codes past N and K) into ``panel`` (:class:`Operand`,
-    B's layout), through ``scratch`` (uint8 [Kp, PANEL]): the codes transposed k-major in blocks of 64 k (a row's
-    reads and a k's writes stay in the cache), then each 4-k group's 64 contiguous lanes decoded by
-    :func:`decode_code` (``decode``: :class:`CodeDecode`), a vectorised loop (table reads are not: docs/
-    performance.md)."""
+def byte_vector(x):
+    """The low byte of the integer x in all 64 bytes."""
+    return bytes_of_i32(broadcast_i32(np.uint32(np.uint32(x & 0xFF) * np.uint32(BYTE_ONES))))
+
+
+@arithmetic
+def decode_vectors(d):
+    """The :class:`DecodeVectors` of a format's :class:`CodeDecode` ``d``."""
+    mbits = d.mant_bits
+    return DecodeVectors(byte_vector(0x7F), broadcast_i32(np.int32(mbits)), byte_vector(0x7F >> mbits),
+                         byte_vector((1 << mbits) - 1), byte_vector(1 << mbits), byte_vector(1),
+                         byte_vector(d.min_exponent - 1), byte_vector(d.special - 1), byte_vector(127 - mbits),
+                         byte_vector(d.low_base), byte_vector(d.zero_low), byte_vector(d.exponent_absent),
+                         byte_vector(d.sign_byte), broadcast_i32(np.int32(0xFF << FP32_FRACTION_BITS)))
+
+
+@arithmetic
+def store_code_values(panel, k, column, sig, power, exponents):
+    """Row k of the panel's values and exponent bytes, columns ``column ... column + 15``: the signed significand
+    (int32 lanes) times the power of two whose fp32 pattern is ``power`` (exact: at most 4 significant bits times
+    a normal power of two, a normal product), and the low byte of each lane of ``exponents``."""
+    store_f32(panel.val, k, column, mul_f32(f32_of_i32(sig), f32_of_bits(power)))
+    store_low_bytes(panel.exp, k, column, exponents)
+
+
+@arithmetic
+def decode_words(words, g, column, v, panel):
+    """Group g of the panel (k = 4g ... 4g + 3), columns ``column ... column + 15``, from ``words[g, column:
+    column + 16]`` (uint32: byte i of a lane is the code at k = 4g + i): the tables' entries
+    (:func:`mmaemu.cpu.offset_engine.packing_tables`; checked for every code at every byte position by
+    :func:`mmaemu.cpu.offset_engine.code_decode`) by arithmetic on vectors, no branch and no table read. The
+    exponent, low and sign bytes are computed on all 64 codes at once, in bytes (the low-byte and sign-byte words
+    are then the lanes themselves); the values per k on 16 int32 lanes, as the signed significand (0 for an absent
+    code) times 2**(ex - mant_bits). Fields (``v``: :class:`DecodeVectors`): ex = max(field, 1) + min_exponent - 1;
+    the significand the mantissa with the implicit one where field > 0; the low byte ex + its trailing zero bits
+    + low_base; an absent code (magnitude 0 or at least ``special``) has value +0, the absent exponent byte, the
+    zero low byte and sign byte 0."""
+    w = load_u32(words, g, column)
+    c = bytes_of_i32(w)
+    mag = and_i8(c, v.magnitude)
+    field = and_i8(bytes_of_i32(lshr_by_i32(i32_of_bytes(mag), v.mant_bits)), v.field_mask)
+    normal = less_u8(v.mant_mask, mag)
+    sig = or_i8(and_i8(mag, v.mant_mask), and_i8(normal, v.implicit))
+    ex = add_i8(max_u8(field, v.one), v.exponent_step)
+    present = less_u8(sub_i8(mag, v.one), v.special_less)
+    negative = less_u8(v.magnitude, c)
+    low = add_i8(add_i8(ex, trailing_zeros_i8(sig)), v.low_base)
+    store_u32(panel.low, g, column, i32_of_bytes(select_i8(present, low, v.zero_low)))
+    store_u32(panel.sign, g, column, i32_of_bytes(and_i8(and_i8(present, negative), v.sign_byte)))
+    present_sig = and_i8(sig, present)
+    signed = i32_of_bytes(sub_i8(xor_i8(present_sig, negative), negative))
+    power = i32_of_bytes(add_i8(ex, v.power_bias))
+    exponents = i32_of_bytes(select_i8(present, ex, v.exponent_absent))
+    k = 4 * g
+    # byte i of each lane: the significand sign-extended, the power's byte moved to fp32's exponent field
+    store_code_values(panel, k, column, ashr_i32(shl_i32(signed, 24), 24), and_i32(shl_i32(power, 23),
+                      v.power_field), exponents)
+    store_code_values(panel, k + 1, column, ashr_i32(shl_i32(signed, 16), 24), and_i32(shl_i32(power, 15),
+                      v.power_field), lshr_i32(exponents, 8))
+    store_code_values(panel, k + 2, column, ashr_i32(shl_i32(signed, 8), 24), and_i32(shl_i32(power, 7),
+                      v.power_field), lshr_i32(exponents, 16))
+    store_code_values(panel, k + 3, column, ashr_i32(signed, 24), and_i32(lshr_i32(power, 1), v.power_field),
+                      lshr_i32(exponents, 24))
+
+
+@arithmetic
+def code_words(codes, row0, words, g0, g1):
+    """``words[g, j]`` (uint32 [Kp / 4, PANEL]; groups g0 ... g1 - 1) = the codes of row row0 + j of ``codes`` [N, K] at k = 4g ... 4g + 3,
+    little-endian (zero codes past N and K): the panel's 4-k groups transposed to k-major, one word per column.
+    Group by group, so that the 64 rows' lines of codes stay in the cache for 16 groups, and the words are
+    written in order (column by column, the words of one column are 256 bytes apart: 480 groups of them overflow
+    the first-level cache, and the writes were three times slower)."""
     N, K = codes.shape
-    kp = panel.val.shape[0]
-    at = np.uint64  # unsigned indices: no negative-index wrap in the loops, which LLVM then vectorises
-    for kb in range(0, kp, 64):
-        ke = min(kb + 64, kp)
-        inside = max(kb, min(ke, K))
-        for j in range(PANEL):
-            row = row0 + j
-            if row < N:
-                for k in range(kb, inside):
-                    scratch[at(k), at(j)] = codes[at(row), at(k)]
-                for k in range(inside, ke):
-                    scratch[at(k), at(j)] = np.uint8(0)
-            else:
-                for k in range(kb, ke):
-                    scratch[at(k), at(j)] = np.uint8(0)
+    full = K // 4
+    rows = max(0, min(PANEL, N - row0))
+    at = np.uint64  # unsigned indices: no negative-index wrap in the loops
     u = np.uint32
-    for g in range(kp // 4):
-        k = 4 * g
-        for j in range(PANEL):
-            panel.low[at(g), at(j)] = u(0)
-            panel.sign[at(g), at(j)] = u(0)
-        for i in range(4):
-            for j in range(PANEL):
-                value, exponent, low, sign = decode_code(np.int32(scratch[at(k + i), at(j)]), decode)
-                panel.val[at(k + i), at(j)] = value
-                panel.exp[at(k + i), at(j)] = np.int8(exponent)
-                panel.low[at(g), at(j)] = u(panel.low[at(g), at(j)] | u(u(low) << u(8 * i)))
-                panel.sign[at(g), at(j)] = u(panel.sign[at(g), at(j)] | u(u(sign) << u(8 * i)))
+    for g in range(g0, g1):
+        if g < full:
+            for j in range(rows):
+                words[at(g), at(j)] = load_word(codes, row0 + j, 4 * g)
+        elif g == full:
+            for j in range(rows):
+                last = u(0)
+                for k in range(4 * full, K):
+                    last |= u(u(codes[at(row0 + j), at(k)]) << u(8 * (k - 4 * full)))
+                words[at(g), at(j)] = last
+        else:
+            for j in range(rows):
+                words[at(g), at(j)] = u(0)
+        for j in range(rows, PANEL):
+            words[at(g), at(j)] = u(0)
+
+
+@arithmetic
+def pack_panel(codes, row0, decode, panel, words):
+    """Rows row0 ... row0 + 63 of ``codes`` [N, K] (zero codes past N and K) into ``panel`` (:class:`Operand`,
+    B's layout), through ``words`` (uint32 [Kp / 4, PANEL]): the codes' 4-k words transposed k-major
+    (:func:`code_words`), then each group's 4 x 16 codes a vector decoded by :func:`decode_words` (``decode``:
+    :class:`CodeDecode`)."""
+    v = decode_vectors(decode)
+    groups = words.shape[0]
+    for g0 in range(0, groups, WORD_BLOCK):
+        g1 = min(g0 + WORD_BLOCK, groups)
+        code_words(codes, row0, words, g0, g1)
+        for g in range(g0, g1):
+            for column in range(0, PANEL, 16):
+                decode_words(words, g, column, v, panel)
 
 
 @arithmetic
 def pack_panels(lo, hi, codes, decode, prepared, scratch):
     """Panels lo ... hi - 1 of B (rows ``p * PANEL ...`` of ``codes``) into ``prepared`` (:class:`Operand` of arrays
-    with a leading panel axis); ``scratch``: uint8 [Kp, PANEL]."""
+    with a leading panel axis); ``scratch``: uint32 [Kp / 4, PANEL]."""
     for p in range(lo, hi):
         pack_panel(codes, p * PANEL, decode, panel_of(prepared, p), scratch)
 
@@ -215,7 +280,7 @@ def pack_panels(lo, hi, codes, decode, prepared, scratch):
 @arithmetic
 def pack_panels_task(lo, hi, codes, decode, prepared):
     """:func:`pack_panels` with its own scratch (one task of the threads)."""
-    pack_panels(lo, hi, codes, decode, prepared, np.empty((prepared.val.shape[1], PANEL), np.uint8))
+    pack_panels(lo, hi, codes, decode, prepared, np.empty((prepared.low.shape[1], PANEL), np.uint32))
 
 
 @arithmetic
@@ -467,7 +532,7 @@ def offset_codes_task(p_lo, p_hi, m_lo, m_hi, a, codes, decode, K, schedule, con
     kp = padded_k(K)
     panel = Operand(np.empty((kp, PANEL), np.float32), np.empty((kp, PANEL), np.int8),
                     np.empty((kp // 4, PANEL), np.uint32), np.empty((kp // 4, PANEL), np.uint32))
-    scratch = np.empty((kp, PANEL), np.uint8)
+    scratch = np.empty((kp // 4, PANEL), np.uint32)
     for p in range(p_lo, p_hi):
         pack_panel(codes, p * PANEL, decode, panel, scratch)
         offset_panel_rows(m_lo, m_hi, a, panel, p * PANEL, K, schedule, constants, masks, out)

@@ -145,6 +145,8 @@ load_u32 = _load(types.uint32, i32x16)
 load_u32.__doc__ = "``array[row, column:column + 16]`` of a C-contiguous uint32 array as an int32 vector."
 store_f32 = _store(types.float32, f32x16)
 store_f32.__doc__ = "``array[row, column:column + 16] = value`` (a float32 array)."
+store_u32 = _store(types.uint32, i32x16)
+store_u32.__doc__ = "``array[row, column:column + 16] = value`` (a uint32 array, an int32 vector)."
 load_i8 = _load(types.int8, i8x64)
 load_i8.__doc__ = "``array[row, column:column + 64]`` of a C-contiguous int8 array as a vector of 64 bytes."
 broadcast_load_f32 = _load(types.float32, f32x16, _V_F32)
@@ -153,6 +155,20 @@ broadcast_load_f32.__doc__ = ("``array[row, column]`` of a C-contiguous float32 
 broadcast_load_i32 = _load(types.uint32, i32x16, _V_I32)
 broadcast_load_i32.__doc__ = ("``array[row, column]`` of a C-contiguous uint32 array in every lane (one "
                               "vpbroadcastd from memory; no wrap-around of negative indices).")
+
+
+@intrinsic
+def load_word(typingctx, array, row, column):
+    """The little-endian uint32 of the four bytes ``array[row, column:column + 4]`` (a C-contiguous uint8 array;
+    one unaligned load, no bounds check)."""
+    if not _is_indexed_row_array(array, types.uint8, row, column):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.load(builder.bitcast(_item_pointer(context, builder, signature, args), _I32.as_pointer()),
+                            align=1)
+
+    return types.uint32(array, row, column), codegen
 
 
 @intrinsic
@@ -261,13 +277,94 @@ def _shift(emit, doc):
 
 shl_i32 = _shift(lambda b, x, n: b.shl(x, n), "Lane-wise left shift by a constant (vpslld).")
 lshr_i32 = _shift(lambda b, x, n: b.lshr(x, n), "Lane-wise logical right shift by a constant (vpsrld).")
+ashr_i32 = _shift(lambda b, x, n: b.ashr(x, n), "Lane-wise arithmetic right shift by a constant (vpsrad).")
 rotate16_i32 = _shift(lambda b, x, n: b.or_(b.lshr(x, n), b.shl(x, n)),
                       "Per lane :func:`mmaemu.arith.packed.swap_halves` (vprold 16); the amount must be 16.")
+
+
+# Byte lanes, for B's panel decode (:func:`mmaemu.cpu.offset_kernel.decode_words`: 64 codes an operation)
+add_i8 = _binary(i8x64, lambda b, x, y: b.add(x, y), "Byte-wise sum modulo 256 (vpaddb).")
+sub_i8 = _binary(i8x64, lambda b, x, y: b.sub(x, y), "Byte-wise difference modulo 256 (vpsubb).")
+and_i8 = _binary(i8x64, lambda b, x, y: b.and_(x, y), "Byte-wise and (vpandd).")
+or_i8 = _binary(i8x64, lambda b, x, y: b.or_(x, y), "Byte-wise or (vpord).")
+xor_i8 = _binary(i8x64, lambda b, x, y: b.xor(x, y), "Byte-wise exclusive or (vpxord).")
+max_u8 = _binary(i8x64, lambda b, x, y: b.select(b.icmp_unsigned(">", x, y), x, y),
+                 "Byte-wise unsigned maximum (vpmaxub).")
+less_u8 = _binary(i8x64, lambda b, x, y: b.sext(b.icmp_unsigned("<", x, y), _V_I8),
+                  "0xFF in the bytes where ``a < b`` unsigned, 0 in the others (vpcmpub and vpmovm2b).")
+lshr_by_i32 = _binary(i32x16, lambda b, x, y: b.lshr(x, y),
+                      "Lane-wise logical right shift by the lanes of ``b`` (each 0 ... 31; vpsrlvd, or vpsrld "
+                      "where they are one broadcast count).")
+
+
+def _select_bytes(builder, mask, x, y):
+    """Where ``mask``'s byte is 0xFF the byte of x, where 0 the byte of y (one vpternlogd)."""
+    return builder.or_(builder.and_(mask, x), builder.and_(builder.not_(mask), y))
+
+
+@intrinsic
+def select_i8(typingctx, mask, a, b):
+    """Byte-wise ``a if mask else b`` for a mask of 0xFF and 0 bytes (:func:`less_u8`'s): ``mask & a | ~mask & b``
+    (one vpternlogd)."""
+    if (mask, a, b) != (i8x64,) * 3:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return _select_bytes(builder, *args)
+
+    return i8x64(mask, a, b), codegen
+
+
+@intrinsic
+def trailing_zeros_i8(typingctx, x):
+    """Byte-wise count of trailing zero bits, 8 for a zero byte (``llvm.cttz.v64i8``: vpopcntb of ``~x & (x - 1)``
+    with AVX-512 BITALG, nibble look-ups by vpshufb without)."""
+    if x != i8x64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_V_I8, [_V_I8, ir.IntType(1)]),
+                                                  "llvm.cttz.v64i8")
+        return builder.call(function, [args[0], ir.Constant(ir.IntType(1), 0)])
+
+    return i8x64(x), codegen
 
 
 bits_of_f32 = _bitcast(f32x16, i32x16, "The int32 patterns of the lanes (a bitcast, no instruction).")
 f32_of_bits = _bitcast(i32x16, f32x16, "The fp32 numbers whose patterns are the lanes (a bitcast, no instruction).")
 bytes_of_i32 = _bitcast(i32x16, i8x64, "The 64 bytes of the lanes, little-endian (a bitcast, no instruction).")
+i32_of_bytes = _bitcast(i8x64, i32x16, "The 16 lanes of 64 bytes, little-endian (a bitcast, no instruction).")
+
+
+@intrinsic
+def f32_of_i32(typingctx, x):
+    """Lane-wise the fp32 nearest to the int32 (vcvtdq2ps; exact for magnitudes up to 2**24)."""
+    if x != i32x16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.sitofp(args[0], _V_F32)
+
+    return f32x16(x), codegen
+
+
+mul_f32 = _binary(f32x16, lambda b, x, y: b.fmul(x, y), "Lane-wise fp32 product rounded to nearest (vmulps).")
+
+
+@intrinsic
+def store_low_bytes(typingctx, array, row, column, value):
+    """``array[row, column:column + 16]`` (a C-contiguous int8 array) = the low byte of each lane of ``value``
+    (vpmovdb)."""
+    if not (_is_indexed_row_array(array, types.int8, row, column) and value == i32x16):
+        return None
+
+    def codegen(context, builder, signature, args):
+        narrow = builder.trunc(args[3], ir.VectorType(ir.IntType(8), LANES))
+        pointer = builder.bitcast(_item_pointer(context, builder, signature, args), narrow.type.as_pointer())
+        builder.store(narrow, pointer, align=1)
+        return context.get_dummy_value()
+
+    return types.void(array, row, column, value), codegen
 
 
 @intrinsic
@@ -570,3 +667,67 @@ def add_saturated_i8_twin(a, b):
 
 def widen_i8_twin(a, quarter):
     return _i8(a)[LANES * quarter:LANES * (quarter + 1)].astype(np.int32).view(np.uint32)
+
+
+def _u8(x):
+    return np.asarray(x, np.int8).view(np.uint8)
+
+
+def add_i8_twin(a, b):
+    return ((_u8(a).astype(np.int64) + _u8(b)) % 256).astype(np.uint8).view(np.int8)
+
+
+def sub_i8_twin(a, b):
+    return ((_u8(a).astype(np.int64) - _u8(b)) % 256).astype(np.uint8).view(np.int8)
+
+
+def and_i8_twin(a, b):
+    return _i8(a) & _i8(b)
+
+
+def or_i8_twin(a, b):
+    return _i8(a) | _i8(b)
+
+
+def xor_i8_twin(a, b):
+    return _i8(a) ^ _i8(b)
+
+
+def max_u8_twin(a, b):
+    return np.maximum(_u8(a), _u8(b)).view(np.int8)
+
+
+def less_u8_twin(a, b):
+    return np.where(_u8(a) < _u8(b), -1, 0).astype(np.int8)
+
+
+def select_i8_twin(mask, a, b):
+    return np.where(_i8(mask) == -1, _i8(a), _i8(b)).astype(np.int8)  # masks of 0xFF and 0 bytes only
+
+
+def trailing_zeros_i8_twin(a):
+    return np.array([next((i for i in range(8) if (int(x) >> i) & 1), 8) for x in _u8(a)], np.int8)
+
+
+def lshr_by_i32_twin(a, n):
+    return _u32(a) >> _u32(n)
+
+
+def ashr_i32_twin(a, n):
+    return (_i32(a) >> np.int32(n)).view(np.uint32)
+
+
+def f32_of_i32_twin(a):
+    return _i32(a).astype(np.float32)
+
+
+def mul_f32_twin(a, b):
+    return np.asarray(a, np.float32) * np.asarray(b, np.float32)
+
+
+def store_low_bytes_twin(a):
+    return (_u32(a) & np.uint32(0xFF)).astype(np.uint8).view(np.int8)
+
+
+def load_word_twin(row, column):
+    return int.from_bytes(bytes(np.asarray(row, np.uint8)[column:column + 4]), "little")
