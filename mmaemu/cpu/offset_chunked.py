@@ -78,10 +78,10 @@ def chunked_prepared_task(p_lo, p_hi, m_lo, m_hi, a, prepared, K, chunk, rule, s
 @arithmetic
 def task_panel(kp):
     """A task's own panel of B (:class:`.offset_kernel.Operand` of one panel, K padded to ``kp``) and the scratch
-    of :func:`.offset_kernel.pack_panel` (uint8 [kp, PANEL])."""
+    of :func:`.offset_kernel.pack_panel` (uint32 [kp / 4, PANEL])."""
     words = (kp // 4, PANEL)
     val, exp = np.empty((kp, PANEL), np.float32), np.empty((kp, PANEL), np.int8)
-    return Operand(val, exp, np.empty(words, np.uint32), np.empty(words, np.uint32)), np.empty((kp, PANEL), np.uint8)
+    return Operand(val, exp, np.empty(words, np.uint32), np.empty(words, np.uint32)), np.empty(words, np.uint32)
 
 
 @arithmetic
