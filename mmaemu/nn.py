@@ -86,7 +86,7 @@ def _add_bias(y, bias):
     NaN, that NaN quieted in both (two NaNs, whose payload torch's instruction order would pick, go to torch). Why
     not torch: an addition of 32,768 elements or more is a parallel region on torch's OpenMP threads, whose
     workers then wait actively for milliseconds (GNU OpenMP's default policy) beside the next layer's GEMM on mmaemu's
-    threads: on 2 cores that cost the next GEMM 1.6-2.8 ms (docs/performance.md, "MiniLM: torch's waiting
+    threads: on 2 cores that cost the next GEMM 1.6-2.8 ms (docs/performance.md, "MiniLM and torch's waiting
     workers"). Every other pair (other dtypes, devices, subclasses, a NaN in the bias) is torch's addition."""
     if (type(y) is torch.Tensor and type(bias) is torch.Tensor and y.dtype == torch.float32
             and bias.dtype == torch.float32 and y.device.type == "cpu" and bias.device.type == "cpu"
