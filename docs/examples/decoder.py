@@ -82,12 +82,18 @@ def generate(model, prompt, decode: int) -> RunTimes:
     return RunTimes(prefill, per_token, tokens)
 
 
-def best_run(model, prompt, decode: int, repeats: int) -> RunTimes:
-    """The fastest prefill and decoding of ``repeats`` runs after a warm-up run (compiled kernels loaded, weights
-    prepared), with the tokens of the last run."""
-    generate(model, prompt, decode)
-    runs = [generate(model, prompt, decode) for _ in range(repeats)]
-    return RunTimes(min(r.prefill_s for r in runs), min(r.decode_s_per_token for r in runs), runs[-1].tokens)
+def best_runs(models, prompt, decode: int, repeats: int) -> list:
+    """Per model, the fastest prefill and decoding of ``repeats`` runs after a warm-up run (compiled kernels
+    loaded, weights prepared), with the tokens of the last run. The models' runs alternate, so that each sees the
+    same moments of a shared machine."""
+    for model in models:
+        generate(model, prompt, decode)
+    runs = [[] for _ in models]
+    for _ in range(repeats):
+        for model, own in zip(models, runs):
+            own.append(generate(model, prompt, decode))
+    return [RunTimes(min(r.prefill_s for r in own), min(r.decode_s_per_token for r in own), own[-1].tokens)
+            for own in runs]
 
 
 def emulated(model, recipe: str):
@@ -96,7 +102,8 @@ def emulated(model, recipe: str):
 
 
 def compare(layers: int, prefill: int, decode: int, recipes, repeats: int, seed: int = 0):
-    """Rows (recipe, emulated RunTimes, native RunTimes) for every recipe, native runs interleaved with each."""
+    """Rows (recipe, emulated RunTimes, native RunTimes) for every recipe, the native runs alternating with the
+    emulated ones (:func:`best_runs`)."""
     model = build_model(layers, seed)
     prompt = torch.randint(0, model.config.vocab_size, (1, prefill), generator=torch.Generator().manual_seed(seed))
     rows = []
@@ -105,7 +112,7 @@ def compare(layers: int, prefill: int, decode: int, recipes, repeats: int, seed:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", mmaemu.AssumedUnsplitWarning)
             warnings.filterwarnings("ignore", "`past_key_values` is deprecated", FutureWarning)  # transformers 5
-            rows.append((recipe, best_run(fp8, prompt, decode, repeats), best_run(model, prompt, decode, repeats)))
+            rows.append((recipe, *best_runs((fp8, model), prompt, decode, repeats)))
     return rows
 
 

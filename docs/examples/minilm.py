@@ -85,6 +85,20 @@ def best_time(model, sentences, repeats):
     return result, min(times)
 
 
+def best_times(models, sentences, repeats):
+    """The best wall time in seconds of each model's forward over ``repeats`` runs after one warm-up run each, the
+    models' runs alternating (each sees the same moments of a shared machine)."""
+    for model in models:
+        embed(model, sentences)
+    best = [float("inf")] * len(models)
+    for _ in range(repeats):
+        for i, model in enumerate(models):
+            start = time.perf_counter()
+            embed(model, sentences)
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best
+
+
 def fp8_model(model, profile):
     """A copy of the model whose nn.Linear layers are FP8 GEMMs of the profile, fp32 outputs as the model's.
 

@@ -327,13 +327,12 @@ class TensorwiseGemm:
     # -- the offset engine -----------------------------------------------------------------------------------------
 
     def _offset(self, a_codes, b_codes, scales, weights, b_tensor, acc, out_bits):
-        from .engine import OFFSET, accumulate_engine, nonfinite_flags
+        from .engine import OFFSET, accumulate_engine
 
         prepared = None if weights is None else weights.prepared(OFFSET, self.fmt_b, b_tensor, b_codes)
-        accumulate_engine("offset", a_codes, b_codes, self.fmt_a, self.fmt_b, self.preset, self.schedule,
-                          self.params, acc, prepared)
-        self._finish(a_codes, nonfinite_flags(a_codes, self.fmt_a), b_codes, nonfinite_flags(b_codes, self.fmt_b),
-                     scales, acc, out_bits)
+        a_flags, b_flags = accumulate_engine("offset", a_codes, b_codes, self.fmt_a, self.fmt_b, self.preset,
+                                             self.schedule, self.params, acc, prepared)  # flags computed once
+        self._finish(a_codes, a_flags, b_codes, b_flags, scales, acc, out_bits)
 
     def _finish(self, a_codes, a_flags, b_codes, b_flags, scales, acc, out_bits):
         """The NaN/Inf rule and the epilogue of every output, in parallel over ranges of rows."""
