@@ -32,7 +32,7 @@ from ..arith.params import Schedule
 from ..arith.scaled import accumulate_chunked_one, chunked_output_bits, combine_chunk, combine_chunk_rows
 from ..arith.tile import TILE_FORMATS, lane_bits_needed, tile_accumulate, tile_decode
 from . import threads
-from .engine import (EPILOGUE_WORK, REFERENCE_PRODUCT_WORK, TILE_ENGINE, _check_prepared, _chosen_engine,
+from .engine import (EPILOGUE_WORK, REFERENCE_PRODUCT_WORK, _check_prepared, _chosen_engine,
                      accumulate_codes, decode_operand, fast_path_tasks, nonfinite_flags, panel_source, tile_shape)
 from .gemm import FEW_ROWS, TILE_M, TILE_N, output_tile, tile_accumulate_arrays
 
