@@ -226,38 +226,31 @@ def tile_product_sum_narrow(a_val, b_val, kb, ke, scale, total, run, part):
 
 
 @arithmetic_inlined
+def four_rows(a, k):
+    """Element k of the tile's :data:`ROWS` rows of ``a`` [ROWS, K]."""
+    return a[0, k], a[1, k], a[2, k], a[3, k]
+
+
+@arithmetic_inlined
+def four_rows_of(a):
+    """The tile's :data:`ROWS` rows of ``a`` [ROWS, lanes] (views)."""
+    return a[0], a[1], a[2], a[3]
+
+
+@arithmetic_inlined
 def tile_exponent_max_rows(a_exp, b_exp, kb, ke, e_max):
     """:func:`mmaemu.arith.tile.tile_exponent_max` for the tile's :data:`ROWS` rows at once (``e_max``
-    [ROWS, lanes], int16): each exponent of the panel read once for the four rows, two k per pass."""
+    [ROWS, lanes], int16): each exponent of the panel read once for the four rows."""
     lanes = e_max.shape[1]
-    m0, m1, m2, m3 = e_max[0], e_max[1], e_max[2], e_max[3]
-    r0, r1, r2, r3 = a_exp[0], a_exp[1], a_exp[2], a_exp[3]
-    u = np.uint64
-    k = u(kb)
-    end = u(ke)
-    while k + u(2) <= end:
-        k1 = k + u(1)
-        x0, y0 = r0[k], r0[k1]
-        x1, y1 = r1[k], r1[k1]
-        x2, y2 = r2[k], r2[k1]
-        x3, y3 = r3[k], r3[k1]
+    m0, m1, m2, m3 = four_rows_of(e_max)
+    for k in range(np.uint64(kb), np.uint64(ke)):
+        x0, x1, x2, x3 = four_rows(a_exp, k)
         for j in range(lanes):
-            b0 = b_exp[k, j]
-            b1 = b_exp[k1, j]
-            m0[j] = max(m0[j], np.int16(max(np.int16(x0 + b0), np.int16(y0 + b1))))
-            m1[j] = max(m1[j], np.int16(max(np.int16(x1 + b0), np.int16(y1 + b1))))
-            m2[j] = max(m2[j], np.int16(max(np.int16(x2 + b0), np.int16(y2 + b1))))
-            m3[j] = max(m3[j], np.int16(max(np.int16(x3 + b0), np.int16(y3 + b1))))
-        k += u(2)
-    while k < end:
-        x0, x1, x2, x3 = r0[k], r1[k], r2[k], r3[k]
-        for j in range(lanes):
-            b0 = b_exp[k, j]
-            m0[j] = max(m0[j], np.int16(x0 + b0))
-            m1[j] = max(m1[j], np.int16(x1 + b0))
-            m2[j] = max(m2[j], np.int16(x2 + b0))
-            m3[j] = max(m3[j], np.int16(x3 + b0))
-        k += u(1)
+            b = b_exp[k, j]
+            m0[j] = max(m0[j], np.int16(x0 + b))
+            m1[j] = max(m1[j], np.int16(x1 + b))
+            m2[j] = max(m2[j], np.int16(x2 + b))
+            m3[j] = max(m3[j], np.int16(x3 + b))
 
 
 @arithmetic_inlined
@@ -266,18 +259,12 @@ def tile_product_sum_rows(a_val, b_val, kb, ke, scale, part):
     [ROWS, lanes]): each value of the panel read once for the four rows, two k per pass; the same integers."""
     T = part.dtype.type
     lanes = part.shape[1]
-    t0, t1, t2, t3 = part[0], part[1], part[2], part[3]
-    p0, p1, p2, p3 = scale[0], scale[1], scale[2], scale[3]
-    r0, r1, r2, r3 = a_val[0], a_val[1], a_val[2], a_val[3]
+    (t0, t1, t2, t3), (p0, p1, p2, p3) = four_rows_of(part), four_rows_of(scale)
     u = np.uint64
-    k = u(kb)
-    end = u(ke)
+    k, end = u(kb), u(ke)
     while k + u(2) <= end:
         k1 = k + u(1)
-        x0, y0 = r0[k], r0[k1]
-        x1, y1 = r1[k], r1[k1]
-        x2, y2 = r2[k], r2[k1]
-        x3, y3 = r3[k], r3[k1]
+        (x0, x1, x2, x3), (y0, y1, y2, y3) = four_rows(a_val, k), four_rows(a_val, k1)
         for j in range(lanes):
             b0 = panel_value(b_val[k, j])
             b1 = panel_value(b_val[k1, j])
@@ -288,7 +275,7 @@ def tile_product_sum_rows(a_val, b_val, kb, ke, scale, part):
             t3[j] = T(t3[j] + T(T((x3 * s3) * b0) + T((y3 * s3) * b1)))
         k += u(2)
     while k < end:
-        x0, x1, x2, x3 = r0[k], r1[k], r2[k], r3[k]
+        x0, x1, x2, x3 = four_rows(a_val, k)
         for j in range(lanes):
             b0 = panel_value(b_val[k, j])
             t0[j] = T(t0[j] + T((x0 * p0[j]) * b0))
@@ -428,18 +415,13 @@ def tile_group_sums_rows(a_val, b_val, g0, group, gsum_g, gabs_g):
     """:func:`tile_group_sums` for the tile's :data:`ROWS` rows at once (``gsum_g``/``gabs_g`` [ROWS, lanes]): each
     value of the panel read once for the four rows, two k per pass; the same sums (exact in any order)."""
     lanes = gsum_g.shape[1]
-    r0, r1, r2, r3 = a_val[0], a_val[1], a_val[2], a_val[3]
     gsum_g[:, :] = np.float32(0.0)
     gabs_g[:, :] = np.float32(0.0)
     u = np.uint64
-    k = u(g0)
-    end = u(g0 + group)
+    k, end = u(g0), u(g0 + group)
     while k + u(2) <= end:
         k1 = k + u(1)
-        x0, y0 = r0[k], r0[k1]
-        x1, y1 = r1[k], r1[k1]
-        x2, y2 = r2[k], r2[k1]
-        x3, y3 = r3[k], r3[k1]
+        (x0, x1, x2, x3), (y0, y1, y2, y3) = four_rows(a_val, k), four_rows(a_val, k1)
         for j in range(lanes):
             b0 = b_val[k, j]
             b1 = b_val[k1, j]
@@ -457,7 +439,7 @@ def tile_group_sums_rows(a_val, b_val, g0, group, gsum_g, gabs_g):
             gabs_g[3, j] += abs(p3) + abs(q3)
         k += u(2)
     while k < end:
-        x0, x1, x2, x3 = r0[k], r1[k], r2[k], r3[k]
+        x0, x1, x2, x3 = four_rows(a_val, k)
         for j in range(lanes):
             b0 = b_val[k, j]
             p0, p1, p2, p3 = x0 * b0, x1 * b0, x2 * b0, x3 * b0

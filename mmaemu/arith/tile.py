@@ -200,7 +200,8 @@ def lane_shift_toward_zero(x, shift, T, cap):
 def lane_bit_length(x, T, cap):
     """Number of bits of a non-negative x of the lane type T (0 for 0), cf. :func:`~.intbits.bit_length`: the
     width of T less x's leading zero bits (``llvm.ctlz``, defined at 0, where it gives the width), which LLVM
-    vectorises in the lane width (AVX-512CD ``vplzcntd``/``vplzcntq``; a few shifts and ors elsewhere)."""
+    vectorises in the lane width (AVX-512CD ``vplzcntq`` in :func:`tile_normalize`'s int64 loop), where the binary
+    search of six selects it replaces ran six compare-and-shift steps per lane."""
     return T(T(cap + 1) - leading_zeros(T(x)))
 
 
