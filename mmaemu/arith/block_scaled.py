@@ -27,12 +27,12 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import formats
-from ..base._jit import arithmetic
+from ..base._jit import arithmetic, arithmetic_inlined
 from .block import NO_LEAD, RESULT_EXP_FLOOR, block_step_early, normalize
 from .chain import exact_to_float32
 from .intbits import shift_toward_zero
-from .tile import (EMAX_NONE, K_UNROLL, lane_cap, lane_shift_toward_zero, pow2_scale, tile_exponent_max, tile_normalize,
-                   tile_product_sum)
+from .tile import (EMAX_NONE, K_UNROLL, lane_cap, lane_shift_toward_zero, panel_value, pow2_scale, tile_exponent_max,
+                   tile_normalize, tile_product_sum)
 
 # fp32's minimum normal exponent: the alignment exponent of a subnormal accumulator.
 FP32_MIN_EXP = -126
@@ -186,6 +186,8 @@ def scaled_chain(sa, ea, sb, eb, va, vb, ssa, sea, ssb, seb, sva, svb, bad_a, ba
 # 2**128 (c_lead >= 128) is infinite: the output is flagged and recomputed by the reference chain, as are outputs
 # with a NaN/Inf element or a NaN scale.
 
+# Rows of A of a whole tile (mmaemu.cpu.block_scaled.TILE_ROWS), read together against each value of the panel.
+ROWS = 4
 # Unscaled exponent sums of the tile layout: real products >= -28, products with an absent factor <= -85.
 TILE_REAL_PRODUCT_FROM = -60
 # The leading exponent of a result that fp32 cannot hold.
@@ -207,7 +209,7 @@ def narrow_run(preset) -> int:
     return min(preset.nfma, 1 << (NARROW_FRAC_MAX - preset.frac))
 
 
-@arithmetic
+@arithmetic_inlined
 def tile_product_sum_narrow(a_val, b_val, kb, ke, scale, total, run, part):
     """:func:`mmaemu.arith.tile.tile_product_sum` for one row with the terms added in int32 runs of ``run``
     products (:func:`narrow_run`; ``part``: int32 work array [lanes], the lane type of each run's sum) and each
@@ -223,45 +225,134 @@ def tile_product_sum_narrow(a_val, b_val, kb, ke, scale, total, run, part):
             total[j] = T(total[j] + T(part[j]))
 
 
-@arithmetic
+@arithmetic_inlined
+def four_rows(a, k):
+    """Element k of the tile's :data:`ROWS` rows of ``a`` [ROWS, K]."""
+    return a[0, k], a[1, k], a[2, k], a[3, k]
+
+
+@arithmetic_inlined
+def four_rows_of(a):
+    """The tile's :data:`ROWS` rows of ``a`` [ROWS, lanes] (views)."""
+    return a[0], a[1], a[2], a[3]
+
+
+@arithmetic_inlined
+def tile_exponent_max_rows(a_exp, b_exp, kb, ke, e_max):
+    """:func:`mmaemu.arith.tile.tile_exponent_max` for the tile's :data:`ROWS` rows at once (``e_max``
+    [ROWS, lanes], int16): each exponent of the panel read once for the four rows."""
+    lanes = e_max.shape[1]
+    m0, m1, m2, m3 = four_rows_of(e_max)
+    for k in range(np.uint64(kb), np.uint64(ke)):
+        x0, x1, x2, x3 = four_rows(a_exp, k)
+        for j in range(lanes):
+            b = b_exp[k, j]
+            m0[j] = max(m0[j], np.int16(x0 + b))
+            m1[j] = max(m1[j], np.int16(x1 + b))
+            m2[j] = max(m2[j], np.int16(x2 + b))
+            m3[j] = max(m3[j], np.int16(x3 + b))
+
+
+@arithmetic_inlined
+def tile_product_sum_rows(a_val, b_val, kb, ke, scale, part):
+    """:func:`mmaemu.arith.tile.tile_product_sum` for the tile's :data:`ROWS` rows at once (``part``
+    [ROWS, lanes]): each value of the panel read once for the four rows, two k per pass; the same integers."""
+    T = part.dtype.type
+    lanes = part.shape[1]
+    (t0, t1, t2, t3), (p0, p1, p2, p3) = four_rows_of(part), four_rows_of(scale)
+    u = np.uint64
+    k, end = u(kb), u(ke)
+    while k + u(2) <= end:
+        k1 = k + u(1)
+        (x0, x1, x2, x3), (y0, y1, y2, y3) = four_rows(a_val, k), four_rows(a_val, k1)
+        for j in range(lanes):
+            b0 = panel_value(b_val[k, j])
+            b1 = panel_value(b_val[k1, j])
+            s0, s1, s2, s3 = p0[j], p1[j], p2[j], p3[j]
+            t0[j] = T(t0[j] + T(T((x0 * s0) * b0) + T((y0 * s0) * b1)))
+            t1[j] = T(t1[j] + T(T((x1 * s1) * b0) + T((y1 * s1) * b1)))
+            t2[j] = T(t2[j] + T(T((x2 * s2) * b0) + T((y2 * s2) * b1)))
+            t3[j] = T(t3[j] + T(T((x3 * s3) * b0) + T((y3 * s3) * b1)))
+        k += u(2)
+    while k < end:
+        x0, x1, x2, x3 = four_rows(a_val, k)
+        for j in range(lanes):
+            b0 = panel_value(b_val[k, j])
+            t0[j] = T(t0[j] + T((x0 * p0[j]) * b0))
+            t1[j] = T(t1[j] + T((x1 * p1[j]) * b0))
+            t2[j] = T(t2[j] + T((x2 * p2[j]) * b0))
+            t3[j] = T(t3[j] + T((x3 * p3[j]) * b0))
+        k += u(1)
+
+
+@arithmetic_inlined
 def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, s, kb, ke, params, run, work, part,
                       overflow):
     """One scaled-block instruction (k in [kb, ke), scale block s) for the tile: updates (c_sig, c_lead) in place.
 
     ``a_sexp[r, s]``/``b_sexp[s, j]``: the scale exponents of row r of A and lane j of the panel of B for the
     instruction; ``work`` = (c_sig, c_lead, e_max, scale, total) as in :func:`mmaemu.arith.tile.tile_accumulate`;
-    ``run``/``part``: :func:`tile_product_sum_narrow` (``run`` 0: the products summed in the lane type);
-    ``overflow[r, j]`` is set when a result reaches 2**128.
+    ``run``/``part``: :func:`tile_product_sum_narrow` (``run`` 0: the products summed in the lane type; ``part``
+    int32 [tile rows, lanes]); ``overflow[r, j]`` is set when a result reaches 2**128. A tile of :data:`ROWS` rows
+    reads each exponent and value of the panel once for its four rows (:func:`tile_exponent_max_rows`,
+    :func:`tile_product_sum_rows`), a smaller one row by row: the same integers.
     """
+    c_sig, c_lead, e_max, scale, total = work
+    lanes = total.shape[1]
+    whole = rows == ROWS
+    for r in range(rows):
+        for j in range(lanes):
+            e_max[r, j] = EMAX_NONE
+        if not whole:
+            tile_exponent_max(a_exp[r], b_exp, kb, ke, e_max[r])
+    if whole:
+        tile_exponent_max_rows(a_exp, b_exp, kb, ke, e_max)
+    for r in range(rows):
+        scaled_block_start(a_sexp, b_sexp, r, s, params, work)
+    if whole:
+        if run:
+            T = total.dtype.type
+            for k0 in range(kb, ke, run):
+                part[:, :] = np.int32(0)
+                tile_product_sum_rows(a_val, b_val, k0, min(k0 + run, ke), scale, part)
+                for r in range(ROWS):
+                    for j in range(lanes):
+                        total[r, j] = T(total[r, j] + T(part[r, j]))
+        else:
+            tile_product_sum_rows(a_val, b_val, kb, ke, scale, total)
+    for r in range(rows):
+        if not whole:
+            if run:
+                tile_product_sum_narrow(a_val[r], b_val, kb, ke, scale[r], total[r], run, part[r])
+            else:
+                tile_product_sum(a_val[r], b_val, kb, ke, scale[r], total[r])
+        tile_normalize(total, e_max, r, params.frac, params.frac_out, c_sig, c_lead)
+        flag_overflow(c_lead, r, overflow)
+
+
+@arithmetic_inlined
+def scaled_block_start(a_sexp, b_sexp, r, s, params, work):
+    """Row r of a scaled-block instruction's start, from the products' unscaled exponent maxima in ``e_max[r]``:
+    per lane the alignment exponent E (into ``e_max[r]``), the products' multiplier (``scale[r]``) and c's term
+    (``total[r]``)."""
     frac, frac_out, min_exp = params.frac, params.frac_out, params.min_exp
     c_sig, c_lead, e_max, scale, total = work
     T = total.dtype.type
     cap = lane_cap(T)
-    lanes = total.shape[1]
-    for r in range(rows):
-        for j in range(lanes):
-            e_max[r, j] = EMAX_NONE
-        tile_exponent_max(a_exp[r], b_exp, kb, ke, e_max[r])
-        for j in range(lanes):
-            sum_exp = np.int32(a_sexp[r, s] + b_sexp[s, j])
-            lead = c_lead[r, j]
-            c_align = max(lead, FP32_MIN_EXP) if c_sig[r, j] != 0 else np.int32(EMAX_NONE)
-            top = np.int32(e_max[r, j])
-            e_prod = top + sum_exp if top >= TILE_REAL_PRODUCT_FROM else np.int32(EMAX_NONE)
-            e = np.int32(max(max(c_align, e_prod), min_exp))
-            e_max[r, j] = e
-            scale[r, j] = pow2_scale(np.int32(frac - e + sum_exp))
-            shift = np.int32(max(lead, RESULT_EXP_FLOOR) - frac_out - e + frac)
-            total[r, j] = lane_shift_toward_zero(c_sig[r, j], shift, T, cap)
-        if run:
-            tile_product_sum_narrow(a_val[r], b_val, kb, ke, scale[r], total[r], run, part)
-        else:
-            tile_product_sum(a_val[r], b_val, kb, ke, scale[r], total[r])
-        tile_normalize(total, e_max, r, frac, frac_out, c_sig, c_lead)
-        flag_overflow(c_lead, r, overflow)
+    for j in range(total.shape[1]):
+        sum_exp = np.int32(a_sexp[r, s] + b_sexp[s, j])
+        lead = c_lead[r, j]
+        c_align = max(lead, FP32_MIN_EXP) if c_sig[r, j] != 0 else np.int32(EMAX_NONE)
+        top = np.int32(e_max[r, j])
+        e_prod = top + sum_exp if top >= TILE_REAL_PRODUCT_FROM else np.int32(EMAX_NONE)
+        e = np.int32(max(max(c_align, e_prod), min_exp))
+        e_max[r, j] = e
+        scale[r, j] = pow2_scale(np.int32(frac - e + sum_exp))
+        shift = np.int32(max(lead, RESULT_EXP_FLOOR) - frac_out - e + frac)
+        total[r, j] = lane_shift_toward_zero(c_sig[r, j], shift, T, cap)
 
 
-@arithmetic
+@arithmetic_inlined
 def flag_overflow(c_lead, r, overflow):
     """``overflow[r, j]`` set where row r's result has reached 2**128 (fp32 cannot hold it)."""
     for j in range(c_lead.shape[1]):
@@ -283,7 +374,7 @@ def flag_overflow(c_lead, r, overflow):
 # nonzero (its sum of |products| is not 0) and its scale product is not 0, exactly the reference's rule.
 
 
-@arithmetic
+@arithmetic_inlined
 def tile_group_sums(a_row, b_val, g0, group, gsum_g, gabs_g):
     """``gsum_g[j]``/``gabs_g[j]``: the sum of the group's products a[k] * b[k, j] and of their magnitudes, k in
     [g0, g0 + group), exact in fp32 in any order (see above); four k per pass of the lane loop."""
@@ -319,14 +410,59 @@ def tile_group_sums(a_row, b_val, g0, group, gsum_g, gabs_g):
         k += u(1)
 
 
-@arithmetic
+@arithmetic_inlined
+def tile_group_sums_rows(a_val, b_val, g0, group, gsum_g, gabs_g):
+    """:func:`tile_group_sums` for the tile's :data:`ROWS` rows at once (``gsum_g``/``gabs_g`` [ROWS, lanes]): each
+    value of the panel read once for the four rows, two k per pass; the same sums (exact in any order)."""
+    lanes = gsum_g.shape[1]
+    gsum_g[:, :] = np.float32(0.0)
+    gabs_g[:, :] = np.float32(0.0)
+    u = np.uint64
+    k, end = u(g0), u(g0 + group)
+    while k + u(2) <= end:
+        k1 = k + u(1)
+        (x0, x1, x2, x3), (y0, y1, y2, y3) = four_rows(a_val, k), four_rows(a_val, k1)
+        for j in range(lanes):
+            b0 = b_val[k, j]
+            b1 = b_val[k1, j]
+            p0, q0 = x0 * b0, y0 * b1
+            p1, q1 = x1 * b0, y1 * b1
+            p2, q2 = x2 * b0, y2 * b1
+            p3, q3 = x3 * b0, y3 * b1
+            gsum_g[0, j] += p0 + q0
+            gsum_g[1, j] += p1 + q1
+            gsum_g[2, j] += p2 + q2
+            gsum_g[3, j] += p3 + q3
+            gabs_g[0, j] += abs(p0) + abs(q0)
+            gabs_g[1, j] += abs(p1) + abs(q1)
+            gabs_g[2, j] += abs(p2) + abs(q2)
+            gabs_g[3, j] += abs(p3) + abs(q3)
+        k += u(2)
+    while k < end:
+        x0, x1, x2, x3 = four_rows(a_val, k)
+        for j in range(lanes):
+            b0 = b_val[k, j]
+            p0, p1, p2, p3 = x0 * b0, x1 * b0, x2 * b0, x3 * b0
+            gsum_g[0, j] += p0
+            gsum_g[1, j] += p1
+            gsum_g[2, j] += p2
+            gsum_g[3, j] += p3
+            gabs_g[0, j] += abs(p0)
+            gabs_g[1, j] += abs(p1)
+            gabs_g[2, j] += abs(p2)
+            gabs_g[3, j] += abs(p3)
+        k += u(1)
+
+
+@arithmetic_inlined
 def tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, kb, ke, block, scale_bits, gp, work,
                        gsum, gabs, overflow):
     """One scaled-groups instruction over k in [kb, ke) for the tile: updates (c_sig, c_lead) in place.
 
     ``a_ssig[r, s]``/``a_sexp[r, s]`` (``b_ssig[s, j]``/``b_sexp[s, j]``): the integer significand (float32) and
     exponent of the scale of block s of row r of A (lane j of the panel of B); ``scale_bits`` = twice the scales'
-    mantissa bits; ``gsum``/``gabs`` [groups, lanes] float32 work arrays; ``gp``: :class:`GroupParams`.
+    mantissa bits; ``gsum``/``gabs`` [groups, tile rows, lanes] float32 work arrays; ``gp``: :class:`GroupParams`.
+    A tile of :data:`ROWS` rows sums its groups for the four rows at once (:func:`tile_group_sums_rows`).
     """
     group, frac, frac_out, min_exp = gp.group, gp.frac, gp.frac_out, gp.min_exp
     c_sig, c_lead, e_max, scale, total = work
@@ -334,16 +470,21 @@ def tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, kb, k
     cap = lane_cap(T)
     lanes = total.shape[1]
     groups = (ke - kb) // group
+    whole = rows == ROWS
+    if whole:
+        for g in range(groups):
+            tile_group_sums_rows(a_val, b_val, kb + g * group, group, gsum[g], gabs[g])
     for r in range(rows):
         for j in range(lanes):
             c_align = max(c_lead[r, j], FP32_MIN_EXP) if c_sig[r, j] != 0 else np.int32(EMAX_NONE)
             e_max[r, j] = max(c_align, min_exp)
         for g in range(groups):
             g0 = kb + g * group
-            tile_group_sums(a_val[r], b_val, g0, group, gsum[g], gabs[g])
+            if not whole:
+                tile_group_sums(a_val[r], b_val, g0, group, gsum[g, r], gabs[g, r])
             s = g0 // block
             for j in range(lanes):
-                counted = gabs[g, j] != 0 and a_ssig[r, s] * b_ssig[s, j] != 0
+                counted = gabs[g, r, j] != 0 and a_ssig[r, s] * b_ssig[s, j] != 0
                 e = max(np.int32(e_max[r, j]), np.int32(a_sexp[r, s] + b_sexp[s, j]))
                 e_max[r, j] = e if counted else e_max[r, j]
         for j in range(lanes):
@@ -353,7 +494,7 @@ def tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, kb, k
             s = (kb + g * group) // block
             for j in range(lanes):
                 n = np.int32(a_sexp[r, s] + b_sexp[s, j] - scale_bits - e_max[r, j] + frac)
-                v = gsum[g, j] * (a_ssig[r, s] * b_ssig[s, j]) * pow2_scale(n)
+                v = gsum[g, r, j] * (a_ssig[r, s] * b_ssig[s, j]) * pow2_scale(n)
                 total[r, j] = T(total[r, j] + T(v))
         tile_normalize(total, e_max, r, frac, frac_out, c_sig, c_lead)
         flag_overflow(c_lead, r, overflow)

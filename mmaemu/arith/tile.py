@@ -58,6 +58,7 @@ terms are all absent and whose c is +0 sums to 0 and yields +0 whatever E is (b.
 
 import numpy as np
 from numba import types
+from numba.cpython.unsafe.numbers import leading_zeros
 from numba.core.extending import overload
 
 from ..base._jit import arithmetic
@@ -197,30 +198,11 @@ def lane_shift_toward_zero(x, shift, T, cap):
 
 @arithmetic
 def lane_bit_length(x, T, cap):
-    """Number of bits of a non-negative x of the lane type T (0 for 0), cf. :func:`~.intbits.bit_length`.
-
-    A binary search with constant shifts and selects, so that it vectorises in the lane width.
-    """
-    n = T(0)
-    if cap > 31 and x >= T(4294967296):
-        x = T(x >> 32)
-        n = T(n + 32)
-    if x >= T(65536):
-        x = T(x >> 16)
-        n = T(n + 16)
-    if x >= T(256):
-        x = T(x >> 8)
-        n = T(n + 8)
-    if x >= T(16):
-        x = T(x >> 4)
-        n = T(n + 4)
-    if x >= T(4):
-        x = T(x >> 2)
-        n = T(n + 2)
-    if x >= T(2):
-        x = T(x >> 1)
-        n = T(n + 1)
-    return T(n + x)
+    """Number of bits of a non-negative x of the lane type T (0 for 0), cf. :func:`~.intbits.bit_length`: the
+    width of T less x's leading zero bits (``llvm.ctlz``, defined at 0, where it gives the width), which LLVM
+    vectorises in the lane width (AVX-512CD ``vplzcntq`` in :func:`tile_normalize`'s int64 loop), where the binary
+    search of six selects it replaces ran six compare-and-shift steps per lane."""
+    return T(T(cap + 1) - leading_zeros(T(x)))
 
 
 @arithmetic

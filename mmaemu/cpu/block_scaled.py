@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import formats
 from ..base._jit import arithmetic
-from ..arith.block_scaled import (GroupParams, TileScales, group_params, narrow_run, scaled_chain,
+from ..arith.block_scaled import (ROWS, GroupParams, TileScales, group_params, narrow_run, scaled_chain,
                                   scaled_instruction, tile_scaled_chain)
 from ..arith.params import BlockParams, preset_params
 from ..arith.rounding import grid_code
@@ -138,7 +138,7 @@ def run_scaled_rows(ops: ChainOperands, c, special, has_special, out):
 # A job of the reference loops is one row of outputs; a product of the reference costs about 25 of the fast path.
 REFERENCE_PRODUCT_WORK = 25
 # Fast-path tiles: TILE_ROWS rows of A against panels of up to MAX_LANES rows of B (mmaemu.cpu.engine's shape).
-TILE_ROWS = 4
+TILE_ROWS = ROWS
 MAX_LANES = 64
 # Decoding one code of a panel costs about 2 ns, some 20 products of the fast path (mmaemu.cpu.engine).
 PANEL_DECODE_WORK = 20
@@ -408,9 +408,10 @@ def fast_panels(p_lo, p_hi, m_lo, m_hi, call, tile_rows, lane_proto, out, overfl
     a_val, a_exp = decoded_rows_arrays(tile_rows, K)
     work = tile_work(tile_rows, lanes, lane_proto)
     overflow, result = np.empty((tile_rows, lanes), np.uint8), np.empty((tile_rows, lanes), np.float32)
-    part = np.empty(lanes, np.int32)
+    part = np.empty((tile_rows, lanes), np.int32)
     groups = max(1, call.k // max(1, call.group.group))
-    gsum, gabs = np.empty((groups, lanes), np.float32), np.empty((groups, lanes), np.float32)
+    gsum = np.empty((groups, tile_rows, lanes), np.float32)
+    gabs = np.empty((groups, tile_rows, lanes), np.float32)
     if call.prepared:
         val, exp = call.b_val[0], call.b_exp[0]
         ssig, sexp = call.b_scale_sig[0], call.b_scale_exp[0]
