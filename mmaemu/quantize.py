@@ -435,7 +435,9 @@ def quantize_rowwise(x, fmt="e4m3", *, round_scales_to_power_of_2=True):
     ``hp_tensor_and_scale_to_float8`` and ``to_fp8_saturated``: one fp32 multiplication of two tensors, a clamp,
     torch's round to nearest cast; each the same on torch's CPU and CUDA kernels). ``_scaled_mm`` takes the
     reciprocals (torchao passes ``scale.reciprocal()``): for ``x @ w.t()`` call
-    ``scaled_mm(qx, qw.t(), sx.reciprocal(), sw.reciprocal().t(), out_dtype=torch.bfloat16)``.
+    ``scaled_mm(qx, qw.t(), sx.reciprocal(), sw.reciprocal().t(), out_dtype=torch.bfloat16)``. A finite CPU tensor
+    is cast by one compiled loop (:func:`mmaemu.cpu.cast.quantize_rows_fp8`: the same fp32 product, clamp and
+    round to nearest even; ``tests/test_quantize.py`` checks it against these torch operations).
     """
     fmt = _fmt(fmt)
     scale, values = _rowwise_parts(x, fmt, round_scales_to_power_of_2)

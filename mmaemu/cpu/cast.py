@@ -15,7 +15,12 @@ maximum is associative, so LLVM vectorises the loop (a float ``max`` that must i
 the values replaces torch's four (``abs``, ``isnan``, ``where``, ``max``) and their two temporaries; the result is
 the same value (``tests/test_quantize.py``).
 
-Both loops index views from 0 (``values[lo:hi]``), not ``values[i]`` for i in ``range(lo, hi)``: a signed index
+The row-wise cast of :func:`mmaemu.quantize.quantize_rowwise` (torchao's) takes the same per-element rule with one
+scale per row (:func:`quantize_rows_fp8`), and its rows' amax (:func:`row_magnitudes`) is the largest magnitude
+pattern of each row with NaN patterns counted (torch's ``amax`` propagates NaN: the caller then takes torch's
+operations).
+
+The loops index views from 0 (``values[lo:hi]``), not ``values[i]`` for i in ``range(lo, hi)``: a signed index
 that may be negative makes Numba wrap it per element, which LLVM then turns into gathers and byte-wise stores
 (measured: 1.44 ns per element for the cast that way, 0.35 ns with the views; docs/performance.md, "MiniLM's
 profile").
