@@ -176,14 +176,18 @@ def _cpu_amax(x: torch.Tensor) -> torch.Tensor:
     2.3 ms forwards taking 100-380 ms; docs/performance.md, "Recipe layers")."""
     from .cpu.cast import amax_fp32
 
+    return torch.tensor(float(amax_fp32(_cpu_float32_values(x))), dtype=torch.float32)
+
+
+def _cpu_float32_values(x: torch.Tensor) -> np.ndarray:
+    """The values of a CPU fp32 / bf16 / fp16 tensor as a flat, C-contiguous float32 numpy array, widened exactly
+    by numpy (a bf16 pattern is the top half of its fp32 pattern), not by torch's intra-op threads."""
     flat = x.contiguous().reshape(-1)
     if x.dtype == torch.float32:
-        values = flat.numpy()
-    elif x.dtype == torch.bfloat16:
-        values = (flat.view(torch.int16).numpy().astype(np.int32) << np.int32(16)).view(np.float32)
-    else:
-        values = flat.view(torch.int16).numpy().view(np.float16).astype(np.float32)
-    return torch.tensor(float(amax_fp32(values)), dtype=torch.float32)
+        return flat.numpy()
+    if x.dtype == torch.bfloat16:
+        return (flat.view(torch.int16).numpy().astype(np.int32) << np.int32(16)).view(np.float32)
+    return flat.view(torch.int16).numpy().view(np.float16).astype(np.float32)
 
 
 def _check_margin(margin) -> int:
@@ -350,21 +354,78 @@ def rowwise_scale(x, fmt="e4m3", *, round_scales_to_power_of_2=True) -> torch.Te
     :class:`~mmaemu.errors.UnsupportedFeatureError` (no bf16 or fp16 row gives one). For the weight [N, K] of a
     linear layer this is its per-output-channel scale.
     """
-    fmt = _fmt(fmt)
+    return _rowwise_parts(x, _fmt(fmt), round_scales_to_power_of_2)[0]
+
+
+def _rowwise_parts(x, fmt: str, round_scales_to_power_of_2: bool):
+    """(:func:`rowwise_scale` of ``x``, x's values as a C-contiguous float32 numpy array [rows, cols] or None).
+
+    The values and the rows' amax come from one compiled pass (:mod:`mmaemu.cpu.cast`, on mmaemu's own pool, not
+    torch's intra-op threads: docs/performance.md, "Recipe layers") for a non-empty CPU fp32 / bf16 / fp16 ``x``
+    whose elements are all finite: there ``max |x|`` of a row is the largest magnitude bit pattern, the value
+    torch's ``abs`` and ``amax`` give. A tensor holding an Inf or a NaN (whose NaN payloads and signs torch's
+    operations carry into the scales and the codes), or any other, takes torch's operations (None). The scale is
+    then computed from the finite amax by the same IEEE operations in numpy: ``max(fp64(amax), 1e-12)``, its
+    float64 reciprocal times fp8_max (torch's ``__rtruediv__``), the conversion to fp32 (each correctly rounded in
+    numpy as in torch), then :func:`_power_of_two_scales`."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"rowwise_scale: x must be a 2-D tensor [rows, cols], got {getattr(x, 'shape', x)!r}")
     _refuse_flush_to_zero(x.device)
+    values, amax = _finite_cpu_rows(x.detach())
+    if amax is not None:  # the same operations in numpy, on the rows' finite amax
+        amax64 = np.maximum(amax.astype(np.float64), TORCHAO_EPS)
+        scale = (np.reciprocal(amax64) * FP8_MAX[fmt]).astype(np.float32).reshape(-1, 1)
+        if round_scales_to_power_of_2:
+            scale = _power_of_two_scales(scale)
+        return torch.from_numpy(scale), values
     with torch.no_grad():
         magnitude = torch.abs(x).to(torch.float32) if x.dtype == torch.bfloat16 else torch.abs(x)
         amax = torch.amax(magnitude, dim=-1, keepdim=True).to(torch.float64)
         scale = (FP8_MAX[fmt] / torch.clamp(amax, min=TORCHAO_EPS)).to(torch.float32)
         if round_scales_to_power_of_2:
-            powers = power_of_two_floor(scale.cpu().numpy(), rule="rowwise_scale (torchao's power-of-two scale)",
-                                        way_out="quantise bf16 or fp16 rows, whose scales never fall there (for a "
-                                                "layer: model.to(torch.bfloat16)), or pass "
-                                                "round_scales_to_power_of_2=False")
-            scale = torch.from_numpy(powers).to(scale.device)
-    return scale
+            scale = torch.from_numpy(_power_of_two_scales(scale.cpu().numpy())).to(scale.device)
+    return scale, None
+
+
+def _power_of_two_scales(scale: np.ndarray) -> np.ndarray:
+    """torchao's ``exp2(floor(log2(s)))`` of the fp32 scales ``scale`` (:func:`rowwise_scale`):
+    :func:`mmaemu.base.gpu_torch_ops.power_of_two_floor` (about 60 us of numpy operations for a single scale),
+    except where every scale is a normal positive fp32 value whose fraction field is below 0x7FF000 (significand
+    below 1.99956): there the result is each scale with its fraction cleared (its binade's power of two 2**k),
+    and none is refused: the refused window is log2 of the significand within ``LOG2_WINDOW_ULPS`` = 2 fp32 ulps
+    of |k + 1| below 1, at most 2 * 2**(7 - 23) = 2**-15 for a normal scale (|k + 1| <= 128), so only a
+    significand of at least 2**(1 - 2**-15) = 1.99995 (fraction field 0x7FFE9D) can be refused. The same values
+    power_of_two_floor gives (``tests/test_quantize.py``)."""
+    bits = scale.view(np.uint32)
+    exponent, fraction = bits >> np.uint32(23), bits & np.uint32(0x7FFFFF)
+    if scale.size and bool(np.all((exponent > 0) & (exponent < 255) & (fraction < _BELOW_REFUSED_FRACTION))):
+        return (bits & np.uint32(0x7F800000)).view(np.float32)
+    return power_of_two_floor(scale, rule="rowwise_scale (torchao's power-of-two scale)",
+                              way_out="quantise bf16 or fp16 rows, whose scales never fall there (for a layer: "
+                                      "model.to(torch.bfloat16)), or pass round_scales_to_power_of_2=False")
+
+
+# Scales whose fp32 fraction field is below this are far from power_of_two_floor's refused window
+# (:func:`_power_of_two_scales`).
+_BELOW_REFUSED_FRACTION = 0x7FF000
+
+
+def _finite_cpu_rows(x: torch.Tensor):
+    """(float32 values [rows, cols], the rows' amax: float32 [rows]) of a non-empty CPU fp32 / bf16 / fp16 2-D ``x``
+    whose elements are all finite (:func:`mmaemu.cpu.cast.row_magnitudes`); (None, None) for any other."""
+    if x.device.type != "cpu" or x.dtype not in _INPUT_DTYPES or x.numel() == 0:
+        return None, None
+    from .cpu.cast import row_magnitudes
+
+    values = _cpu_float32_values(x).reshape(x.shape)
+    largest = row_magnitudes(values)
+    if int(largest.max()) >= _FP32_INF_BITS:  # an Inf or a NaN: torch's operations
+        return None, None
+    return values, largest.view(np.float32)
+
+
+# fp32 bits of +Inf: a magnitude pattern at or above it is an Inf or a NaN.
+_FP32_INF_BITS = 0x7F800000
 
 
 def quantize_rowwise(x, fmt="e4m3", *, round_scales_to_power_of_2=True):
@@ -374,11 +435,18 @@ def quantize_rowwise(x, fmt="e4m3", *, round_scales_to_power_of_2=True):
     ``hp_tensor_and_scale_to_float8`` and ``to_fp8_saturated``: one fp32 multiplication of two tensors, a clamp,
     torch's round to nearest cast; each the same on torch's CPU and CUDA kernels). ``_scaled_mm`` takes the
     reciprocals (torchao passes ``scale.reciprocal()``): for ``x @ w.t()`` call
-    ``scaled_mm(qx, qw.t(), sx.reciprocal(), sw.reciprocal().t(), out_dtype=torch.bfloat16)``.
+    ``scaled_mm(qx, qw.t(), sx.reciprocal(), sw.reciprocal().t(), out_dtype=torch.bfloat16)``. A finite CPU tensor
+    is cast by one compiled loop (:func:`mmaemu.cpu.cast.quantize_rows_fp8`: the same fp32 product, clamp and
+    round to nearest even; ``tests/test_quantize.py`` checks it against these torch operations).
     """
     fmt = _fmt(fmt)
-    scale = rowwise_scale(x, fmt, round_scales_to_power_of_2=round_scales_to_power_of_2)
+    scale, values = _rowwise_parts(x, fmt, round_scales_to_power_of_2)
     dtype = torch.float8_e4m3fn if fmt == "e4m3" else torch.float8_e5m2
+    if values is not None:  # finite CPU values: the compiled cast, the same bits (its docstring)
+        from .cpu.cast import quantize_rows_fp8
+
+        codes = quantize_rows_fp8(values, np.ascontiguousarray(scale.reshape(-1).numpy()), fmt)
+        return torch.from_numpy(codes).view(dtype), scale
     with torch.no_grad():
         scaled = x.to(torch.float32) * scale
         q = scaled.clamp(min=-FP8_MAX[fmt], max=FP8_MAX[fmt]).to(dtype)

@@ -369,3 +369,90 @@ def test_compiled_cpu_amax_and_cast_of_large_tensors_cut_into_tasks():
     x = torch.from_numpy(base * np.float32(50))
     assert torch.equal(quantize(x, 1.0, "e4m3").view(torch.uint8),
                        _round_to_fp8(x * torch.tensor(1.0), "e4m3").view(torch.uint8))
+
+
+# The compiled CPU row-wise cast (mmaemu.quantize._rowwise_parts, mmaemu.cpu.cast) against torch's operations
+
+
+def _rowwise_torch(x, fmt, power_2):
+    """torchao's row-wise cast of ``x`` as torch operations (the code of ``quantize_rowwise`` for a tensor the
+    compiled CPU path does not take): (codes, scales), or the class of the error raised."""
+    from mmaemu.base.gpu_torch_ops import power_of_two_floor
+    from mmaemu.quantize import TORCHAO_EPS
+
+    magnitude = torch.abs(x).to(torch.float32) if x.dtype == torch.bfloat16 else torch.abs(x)
+    amax = torch.amax(magnitude, dim=-1, keepdim=True).to(torch.float64)
+    scale = (FP8_MAX[fmt] / torch.clamp(amax, min=TORCHAO_EPS)).to(torch.float32)
+    if power_2:
+        try:
+            scale = torch.from_numpy(power_of_two_floor(scale.numpy(), rule="r", way_out="w"))
+        except mmaemu.UnsupportedFeatureError as error:
+            return type(error)
+    codes = (x.to(torch.float32) * scale).clamp(min=-FP8_MAX[fmt], max=FP8_MAX[fmt]).to(DTYPE[fmt])
+    return codes, scale
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_compiled_rowwise_cast_is_the_torch_operations(fmt, dtype):
+    """Rows of the adversarial values (each row's amax set by a random power of two and a random fraction, so
+    scales of every binade and fraction), rows of zeros of both signs, of fp32 subnormals (amax below torchao's
+    1e-12), and tensors holding an Inf or a NaN (torch's operations then): codes and scales bit for bit, or the
+    same refusal, with and without the power-of-two scales."""
+    x = adversarial_fp32()
+    with np.errstate(all="ignore"):
+        x = x.to(dtype)
+    rng = np.random.default_rng(17)
+    finite = x[torch.isfinite(x)].to(torch.float32)
+    cols = 48
+    rows = finite[: finite.numel() // cols * cols].reshape(-1, cols)
+    multipliers = np.ldexp(rng.uniform(1, 2, (rows.shape[0], 1)), rng.integers(-20, 20, (rows.shape[0], 1)))
+    rows = (rows * torch.from_numpy(multipliers.astype(np.float32))).to(dtype)
+    rows = rows[torch.isfinite(rows).all(dim=1)]
+    zeros = torch.zeros(3, cols, dtype=dtype)
+    zeros[1] = -0.0
+    tiny = torch.from_numpy(rng.standard_normal((2, cols)).astype(np.float32) * np.float32(2.0**-130)).to(dtype)
+    nonfinite = rows[:4].clone()
+    nonfinite[1, 3], nonfinite[2, 0], nonfinite[3, 5] = math.nan, -math.inf, -math.nan
+    cases = [rows[i:i + 1] for i in range(0, rows.shape[0], 97)] + [rows, zeros, tiny, nonfinite]
+    for case in cases:
+        for power_2 in (True, False):
+            want = _rowwise_torch(case, fmt, power_2)
+            try:
+                got = quantize_rowwise(case, fmt, round_scales_to_power_of_2=power_2)
+                scale = rowwise_scale(case, fmt, round_scales_to_power_of_2=power_2)
+            except mmaemu.UnsupportedFeatureError as error:
+                assert want is type(error)
+                continue
+            assert not isinstance(want, type), want
+            assert got[0].dtype == DTYPE[fmt] and got[0].shape == case.shape and got[1].shape == (case.shape[0], 1)
+            assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
+            assert torch.equal(got[1].view(torch.int32), want[1].view(torch.int32))
+            assert torch.equal(scale.view(torch.int32), want[1].view(torch.int32))
+
+
+def test_rowwise_power_of_two_scales_are_power_of_two_floor():
+    """The shortcut of ``_power_of_two_scales`` (fraction cleared) against power_of_two_floor, one scale at a time:
+    random normal fp32 scales, and fractions on both sides of its threshold and of the refused window."""
+    from mmaemu.base.gpu_torch_ops import power_of_two_floor
+    from mmaemu.quantize import _BELOW_REFUSED_FRACTION, _power_of_two_scales
+
+    rng = np.random.default_rng(23)
+    exponents = rng.integers(1, 255, 3000).astype(np.uint32)
+    fractions = np.concatenate([rng.integers(0, 1 << 23, 1000),
+                                rng.integers(_BELOW_REFUSED_FRACTION - 64, _BELOW_REFUSED_FRACTION + 64, 1000),
+                                rng.integers(0x7FFE00, 1 << 23, 1000)]).astype(np.uint32)
+    scales = ((exponents << np.uint32(23)) | fractions).view(np.float32)
+    shortcuts = 0
+    for scale in scales:
+        one = np.array([[scale]], np.float32)
+        try:
+            want = power_of_two_floor(one, rule="r", way_out="w")
+        except mmaemu.UnsupportedFeatureError:
+            with pytest.raises(mmaemu.UnsupportedFeatureError):
+                _power_of_two_scales(one)
+            continue
+        got = _power_of_two_scales(one)
+        assert got.dtype == np.float32 and got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+        shortcuts += int(one.view(np.uint32)[0, 0] & 0x7FFFFF) < _BELOW_REFUSED_FRACTION
+    assert shortcuts > 1000  # the shortcut was taken, not only power_of_two_floor

@@ -15,7 +15,12 @@ maximum is associative, so LLVM vectorises the loop (a float ``max`` that must i
 the values replaces torch's four (``abs``, ``isnan``, ``where``, ``max``) and their two temporaries; the result is
 the same value (``tests/test_quantize.py``).
 
-Both loops index views from 0 (``values[lo:hi]``), not ``values[i]`` for i in ``range(lo, hi)``: a signed index
+The row-wise cast of :func:`mmaemu.quantize.quantize_rowwise` (torchao's) takes the same per-element rule with one
+scale per row (:func:`quantize_rows_fp8`), and its rows' amax (:func:`row_magnitudes`) is the largest magnitude
+pattern of each row with NaN patterns counted (torch's ``amax`` propagates NaN: the caller then takes torch's
+operations).
+
+The loops index views from 0 (``values[lo:hi]``), not ``values[i]`` for i in ``range(lo, hi)``: a signed index
 that may be negative makes Numba wrap it per element, which LLVM then turns into gathers and byte-wise stores
 (measured: 1.44 ns per element for the cast that way, 0.35 ns with the views; docs/performance.md, "MiniLM's
 profile").
@@ -30,7 +35,7 @@ from ..arith.epilogue import E4M3_LARGEST, E5M2_LARGEST, fp8_bits
 from ..arith.rounding import E4M3, E5M2
 from . import threads
 
-__all__ = ["quantize_fp8", "amax_fp32"]
+__all__ = ["quantize_fp8", "amax_fp32", "row_magnitudes", "quantize_rows_fp8"]
 
 #: Cost of one element in the fast path's products (:mod:`.threads`, about 0.1 ns each): a multiplication and the
 #: rounding's selects, vectorised: 0.35 ns measured (docs/performance.md, "MiniLM's profile").
@@ -66,6 +71,46 @@ def amax_span(lo, hi, bits, partial, slot):
         magnitude = magnitude if magnitude <= _INF_BITS else np.int32(0)
         largest = max(largest, magnitude)
     partial[slot] = largest
+
+
+@arithmetic
+def row_magnitude_span(lo, hi, bits, largest):
+    """``largest[m]`` = the largest magnitude pattern ``bits[m, k] & 0x7FFFFFFF`` of each row m in lo .. hi-1 of
+    ``bits`` [M, K] (the int32 view of float32 values), NaN patterns included (they lie above Inf's): one task of
+    :func:`row_magnitudes`."""
+    for m in range(lo, hi):
+        row = bits[m]
+        top = np.int32(0)
+        for k in range(row.size):
+            top = max(top, row[k] & np.int32(0x7FFFFFFF))
+        largest[m] = top
+
+
+@arithmetic
+def quantize_rows_span(lo, hi, values, scales, e5m2, codes):
+    """Rows lo .. hi-1 of :func:`quantize_rows_fp8`: :func:`quantize_span` of each row with its own scale."""
+    K = values.shape[1]
+    for m in range(lo, hi):
+        quantize_span(0, K, values[m], scales[m], e5m2, codes[m])
+
+
+def row_magnitudes(values: np.ndarray) -> np.ndarray:
+    """int32 [M]: the largest magnitude pattern (fp32 bits, NaN patterns counted) of each row of the C-contiguous
+    float32 array ``values`` [M, K]: a row's ``max |x|`` as fp32 bits where it is at most 0x7F800000 (Inf), a NaN
+    pattern where the row holds a NaN."""
+    M, K = values.shape
+    largest = np.zeros(M, np.int32)
+    threads.parallel_for(row_magnitude_span, M, max(1, K) * AMAX_WORK, values.view(np.int32), largest)
+    return largest
+
+
+def quantize_rows_fp8(values: np.ndarray, scales: np.ndarray, fmt: str) -> np.ndarray:
+    """uint8 FP8 codes [M, K] (``fmt`` "e4m3" or "e5m2") of the C-contiguous float32 array ``values`` [M, K], each
+    row times its fp32 scale ``scales[m]`` (float32 [M]): the per-element rule of :func:`quantize_fp8`."""
+    M, K = values.shape
+    codes = np.empty((M, K), np.uint8)
+    threads.parallel_for(quantize_rows_span, M, max(1, K) * CAST_WORK, values, scales, fmt == "e5m2", codes)
+    return codes
 
 
 def quantize_fp8(values: np.ndarray, scale: np.float32, fmt: str) -> np.ndarray:

@@ -77,14 +77,14 @@ def _params_of(c):
 
 class RowwiseScales(NamedTuple):
     """The scales of a row-wise call (:mod:`mmaemu.recipes.rowwise`) as the compiled calls take them in place of a
-    tensor-wise call's int64 ``scales``: the fp32 bits of scale_a [M] and scale_b [N] (uint32), the bias's bf16
-    bits [N] (uint16; empty: no bias) and whether the kernel applies scale_a first
-    (:func:`mmaemu.platform.rowwise.scale_order`). The output is then the row-wise epilogue's bf16
-    (:func:`mmaemu.arith.rowwise.rowwise_epilogue_span`)."""
+    tensor-wise call's int64 ``scales``: the fp32 values of scale_a [M] and scale_b [N] and the bias's values [N]
+    (float32 arrays: the fp32 scales' own bits, the bf16 bias widened exactly; no bias: zeros, the kernel adds +0)
+    and whether the kernel applies scale_a first (:func:`mmaemu.platform.rowwise.scale_order`). The output is then
+    the row-wise epilogue's bf16 (:func:`mmaemu.arith.rowwise.rowwise_epilogue_span`)."""
 
-    x_bits: np.ndarray
-    w_bits: np.ndarray
-    bias_bits: np.ndarray
+    x_values: np.ndarray
+    w_values: np.ndarray
+    bias_values: np.ndarray
     x_first: bool
 
 
@@ -106,8 +106,8 @@ def _epilogue_row(scales, acc, out_bits, m, n_lo, n_hi, out_code):
         return tensorwise
 
     def rowwise(scales, acc, out_bits, m, n_lo, n_hi, out_code):
-        rowwise_epilogue_span(acc[m], out_bits[m], n_lo, n_hi, scales.x_bits[m], scales.w_bits, scales.bias_bits,
-                              scales.x_first)
+        rowwise_epilogue_span(acc[m], out_bits[m], n_lo, n_hi, scales.x_values[m], scales.w_values,
+                              scales.bias_values, scales.x_first)
     return rowwise
 
 

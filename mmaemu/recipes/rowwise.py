@@ -98,12 +98,10 @@ class RowwiseRecipe(Recipe):
 
 def _kept_cpu_call(plan, weights):
     """The bf16 output of a kept row-wise plan on the cpu backend (``plan.cpu_gemm``, set by :mod:`mmaemu.plan.cache`),
-    or None where the plan has none or a tensor is not plain data: the codes and the scales' and bias's bits to the
+    or None where the plan has none or a tensor is not plain data: the codes and the scales' and bias's values to the
     one compiled call of :class:`mmaemu.cpu.fused.TensorwiseGemm` with :class:`mmaemu.cpu.fused.RowwiseScales`,
     whose bits are those of :func:`_accumulator` then :func:`_rowwise_epilogue` (the same products and NaN/Inf
     rule, then :func:`mmaemu.arith.rowwise.rowwise_epilogue_span` per row)."""
-    import numpy
-
     from ..cpu.fused import RowwiseScales
     from ..platform.rowwise import scale_order
     from .tensorwise import _PREPARED_MIN_CODES, _codes_rows, _plain_data
@@ -116,11 +114,20 @@ def _kept_cpu_call(plan, weights):
     b_codes = _codes_rows(b_rows)
     if weights is not None and b_codes.size < _PREPARED_MIN_CODES:
         weights = None
-    bias = numpy.zeros(0, numpy.uint16) if call.bias is None else _bits(call.bias, torch.uint16)
-    scales = RowwiseScales(_bits(call.scale_a, torch.uint32), _bits(call.scale_b, torch.uint32), bias,
-                           scale_order(call.M, call.N).x_first)
+    scales = RowwiseScales(_bits(call.scale_a, torch.float32), _bits(call.scale_b, torch.float32),
+                           _bias_values(call.bias, call.N), scale_order(call.M, call.N).x_first)
     bits = gemm.run(_codes_rows(call.input), b_codes, scales, weights, b_rows)
     return torch.from_numpy(bits).view(torch.bfloat16)
+
+
+def _bias_values(bias, N: int):
+    """The fp32 values [N] (float32) of a bf16 ``bias``, widened exactly from its bits (a bf16 pattern is the top
+    half of the fp32 pattern of the same value); no bias: +0 for every column (the kernel adds +0)."""
+    import numpy
+
+    if bias is None:
+        return numpy.zeros(N, numpy.float32)
+    return (_bits(bias, torch.uint16).astype(numpy.uint32) << 16).view(numpy.float32)
 
 
 def _rowwise_call(input, mat2, bias, profile, **common) -> rules.ScaledMMCall:
