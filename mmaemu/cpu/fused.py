@@ -56,6 +56,10 @@ _FMT, _SCHEDULE, _PARAMS = 0, 5, 11
 TILE_ROWS_AT, MASK_AT, PATTERN_AT, OUT_CODE_AT, LANES_AT, CONSTANTS = 18, 19, 20, 21, 22, 23
 # The scales of one call in one int64 array: fp32 bits of scale_a, scale_b, scale_result, and 1 if scale_result.
 SCALE_A, SCALE_B, SCALE_RESULT, HAS_SCALE_RESULT = 0, 1, 2, 3
+# Rows of A up to which a kept call runs the offset method's row tiles (mmaemu.cpu.offset_rows): each row reads the
+# whole of B's panels again, so past a few rows the offset kernel's 4-row tile (each B vector loaded once for 4
+# rows) or the tile engine is the faster one (docs/performance.md, "One row of A on the offset method").
+ROW_KERNEL_ROWS = 2
 
 
 @arithmetic
@@ -228,7 +232,7 @@ class TensorwiseGemm:
     of its split, the output dtype's name. Built once per kept plan; shared by the calls (and threads) of it."""
 
     def __init__(self, engine: str, preset, fmt_a: str, fmt_b: str, M: int, N: int, K: int, use_fast_accum: bool,
-                 splits: int, scheme: str, out_name: str):
+                 splits: int, scheme: str, out_name: str, row_tiles: bool = False):
         from .engine import NONFINITE_PATTERN, nonfinite_table, tile_shape, tile_tables
 
         self.engine, self.preset, self.fmt_a, self.fmt_b = engine, preset, fmt_a, fmt_b
@@ -248,6 +252,9 @@ class TensorwiseGemm:
         self.tables = _Tables(formats.values(fmt_a), formats.values(fmt_b), value_table, exp_table,
                               nonfinite_table(fmt_b))
         self._cuts = {}  # thread count -> _Cut (a dict read and written whole: safe across threads)
+        # A kept B of a call of few rows on the offset method's row tiles (mmaemu.cpu.offset_rows), where the plan
+        # allows it (row_tiles: :func:`row_tiles_fit`): the constants of that compiled call, else None.
+        self.rows = _RowsCall.of(self) if row_tiles else None
 
     def run(self, a_codes, b_codes, scales, weights=None, b_tensor=None):
         """The output's bits [M, N] (:data:`OUT_VIEWS`) of A's codes [M, K] times B's codes [N, K]^T (uint8,
@@ -279,6 +286,10 @@ class TensorwiseGemm:
     def _tile(self, a_codes, b_codes, scales, weights, b_tensor, acc, out_bits):
         from .engine import TILE
 
+        if weights is not None and self.rows is not None:
+            if self.rows.run(self, weights, b_tensor, a_codes, b_codes, scales, acc, out_bits):
+                return
+            weights = None  # B not kept yet (seen once): decoded for this call, no tile panels kept beside it
         cut = self._cut(threads.num_threads())
         if weights is not None:
             kept = weights.candidate(TILE, self.fmt_b, b_tensor)
@@ -344,3 +355,69 @@ class TensorwiseGemm:
         threads.parallel_for(finish_rows, M, max(1, N) * EPILOGUE_WORK, a_codes, a_flags, t.a_values, b_codes,
                              b_flags, t.b_values, acc, acc.view(np.int32), scales, OUT_CODES[self.out_name],
                              out_bits)
+
+
+def row_tiles_fit(engine: str, M: int, offset_choice: str, rounding) -> bool:
+    """Whether a kept plan's calls with a kept B run on the offset method's row tiles (:mod:`mmaemu.cpu.offset_rows`):
+    the plan's engine is the tile engine (``auto`` keeps it for few rows: the offset kernel's 4-row tile is slower
+    there), M is at most :data:`ROW_KERNEL_ROWS`, the offset method computes the call on this
+    CPU (``offset_choice``: the engine :func:`mmaemu.cpu.engine.cpu_engine_choice` gives for the call's request
+    without a shape rule: "tile" where ``MMAEMU_CPU_ENGINE=tile`` forces it, the method does not fit or the CPU
+    cannot), and the CPU rounds by AVX-512's embedded rounding (``rounding``, :func:`mmaemu.cpu.features.
+    offset_rounding`: where the row tiles were measured faster; docs/performance.md). Same bits either way."""
+    from .features import ROUNDING_EMBEDDED
+
+    return engine == "tile" and offset_choice == "offset" and rounding == ROUNDING_EMBEDDED and M <= ROW_KERNEL_ROWS
+
+
+class _RowsCall(NamedTuple):
+    """What the compiled call of row tiles (:func:`mmaemu.cpu.offset_rows.rows_call`) takes of a kept plan."""
+
+    schedule: Schedule
+    constants: object  # mmaemu.arith.offset.OffsetConstants (add-max)
+    a_tables: tuple  # the offset engine's packing tables of A's format
+    a_nonfinite: tuple  # (mask, pattern) of A's NaN/Inf codes
+    b_nonfinite: tuple
+
+    @staticmethod
+    def of(gemm: "TensorwiseGemm") -> "_RowsCall":
+        from ..arith.offset import ADD_MAX, offset_params
+        from .engine import NONFINITE_PATTERN
+        from .offset_engine import packing_tables
+
+        return _RowsCall(Schedule(*(int(v) for v in gemm.schedule)),
+                         offset_params(gemm.params, gemm.fmt_a, gemm.fmt_b, ADD_MAX), packing_tables(gemm.fmt_a),
+                         NONFINITE_PATTERN[gemm.fmt_a], NONFINITE_PATTERN[gemm.fmt_b])
+
+    def run(self, gemm, weights, b_tensor, a_codes, b_codes, scales, acc, out_bits) -> bool:
+        """The call on the kept B (the offset engine's packed panels, :data:`mmaemu.cpu.engine.OFFSET`): True when
+        computed; False when B is not kept (yet). Codes that differ from the kept copy make the store compare again,
+        drop the stale B and decide whether to prepare a new one (:meth:`mmaemu.cpu.prepared.PreparedStore.
+        prepared`), exactly as on the tile engine's kept path."""
+        from .engine import OFFSET
+
+        kept = weights.candidate(OFFSET, gemm.fmt_b, b_tensor)
+        if kept is not None and self._call(gemm, kept.prepared, kept.codes, a_codes, b_codes, scales, acc,
+                                           out_bits):
+            return True
+        prepared = weights.prepared(OFFSET, gemm.fmt_b, b_tensor, b_codes)
+        return prepared is not None and self._call(gemm, prepared, b_codes.reshape(-1), a_codes, b_codes, scales,
+                                                   acc, out_bits)
+
+    def _call(self, gemm, prepared, kept_codes, a_codes, b_codes, scales, acc, out_bits) -> bool:
+        from .offset_rows import rows_call
+        from .simd import call_restoring_mxcsr
+
+        if prepared.shape != b_codes.shape or prepared.fmt != gemm.fmt_b or kept_codes.size != b_codes.size:
+            return False
+        t = gemm.tables
+        return bool(call_restoring_mxcsr(rows_call, kept_codes, b_codes, *self.b_nonfinite, prepared.operand,
+                                         a_codes, self.a_tables, *self.a_nonfinite, gemm.shape[2], self.schedule,
+                                         self.constants, _masks(), t.a_values, t.b_values, scales,
+                                         OUT_CODES[gemm.out_name], acc, out_bits))
+
+
+def _masks():
+    from .offset_kernel import MASKS
+
+    return MASKS
