@@ -20,8 +20,8 @@ The offset engine (:mod:`mmaemu.cpu.offset_engine`) computes its accumulators th
 NaN/Inf rule and the epilogue then run as one compiled call per range of rows (:func:`finish_rows`).
 
 A kept row-wise plan (:mod:`mmaemu.recipes.rowwise`) runs the same calls with :class:`RowwiseScales` in place of the
-int64 scales: the same products and NaN/Inf rule, then the row-wise epilogue (:func:`epilogue_row`, compiled per
-type of the scales).
+int64 scales: the same products and NaN/Inf rule, then the row-wise epilogue (:func:`mmaemu.cpu.finish.
+epilogue_row`, compiled per type of the scales).
 """
 
 from __future__ import annotations
@@ -29,18 +29,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import types
-from numba.core.extending import overload
 
 from .. import formats
 from ..base._jit import arithmetic
-from ..arith.epilogue import OUT_CODES, epilogue_span, scale_product
+from ..arith.epilogue import OUT_CODES
 from ..arith.params import BlockParams, Schedule, preset_params, schedule_params
-from ..arith.rounding import FLOAT32, value_of_bits
-from ..arith.rowwise import rowwise_epilogue_span
-from ..arith.special import FINITE, nonfinite_accumulator
 from ..arith.tile import TILE_FORMATS, lane_bits_needed
 from . import threads
+from .finish import finish_block
 from .gemm import FEW_ROWS, accumulate_panel_rows, accumulate_prepared_panels, decode_panel, nonfinite_rows
 from .prepared import same_bytes
 
@@ -54,8 +50,6 @@ OUT_VIEWS = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16,
 # the tile format of A (5), the schedule (6), the block parameters (7), then the rest.
 _FMT, _SCHEDULE, _PARAMS = 0, 5, 11
 TILE_ROWS_AT, MASK_AT, PATTERN_AT, OUT_CODE_AT, LANES_AT, CONSTANTS = 18, 19, 20, 21, 22, 23
-# The scales of one call in one int64 array: fp32 bits of scale_a, scale_b, scale_result, and 1 if scale_result.
-SCALE_A, SCALE_B, SCALE_RESULT, HAS_SCALE_RESULT = 0, 1, 2, 3
 # Rows of A up to which a kept call runs the offset method's row tiles (mmaemu.cpu.offset_rows): each row reads the
 # whole of B's panels again, so past a few rows the offset kernel's 4-row tile (each B vector loaded once for 4
 # rows) or the tile engine is the faster one (docs/performance.md, "One row of A on the offset method").
@@ -90,54 +84,6 @@ class RowwiseScales(NamedTuple):
     w_bits: np.ndarray
     bias_bits: np.ndarray
     x_first: bool
-
-
-def epilogue_row(scales, acc, out_bits, m, n_lo, n_hi, out_code):
-    """Outputs [n_lo, n_hi) of row m into ``out_bits`` from the accumulators ``acc`` [M, N]: the tensor-wise
-    epilogue (semantics.md (e)) for int64 ``scales`` (:data:`SCALE_A`, ...), the row-wise one for
-    :class:`RowwiseScales`. Compiled per type of ``scales`` (an overload): one loop source for both recipes."""
-    raise NotImplementedError("compiled only (an overload)")
-
-
-@overload(epilogue_row, target="generic")
-def _epilogue_row(scales, acc, out_bits, m, n_lo, n_hi, out_code):
-    if isinstance(scales, types.Array):
-        def tensorwise(scales, acc, out_bits, m, n_lo, n_hi, out_code):
-            alpha = scale_product(value_of_bits(scales[SCALE_A], FLOAT32), value_of_bits(scales[SCALE_B], FLOAT32))
-            has_scale_result = scales[HAS_SCALE_RESULT] != 0
-            scale_result = value_of_bits(scales[SCALE_RESULT], FLOAT32) if has_scale_result else 1.0
-            epilogue_span(acc[m], out_bits[m], n_lo, n_hi, alpha, out_code, scale_result, has_scale_result)
-        return tensorwise
-
-    def rowwise(scales, acc, out_bits, m, n_lo, n_hi, out_code):
-        rowwise_epilogue_span(acc[m], out_bits[m], n_lo, n_hi, scales.x_bits[m], scales.w_bits, scales.bias_bits,
-                              scales.x_first)
-    return rowwise
-
-
-@arithmetic
-def finish_block(m_lo, m_hi, n_lo, n_hi, a_codes, a_flags, a_table, b_codes, b_flags, b_table, acc, acc_bits,
-                 scales, out_code, out_bits):
-    """For the outputs [m_lo, m_hi) x [n_lo, n_hi): the NaN/Inf rule (semantics.md c.4; rows of A and of B holding a
-    non-finite code: ``a_flags``, ``b_flags``) on the accumulators ``acc`` (``acc_bits``: its int32 view), then the
-    epilogue (:func:`epilogue_row`: semantics.md (e) with the scales' bits ``scales``, :data:`SCALE_A`, ..., or the
-    row-wise epilogue of :class:`RowwiseScales`) into ``out_bits``."""
-    any_b = False  # a column of the block with a non-finite code: else rows without one skip the column scan
-    for n in range(n_lo, n_hi):
-        any_b |= b_flags[n]
-    for m in range(m_lo, m_hi):
-        if a_flags[m]:
-            for n in range(n_lo, n_hi):
-                bits = nonfinite_accumulator(a_codes[m], b_codes[n], a_table, b_table)
-                if bits != FINITE:
-                    acc_bits[m, n] = bits
-        elif any_b:
-            for n in range(n_lo, n_hi):
-                if b_flags[n]:
-                    bits = nonfinite_accumulator(a_codes[m], b_codes[n], a_table, b_table)
-                    if bits != FINITE:
-                        acc_bits[m, n] = bits
-        epilogue_row(scales, acc, out_bits, m, n_lo, n_hi, out_code)
 
 
 @arithmetic
@@ -258,8 +204,9 @@ class TensorwiseGemm:
 
     def run(self, a_codes, b_codes, scales, weights=None, b_tensor=None):
         """The output's bits [M, N] (:data:`OUT_VIEWS`) of A's codes [M, K] times B's codes [N, K]^T (uint8,
-        C-contiguous, the plan's shape) with the scales' bits ``scales`` (int64 [4]: :data:`SCALE_A`, ...), or of
-        a row-wise call with its :class:`RowwiseScales` (made with ``out_name`` "bfloat16").
+        C-contiguous, the plan's shape) with the scales' bits ``scales`` (int64 [4]:
+        :data:`mmaemu.cpu.finish.SCALE_A`, ...), or of a row-wise call with its :class:`RowwiseScales` (made with
+        ``out_name`` "bfloat16").
         ``weights``: where B's prepared panels are kept (:mod:`mmaemu.cpu.prepared`; ``b_tensor``, B's tensor, finds
         them), or None: decoded for this call."""
         M, N, K = self.shape

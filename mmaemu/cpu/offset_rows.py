@@ -16,7 +16,7 @@ hold lane by lane, as for the 4-row tile: what differs is only which lanes run t
 
 :func:`rows_call` is a whole kept call in one compiled call: the comparison of B's codes with the kept copy (and the
 NaN/Inf flags of B's rows, in the same pass), A's packing and NaN/Inf flags, the products of every row and panel,
-then the NaN/Inf rule and the epilogue (:func:`mmaemu.cpu.fused.finish_block`). Imported only where the offset
+then the NaN/Inf rule and the epilogue (:func:`mmaemu.cpu.finish.finish_block`). Imported only where the offset
 engine runs (:func:`mmaemu.cpu.features.offset_engine_decline`), as :mod:`.offset_kernel` is.
 """
 
@@ -27,7 +27,7 @@ from ..arith.chain import chain_range, chain_range_count
 from ..arith.offset import add_chain_values, block_range, offset_empty_block
 from ..arith.offset_step import correction_flags
 from ..arith.schedule import chain_tiles_of, clear_tile, combine_step, combine_tile, split_chains
-from .fused import finish_block
+from .finish import finish_block
 from .gemm import nonfinite_rows
 from .offset_kernel import (BYTES_LOWEST, PANEL, ROWS, TILE_EXPONENTS, TILE_LOWS, TILE_SIGNS, TILE_VALUES,
                             TILE_WORDS, block_vectors, pack_tiles, panel_of, vector_end, vector_start)
@@ -213,7 +213,7 @@ def rows_call(kept_codes, b_codes, b_mask, b_pattern, prepared, a_codes, a_table
               constants, masks, a_values, b_values, scales, out_code, acc, out_bits):
     """A whole kept call on row tiles: False (nothing computed) unless ``b_codes`` are byte-identical to
     ``kept_codes``, the codes ``prepared`` was packed from; else the accumulators (:func:`row_accumulators`), the
-    NaN/Inf rule and the epilogue into ``out_bits`` (:func:`mmaemu.cpu.fused.finish_block`), and True."""
+    NaN/Inf rule and the epilogue into ``out_bits`` (:func:`mmaemu.cpu.finish.finish_block`), and True."""
     M = a_codes.shape[0]
     N = b_codes.shape[0]
     b_flags = np.zeros(N, np.bool_)

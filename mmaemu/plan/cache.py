@@ -309,12 +309,14 @@ def _row_tiles(plan: Plan) -> bool:
     from ..cpu.fused import ROW_KERNEL_ROWS, row_tiles_fit
 
     call = plan.call
-    if plan.context is None or plan.cpu_engine.engine != "tile" or call.M > ROW_KERNEL_ROWS:
+    rounding = offset_rounding(numba_target())
+    if (plan.context is None or plan.cpu_engine.engine != "tile" or call.M > ROW_KERNEL_ROWS
+            or not row_tiles_fit("tile", call.M, "offset", rounding)):  # the choice below only where it decides
         return False
     schedule = schedule_params(plan.preset, call.K, call.use_fast_accum, plan.split.S, plan.split.scheme)
     choice = cpu_engine_choice(plan.preset, schedule, call.fmt_a, call.fmt_b,
                                plan.context.environment[CPU_ENGINE_ENV], None, context=plan.context)
-    return row_tiles_fit(plan.cpu_engine.engine, call.M, choice.engine, offset_rounding(numba_target()))
+    return row_tiles_fit(plan.cpu_engine.engine, call.M, choice.engine, rounding)
 
 
 # ----------------------------------------------------------------------------------------------------------------
