@@ -318,23 +318,24 @@ def row_tiles_fit(engine: str, M: int, offset_choice: str, rounding) -> bool:
 
 
 class _RowsCall(NamedTuple):
-    """What the compiled call of row tiles (:func:`mmaemu.cpu.offset_rows.rows_call`) takes of a kept plan."""
+    """What the compiled call of row tiles (:func:`mmaemu.cpu.offset_rows.rows_call`) takes of a kept plan: its
+    constants in one array (:func:`mmaemu.cpu.offset_rows.call_words`) and A's packing tables."""
 
-    schedule: Schedule
-    constants: object  # mmaemu.arith.offset.OffsetConstants (add-max)
-    a_tables: tuple  # the offset engine's packing tables of A's format
-    a_nonfinite: tuple  # (mask, pattern) of A's NaN/Inf codes
-    b_nonfinite: tuple
+    words: np.ndarray
+    a_tables: tuple  # the offset engine's packing tables of A's format (values, exponent bytes, lows, signs)
 
     @staticmethod
     def of(gemm: "TensorwiseGemm") -> "_RowsCall":
         from ..arith.offset import ADD_MAX, offset_params
         from .engine import NONFINITE_PATTERN
         from .offset_engine import packing_tables
+        from .offset_kernel import MASKS
+        from .offset_rows import call_words
 
-        return _RowsCall(Schedule(*(int(v) for v in gemm.schedule)),
-                         offset_params(gemm.params, gemm.fmt_a, gemm.fmt_b, ADD_MAX), packing_tables(gemm.fmt_a),
-                         NONFINITE_PATTERN[gemm.fmt_a], NONFINITE_PATTERN[gemm.fmt_b])
+        words = call_words(offset_params(gemm.params, gemm.fmt_a, gemm.fmt_b, ADD_MAX), gemm.schedule, MASKS,
+                           NONFINITE_PATTERN[gemm.fmt_a], NONFINITE_PATTERN[gemm.fmt_b], gemm.shape[2],
+                           OUT_CODES[gemm.out_name])
+        return _RowsCall(words, packing_tables(gemm.fmt_a))
 
     def run(self, gemm, weights, b_tensor, a_codes, b_codes, scales, acc, out_bits) -> bool:
         """The call on the kept B (the offset engine's packed panels, :data:`mmaemu.cpu.engine.OFFSET`): True when
@@ -357,14 +358,7 @@ class _RowsCall(NamedTuple):
 
         if prepared.shape != b_codes.shape or prepared.fmt != gemm.fmt_b or kept_codes.size != b_codes.size:
             return False
-        t = gemm.tables
-        return bool(call_restoring_mxcsr(rows_call, kept_codes, b_codes, *self.b_nonfinite, prepared.operand,
-                                         a_codes, self.a_tables, *self.a_nonfinite, gemm.shape[2], self.schedule,
-                                         self.constants, _masks(), t.a_values, t.b_values, scales,
-                                         OUT_CODES[gemm.out_name], acc, out_bits))
-
-
-def _masks():
-    from .offset_kernel import MASKS
-
-    return MASKS
+        t, (values, exps, lows, signs) = gemm.tables, self.a_tables
+        return bool(call_restoring_mxcsr(rows_call, self.words, kept_codes, b_codes, prepared.val, prepared.exp,
+                                         prepared.low, prepared.sign, a_codes, values, exps, lows, signs, t.a_values,
+                                         t.b_values, scales, acc, out_bits))

@@ -24,13 +24,15 @@ import numpy as np
 
 from ..base._jit import arithmetic, arithmetic_inlined
 from ..arith.chain import chain_range, chain_range_count
-from ..arith.offset import add_chain_values, block_range, offset_empty_block
+from ..arith.offset import OffsetConstants, add_chain_values, block_range, offset_empty_block
+from ..arith.params import Schedule
 from ..arith.offset_step import correction_flags
 from ..arith.schedule import chain_tiles_of, clear_tile, combine_step, combine_tile, split_chains
 from .finish import finish_block
 from .gemm import nonfinite_rows
 from .offset_kernel import (BYTES_LOWEST, PANEL, ROWS, TILE_EXPONENTS, TILE_LOWS, TILE_SIGNS, TILE_VALUES,
-                            TILE_WORDS, block_vectors, pack_tiles, panel_of, vector_end, vector_start)
+                            TILE_WORDS, BitMasks, Operand, block_vectors, pack_tiles, panel_of, vector_end,
+                            vector_start)
 from .simd import (add_i32, add_saturated_i8, broadcast_i32, broadcast_load_i32, bytes_of_i32, enter_toward_zero,
                    f32_of_bits, fma_toward_zero_f32, leave_toward_zero, load_f32, load_i8, load_u32, lshr_i32,
                    max_i8, store_f32, widen_i8)
@@ -208,20 +210,51 @@ def nonfinite_word(w, mask_words, add_words):
     return ((w & mask_words) + add_words) & np.uint64(0x8080808080808080)
 
 
+# The constants of a kept call in one int64 array (one argument of :func:`rows_call`: a Numba call with named tuples
+# of arguments cost about 10 us more to dispatch than with plain arrays, measured): where each part starts.
+CALL_OFFSET = 0  # mmaemu.arith.offset.OffsetConstants (10)
+CALL_SCHEDULE = 10  # mmaemu.arith.params.Schedule (6)
+CALL_MASKS = 16  # mmaemu.cpu.offset_kernel.BitMasks (4)
+CALL_A_NONFINITE = 20  # mask, pattern of A's NaN/Inf codes
+CALL_B_NONFINITE = 22
+CALL_K = 24
+CALL_OUT_CODE = 25
+CALL_WORDS = 26
+
+
+def call_words(constants, schedule, masks, a_nonfinite, b_nonfinite, K, out_code) -> np.ndarray:
+    """The int64 array of a kept call's constants (read-only) that :func:`rows_call` takes apart again."""
+    words = np.array(list(constants) + list(schedule) + list(masks) + list(a_nonfinite) + list(b_nonfinite)
+                     + [K, out_code], np.int64)
+    assert words.shape == (CALL_WORDS,) and len(constants) == CALL_SCHEDULE - CALL_OFFSET
+    words.setflags(write=False)
+    return words
+
+
 @arithmetic
-def rows_call(kept_codes, b_codes, b_mask, b_pattern, prepared, a_codes, a_tables, a_mask, a_pattern, K, schedule,
-              constants, masks, a_values, b_values, scales, out_code, acc, out_bits):
+def rows_call(words, kept_codes, b_codes, b_val, b_exp, b_low, b_sign, a_codes, a_values, a_exps, a_lows, a_signs,
+              a_table, b_table, scales, acc, out_bits):
     """A whole kept call on row tiles: False (nothing computed) unless ``b_codes`` are byte-identical to
-    ``kept_codes``, the codes ``prepared`` was packed from; else the accumulators (:func:`row_accumulators`), the
-    NaN/Inf rule and the epilogue into ``out_bits`` (:func:`mmaemu.cpu.finish.finish_block`), and True."""
+    ``kept_codes``, the codes that the packed panels (``b_val`` ... ``b_sign``: the offset engine's
+    :class:`~mmaemu.cpu.offset_engine.PreparedB`) were packed from; else the accumulators (:func:`row_accumulators`;
+    ``a_values`` ... ``a_signs``: A's packing tables), the NaN/Inf rule (``a_table``, ``b_table``: the float64
+    values of the codes) and the epilogue with the scales' bits ``scales`` into ``out_bits``
+    (:func:`mmaemu.cpu.finish.finish_block`), and True. ``words``: :func:`call_words`."""
+    c = words
+    o, s, m = CALL_OFFSET, CALL_SCHEDULE, CALL_MASKS
+    constants = OffsetConstants(c[o], c[o + 1], c[o + 2], c[o + 3], c[o + 4], c[o + 5], c[o + 6], c[o + 7], c[o + 8],
+                                c[o + 9])
+    schedule = Schedule(c[s], c[s + 1], c[s + 2], c[s + 3], c[s + 4], c[s + 5])
+    masks = BitMasks(c[m], c[m + 1], c[m + 2], c[m + 3])
     M = a_codes.shape[0]
     N = b_codes.shape[0]
     b_flags = np.zeros(N, np.bool_)
-    if not same_codes_flags(kept_codes, b_codes, b_mask, b_pattern, b_flags):
+    if not same_codes_flags(kept_codes, b_codes, c[CALL_B_NONFINITE], c[CALL_B_NONFINITE + 1], b_flags):
         return False
     a_flags = np.zeros(M, np.bool_)
-    nonfinite_rows(0, M, a_codes, a_mask, a_pattern, a_flags)
-    row_accumulators(a_codes, a_tables, prepared, K, schedule, constants, masks, acc)
-    finish_block(0, M, 0, N, a_codes, a_flags, a_values, b_codes, b_flags, b_values, acc, acc.view(np.int32),
-                 scales, out_code, out_bits)
+    nonfinite_rows(0, M, a_codes, c[CALL_A_NONFINITE], c[CALL_A_NONFINITE + 1], a_flags)
+    row_accumulators(a_codes, (a_values, a_exps, a_lows, a_signs), Operand(b_val, b_exp, b_low, b_sign), c[CALL_K],
+                     schedule, constants, masks, acc)
+    finish_block(0, M, 0, N, a_codes, a_flags, a_table, b_codes, b_flags, b_table, acc, acc.view(np.int32), scales,
+                 c[CALL_OUT_CODE], out_bits)
     return True
