@@ -323,11 +323,13 @@ class _RowsCall(NamedTuple):
 
     words: np.ndarray
     a_tables: tuple  # the offset engine's packing tables of A's format (values, exponent bytes, lows, signs)
+    restores_mxcsr: bool  # the CPU rounds by MXCSR: the call restores it also when it raises (else nothing to do)
 
     @staticmethod
     def of(gemm: "TensorwiseGemm") -> "_RowsCall":
         from ..arith.offset import ADD_MAX, offset_params
         from .engine import NONFINITE_PATTERN
+        from .features import ROUNDING_EMBEDDED, numba_target, offset_rounding
         from .offset_engine import packing_tables
         from .offset_kernel import MASKS
         from .offset_rows import call_words
@@ -335,7 +337,8 @@ class _RowsCall(NamedTuple):
         words = call_words(offset_params(gemm.params, gemm.fmt_a, gemm.fmt_b, ADD_MAX), gemm.schedule, MASKS,
                            NONFINITE_PATTERN[gemm.fmt_a], NONFINITE_PATTERN[gemm.fmt_b], gemm.shape[2],
                            OUT_CODES[gemm.out_name])
-        return _RowsCall(words, packing_tables(gemm.fmt_a))
+        rounding = offset_rounding(numba_target())
+        return _RowsCall(words, packing_tables(gemm.fmt_a), rounding != ROUNDING_EMBEDDED)
 
     def run(self, gemm, weights, b_tensor, a_codes, b_codes, scales, acc, out_bits) -> bool:
         """The call on the kept B (the offset engine's packed panels, :data:`mmaemu.cpu.engine.OFFSET`): True when
@@ -359,6 +362,6 @@ class _RowsCall(NamedTuple):
         if prepared.shape != b_codes.shape or prepared.fmt != gemm.fmt_b or kept_codes.size != b_codes.size:
             return False
         t, (values, exps, lows, signs) = gemm.tables, self.a_tables
-        return bool(call_restoring_mxcsr(rows_call, self.words, kept_codes, b_codes, prepared.val, prepared.exp,
-                                         prepared.low, prepared.sign, a_codes, values, exps, lows, signs, t.a_values,
-                                         t.b_values, scales, acc, out_bits))
+        args = (self.words, kept_codes, b_codes, prepared.val, prepared.exp, prepared.low, prepared.sign, a_codes,
+                values, exps, lows, signs, t.a_values, t.b_values, scales, acc, out_bits)
+        return bool(call_restoring_mxcsr(rows_call, *args) if self.restores_mxcsr else rows_call(*args))
