@@ -204,3 +204,41 @@ def test_scaled_mm_kept_weight_on_row_tiles_and_forced_tile_agree(monkeypatch):
     got = call()
     monkeypatch.setenv("MMAEMU_CPU_ENGINE", "tile")
     assert torch.equal(got.view(torch.int16), call().view(torch.int16))
+
+
+@needs_offset
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_kept_rowwise_call_on_row_tiles_gives_the_tile_engines_bits(with_bias, monkeypatch):
+    """A kept row-wise plan's call (:class:`mmaemu.cpu.fused.RowwiseScales`: its epilogue per row) on row tiles
+    against the same call on the tile engine's kept panels, huge and tiny scales, NaN/Inf codes, both orders."""
+    from mmaemu.cpu import offset_rows
+    from mmaemu.cpu.fused import RowwiseScales
+
+    calls = []
+    kernel = offset_rows.rows_call
+    monkeypatch.setattr(offset_rows, "rows_call", lambda *args: calls.append(1) or kernel(*args))
+    rng = np.random.default_rng(23 + with_bias)
+    M, N, K = 1, 150, 160
+    a, b = codes(rng, (M, K), False), codes(rng, (N, K), False)
+    b[4, 7], b[90, 0] = 0xFF, 0x7F  # NaN codes in two rows of B: those outputs NaN, the others finite
+    x = np.array([2.0 ** 100], np.float32).view(np.uint32)
+    w = (rng.uniform(1, 2, N) * 2.0 ** -120).astype(np.float32).view(np.uint32)
+    bias = (rng.standard_normal(N).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16) if with_bias else \
+        np.zeros(0, np.uint16)
+    for x_first in (False, True):
+        scales = RowwiseScales(x, w, bias, x_first)
+        results = []
+        for row_tiles in (False, True):
+            gemm = TensorwiseGemm("tile", HOPPER, "e4m3", "e4m3", M, N, K, True, 1, "none", "bfloat16",
+                                  row_tiles=row_tiles)
+            store, tensor = PreparedStore(), Identity(b)
+            assert (gemm.rows is not None) == row_tiles
+            results.append([gemm.run(a, b, scales, store, tensor) for _ in range(3)])
+            assert len(store) == 1 and store.prepares == 1
+            assert len(calls) == 2 * row_tiles  # prepared, then kept: the row tiles computed them
+            calls.clear()
+        for tile_bits, row_bits in zip(*results):
+            assert np.array_equal(tile_bits, row_bits)
+        values = (tile_bits.astype(np.uint32) << 16).view(np.float32)
+        assert np.isnan(values[0, [4, 90]]).all() and np.isfinite(np.delete(values[0], [4, 90])).all()
+        assert len(np.unique(values)) > N // 2  # not a constant output
