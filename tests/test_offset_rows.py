@@ -242,3 +242,29 @@ def test_kept_rowwise_call_on_row_tiles_gives_the_tile_engines_bits(with_bias, m
         values = (tile_bits.astype(np.uint32) << 16).view(np.float32)
         assert np.isnan(values[0, [4, 90]]).all() and np.isfinite(np.delete(values[0], [4, 90])).all()
         assert len(np.unique(values)) > N // 2  # not a constant output
+
+
+@needs_offset
+def test_row_tiles_only_where_the_tile_engines_kept_call_is_one_task(monkeypatch):
+    """Row tiles run on the calling thread: a kept call that the tile engine cuts into several tasks on several
+    threads keeps its tile panels (and its threads); on one thread the row tiles compute it. Same bits."""
+    from mmaemu.cpu import threads
+
+    rng = np.random.default_rng(31)
+    M, N, K = 1, 2048, 576
+    a, b = codes(rng, (M, K), False), codes(rng, (N, K), False)
+    scales = np.array([0x3F800000, 0x3F800000, 0, 0], np.int64)
+    results = {}
+    for n_threads in (2, 1):
+        monkeypatch.setattr(threads, "num_threads", lambda: n_threads)
+        gemm = TensorwiseGemm("tile", HOPPER, "e4m3", "e4m3", M, N, K, True, 1, "none", "bfloat16", row_tiles=True)
+        if n_threads == 2:
+            assert len(gemm._cut(n_threads).prepared_tasks) > 1  # the case this test is about
+        calls = []
+        kernel = gemm.rows.kernel
+        gemm.rows = gemm.rows._replace(kernel=lambda *args: calls.append(1) or kernel(*args))
+        store, tensor = PreparedStore(), Identity(b)
+        results[n_threads] = [gemm.run(a, b, scales, store, tensor) for _ in range(3)]
+        assert len(calls) == (0 if n_threads == 2 else 2)
+    for x, y in zip(results[2], results[1]):
+        assert np.array_equal(x, y)

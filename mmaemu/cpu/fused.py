@@ -26,6 +26,7 @@ epilogue_row`, compiled per type of the scales).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -233,11 +234,14 @@ class TensorwiseGemm:
     def _tile(self, a_codes, b_codes, scales, weights, b_tensor, acc, out_bits):
         from .engine import TILE
 
-        if weights is not None and self.rows is not None:
+        n_threads = threads.num_threads()
+        cut = self._cut(n_threads)
+        if weights is not None and self.rows is not None and (n_threads == 1 or len(cut.prepared_tasks) == 1):
+            # row tiles run on the calling thread: only where the tile engine's kept call is one task too, or there
+            # is one thread (a call of more work keeps its panel ranges on every thread)
             if self.rows.run(self, weights, b_tensor, a_codes, b_codes, scales, acc, out_bits):
                 return
             weights = None  # B not kept yet (seen once): decoded for this call, no tile panels kept beside it
-        cut = self._cut(threads.num_threads())
         if weights is not None:
             kept = weights.candidate(TILE, self.fmt_b, b_tensor)
             if kept is not None and self._prepared(cut, kept.prepared, kept.codes, a_codes, b_codes, scales, acc,
@@ -323,45 +327,44 @@ class _RowsCall(NamedTuple):
 
     words: np.ndarray
     a_tables: tuple  # the offset engine's packing tables of A's format (values, exponent bytes, lows, signs)
-    restores_mxcsr: bool  # the CPU rounds by MXCSR: the call restores it also when it raises (else nothing to do)
+    kernel: object  # rows_call, or where the CPU rounds by MXCSR rows_call restoring it also when it raises
+    store_engine: object  # mmaemu.cpu.engine.OFFSET: the kept form of B is the offset engine's
 
     @staticmethod
     def of(gemm: "TensorwiseGemm") -> "_RowsCall":
         from ..arith.offset import ADD_MAX, offset_params
-        from .engine import NONFINITE_PATTERN
+        from .engine import NONFINITE_PATTERN, OFFSET
         from .features import ROUNDING_EMBEDDED, numba_target, offset_rounding
         from .offset_engine import packing_tables
         from .offset_kernel import MASKS
-        from .offset_rows import call_words
+        from .offset_rows import call_words, rows_call
+        from .simd import call_restoring_mxcsr
 
         words = call_words(offset_params(gemm.params, gemm.fmt_a, gemm.fmt_b, ADD_MAX), gemm.schedule, MASKS,
                            NONFINITE_PATTERN[gemm.fmt_a], NONFINITE_PATTERN[gemm.fmt_b], gemm.shape[2],
                            OUT_CODES[gemm.out_name])
-        rounding = offset_rounding(numba_target())
-        return _RowsCall(words, packing_tables(gemm.fmt_a), rounding != ROUNDING_EMBEDDED)
+        kernel = rows_call
+        if offset_rounding(numba_target()) != ROUNDING_EMBEDDED:
+            kernel = functools.partial(call_restoring_mxcsr, rows_call)
+        return _RowsCall(words, packing_tables(gemm.fmt_a), kernel, OFFSET)
 
     def run(self, gemm, weights, b_tensor, a_codes, b_codes, scales, acc, out_bits) -> bool:
         """The call on the kept B (the offset engine's packed panels, :data:`mmaemu.cpu.engine.OFFSET`): True when
         computed; False when B is not kept (yet). Codes that differ from the kept copy make the store compare again,
         drop the stale B and decide whether to prepare a new one (:meth:`mmaemu.cpu.prepared.PreparedStore.
         prepared`), exactly as on the tile engine's kept path."""
-        from .engine import OFFSET
-
-        kept = weights.candidate(OFFSET, gemm.fmt_b, b_tensor)
+        kept = weights.candidate(self.store_engine, gemm.fmt_b, b_tensor)
         if kept is not None and self._call(gemm, kept.prepared, kept.codes, a_codes, b_codes, scales, acc,
                                            out_bits):
             return True
-        prepared = weights.prepared(OFFSET, gemm.fmt_b, b_tensor, b_codes)
+        prepared = weights.prepared(self.store_engine, gemm.fmt_b, b_tensor, b_codes)
         return prepared is not None and self._call(gemm, prepared, b_codes.reshape(-1), a_codes, b_codes, scales,
                                                    acc, out_bits)
 
     def _call(self, gemm, prepared, kept_codes, a_codes, b_codes, scales, acc, out_bits) -> bool:
-        from .offset_rows import rows_call
-        from .simd import call_restoring_mxcsr
-
         if prepared.shape != b_codes.shape or prepared.fmt != gemm.fmt_b or kept_codes.size != b_codes.size:
             return False
         t, (values, exps, lows, signs) = gemm.tables, self.a_tables
-        args = (self.words, kept_codes, b_codes, prepared.val, prepared.exp, prepared.low, prepared.sign, a_codes,
-                values, exps, lows, signs, t.a_values, t.b_values, scales, acc, out_bits)
-        return bool(call_restoring_mxcsr(rows_call, *args) if self.restores_mxcsr else rows_call(*args))
+        return bool(self.kernel(self.words, kept_codes, b_codes, prepared.val, prepared.exp, prepared.low,
+                                prepared.sign, a_codes, values, exps, lows, signs, t.a_values, t.b_values, scales,
+                                acc, out_bits))
