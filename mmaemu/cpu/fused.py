@@ -20,27 +20,24 @@ The offset engine (:mod:`mmaemu.cpu.offset_engine`) computes its accumulators th
 NaN/Inf rule and the epilogue then run as one compiled call per range of rows (:func:`finish_rows`).
 
 A kept row-wise plan (:mod:`mmaemu.recipes.rowwise`) runs the same calls with :class:`RowwiseScales` in place of the
-int64 scales: the same products and NaN/Inf rule, then the row-wise epilogue (:func:`epilogue_row`, compiled per
-type of the scales).
+int64 scales: the same products and NaN/Inf rule, then the row-wise epilogue (:func:`mmaemu.cpu.finish.
+epilogue_row`, compiled per type of the scales).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
-from numba import types
-from numba.core.extending import overload
 
 from .. import formats
 from ..base._jit import arithmetic
-from ..arith.epilogue import OUT_CODES, epilogue_span, scale_product
+from ..arith.epilogue import OUT_CODES
 from ..arith.params import BlockParams, Schedule, preset_params, schedule_params
-from ..arith.rounding import FLOAT32, value_of_bits
-from ..arith.rowwise import rowwise_epilogue_span
-from ..arith.special import FINITE, nonfinite_accumulator
 from ..arith.tile import TILE_FORMATS, lane_bits_needed
 from . import threads
+from .finish import finish_block
 from .gemm import FEW_ROWS, accumulate_panel_rows, accumulate_prepared_panels, decode_panel, nonfinite_rows
 from .prepared import same_bytes
 
@@ -54,8 +51,10 @@ OUT_VIEWS = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16,
 # the tile format of A (5), the schedule (6), the block parameters (7), then the rest.
 _FMT, _SCHEDULE, _PARAMS = 0, 5, 11
 TILE_ROWS_AT, MASK_AT, PATTERN_AT, OUT_CODE_AT, LANES_AT, CONSTANTS = 18, 19, 20, 21, 22, 23
-# The scales of one call in one int64 array: fp32 bits of scale_a, scale_b, scale_result, and 1 if scale_result.
-SCALE_A, SCALE_B, SCALE_RESULT, HAS_SCALE_RESULT = 0, 1, 2, 3
+# Rows of A up to which a kept call runs the offset method's row tiles (mmaemu.cpu.offset_rows): each row reads the
+# whole of B's panels again, so past a few rows the offset kernel's 4-row tile (each B vector loaded once for 4
+# rows) or the tile engine is the faster one (docs/performance.md, "One row of A on the offset method").
+ROW_KERNEL_ROWS = 2
 
 
 @arithmetic
@@ -86,54 +85,6 @@ class RowwiseScales(NamedTuple):
     w_values: np.ndarray
     bias_values: np.ndarray
     x_first: bool
-
-
-def epilogue_row(scales, acc, out_bits, m, n_lo, n_hi, out_code):
-    """Outputs [n_lo, n_hi) of row m into ``out_bits`` from the accumulators ``acc`` [M, N]: the tensor-wise
-    epilogue (semantics.md (e)) for int64 ``scales`` (:data:`SCALE_A`, ...), the row-wise one for
-    :class:`RowwiseScales`. Compiled per type of ``scales`` (an overload): one loop source for both recipes."""
-    raise NotImplementedError("compiled only (an overload)")
-
-
-@overload(epilogue_row, target="generic")
-def _epilogue_row(scales, acc, out_bits, m, n_lo, n_hi, out_code):
-    if isinstance(scales, types.Array):
-        def tensorwise(scales, acc, out_bits, m, n_lo, n_hi, out_code):
-            alpha = scale_product(value_of_bits(scales[SCALE_A], FLOAT32), value_of_bits(scales[SCALE_B], FLOAT32))
-            has_scale_result = scales[HAS_SCALE_RESULT] != 0
-            scale_result = value_of_bits(scales[SCALE_RESULT], FLOAT32) if has_scale_result else 1.0
-            epilogue_span(acc[m], out_bits[m], n_lo, n_hi, alpha, out_code, scale_result, has_scale_result)
-        return tensorwise
-
-    def rowwise(scales, acc, out_bits, m, n_lo, n_hi, out_code):
-        rowwise_epilogue_span(acc[m], out_bits[m], n_lo, n_hi, scales.x_values[m], scales.w_values,
-                              scales.bias_values, scales.x_first)
-    return rowwise
-
-
-@arithmetic
-def finish_block(m_lo, m_hi, n_lo, n_hi, a_codes, a_flags, a_table, b_codes, b_flags, b_table, acc, acc_bits,
-                 scales, out_code, out_bits):
-    """For the outputs [m_lo, m_hi) x [n_lo, n_hi): the NaN/Inf rule (semantics.md c.4; rows of A and of B holding a
-    non-finite code: ``a_flags``, ``b_flags``) on the accumulators ``acc`` (``acc_bits``: its int32 view), then the
-    epilogue (:func:`epilogue_row`: semantics.md (e) with the scales' bits ``scales``, :data:`SCALE_A`, ..., or the
-    row-wise epilogue of :class:`RowwiseScales`) into ``out_bits``."""
-    any_b = False  # a column of the block with a non-finite code: else rows without one skip the column scan
-    for n in range(n_lo, n_hi):
-        any_b |= b_flags[n]
-    for m in range(m_lo, m_hi):
-        if a_flags[m]:
-            for n in range(n_lo, n_hi):
-                bits = nonfinite_accumulator(a_codes[m], b_codes[n], a_table, b_table)
-                if bits != FINITE:
-                    acc_bits[m, n] = bits
-        elif any_b:
-            for n in range(n_lo, n_hi):
-                if b_flags[n]:
-                    bits = nonfinite_accumulator(a_codes[m], b_codes[n], a_table, b_table)
-                    if bits != FINITE:
-                        acc_bits[m, n] = bits
-        epilogue_row(scales, acc, out_bits, m, n_lo, n_hi, out_code)
 
 
 @arithmetic
@@ -228,7 +179,7 @@ class TensorwiseGemm:
     of its split, the output dtype's name. Built once per kept plan; shared by the calls (and threads) of it."""
 
     def __init__(self, engine: str, preset, fmt_a: str, fmt_b: str, M: int, N: int, K: int, use_fast_accum: bool,
-                 splits: int, scheme: str, out_name: str):
+                 splits: int, scheme: str, out_name: str, row_tiles: bool = False):
         from .engine import NONFINITE_PATTERN, nonfinite_table, tile_shape, tile_tables
 
         self.engine, self.preset, self.fmt_a, self.fmt_b = engine, preset, fmt_a, fmt_b
@@ -248,11 +199,15 @@ class TensorwiseGemm:
         self.tables = _Tables(formats.values(fmt_a), formats.values(fmt_b), value_table, exp_table,
                               nonfinite_table(fmt_b))
         self._cuts = {}  # thread count -> _Cut (a dict read and written whole: safe across threads)
+        # A kept B of a call of few rows on the offset method's row tiles (mmaemu.cpu.offset_rows), where the plan
+        # allows it (row_tiles: :func:`row_tiles_fit`): the constants of that compiled call, else None.
+        self.rows = _RowsCall.of(self) if row_tiles else None
 
     def run(self, a_codes, b_codes, scales, weights=None, b_tensor=None):
         """The output's bits [M, N] (:data:`OUT_VIEWS`) of A's codes [M, K] times B's codes [N, K]^T (uint8,
-        C-contiguous, the plan's shape) with the scales' bits ``scales`` (int64 [4]: :data:`SCALE_A`, ...), or of
-        a row-wise call with its :class:`RowwiseScales` (made with ``out_name`` "bfloat16").
+        C-contiguous, the plan's shape) with the scales' bits ``scales`` (int64 [4]:
+        :data:`mmaemu.cpu.finish.SCALE_A`, ...), or of a row-wise call with its :class:`RowwiseScales` (made with
+        ``out_name`` "bfloat16").
         ``weights``: where B's prepared panels are kept (:mod:`mmaemu.cpu.prepared`; ``b_tensor``, B's tensor, finds
         them), or None: decoded for this call."""
         M, N, K = self.shape
@@ -279,7 +234,14 @@ class TensorwiseGemm:
     def _tile(self, a_codes, b_codes, scales, weights, b_tensor, acc, out_bits):
         from .engine import TILE
 
-        cut = self._cut(threads.num_threads())
+        n_threads = threads.num_threads()
+        cut = self._cut(n_threads)
+        if weights is not None and self.rows is not None and (n_threads == 1 or len(cut.prepared_tasks) == 1):
+            # row tiles run on the calling thread: only where the tile engine's kept call is one task too, or there
+            # is one thread (a call of more work keeps its panel ranges on every thread)
+            if self.rows.run(self, weights, b_tensor, a_codes, b_codes, scales, acc, out_bits):
+                return
+            weights = None  # B not kept yet (seen once): decoded for this call, no tile panels kept beside it
         if weights is not None:
             kept = weights.candidate(TILE, self.fmt_b, b_tensor)
             if kept is not None and self._prepared(cut, kept.prepared, kept.codes, a_codes, b_codes, scales, acc,
@@ -343,3 +305,65 @@ class TensorwiseGemm:
         threads.parallel_for(finish_rows, M, max(1, N) * EPILOGUE_WORK, a_codes, a_flags, t.a_values, b_codes,
                              b_flags, t.b_values, acc, acc.view(np.int32), scales, OUT_CODES[self.out_name],
                              out_bits)
+
+
+def row_tiles_fit(engine: str, M: int, offset_choice: str, rounding) -> bool:
+    """Whether a kept plan's calls with a kept B run on the offset method's row tiles (:mod:`mmaemu.cpu.offset_rows`):
+    the plan's engine is the tile engine (``auto`` keeps it for few rows: the offset kernel's 4-row tile is slower
+    there), M is at most :data:`ROW_KERNEL_ROWS`, the offset method computes the call on this
+    CPU (``offset_choice``: the engine :func:`mmaemu.cpu.engine.cpu_engine_choice` gives for the call's request
+    without a shape rule: "tile" where ``MMAEMU_CPU_ENGINE=tile`` forces it, the method does not fit or the CPU
+    cannot), and the CPU rounds by AVX-512's embedded rounding (``rounding``, :func:`mmaemu.cpu.features.
+    offset_rounding`: where the row tiles were measured faster; docs/performance.md). Same bits either way."""
+    from .features import ROUNDING_EMBEDDED
+
+    return engine == "tile" and offset_choice == "offset" and rounding == ROUNDING_EMBEDDED and M <= ROW_KERNEL_ROWS
+
+
+class _RowsCall(NamedTuple):
+    """What the compiled call of row tiles (:func:`mmaemu.cpu.offset_rows.rows_call`) takes of a kept plan: its
+    constants in one array (:func:`mmaemu.cpu.offset_rows.call_words`) and A's packing tables."""
+
+    words: np.ndarray
+    a_tables: tuple  # the offset engine's packing tables of A's format (values, exponent bytes, lows, signs)
+    kernel: object  # rows_call, or where the CPU rounds by MXCSR rows_call restoring it also when it raises
+    store_engine: object  # mmaemu.cpu.engine.OFFSET: the kept form of B is the offset engine's
+
+    @staticmethod
+    def of(gemm: "TensorwiseGemm") -> "_RowsCall":
+        from ..arith.offset import ADD_MAX, offset_params
+        from .engine import NONFINITE_PATTERN, OFFSET
+        from .features import ROUNDING_EMBEDDED, numba_target, offset_rounding
+        from .offset_engine import packing_tables
+        from .offset_kernel import MASKS
+        from .offset_rows import call_words, rows_call
+        from .simd import call_restoring_mxcsr
+
+        words = call_words(offset_params(gemm.params, gemm.fmt_a, gemm.fmt_b, ADD_MAX), gemm.schedule, MASKS,
+                           NONFINITE_PATTERN[gemm.fmt_a], NONFINITE_PATTERN[gemm.fmt_b], gemm.shape[2],
+                           OUT_CODES[gemm.out_name])
+        kernel = rows_call
+        if offset_rounding(numba_target()) != ROUNDING_EMBEDDED:
+            kernel = functools.partial(call_restoring_mxcsr, rows_call)
+        return _RowsCall(words, packing_tables(gemm.fmt_a), kernel, OFFSET)
+
+    def run(self, gemm, weights, b_tensor, a_codes, b_codes, scales, acc, out_bits) -> bool:
+        """The call on the kept B (the offset engine's packed panels, :data:`mmaemu.cpu.engine.OFFSET`): True when
+        computed; False when B is not kept (yet). Codes that differ from the kept copy make the store compare again,
+        drop the stale B and decide whether to prepare a new one (:meth:`mmaemu.cpu.prepared.PreparedStore.
+        prepared`), exactly as on the tile engine's kept path."""
+        kept = weights.candidate(self.store_engine, gemm.fmt_b, b_tensor)
+        if kept is not None and self._call(gemm, kept.prepared, kept.codes, a_codes, b_codes, scales, acc,
+                                           out_bits):
+            return True
+        prepared = weights.prepared(self.store_engine, gemm.fmt_b, b_tensor, b_codes)
+        return prepared is not None and self._call(gemm, prepared, b_codes.reshape(-1), a_codes, b_codes, scales,
+                                                   acc, out_bits)
+
+    def _call(self, gemm, prepared, kept_codes, a_codes, b_codes, scales, acc, out_bits) -> bool:
+        if prepared.shape != b_codes.shape or prepared.fmt != gemm.fmt_b or kept_codes.size != b_codes.size:
+            return False
+        t, (values, exps, lows, signs) = gemm.tables, self.a_tables
+        return bool(self.kernel(self.words, kept_codes, b_codes, prepared.val, prepared.exp, prepared.low,
+                                prepared.sign, a_codes, values, exps, lows, signs, t.a_values, t.b_values, scales,
+                                acc, out_bits))

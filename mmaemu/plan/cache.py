@@ -296,7 +296,27 @@ def _cpu_gemm(plan: Plan):
         return None
     return TensorwiseGemm(plan.cpu_engine.engine, plan.preset, call.fmt_a, call.fmt_b, call.M, call.N, call.K,
                           call.use_fast_accum, plan.split.S, plan.split.scheme,
-                          "bfloat16" if call.recipe is ROWWISE else dtype_name(call.out_dtype))
+                          "bfloat16" if call.recipe is ROWWISE else dtype_name(call.out_dtype), _row_tiles(plan))
+
+
+def _row_tiles(plan: Plan) -> bool:
+    """Whether the kept plan's calls with a kept B run on the offset method's row tiles
+    (:func:`mmaemu.cpu.fused.row_tiles_fit`): the engine choice of the plan's context for the call without the
+    shape rule (``MMAEMU_CPU_ENGINE`` and the AVX2 self-test as the plan read them)."""
+    from ..arith.params import schedule_params
+    from ..cpu.engine import cpu_engine_choice
+    from ..cpu.features import CPU_ENGINE_ENV, numba_target, offset_rounding
+    from ..cpu.fused import ROW_KERNEL_ROWS, row_tiles_fit
+
+    call = plan.call
+    rounding = offset_rounding(numba_target())
+    if (plan.context is None or plan.cpu_engine.engine != "tile" or call.M > ROW_KERNEL_ROWS
+            or not row_tiles_fit("tile", call.M, "offset", rounding)):  # the choice below only where it decides
+        return False
+    schedule = schedule_params(plan.preset, call.K, call.use_fast_accum, plan.split.S, plan.split.scheme)
+    choice = cpu_engine_choice(plan.preset, schedule, call.fmt_a, call.fmt_b,
+                               plan.context.environment[CPU_ENGINE_ENV], None, context=plan.context)
+    return row_tiles_fit(plan.cpu_engine.engine, call.M, choice.engine, rounding)
 
 
 # ----------------------------------------------------------------------------------------------------------------
