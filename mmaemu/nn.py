@@ -41,7 +41,7 @@ from .audit import GemmAudit, ModelAudit, run_audit
 from .errors import SplitKUnknownError
 from .nn_recipes import _inference_rows, weight_slot
 from .platform.profiles import get_profile
-from .quantize import amax_scale, quantize, scale_inv
+from .quantize import amax_scale, quantize, quantize_current, scale_inv
 
 __all__ = ["EmulatedFP8Linear", "convert_linears", "audit", "ModelAudit", "GemmAudit"]
 
@@ -258,12 +258,11 @@ class EmulatedFP8Linear(torch.nn.Module):
         """(x_fp8 [M_padded, K], M, leading shape, scale_a) for an input [..., in_features]."""
         x2 = _inference_rows(self, x, "the emulated FP8 GEMM has no backward. Call it under")
         lead = tuple(x.shape[:-1])
-        if self.input_scale is None:
-            s = amax_scale(x2, "e4m3")
-            s_inv = scale_inv(s)
+        if self.input_scale is None:  # TE's current scaling: amax, scales and cast (one compiled call on the CPU)
+            x_fp8, s_inv = quantize_current(x2, "e4m3")
         else:
-            s, s_inv = self.input_scale, self.input_scale_inv
-        x_fp8 = quantize(x2, s, "e4m3")
+            s_inv = self.input_scale_inv
+            x_fp8 = quantize(x2, self.input_scale, "e4m3")
         M = x_fp8.shape[0]
         if self.pad_m_to is not None and M % self.pad_m_to:
             padded = -(-M // self.pad_m_to) * self.pad_m_to
