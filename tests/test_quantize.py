@@ -390,7 +390,8 @@ def test_current_scaling_in_one_call_is_amax_scale_then_the_cast(fmt, dtype):
     rng = np.random.default_rng(3)
     big = torch.from_numpy(rng.standard_normal(2 * 262_144 + 5).astype(np.float32)).to(dtype)
     tiny = torch.tensor([2.0 ** -149, -0.0], dtype=torch.float32).to(dtype)  # bf16/fp16: 0 or the smallest
-    cases = [x, finite, finite[: finite.numel() // 2 * 2].reshape(-1, 2).t(), x[torch.isnan(x)], torch.zeros(5, 3, dtype=dtype), tiny,
+    pairs = finite[: finite.numel() // 2 * 2].reshape(-1, 2).t()  # strided
+    cases = [x, finite, pairs, x[torch.isnan(x)], torch.zeros(5, 3, dtype=dtype), tiny,
              torch.tensor([FLT_MAX, -1.0]).to(dtype), finite * 2.0 ** -100, finite[:1].reshape(()), big]
     cases += [finite[torch.from_numpy(rng.permutation(finite.numel())[:700])] * float(2.0 ** rng.integers(-30, 30))
               for _ in range(10)]
