@@ -41,7 +41,7 @@ from .audit import GemmAudit, ModelAudit, run_audit
 from .errors import SplitKUnknownError
 from .nn_recipes import _inference_rows, weight_slot
 from .platform.profiles import get_profile
-from .quantize import amax_scale, quantize, scale_inv
+from .quantize import amax_scale, quantize, quantize_current, scale_inv
 
 __all__ = ["EmulatedFP8Linear", "convert_linears", "audit", "ModelAudit", "GemmAudit"]
 
@@ -76,29 +76,6 @@ def _check_pad(pad_m_to):
     if isinstance(pad_m_to, bool) or not isinstance(pad_m_to, int) or pad_m_to < 1:
         raise ValueError(f"pad_m_to must be None or a positive int, got {pad_m_to!r}")
     return pad_m_to
-
-
-def _add_bias(y, bias):
-    """``y + bias`` (y [M, N], bias [N], one dtype), as torch adds them: each output one correctly rounded sum.
-
-    A plain CPU float32 pair whose bias holds no NaN is added by numpy on the calling thread: the same IEEE sums
-    (torch computes ``y + 1 * bias``, an FMA whose product is exact, or the plain sum), and where one operand is a
-    NaN, that NaN quieted in both (two NaNs, whose payload torch's instruction order would pick, go to torch). Why
-    not torch: an addition of 32,768 elements or more is a parallel region on torch's OpenMP threads, whose
-    workers then wait actively for milliseconds (GNU OpenMP's default policy) beside the next layer's GEMM on mmaemu's
-    threads: on 2 cores that cost the next GEMM 1.6-2.8 ms (docs/performance.md, "MiniLM and torch's waiting
-    workers"). Every other pair (other dtypes, devices, subclasses, a NaN in the bias) is torch's addition."""
-    if (type(y) is torch.Tensor and type(bias) is torch.Tensor and y.dtype == torch.float32
-            and bias.dtype == torch.float32 and y.device.type == "cpu" and bias.device.type == "cpu"
-            and y.dim() == 2 and y.is_contiguous() and bias.dim() == 1 and y.shape[1] == bias.shape[0] and not y.requires_grad
-            and not bias.requires_grad):
-        import numpy as np
-
-        b = bias.numpy()
-        if not np.isnan(b).any():
-            with np.errstate(all="ignore"):  # torch warns of no overflow: neither does the layer
-                return torch.from_numpy(np.add(y.numpy(), b))
-    return y + bias
 
 
 #: Why ``torch.compile`` breaks its graph at the layer (shown by dynamo, e.g. when ``fullgraph=True`` refuses it).
@@ -258,12 +235,11 @@ class EmulatedFP8Linear(torch.nn.Module):
         """(x_fp8 [M_padded, K], M, leading shape, scale_a) for an input [..., in_features]."""
         x2 = _inference_rows(self, x, "the emulated FP8 GEMM has no backward. Call it under")
         lead = tuple(x.shape[:-1])
-        if self.input_scale is None:
-            s = amax_scale(x2, "e4m3")
-            s_inv = scale_inv(s)
+        if self.input_scale is None:  # TE's current scaling: amax, scales and cast (one compiled call on the CPU)
+            x_fp8, s_inv = quantize_current(x2, "e4m3")
         else:
-            s, s_inv = self.input_scale, self.input_scale_inv
-        x_fp8 = quantize(x2, s, "e4m3")
+            s_inv = self.input_scale_inv
+            x_fp8 = quantize(x2, self.input_scale, "e4m3")
         M = x_fp8.shape[0]
         if self.pad_m_to is not None and M % self.pad_m_to:
             padded = -(-M // self.pad_m_to) * self.pad_m_to
@@ -287,7 +263,7 @@ class EmulatedFP8Linear(torch.nn.Module):
             raise _undecided_layer_error(self, error) from None
         y = y[:M]
         if self.bias is not None:
-            y = _add_bias(y, self.bias.to(out_dtype))
+            y = y + self.bias.to(out_dtype)  # torch's addition (numpy's measured no faster: docs/performance.md)
         return y.reshape(lead + (self.out_features,))
 
     def _gemm(self, x_fp8, s_inv, out_dtype):
@@ -331,9 +307,10 @@ class EmulatedFP8Linear(torch.nn.Module):
 
     def extra_repr(self):
         scaling = "current (per call)" if self.input_scale is None else f"static {float(self.input_scale):g}"
+        out_dtype = "input" if self.out_dtype is None else str(self.out_dtype).replace("torch.", "")
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"profile={getattr(self.profile, 'name', self.profile)!r}, use_fast_accum={self.use_fast_accum}, "
-                f"out_dtype={'input' if self.out_dtype is None else str(self.out_dtype).replace('torch.', '')}, splitk={self.splitk!r}, "
+                f"out_dtype={out_dtype}, splitk={self.splitk!r}, "
                 f"pad_m_to={self.pad_m_to}, input_scaling={scaling}")
 
 

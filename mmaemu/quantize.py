@@ -60,6 +60,7 @@ from .base.gpu_torch_ops import power_of_two_floor
 __all__ = [
     "FP8_MAX",
     "quantize",
+    "quantize_current",
     "quantize_e4m3",
     "quantize_e5m2",
     "dequantize",
@@ -287,6 +288,27 @@ def quantize(x, scale, fmt="e4m3"):
         return codes.view(formats.DTYPE_OF[fmt])
     y = x.to(torch.float32) * _scale_tensor(scale, x.device)
     return _round_to_fp8(y, fmt)
+
+
+def quantize_current(x, fmt="e4m3"):
+    """``(q, scale_inv)``: TE's current scaling of ``x`` (fp32, bf16 or fp16), ``q = quantize(x, s, fmt)`` with
+    ``s = amax_scale(x, fmt)`` (recipe "current", no epsilon, no power of two) and ``scale_inv(s)``, the inverse
+    scale the GEMM takes (a 0-dim fp32 tensor on x's device): what a layer with per-call input scaling computes.
+    A non-empty CPU ``x`` whose cast is one task (:func:`mmaemu.cpu.cast.fits_one_pass`) takes one compiled call
+    for the amax, both scales and the cast (:func:`mmaemu.cpu.cast.current_scaling_fp8`: the same bits, the same
+    IEEE fp32 divisions; ``tests/test_quantize.py``); any other takes those three functions."""
+    fmt = _fmt(fmt)
+    if (isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dtype in _INPUT_DTYPES
+            and 0 < x.numel()):
+        from .cpu.cast import current_scaling_fp8, fits_one_pass
+
+        if fits_one_pass(x.numel()):
+            _refuse_flush_to_zero(x.device)
+            codes, scales = current_scaling_fp8(_cpu_float32_values(x.detach()), fmt)
+            q = torch.from_numpy(codes.reshape(x.shape)).view(formats.DTYPE_OF[fmt])
+            return q, torch.from_numpy(scales[1:].reshape(()))
+    s = amax_scale(x, fmt)
+    return quantize(x, s, fmt), scale_inv(s)
 
 
 def _round_to_fp8(y: torch.Tensor, fmt: str) -> torch.Tensor:

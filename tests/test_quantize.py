@@ -18,6 +18,7 @@ from mmaemu.quantize import (
     compute_amax,
     dequantize,
     quantize,
+    quantize_current,
     quantize_e4m3,
     quantize_e5m2,
     quantize_rowwise,
@@ -256,6 +257,7 @@ def test_every_helper_refuses_flush_to_zero_mode_as_the_cast_does():
         "scale_from_amax": lambda: scale_from_amax(2.0 ** -140, recipe="current"),
         "rowwise_scale": lambda: rowwise_scale(tiny.reshape(1, 2)),
         "quantize_rowwise": lambda: quantize_rowwise(tiny.reshape(1, 2))[0],
+        "quantize_current": lambda: quantize_current(tiny)[0],
     }
     expected = {name: call() for name, call in calls.items()}
     if not torch.set_flush_denormal(True):
@@ -369,6 +371,45 @@ def test_compiled_cpu_amax_and_cast_of_large_tensors_cut_into_tasks():
     x = torch.from_numpy(base * np.float32(50))
     assert torch.equal(quantize(x, 1.0, "e4m3").view(torch.uint8),
                        _round_to_fp8(x * torch.tensor(1.0), "e4m3").view(torch.uint8))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_current_scaling_in_one_call_is_amax_scale_then_the_cast(fmt, dtype):
+    """quantize_current (mmaemu.cpu.cast.current_scaling_fp8: amax, scale, inverse and cast in one compiled call)
+    against amax_scale, quantize and scale_inv: every amax rule (0, only NaN, Inf, a subnormal amax whose quotient
+    overflows to the largest fp32 value, the largest finite fp32), the adversarial values, strided and 0-dim
+    inputs, and an input of several tasks (those three functions)."""
+    from mmaemu.cpu import threads
+    from mmaemu.cpu.cast import CAST_WORK, fits_one_pass
+
+    x = adversarial_fp32()
+    with np.errstate(all="ignore"):
+        x = x.to(dtype)
+    finite = x[torch.isfinite(x)]
+    rng = np.random.default_rng(3)
+    big = torch.from_numpy(rng.standard_normal(2 * 262_144 + 5).astype(np.float32)).to(dtype)
+    tiny = torch.tensor([2.0 ** -149, -0.0], dtype=torch.float32).to(dtype)  # bf16/fp16: 0 or the smallest
+    pairs = finite[: finite.numel() // 2 * 2].reshape(-1, 2).t()  # strided
+    cases = [x, finite, pairs, x[torch.isnan(x)], torch.zeros(5, 3, dtype=dtype), tiny,
+             torch.tensor([FLT_MAX, -1.0]).to(dtype), finite * 2.0 ** -100, finite[:1].reshape(()), big]
+    cases += [finite[torch.from_numpy(rng.permutation(finite.numel())[:700])] * float(2.0 ** rng.integers(-30, 30))
+              for _ in range(10)]
+    assert not fits_one_pass(big.numel()) and fits_one_pass(x.numel())
+    for size in (1, 1000, 262_143, 262_144, 262_145, 1 << 20):  # one pass: where quantize_fp8 makes one task
+        for n_threads in (1, 2, 3, 8):
+            one_task = len(threads.job_ranges(size, CAST_WORK, n_threads)) == 1
+            assert fits_one_pass(size) == one_task, (size, n_threads)
+    for case in cases:
+        q, s_inv = quantize_current(case, fmt)
+        scale = amax_scale(case, fmt)
+        want_q, want_inv = quantize(case, scale, fmt), scale_inv(scale)
+        assert q.dtype == DTYPE[fmt] and q.shape == case.shape
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+        assert s_inv.dtype == torch.float32 and s_inv.shape == ()
+        assert s_inv.view(torch.int32).item() == want_inv.view(torch.int32).item()
+    largest = quantize_current(torch.tensor([2.0 ** -149, 1e-45]), fmt)[1]  # 448 / 2**-149 overflows
+    assert largest.item() == f32(1 / FLT_MAX)
 
 
 # The compiled CPU row-wise cast (mmaemu.quantize._rowwise_parts, mmaemu.cpu.cast) against torch's operations

@@ -35,7 +35,8 @@ from ..arith.epilogue import E4M3_LARGEST, E5M2_LARGEST, fp8_bits
 from ..arith.rounding import E4M3, E5M2
 from . import threads
 
-__all__ = ["quantize_fp8", "amax_fp32", "row_magnitudes", "quantize_rows_fp8"]
+__all__ = ["quantize_fp8", "amax_fp32", "row_magnitudes", "quantize_rows_fp8", "current_scaling_fp8",
+           "fits_one_pass"]
 
 #: Cost of one element in the fast path's products (:mod:`.threads`, about 0.1 ns each): a multiplication and the
 #: rounding's selects, vectorised: 0.35 ns measured (docs/performance.md, "MiniLM's profile").
@@ -45,6 +46,8 @@ CAST_WORK = 4
 AMAX_WORK = 1
 #: fp32 bits of +Inf: the largest magnitude pattern that is not a NaN.
 _INF_BITS = 0x7F800000
+#: The largest finite fp32 value: TE's current scale where ``fp8_max / amax`` overflows.
+_FLT_MAX = np.float32(np.finfo(np.float32).max)
 
 
 @arithmetic
@@ -134,3 +137,50 @@ def amax_fp32(values: np.ndarray) -> np.float32:
         threads.run_tasks([lambda lo=lo, hi=hi, slot=slot: amax_span(lo, hi, bits, partial, slot)
                            for slot, (lo, hi) in enumerate(ranges)])
     return partial.max().view(np.float32)
+
+
+@arithmetic
+def current_scaling_span(values, fp8_max, e5m2, codes, scales):
+    """TE's current scaling of the flat float32 ``values`` in one call on the calling thread: their amax
+    (:func:`amax_span`), the scale ``fp8_max / amax`` by :func:`mmaemu.quantize.scale_from_amax`'s rule "current"
+    with epsilon 0 and no power of two (1 where amax is 0 or Inf; the largest fp32 value where the quotient
+    overflows; one IEEE fp32 division), its inverse ``1 / scale`` (one IEEE fp32 division, TE's scale_inv), then
+    :func:`quantize_span` of the values times the scale into ``codes``. ``scales`` (float32 [2]) receives
+    (scale, scale_inv)."""
+    partial = np.zeros(1, np.int32)
+    amax_span(0, values.size, values.view(np.int32), partial, 0)
+    amax = partial.view(np.float32)[0]  # never a NaN: NaN patterns count as 0
+    scale = np.float32(1.0)
+    if amax != np.float32(0.0) and amax != np.float32(np.inf):
+        scale = np.float32(fp8_max / amax)
+        if scale == np.float32(np.inf):
+            scale = _FLT_MAX
+    scales[0] = scale
+    scales[1] = np.float32(np.float32(1.0) / scale)
+    quantize_span(0, values.size, values, scale, e5m2, codes)
+
+
+def fits_one_pass(size: int) -> bool:
+    """Whether :func:`quantize_fp8` casts ``size`` elements as one task (on the calling thread), whatever the thread
+    count: :func:`mmaemu.cpu.threads.jobs_per_task` gives a task at least MIN_TASK_WORK of work (here
+    ``_ONE_PASS_SIZE`` elements) and spreads fewer jobs than that over no more tasks. Then
+    :func:`current_scaling_fp8` computes the amax, the scales and the cast in one compiled call, with nothing given
+    up to parallelism (the amax, at AMAX_WORK per element, is one task up to a larger size still)."""
+    return size <= _ONE_PASS_SIZE
+
+
+#: The most elements :func:`quantize_fp8` casts in one task (:func:`fits_one_pass`).
+_ONE_PASS_SIZE = -(-threads.MIN_TASK_WORK // CAST_WORK)
+
+
+def current_scaling_fp8(values: np.ndarray, fmt: str):
+    """(uint8 FP8 codes of the flat float32 ``values``, float32 [2]: the scale and its inverse) of TE's current
+    scaling (:func:`current_scaling_span`, one compiled call): the bits of :func:`amax_fp32`, then
+    :func:`mmaemu.quantize.scale_from_amax` (recipe "current") and :func:`mmaemu.quantize.scale_inv`, then
+    :func:`quantize_fp8` (``tests/test_quantize.py``). For ``values`` of at least one element; any size computes on
+    the calling thread (:func:`fits_one_pass` says where nothing is lost by that)."""
+    codes = np.empty(values.shape, np.uint8)
+    scales = np.empty(2, np.float32)
+    largest = np.float32(E5M2_LARGEST if fmt == "e5m2" else E4M3_LARGEST)  # the scale's fp8_max
+    current_scaling_span(values, largest, fmt == "e5m2", codes, scales)
+    return codes, scales

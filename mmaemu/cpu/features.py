@@ -114,8 +114,10 @@ class OffsetShapes(NamedTuple):
 # 1 and 2 threads, two runs): 1.30-1.47x at M = 8, 1.52-1.67x at M = 12, 0.85-1.08x at M = 4, 0.73-0.80x at M = 2,
 # hence the offset engine from M = 8 on AVX-512. AVX2 with MXCSR rounding
 # ("The offset engine on AVX2", 7 Dec 2026, a 2-core Zen 3 without AVX-512, one thread): 1.25-1.52x for
-# 16 <= M <= 512, 0.73x at M = 2048, 0.83-0.90x at M = 1, 0.26x at N = 16.
-OFFSET_SHAPES = {ROUNDING_EMBEDDED: OffsetShapes(8, None, 256), ROUNDING_MXCSR: OffsetShapes(16, 512, 384)}
+# 16 <= M <= 512, 0.73x at M = 2048, 0.83-0.90x at M = 1, 0.26x at N = 16. From N = 64 on AVX-512 ("The decoder's
+# prefill around the kernel", 7 Dec 2026, kept weight, whole call, 2 threads): 2.9x at (64, 192, 576), 2.2-2.4x
+# at N = 64 and 128, 1.04x at (8, 64, 576), 1.5-2.0x at N = 16 and 32 with M = 64, 0.97x at (8, 32, 576).
+OFFSET_SHAPES = {ROUNDING_EMBEDDED: OffsetShapes(8, None, 64), ROUNDING_MXCSR: OffsetShapes(16, 512, 384)}
 
 
 def offset_shape_decline(M: int, N: int, rounding: str = ROUNDING_EMBEDDED) -> Optional[str]:
