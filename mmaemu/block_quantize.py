@@ -254,11 +254,16 @@ def quantize_mx(x, fmt="e4m3", *, scaling_mode="floor", block_size=MX_BLOCK, swi
         raise BlockQuantizeError(f"quantize_mx: block_size={block_size!r} is not modelled; MX uses blocks of "
                                  f"{MX_BLOCK}")
     blocks, shape, device = _input_blocks(x, MX_BLOCK, "quantize_mx")
+    codes, scale_codes = _mx_codes(blocks, fmt, scaling_mode)
+    return _output(codes.reshape(shape), scale_codes, fmt, "ue8m0", MX_BLOCK, None, shape, device, swizzle)
+
+
+def _mx_codes(blocks, fmt, scaling_mode):
+    """(element codes [..., K / 32, 32], one uint8 per element, and scale codes [..., K / 32]) of fp32 blocks."""
     scale_codes = mx_scale_codes(_block_amax(blocks), fmt, scaling_mode)
     with np.errstate(all="ignore"):
         scaled = blocks / _mx_divisors(scale_codes)[..., None]
-    codes = round_to_format(scaled, fmt).reshape(shape)
-    return _output(codes, scale_codes, fmt, "ue8m0", MX_BLOCK, None, shape, device, swizzle)
+    return round_to_format(scaled, fmt), scale_codes
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -292,6 +297,14 @@ def quantize_nvfp4(x, *, global_scale="dynamic", swizzle=False) -> BlockQuantize
     :func:`quantize_mx`.
     """
     blocks, shape, device = _input_blocks(x, NVFP4_BLOCK, "quantize_nvfp4")
+    codes, scale_codes, global_scale = _nvfp4_codes(blocks, global_scale)
+    return _output(codes.reshape(shape), scale_codes, "e2m1", "ue4m3", NVFP4_BLOCK, global_scale, shape, device,
+                   swizzle)
+
+
+def _nvfp4_codes(blocks, global_scale):
+    """(element codes [..., K / 16, 16], one uint8 per element, scale codes [..., K / 16], the global scale as
+    :class:`BlockQuantized` holds it) of fp32 blocks, ``global_scale`` as :func:`quantize_nvfp4` takes it."""
     if isinstance(global_scale, str):
         if global_scale != "dynamic":
             raise BlockQuantizeError(f"quantize_nvfp4: global_scale must be 'dynamic', a number or None, got "
@@ -313,8 +326,37 @@ def quantize_nvfp4(x, *, global_scale="dynamic", swizzle=False) -> BlockQuantize
             reciprocal = (np.float32(1.0) / g) / _ue4m3_values(scale_codes)
         scaled = blocks * reciprocal.astype(np.float32)[..., None]
     clamped = np.where(np.isnan(scaled), scaled, np.clip(scaled, -FP4_MAX, FP4_MAX))
-    codes = round_to_format(clamped, "e2m1").reshape(shape)
-    return _output(codes, scale_codes, "e2m1", "ue4m3", NVFP4_BLOCK, global_scale, shape, device, swizzle)
+    return round_to_format(clamped, "e2m1"), scale_codes, global_scale
+
+
+class CastRows(NamedTuple):
+    """A cast of rows [M, K] for a block-scaled GEMM (:func:`cast_rows`): ``quantized``, the
+    :class:`BlockQuantized` with swizzled scales (torch tensors for a torch input), and what the kernel reads of
+    it: ``codes`` [M, K] (uint8, one per element, FP4 unpacked) and ``scales`` [M, K / block] (uint8, plain
+    layout)."""
+
+    quantized: BlockQuantized
+    codes: np.ndarray
+    scales: np.ndarray
+
+
+def cast_rows(x, recipe: str, fmt: str = "e4m3") -> CastRows:
+    """The cast of a recipe layer's input rows ``x`` [M, K]: ``recipe`` "mx" (:func:`quantize_mx` with element
+    format ``fmt``, the "floor" rule) or "nvfp4" (:func:`quantize_nvfp4`, dynamic global scale), with swizzled
+    scales, and the plain codes and scales the kernel reads (:class:`CastRows`): the same bits as those
+    functions, the kernel's operands without unswizzling the scales again."""
+    if recipe == "mx":
+        blocks, shape, device = _input_blocks(x, MX_BLOCK, "quantize_mx")
+        codes, scale_codes = _mx_codes(blocks, fmt, "floor")
+        scale_fmt, block, global_scale = "ue8m0", MX_BLOCK, None
+    else:
+        fmt = "e2m1"
+        blocks, shape, device = _input_blocks(x, NVFP4_BLOCK, "quantize_nvfp4")
+        codes, scale_codes, global_scale = _nvfp4_codes(blocks, "dynamic")
+        scale_fmt, block = "ue4m3", NVFP4_BLOCK
+    codes = codes.reshape(shape)
+    q = _output(codes, scale_codes, fmt, scale_fmt, block, global_scale, shape, device, True)
+    return CastRows(q, codes, scale_codes.reshape(shape[0], -1))
 
 
 def _ue4m3_values(codes):

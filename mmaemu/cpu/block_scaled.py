@@ -458,37 +458,77 @@ def _fast_tasks(M: int, N: int, K: int, lanes: int):
     return tasks, [(m_hi - m_lo) * lanes * K for _, _, m_lo, m_hi in tasks]
 
 
+class FastKernel(NamedTuple):
+    """What the fast path of one preset, format pair and block reads besides the operands, made once
+    (:func:`fast_kernel`): both operands' :class:`BlockTables`, the instruction's parameters, the int32 run of the
+    scaled-block products, the scale significands' bits and the lanes' integer type (an empty array)."""
+
+    preset: object
+    fmt_a: str
+    fmt_b: str
+    scale_fmt: str
+    block: int
+    ta: BlockTables
+    tb: BlockTables
+    params: BlockParams
+    group: GroupParams
+    run: int
+    scale_bits: int
+    lane_proto: np.ndarray
+
+
+def fast_kernel(preset, fmt_a: str, fmt_b: str, scale_fmt: str, block: int) -> FastKernel:
+    """The :class:`FastKernel` of a checked GEMM's preset, formats and block, kept."""
+    key = (preset, fmt_a, fmt_b, scale_fmt, block)
+    kernel = _FAST_KERNELS.get(key)
+    if kernel is None:
+        gp = group_params(preset, fmt_a, fmt_b, scale_fmt) if preset.group else GroupParams(0, 0, 0, 0, 0, 0)
+        kernel = _FAST_KERNELS[key] = FastKernel(
+            preset, fmt_a, fmt_b, scale_fmt, block, block_tables(fmt_a, scale_fmt), block_tables(fmt_b, scale_fmt),
+            preset_params(preset, fmt_a, fmt_b), gp, 0 if preset.group else narrow_run(preset),
+            2 * formats.SCALE_MANT_BITS[scale_fmt],
+            np.empty(0, np.int32 if lane_bits_needed(preset) == 32 else np.int64))
+    return kernel
+
+
+_FAST_KERNELS = {}
+
+
 def _run_fast_blocks(gemm: BlockScaledGemm, out, prepared=None):
     """The fast path into ``out``; returns the [M, N] mask of the outputs it does not cover. ``prepared``: B's
     :class:`PreparedBlockScaledB` (made from ``gemm``'s B), or None (each task decodes its panels)."""
-    (M, N, K), preset = gemm.shape, gemm.preset
+    kernel = fast_kernel(gemm.preset, gemm.fmt_a, gemm.fmt_b, gemm.scale_fmt, gemm.block)
+    return _run_fast(kernel, gemm.a, gemm.sa, gemm.b, gemm.sb, prepared, out)
+
+
+def _run_fast(kernel: FastKernel, a, sa, b, sb, prepared, out):
+    """:func:`_run_fast_blocks` of checked operands: A's codes [M, K] and scale codes, B's codes [N, K] and scale
+    codes, B's :class:`PreparedBlockScaledB` or None."""
+    M, K = a.shape
+    N = b.shape[0]
     lanes = panel_lanes(N)
-    ta, tb = block_tables(gemm.fmt_a, gemm.scale_fmt), block_tables(gemm.fmt_b, gemm.scale_fmt)
-    gp = group_params(preset, gemm.fmt_a, gemm.fmt_b, gemm.scale_fmt) if preset.group else GroupParams(0, 0, 0, 0,
-                                                                                                        0, 0)
+    ta, tb = kernel.ta, kernel.tb
     if prepared is None:
-        blocks = gemm.sb.shape[1]
+        blocks = sb.shape[1]
         b_arrays = (np.empty((1, K, lanes), np.float32), np.empty((1, K, lanes), np.int8),
                     np.empty((1, blocks, lanes), np.float32), np.empty((1, blocks, lanes), np.int32))
     else:
         b_arrays = (prepared.val, prepared.exp, prepared.scale_sig, prepared.scale_exp)
-    call = FastCall(gemm.a, ta.val, ta.exp, np.ascontiguousarray(ta.scale_sig[gemm.sa]),
-                    np.ascontiguousarray(ta.scale_exp[gemm.sa]), gemm.b, gemm.sb, tb, int(prepared is not None),
-                    *b_arrays, preset.nfma, gemm.block, 2 * formats.SCALE_MANT_BITS[gemm.scale_fmt],
-                    0 if preset.group else narrow_run(preset), preset_params(preset, gemm.fmt_a, gemm.fmt_b), gp)
-    lane_proto = np.empty(0, np.int32 if lane_bits_needed(preset) == 32 else np.int64)
+    call = FastCall(a, ta.val, ta.exp, np.ascontiguousarray(ta.scale_sig[sa]), np.ascontiguousarray(ta.scale_exp[sa]),
+                    b, sb, tb, int(prepared is not None), *b_arrays, kernel.preset.nfma, kernel.block,
+                    kernel.scale_bits, kernel.run, kernel.params, kernel.group)
     overflowed = np.zeros((M, N), np.bool_)
     tasks, works = _fast_tasks(M, N, K, lanes)
 
     def task(t):
-        fast_panels(*t, call, TILE_ROWS, lane_proto, out, overflowed)
+        fast_panels(*t, call, TILE_ROWS, kernel.lane_proto, out, overflowed)
 
     if len(tasks) == 1:
         task(tasks[0])
     else:
         threads.run_tasks([lambda t=t: task(t) for t in tasks], works)
-    bad_a = _row_flags(gemm.a, gemm.sa, ta, gemm.block)
-    bad_b = _row_flags(gemm.b, gemm.sb, tb, gemm.block) if prepared is None else prepared.bad
+    bad_a = _row_flags(a, sa, ta, kernel.block)
+    bad_b = _row_flags(b, sb, tb, kernel.block) if prepared is None else prepared.bad
     if not (bad_a.any() or bad_b.any()):
         return overflowed
     return overflowed | bad_a[:, None] | bad_b[None, :]
@@ -602,3 +642,45 @@ def kept_b_engine(name: str, operands_of, fmt: str, scale_fmt: str, block: int):
 
 
     return Engine(f"block-scaled:{name}", prepare, nbytes)
+
+
+def accumulate_kept(a_codes, scale_a, fmt_a: str, kept: KeptBlockScaledB, preset, scale_fmt: str):
+    """:func:`accumulate_block_scaled` (fast path, same bits) of A's codes [M, K] and scale codes [M, K / block]
+    (plain layout, uint8, checked by the caller: codes of ``fmt_a``, K that of the kept B) against a kept B
+    (:class:`KeptBlockScaledB`), without the checks and preparations of a first call: B's tables and the
+    preset's parameters are kept (:func:`fast_kernel`); the outputs the fast path hands over go to the reference
+    chain as there."""
+    a = np.ascontiguousarray(a_codes, np.uint8)
+    sa = np.ascontiguousarray(scale_a, np.uint8)
+    prepared = kept.prepared
+    M, N = a.shape[0], kept.codes.shape[0]
+    out = np.zeros((M, N), np.float32)
+    if 0 in (M, N, a.shape[1]):
+        return out
+    kernel = fast_kernel(preset, fmt_a, prepared.fmt, scale_fmt, prepared.block)
+    todo = _run_fast(kernel, a, sa, kept.codes, kept.scales, prepared, out)
+    if todo.any():
+        gemm = BlockScaledGemm(a, kept.codes, fmt_a, prepared.fmt, sa, kept.scales, scale_fmt, preset)
+        _run_reference(gemm, todo, out)
+    return canonical_nan(out)
+
+
+def plain_b_engine(fmt: str, scale_fmt: str, block: int, N: int, K: int):
+    """:func:`kept_b_engine` of a B [N, K] handed over as its raw codes (FP4 packed two per byte) then its scale
+    codes [N, K / block] in plain layout (a recipe layer's weight buffers), kept per format, block and shape."""
+    key = (fmt, scale_fmt, block, N, K)
+    engine = _PLAIN_ENGINES.get(key)
+    if engine is None:
+        raw_size = N * K // (2 if fmt == "e2m1" else 1)
+
+        def operands_of(raw):
+            raw = raw.reshape(-1)
+            codes = raw[:raw_size].reshape(N, -1)
+            return (formats.unpack_fp4(codes) if fmt == "e2m1" else codes), raw[raw_size:].reshape(N, K // block)
+
+        engine = _PLAIN_ENGINES[key] = kept_b_engine(f"plain:{fmt}:{scale_fmt}:{block}:{N}:{K}", operands_of, fmt,
+                                                     scale_fmt, block)
+    return engine
+
+
+_PLAIN_ENGINES = {}
