@@ -18,6 +18,7 @@ preparation of block-scaled operands that every engine computes from.
   for many calls (:func:`prepare_block_scaled_b`, kept by :mod:`mmaemu.cpu.prepared` for a repeated weight).
 """
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -590,6 +591,154 @@ def round_onto_grid(y, grid, mbits: int, emin: int, sign_bit: int, nan_code: int
     threads.parallel_for(grid_codes_of, flat.shape[0], GRID_CODE_WORK, flat.view(np.uint32), grid_bits, mid_bits,
                          np.int32(mbits), np.int32(emin), np.int32(sign_bit), np.int32(nan_code), out)
     return out.reshape(np.shape(y))
+
+
+# Cost of one element of the casts' block passes below, in products of the fast path.
+CAST_ELEMENT_WORK = 8
+_FP32_MAGNITUDE, _FP32_INF_BITS = np.uint32(0x7FFFFFFF), np.uint32(0x7F800000)
+
+
+@arithmetic
+def fp32_divide(a, b):
+    """``fp32(a / b)`` of two float32 values, IEEE: a zero ``b`` gives ±Inf, or NaN for a zero or NaN ``a``
+    (numpy's quotient, computed here without the exception Python raises for a zero divisor)."""
+    if b == 0:
+        if a == 0 or a != a:
+            return np.float32(np.nan)
+        negative = (a < 0) != (math.copysign(1.0, b) < 0)
+        return np.float32(-np.inf) if negative else np.float32(np.inf)
+    return np.float32(a / b)
+
+
+@arithmetic
+def mx_block_rows(lo, hi, x, x_bits, block, emax_elem, mode, mbits, scale_codes, scaled):
+    """Rows lo .. hi-1 of the MX cast's blocks (:func:`mmaemu.block_quantize.quantize_mx`) of fp32 ``x`` [M, K]
+    (``x_bits`` its uint32 view): ``scale_codes[r, s]``, the UE8M0 code of the block's amax (0xFF for a block
+    holding a NaN; else E - ``emax_elem`` clamped to [-127, 127], plus 127, E read off the amax's fp32 bits by
+    the rule ``mode``: 0 "floor", 1 "ceil", 2 "even" with ``mbits`` fraction bits; non-negative fp32 values order
+    as their bits, so the amax's bits are the largest magnitude bits of the block), and ``scaled[r, k] =
+    fp32(x / d)``, d = 2**(code - 127) (2**-126 for code 0, +Inf for 0xFF)."""
+    K = x.shape[1]
+    for r in range(lo, hi):
+        for s in range(K // block):
+            top = np.uint32(0)
+            for kk in range(s * block, (s + 1) * block):
+                top = max(top, x_bits[r, kk] & _FP32_MAGNITUDE)
+            if top > _FP32_INF_BITS:
+                code = np.int32(0xFF)
+                divisor = np.float32(np.inf)
+            else:
+                bits = np.int64(top)
+                if mode == 2:  # the significand rounded to mbits fraction bits, ties away; a carry bumps E
+                    bits = (bits + (np.int64(1) << np.int64(22 - mbits))) & ~np.int64(0x7FFFFF)
+                exponent = np.int32((bits >> np.int64(23)) & np.int64(0xFF)) - np.int32(127)
+                if mode == 1 and (bits & np.int64(0x7FFFFF)) != 0:
+                    exponent += np.int32(1)
+                code = min(max(exponent - np.int32(emax_elem), np.int32(-127)), np.int32(127)) + np.int32(127)
+                divisor = np.float32(math.ldexp(1.0, max(code, np.int32(1)) - 127))
+            scale_codes[r, s] = np.uint8(code)
+            for kk in range(s * block, (s + 1) * block):
+                scaled[r, kk] = np.float32(x[r, kk] / divisor)
+
+
+@arithmetic
+def abs_max_span(x, lo, hi):
+    """max |x[i]| for i in lo .. hi-1 of a flat fp32 array, from +0; NaN where one is NaN (numpy's max)."""
+    top = np.float32(0.0)
+    nan = False
+    for i in range(lo, hi):
+        a = abs(x[i])
+        if a != a:
+            nan = True
+        elif a > top:
+            top = a
+    return np.float32(np.nan) if nan else top
+
+
+@arithmetic
+def abs_max_of(x, out):
+    """out[0] = :func:`abs_max_span` of the whole flat fp32 ``x``."""
+    out[0] = abs_max_span(x, 0, x.shape[0])
+
+
+@arithmetic
+def nvfp4_block_rows(lo, hi, x, block, inverse_6, g, has_global, low, high, out):
+    """Rows lo .. hi-1 of NVFP4's block scales before their rounding (:func:`mmaemu.block_quantize.quantize_nvfp4`)
+    of fp32 ``x`` [M, K]: ``b = fp32(amax * inverse_6)`` (amax NaN where the block holds a NaN), divided by the
+    global scale ``g`` where ``has_global``, then clamped to [low, high] unless NaN; ``out`` [M, K / block]
+    float32."""
+    K = x.shape[1]
+    for r in range(lo, hi):
+        row = x[r]
+        for s in range(K // block):
+            b = np.float32(abs_max_span(row, s * block, (s + 1) * block) * inverse_6)
+            if has_global:
+                b = fp32_divide(b, g)
+            if b == b:
+                b = min(max(b, low), high)
+            out[r, s] = b
+
+
+@arithmetic
+def nvfp4_element_rows(lo, hi, x, block, scale_codes, scale_values, inverse_g, has_global, limit, out):
+    """Rows lo .. hi-1 of NVFP4's scaled elements before their rounding: ``x * fp32(1 / s)`` or, with a global
+    scale, ``x * fp32(inverse_g / s)`` (s the UE4M3 value of the block's scale code, ``scale_values`` the
+    float32 table of the codes), clamped to [-limit, limit] unless NaN; ``out`` [M, K] float32."""
+    K = x.shape[1]
+    for r in range(lo, hi):
+        for s in range(K // block):
+            value = scale_values[scale_codes[r, s]]
+            reciprocal = fp32_divide(inverse_g if has_global else np.float32(1.0), value)
+            for kk in range(s * block, (s + 1) * block):
+                y = np.float32(x[r, kk] * reciprocal)
+                if y == y:
+                    y = min(max(y, -limit), limit)
+                out[r, kk] = y
+
+
+def mx_blocks(x, block: int, emax_elem: int, mode: int, mbits: int):
+    """(scale codes [M, K / block] uint8, scaled elements [M, K] float32) of :func:`mx_block_rows` over every row
+    of the fp32 ``x`` [M, K], on the CPU backend's threads."""
+    x = np.ascontiguousarray(x, np.float32)
+    M, K = x.shape
+    codes, scaled = np.empty((M, K // block), np.uint8), np.empty((M, K), np.float32)
+    threads.parallel_for(mx_block_rows, M, CAST_ELEMENT_WORK * max(1, K), x, x.view(np.uint32), block, emax_elem,
+                         mode, mbits, codes, scaled)
+    return codes, scaled
+
+
+def abs_max(x) -> np.float32:
+    """max |x| of an fp32 array (any shape; +0 when empty), NaN where x holds a NaN (:func:`abs_max_span`)."""
+    out = np.zeros(1, np.float32)
+    abs_max_of(np.ascontiguousarray(x, np.float32).reshape(-1), out)
+    return out[0]
+
+
+def nvfp4_block_values(x, block: int, inverse_6, global_scale, low, high):
+    """NVFP4's block scales [M, K / block] (float32) before their rounding (:func:`nvfp4_block_rows`) of the fp32
+    ``x`` [M, K]; ``global_scale`` an fp32 value or None."""
+    x = np.ascontiguousarray(x, np.float32)
+    M, K = x.shape
+    out = np.empty((M, K // block), np.float32)
+    has_global = global_scale is not None
+    threads.parallel_for(nvfp4_block_rows, M, CAST_ELEMENT_WORK * max(1, K), x, block, np.float32(inverse_6),
+                         np.float32(global_scale if has_global else 1.0), has_global, np.float32(low),
+                         np.float32(high), out)
+    return out
+
+
+def nvfp4_element_values(x, block: int, scale_codes, scale_values, inverse_g, limit):
+    """NVFP4's scaled elements [M, K] (float32) before their rounding (:func:`nvfp4_element_rows`) of the fp32
+    ``x`` [M, K] with the block scale codes [M, K / block]; ``inverse_g`` fp32(1 / g), or None without a global
+    scale."""
+    x = np.ascontiguousarray(x, np.float32)
+    M, K = x.shape
+    out = np.empty((M, K), np.float32)
+    has_global = inverse_g is not None
+    threads.parallel_for(nvfp4_element_rows, M, CAST_ELEMENT_WORK * max(1, K), x, block,
+                         np.ascontiguousarray(scale_codes, np.uint8), scale_values,
+                         np.float32(inverse_g if has_global else 1.0), has_global, np.float32(limit), out)
+    return out
 
 
 def grid_tables(grid):
