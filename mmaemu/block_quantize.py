@@ -71,7 +71,7 @@ import numpy as np
 
 from . import formats, scale_layout
 from .errors import MmaemuError
-from .base.gpu_torch_ops import divide_by_number
+from .base.gpu_torch_ops import divide_by_number, reciprocal_of_number
 from .platform.block_scaled import RECIPES
 
 __all__ = ["MX_FORMATS", "SCALING_MODES", "BlockQuantized", "BlockQuantizeError", "quantize_mx", "mx_scale_codes",
@@ -175,11 +175,6 @@ def _input_blocks(x, block, name):
     return values.reshape(values.shape[:-1] + (-1, block)), values.shape, device
 
 
-def _block_amax(blocks):
-    """max |x| per block in fp32; NaN where the block holds a NaN (torch.amax propagates NaN)."""
-    return np.max(np.abs(blocks), axis=-1)
-
-
 def _output(codes, scales, fmt, scale_fmt, block, global_scale, shape, device, swizzle):
     """Pack FP4, swizzle the scales on request, and return torch tensors on ``device`` for torch inputs."""
     if fmt == "e2m1":
@@ -222,12 +217,6 @@ def mx_scale_codes(amax, fmt="e4m3", scaling_mode="floor"):
     return np.where(np.isnan(amax), E8M0_NAN, unbiased + E8M0_BIAS).astype(np.uint8)
 
 
-def _mx_divisors(scale_codes):
-    """The fp32 divisor of each scale code: 2**(code - 127), 2**-126 for code 0, +Inf for the NaN code."""
-    field = np.maximum(scale_codes.astype(np.uint32), _SMALLEST_NORMAL_CODE)
-    return (field << _FP32_MANT_BITS).view(np.float32)
-
-
 def _check_mx(fmt, scaling_mode):
     if fmt not in MX_FORMATS:
         raise BlockQuantizeError(f"quantize_mx: element format {fmt!r} is not an MX format; expected one of "
@@ -254,11 +243,18 @@ def quantize_mx(x, fmt="e4m3", *, scaling_mode="floor", block_size=MX_BLOCK, swi
         raise BlockQuantizeError(f"quantize_mx: block_size={block_size!r} is not modelled; MX uses blocks of "
                                  f"{MX_BLOCK}")
     blocks, shape, device = _input_blocks(x, MX_BLOCK, "quantize_mx")
-    scale_codes = mx_scale_codes(_block_amax(blocks), fmt, scaling_mode)
-    with np.errstate(all="ignore"):
-        scaled = blocks / _mx_divisors(scale_codes)[..., None]
-    codes = round_to_format(scaled, fmt).reshape(shape)
-    return _output(codes, scale_codes, fmt, "ue8m0", MX_BLOCK, None, shape, device, swizzle)
+    codes, scale_codes = _mx_codes(blocks, fmt, scaling_mode)
+    return _output(codes.reshape(shape), scale_codes, fmt, "ue8m0", MX_BLOCK, None, shape, device, swizzle)
+
+
+def _mx_codes(blocks, fmt, scaling_mode):
+    """(element codes [..., K / 32, 32], one uint8 per element, and scale codes [..., K / 32]) of fp32 blocks."""
+    from .cpu.block_scaled import mx_blocks
+
+    rows = blocks.reshape(-1, blocks.shape[-2] * blocks.shape[-1])
+    scale_codes, scaled = mx_blocks(rows, blocks.shape[-1], EMAX_ELEM[fmt], SCALING_MODES.index(scaling_mode),
+                                    formats.MANT_BITS[fmt])
+    return round_to_format(scaled, fmt).reshape(blocks.shape), scale_codes.reshape(blocks.shape[:-1])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -274,14 +270,9 @@ def nvfp4_global_scale(x) -> float:
 
 def _global_scale_of(values) -> float:
     """:func:`nvfp4_global_scale` of the fp32 values of a tensor (any shape)."""
-    amax = np.float32(np.max(np.abs(values))) if values.size else np.float32(0.0)
-    return float(divide_by_number(amax, NVFP4_GLOBAL_DIVISOR))
+    from .cpu.block_scaled import abs_max
 
-
-def _e4m3_scale_codes(values):
-    """UE4M3 codes of fp32 block scales: clamp to [2**-6, 448], then round to nearest even (NaN -> 0x7F)."""
-    clamped = np.where(np.isnan(values), values, np.clip(values, UE4M3_MIN, UE4M3_MAX))
-    return round_to_format(clamped, "e4m3")
+    return float(divide_by_number(abs_max(values), NVFP4_GLOBAL_DIVISOR))
 
 
 def quantize_nvfp4(x, *, global_scale="dynamic", swizzle=False) -> BlockQuantized:
@@ -292,6 +283,14 @@ def quantize_nvfp4(x, *, global_scale="dynamic", swizzle=False) -> BlockQuantize
     :func:`quantize_mx`.
     """
     blocks, shape, device = _input_blocks(x, NVFP4_BLOCK, "quantize_nvfp4")
+    codes, scale_codes, global_scale = _nvfp4_codes(blocks, global_scale)
+    return _output(codes.reshape(shape), scale_codes, "e2m1", "ue4m3", NVFP4_BLOCK, global_scale, shape, device,
+                   swizzle)
+
+
+def _nvfp4_codes(blocks, global_scale):
+    """(element codes [..., K / 16, 16], one uint8 per element, scale codes [..., K / 16], the global scale as
+    :class:`BlockQuantized` holds it) of fp32 blocks, ``global_scale`` as :func:`quantize_nvfp4` takes it."""
     if isinstance(global_scale, str):
         if global_scale != "dynamic":
             raise BlockQuantizeError(f"quantize_nvfp4: global_scale must be 'dynamic', a number or None, got "
@@ -302,23 +301,52 @@ def quantize_nvfp4(x, *, global_scale="dynamic", swizzle=False) -> BlockQuantize
         if not (math.isfinite(global_scale) and global_scale > 0):
             raise BlockQuantizeError(f"quantize_nvfp4: a given global_scale must be positive and finite in fp32, "
                                      f"got {global_scale!r}; use 'dynamic' or None")
-    with np.errstate(all="ignore"):
-        block_scale = divide_by_number(_block_amax(blocks), FP4_MAX)  # torchao's max_abs / 6.0 on CUDA
-        if global_scale is None:
-            scale_codes = _e4m3_scale_codes(block_scale)
-            reciprocal = np.float32(1.0) / _ue4m3_values(scale_codes)
-        else:
-            g = np.float32(global_scale)
-            scale_codes = _e4m3_scale_codes(np.float32(block_scale / g))
-            reciprocal = (np.float32(1.0) / g) / _ue4m3_values(scale_codes)
-        scaled = blocks * reciprocal.astype(np.float32)[..., None]
-    clamped = np.where(np.isnan(scaled), scaled, np.clip(scaled, -FP4_MAX, FP4_MAX))
-    codes = round_to_format(clamped, "e2m1").reshape(shape)
-    return _output(codes, scale_codes, "e2m1", "ue4m3", NVFP4_BLOCK, global_scale, shape, device, swizzle)
+    from .cpu.block_scaled import nvfp4_block_values, nvfp4_element_values
+
+    rows = blocks.reshape(-1, blocks.shape[-2] * blocks.shape[-1])
+    g = None if global_scale is None else np.float32(global_scale)
+    # b = torchao's max_abs / 6.0 on CUDA (a multiplication by fp32(1 / 6)), b / g, clamped unless NaN, rounded
+    scale_codes = round_to_format(nvfp4_block_values(rows, NVFP4_BLOCK, reciprocal_of_number(FP4_MAX), g,
+                                                     UE4M3_MIN, UE4M3_MAX), "e4m3")
+    # x * fp32(1 / s), or x * fp32(fp32(1 / g) / s), clamped to [-6, 6] unless NaN, rounded
+    scaled = nvfp4_element_values(rows, NVFP4_BLOCK, scale_codes, _UE4M3_VALUES,
+                                  None if g is None else reciprocal_of_number(g), FP4_MAX)
+    return (round_to_format(scaled, "e2m1").reshape(blocks.shape), scale_codes.reshape(blocks.shape[:-1]),
+            global_scale)
 
 
-def _ue4m3_values(codes):
-    return formats.decode_scales(codes, "ue4m3").astype(np.float32)
+class CastRows(NamedTuple):
+    """A cast of rows [M, K] for a block-scaled GEMM (:func:`cast_rows`): ``quantized``, the
+    :class:`BlockQuantized` with swizzled scales (torch tensors for a torch input), and what the kernel reads of
+    it: ``codes`` [M, K] (uint8, one per element, FP4 unpacked) and ``scales`` [M, K / block] (uint8, plain
+    layout)."""
+
+    quantized: BlockQuantized
+    codes: np.ndarray
+    scales: np.ndarray
+
+
+def cast_rows(x, recipe: str, fmt: str = "e4m3") -> CastRows:
+    """The cast of a recipe layer's input rows ``x`` [M, K]: ``recipe`` "mx" (:func:`quantize_mx` with element
+    format ``fmt``, the "floor" rule) or "nvfp4" (:func:`quantize_nvfp4`, dynamic global scale), with swizzled
+    scales, and the plain codes and scales the kernel reads (:class:`CastRows`): the same bits as those
+    functions, the kernel's operands without unswizzling the scales again."""
+    if recipe == "mx":
+        blocks, shape, device = _input_blocks(x, MX_BLOCK, "quantize_mx")
+        codes, scale_codes = _mx_codes(blocks, fmt, "floor")
+        scale_fmt, block, global_scale = "ue8m0", MX_BLOCK, None
+    else:
+        fmt = "e2m1"
+        blocks, shape, device = _input_blocks(x, NVFP4_BLOCK, "quantize_nvfp4")
+        codes, scale_codes, global_scale = _nvfp4_codes(blocks, "dynamic")
+        scale_fmt, block = "ue4m3", NVFP4_BLOCK
+    codes = codes.reshape(shape)
+    q = _output(codes, scale_codes, fmt, scale_fmt, block, global_scale, shape, device, True)
+    return CastRows(q, codes, scale_codes.reshape(shape[0], -1))
+
+
+#: float32 value of each UE4M3 scale code (NaN for the NaN code).
+_UE4M3_VALUES = formats.decode_scales(np.arange(256, dtype=np.uint8), "ue4m3").astype(np.float32)
 
 
 # ----------------------------------------------------------------------------------------------------------------

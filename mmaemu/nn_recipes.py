@@ -445,6 +445,58 @@ class _BlockScaledLinear(_ScaledMMRecipeLayer):
             kept = self.__dict__["_kept_swizzled_scale"] = (codes.clone(), to_blocked(self.weight_scale))
         return kept[1]
 
+    @untraced(reason=_GRAPH_BREAK_REASON)
+    def forward(self, x):
+        from .api import run_scaled_mm_plan
+        from .plan.cache import cached_plan_scaled_mm
+        from .warn import edge
+
+        args, options, finish, cast = self._block_gemm(x)
+        slot = weight_slot(self)
+        with edge():  # as in mmaemu.scaled_mm, with the weight kept in the layer's slot
+            plan = cached_plan_scaled_mm(*args, **options)
+            y = self._kept_gemm(plan, cast, slot)
+            if y is None:
+                y = run_scaled_mm_plan(plan, weights=slot)
+        return finish(y).reshape(tuple(x.shape[:-1]) + (self.out_features,))
+
+    def _gemm(self, x):
+        return self._block_gemm(x)[:3]
+
+    def _kept_gemm(self, plan, cast, slot):
+        """The GEMM's result as ``run_scaled_mm_plan`` computes it (the same bits), for a plan computed by the CPU's
+        fast path whose K needs no padding, with the weight kept in the layer's slot: the kernel reads the input's
+        plain codes and scales of its cast (:class:`mmaemu.block_quantize.CastRows`) and the weight's from its own
+        buffers (plain layout: no swizzled scales mapped back per call), the preset's tables and parameters kept
+        (:func:`mmaemu.cpu.block_scaled.accumulate_kept`). None where that does not apply."""
+        call = plan.call
+        if (slot is None or plan.action != "compute" or plan.backend != "cpu" or call.device.type != "cpu"
+                or call.out is not None or call.spec.padded_K != call.spec.K):
+            return None
+        from .cpu.block_scaled import accumulate_kept
+        from .recipes.block_scaled import _block_scaled_epilogue
+
+        spec = call.spec
+        acc = accumulate_kept(cast.codes, cast.scales, spec.fmt_a, self._kept_weight(slot, spec), spec.preset,
+                              spec.recipe.scale_fmt)
+        return _block_scaled_epilogue(torch.from_numpy(acc), call)
+
+    def _kept_weight(self, slot, spec):
+        """The weight's :class:`mmaemu.cpu.block_scaled.KeptBlockScaledB` from the layer's slot: prepared from its
+        codes and plain scale codes, used again while both hold the bytes it was prepared from."""
+        import numpy
+
+        from .cpu.block_scaled import plain_b_engine
+        from .recipes.block_scaled import _kept_unchanged
+
+        raw = self.weight.detach().view(torch.uint8).numpy().reshape(-1)
+        scales = self.weight_scale.detach().view(torch.uint8).numpy().reshape(-1)
+        engine = plain_b_engine(spec.fmt_b, spec.recipe.scale_fmt, spec.block, self.out_features, spec.K)
+        kept = _kept_unchanged(slot.candidate(engine, spec.fmt_b, self.weight), raw, scales)
+        if kept is None:
+            kept = slot.prepared(engine, spec.fmt_b, self.weight, numpy.concatenate((raw, scales)).reshape(1, -1))
+        return kept
+
     def _recipe_repr(self):
         return (f"recipe={self.recipe!r} (torchao 0.18.0 casts, block-scaled scaled_mm, experimental), "
                 f"profile={getattr(self.profile, 'name', self.profile)!r}")
@@ -497,10 +549,11 @@ class MXFP8Linear(_BlockScaledLinear):
         q = quantize_mx(weight, cls.element_fmt)
         return q.codes, q.scales
 
-    def _gemm(self, x):
-        from .block_quantize import quantize_mx
+    def _block_gemm(self, x):
+        from .block_quantize import cast_rows
 
-        q = quantize_mx(self._input_rows(x), self.element_fmt, swizzle=True)
+        cast = cast_rows(self._input_rows(x), "mx", self.element_fmt)
+        q = cast.quantized
         args = (q.codes, self.weight.t(), q.scales, self._swizzled_weight_scale())
         out_dtype = x.dtype if self.out_dtype is None else self.out_dtype
 
@@ -509,7 +562,7 @@ class MXFP8Linear(_BlockScaledLinear):
                 y = y + self.bias.to(torch.bfloat16)
             return y.to(out_dtype)
 
-        return args, self._scaled_mm_options(torch.bfloat16), finish
+        return args, self._scaled_mm_options(torch.bfloat16), finish, cast
 
 
 class MXFP4Linear(MXFP8Linear):
@@ -561,11 +614,12 @@ class NVFP4Linear(_BlockScaledLinear):
     def __init__(self, weight, weight_scale, weight_global_scale=None, **options):
         super().__init__(weight, weight_scale, weight_global_scale=weight_global_scale, **options)
 
-    def _gemm(self, x):
-        from .block_quantize import quantize_nvfp4
+    def _block_gemm(self, x):
+        from .block_quantize import cast_rows
 
         rows = self._input_rows(x)
-        q = quantize_nvfp4(rows, global_scale="dynamic", swizzle=True)
+        cast = cast_rows(rows, "nvfp4")
+        q = cast.quantized
         args = (q.codes, self.weight.t(), q.scales, self._swizzled_weight_scale())
         dtype = rows.dtype
         scale_result = torch.tensor(q.global_scale, dtype=torch.float32, device=rows.device) * \
@@ -577,7 +631,7 @@ class NVFP4Linear(_BlockScaledLinear):
                 y = y + self.bias.to(dtype)
             return y
 
-        return args, self._scaled_mm_options(dtype), finish
+        return args, self._scaled_mm_options(dtype), finish, cast
 
 
 RECIPES = {"blockwise": BlockwiseFP8Linear, "rowwise": RowwiseFP8Linear, "mxfp8": MXFP8Linear,

@@ -18,6 +18,7 @@ preparation of block-scaled operands that every engine computes from.
   for many calls (:func:`prepare_block_scaled_b`, kept by :mod:`mmaemu.cpu.prepared` for a repeated weight).
 """
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -458,37 +459,77 @@ def _fast_tasks(M: int, N: int, K: int, lanes: int):
     return tasks, [(m_hi - m_lo) * lanes * K for _, _, m_lo, m_hi in tasks]
 
 
+class FastKernel(NamedTuple):
+    """What the fast path of one preset, format pair and block reads besides the operands, made once
+    (:func:`fast_kernel`): both operands' :class:`BlockTables`, the instruction's parameters, the int32 run of the
+    scaled-block products, the scale significands' bits and the lanes' integer type (an empty array)."""
+
+    preset: object
+    fmt_a: str
+    fmt_b: str
+    scale_fmt: str
+    block: int
+    ta: BlockTables
+    tb: BlockTables
+    params: BlockParams
+    group: GroupParams
+    run: int
+    scale_bits: int
+    lane_proto: np.ndarray
+
+
+def fast_kernel(preset, fmt_a: str, fmt_b: str, scale_fmt: str, block: int) -> FastKernel:
+    """The :class:`FastKernel` of a checked GEMM's preset, formats and block, kept."""
+    key = (preset, fmt_a, fmt_b, scale_fmt, block)
+    kernel = _FAST_KERNELS.get(key)
+    if kernel is None:
+        gp = group_params(preset, fmt_a, fmt_b, scale_fmt) if preset.group else GroupParams(0, 0, 0, 0, 0, 0)
+        kernel = _FAST_KERNELS[key] = FastKernel(
+            preset, fmt_a, fmt_b, scale_fmt, block, block_tables(fmt_a, scale_fmt), block_tables(fmt_b, scale_fmt),
+            preset_params(preset, fmt_a, fmt_b), gp, 0 if preset.group else narrow_run(preset),
+            2 * formats.SCALE_MANT_BITS[scale_fmt],
+            np.empty(0, np.int32 if lane_bits_needed(preset) == 32 else np.int64))
+    return kernel
+
+
+_FAST_KERNELS = {}
+
+
 def _run_fast_blocks(gemm: BlockScaledGemm, out, prepared=None):
     """The fast path into ``out``; returns the [M, N] mask of the outputs it does not cover. ``prepared``: B's
     :class:`PreparedBlockScaledB` (made from ``gemm``'s B), or None (each task decodes its panels)."""
-    (M, N, K), preset = gemm.shape, gemm.preset
+    kernel = fast_kernel(gemm.preset, gemm.fmt_a, gemm.fmt_b, gemm.scale_fmt, gemm.block)
+    return _run_fast(kernel, gemm.a, gemm.sa, gemm.b, gemm.sb, prepared, out)
+
+
+def _run_fast(kernel: FastKernel, a, sa, b, sb, prepared, out):
+    """:func:`_run_fast_blocks` of checked operands: A's codes [M, K] and scale codes, B's codes [N, K] and scale
+    codes, B's :class:`PreparedBlockScaledB` or None."""
+    M, K = a.shape
+    N = b.shape[0]
     lanes = panel_lanes(N)
-    ta, tb = block_tables(gemm.fmt_a, gemm.scale_fmt), block_tables(gemm.fmt_b, gemm.scale_fmt)
-    gp = group_params(preset, gemm.fmt_a, gemm.fmt_b, gemm.scale_fmt) if preset.group else GroupParams(0, 0, 0, 0,
-                                                                                                        0, 0)
+    ta, tb = kernel.ta, kernel.tb
     if prepared is None:
-        blocks = gemm.sb.shape[1]
+        blocks = sb.shape[1]
         b_arrays = (np.empty((1, K, lanes), np.float32), np.empty((1, K, lanes), np.int8),
                     np.empty((1, blocks, lanes), np.float32), np.empty((1, blocks, lanes), np.int32))
     else:
         b_arrays = (prepared.val, prepared.exp, prepared.scale_sig, prepared.scale_exp)
-    call = FastCall(gemm.a, ta.val, ta.exp, np.ascontiguousarray(ta.scale_sig[gemm.sa]),
-                    np.ascontiguousarray(ta.scale_exp[gemm.sa]), gemm.b, gemm.sb, tb, int(prepared is not None),
-                    *b_arrays, preset.nfma, gemm.block, 2 * formats.SCALE_MANT_BITS[gemm.scale_fmt],
-                    0 if preset.group else narrow_run(preset), preset_params(preset, gemm.fmt_a, gemm.fmt_b), gp)
-    lane_proto = np.empty(0, np.int32 if lane_bits_needed(preset) == 32 else np.int64)
+    call = FastCall(a, ta.val, ta.exp, np.ascontiguousarray(ta.scale_sig[sa]), np.ascontiguousarray(ta.scale_exp[sa]),
+                    b, sb, tb, int(prepared is not None), *b_arrays, kernel.preset.nfma, kernel.block,
+                    kernel.scale_bits, kernel.run, kernel.params, kernel.group)
     overflowed = np.zeros((M, N), np.bool_)
     tasks, works = _fast_tasks(M, N, K, lanes)
 
     def task(t):
-        fast_panels(*t, call, TILE_ROWS, lane_proto, out, overflowed)
+        fast_panels(*t, call, TILE_ROWS, kernel.lane_proto, out, overflowed)
 
     if len(tasks) == 1:
         task(tasks[0])
     else:
         threads.run_tasks([lambda t=t: task(t) for t in tasks], works)
-    bad_a = _row_flags(gemm.a, gemm.sa, ta, gemm.block)
-    bad_b = _row_flags(gemm.b, gemm.sb, tb, gemm.block) if prepared is None else prepared.bad
+    bad_a = _row_flags(a, sa, ta, kernel.block)
+    bad_b = _row_flags(b, sb, tb, kernel.block) if prepared is None else prepared.bad
     if not (bad_a.any() or bad_b.any()):
         return overflowed
     return overflowed | bad_a[:, None] | bad_b[None, :]
@@ -552,6 +593,154 @@ def round_onto_grid(y, grid, mbits: int, emin: int, sign_bit: int, nan_code: int
     return out.reshape(np.shape(y))
 
 
+# Cost of one element of the casts' block passes below, in products of the fast path.
+CAST_ELEMENT_WORK = 8
+_FP32_MAGNITUDE, _FP32_INF_BITS = np.uint32(0x7FFFFFFF), np.uint32(0x7F800000)
+
+
+@arithmetic
+def fp32_divide(a, b):
+    """``fp32(a / b)`` of two float32 values, IEEE: a zero ``b`` gives ±Inf, or NaN for a zero or NaN ``a``
+    (numpy's quotient, computed here without the exception Python raises for a zero divisor)."""
+    if b == 0:
+        if a == 0 or a != a:
+            return np.float32(np.nan)
+        negative = (a < 0) != (math.copysign(1.0, b) < 0)
+        return np.float32(-np.inf) if negative else np.float32(np.inf)
+    return np.float32(a / b)
+
+
+@arithmetic
+def mx_block_rows(lo, hi, x, x_bits, block, emax_elem, mode, mbits, scale_codes, scaled):
+    """Rows lo .. hi-1 of the MX cast's blocks (:func:`mmaemu.block_quantize.quantize_mx`) of fp32 ``x`` [M, K]
+    (``x_bits`` its uint32 view): ``scale_codes[r, s]``, the UE8M0 code of the block's amax (0xFF for a block
+    holding a NaN; else E - ``emax_elem`` clamped to [-127, 127], plus 127, E read off the amax's fp32 bits by
+    the rule ``mode``: 0 "floor", 1 "ceil", 2 "even" with ``mbits`` fraction bits; non-negative fp32 values order
+    as their bits, so the amax's bits are the largest magnitude bits of the block), and ``scaled[r, k] =
+    fp32(x / d)``, d = 2**(code - 127) (2**-126 for code 0, +Inf for 0xFF)."""
+    K = x.shape[1]
+    for r in range(lo, hi):
+        for s in range(K // block):
+            top = np.uint32(0)
+            for kk in range(s * block, (s + 1) * block):
+                top = max(top, x_bits[r, kk] & _FP32_MAGNITUDE)
+            if top > _FP32_INF_BITS:
+                code = np.int32(0xFF)
+                divisor = np.float32(np.inf)
+            else:
+                bits = np.int64(top)
+                if mode == 2:  # the significand rounded to mbits fraction bits, ties away; a carry bumps E
+                    bits = (bits + (np.int64(1) << np.int64(22 - mbits))) & ~np.int64(0x7FFFFF)
+                exponent = np.int32((bits >> np.int64(23)) & np.int64(0xFF)) - np.int32(127)
+                if mode == 1 and (bits & np.int64(0x7FFFFF)) != 0:
+                    exponent += np.int32(1)
+                code = min(max(exponent - np.int32(emax_elem), np.int32(-127)), np.int32(127)) + np.int32(127)
+                divisor = np.float32(math.ldexp(1.0, max(code, np.int32(1)) - 127))
+            scale_codes[r, s] = np.uint8(code)
+            for kk in range(s * block, (s + 1) * block):
+                scaled[r, kk] = np.float32(x[r, kk] / divisor)
+
+
+@arithmetic
+def abs_max_span(x, lo, hi):
+    """max |x[i]| for i in lo .. hi-1 of a flat fp32 array, from +0; NaN where one is NaN (numpy's max)."""
+    top = np.float32(0.0)
+    nan = False
+    for i in range(lo, hi):
+        a = abs(x[i])
+        if a != a:
+            nan = True
+        elif a > top:
+            top = a
+    return np.float32(np.nan) if nan else top
+
+
+@arithmetic
+def abs_max_of(x, out):
+    """out[0] = :func:`abs_max_span` of the whole flat fp32 ``x``."""
+    out[0] = abs_max_span(x, 0, x.shape[0])
+
+
+@arithmetic
+def nvfp4_block_rows(lo, hi, x, block, inverse_6, g, has_global, low, high, out):
+    """Rows lo .. hi-1 of NVFP4's block scales before their rounding (:func:`mmaemu.block_quantize.quantize_nvfp4`)
+    of fp32 ``x`` [M, K]: ``b = fp32(amax * inverse_6)`` (amax NaN where the block holds a NaN), divided by the
+    global scale ``g`` where ``has_global``, then clamped to [low, high] unless NaN; ``out`` [M, K / block]
+    float32."""
+    K = x.shape[1]
+    for r in range(lo, hi):
+        row = x[r]
+        for s in range(K // block):
+            b = np.float32(abs_max_span(row, s * block, (s + 1) * block) * inverse_6)
+            if has_global:
+                b = fp32_divide(b, g)
+            if b == b:
+                b = min(max(b, low), high)
+            out[r, s] = b
+
+
+@arithmetic
+def nvfp4_element_rows(lo, hi, x, block, scale_codes, scale_values, inverse_g, has_global, limit, out):
+    """Rows lo .. hi-1 of NVFP4's scaled elements before their rounding: ``x * fp32(1 / s)`` or, with a global
+    scale, ``x * fp32(inverse_g / s)`` (s the UE4M3 value of the block's scale code, ``scale_values`` the
+    float32 table of the codes), clamped to [-limit, limit] unless NaN; ``out`` [M, K] float32."""
+    K = x.shape[1]
+    for r in range(lo, hi):
+        for s in range(K // block):
+            value = scale_values[scale_codes[r, s]]
+            reciprocal = fp32_divide(inverse_g if has_global else np.float32(1.0), value)
+            for kk in range(s * block, (s + 1) * block):
+                y = np.float32(x[r, kk] * reciprocal)
+                if y == y:
+                    y = min(max(y, -limit), limit)
+                out[r, kk] = y
+
+
+def mx_blocks(x, block: int, emax_elem: int, mode: int, mbits: int):
+    """(scale codes [M, K / block] uint8, scaled elements [M, K] float32) of :func:`mx_block_rows` over every row
+    of the fp32 ``x`` [M, K], on the CPU backend's threads."""
+    x = np.ascontiguousarray(x, np.float32)
+    M, K = x.shape
+    codes, scaled = np.empty((M, K // block), np.uint8), np.empty((M, K), np.float32)
+    threads.parallel_for(mx_block_rows, M, CAST_ELEMENT_WORK * max(1, K), x, x.view(np.uint32), block, emax_elem,
+                         mode, mbits, codes, scaled)
+    return codes, scaled
+
+
+def abs_max(x) -> np.float32:
+    """max |x| of an fp32 array (any shape; +0 when empty), NaN where x holds a NaN (:func:`abs_max_span`)."""
+    out = np.zeros(1, np.float32)
+    abs_max_of(np.ascontiguousarray(x, np.float32).reshape(-1), out)
+    return out[0]
+
+
+def nvfp4_block_values(x, block: int, inverse_6, global_scale, low, high):
+    """NVFP4's block scales [M, K / block] (float32) before their rounding (:func:`nvfp4_block_rows`) of the fp32
+    ``x`` [M, K]; ``global_scale`` an fp32 value or None."""
+    x = np.ascontiguousarray(x, np.float32)
+    M, K = x.shape
+    out = np.empty((M, K // block), np.float32)
+    has_global = global_scale is not None
+    threads.parallel_for(nvfp4_block_rows, M, CAST_ELEMENT_WORK * max(1, K), x, block, np.float32(inverse_6),
+                         np.float32(global_scale if has_global else 1.0), has_global, np.float32(low),
+                         np.float32(high), out)
+    return out
+
+
+def nvfp4_element_values(x, block: int, scale_codes, scale_values, inverse_g, limit):
+    """NVFP4's scaled elements [M, K] (float32) before their rounding (:func:`nvfp4_element_rows`) of the fp32
+    ``x`` [M, K] with the block scale codes [M, K / block]; ``inverse_g`` fp32(1 / g), or None without a global
+    scale."""
+    x = np.ascontiguousarray(x, np.float32)
+    M, K = x.shape
+    out = np.empty((M, K), np.float32)
+    has_global = inverse_g is not None
+    threads.parallel_for(nvfp4_element_rows, M, CAST_ELEMENT_WORK * max(1, K), x, block,
+                         np.ascontiguousarray(scale_codes, np.uint8), scale_values,
+                         np.float32(inverse_g if has_global else 1.0), has_global, np.float32(limit), out)
+    return out
+
+
 def grid_tables(grid):
     """(fp32 bits of the grid values, of the midpoints of neighbours) of a float64 grid, both uint32, kept; the
     midpoints checked exact in fp32."""
@@ -602,3 +791,45 @@ def kept_b_engine(name: str, operands_of, fmt: str, scale_fmt: str, block: int):
 
 
     return Engine(f"block-scaled:{name}", prepare, nbytes)
+
+
+def accumulate_kept(a_codes, scale_a, fmt_a: str, kept: KeptBlockScaledB, preset, scale_fmt: str):
+    """:func:`accumulate_block_scaled` (fast path, same bits) of A's codes [M, K] and scale codes [M, K / block]
+    (plain layout, uint8, checked by the caller: codes of ``fmt_a``, K that of the kept B) against a kept B
+    (:class:`KeptBlockScaledB`), without the checks and preparations of a first call: B's tables and the
+    preset's parameters are kept (:func:`fast_kernel`); the outputs the fast path hands over go to the reference
+    chain as there."""
+    a = np.ascontiguousarray(a_codes, np.uint8)
+    sa = np.ascontiguousarray(scale_a, np.uint8)
+    prepared = kept.prepared
+    M, N = a.shape[0], kept.codes.shape[0]
+    out = np.zeros((M, N), np.float32)
+    if 0 in (M, N, a.shape[1]):
+        return out
+    kernel = fast_kernel(preset, fmt_a, prepared.fmt, scale_fmt, prepared.block)
+    todo = _run_fast(kernel, a, sa, kept.codes, kept.scales, prepared, out)
+    if todo.any():
+        gemm = BlockScaledGemm(a, kept.codes, fmt_a, prepared.fmt, sa, kept.scales, scale_fmt, preset)
+        _run_reference(gemm, todo, out)
+    return canonical_nan(out)
+
+
+def plain_b_engine(fmt: str, scale_fmt: str, block: int, N: int, K: int):
+    """:func:`kept_b_engine` of a B [N, K] handed over as its raw codes (FP4 packed two per byte) then its scale
+    codes [N, K / block] in plain layout (a recipe layer's weight buffers), kept per format, block and shape."""
+    key = (fmt, scale_fmt, block, N, K)
+    engine = _PLAIN_ENGINES.get(key)
+    if engine is None:
+        raw_size = N * K // (2 if fmt == "e2m1" else 1)
+
+        def operands_of(raw):
+            raw = raw.reshape(-1)
+            codes = raw[:raw_size].reshape(N, -1)
+            return (formats.unpack_fp4(codes) if fmt == "e2m1" else codes), raw[raw_size:].reshape(N, K // block)
+
+        engine = _PLAIN_ENGINES[key] = kept_b_engine(f"plain:{fmt}:{scale_fmt}:{block}:{N}:{K}", operands_of, fmt,
+                                                     scale_fmt, block)
+    return engine
+
+
+_PLAIN_ENGINES = {}
