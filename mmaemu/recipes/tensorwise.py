@@ -15,8 +15,6 @@
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy
 
 from ..base._untraced import plain_tensor
@@ -90,14 +88,6 @@ def _scale_bits(scale) -> int:
     return scale.view(torch.int32).item() & 0xFFFFFFFF
 
 
-def _cpu_scale_bits(scale) -> int:
-    """:func:`_scale_bits` of a one-element fp32 scale of a kept plan's call (its signature: a dense CPU tensor),
-    read at its data pointer (0.2 against 0.7 us; a scale elsewhere than in CPU memory: :func:`_scale_bits`)."""
-    if scale.is_cpu:
-        return ctypes.c_uint32.from_address(scale.data_ptr()).value
-    return _scale_bits(scale)
-
-
 def _plain_data(call) -> bool:
     """Whether every tensor of a tensor-wise call is a plain tensor with data (:func:`mmaemu.base._untraced.plain_tensor`):
     then the entry point's refusal of traced tensors has nothing to refuse."""
@@ -128,8 +118,8 @@ def run_cpu_gemm(gemm, input, mat2, scale_a, scale_b, scale_result, out_dtype, w
         weights = None
     else:  # what finds B's kept panels: the identity and version of mat2.t(), as _accumulator gives that tensor
         b_rows = transposed_weight_ref(mat2)
-    scales = numpy.array((_cpu_scale_bits(scale_a), _cpu_scale_bits(scale_b),
-                          0 if scale_result is None else _cpu_scale_bits(scale_result), scale_result is not None),
+    scales = numpy.array((_scale_bits(scale_a), _scale_bits(scale_b),
+                          0 if scale_result is None else _scale_bits(scale_result), scale_result is not None),
                          numpy.int64)
     bits = gemm.run(_codes_rows(input), b_codes, scales, weights, b_rows)
     return torch.from_numpy(bits).view(out_dtype)
