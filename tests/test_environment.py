@@ -4,6 +4,7 @@ the bugs that reading them in several places caused (issues 17.2, 23.14-16)."""
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 import warnings
 
@@ -207,6 +208,25 @@ def test_snapshot_is_immutable_and_empty_means_unset():
         env.values["MMAEMU_BACKEND"] = "cuda"
     with pytest.raises(Exception):
         env.raw = {}
+
+
+def test_texts_follow_every_change_of_the_variables(monkeypatch):
+    """texts() keeps the decoded texts of its last call and compares the raw ones at each call: a value set,
+    changed, set back (a new object with equal text) or unset is read as os.environ reads it."""
+    for name in environment.NAMES:
+        monkeypatch.delenv(name, raising=False)
+    assert environment.texts() == tuple(map(os.environ.get, environment.NAMES)) == (None,) * len(environment.NAMES)
+    profile = environment.NAMES.index("MMAEMU_PROFILE")
+    for value in ("ada", "hopper", "h\u00f6pper", "ada", ""):
+        monkeypatch.setenv("MMAEMU_PROFILE", value)
+        texts = environment.texts()
+        assert texts == tuple(map(os.environ.get, environment.NAMES)) and texts[profile] == value
+        assert environment.texts() == texts
+    monkeypatch.setenv("MMAEMU_BACKEND", "cpu")
+    assert environment.texts() == tuple(map(os.environ.get, environment.NAMES))
+    monkeypatch.delenv("MMAEMU_PROFILE")
+    assert environment.texts()[profile] is None and environment.texts() == tuple(map(os.environ.get,
+                                                                                      environment.NAMES))
 
 
 def test_info_flags_an_unrecognised_boolean(monkeypatch):

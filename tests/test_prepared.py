@@ -144,6 +144,25 @@ def test_views_of_one_storage_with_other_strides_or_offsets():
     assert len(prepared.WEIGHTS) == len(views)
 
 
+def test_a_transposed_ref_is_the_ref_of_the_transposed_view():
+    """scaled_mm's mat2 finds B's kept panels by transposed_weight_ref(mat2), without making mat2.t(): the same
+    identity and version as weight_ref(mat2.t()), also after an in-place update and for an inference tensor."""
+    w = fp8((32, 64), 4)
+    wide = torch.zeros((48, 80), dtype=torch.float32)
+    for mat2 in (w.t(), w[:, 8:40].t(), w.t()[4:20], wide[3:35, 5:69].t(), wide.t()[2:60:2]):
+        ref = prepared.transposed_weight_ref(mat2)
+        assert ref == prepared.weight_ref(mat2.t()) and prepared.weight_ref(ref) is ref
+        assert ref.identity == prepared.tensor_identity(mat2.t()) and ref.version == mat2.t()._version
+    before = prepared.transposed_weight_ref(wide.t())
+    wide.add_(1)
+    after = prepared.transposed_weight_ref(wide.t())
+    assert after.identity == before.identity and after.version == before.version + 1
+    with torch.inference_mode():
+        frozen = torch.zeros((16, 32))
+    assert prepared.transposed_weight_ref(frozen.t()) == prepared.weight_ref(frozen) == (
+        prepared.tensor_identity(frozen), None)
+
+
 def test_a_freed_and_reused_address_is_not_served_the_old_panels():
     """A tensor stand-in with the identity and version of a kept one and other codes (what a freed weight whose
     memory a new one reuses looks like) gets its own panels."""

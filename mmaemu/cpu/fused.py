@@ -38,6 +38,7 @@ from ..arith.params import BlockParams, Schedule, preset_params, schedule_params
 from ..arith.tile import TILE_FORMATS, lane_bits_needed
 from . import threads
 from .finish import finish_block
+from .engine import TILE
 from .gemm import FEW_ROWS, accumulate_panel_rows, accumulate_prepared_panels, decode_panel, nonfinite_rows
 from .prepared import same_bytes
 
@@ -208,8 +209,8 @@ class TensorwiseGemm:
         C-contiguous, the plan's shape) with the scales' bits ``scales`` (int64 [4]:
         :data:`mmaemu.cpu.finish.SCALE_A`, ...), or of a row-wise call with its :class:`RowwiseScales` (made with
         ``out_name`` "bfloat16").
-        ``weights``: where B's prepared panels are kept (:mod:`mmaemu.cpu.prepared`; ``b_tensor``, B's tensor, finds
-        them), or None: decoded for this call."""
+        ``weights``: where B's prepared panels are kept (:mod:`mmaemu.cpu.prepared`; ``b_tensor``, B's tensor or
+        its :class:`~mmaemu.cpu.prepared.WeightRef`, finds them), or None: decoded for this call."""
         M, N, K = self.shape
         acc = np.empty((M, N), np.float32)
         out_bits = np.empty((M, N), self.out_view)
@@ -232,8 +233,6 @@ class TensorwiseGemm:
         return cut
 
     def _tile(self, a_codes, b_codes, scales, weights, b_tensor, acc, out_bits):
-        from .engine import TILE
-
         n_threads = threads.num_threads()
         cut = self._cut(n_threads)
         if weights is not None and self.rows is not None and (n_threads == 1 or len(cut.prepared_tasks) == 1):

@@ -35,7 +35,8 @@ import numpy as np
 
 from ..base._jit import arithmetic
 
-__all__ = ["Engine", "WeightSlot", "PreparedStore", "WEIGHTS", "MAX_BYTES", "tensor_identity", "same_bytes"]
+__all__ = ["Engine", "WeightSlot", "PreparedStore", "WEIGHTS", "MAX_BYTES", "tensor_identity", "WeightRef", "weight_ref",
+           "transposed_weight_ref", "same_bytes"]
 
 MAX_BYTES = 256 << 20
 MAX_SEEN = 4096
@@ -66,6 +67,30 @@ def version_of(t) -> Optional[int]:
     """torch's version counter of ``t``; None for an inference tensor, which has none (the comparison of the
     codes still guards it)."""
     return None if t.is_inference() else t._version
+
+
+class WeightRef(NamedTuple):
+    """A B tensor as the stores find it, read once: its :func:`tensor_identity` and :func:`version_of`. The stores
+    take it wherever they take the tensor (the same key, the same version)."""
+
+    identity: tuple
+    version: Optional[int]
+
+
+def weight_ref(t) -> WeightRef:
+    """The :class:`WeightRef` of ``t`` (itself if it is one)."""
+    if type(t) is WeightRef:
+        return t
+    return WeightRef(tensor_identity(t), version_of(t))
+
+
+def transposed_weight_ref(t) -> WeightRef:
+    """The :class:`WeightRef` of the 2-D ``t.t()`` without making that view (a view shares its tensor's data
+    pointer, storage offset and version counter; shape and strides swap): ``scaled_mm``'s ``mat2`` [K, N] finds
+    B [N, K]'s prepared panels."""
+    (rows, cols), (row_stride, col_stride) = t.shape, t.stride()
+    return WeightRef((t.data_ptr(), t.storage_offset(), (cols, rows), (col_stride, row_stride), t.dtype, t.device),
+                     None if t.is_inference() else t._version)
 
 
 def _matches(kept: Optional[_Kept], version: int, codes: np.ndarray) -> bool:
@@ -149,19 +174,20 @@ class PreparedStore:
         caller uses ``.prepared`` only after finding the call's codes byte-identical to ``.codes`` (else it asks
         :meth:`prepared`, which compares again and drops or replaces it). Marks it recently used, as
         :meth:`prepared` does."""
-        key = (engine.name, fmt) + tensor_identity(tensor)
+        ref = weight_ref(tensor)
+        key = (engine.name, fmt) + ref.identity
         with self._lock:
             kept = self._kept.get(key)
             if kept is None:
                 return None
             self._kept.move_to_end(key)
-        return kept if kept.version == version_of(tensor) else None
+        return kept if kept.version == ref.version else None
 
     def prepared(self, engine: Engine, fmt: str, tensor, codes: np.ndarray):
         """The prepared B of ``codes`` (the uint8 codes [N, K] of ``tensor``, B's rows), or None: not kept (yet),
-        the caller decodes as it goes."""
-        key = (engine.name, fmt) + tensor_identity(tensor)
-        version = version_of(tensor)
+        the caller decodes as it goes. ``tensor``: the tensor or its :class:`WeightRef`."""
+        ref = weight_ref(tensor)
+        key, version = (engine.name, fmt) + ref.identity, ref.version
         with self._lock:
             kept = self._kept.get(key)
             if kept is not None:
@@ -214,14 +240,15 @@ class WeightSlot:
 
     def candidate(self, engine: Engine, fmt: str, tensor) -> Optional[_Kept]:
         """As :meth:`PreparedStore.candidate`: the kept B while the tensor's identity and version are unchanged."""
-        key = (engine.name, fmt) + tensor_identity(tensor)
+        ref = weight_ref(tensor)
+        key = (engine.name, fmt) + ref.identity
         with self._lock:
             kept = self._kept if self._key == key else None
-        return kept if kept is not None and kept.version == version_of(tensor) else None
+        return kept if kept is not None and kept.version == ref.version else None
 
     def prepared(self, engine: Engine, fmt: str, tensor, codes: np.ndarray):
-        key = (engine.name, fmt) + tensor_identity(tensor)
-        version = version_of(tensor)
+        ref = weight_ref(tensor)
+        key, version = (engine.name, fmt) + ref.identity, ref.version
         with self._lock:
             kept = self._kept if self._key == key else None
         if _matches(kept, version, codes):

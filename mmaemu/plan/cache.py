@@ -238,7 +238,8 @@ def _plan_reporting(planner, *args, **kwargs):
 
 
 def _replay(entry: _Entry) -> None:
-    report(entry.notices)
+    if entry.notices:
+        report(entry.notices)
     if entry.checks_flush:
         check_no_flush_to_zero()
 
@@ -338,25 +339,27 @@ def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result
     whose tensors are all plain data (:func:`mmaemu.base._untraced.plain_tensor`) returns that
     :class:`mmaemu.cpu.fused.TensorwiseGemm` instead of a plan bound to the call's tensors (its warnings replayed
     and the flush check done, as for any hit): the caller runs it on the tensors it holds
-    (:func:`mmaemu.api.planned_scaled_mm`)."""
+    (:func:`mmaemu.api.planned_scaled_mm`). A hit reads the signature and nothing else of the call (the planner's
+    arguments are put together only for a miss)."""
     state = _process_state()
     profile_part, resolved, context = _resolve_profile(profile, state)  # the planner's first step; raises as it does
     key = _scaled_mm_key(input, mat2, scale_a, scale_b, bias, scale_result, out, out_dtype, use_fast_accum, splitk,
                          backend, profile_part, state)
+    if key is not None:
+        entry = _lookup(key)
+        if entry is not None:
+            _replay(entry)
+            if compiled and entry.gemm is not None and _plain(input, mat2, scale_a, scale_b, scale_result, out):
+                return entry.gemm
+            given = dict(input=input.contiguous() if entry.copies_input else input, mat2=mat2, scale_a=scale_a,
+                         scale_b=scale_b, scale_result=scale_result, out=out,
+                         bias=bias if _takes_bias(entry.template.call) else None)
+            return _bind(entry, given)
     arguments = (input, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)
     options = dict(out=out, profile=resolved, splitk=splitk, backend=backend)
     if key is None:
         _count_uncached()
         return plan_scaled_mm(*arguments, **options, context=context_of(context))
-    entry = _lookup(key)
-    if entry is not None:
-        _replay(entry)
-        if compiled and entry.gemm is not None and _plain(input, mat2, scale_a, scale_b, scale_result, out):
-            return entry.gemm
-        given = dict(input=input.contiguous() if entry.copies_input else input, mat2=mat2, scale_a=scale_a,
-                     scale_b=scale_b, scale_result=scale_result, out=out,
-                     bias=bias if _takes_bias(entry.template.call) else None)
-        return _bind(entry, given)
     try:
         plan, notices = _plan_reporting(plan_scaled_mm, *arguments, **options, context=context_of(context))
     except BaseException:
@@ -367,26 +370,48 @@ def cached_plan_scaled_mm(input, mat2, scale_a, scale_b, bias=None, scale_result
     return plan
 
 
-def _plain(*tensors) -> bool:
-    """Whether every one of ``tensors`` is None or plain data (:func:`mmaemu.base._untraced.plain_tensor`)."""
-    for t in tensors:
-        if t is not None and not plain_tensor(t):
-            return False
-    return True
+def _plain(input, mat2, scale_a, scale_b, scale_result, out) -> bool:
+    """Whether every tensor of a kept call is plain data (:func:`mmaemu.base._untraced.plain_tensor`; None is:
+    the optional ones)."""
+    return (plain_tensor(input) and plain_tensor(mat2) and plain_tensor(scale_a) and plain_tensor(scale_b)
+            and (scale_result is None or plain_tensor(scale_result)) and (out is None or plain_tensor(out)))
 
 
 def _scaled_mm_key(input, mat2, scale_a, scale_b, bias, scale_result, out, out_dtype, use_fast_accum, splitk,
                    backend, profile_part, state) -> Optional[tuple]:
     """:func:`_key` of a scaled_mm call, the same tuple, built without the generic loops (it is built at every
-    call: a hit costs little else)."""
-    parts = (_signature_part(input), _signature_part(mat2), _signature_part(scale_a), _signature_part(scale_b),
-             _signature_part(bias), _signature_part(scale_result), _signature_part(out, out=True))
+    call: a hit costs little else): the tensors' parts by :func:`_dense_part`, the usual scalar arguments' typed
+    parts at once."""
+    parts = (_dense_part(input), _dense_part(mat2), _dense_part(scale_a), _dense_part(scale_b),
+             None if bias is None else _dense_part(bias),
+             None if scale_result is None else _dense_part(scale_result),
+             None if out is None else _signature_part(out, out=True))
     if _NOT_KEPT in parts:
         return None
-    typed = (_typed(out_dtype), _typed(use_fast_accum), _typed(splitk), _typed(backend))
-    if None in typed:
-        return None
+    kinds = (type(out_dtype), type(use_fast_accum), type(splitk), type(backend))
+    if kinds[0] in _SCALAR_TYPES and kinds[1] in _SCALAR_TYPES and kinds[2] in _SCALAR_TYPES \
+            and kinds[3] in _SCALAR_TYPES:
+        typed = ((kinds[0], out_dtype), (kinds[1], use_fast_accum), (kinds[2], splitk), (kinds[3], backend))
+    else:
+        typed = (_typed(out_dtype), _typed(use_fast_accum), _typed(splitk), _typed(backend))
+        if None in typed:
+            return None
     return ("scaled_mm", parts, typed, profile_part, state)
+
+
+def _dense_part(t):
+    """:func:`_signature_part` of a position that is not ``out`` (the same value), in one call: None, the tensor's
+    signature (:func:`_tensor_signature`), or _NOT_KEPT."""
+    if t is None:
+        return None
+    if type(t) not in _CACHEABLE_TYPES:
+        return _NOT_KEPT  # a tensor of another type (a subclass), or not a tensor: never kept
+    if not t.is_cpu or t.layout is not _STRIDED or t.is_nested:
+        return _NOT_KEPT
+    return type(t), t.dtype, t.shape, t.stride(), t.storage_offset(), t.requires_grad
+
+
+_STRIDED = torch.strided
 
 
 def cached_plan_accumulate(a, b, *, use_fast_accum, profile=None, splitk="auto", backend="auto",

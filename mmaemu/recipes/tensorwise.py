@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy
 
 from ..base._untraced import plain_tensor
+from ..cpu.prepared import transposed_weight_ref
 from ..formats import dtype_name
 from ..plan import rules, steps
 from ..plan.layout import is_layout_std
@@ -115,8 +116,8 @@ def run_cpu_gemm(gemm, input, mat2, scale_a, scale_b, scale_result, out_dtype, w
     b_rows = None
     if b_codes.size < _PREPARED_MIN_CODES:
         weights = None
-    else:
-        b_rows = mat2.t()  # the tensor whose identity finds B's kept panels, as _accumulator gives it
+    else:  # what finds B's kept panels: the identity and version of mat2.t(), as _accumulator gives that tensor
+        b_rows = transposed_weight_ref(mat2)
     scales = numpy.array((_scale_bits(scale_a), _scale_bits(scale_b),
                           0 if scale_result is None else _scale_bits(scale_result), scale_result is not None),
                          numpy.int64)
