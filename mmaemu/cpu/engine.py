@@ -205,9 +205,8 @@ def _offset_prepare_b(b_codes, fmt_b: str):
 
 
 def _offset_nbytes(N: int, K: int) -> int:
-    """Bytes of the offset engine's prepared B: 8 per code, in whole panels of 64 columns and passes of 16 k, and
-    1 per row (its NaN/Inf flag)."""
-    return max(1, -(-N // 64)) * 64 * max(16, -(-K // 16) * 16) * 8 + N
+    """Bytes of the offset engine's prepared B: 8 per code, in whole panels of 64 columns and passes of 16 k."""
+    return max(1, -(-N // 64)) * 64 * max(16, -(-K // 16) * 16) * 8
 
 
 OFFSET = Engine("offset", _offset_prepare_b, _offset_nbytes)  # the offset engine (mmaemu.cpu.offset_engine)
@@ -351,7 +350,6 @@ def accumulate_engine(engine: str, a_codes, b_codes, fmt_a, fmt_b, preset, sched
                 raise ValueError(f"prepared_b was prepared for a {prepared_b.fmt} B of shape {prepared_b.shape}, "
                                  f"not for this {fmt_b} B of shape {b_codes.shape} (offset engine)")
             accumulate_prepared(a_codes, prepared_b, fmt_a, preset, schedule, out)
-            return nonfinite_flags(a_codes, fmt_a), prepared_b.nonfinite  # B's flags kept with its panels
         return nonfinite_flags(a_codes, fmt_a), nonfinite_flags(b_codes, fmt_b)
     if prepared_b is not None:
         _check_prepared(prepared_b, b_codes, fmt_b)

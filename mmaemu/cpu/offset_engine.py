@@ -44,12 +44,11 @@ class PreparedB(NamedTuple):
     exp: np.ndarray  # int8 [panels, Kp, PANEL]
     low: np.ndarray  # uint32 [panels, Kp // 4, PANEL]
     sign: np.ndarray  # uint32 [panels, Kp // 4, PANEL]
-    nonfinite: np.ndarray  # bool [N]: row n of B holds a NaN or Inf code (a kept call's B flags, not recomputed)
 
     @property
     def nbytes(self) -> int:
-        """Memory held: 7 bytes per packed element and B's row flags."""
-        return self.val.nbytes + self.exp.nbytes + self.low.nbytes + self.sign.nbytes + self.nonfinite.nbytes
+        """Memory held: 7 bytes per packed element."""
+        return self.val.nbytes + self.exp.nbytes + self.low.nbytes + self.sign.nbytes
 
     @property
     def operand(self) -> Operand:
@@ -126,12 +125,9 @@ def prepare_b(b_codes: np.ndarray, fmt_b: str) -> PreparedB:
     prepared = Operand(np.empty((panels, kp, PANEL), np.float32), np.empty((panels, kp, PANEL), np.int8),
                        np.empty((panels, kp // 4, PANEL), np.uint32), np.empty((panels, kp // 4, PANEL), np.uint32))
     threads.parallel_for(pack_panels_task, panels, B_PACK_WORK * kp * PANEL, b_codes, code_decode(fmt_b), prepared)
-    from .engine import nonfinite_flags
-
-    arrays = (*prepared, nonfinite_flags(b_codes, fmt_b))
-    for array in arrays:
+    for array in prepared:
         array.setflags(write=False)
-    return PreparedB(fmt_b, (N, K), *arrays)
+    return PreparedB(fmt_b, (N, K), *prepared)
 
 
 def offset_tasks(M: int, panels: int, K: int, n_threads: int):
