@@ -267,7 +267,11 @@ def test_prepared_b_is_reused_and_read_only():
     kept = b.copy()
     prepared = prepare_b(b, "e4m3")
     b[:] = 0  # the prepared panels hold no reference to B's storage
-    assert not prepared.val.flags.writeable and prepared.nbytes == prepared.val.size * 7
+    assert not prepared.val.flags.writeable and prepared.nbytes == prepared.val.size * 7 + 33
+    assert not prepared.nonfinite.flags.writeable  # B's row flags, kept with the panels
+    with_nan = kept.copy()
+    with_nan[[2, 30], [5, 69]] = 0x7F  # E4M3's NaN code in rows 2 and 30
+    assert prepare_b(with_nan, "e4m3").nonfinite.tolist() == [n in (2, 30) for n in range(33)]
     for a, fmt_a in ((a1, "e4m3"), (a2, "e5m2")):
         gemm = codes_gemm(a, kept, fmt_a, "e4m3", HOPPER, True)
         out = np.zeros((a.shape[0], 33), np.float32)

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from mmaemu.cpu import accumulate_codes, threads
+from mmaemu.cpu import accumulate_codes, threads, torch_team
 from mmaemu.model.presets import ADA, HOPPER
 
 PRELUDE = """
@@ -150,12 +150,14 @@ def test_fork_while_another_thread_is_inside_a_call():
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
 
 
+@pytest.mark.parametrize("prelude", ["", "import torch\n"], ids=["pool", "torch-team"])
 @pytest.mark.subprocess
-def test_ctrl_c_interrupts_a_long_call_before_it_ends():
+def test_ctrl_c_interrupts_a_long_call_before_it_ends(prelude):
     """SIGINT during a call that takes many seconds (about 69 G products) raises KeyboardInterrupt before the call
-    has computed its result: the call returns to Python between its tasks and lets the signal through. (How
-    soon is measured by scripts/bench.py, not asserted here.)"""
-    proc = subprocess.Popen([sys.executable, "-c", PRELUDE + "print('start', flush=True)\ngemm(1024, 4096, 16384)\n"
+    has computed its result: the call returns to Python between its tasks and lets the signal through, on
+    mmaemu's pool and on torch's team. (How soon is measured by scripts/bench.py, not asserted here.)"""
+    proc = subprocess.Popen([sys.executable, "-c", prelude + PRELUDE + "print('start', flush=True)\n"
+                             "gemm(1024, 4096, 16384)\n"
                              "print('finished', flush=True)\n"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
@@ -207,6 +209,7 @@ def test_small_tasks_are_handed_out_in_groups(monkeypatch):
     assert threads.task_groups([2 * least] * 3) == [(0, 1), (1, 2), (2, 3)]
     assert threads.task_groups([]) == []
     monkeypatch.setattr(threads, "num_threads", lambda: 2)
+    monkeypatch.setattr(torch_team, "team", lambda n_threads: None)  # the pool's threads, not torch's team
     ran = []
     threads.run_tasks([lambda i=i: ran.append((i, threading.get_ident())) for i in range(5)], [least // 8] * 5)
     assert ran == [(i, threading.get_ident()) for i in range(5)]
@@ -258,3 +261,135 @@ def test_pool_threads_start_without_importing_torch():
     environ = {**os.environ, "NUMBA_NUM_THREADS": "2"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=environ)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# torch's OpenMP team (mmaemu.cpu.torch_team)
+
+
+def run_with_torch(body: str, timeout: float = 120, first: str = ""):
+    """``body`` in a fresh interpreter that imported torch, on two threads (``first``: code before PRELUDE's
+    call)."""
+    code = "import torch\n" + textwrap.dedent(first) + PRELUDE + textwrap.dedent(body)
+    environ = {**os.environ, "NUMBA_NUM_THREADS": "2", "OMP_NUM_THREADS": "2"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env=environ)
+
+
+@pytest.mark.subprocess
+def test_with_torch_loaded_a_call_runs_on_torchs_team_not_on_a_pool():
+    """Where torch runs on GNU OpenMP, the calling thread and torch's worker take the tasks: no pool thread of
+    mmaemu's starts (a pool beside torch's spinning workers was three busy threads on two cores)."""
+    result = run_with_torch("""
+        import threading
+        from mmaemu.cpu import threads, torch_team
+
+        if torch_team.team(2) is None:
+            print("no team:", torch_team.team_decline())
+            raise SystemExit(0)
+        seen = set()
+        both = threading.Barrier(2, timeout=60)  # each of the two tasks waits for the other: two threads at once
+
+        def task():
+            seen.add(threading.get_ident())
+            both.wait()
+
+        threads.run_tasks([task] * 2)
+        gemm(256, 1024, 1024)  # the bits are checked in gemm
+        assert threads._POOL is None, "mmaemu's pool started"
+        assert threading.get_ident() in seen and len(seen) == 2, seen
+        assert len(threading.enumerate()) == 1, threading.enumerate()  # no dummy threads registered
+        print("team")
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    if torch_openmp_libgomp():
+        assert result.stdout.split() == ["team"], result.stdout
+
+
+def torch_openmp_libgomp() -> bool:
+    """Whether this torch runs on GNU OpenMP from its own lib folder (the CPU wheels on Linux do)."""
+    import torch
+
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    return ("ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
+            and sys.platform.startswith("linux") and any(n.startswith("libgomp") for n in os.listdir(lib)))
+
+
+@pytest.mark.subprocess
+def test_a_member_of_torchs_team_that_flushes_subnormals_takes_no_task():
+    """torch's workers started from a flush-to-zero thread keep that mode (mmaemu does not change their state): such
+    a worker takes no task; the calling thread, in IEEE mode, takes them all."""
+    result = run_with_torch("""
+        import threading, time
+        from mmaemu.cpu import threads, torch_team
+        from mmaemu.base.fpmode import fp32_subnormals_flushed
+
+        seen = []
+
+        def task():
+            seen.append((threading.get_ident(), fp32_subnormals_flushed()))
+            time.sleep(0.02)  # leaves the GIL: a worker that took tasks would take some of these
+
+        threads.run_tasks([task] * 12)
+        assert len(seen) == 12 and not any(flushed for _, flushed in seen), seen
+        if torch_team.team(2) is not None:
+            assert {ident for ident, _ in seen} == {threading.get_ident()}, seen
+    """, first="""
+        torch.set_flush_denormal(True)
+        torch.ones(1 << 22).sum()  # torch's first parallel region: its workers start in this mode
+        torch.set_flush_denormal(False)
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.subprocess
+def test_a_child_forked_after_calls_on_torchs_team_computes():
+    """GNU OpenMP's team does not survive a fork: a child forked after calls on it computes on a pool of its
+    own."""
+    result = run_with_torch("""
+        import os, sys, time
+        from mmaemu.cpu import torch_team
+
+        gemm(256, 1024, 1024)
+        pid = os.fork()
+        if pid == 0:
+            gemm(256, 1024, 1024)
+            os._exit(0 if torch_team.team(2) is None else 3)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            sys.exit("the forked child hung")
+        sys.exit(os.waitstatus_to_exitcode(status))
+    """)
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+
+
+@pytest.mark.subprocess
+def test_an_error_in_a_task_on_torchs_team_reaches_the_caller():
+    result = run_with_torch("""
+        import threading
+        from mmaemu.cpu import threads
+
+        ran = []
+
+        def task(i):
+            ran.append(i)
+            if i == 3:
+                raise ValueError("task 3")
+
+        try:
+            threads.run_tasks([lambda i=i: task(i) for i in range(2000)])
+        except ValueError as error:
+            assert str(error) == "task 3" and 3 in ran and len(ran) < 2000, len(ran)
+        else:
+            raise AssertionError("no error")
+        threads.run_tasks([lambda: None] * 4)  # the team is usable after an error
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -20,7 +20,8 @@ from . import threads
 from .features import (CPU_ENGINE_ENV, EngineChoice, choose_cpu_engine, numba_target, offset_call_decline,
                        offset_rounding, offset_shape_decline)
 from .gemm import (FEW_ROWS, TILE_M, TILE_N, accumulate_gemm_reference, accumulate_panel_rows, accumulate_prepared_panels,
-                   decode_panel, decode_panels, epilogue_gemm, nonfinite_rows, override_nonfinite)
+                   decode_panel, decode_panels, epilogue_gemm, override_nonfinite)
+from .nonfinite import NONFINITE_PATTERN, nonfinite_flags
 from .prepared import Engine
 from .selftest import OffsetSelftest, process_verdict, run_offset_selftest
 
@@ -84,8 +85,6 @@ def tile_shape(M: int, N: int, K: int):
     return min(TILE_ROWS, M), panel_lanes(N)
 
 
-# NaN and Inf codes are exactly the codes with ``code & mask == pattern`` (E4M3: S.1111.111; E5M2: S.11111.xx).
-NONFINITE_PATTERN = {"e4m3": (0x7F, 0x7F), "e5m2": (0x7C, 0x7C)}
 
 
 def nonfinite_table(fmt: str) -> np.ndarray:
@@ -205,8 +204,9 @@ def _offset_prepare_b(b_codes, fmt_b: str):
 
 
 def _offset_nbytes(N: int, K: int) -> int:
-    """Bytes of the offset engine's prepared B: 8 per code, in whole panels of 64 columns and passes of 16 k."""
-    return max(1, -(-N // 64)) * 64 * max(16, -(-K // 16) * 16) * 8
+    """Bytes of the offset engine's prepared B: 8 per code, in whole panels of 64 columns and passes of 16 k, and
+    1 per row (its NaN/Inf flag)."""
+    return max(1, -(-N // 64)) * 64 * max(16, -(-K // 16) * 16) * 8 + N
 
 
 OFFSET = Engine("offset", _offset_prepare_b, _offset_nbytes)  # the offset engine (mmaemu.cpu.offset_engine)
@@ -327,14 +327,6 @@ def _chosen_engine(preset, schedule, fmt_a, fmt_b, requested, shape, context) ->
     return choice.engine
 
 
-def nonfinite_flags(codes, fmt: str):
-    """Per row of ``codes``: True if it holds a NaN or Inf code (formats.nonfinite_mask(...).any(axis=1))."""
-    flags = np.empty(codes.shape[0], np.bool_)
-    threads.parallel_for(nonfinite_rows, codes.shape[0], max(1, codes.shape[1]), codes, *NONFINITE_PATTERN[fmt],
-                         flags)
-    return flags
-
-
 def accumulate_engine(engine: str, a_codes, b_codes, fmt_a, fmt_b, preset, schedule, params, out, prepared_b=None):
     """The finite path of ``engine`` (a decided "offset" or "tile": no choice is made here) into ``out`` [M, N]
     (float32, C-contiguous; non-empty uint8 codes, C-contiguous, as :func:`mmaemu.arith.params.codes_gemm` gives
@@ -350,6 +342,7 @@ def accumulate_engine(engine: str, a_codes, b_codes, fmt_a, fmt_b, preset, sched
                 raise ValueError(f"prepared_b was prepared for a {prepared_b.fmt} B of shape {prepared_b.shape}, "
                                  f"not for this {fmt_b} B of shape {b_codes.shape} (offset engine)")
             accumulate_prepared(a_codes, prepared_b, fmt_a, preset, schedule, out)
+            return nonfinite_flags(a_codes, fmt_a), prepared_b.nonfinite  # B's flags kept with its panels
         return nonfinite_flags(a_codes, fmt_a), nonfinite_flags(b_codes, fmt_b)
     if prepared_b is not None:
         _check_prepared(prepared_b, b_codes, fmt_b)

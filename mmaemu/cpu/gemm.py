@@ -214,7 +214,7 @@ def accumulate_prepared_panels(p_lo, p_hi, m_lo, m_hi, a_codes, fmt_a, b_val, b_
 
 @arithmetic
 def nonfinite_rows(lo, hi, codes, mask, pattern, flags):
-    """flags[r] = some code of row r is NaN or Inf, i.e. ``code & mask == pattern`` (engine.NONFINITE_PATTERN),
+    """flags[r] = some code of row r is NaN or Inf, i.e. ``code & mask == pattern`` (nonfinite.NONFINITE_PATTERN),
     for rows lo .. hi-1."""
     K = codes.shape[1]
     for r in range(lo, hi):

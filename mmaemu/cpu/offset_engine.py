@@ -22,6 +22,7 @@ from ..arith.offset import (ADD_MAX, EXPONENT_BYTE_ABSENT, SIGN_BYTE, ZERO_LOW, 
                             offset_params, offset_tables)
 from ..arith.params import Schedule, preset_params
 from . import threads
+from .nonfinite import nonfinite_flags
 from .offset_kernel import (MASKS, PANEL, ROWS, TILE_WORDS, CodeDecode, Operand, offset_codes_task,
                             offset_prepared_task, pack_panel, pack_panels_task, pack_tiles, padded_k)
 from .simd import call_restoring_mxcsr
@@ -44,11 +45,12 @@ class PreparedB(NamedTuple):
     exp: np.ndarray  # int8 [panels, Kp, PANEL]
     low: np.ndarray  # uint32 [panels, Kp // 4, PANEL]
     sign: np.ndarray  # uint32 [panels, Kp // 4, PANEL]
+    nonfinite: np.ndarray  # bool [N]: row n of B holds a NaN or Inf code (a kept call's B flags, not recomputed)
 
     @property
     def nbytes(self) -> int:
-        """Memory held: 7 bytes per packed element."""
-        return self.val.nbytes + self.exp.nbytes + self.low.nbytes + self.sign.nbytes
+        """Memory held: 7 bytes per packed element and B's row flags."""
+        return self.val.nbytes + self.exp.nbytes + self.low.nbytes + self.sign.nbytes + self.nonfinite.nbytes
 
     @property
     def operand(self) -> Operand:
@@ -125,9 +127,10 @@ def prepare_b(b_codes: np.ndarray, fmt_b: str) -> PreparedB:
     prepared = Operand(np.empty((panels, kp, PANEL), np.float32), np.empty((panels, kp, PANEL), np.int8),
                        np.empty((panels, kp // 4, PANEL), np.uint32), np.empty((panels, kp // 4, PANEL), np.uint32))
     threads.parallel_for(pack_panels_task, panels, B_PACK_WORK * kp * PANEL, b_codes, code_decode(fmt_b), prepared)
-    for array in prepared:
+    arrays = (*prepared, nonfinite_flags(b_codes, fmt_b))
+    for array in arrays:
         array.setflags(write=False)
-    return PreparedB(fmt_b, (N, K), *prepared)
+    return PreparedB(fmt_b, (N, K), *arrays)
 
 
 def offset_tasks(M: int, panels: int, K: int, n_threads: int):

@@ -166,7 +166,7 @@ def row_accumulators(a_codes, a_tables, prepared, K, schedule, constants, masks,
 @arithmetic
 def same_codes_flags(kept, codes, mask, pattern, flags):
     """Whether ``codes`` [N, K] (uint8, C-contiguous) holds the bytes of ``kept`` (flat, N * K), and, where it does,
-    ``flags[n]`` = row n holds a NaN or Inf code (``code & mask == pattern``, engine.NONFINITE_PATTERN), in one pass
+    ``flags[n]`` = row n holds a NaN or Inf code (``code & mask == pattern``, nonfinite.NONFINITE_PATTERN), in one pass
     row by row (a difference stops it at the end of its row). Rows of whole 8-byte words are read as uint64 words
     (:func:`nonfinite_word`), others byte by byte."""
     N, K = codes.shape

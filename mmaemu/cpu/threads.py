@@ -3,8 +3,11 @@
 mmaemu does not use Numba's threading layer and never changes it (``NUMBA_THREADING_LAYER``,
 ``numba.config.THREADING_LAYER`` and the layer Numba picks stay the user's). Its loops are plain compiled
 functions that release the GIL (``nogil``, :mod:`mmaemu.base._jit`), each called on a range of jobs (a *task*); the
-tasks of a call run on a process-wide pool of Python threads (``concurrent.futures``), at most
-:func:`num_threads` of them at a time. Why, rather than ``prange`` on some Numba layer:
+tasks of a call run on at most :func:`num_threads` threads at a time: a process-wide pool of Python threads
+(``concurrent.futures``), or, for a call from the main thread of a process where torch runs on GNU OpenMP, torch's
+own OpenMP team, the calling thread among them (:mod:`mmaemu.cpu.torch_team`: torch's workers spin after each of
+its operations, and a pool beside them was three busy threads on two cores). Why, rather than ``prange`` on some
+Numba layer:
 
 * other Numba code in the process is safe whatever layer it uses: mmaemu never enters a Numba parallel region, so
   it can neither nest nor overlap one (with the ``workqueue`` layer, two parallel regions at once abort the
@@ -16,7 +19,8 @@ tasks of a call run on a process-wide pool of Python threads (``concurrent.futur
 * Ctrl-C lands at once: the calling thread only waits for the tasks, and an interrupt stops handing them out
   (the running ones, each at most about TASK_WORK products, end by themselves within milliseconds);
 * idle pool threads sleep on a queue, so they leave the cores to BLAS at once after a call (GNU OpenMP's workers
-  spin for a while, which made the next ``np.dot`` about 40 % slower: docs/performance.md).
+  spin for a while, which made the next ``np.dot`` about 40 % slower: docs/performance.md). After a call on
+  torch's team, torch's workers wait as they do after any torch operation (their policy: ``OMP_WAIT_POLICY``).
 
 Task sizes, in products of the fast path (one costs about 0.1 ns of a core on the measured machine; the other
 loops state their cost in these units): at most TASK_WORK (about 3.5 ms of a core: the tasks still running when
@@ -35,6 +39,7 @@ import numba
 from numba.np.ufunc import parallel as _numba_parallel
 
 from ..base.fpmode import fp32_subnormals_flushed
+from . import torch_team
 
 TASK_WORK = 1 << 25
 MIN_TASK_WORK = 1 << 20
@@ -125,12 +130,12 @@ def task_groups(works, least: int = MIN_TASK_WORK):
 
 
 def run_tasks(tasks, works=None) -> None:
-    """Call every callable of ``tasks`` once, on at most :func:`num_threads` threads of the pool; return when all
-    have run. The first exception of a task, or an interrupt of the calling thread, stops handing out the rest
-    and is raised (tasks already running finish by themselves). ``works``: the tasks' costs in products, if
-    known: consecutive tasks are then handed out in groups (:func:`task_groups`), and a call of one group runs on
-    the calling thread (handing a task to the pool costs microseconds, waking a sleeping thread more on a busy
-    machine)."""
+    """Call every callable of ``tasks`` once, on at most :func:`num_threads` threads (torch's team where
+    :func:`mmaemu.cpu.torch_team.team` offers it, else the pool); return when all have run. The first exception of
+    a task, or an interrupt of the calling thread, stops handing out the rest and is raised (tasks already running
+    finish by themselves). ``works``: the tasks' costs in products, if known: consecutive tasks are then handed out
+    in groups (:func:`task_groups`), and a call of one group runs on the calling thread (handing a task to the pool
+    costs microseconds, waking a sleeping thread more on a busy machine)."""
     tasks = list(tasks)
     if works is not None:
         groups = task_groups(works)
@@ -157,6 +162,30 @@ def run_tasks(tasks, works=None) -> None:
                 stop.set()
                 raise
 
+    team = torch_team.team(n_threads)
+    if team is not None:
+        _run_on_team(team, worker, n_threads)
+    else:
+        _run_on_pool(worker, n_threads, stop)
+
+
+def _run_on_team(team, worker, n_threads: int) -> None:
+    """``worker`` on ``n_threads`` threads of torch's team; the first exception raised in one is raised here (a
+    callback into Python from the team can only return)."""
+    raised = []
+
+    def member():
+        try:
+            worker()
+        except BaseException as error:
+            raised.append(error)
+
+    team.run(member, n_threads)
+    if raised:
+        raise raised[0]
+
+
+def _run_on_pool(worker, n_threads: int, stop: threading.Event) -> None:
     futures = []
     try:
         for _ in range(n_threads):
