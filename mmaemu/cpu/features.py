@@ -98,11 +98,13 @@ def offset_engine_decline(target: TargetCpu) -> Optional[str]:
 
 class OffsetShapes(NamedTuple):
     """The results on which ``auto`` takes the offset engine: rows min_rows ... max_rows (None: no upper bound) and
-    at least min_columns columns."""
+    at least min_columns columns, or (where narrow_min_rows is not None) at least narrow_min_rows rows and at most
+    max_rows, whatever the columns."""
 
     min_rows: int
     max_rows: Optional[int]
     min_columns: int
+    narrow_min_rows: Optional[int] = None
 
 
 # Where "auto" takes the offset engine, per rounding: the shapes on which it measured faster than the tile engine
@@ -116,23 +118,33 @@ class OffsetShapes(NamedTuple):
 # ("The offset engine on AVX2", 7 Dec 2026, a 2-core Zen 3 without AVX-512, one thread): 1.25-1.52x for
 # 16 <= M <= 512, 0.73x at M = 2048, 0.83-0.90x at M = 1, 0.26x at N = 16. From N = 64 on AVX-512 ("The decoder's
 # prefill around the kernel", 7 Dec 2026, kept weight, whole call, 2 threads): 2.9x at (64, 192, 576), 2.2-2.4x
-# at N = 64 and 128, 1.04x at (8, 64, 576), 1.5-2.0x at N = 16 and 32 with M = 64, 0.97x at (8, 32, 576).
-OFFSET_SHAPES = {ROUNDING_EMBEDDED: OffsetShapes(8, None, 64), ROUNDING_MXCSR: OffsetShapes(16, 512, 384)}
+# at N = 64 and 128, 1.04x at (8, 64, 576), 1.5-2.0x at N = 16 and 32 with M = 64, 0.97x at (8, 32, 576). Narrow
+# results from M = 16 ("Narrow results on the offset engine", 7 Dec 2026, accumulate_codes, 2 threads, load 2.7):
+# 1.35-1.50x at (16, 16, 576), 1.6-1.9x at (64, 16 and 32, 576), 2.7-6.7x at (256, 16, 4096), 3.0-4.0x at
+# (1024, 32, 1024); at M = 8 0.93-1.25x, so N >= 64 there.
+OFFSET_SHAPES = {ROUNDING_EMBEDDED: OffsetShapes(8, None, 64, 16), ROUNDING_MXCSR: OffsetShapes(16, 512, 384)}
 
 
 def offset_shape_decline(M: int, N: int, rounding: str = ROUNDING_EMBEDDED) -> Optional[str]:
     """Why ``auto`` keeps the tile engine for an [M, N] result although the offset engine could compute it with
     ``rounding`` (:func:`offset_rounding`; None where the offset engine is the faster one: :data:`OFFSET_SHAPES`)."""
     shapes = OFFSET_SHAPES[rounding]
-    if shapes.min_rows <= M and (shapes.max_rows is None or M <= shapes.max_rows) and N >= shapes.min_columns:
-        return None
+    if shapes.max_rows is None or M <= shapes.max_rows:
+        if shapes.min_rows <= M and N >= shapes.min_columns:
+            return None
+        if shapes.narrow_min_rows is not None and M >= shapes.narrow_min_rows:
+            return None
     return f"is the faster engine for {_shape_words(shapes)} only (docs/performance.md), this call is M = {M}, N = {N}"
 
 
 def _shape_words(shapes: OffsetShapes) -> str:
-    rows = (f"M >= {shapes.min_rows}" if shapes.max_rows is None
-            else f"{shapes.min_rows} <= M <= {shapes.max_rows}")
-    return f"{rows} rows and N >= {shapes.min_columns} columns"
+    def rows(least: int) -> str:
+        return f"M >= {least}" if shapes.max_rows is None else f"{least} <= M <= {shapes.max_rows}"
+
+    words = f"{rows(shapes.min_rows)} rows and N >= {shapes.min_columns} columns"
+    if shapes.narrow_min_rows is not None:
+        words += f", or {rows(shapes.narrow_min_rows)} rows and any N"
+    return words
 
 
 def choose_cpu_engine(requested: str, target: TargetCpu, call_decline: Optional[str],
