@@ -164,25 +164,9 @@ def run_tasks(tasks, works=None) -> None:
 
     team = torch_team.team(n_threads)
     if team is not None:
-        _run_on_team(team, worker, n_threads)
+        team.run(worker, n_threads)  # the first exception of a task, or an interrupt, raised here
     else:
         _run_on_pool(worker, n_threads, stop)
-
-
-def _run_on_team(team, worker, n_threads: int) -> None:
-    """``worker`` on ``n_threads`` threads of torch's team; the first exception raised in one is raised here (a
-    callback into Python from the team can only return)."""
-    raised = []
-
-    def member():
-        try:
-            worker()
-        except BaseException as error:
-            raised.append(error)
-
-    team.run(member, n_threads)
-    if raised:
-        raise raised[0]
 
 
 def _run_on_pool(worker, n_threads: int, stop: threading.Event) -> None:

@@ -46,23 +46,28 @@ class _Team:
         self.max_threads.restype = ctypes.c_int
         self.member = None  # the running region's work: a callable without arguments
         self.caller = None  # the thread that started it
+        self.raised = None  # what its calls raised
         self.entry = _TEAM_FUNCTION(self._enter)  # kept alive as long as the team
 
     def _enter(self, _data) -> None:
-        # threading.current_thread() would register a dummy Thread for each of torch's workers at every region
-        member, caller = self.member, self.caller
-        if member is not None and (threading.get_ident() == caller or not fp32_subnormals_flushed()):
-            member()
+        # Nothing may escape a callback from C (ctypes would print it and drop it, a Ctrl-C included).
+        try:
+            # threading.current_thread() would register a dummy Thread for each of torch's workers at every region
+            if threading.get_ident() == self.caller or not fp32_subnormals_flushed():
+                self.member()
+        except BaseException as error:
+            self.raised.append(error)
 
     def run(self, member: Callable[[], None], n_threads: int) -> None:
         """``member()`` on ``n_threads`` threads of the team (the calling thread one of them); return when every
-        call has returned. ``member`` must catch its own exceptions: one that escapes is printed by ctypes and
-        lost."""
-        self.member, self.caller = member, threading.get_ident()
+        call has returned, raising the first exception that one of them raised."""
+        self.member, self.caller, self.raised = member, threading.get_ident(), []
         try:
             self.parallel(self.entry, None, n_threads, 0)
+            if self.raised:
+                raise self.raised[0]
         finally:
-            self.member = self.caller = None
+            self.member = self.caller = self.raised = None
 
 
 _TEAM: Optional[_Team] = None
