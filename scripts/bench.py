@@ -683,10 +683,12 @@ def recipe_layers_section(repeats):
     """Print each recipe layer's forward (``mmaemu.nn.EmulatedFP8Linear.from_linear(..., recipe=)``, kept weight,
     fp32 input, no grad) against the tensor-wise layer of the same torch.nn.Linear, for M rows of input on
     (N, K) = (out, in) features: every layer of a shape timed in turn in one process, best of ``repeats`` rounds of
-    a few calls each, in CPU time of the process per forward (all threads: the steadiest measure on a shared
-    machine), with the tensor-wise layer's slowest round in wall time (a round far above its best is a stall, e.g.
-    torch's intra-op threads waiting for a core: docs/performance.md, "Recipe layers"). Target (issue 29): every
-    recipe within 1.3x."""
+    a few calls each, in wall time per forward, the ratios of those, and the CPU time of the process (all threads)
+    beside them. Wall time since the calls run on torch's OpenMP team (:mod:`mmaemu.cpu.torch_team`): the
+    process's CPU time then also counts torch's workers waiting (spinning) between the regions, as they do after
+    any torch operation. The tensor-wise layer's slowest round in wall time tells a stall (a round far above its
+    best, e.g. torch's intra-op threads waiting for a core: docs/performance.md, "Recipe layers"). Target (issue
+    29): every recipe within 1.3x."""
     import warnings
 
     import torch
@@ -694,8 +696,8 @@ def recipe_layers_section(repeats):
     from mmaemu.nn import EmulatedFP8Linear
 
     recipes = list(RECIPE_LAYER_OPTIONS)
-    print("\n| M | N | K | tensor-wise CPU us (slowest round, wall us) | "
-          + " | ".join(f"{r} CPU us (ratio)" for r in recipes[1:]) + " |")
+    print("\n| M | N | K | tensor-wise wall us (slowest round; CPU us) | "
+          + " | ".join(f"{r} wall us (ratio; CPU us)" for r in recipes[1:]) + " |")
     print("|---:|---:|---:|---:|" + "---:|" * (len(recipes) - 1))
     torch.manual_seed(0)
     for N, K in RECIPE_LAYER_SHAPES:
@@ -707,6 +709,7 @@ def recipe_layers_section(repeats):
                 x = torch.randn(M, K)
                 calls = max(1, 64 // M)
                 best = {r: float("inf") for r in recipes}
+                best_cpu = dict(best)
                 slowest = 0.0
                 with torch.no_grad():
                     for layer in layers.values():  # compile / load and prepare the weights outside the timings
@@ -716,12 +719,16 @@ def recipe_layers_section(repeats):
                             start, cpu = time.perf_counter(), time.process_time()
                             for _ in range(calls):
                                 layer(x)
-                            best[r] = min(best[r], (time.process_time() - cpu) / calls)
+                            wall = (time.perf_counter() - start) / calls
+                            best[r] = min(best[r], wall)
+                            best_cpu[r] = min(best_cpu[r], (time.process_time() - cpu) / calls)
                             if r == "tensorwise":
-                                slowest = max(slowest, (time.perf_counter() - start) / calls)
+                                slowest = max(slowest, wall)
                 t0 = best["tensorwise"]
-                cells = " | ".join(f"{best[r] * 1e6:.0f} ({best[r] / t0:.2f})" for r in recipes[1:])
-                print(f"| {M} | {N} | {K} | {t0 * 1e6:.0f} ({slowest * 1e6:.0f}) | {cells} |", flush=True)
+                cells = " | ".join(f"{best[r] * 1e6:.0f} ({best[r] / t0:.2f}; {best_cpu[r] * 1e6:.0f})"
+                                   for r in recipes[1:])
+                print(f"| {M} | {N} | {K} | {t0 * 1e6:.0f} ({slowest * 1e6:.0f}; {best_cpu['tensorwise'] * 1e6:.0f}) "
+                      f"| {cells} |", flush=True)
     print(f"# load average while measuring: {os.getloadavg()}")
 
 

@@ -284,6 +284,10 @@ def test_with_torch_loaded_a_call_runs_on_torchs_team_not_on_a_pool():
         import threading
         from mmaemu.cpu import threads, torch_team
 
+        torch_team.LATE_JOIN = 1e9  # on a busy machine too (test_a_late_worker_sends_the_calls_to_the_pool...)
+        torch_team.team(2)
+        if torch_team._TEAM is not None:
+            torch_team._TEAM.avoid_until = None  # a late join in PRELUDE's call
         if torch_team.team(2) is None:
             print("no team:", torch_team.team_decline())
             raise SystemExit(0)
@@ -324,6 +328,10 @@ def test_a_member_of_torchs_team_that_flushes_subnormals_takes_no_task():
         from mmaemu.cpu import threads, torch_team
         from mmaemu.base.fpmode import fp32_subnormals_flushed
 
+        torch_team.LATE_JOIN = 1e9  # on a busy machine too
+        torch_team.team(2)
+        if torch_team._TEAM is not None:
+            torch_team._TEAM.avoid_until = None  # a late join in PRELUDE's call
         seen = []
 
         def task():
@@ -391,5 +399,31 @@ def test_an_error_in_a_task_on_torchs_team_reaches_the_caller():
         else:
             raise AssertionError("no error")
         threads.run_tasks([lambda: None] * 4)  # the team is usable after an error
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.subprocess
+def test_a_late_worker_sends_the_calls_to_the_pool_for_a_while():
+    """A worker of torch's team that joins a region late (no core for it: a busy machine, where the caller then
+    waits for it at the region's end) makes the next calls run on mmaemu's pool, until AVOID_SECONDS have
+    passed."""
+    result = run_with_torch("""
+        import time
+        from mmaemu.cpu import threads, torch_team
+
+        torch_team.team(2)
+        team = torch_team._TEAM
+        if team is None:
+            raise SystemExit(0)
+        team.avoid_until = None  # a late join in PRELUDE's call
+        torch_team.LATE_JOIN = -1.0  # every join is late
+        torch_team.AVOID_SECONDS = 0.5
+        threads.run_tasks([lambda: None] * 4)
+        assert torch_team.team(2) is None and team.avoided()
+        threads.run_tasks([lambda: None] * 4)
+        assert threads._POOL is not None, "the pool did not take the call"
+        time.sleep(0.6)
+        assert torch_team.team(2) is team
     """)
     assert result.returncode == 0, result.stderr[-3000:]

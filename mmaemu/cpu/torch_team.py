@@ -17,7 +17,9 @@ library is looked up among those already loaded, never loaded), the call comes f
 inside another call on the team, of a process that is not a forked child (GNU OpenMP's team does not survive a
 fork) and is not shutting down, that thread computes with gradual underflow (:mod:`mmaemu.base.fpmode`), and
 torch's team has at least the call's threads. A member of the team that flushes subnormals takes no task (the
-others take them all): mmaemu does not change the mode of torch's threads. (A task that needs MXCSR's rounding
+others take them all): mmaemu does not change the mode of torch's threads. On a busy machine torch's worker may
+join a region late (it had no core), and the caller waits for it at the region's end: after such a region the calls
+run on mmaemu's pool for a second (:data:`LATE_JOIN`, :data:`AVOID_SECONDS`). (A task that needs MXCSR's rounding
 sets it and restores it around its kernel, as on any thread: :func:`mmaemu.cpu.simd.call_restoring_mxcsr`.)
 """
 
@@ -27,11 +29,19 @@ import ctypes
 import os
 import sys
 import threading
+import time
 from typing import Callable, Optional
 
 from ..base.fpmode import fp32_subnormals_flushed
 
 _TEAM_FUNCTION = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+# A worker of torch's team that joins a region this late had no core for it (a busy machine: more threads ready
+# than cores), and the caller waits for it at the region's end; the pool then takes the calls for a while. Measured
+# (docs/performance.md, "Stop 42: torch's team"): a quiet machine's worker joins within tens of microseconds; at
+# load 4 on 2 cores a layer's call took 9.2 ms on the team against 0.67 ms on the pool.
+LATE_JOIN = 1e-3  # seconds
+AVOID_SECONDS = 1.0
 
 
 class _Team:
@@ -47,27 +57,45 @@ class _Team:
         self.member = None  # the running region's work: a callable without arguments
         self.caller = None  # the thread that started it
         self.raised = None  # what its calls raised
+        self.joined = None  # when the first worker joined it (time.perf_counter)
+        self.avoid_until = None  # time.monotonic() until which the pool takes the calls (a late worker)
         self.entry = _TEAM_FUNCTION(self._enter)  # kept alive as long as the team
 
     def _enter(self, _data) -> None:
         # Nothing may escape a callback from C (ctypes would print it and drop it, a Ctrl-C included).
         try:
             # threading.current_thread() would register a dummy Thread for each of torch's workers at every region
-            if threading.get_ident() == self.caller or not fp32_subnormals_flushed():
+            if threading.get_ident() == self.caller:
                 self.member()
+            else:
+                if self.joined is None:
+                    self.joined = time.perf_counter()
+                if not fp32_subnormals_flushed():
+                    self.member()
         except BaseException as error:
             self.raised.append(error)
 
     def run(self, member: Callable[[], None], n_threads: int) -> None:
         """``member()`` on ``n_threads`` threads of the team (the calling thread one of them); return when every
-        call has returned, raising the first exception that one of them raised."""
-        self.member, self.caller, self.raised = member, threading.get_ident(), []
+        call has returned, raising the first exception that one of them raised. A worker that joins the region
+        more than LATE_JOIN seconds after its start (it had no core: a busy machine) makes :func:`team` decline
+        for AVOID_SECONDS (the caller then waited for it at the region's end, where the pool's threads are not
+        waited for before they start)."""
+        self.member, self.caller, self.raised, self.joined = member, threading.get_ident(), [], None
+        start = time.perf_counter()
         try:
             self.parallel(self.entry, None, n_threads, 0)
+            joined = time.perf_counter() if self.joined is None else self.joined
+            if joined - start > LATE_JOIN:
+                self.avoid_until = time.monotonic() + AVOID_SECONDS
             if self.raised:
                 raise self.raised[0]
         finally:
-            self.member = self.caller = self.raised = None
+            self.member = self.caller = self.raised = self.joined = None
+
+    def avoided(self) -> bool:
+        """Whether a late worker was seen less than AVOID_SECONDS ago (:meth:`run`)."""
+        return self.avoid_until is not None and time.monotonic() < self.avoid_until
 
 
 _TEAM: Optional[_Team] = None
@@ -129,7 +157,8 @@ def team(n_threads: int) -> Optional[_Team]:
     if not _LOOKED:
         _TEAM, _TEAM_WHY = _find_team(torch)
         _LOOKED = True
-    if _TEAM is None or _TEAM.member is not None or _TEAM.max_threads() < n_threads or fp32_subnormals_flushed():
+    if (_TEAM is None or _TEAM.member is not None or _TEAM.avoided() or _TEAM.max_threads() < n_threads
+            or fp32_subnormals_flushed()):
         return None
     return _TEAM
 
