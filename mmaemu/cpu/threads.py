@@ -16,8 +16,9 @@ Numba layer:
 * ``fork`` is safe: no lock is held across a call, and a child process drops the parent's pool
   (``os.register_at_fork``) and starts its own on its first call (GNU OpenMP, Numba's ``omp`` layer, is not
   fork-safe);
-* Ctrl-C lands at once: the calling thread only waits for the tasks, and an interrupt stops handing them out
-  (the running ones, each at most about TASK_WORK products, end by themselves within milliseconds);
+* Ctrl-C lands at once: the calling thread only waits for the tasks (on torch's team it takes tasks and returns
+  to Python between them), and an interrupt stops handing them out (the running ones, each at most about
+  TASK_WORK products, end by themselves within milliseconds);
 * idle pool threads sleep on a queue, so they leave the cores to BLAS at once after a call (GNU OpenMP's workers
   spin for a while, which made the next ``np.dot`` about 40 % slower: docs/performance.md). After a call on
   torch's team, torch's workers wait as they do after any torch operation (their policy: ``OMP_WAIT_POLICY``).
