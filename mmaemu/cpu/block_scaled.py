@@ -25,11 +25,12 @@ import numpy as np
 
 from .. import formats
 from ..base._jit import arithmetic
-from ..arith.block_scaled import (ROWS, GroupParams, TileScales, group_params, narrow_run, scaled_chain,
-                                  scaled_instruction, tile_scaled_chain)
+from ..arith.block_scaled import (ROWS, SCALED_ABSENT_EXP, GroupMasks, GroupParams, TileScales, group_params,
+                                  narrow_run, panel_group_masks, row_group_masks, scaled_chain, scaled_instruction,
+                                  tile_scaled_chain)
 from ..arith.params import BlockParams, preset_params
 from ..arith.rounding import grid_code
-from ..arith.tile import lane_bits_needed
+from ..arith.tile import TILE_ABSENT_EXP, lane_bits_needed
 from . import threads
 from .engine import tile_tables
 from .gemm import decode_panel, decoded_rows_arrays, tile_work
@@ -283,8 +284,8 @@ def bad_rows(lo, hi, codes, nonfinite, scales, scale_nan, block, flags):
 
 
 class BlockTables(NamedTuple):
-    """The decode tables of one operand format and scale format (uint8 code -> tile value, tile exponent, NaN/Inf
-    flag; scale code -> float32 integer significand, int32 exponent, NaN flag)."""
+    """The decode tables of one operand format and scale format (uint8 code -> tile value, tile exponent with
+    :data:`~mmaemu.arith.block_scaled.SCALED_ABSENT_EXP` for zero and non-finite codes, NaN/Inf flag; scale code -> float32 integer significand, int32 exponent, NaN flag)."""
 
     val: np.ndarray
     exp: np.ndarray
@@ -299,6 +300,7 @@ def block_tables(fmt: str, scale_fmt: str) -> BlockTables:
     key = (fmt, scale_fmt)
     if key not in _TABLES:
         val, exp = tile_tables(fmt)
+        exp = np.where(exp == TILE_ABSENT_EXP, SCALED_ABSENT_EXP, exp).astype(np.int8)
         codes = np.arange(256) % (1 << formats.CODE_BITS[fmt])
         _TABLES[key] = BlockTables(val, exp, formats.nonfinite_codes(fmt)[codes].astype(np.uint8),
                                    formats.scale_significands(scale_fmt).astype(np.float32),
@@ -409,10 +411,11 @@ def fast_panels(p_lo, p_hi, m_lo, m_hi, call, tile_rows, lane_proto, out, overfl
     a_val, a_exp = decoded_rows_arrays(tile_rows, K)
     work = tile_work(tile_rows, lanes, lane_proto)
     overflow, result = np.empty((tile_rows, lanes), np.uint8), np.empty((tile_rows, lanes), np.float32)
-    part = np.empty((tile_rows, lanes), np.int32)
-    groups = max(1, call.k // max(1, call.group.group))
-    gsum = np.empty((groups, tile_rows, lanes), np.float32)
-    gabs = np.empty((groups, tile_rows, lanes), np.float32)
+    top, part = np.empty((tile_rows, lanes), np.int8), np.empty((tile_rows, lanes), np.int32)
+    group = call.group.group
+    gsum = np.empty((max(1, call.k // max(1, group)), tile_rows, lanes), np.float32)
+    k_groups = K // group if group else 1  # the nonzero masks of the scaled groups (GroupMasks)
+    masks = GroupMasks(np.zeros((tile_rows, k_groups), np.int32), np.zeros((k_groups, lanes), np.int32))
     if call.prepared:
         val, exp = call.b_val[0], call.b_exp[0]
         ssig, sexp = call.b_scale_sig[0], call.b_scale_exp[0]
@@ -427,13 +430,17 @@ def fast_panels(p_lo, p_hi, m_lo, m_hi, call, tile_rows, lane_proto, out, overfl
         else:
             decode_panel(call.b_codes, p * lanes, t.val, t.exp, t.nonfinite, val, exp, unused_flags)
             decode_scale_panel(call.b_scales, p * lanes, t.scale_sig, t.scale_exp, ssig, sexp)
+        if group:
+            panel_group_masks(val, group, masks.b)
         for m0 in range(m_lo, m_hi, tile_rows):
             rows = min(tile_rows, m_hi - m0)
             decode_tile_rows(call.a_codes, m0, rows, call.a_val_table, call.a_exp_table, a_val, a_exp)
+            if group:
+                row_group_masks(a_val, rows, group, masks.a)
             scales = TileScales(call.a_scale_sig[m0:m0 + rows], call.a_scale_exp[m0:m0 + rows], ssig, sexp,
                                 call.block, call.scale_bits)
             tile_scaled_chain(a_val, a_exp, val, exp, scales, rows, K, call.k, call.params, call.group, call.run,
-                              work, part, gsum, gabs, overflow, result)
+                              work, top, part, gsum, masks, overflow, result)
             store_tile(result, overflow, m0, rows, p * lanes, out, overflowed)
 
 
