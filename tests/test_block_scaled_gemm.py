@@ -248,8 +248,9 @@ def test_the_int8_exponent_maxima_keep_the_extreme_exponent_sums(M):
     """The scaled-block tiles take the products' exponent maxima in int8 (SCALED_ABSENT_EXP): a block whose only
     nonzero products are subnormal x subnormal e5m2 (unscaled sum -28) beside elements paired with zeros (an
     absent factor: sums up to -49), blocks of the largest codes (sum 30), all-absent blocks, and the scale
-    extremes, in whole tiles of four rows and in a tile of two; the fast path covers them all and equals the
-    reference."""
+    extremes (the largest on a block of absent sums after a nonzero accumulator: counted as a product, it would
+    raise E and truncate c), in whole tiles of four rows and in a tile of two; the fast path covers them all and
+    equals the reference."""
     rng = np.random.default_rng(29)
     N, K = 70, 160
     finite = np.flatnonzero(~formats.nonfinite_codes("e5m2"))
@@ -263,11 +264,12 @@ def test_the_int8_exponent_maxima_keep_the_extreme_exponent_sums(M):
     b[::3, 1:32:2] = rng.choice(big, (len(range(0, N, 3)), 16))  # some lanes: big x big beside the subnormals
     a[1::2, 33:64:2] = 0  # block 1: half of A's elements zero in some rows
     a[:, 64:96], b[:, 64:96] = rng.choice(big, (M, 32)), rng.choice(big, (N, 32))  # block 2: sums of 30
-    a[2:, 96:128] = 0  # block 3: no product in rows 2..; block 4 random
+    a[:, 96:128] = 0  # block 3: no product (only absent sums), after a nonzero c; block 4 random
     sa = rng.integers(100, 155, (M, K // 32)).astype(np.uint8)
     sb = rng.integers(100, 155, (N, K // 32)).astype(np.uint8)
     sa[0, 0], sb[:5, 0] = 0, 0  # the smallest scale 2**-127 on the subnormal block
     sa[1, 2], sb[5:9, 2] = 254, 200  # large scales on the block of largest codes
+    sa[:, 3], sb[:, 3] = 254, 254  # the largest scales on the block of absent sums: they must not raise E
     fast, handed_over, ref = _fast_alone(a, b, "e5m2", "e5m2", sa, sb, "ue8m0", "tcgen05_mxf8f6f4")
     assert not np.delete(handed_over, 1, axis=0).any()  # only row 1 (scale 2**127) reaches 2**128
     assert np.array_equal(fast[~handed_over], ref[~handed_over])
@@ -295,8 +297,9 @@ def test_a_group_of_zero_products_without_a_zero_operand_group_takes_no_part(M):
     a[1:, 32:48] = 0x8  # group 2: negative zeros in A (rows 1..)
     sa = rng.integers(0x30, 0x50, (M, K // block)).astype(np.uint8)
     sb = rng.integers(0x30, 0x50, (N, K // block)).astype(np.uint8)
-    sa[:, 0], sb[:, 0] = 0x7E, 0x7E  # the largest scales on the group of zero products: it must not set E
-    sa[0, 3], sb[::4, 3] = 0, 0  # zero scales
+    sa[:, 0], sb[:, 0] = 0x7E, 0x7E  # the largest scales on the group of zero products: it must not set E,
+    sa[:, 1:4], sb[:, 1:4] = rng.integers(1, 8, (M, 3)), rng.integers(1, 8, (N, 3))  # else these would truncate
+    sa[0, 5], sb[::4, 5] = 0, 0  # zero scales
     fast, handed_over, ref = _fast_alone(a, b, "e2m1", "e2m1", sa, sb, "ue4m3", "tcgen05_mxf4nvf4")
     assert not handed_over.any()
     assert np.array_equal(fast, ref)
