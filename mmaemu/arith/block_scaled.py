@@ -181,10 +181,10 @@ def scaled_chain(sa, ea, sb, eb, va, vb, ssa, sea, ssb, seb, sva, svb, bad_a, ba
 # nonzero product has an unscaled exponent sum >= -28 and E - s >= that sum, so frac - E + s <= frac + 28 < 91; when
 # frac - E + s < -33 every product (below 2**32) truncates to 0, as with the clamped multiplier. The block maximum
 # of the products is taken apart from c, in int8 (SCALED_ABSENT_EXP below: products with an absent factor have
-# sums <= -49, below every real product's), so only real products raise E. c is carried exactly as (c_sig, c_lead); its alignment
-# exponent is max(c_lead, -126), as MMA-Sim's normalisation of a subnormal accumulator. A result at or above
-# 2**128 (c_lead >= 128) is infinite: the output is flagged and recomputed by the reference chain, as are outputs
-# with a NaN/Inf element or a NaN scale.
+# sums <= -49, below SCALED_REAL_PRODUCT_FROM and every real product's), so only real products raise E. c is
+# carried exactly as (c_sig, c_lead); its alignment exponent is max(c_lead, -126), as MMA-Sim's normalisation of
+# a subnormal accumulator. A result at or above 2**128 (c_lead >= 128) is infinite: the output is flagged and
+# recomputed by the reference chain, as are outputs with a NaN/Inf element or a NaN scale.
 
 # Rows of A of a whole tile (mmaemu.cpu.block_scaled.TILE_ROWS), read together against each value of the panel.
 ROWS = 4

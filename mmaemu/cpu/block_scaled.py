@@ -285,7 +285,8 @@ def bad_rows(lo, hi, codes, nonfinite, scales, scale_nan, block, flags):
 
 class BlockTables(NamedTuple):
     """The decode tables of one operand format and scale format (uint8 code -> tile value, tile exponent with
-    :data:`~mmaemu.arith.block_scaled.SCALED_ABSENT_EXP` for zero and non-finite codes, NaN/Inf flag; scale code -> float32 integer significand, int32 exponent, NaN flag)."""
+    :data:`~mmaemu.arith.block_scaled.SCALED_ABSENT_EXP` for zero and non-finite codes, NaN/Inf flag; scale code ->
+    float32 integer significand, int32 exponent, NaN flag)."""
 
     val: np.ndarray
     exp: np.ndarray
@@ -385,9 +386,10 @@ def store_tile(result, overflow, m0, rows, n0, out, overflowed):
 
 class FastCall(NamedTuple):
     """What every task of a fast-path call reads: A [M, K] in the tile layout with its groups' nonzero masks
-    (:func:`decode_a`) and its scales' significands and exponents [M, K / block], B's codes and scale codes (decoded by the task) or B prepared (``prepared`` 1: the
-    panels in ``b_val`` .. ``b_scale_exp``; else these hold one panel's buffers shape and are unused), the
-    instruction's k, its parameters, the int32 run of the scaled-block products, and the block length."""
+    (:func:`decode_a`) and its scales' significands and exponents [M, K / block], B's codes and scale codes
+    (decoded by the task) or B prepared (``prepared`` 1: the panels in ``b_val`` .. ``b_scale_exp``; else these
+    hold one panel's buffers shape and are unused), the instruction's k, its parameters, the int32 run of the
+    scaled-block products, and the block length."""
 
     a_val: np.ndarray
     a_exp: np.ndarray
