@@ -232,3 +232,74 @@ def test_a_kept_weight_is_served_only_for_the_same_codes_and_scales():
         for _ in range(2):
             assert torch.equal(call(other).view(torch.int32), want_other.view(torch.int32))
     WEIGHTS.clear()
+
+
+def _fast_alone(a, b, fmt_a, fmt_b, sa, sb, scale_fmt, preset_name):
+    """(fast path's outputs, the outputs it handed over) and the reference's outputs, both uint32 bits."""
+    gemm = BlockScaledGemm(a, b, fmt_a, fmt_b, sa, sb, scale_fmt, _preset(preset_name))
+    fast = np.zeros(gemm.shape[:2], np.float32)
+    handed_over = _run_fast_blocks(gemm, fast)
+    ref = accumulate_block_scaled(a, b, fmt_a, fmt_b, sa, sb, scale_fmt, gemm.preset, reference=True)
+    return fast.view(np.uint32), handed_over, ref.view(np.uint32)
+
+
+@pytest.mark.parametrize("M", [4, 6])
+def test_the_int8_exponent_maxima_keep_the_extreme_exponent_sums(M):
+    """The scaled-block tiles take the products' exponent maxima in int8 (SCALED_ABSENT_EXP): a block whose only
+    nonzero products are subnormal x subnormal e5m2 (unscaled sum -28) beside elements paired with zeros (an
+    absent factor: sums up to -49), blocks of the largest codes (sum 30), all-absent blocks, and the scale
+    extremes (the largest on a block of absent sums after a nonzero accumulator: counted as a product, it would
+    raise E and truncate c), in whole tiles of four rows and in a tile of two; the fast path covers them all and
+    equals the reference."""
+    rng = np.random.default_rng(29)
+    N, K = 70, 160
+    finite = np.flatnonzero(~formats.nonfinite_codes("e5m2"))
+    a = rng.choice(finite, (M, K)).astype(np.uint8)
+    b = rng.choice(finite, (N, K)).astype(np.uint8)
+    sub = np.array([0x01, 0x02, 0x03, 0x81, 0x82, 0x83], np.uint8)  # e5m2 subnormals, both signs
+    big = np.array([0x7B, 0xFB, 0x7A, 0xFA], np.uint8)  # the largest finite e5m2 codes (exponent 15)
+    # block 0: subnormal x subnormal at even k, each nonzero element at odd k paired with a zero
+    a[:, 0:32:2], b[:, 0:32:2] = rng.choice(sub, (M, 16)), rng.choice(sub, (N, 16))
+    a[:, 1:32:2], b[:, 1:32:2] = rng.choice(big, (M, 16)), 0
+    b[::3, 1:32:2] = rng.choice(big, (len(range(0, N, 3)), 16))  # some lanes: big x big beside the subnormals
+    a[1::2, 33:64:2] = 0  # block 1: half of A's elements zero in some rows
+    a[:, 64:96], b[:, 64:96] = rng.choice(big, (M, 32)), rng.choice(big, (N, 32))  # block 2: sums of 30
+    a[:, 96:128] = 0  # block 3: no product (only absent sums), after a nonzero c; block 4 random
+    sa = rng.integers(100, 155, (M, K // 32)).astype(np.uint8)
+    sb = rng.integers(100, 155, (N, K // 32)).astype(np.uint8)
+    sa[0, 0], sb[:5, 0] = 0, 0  # the smallest scale 2**-127 on the subnormal block
+    sa[1, 2], sb[5:9, 2] = 254, 200  # large scales on the block of largest codes
+    sa[:, 3], sb[:, 3] = 254, 254  # the largest scales on the block of absent sums: they must not raise E
+    fast, handed_over, ref = _fast_alone(a, b, "e5m2", "e5m2", sa, sb, "ue8m0", "tcgen05_mxf8f6f4")
+    assert not np.delete(handed_over, 1, axis=0).any()  # only row 1 (scale 2**127) reaches 2**128
+    assert np.array_equal(fast[~handed_over], ref[~handed_over])
+    b_zero = b.copy()
+    b_zero[:, 0:32:2] = 0  # block 0 now has no nonzero product at all: only absent sums
+    fast, handed_over, ref = _fast_alone(a, b_zero, "e5m2", "e5m2", sa, sb, "ue8m0", "tcgen05_mxf8f6f4")
+    assert np.array_equal(fast[~handed_over], ref[~handed_over])
+
+
+@pytest.mark.parametrize("M", [4, 7])
+def test_a_group_of_zero_products_without_a_zero_operand_group_takes_no_part(M):
+    """kind::mxf4nvf4: a group takes part in the alignment only where one of its products is nonzero (the tiles
+    read it off the nonzero masks of A's row and B's lane, GroupMasks): groups whose A and B elements are nonzero
+    at disjoint positions (every product 0, neither group zero) with large scales must not raise E; beside them
+    groups sharing a single position, zero UE4M3 scales, and a negative zero element. The fast path covers every
+    output and equals the reference."""
+    rng = np.random.default_rng(31)
+    N, K, block = 40, 128, 16
+    a = rng.integers(1, 16, (M, K)).astype(np.uint8)
+    b = rng.integers(1, 16, (N, K)).astype(np.uint8)
+    a[:, 0:16:2], b[:, 1:16:2] = 0, 0  # group 0: A nonzero at odd k, B at even k only
+    a[:, 16:32], b[:, 16:32] = 0, 0
+    a[:, 16 + 5], b[:, 16 + 5] = 7, 0x8 | 3  # group 1: one shared position, one nonzero product
+    a[:, 16 + 6], b[::2, 16 + 7] = 0x8, 6  # ... and -0 in A, a nonzero B beside it
+    a[1:, 32:48] = 0x8  # group 2: negative zeros in A (rows 1..)
+    sa = rng.integers(0x30, 0x50, (M, K // block)).astype(np.uint8)
+    sb = rng.integers(0x30, 0x50, (N, K // block)).astype(np.uint8)
+    sa[:, 0], sb[:, 0] = 0x7E, 0x7E  # the largest scales on the group of zero products: it must not set E,
+    sa[:, 1:4], sb[:, 1:4] = rng.integers(1, 8, (M, 3)), rng.integers(1, 8, (N, 3))  # else these would truncate
+    sa[0, 5], sb[::4, 5] = 0, 0  # zero scales
+    fast, handed_over, ref = _fast_alone(a, b, "e2m1", "e2m1", sa, sb, "ue4m3", "tcgen05_mxf4nvf4")
+    assert not handed_over.any()
+    assert np.array_equal(fast, ref)

@@ -173,23 +173,30 @@ def scaled_chain(sa, ea, sb, eb, va, vb, ssa, sea, ssb, seb, sva, svb, bad_a, ba
 # ----------------------------------------------------------------------------------------------------------------
 # The fast formulation of a scaled-block chain for a tile of outputs (the CPU fast path)
 #
-# The tile layout of :mod:`mmaemu.arith.tile` (fp32 element values, int8 exponents, TILE_ABSENT_EXP for zero and
+# The tile layout of :mod:`mmaemu.arith.tile` (fp32 element values, int8 exponents; SCALED_ABSENT_EXP for zero and
 # non-finite codes) with, per output, the sum ``s`` of its two block scales' exponents. In units of the unscaled
 # products the instruction is the f8f6f4 block step: with E = max(alignment exponent of c, largest exponent sum
 # of a real product + s, min_exp), a product's term is ``trunc(a * b * 2**(frac - E + s))`` and c's term
 # ``trunc(c / 2**(E - frac))``. Exactness follows mmaemu.arith.tile's proof (1)-(4) in the unscaled units: a
 # nonzero product has an unscaled exponent sum >= -28 and E - s >= that sum, so frac - E + s <= frac + 28 < 91; when
 # frac - E + s < -33 every product (below 2**32) truncates to 0, as with the clamped multiplier. The block maximum
-# of the products is taken apart from c (products with an absent factor have sums <= -85, far above the scaled
-# exponents c can meet), so only real products raise E. c is carried exactly as (c_sig, c_lead); its alignment
-# exponent is max(c_lead, -126), as MMA-Sim's normalisation of a subnormal accumulator. A result at or above
-# 2**128 (c_lead >= 128) is infinite: the output is flagged and recomputed by the reference chain, as are outputs
-# with a NaN/Inf element or a NaN scale.
+# of the products is taken apart from c, in int8 (SCALED_ABSENT_EXP below: products with an absent factor have
+# sums <= -49, below SCALED_REAL_PRODUCT_FROM and every real product's), so only real products raise E. c is
+# carried exactly as (c_sig, c_lead); its alignment exponent is max(c_lead, -126), as MMA-Sim's normalisation of
+# a subnormal accumulator. A result at or above 2**128 (c_lead >= 128) is infinite: the output is flagged and
+# recomputed by the reference chain, as are outputs with a NaN/Inf element or a NaN scale.
 
 # Rows of A of a whole tile (mmaemu.cpu.block_scaled.TILE_ROWS), read together against each value of the panel.
 ROWS = 4
-# Unscaled exponent sums of the tile layout: real products >= -28, products with an absent factor <= -85.
-TILE_REAL_PRODUCT_FROM = -60
+# The block-scaled tile layout gives zero and non-finite codes the exponent SCALED_ABSENT_EXP instead of the tile
+# layout's TILE_ABSENT_EXP (-100), so that every exponent sum of two codes fits an int8 and the products'
+# exponent maxima run in int8 lanes (64 per AVX-512 vector, twice the int16 lanes): element exponents lie in
+# [-14, 15] (e5m2 the widest), so real products have unscaled sums in [-28, 30], products with one absent factor
+# sums in [-78, -49] and with two -128. SCALED_REAL_PRODUCT_FROM lies between: only real products raise E.
+SCALED_ABSENT_EXP = -64
+SCALED_REAL_PRODUCT_FROM = -40
+# The int8 maximum of no product yet (below every exponent sum).
+SCALED_TOP_NONE = -128
 # The leading exponent of a result that fp32 cannot hold.
 OVERFLOW_LEAD = 128
 
@@ -238,19 +245,38 @@ def four_rows_of(a):
 
 
 @arithmetic_inlined
-def tile_exponent_max_rows(a_exp, b_exp, kb, ke, e_max):
-    """:func:`mmaemu.arith.tile.tile_exponent_max` for the tile's :data:`ROWS` rows at once (``e_max``
-    [ROWS, lanes], int16): each exponent of the panel read once for the four rows."""
-    lanes = e_max.shape[1]
-    m0, m1, m2, m3 = four_rows_of(e_max)
-    for k in range(np.uint64(kb), np.uint64(ke)):
+def tile_exponent_max_rows(a_exp, b_exp, kb, ke, top):
+    """:func:`mmaemu.arith.tile.tile_exponent_max` for the tile's :data:`ROWS` rows at once, in int8 (``top``
+    [ROWS, lanes]; exponents of the block-scaled layout, whose sums fit an int8: SCALED_ABSENT_EXP): each exponent
+    of the panel read once for the four rows, four k per pass (one load and store of the maxima per pass, not per
+    k); the same maxima."""
+    lanes = top.shape[1]
+    m0, m1, m2, m3 = four_rows_of(top)
+    i8 = np.int8
+    u = np.uint64
+    k, end = u(kb), u(ke)
+    while k + u(K_UNROLL) <= end:
+        k1, k2, k3 = k + u(1), k + u(2), k + u(3)
+        x0, x1, x2, x3 = four_rows(a_exp, k)
+        y0, y1, y2, y3 = four_rows(a_exp, k1)
+        z0, z1, z2, z3 = four_rows(a_exp, k2)
+        w0, w1, w2, w3 = four_rows(a_exp, k3)
+        for j in range(lanes):
+            b0, b1, b2, b3 = b_exp[k, j], b_exp[k1, j], b_exp[k2, j], b_exp[k3, j]
+            m0[j] = max(m0[j], max(max(i8(x0 + b0), i8(y0 + b1)), max(i8(z0 + b2), i8(w0 + b3))))
+            m1[j] = max(m1[j], max(max(i8(x1 + b0), i8(y1 + b1)), max(i8(z1 + b2), i8(w1 + b3))))
+            m2[j] = max(m2[j], max(max(i8(x2 + b0), i8(y2 + b1)), max(i8(z2 + b2), i8(w2 + b3))))
+            m3[j] = max(m3[j], max(max(i8(x3 + b0), i8(y3 + b1)), max(i8(z3 + b2), i8(w3 + b3))))
+        k += u(K_UNROLL)
+    while k < end:
         x0, x1, x2, x3 = four_rows(a_exp, k)
         for j in range(lanes):
             b = b_exp[k, j]
-            m0[j] = max(m0[j], np.int16(x0 + b))
-            m1[j] = max(m1[j], np.int16(x1 + b))
-            m2[j] = max(m2[j], np.int16(x2 + b))
-            m3[j] = max(m3[j], np.int16(x3 + b))
+            m0[j] = max(m0[j], i8(x0 + b))
+            m1[j] = max(m1[j], i8(x1 + b))
+            m2[j] = max(m2[j], i8(x2 + b))
+            m3[j] = max(m3[j], i8(x3 + b))
+        k += u(1)
 
 
 @arithmetic_inlined
@@ -286,12 +312,13 @@ def tile_product_sum_rows(a_val, b_val, kb, ke, scale, part):
 
 
 @arithmetic_inlined
-def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, s, kb, ke, params, run, work, part,
+def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, s, kb, ke, params, run, work, top, part,
                       overflow):
     """One scaled-block instruction (k in [kb, ke), scale block s) for the tile: updates (c_sig, c_lead) in place.
 
     ``a_sexp[r, s]``/``b_sexp[s, j]``: the scale exponents of row r of A and lane j of the panel of B for the
     instruction; ``work`` = (c_sig, c_lead, e_max, scale, total) as in :func:`mmaemu.arith.tile.tile_accumulate`;
+    ``top`` int8 [tile rows, lanes]: the products' unscaled exponent maxima;
     ``run``/``part``: :func:`tile_product_sum_narrow` (``run`` 0: the products summed in the lane type; ``part``
     int32 [tile rows, lanes]); ``overflow[r, j]`` is set when a result reaches 2**128. A tile of :data:`ROWS` rows
     reads each exponent and value of the panel once for its four rows (:func:`tile_exponent_max_rows`,
@@ -302,13 +329,13 @@ def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, s, kb, k
     whole = rows == ROWS
     for r in range(rows):
         for j in range(lanes):
-            e_max[r, j] = EMAX_NONE
+            top[r, j] = SCALED_TOP_NONE
         if not whole:
-            tile_exponent_max(a_exp[r], b_exp, kb, ke, e_max[r])
+            tile_exponent_max(a_exp[r], b_exp, kb, ke, top[r])
     if whole:
-        tile_exponent_max_rows(a_exp, b_exp, kb, ke, e_max)
+        tile_exponent_max_rows(a_exp, b_exp, kb, ke, top)
     for r in range(rows):
-        scaled_block_start(a_sexp, b_sexp, r, s, params, work)
+        scaled_block_start(a_sexp, b_sexp, r, s, params, work, top)
     if whole:
         if run:
             T = total.dtype.type
@@ -331,8 +358,8 @@ def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, s, kb, k
 
 
 @arithmetic_inlined
-def scaled_block_start(a_sexp, b_sexp, r, s, params, work):
-    """Row r of a scaled-block instruction's start, from the products' unscaled exponent maxima in ``e_max[r]``:
+def scaled_block_start(a_sexp, b_sexp, r, s, params, work, top):
+    """Row r of a scaled-block instruction's start, from the products' unscaled exponent maxima in ``top[r]``:
     per lane the alignment exponent E (into ``e_max[r]``), the products' multiplier (``scale[r]``) and c's term
     (``total[r]``)."""
     frac, frac_out, min_exp = params.frac, params.frac_out, params.min_exp
@@ -343,8 +370,8 @@ def scaled_block_start(a_sexp, b_sexp, r, s, params, work):
         sum_exp = np.int32(a_sexp[r, s] + b_sexp[s, j])
         lead = c_lead[r, j]
         c_align = max(lead, FP32_MIN_EXP) if c_sig[r, j] != 0 else np.int32(EMAX_NONE)
-        top = np.int32(e_max[r, j])
-        e_prod = top + sum_exp if top >= TILE_REAL_PRODUCT_FROM else np.int32(EMAX_NONE)
+        most = np.int32(top[r, j])
+        e_prod = most + sum_exp if most >= SCALED_REAL_PRODUCT_FROM else np.int32(EMAX_NONE)
         e = np.int32(max(max(c_align, e_prod), min_exp))
         e_max[r, j] = e
         scale[r, j] = pow2_scale(np.int32(frac - e + sum_exp))
@@ -371,17 +398,17 @@ def flag_overflow(c_lead, r, overflow):
 # [2**-33, 2**91] (pow2_scale): a group that sets E has ea_s + eb_s <= E, so the exponent is at most frac; below
 # 2**-33 every group value (< 2**20) truncates to 0, as with the clamped multiplier. Terms are below 2**(frac + 20)
 # and four of them with c's fit int64 lanes. A group takes part in the alignment when one of its products is
-# nonzero (its sum of |products| is not 0) and its scale product is not 0, exactly the reference's rule.
+# nonzero (the nonzero masks of its row's and its lane's elements share a bit: GroupMasks) and its scale product
+# is not 0, exactly the reference's rule.
 
 
 @arithmetic_inlined
-def tile_group_sums(a_row, b_val, g0, group, gsum_g, gabs_g):
-    """``gsum_g[j]``/``gabs_g[j]``: the sum of the group's products a[k] * b[k, j] and of their magnitudes, k in
-    [g0, g0 + group), exact in fp32 in any order (see above); four k per pass of the lane loop."""
+def tile_group_sums(a_row, b_val, g0, group, gsum_g):
+    """``gsum_g[j]``: the sum of the group's products a[k] * b[k, j], k in [g0, g0 + group), exact in fp32 in any
+    order (see above); four k per pass of the lane loop."""
     lanes = gsum_g.shape[0]
     for j in range(lanes):
         gsum_g[j] = np.float32(0.0)
-        gabs_g[j] = np.float32(0.0)
     u = np.uint64
     k = u(g0)
     end = u(g0 + group)
@@ -394,29 +421,21 @@ def tile_group_sums(a_row, b_val, g0, group, gsum_g, gabs_g):
         a2 = a_row[k2]
         a3 = a_row[k3]
         for j in range(lanes):
-            p0 = a0 * b_val[k, j]
-            p1 = a1 * b_val[k1, j]
-            p2 = a2 * b_val[k2, j]
-            p3 = a3 * b_val[k3, j]
-            gsum_g[j] += (p0 + p1) + (p2 + p3)
-            gabs_g[j] += (abs(p0) + abs(p1)) + (abs(p2) + abs(p3))
+            gsum_g[j] += (a0 * b_val[k, j] + a1 * b_val[k1, j]) + (a2 * b_val[k2, j] + a3 * b_val[k3, j])
         k += u(K_UNROLL)
     while k < end:
         a0 = a_row[k]
         for j in range(lanes):
-            p = a0 * b_val[k, j]
-            gsum_g[j] += p
-            gabs_g[j] += abs(p)
+            gsum_g[j] += a0 * b_val[k, j]
         k += u(1)
 
 
 @arithmetic_inlined
-def tile_group_sums_rows(a_val, b_val, g0, group, gsum_g, gabs_g):
-    """:func:`tile_group_sums` for the tile's :data:`ROWS` rows at once (``gsum_g``/``gabs_g`` [ROWS, lanes]): each
-    value of the panel read once for the four rows, two k per pass; the same sums (exact in any order)."""
+def tile_group_sums_rows(a_val, b_val, g0, group, gsum_g):
+    """:func:`tile_group_sums` for the tile's :data:`ROWS` rows at once (``gsum_g`` [ROWS, lanes]): each value of
+    the panel read once for the four rows, two k per pass; the same sums (exact in any order)."""
     lanes = gsum_g.shape[1]
     gsum_g[:, :] = np.float32(0.0)
-    gabs_g[:, :] = np.float32(0.0)
     u = np.uint64
     k, end = u(g0), u(g0 + group)
     while k + u(2) <= end:
@@ -425,44 +444,70 @@ def tile_group_sums_rows(a_val, b_val, g0, group, gsum_g, gabs_g):
         for j in range(lanes):
             b0 = b_val[k, j]
             b1 = b_val[k1, j]
-            p0, q0 = x0 * b0, y0 * b1
-            p1, q1 = x1 * b0, y1 * b1
-            p2, q2 = x2 * b0, y2 * b1
-            p3, q3 = x3 * b0, y3 * b1
-            gsum_g[0, j] += p0 + q0
-            gsum_g[1, j] += p1 + q1
-            gsum_g[2, j] += p2 + q2
-            gsum_g[3, j] += p3 + q3
-            gabs_g[0, j] += abs(p0) + abs(q0)
-            gabs_g[1, j] += abs(p1) + abs(q1)
-            gabs_g[2, j] += abs(p2) + abs(q2)
-            gabs_g[3, j] += abs(p3) + abs(q3)
+            gsum_g[0, j] += x0 * b0 + y0 * b1
+            gsum_g[1, j] += x1 * b0 + y1 * b1
+            gsum_g[2, j] += x2 * b0 + y2 * b1
+            gsum_g[3, j] += x3 * b0 + y3 * b1
         k += u(2)
     while k < end:
         x0, x1, x2, x3 = four_rows(a_val, k)
         for j in range(lanes):
             b0 = b_val[k, j]
-            p0, p1, p2, p3 = x0 * b0, x1 * b0, x2 * b0, x3 * b0
-            gsum_g[0, j] += p0
-            gsum_g[1, j] += p1
-            gsum_g[2, j] += p2
-            gsum_g[3, j] += p3
-            gabs_g[0, j] += abs(p0)
-            gabs_g[1, j] += abs(p1)
-            gabs_g[2, j] += abs(p2)
-            gabs_g[3, j] += abs(p3)
+            gsum_g[0, j] += x0 * b0
+            gsum_g[1, j] += x1 * b0
+            gsum_g[2, j] += x2 * b0
+            gsum_g[3, j] += x3 * b0
         k += u(1)
+
+
+@arithmetic
+def row_group_masks(a_val, rows, group, masks):
+    """``masks[r, g]`` (int32): bit t set where element g * group + t of row r of ``a_val`` [rows, K] is nonzero,
+    for the groups g of K (group <= 32). A product is nonzero exactly where both its elements are (E2M1 values
+    are at least 1/2 in magnitude), so a group of the tile holds a nonzero product exactly where the masks of
+    its row and lane share a bit: :func:`tile_scaled_groups` reads that instead of a sum of the products'
+    magnitudes."""
+    for r in range(rows):
+        for g in range(masks.shape[1]):
+            m = np.int32(0)
+            for t in range(group):
+                m |= np.int32(a_val[r, g * group + t] != 0) << np.int32(t)
+            masks[r, g] = m
+
+
+@arithmetic
+def panel_group_masks(b_val, group, masks):
+    """``masks[g, j]`` (int32): bit t set where element g * group + t of lane j of the panel ``b_val`` [K, lanes]
+    is nonzero (:func:`row_group_masks` for B; once per panel)."""
+    lanes = masks.shape[1]
+    for g in range(masks.shape[0]):
+        for j in range(lanes):
+            masks[g, j] = np.int32(0)
+        for t in range(group):
+            k = g * group + t
+            bit = np.int32(1) << np.int32(t)
+            for j in range(lanes):
+                masks[g, j] |= bit if b_val[k, j] != 0 else np.int32(0)
+
+
+class GroupMasks(NamedTuple):
+    """The nonzero masks of a tile's groups (:func:`row_group_masks`): ``a`` [rows, K / group] of the tile's rows
+    of A, ``b`` [K / group, lanes] of the panel of B."""
+
+    a: object
+    b: object
 
 
 @arithmetic_inlined
 def tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, kb, ke, block, scale_bits, gp, work,
-                       gsum, gabs, overflow):
+                       gsum, masks, overflow):
     """One scaled-groups instruction over k in [kb, ke) for the tile: updates (c_sig, c_lead) in place.
 
     ``a_ssig[r, s]``/``a_sexp[r, s]`` (``b_ssig[s, j]``/``b_sexp[s, j]``): the integer significand (float32) and
     exponent of the scale of block s of row r of A (lane j of the panel of B); ``scale_bits`` = twice the scales'
-    mantissa bits; ``gsum``/``gabs`` [groups, tile rows, lanes] float32 work arrays; ``gp``: :class:`GroupParams`.
-    A tile of :data:`ROWS` rows sums its groups for the four rows at once (:func:`tile_group_sums_rows`).
+    mantissa bits; ``gsum`` [groups, tile rows, lanes] float32 work array; ``masks``: :class:`GroupMasks` (whether
+    a group holds a nonzero product); ``gp``: :class:`GroupParams`. A tile of :data:`ROWS` rows sums its groups for
+    the four rows at once (:func:`tile_group_sums_rows`).
     """
     group, frac, frac_out, min_exp = gp.group, gp.frac, gp.frac_out, gp.min_exp
     c_sig, c_lead, e_max, scale, total = work
@@ -473,7 +518,7 @@ def tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, kb, k
     whole = rows == ROWS
     if whole:
         for g in range(groups):
-            tile_group_sums_rows(a_val, b_val, kb + g * group, group, gsum[g], gabs[g])
+            tile_group_sums_rows(a_val, b_val, kb + g * group, group, gsum[g])
     for r in range(rows):
         for j in range(lanes):
             c_align = max(c_lead[r, j], FP32_MIN_EXP) if c_sig[r, j] != 0 else np.int32(EMAX_NONE)
@@ -481,10 +526,11 @@ def tile_scaled_groups(a_val, b_val, a_ssig, a_sexp, b_ssig, b_sexp, rows, kb, k
         for g in range(groups):
             g0 = kb + g * group
             if not whole:
-                tile_group_sums(a_val[r], b_val, g0, group, gsum[g, r], gabs[g, r])
-            s = g0 // block
+                tile_group_sums(a_val[r], b_val, g0, group, gsum[g, r])
+            s, m = g0 // block, g0 // group
+            a_mask = masks.a[r, m]
             for j in range(lanes):
-                counted = gabs[g, r, j] != 0 and a_ssig[r, s] * b_ssig[s, j] != 0
+                counted = ((a_mask & masks.b[m, j]) != 0) & (a_ssig[r, s] * b_ssig[s, j] != 0)
                 e = max(np.int32(e_max[r, j]), np.int32(a_sexp[r, s] + b_sexp[s, j]))
                 e_max[r, j] = e if counted else e_max[r, j]
         for j in range(lanes):
@@ -514,8 +560,8 @@ class TileScales(NamedTuple):
 
 
 @arithmetic
-def tile_scaled_chain(a_val, a_exp, b_val, b_exp, scales, rows, K, k, params, gp, run, work, part, gsum, gabs,
-                      overflow, result):
+def tile_scaled_chain(a_val, a_exp, b_val, b_exp, scales, rows, K, k, params, gp, run, work, top, part, gsum,
+                      masks, overflow, result):
     """``result[r, j]``: the fp32 value of the chain of the preset's instructions of ``k`` elements from +0 over
     all of K for the tile (exact where ``overflow`` stays 0): scaled groups (:func:`tile_scaled_groups`) when
     ``gp.group``, else scaled blocks (:func:`tile_scaled_block`, ``run``/``part`` its int32 runs)."""
@@ -530,10 +576,10 @@ def tile_scaled_chain(a_val, a_exp, b_val, b_exp, scales, rows, K, k, params, gp
     for i in range(K // k):
         if gp.group:
             tile_scaled_groups(a_val, b_val, scales.a_sig, scales.a_exp, scales.b_sig, scales.b_exp, rows, i * k,
-                               (i + 1) * k, scales.block, scales.bits, gp, work, gsum, gabs, overflow)
+                               (i + 1) * k, scales.block, scales.bits, gp, work, gsum, masks, overflow)
         else:
             tile_scaled_block(a_val, a_exp, b_val, b_exp, scales.a_exp, scales.b_exp, rows, (i * k) // scales.block,
-                              i * k, (i + 1) * k, params, run, work, part, overflow)
+                              i * k, (i + 1) * k, params, run, work, top, part, overflow)
     for r in range(rows):
         for j in range(lanes):
             result[r, j] = exact_to_float32(c_sig[r, j], max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out)

@@ -25,14 +25,15 @@ import numpy as np
 
 from .. import formats
 from ..base._jit import arithmetic
-from ..arith.block_scaled import (ROWS, GroupParams, TileScales, group_params, narrow_run, scaled_chain,
-                                  scaled_instruction, tile_scaled_chain)
+from ..arith.block_scaled import (ROWS, SCALED_ABSENT_EXP, GroupMasks, GroupParams, TileScales, group_params,
+                                  narrow_run, panel_group_masks, row_group_masks, scaled_chain, scaled_instruction,
+                                  tile_scaled_chain)
 from ..arith.params import BlockParams, preset_params
 from ..arith.rounding import grid_code
-from ..arith.tile import lane_bits_needed
+from ..arith.tile import TILE_ABSENT_EXP, lane_bits_needed
 from . import threads
 from .engine import tile_tables
-from .gemm import decode_panel, decoded_rows_arrays, tile_work
+from .gemm import decode_panel, tile_work
 
 # Cost of one product, in products of the fast path (mmaemu.cpu.threads task sizes).
 PRODUCT_WORK = 16
@@ -283,8 +284,9 @@ def bad_rows(lo, hi, codes, nonfinite, scales, scale_nan, block, flags):
 
 
 class BlockTables(NamedTuple):
-    """The decode tables of one operand format and scale format (uint8 code -> tile value, tile exponent, NaN/Inf
-    flag; scale code -> float32 integer significand, int32 exponent, NaN flag)."""
+    """The decode tables of one operand format and scale format (uint8 code -> tile value, tile exponent with
+    :data:`~mmaemu.arith.block_scaled.SCALED_ABSENT_EXP` for zero and non-finite codes, NaN/Inf flag; scale code ->
+    float32 integer significand, int32 exponent, NaN flag)."""
 
     val: np.ndarray
     exp: np.ndarray
@@ -299,6 +301,7 @@ def block_tables(fmt: str, scale_fmt: str) -> BlockTables:
     key = (fmt, scale_fmt)
     if key not in _TABLES:
         val, exp = tile_tables(fmt)
+        exp = np.where(exp == TILE_ABSENT_EXP, SCALED_ABSENT_EXP, exp).astype(np.int8)
         codes = np.arange(256) % (1 << formats.CODE_BITS[fmt])
         _TABLES[key] = BlockTables(val, exp, formats.nonfinite_codes(fmt)[codes].astype(np.uint8),
                                    formats.scale_significands(scale_fmt).astype(np.float32),
@@ -361,6 +364,17 @@ def decode_tile_rows(codes, m0, rows, val_table, exp_table, val, exp):
 
 
 @arithmetic
+def decode_a(codes, val_table, exp_table, group, val, exp, masks):
+    """Every row of A [M, K] in the tile layout (:func:`decode_tile_rows`) and, for a scaled-groups preset
+    (``group`` > 0), the nonzero masks of its groups (:func:`~mmaemu.arith.block_scaled.row_group_masks`): once
+    per call, for all its tasks (each task decoded its tiles of A again for every panel before)."""
+    M = codes.shape[0]
+    decode_tile_rows(codes, 0, M, val_table, exp_table, val, exp)
+    if group:
+        row_group_masks(val, M, group, masks)
+
+
+@arithmetic
 def store_tile(result, overflow, m0, rows, n0, out, overflowed):
     """The tile's chains into rows m0 .. m0+rows-1 of ``out`` from column n0 (the lanes within N):
     ``out = result``, ``overflowed = overflow != 0``."""
@@ -371,14 +385,15 @@ def store_tile(result, overflow, m0, rows, n0, out, overflowed):
 
 
 class FastCall(NamedTuple):
-    """What every task of a fast-path call reads: A's codes [M, K] with its tables and its scales' significands and
-    exponents [M, K / block], B's codes and scale codes (decoded by the task) or B prepared (``prepared`` 1: the
-    panels in ``b_val`` .. ``b_scale_exp``; else these hold one panel's buffers shape and are unused), the
-    instruction's k, its parameters, the int32 run of the scaled-block products, and the block length."""
+    """What every task of a fast-path call reads: A [M, K] in the tile layout with its groups' nonzero masks
+    (:func:`decode_a`) and its scales' significands and exponents [M, K / block], B's codes and scale codes
+    (decoded by the task) or B prepared (``prepared`` 1: the panels in ``b_val`` .. ``b_scale_exp``; else these
+    hold one panel's buffers shape and are unused), the instruction's k, its parameters, the int32 run of the
+    scaled-block products, and the block length."""
 
-    a_codes: np.ndarray
-    a_val_table: np.ndarray
-    a_exp_table: np.ndarray
+    a_val: np.ndarray
+    a_exp: np.ndarray
+    a_masks: np.ndarray
     a_scale_sig: np.ndarray
     a_scale_exp: np.ndarray
     b_codes: np.ndarray
@@ -401,18 +416,17 @@ class FastCall(NamedTuple):
 def fast_panels(p_lo, p_hi, m_lo, m_hi, call, tile_rows, lane_proto, out, overflowed):
     """The fast path for panels p_lo .. p_hi-1 of B and rows m_lo .. m_hi-1 of A (a task): out[m, n] for those
     outputs, ``overflowed[m, n]`` where a chain reached 2**128. Each panel is read from the prepared B or decoded
-    here, each tile of rows of A decoded once per panel."""
-    K = call.a_codes.shape[1]
+    here; A comes decoded (:func:`decode_a`)."""
+    K = call.a_val.shape[1]
     lanes = call.b_val.shape[2]
     blocks = call.b_scale_exp.shape[1]
     t = call.b_tables
-    a_val, a_exp = decoded_rows_arrays(tile_rows, K)
     work = tile_work(tile_rows, lanes, lane_proto)
     overflow, result = np.empty((tile_rows, lanes), np.uint8), np.empty((tile_rows, lanes), np.float32)
-    part = np.empty((tile_rows, lanes), np.int32)
-    groups = max(1, call.k // max(1, call.group.group))
-    gsum = np.empty((groups, tile_rows, lanes), np.float32)
-    gabs = np.empty((groups, tile_rows, lanes), np.float32)
+    top, part = np.empty((tile_rows, lanes), np.int8), np.empty((tile_rows, lanes), np.int32)
+    group = call.group.group
+    gsum = np.empty((max(1, call.k // max(1, group)), tile_rows, lanes), np.float32)
+    b_masks = np.zeros((call.a_masks.shape[1], lanes), np.int32)  # the nonzero masks of the scaled groups
     if call.prepared:
         val, exp = call.b_val[0], call.b_exp[0]
         ssig, sexp = call.b_scale_sig[0], call.b_scale_exp[0]
@@ -427,13 +441,16 @@ def fast_panels(p_lo, p_hi, m_lo, m_hi, call, tile_rows, lane_proto, out, overfl
         else:
             decode_panel(call.b_codes, p * lanes, t.val, t.exp, t.nonfinite, val, exp, unused_flags)
             decode_scale_panel(call.b_scales, p * lanes, t.scale_sig, t.scale_exp, ssig, sexp)
+        if group:
+            panel_group_masks(val, group, b_masks)
         for m0 in range(m_lo, m_hi, tile_rows):
             rows = min(tile_rows, m_hi - m0)
-            decode_tile_rows(call.a_codes, m0, rows, call.a_val_table, call.a_exp_table, a_val, a_exp)
-            scales = TileScales(call.a_scale_sig[m0:m0 + rows], call.a_scale_exp[m0:m0 + rows], ssig, sexp,
-                                call.block, call.scale_bits)
-            tile_scaled_chain(a_val, a_exp, val, exp, scales, rows, K, call.k, call.params, call.group, call.run,
-                              work, part, gsum, gabs, overflow, result)
+            m1 = m0 + rows
+            scales = TileScales(call.a_scale_sig[m0:m1], call.a_scale_exp[m0:m1], ssig, sexp, call.block,
+                                call.scale_bits)
+            tile_scaled_chain(call.a_val[m0:m1], call.a_exp[m0:m1], val, exp, scales, rows, K, call.k, call.params,
+                              call.group, call.run, work, top, part, gsum, GroupMasks(call.a_masks[m0:m1], b_masks),
+                              overflow, result)
             store_tile(result, overflow, m0, rows, p * lanes, out, overflowed)
 
 
@@ -515,9 +532,13 @@ def _run_fast(kernel: FastKernel, a, sa, b, sb, prepared, out):
                     np.empty((1, blocks, lanes), np.float32), np.empty((1, blocks, lanes), np.int32))
     else:
         b_arrays = (prepared.val, prepared.exp, prepared.scale_sig, prepared.scale_exp)
-    call = FastCall(a, ta.val, ta.exp, np.ascontiguousarray(ta.scale_sig[sa]), np.ascontiguousarray(ta.scale_exp[sa]),
-                    b, sb, tb, int(prepared is not None), *b_arrays, kernel.preset.nfma, kernel.block,
-                    kernel.scale_bits, kernel.run, kernel.params, kernel.group)
+    group = kernel.group.group
+    a_val, a_exp = np.empty((M, K), np.float32), np.empty((M, K), np.int8)
+    a_masks = np.zeros((M, K // group if group else 1), np.int32)
+    decode_a(a, ta.val, ta.exp, group, a_val, a_exp, a_masks)
+    call = FastCall(a_val, a_exp, a_masks, np.ascontiguousarray(ta.scale_sig[sa]),
+                    np.ascontiguousarray(ta.scale_exp[sa]), b, sb, tb, int(prepared is not None), *b_arrays,
+                    kernel.preset.nfma, kernel.block, kernel.scale_bits, kernel.run, kernel.params, kernel.group)
     overflowed = np.zeros((M, N), np.bool_)
     tasks, works = _fast_tasks(M, N, K, lanes)
 
