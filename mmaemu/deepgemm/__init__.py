@@ -273,8 +273,8 @@ def gemm_nt_kept_rows(x, weight, weight_scale, *, backend="auto", weights=None):
     from ..cpu.fused import ROW_KERNEL_ROWS
     from ..plan.flush import check_no_flush_to_zero
 
-    if (weights is None or x.dtype not in _ROW_DTYPES or x.device.type != "cpu" or weight.device.type != "cpu"
-            or x.dim() != 2 or not 0 < x.shape[0] <= ROW_KERNEL_ROWS):
+    if (weights is None or not isinstance(backend, str) or x.dtype not in _ROW_DTYPES or x.device.type != "cpu"
+            or weight.device.type != "cpu" or x.dim() != 2 or not 0 < x.shape[0] <= ROW_KERNEL_ROWS):
         return None
     (M, K), N = x.shape, weight.shape[0]
     key = (M, N, K, backend, environment.texts(), threads.num_threads())
