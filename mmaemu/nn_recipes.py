@@ -207,8 +207,14 @@ class BlockwiseFP8Linear(_RecipeLayer):
 
     @untraced(reason=_GRAPH_BREAK_REASON)
     def forward(self, x):
-        from .deepgemm import gemm_nt_kept
+        from .deepgemm import gemm_nt_kept, gemm_nt_kept_rows
 
+        if self.kernel == "deepgemm" and not self.use_ue8m0:
+            # a decoding step with the weight kept: the cast and the GEMM in one compiled call where it runs
+            y = gemm_nt_kept_rows(_inference_rows(self, x), self.weight, self.weight_scale, backend=self.backend,
+                                  weights=weight_slot(self))
+            if y is not None:
+                return self._output(y, x, tuple(x.shape[:-1]))
         (x_fp8, sfa), lead = self._quantise_input(x)
         if self.kernel == "cublaslt":
             y = self._cublaslt_gemm(x_fp8, sfa)
@@ -217,8 +223,13 @@ class BlockwiseFP8Linear(_RecipeLayer):
             if x_fp8.shape[0]:
                 gemm_nt_kept((x_fp8, sfa), (self.weight, self.weight_scale), y, backend=self.backend,
                              weights=weight_slot(self))
-            if self.bias is not None:
-                y = y + self.bias
+        return self._output(y, x, lead)
+
+    def _output(self, y, x, lead):
+        """The layer's output of the GEMM's bf16 rows ``y`` (DeepGEMM's bias added to them in bf16) for input
+        ``x``."""
+        if self.kernel != "cublaslt" and self.bias is not None:
+            y = y + self.bias
         if self.out_dtype is None:
             y = y.to(x.dtype)
         return y.reshape(lead + (self.out_features,))

@@ -32,11 +32,12 @@ import numpy as np
 
 from ..base._jit import arithmetic
 from ..arith.epilogue import E4M3_LARGEST, E5M2_LARGEST, fp8_bits
+from ..arith.fp32 import float32_from_bits
 from ..arith.rounding import E4M3, E5M2
 from . import threads
 
 __all__ = ["quantize_fp8", "amax_fp32", "row_magnitudes", "quantize_rows_fp8", "current_scaling_fp8",
-           "fits_one_pass"]
+           "fits_one_pass", "token_strips_fp8"]
 
 #: Cost of one element in the fast path's products (:mod:`.threads`, about 0.1 ns each): a multiplication and the
 #: rounding's selects, vectorised: 0.35 ns measured (docs/performance.md, "MiniLM's profile").
@@ -184,3 +185,31 @@ def current_scaling_fp8(values: np.ndarray, fmt: str):
     largest = np.float32(E5M2_LARGEST if fmt == "e5m2" else E4M3_LARGEST)  # the scale's fp8_max
     current_scaling_span(values, largest, fmt == "e5m2", codes, scales)
     return codes, scales
+
+
+@arithmetic
+def token_strips_fp8(values, strip, floor, inverse_max, codes, scales):
+    """DeepGEMM's ``per_token_cast_to_fp8(x, use_ue8m0=False)`` (:mod:`mmaemu.deepgemm.utils`, the torch operations
+    it follows) of the float32 ``values`` [M, K] (x widened exactly to fp32), one scale per strip of ``strip`` k of
+    each row: ``codes`` [M, K] (uint8 E4M3) and ``scales`` [M, ceil(K / strip)] (float32). Per strip, in fp32:
+    ``amax = max |x|`` (NaN propagating, as torch's ``amax``: read on the bit patterns, where a NaN's magnitude lies
+    above Inf's), ``clamp(amax, floor)`` (NaN passes; ``floor`` = fp32(1e-4)), ``sf = amax * inverse_max`` (one fp32
+    multiplication by fp32(1 / 448): the CUDA kernel's division by a number), ``1 / sf`` (correctly rounded), then
+    each ``x * (1 / sf)`` by :func:`mmaemu.arith.epilogue.fp8_bits` (round to nearest even; finite products stay
+    at most 448 (1 + 2**-21), where saturating and torch's cast agree). A NaN code is 0x7F whatever its sign (torch
+    keeps the sign: both are NaN codes, which make their row's outputs NaN alike)."""
+    M, K = values.shape
+    bits = values.view(np.int32)
+    for m in range(M):
+        for s in range((K + strip - 1) // strip):
+            k0, k1 = s * strip, min(s * strip + strip, K)
+            largest = np.int32(0)
+            for k in range(k0, k1):
+                largest = max(largest, bits[m, k] & np.int32(0x7FFFFFFF))
+            amax = float32_from_bits(np.int32(largest))
+            amax = floor if amax < floor else amax
+            sf = np.float32(amax * inverse_max)
+            inverse = np.float32(np.float32(1.0) / sf)
+            scales[m, s] = sf
+            for k in range(k0, k1):
+                codes[m, k] = fp8_bits(values[m, k] * inverse, 1.0, False, E4M3, E4M3_LARGEST)

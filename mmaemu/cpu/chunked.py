@@ -14,6 +14,9 @@ and cuBLASLt's; the kernel record's combine rule and output mode are the only di
   pair with the shipped kernels): each chunk's chain on the offset block step and the combine per tile right after
   it; then the outputs of rows holding a NaN or Inf code are those of E4M3's rule above (E4M3 x E4M3) or of the
   reference (:func:`reference_rows_and_columns`, the other pairs);
+* a kept call of at most ``mmaemu.cpu.fused.ROW_KERNEL_ROWS`` rows with 128 x 128 block scales of B (a block-wise
+  layer's decoding step, :func:`chunked_rows`): the offset method's row tiles, the activations' cast included, as
+  one compiled call (:class:`ChunkedRows`);
 * ``reference=True``: every output walks its chunks alone with
   :func:`mmaemu.arith.scaled.accumulate_chunked_one`, the reference the fast path is tested against.
 
@@ -22,6 +25,9 @@ All give the same bits. Extra memory of the fast paths: that of the tensor-wise 
 """
 
 from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -349,3 +355,100 @@ def chunked_output(final, kernel, d=None, c=None):
     threads.parallel_for(output_rows, final.size, EPILOGUE_WORK, kernel.output, final.reshape(-1), d_bits, c_bits,
                          out)
     return out
+
+
+class ChunkedRows(NamedTuple):
+    """A kept chunked call of few rows (a block-wise layer's decoding step, E4M3 x E4M3) on the offset method's row
+    tiles as one compiled call (:func:`mmaemu.cpu.offset_chunked.token_rows_call`: the activations' per-token cast,
+    the comparison of B's codes with the kept copy and B's NaN rows, the chunks' chains and combines, the NaN rule
+    and the output's bits), made by :func:`chunked_rows` once per shape and context: the call's constants and A's
+    packing tables."""
+
+    words: np.ndarray  # mmaemu.cpu.offset_rows.call_words with the chunk, the combine rule and B's rows per scale
+    cast: np.ndarray  # float32 (floor, inverse_max) of DeepGEMM's per-token cast
+    a_tables: tuple  # the offset engine's packing tables of E4M3 (values, exponent bytes, lows, signs)
+    kernel: object  # token_rows_call, or where the CPU rounds by MXCSR that call restoring it also when it raises
+
+    def run(self, store, tensor, x, b_codes, scales_b):
+        """The output's bits [M, N] (uint16 bf16 patterns: the kernel's output mode) of the float32 activations
+        ``x`` [M, K] cast per token and B's codes ``b_codes`` [N, K] (uint8, C-contiguous: the rows of ``tensor``)
+        with B's block scales ``scales_b`` [ceil(N / 128), chunks] (float32), on B's offset panels kept in
+        ``store`` (a layer's :class:`mmaemu.cpu.prepared.WeightSlot`); None where B is not kept (yet)."""
+        from .engine import OFFSET
+
+        M, N = x.shape[0], b_codes.shape[0]
+        out_bits = np.empty((M, N), np.uint16)
+        kept = store.candidate(OFFSET, "e4m3", tensor)
+        if kept is not None and self._call(kept.prepared, kept.codes, x, b_codes, scales_b, out_bits):
+            return out_bits
+        prepared = store.prepared(OFFSET, "e4m3", tensor, b_codes)
+        if prepared is not None and self._call(prepared, b_codes.reshape(-1), x, b_codes, scales_b, out_bits):
+            return out_bits
+        return None
+
+    def _call(self, prepared, kept_codes, x, b_codes, scales_b, out_bits) -> bool:
+        if prepared.shape != b_codes.shape or prepared.fmt != "e4m3" or kept_codes.size != b_codes.size:
+            return False
+        values, exps, lows, signs = self.a_tables
+        return bool(self.kernel(self.words, self.cast, kept_codes, b_codes, prepared.val, prepared.exp, prepared.low,
+                                prepared.sign, x, values, exps, lows, signs, scales_b, out_bits))
+
+
+#: B's rows per scale of DeepGEMM's recipe (1, 128, 128): one scale per 128 x 128 block of the weight.
+DEEPGEMM_SCALE_ROWS = 128
+
+
+def chunked_rows(kernel, M: int, N: int, K: int, n_threads: int, context) -> Optional[ChunkedRows]:
+    """The row tiles' call of a kept chunked call of M rows on [N, K] E4M3 weights whose scales are 128 x 128
+    blocks (:class:`ChunkedRows`), or None where it does not run. It runs where the tensor-wise kept call runs on
+    row tiles (:func:`mmaemu.cpu.fused.row_tiles_fit`: the engine of :func:`chunked_engine` is the tile engine,
+    M <= ROW_KERNEL_ROWS, the engine choice for :func:`chunk_schedule` without the shape rule is the offset
+    engine, the CPU rounds by AVX-512's embedded rounding) and the tile engine's kept call would be one task
+    (its panel ranges on ``n_threads`` threads, :func:`accumulate_chunked_fast`): the row tiles run on the calling
+    thread. The kernel's output mode must take no addend (DeepGEMM's 1d2d kernel: bf16). ``context``: the call's
+    :class:`mmaemu.context.Context`; the engine choice's warnings are reported."""
+    from ..arith.offset import ADD_MAX, offset_params
+    from ..arith.params import preset_params
+    from ..arith.scaled import OUTPUT_ACCUMULATE_FLAG, OUTPUT_ADD_FLAG, OUTPUT_FP32_FLAG
+    from .engine import NONFINITE_PATTERN, cpu_engine_choice
+    from .features import CPU_ENGINE_ENV, ROUNDING_EMBEDDED, numba_target, offset_rounding
+    from .fused import row_tiles_fit
+
+    if kernel.output & (OUTPUT_ADD_FLAG | OUTPUT_ACCUMULATE_FLAG | OUTPUT_FP32_FLAG) or M < 1 or K < 1 or N < 1:
+        return None
+    preset, fmt = kernel.tensor_core_preset, "e4m3"
+    schedule = chunk_schedule(kernel.chunk)
+    rounding = offset_rounding(numba_target())
+    if not row_tiles_fit("tile", M, "offset", rounding):
+        return None
+    engine = chunked_engine(kernel, fmt, fmt, (M, N), context)
+    choice = cpu_engine_choice(preset, schedule, fmt, fmt, context.environment[CPU_ENGINE_ENV], None,
+                               context=context)
+    if not row_tiles_fit(engine, M, choice.engine, rounding):
+        return None
+    lanes = tile_shape(M, N, K)[1]
+    if n_threads > 1 and len(threads.job_ranges(-(-N // lanes), M * lanes * K, n_threads)) > 1:
+        return None
+    from .offset_chunked import CALL_CHUNK, CALL_RULE, CALL_SCALE_ROWS, token_rows_call
+    from .offset_engine import packing_tables
+    from .offset_kernel import MASKS
+    from .offset_rows import CALL_WORDS, call_words
+    from .simd import call_restoring_mxcsr
+    from ..base.gpu_torch_ops import reciprocal_of_number
+
+    assert (CALL_CHUNK, CALL_RULE, CALL_SCALE_ROWS) == (CALL_WORDS, CALL_WORDS + 1, CALL_WORDS + 2)
+    words = call_words(offset_params(preset_params(preset, fmt, fmt), fmt, fmt, ADD_MAX), schedule, MASKS,
+                       NONFINITE_PATTERN[fmt], NONFINITE_PATTERN[fmt], K, kernel.output,
+                       (kernel.chunk, kernel.combine, DEEPGEMM_SCALE_ROWS))
+    cast = np.array([TOKEN_AMAX_FLOOR, reciprocal_of_number(E4M3_MAX)], np.float32)
+    cast.setflags(write=False)
+    call = token_rows_call
+    if rounding != ROUNDING_EMBEDDED:
+        call = functools.partial(call_restoring_mxcsr, token_rows_call)
+    return ChunkedRows(words, cast, packing_tables(fmt), call)
+
+
+#: DeepGEMM's per-token cast (``per_token_cast_to_fp8``, :mod:`mmaemu.deepgemm.utils`): ``amax.clamp(1e-4) / 448``,
+#: the bound read as fp32, the division the CUDA kernel's multiplication by fp32(1 / 448).
+TOKEN_AMAX_FLOOR = np.float32(1e-4)
+E4M3_MAX = 448.0

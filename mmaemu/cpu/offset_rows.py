@@ -18,6 +18,10 @@ hold lane by lane, as for the 4-row tile: what differs is only which lanes run t
 NaN/Inf flags of B's rows, in the same pass), A's packing and NaN/Inf flags, the products of every row and panel,
 then the NaN/Inf rule and the epilogue (:func:`mmaemu.cpu.finish.finish_block`). Imported only where the offset
 engine runs (:func:`mmaemu.cpu.features.offset_engine_decline`), as :mod:`.offset_kernel` is.
+
+The block-wise recipe's kept decoding call runs on the same row chain (:func:`row_chain`, one chain from +0 per
+128-k chunk: :func:`mmaemu.cpu.offset_chunked.chunked_row`), with the same packing (:func:`packed_rows`), the same
+comparison of B's codes and the constants of :func:`call_words` with its own words after them.
 """
 
 import numpy as np
@@ -136,6 +140,25 @@ def row_accumulate(a, row0, r, b, K, schedule, constants, v, work, sums):
 
 
 @arithmetic
+def packed_rows(a_codes, a_tables, groups):
+    """A's codes [M, K] packed tile-major (:func:`~.offset_kernel.pack_tiles` with ``a_tables``, the offset
+    engine's :func:`~mmaemu.cpu.offset_engine.packing_tables`) for a B of ``groups`` 4-k groups: uint32
+    [tiles * groups, TILE_WORDS], row r of tile t read from word row ``t * groups`` on."""
+    tiles = (a_codes.shape[0] + ROWS - 1) // ROWS
+    packed = np.empty((tiles, groups, TILE_WORDS), np.uint32)
+    pack_tiles(0, tiles, a_codes, a_tables, packed)
+    return packed.reshape(tiles * groups, TILE_WORDS)
+
+
+@arithmetic
+def row_work():
+    """The scratch of :func:`row_chain`'s empty blocks (:func:`mmaemu.arith.offset.offset_empty_block`), [1, PANEL]."""
+    shape = (1, PANEL)
+    return (np.empty(shape, np.uint32), np.empty(shape, np.float32), np.empty(shape, np.uint32),
+            np.empty(shape, np.uint32))
+
+
+@arithmetic
 def row_accumulators(a_codes, a_tables, prepared, K, schedule, constants, masks, acc):
     """``acc`` [M, N] = the fp32 accumulators of A's codes [M, K] times the prepared B (finite codes), row tile by
     row tile: A packed tile-major here (:func:`~.offset_kernel.pack_tiles` with ``a_tables``, the offset engine's
@@ -143,14 +166,10 @@ def row_accumulators(a_codes, a_tables, prepared, K, schedule, constants, masks,
     M = a_codes.shape[0]
     N = acc.shape[1]
     groups = prepared.low.shape[1]
-    tiles = (M + ROWS - 1) // ROWS
-    packed = np.empty((tiles, groups, TILE_WORDS), np.uint32)
-    pack_tiles(0, tiles, a_codes, a_tables, packed)
-    a = packed.reshape(tiles * groups, TILE_WORDS)
+    a = packed_rows(a_codes, a_tables, groups)
     v = block_vectors(constants, masks)
+    work = row_work()
     shape = (1, PANEL)
-    work = (np.empty(shape, np.uint32), np.empty(shape, np.float32), np.empty(shape, np.uint32),
-            np.empty(shape, np.uint32))
     sums = (np.empty(shape, np.float32), np.empty(shape, np.float32), np.empty(shape, np.float32),
             np.empty(shape, np.float32))
     row_acc = sums[2]
@@ -222,13 +241,24 @@ CALL_OUT_CODE = 25
 CALL_WORDS = 26
 
 
-def call_words(constants, schedule, masks, a_nonfinite, b_nonfinite, K, out_code) -> np.ndarray:
-    """The int64 array of a kept call's constants (read-only) that :func:`rows_call` takes apart again."""
+def call_words(constants, schedule, masks, a_nonfinite, b_nonfinite, K, out_code, extra=()) -> np.ndarray:
+    """The int64 array of a kept call's constants (read-only) that :func:`rows_call` takes apart again; ``extra``:
+    words of a caller's own after them, from CALL_WORDS on (:func:`mmaemu.cpu.offset_chunked.chunked_rows_call`)."""
     words = np.array(list(constants) + list(schedule) + list(masks) + list(a_nonfinite) + list(b_nonfinite)
-                     + [K, out_code], np.int64)
-    assert words.shape == (CALL_WORDS,) and len(constants) == CALL_SCHEDULE - CALL_OFFSET
+                     + [K, out_code] + list(extra), np.int64)
+    assert words.shape == (CALL_WORDS + len(extra),) and len(constants) == CALL_SCHEDULE - CALL_OFFSET
     words.setflags(write=False)
     return words
+
+
+@arithmetic
+def call_parts(c):
+    """The offset constants, the schedule and the bit masks of :func:`call_words`' array ``c``."""
+    o, s, m = CALL_OFFSET, CALL_SCHEDULE, CALL_MASKS
+    constants = OffsetConstants(c[o], c[o + 1], c[o + 2], c[o + 3], c[o + 4], c[o + 5], c[o + 6], c[o + 7], c[o + 8],
+                                c[o + 9])
+    return (constants, Schedule(c[s], c[s + 1], c[s + 2], c[s + 3], c[s + 4], c[s + 5]),
+            BitMasks(c[m], c[m + 1], c[m + 2], c[m + 3]))
 
 
 @arithmetic
@@ -241,11 +271,7 @@ def rows_call(words, kept_codes, b_codes, b_val, b_exp, b_low, b_sign, a_codes, 
     values of the codes) and the epilogue with the scales' bits ``scales`` into ``out_bits``
     (:func:`mmaemu.cpu.finish.finish_block`), and True. ``words``: :func:`call_words`."""
     c = words
-    o, s, m = CALL_OFFSET, CALL_SCHEDULE, CALL_MASKS
-    constants = OffsetConstants(c[o], c[o + 1], c[o + 2], c[o + 3], c[o + 4], c[o + 5], c[o + 6], c[o + 7], c[o + 8],
-                                c[o + 9])
-    schedule = Schedule(c[s], c[s + 1], c[s + 2], c[s + 3], c[s + 4], c[s + 5])
-    masks = BitMasks(c[m], c[m + 1], c[m + 2], c[m + 3])
+    constants, schedule, masks = call_parts(words)
     M = a_codes.shape[0]
     N = b_codes.shape[0]
     b_flags = np.zeros(N, np.bool_)

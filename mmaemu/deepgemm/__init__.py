@@ -248,6 +248,69 @@ def gemm_nt_kept(a, b, d, c=None, recipe=None, *, backend="auto", weights=None):
         _gemm_nt(a, b, d, c, recipe, backend, context, weights)
 
 
+# The row tiles' call of a kept decoding step (mmaemu.cpu.chunked.ChunkedRows, or None where it does not run), per
+# (M, N, K, backend, the environment's texts, the thread count): everything that decides it. Few entries (a model
+# has a few shapes); a dict read and written whole, safe across threads.
+_ROWS_CALLS: dict = {}
+_MAX_ROWS_CALLS = 256
+_MISSING = object()
+_ROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def gemm_nt_kept_rows(x, weight, weight_scale, *, backend="auto", weights=None):
+    """``fp8_gemm_nt(per_token_cast_to_fp8(x, use_ue8m0=False), (weight, weight_scale), d)`` with recipe (1, 128,
+    128) for activations ``x`` [M, K] (fp32, bf16 or fp16 on the CPU) and an E4M3 weight [N, K] with its 128 x 128
+    block scales (float32, contiguous) kept in ``weights`` (a layer's :class:`mmaemu.cpu.prepared.WeightSlot`): the
+    bf16 [M, N] d, as one compiled call on the offset method's row tiles (:class:`mmaemu.cpu.chunked.ChunkedRows`:
+    the cast, the codes' comparison, the chunks and the output's bits), or None where that call does not run (see
+    :func:`mmaemu.cpu.chunked.chunked_rows`; another backend, a weight not kept yet): the caller then takes the
+    front door with the same bits (``tests/test_blockwise_rows.py``). What the front door checks of a call holds
+    for a layer's (its shapes, dtypes and scales were checked when it was built); the plan (``backend``, the
+    context) is decided once per :data:`_ROWS_CALLS` key, the flush-to-zero refusal and the kernel's warning at
+    every call, as there."""
+    from .. import environment
+    from ..cpu import threads
+    from ..cpu.fused import ROW_KERNEL_ROWS
+    from ..plan.flush import check_no_flush_to_zero
+
+    if (weights is None or not isinstance(backend, str) or x.dtype not in _ROW_DTYPES or x.device.type != "cpu"
+            or weight.device.type != "cpu" or x.dim() != 2 or not 0 < x.shape[0] <= ROW_KERNEL_ROWS):
+        return None
+    (M, K), N = x.shape, weight.shape[0]
+    key = (M, N, K, backend, environment.texts(), threads.num_threads())
+    call = _ROWS_CALLS.get(key, _MISSING)
+    if call is _MISSING:
+        if len(_ROWS_CALLS) >= _MAX_ROWS_CALLS:  # environments that keep changing: start again
+            _ROWS_CALLS.clear()
+        call = _ROWS_CALLS[key] = _rows_call(M, N, K, backend, key[-1])
+    if call is None:
+        return None
+    check_no_flush_to_zero()
+    _warn_experimental(DEEPGEMM_SM90_1D2D)
+    values = x.detach()
+    if values.dtype != torch.float32 or not values.is_contiguous():
+        values = values.float().contiguous()  # exact: the cast's products are fp32 (torch's type promotion)
+    bits = call.run(weights, weight, values.numpy(), weight.view(torch.uint8).numpy(), weight_scale.numpy())
+    return None if bits is None else torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+
+
+def _rows_call(M, N, K, backend, n_threads):
+    """The :class:`mmaemu.cpu.chunked.ChunkedRows` of a decoding step in the context of this moment, or None: a
+    backend other than the CPU engine (as :func:`mmaemu.plan.deepgemm.plan_blockwise` names it; an unknown one is
+    the front door's error to raise), or :func:`mmaemu.cpu.chunked.chunked_rows` declines."""
+    from ..cpu.chunked import chunked_rows
+
+    context = for_call()
+    try:
+        name = backends.requested_backend(backend, context=context)
+    except (TypeError, ValueError):
+        return None
+    if name not in ("auto", "cpu"):
+        return None
+    with edge():
+        return chunked_rows(DEEPGEMM_SM90_1D2D, M, N, K, n_threads, context)
+
+
 def _gemm_nt(a, b, d, c, recipe, backend, context, weights=None):
     (a_t, sfa), (b_t, sfb) = a, b
     _k_major(a_t, "a")
