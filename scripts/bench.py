@@ -350,7 +350,10 @@ def whole_call_section(rng, shapes, repeats):
     before timing) against float64 ``np.dot`` of the same shape, and each variant against hopper fast. One pass per
     weight format (the store emptied before each: two kept 4096 x 4096 weights exceed its
     ``mmaemu.cpu.prepared.MAX_BYTES``, and interleaving them would time their decoding); within a pass the
-    variants and ``np.dot`` are interleaved; best of ``repeats``."""
+    variants and ``np.dot`` are interleaved; best of ``repeats``, each ``np.dot`` and each round of variants after a
+    pause of BLAS_SETTLE_S (OpenBLAS's workers and torch's, which take mmaemu's calls from the main thread, spin for
+    a while after their work: each would slow the other down), and each round after one untimed call (torch's
+    team awake, as between the calls of a model)."""
     import warnings
 
     import numpy as np
@@ -382,8 +385,10 @@ def whole_call_section(rng, shapes, repeats):
                 np.dot(af, bf.T)
                 best.update(dict.fromkeys(calls, float("inf")))
                 for _ in range(repeats):
+                    time.sleep(BLAS_SETTLE_S)  # torch's workers, spinning after mmaemu's calls, asleep
                     best_dot = min(best_dot, best_of(lambda: np.dot(af, bf.T), 1))
                     time.sleep(BLAS_SETTLE_S)
+                    next(iter(calls.values()))()  # torch's team awake, as between the calls of a model
                     for label, call in calls.items():
                         best[label] = min(best[label], best_of(call, 1))
         for label in best:
