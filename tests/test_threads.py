@@ -405,9 +405,9 @@ def test_an_error_in_a_task_on_torchs_team_reaches_the_caller():
 
 @pytest.mark.subprocess
 def test_a_late_worker_sends_the_calls_to_the_pool_for_a_while():
-    """A worker of torch's team that joins a region late (no core for it: a busy machine, where the caller then
-    waits for it at the region's end) makes the next calls run on mmaemu's pool, until AVOID_SECONDS have
-    passed."""
+    """A worker of torch's team that joins LATE_STREAK regions in a row late (no core for it: a busy machine, where
+    the caller then waits for it at each region's end) makes the next calls run on mmaemu's pool, until
+    AVOID_SECONDS have passed."""
     result = run_with_torch("""
         import time
         from mmaemu.cpu import threads, torch_team
@@ -416,9 +416,12 @@ def test_a_late_worker_sends_the_calls_to_the_pool_for_a_while():
         team = torch_team._TEAM
         if team is None:
             raise SystemExit(0)
-        team.avoid_until = None  # a late join in PRELUDE's call
+        team.avoid_until, team.late_streak = None, 0  # late joins in PRELUDE's calls
         torch_team.LATE_JOIN = -1.0  # every join is late
         torch_team.AVOID_SECONDS = 0.5
+        for _ in range(torch_team.LATE_STREAK - 1):  # not yet a busy machine
+            threads.run_tasks([lambda: None] * 4)
+            assert torch_team.team(2) is team
         threads.run_tasks([lambda: None] * 4)
         assert torch_team.team(2) is None and team.avoided()
         threads.run_tasks([lambda: None] * 4)

@@ -18,8 +18,8 @@ inside another call on the team, of a process that is not a forked child (GNU Op
 fork) and is not shutting down, that thread computes with gradual underflow (:mod:`mmaemu.base.fpmode`), and
 torch's team has at least the call's threads. A member of the team that flushes subnormals takes no task (the
 others take them all): mmaemu does not change the mode of torch's threads. On a busy machine torch's worker may
-join a region late (it had no core), and the caller waits for it at the region's end: after such a region the calls
-run on mmaemu's pool for a second (:data:`LATE_JOIN`, :data:`AVOID_SECONDS`). (A task that needs MXCSR's rounding
+join a region late (it had no core), and the caller waits for it at the region's end: after a few such regions in a
+row the calls run on mmaemu's pool for a second (:data:`LATE_JOIN`, :data:`LATE_STREAK`, :data:`AVOID_SECONDS`). (A task that needs MXCSR's rounding
 sets it and restores it around its kernel, as on any thread: :func:`mmaemu.cpu.simd.call_restoring_mxcsr`.)
 """
 
@@ -37,10 +37,12 @@ from ..base.fpmode import fp32_subnormals_flushed
 _TEAM_FUNCTION = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 # A worker of torch's team that joins a region this late had no core for it (a busy machine: more threads ready
-# than cores), and the caller waits for it at the region's end; the pool then takes the calls for a while. Measured
-# (docs/performance.md, "Stop 42: torch's team"): a quiet machine's worker joins within tens of microseconds; at
-# load 4 on 2 cores a layer's call took 9.2 ms on the team against 0.67 ms on the pool.
+# than cores), and the caller waits for it at the region's end; after LATE_STREAK such regions in a row the pool
+# takes the calls for a while (one late join, a worker woken from its sleep on an idle core, is not a busy machine).
+# Measured (docs/performance.md, "Stop 42: torch's team"): at load 4 on 2 cores a layer's call took 9.2 ms on the
+# team against 0.67 ms on the pool, its worker joining 1.4 ms late in the median region, 5 ms in one of ten.
 LATE_JOIN = 1e-3  # seconds
+LATE_STREAK = 3
 AVOID_SECONDS = 1.0
 
 
@@ -59,6 +61,7 @@ class _Team:
         self.raised = None  # what its calls raised
         self.joined = None  # when the first worker joined it (time.perf_counter)
         self.avoid_until = None  # time.monotonic() until which the pool takes the calls (a late worker)
+        self.late_streak = 0  # regions in a row that a worker joined late
         self.entry = _TEAM_FUNCTION(self._enter)  # kept alive as long as the team
 
     def _enter(self, _data) -> None:
@@ -77,17 +80,17 @@ class _Team:
 
     def run(self, member: Callable[[], None], n_threads: int) -> None:
         """``member()`` on ``n_threads`` threads of the team (the calling thread one of them); return when every
-        call has returned, raising the first exception that one of them raised. A worker that joins the region
-        more than LATE_JOIN seconds after its start (it had no core: a busy machine) makes :func:`team` decline
-        for AVOID_SECONDS (the caller then waited for it at the region's end, where the pool's threads are not
-        waited for before they start)."""
+        call has returned, raising the first exception that one of them raised. Where a worker joined LATE_STREAK
+        regions in a row more than LATE_JOIN seconds after their start (it had no core: a busy machine, where the
+        caller waits for it at each region's end), :func:`team` declines for AVOID_SECONDS."""
         self.member, self.caller, self.raised, self.joined = member, threading.get_ident(), [], None
         start = time.perf_counter()
         try:
             self.parallel(self.entry, None, n_threads, 0)
             joined = time.perf_counter() if self.joined is None else self.joined
-            if joined - start > LATE_JOIN:
-                self.avoid_until = time.monotonic() + AVOID_SECONDS
+            self.late_streak = self.late_streak + 1 if joined - start > LATE_JOIN else 0
+            if self.late_streak >= LATE_STREAK:
+                self.avoid_until, self.late_streak = time.monotonic() + AVOID_SECONDS, 0
             if self.raised:
                 raise self.raised[0]
         finally:
