@@ -19,8 +19,9 @@ fork) and is not shutting down, that thread computes with gradual underflow (:mo
 torch's team has at least the call's threads. A member of the team that flushes subnormals takes no task (the
 others take them all): mmaemu does not change the mode of torch's threads. On a busy machine torch's worker may
 join a region late (it had no core), and the caller waits for it at the region's end: after a few such regions in a
-row the calls run on mmaemu's pool for a second (:data:`LATE_JOIN`, :data:`LATE_STREAK`, :data:`AVOID_SECONDS`). (A task that needs MXCSR's rounding
-sets it and restores it around its kernel, as on any thread: :func:`mmaemu.cpu.simd.call_restoring_mxcsr`.)
+row the calls run on mmaemu's pool for a second (:data:`LATE_JOIN`, :data:`LATE_STREAK`, :data:`AVOID_SECONDS`).
+(A task that needs MXCSR's rounding sets it and restores it around its kernel, as on any thread:
+:func:`mmaemu.cpu.simd.call_restoring_mxcsr`.)
 """
 
 from __future__ import annotations
