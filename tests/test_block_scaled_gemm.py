@@ -303,3 +303,87 @@ def test_a_group_of_zero_products_without_a_zero_operand_group_takes_no_part(M):
     fast, handed_over, ref = _fast_alone(a, b, "e2m1", "e2m1", sa, sb, "ue4m3", "tcgen05_mxf4nvf4")
     assert not handed_over.any()
     assert np.array_equal(fast, ref)
+
+
+def _edge_scales(rng, rows, blocks, kind):
+    """UE8M0 scale codes [rows, blocks] of one accumulator range: "top" (products times 2**86 .. 2**116: chains
+    near and past 2**128), "subnormal" (2**-164 .. 2**-114: results in fp32's subnormal range and below its
+    smallest step), "mixed" (both, per block)."""
+    if kind == "top":
+        return rng.integers(170, 186, (rows, blocks)).astype(np.uint8)
+    if kind == "subnormal":
+        return rng.integers(45, 71, (rows, blocks)).astype(np.uint8)
+    return np.where(rng.random((rows, blocks)) < 0.5, rng.integers(170, 186, (rows, blocks)),
+                    rng.integers(45, 71, (rows, blocks))).astype(np.uint8)
+
+
+def _cancelling(rng, a, b):
+    """Rows of A and lanes of B whose block 1 is block 0 negated (one or two nonzero products, exactly summed): the
+    chain cancels to zero after block 1, then goes on from +0."""
+    for m in range(0, a.shape[0], 2):
+        a[m, 0:64] = 0
+        pos = rng.choice(32, 2, replace=False)
+        a[m, pos] = a[m, 32 + pos] = rng.integers(0x08, 0x70, 2)
+        if m % 4 == 0:
+            a[m, 64:] = 0  # ... and stays +0
+    b[::2, 32:64] = b[::2, 0:32] ^ np.uint8(0x80)  # the sign bit of each element
+
+
+@pytest.mark.parametrize("kind", ["top", "subnormal", "mixed"])
+@pytest.mark.parametrize("preset,fmt_a,fmt_b", [("tcgen05_mxf8f6f4", "e4m3", "e4m3"),
+                                                ("tcgen05_mxf8f6f4", "e5m2", "e2m1"),
+                                                ("sm120_mxf8f6f4", "e4m3", "e5m2"),
+                                                ("tcgen05_mxf4nvf4", "e2m1", "e2m1")])
+@pytest.mark.parametrize("M", [4, 5])
+def test_accumulators_at_the_edges_of_fp32(kind, preset, fmt_a, fmt_b, M):
+    """The scaled-block tiles keep each accumulator as its value (float64 holding an fp32 value) and truncate the
+    block sum onto the result grid by clearing its float64 fraction bits: accumulators near 2**128 and beyond (the
+    fast path hands over exactly the outputs whose reference result is infinite), results in fp32's subnormal
+    range and below its smallest step (+0), chains that cancel to zero and go on (both signs), in whole tiles and
+    a tile of one row; kind::mxf4nvf4 (its integer accumulator) on the same scales. Equal to the reference."""
+    rng = np.random.default_rng(37)
+    N, K = 68, 192
+    block = 32
+    finite_a = np.flatnonzero(~formats.nonfinite_codes(fmt_a))
+    finite_b = np.flatnonzero(~formats.nonfinite_codes(fmt_b))
+    a = rng.choice(finite_a, (M, K)).astype(np.uint8)
+    b = rng.choice(finite_b, (N, K)).astype(np.uint8)
+    cancelling = fmt_a == "e4m3"
+    if cancelling:
+        _cancelling(rng, a, b)
+    sa = _edge_scales(rng, M, K // block, kind)
+    sb = _edge_scales(rng, N, K // block, kind)
+    sa[:, 1], sb[:, 1] = sa[:, 0], sb[:, 0]  # the cancelling block takes the scales of the block it negates
+    fast, handed_over, ref = _fast_alone(a, b, fmt_a, fmt_b, sa, sb, "ue8m0", preset)
+    infinite = (ref & np.uint32(0x7FFFFFFF)) == np.uint32(0x7F800000)
+    assert np.array_equal(handed_over, infinite)
+    assert np.array_equal(fast[~handed_over], ref[~handed_over])
+    magnitude = ref & np.uint32(0x7FFFFFFF)
+    if kind == "subnormal":
+        assert (magnitude[~handed_over] < np.uint32(0x00800000)).any() and magnitude.any()  # subnormal results
+    if cancelling:
+        assert (ref == 0).any()  # the chains cancelled to +0
+    whole = accumulate_block_scaled(a, b, fmt_a, fmt_b, sa, sb, "ue8m0", _preset(preset)).view(np.uint32)
+    assert np.array_equal(whole, ref)
+
+
+@pytest.mark.parametrize("preset,fmt", [("tcgen05_mxf8f6f4", "e4m3"), ("tcgen05_mxf4nvf4", "e2m1")])
+def test_nonfinite_elements_and_scales_beside_edge_accumulators(preset, fmt):
+    """NaN/Inf element codes and the NaN scale code beside accumulators near 2**128 and in the subnormal range:
+    the outputs they reach are handed to the reference chain, the others stay on the fast path; the whole GEMM
+    equals the reference bit for bit (canonical NaN)."""
+    rng = np.random.default_rng(41)
+    M, N, K, block = 6, 40, 128, 32
+    a = rng.integers(0, 1 << formats.CODE_BITS[fmt], (M, K)).astype(np.uint8)
+    b = rng.integers(0, 1 << formats.CODE_BITS[fmt], (N, K)).astype(np.uint8)
+    nonfinite = np.flatnonzero(formats.nonfinite_codes(fmt))
+    if nonfinite.size:
+        a[1, 5], b[3, 70] = nonfinite[0], nonfinite[-1]
+    sa = _edge_scales(rng, M, K // block, "mixed")
+    sb = _edge_scales(rng, N, K // block, "mixed")
+    sa[2, 3], sb[7, 0] = 0xFF, 0xFF  # NaN scales
+    p = _preset(preset)
+    fast = accumulate_block_scaled(a, b, fmt, fmt, sa, sb, "ue8m0", p).view(np.uint32)
+    ref = accumulate_block_scaled(a, b, fmt, fmt, sa, sb, "ue8m0", p, reference=True).view(np.uint32)
+    assert np.array_equal(fast, ref)
+    assert (ref == 0x7FFFFFFF).any()

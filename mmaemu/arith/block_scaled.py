@@ -31,6 +31,7 @@ from ..base._jit import arithmetic, arithmetic_inlined
 from .block import NO_LEAD, RESULT_EXP_FLOOR, block_step_early, normalize
 from .chain import exact_to_float32
 from .intbits import shift_toward_zero
+from .scaled import float64_bits, float64_from_bits
 from .tile import (EMAX_NONE, K_UNROLL, lane_cap, lane_shift_toward_zero, panel_value, pow2_scale, tile_exponent_max,
                    tile_normalize, tile_product_sum)
 
@@ -182,9 +183,11 @@ def scaled_chain(sa, ea, sb, eb, va, vb, ssa, sea, ssb, seb, sva, svb, bad_a, ba
 # frac - E + s < -33 every product (below 2**32) truncates to 0, as with the clamped multiplier. The block maximum
 # of the products is taken apart from c, in int8 (SCALED_ABSENT_EXP below: products with an absent factor have
 # sums <= -49, below SCALED_REAL_PRODUCT_FROM and every real product's), so only real products raise E. c is
-# carried exactly as (c_sig, c_lead); its alignment exponent is max(c_lead, -126), as MMA-Sim's normalisation of
-# a subnormal accumulator. A result at or above 2**128 (c_lead >= 128) is infinite: the output is flagged and
-# recomputed by the reference chain, as are outputs with a NaN/Inf element or a NaN scale.
+# carried exactly as its value, an fp32 value held in a float64 (c_val: tile_normalize_value), where the tile
+# engine carries (c_sig, c_lead): its lead is its float64 exponent field and its alignment exponent max(lead,
+# -126), as MMA-Sim's normalisation of a subnormal accumulator. A result at or above 2**128 (lead >= 128) is
+# infinite: the output is flagged and recomputed by the reference chain, as are outputs with a NaN/Inf element or
+# a NaN scale.
 
 # Rows of A of a whole tile (mmaemu.cpu.block_scaled.TILE_ROWS), read together against each value of the panel.
 ROWS = 4
@@ -312,9 +315,10 @@ def tile_product_sum_rows(a_val, b_val, kb, ke, scale, part):
 
 
 @arithmetic_inlined
-def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, s, kb, ke, params, run, work, top, part,
-                      overflow):
-    """One scaled-block instruction (k in [kb, ke), scale block s) for the tile: updates (c_sig, c_lead) in place.
+def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, s, kb, ke, params, run, work, c_val, top,
+                      part, overflow):
+    """One scaled-block instruction (k in [kb, ke), scale block s) for the tile: updates the accumulators' values
+    ``c_val`` (float64 [tile rows, lanes], each an fp32 value: :func:`tile_normalize_value`) in place.
 
     ``a_sexp[r, s]``/``b_sexp[s, j]``: the scale exponents of row r of A and lane j of the panel of B for the
     instruction; ``work`` = (c_sig, c_lead, e_max, scale, total) as in :func:`mmaemu.arith.tile.tile_accumulate`;
@@ -324,7 +328,7 @@ def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, s, kb, k
     reads each exponent and value of the panel once for its four rows (:func:`tile_exponent_max_rows`,
     :func:`tile_product_sum_rows`), a smaller one row by row: the same integers.
     """
-    c_sig, c_lead, e_max, scale, total = work
+    _c_sig, _c_lead, e_max, scale, total = work
     lanes = total.shape[1]
     whole = rows == ROWS
     for r in range(rows):
@@ -335,7 +339,7 @@ def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, s, kb, k
     if whole:
         tile_exponent_max_rows(a_exp, b_exp, kb, ke, top)
     for r in range(rows):
-        scaled_block_start(a_sexp, b_sexp, r, s, params, work, top)
+        scaled_block_start(a_sexp, b_sexp, r, s, params, work, c_val, top)
     if whole:
         if run:
             T = total.dtype.type
@@ -353,30 +357,62 @@ def tile_scaled_block(a_val, a_exp, b_val, b_exp, a_sexp, b_sexp, rows, s, kb, k
                 tile_product_sum_narrow(a_val[r], b_val, kb, ke, scale[r], total[r], run, part[r])
             else:
                 tile_product_sum(a_val[r], b_val, kb, ke, scale[r], total[r])
-        tile_normalize(total, e_max, r, params.frac, params.frac_out, c_sig, c_lead)
-        flag_overflow(c_lead, r, overflow)
+        tile_normalize_value(total, e_max, r, params.frac, params.frac_out, c_val, overflow)
 
 
 @arithmetic_inlined
-def scaled_block_start(a_sexp, b_sexp, r, s, params, work, top):
-    """Row r of a scaled-block instruction's start, from the products' unscaled exponent maxima in ``top[r]``:
-    per lane the alignment exponent E (into ``e_max[r]``), the products' multiplier (``scale[r]``) and c's term
-    (``total[r]``)."""
-    frac, frac_out, min_exp = params.frac, params.frac_out, params.min_exp
-    c_sig, c_lead, e_max, scale, total = work
+def scaled_block_start(a_sexp, b_sexp, r, s, params, work, c_val, top):
+    """Row r of a scaled-block instruction's start, from the products' unscaled exponent maxima in ``top[r]`` and
+    the accumulators' values ``c_val[r]`` (float64, :func:`tile_normalize_value`): per lane the alignment exponent
+    E (into ``e_max[r]``), the products' multiplier (``scale[r]``) and c's term ``trunc(c * 2**(frac - E))``
+    (``total[r]``: an exact float64 product, below 2**(frac + 1) as c < 2**(lead + 1) <= 2**E, truncated by the
+    conversion; E - frac lies far inside float64's normal exponents), where the int64 shift of c_sig ran before."""
+    frac, min_exp = params.frac, params.min_exp
+    _c_sig, _c_lead, e_max, scale, total = work
     T = total.dtype.type
-    cap = lane_cap(T)
     for j in range(total.shape[1]):
         sum_exp = np.int32(a_sexp[r, s] + b_sexp[s, j])
-        lead = c_lead[r, j]
-        c_align = max(lead, FP32_MIN_EXP) if c_sig[r, j] != 0 else np.int32(EMAX_NONE)
+        c = c_val[r, j]
+        c_align = max(float64_lead(c), FP32_MIN_EXP) if c != 0 else np.int32(EMAX_NONE)
         most = np.int32(top[r, j])
         e_prod = most + sum_exp if most >= SCALED_REAL_PRODUCT_FROM else np.int32(EMAX_NONE)
         e = np.int32(max(max(c_align, e_prod), min_exp))
         e_max[r, j] = e
         scale[r, j] = pow2_scale(np.int32(frac - e + sum_exp))
-        shift = np.int32(max(lead, RESULT_EXP_FLOOR) - frac_out - e + frac)
-        total[r, j] = lane_shift_toward_zero(c_sig[r, j], shift, T, cap)
+        total[r, j] = T(c * pow2_float64(np.int32(frac - e)))
+
+
+@arithmetic_inlined
+def float64_lead(x):
+    """floor(log2|x|) of a nonzero normal float64 x: its unbiased exponent field (-1023 for 0)."""
+    return np.int32(np.int32((float64_bits(x) >> np.int64(52)) & np.int64(0x7FF)) - np.int32(1023))
+
+
+@arithmetic_inlined
+def pow2_float64(n):
+    """2**n as float64 from its bits, for n clamped to [-1022, 1023] (the normal exponents; the callers' n lie
+    within a few hundred of 0)."""
+    x = np.int64(min(max(n, np.int32(-1022)), np.int32(1023))) + np.int64(1023)
+    return float64_from_bits(np.int64(x << np.int64(52)))
+
+
+@arithmetic_inlined
+def tile_normalize_value(total, e_max, r, frac, frac_out, c_val, overflow):
+    """:func:`mmaemu.arith.tile.tile_normalize` for row r with the result kept as its value (float64 ``c_val``):
+    the block sum ``v = total * 2**(E - frac)`` (exact: |total| < 2**53, fast_kernel's check, and E - frac a
+    normal float64 exponent) truncated toward zero onto the result grid 2**(max(lead, -126) - frac_out) by
+    clearing the low ``52 - frac_out + max(-126 - lead, 0)`` bits of its float64 bits (sign and magnitude: the
+    magnitude's truncation); +0 where that is more than the 52 fraction bits (|v| below the grid's step, or v = 0).
+    The same value as ``c_sig * 2**(max(c_lead, -126) - frac_out)`` of the integer normalisation, with the same
+    lead; ``overflow[r, j]`` set where it reaches 2**128."""
+    for j in range(total.shape[1]):
+        v = np.float64(total[r, j]) * pow2_float64(np.int32(e_max[r, j] - frac))
+        bits = float64_bits(v)
+        lead = float64_lead(v)
+        drop = np.int64(52 - frac_out + max(RESULT_EXP_FLOOR - lead, 0))
+        kept = bits & (np.int64(-1) << min(drop, np.int64(63)))
+        c_val[r, j] = float64_from_bits(kept if drop <= 52 else np.int64(0))
+        overflow[r, j] |= np.uint8(lead >= OVERFLOW_LEAD)
 
 
 @arithmetic_inlined
@@ -560,11 +596,12 @@ class TileScales(NamedTuple):
 
 
 @arithmetic
-def tile_scaled_chain(a_val, a_exp, b_val, b_exp, scales, rows, K, k, params, gp, run, work, top, part, gsum,
-                      masks, overflow, result):
+def tile_scaled_chain(a_val, a_exp, b_val, b_exp, scales, rows, K, k, params, gp, run, work, c_val, top, part,
+                      gsum, masks, overflow, result):
     """``result[r, j]``: the fp32 value of the chain of the preset's instructions of ``k`` elements from +0 over
     all of K for the tile (exact where ``overflow`` stays 0): scaled groups (:func:`tile_scaled_groups`) when
-    ``gp.group``, else scaled blocks (:func:`tile_scaled_block`, ``run``/``part`` its int32 runs)."""
+    ``gp.group``, else scaled blocks (:func:`tile_scaled_block`, ``run``/``part`` its int32 runs, ``c_val``
+    float64 [tile rows, lanes] its accumulators' values)."""
     frac_out = params.frac_out
     c_sig, c_lead, e_max, scale, total = work
     lanes = total.shape[1]
@@ -572,6 +609,7 @@ def tile_scaled_chain(a_val, a_exp, b_val, b_exp, scales, rows, K, k, params, gp
         for j in range(lanes):
             c_sig[r, j] = 0
             c_lead[r, j] = NO_LEAD
+            c_val[r, j] = 0.0
             overflow[r, j] = 0
     for i in range(K // k):
         if gp.group:
@@ -579,7 +617,10 @@ def tile_scaled_chain(a_val, a_exp, b_val, b_exp, scales, rows, K, k, params, gp
                                (i + 1) * k, scales.block, scales.bits, gp, work, gsum, masks, overflow)
         else:
             tile_scaled_block(a_val, a_exp, b_val, b_exp, scales.a_exp, scales.b_exp, rows, (i * k) // scales.block,
-                              i * k, (i + 1) * k, params, run, work, top, part, overflow)
+                              i * k, (i + 1) * k, params, run, work, c_val, top, part, overflow)
     for r in range(rows):
         for j in range(lanes):
-            result[r, j] = exact_to_float32(c_sig[r, j], max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out)
+            if gp.group:
+                result[r, j] = exact_to_float32(c_sig[r, j], max(c_lead[r, j], RESULT_EXP_FLOOR) - frac_out)
+            else:
+                result[r, j] = np.float32(c_val[r, j])  # an fp32 value (exact_to_float32's conversion)

@@ -424,6 +424,7 @@ def fast_panels(p_lo, p_hi, m_lo, m_hi, call, tile_rows, lane_proto, out, overfl
     work = tile_work(tile_rows, lanes, lane_proto)
     overflow, result = np.empty((tile_rows, lanes), np.uint8), np.empty((tile_rows, lanes), np.float32)
     top, part = np.empty((tile_rows, lanes), np.int8), np.empty((tile_rows, lanes), np.int32)
+    c_val = np.empty((tile_rows, lanes), np.float64)  # the scaled-block accumulators' values
     group = call.group.group
     gsum = np.empty((max(1, call.k // max(1, group)), tile_rows, lanes), np.float32)
     b_masks = np.zeros((call.a_masks.shape[1], lanes), np.int32)  # the nonzero masks of the scaled groups
@@ -449,8 +450,8 @@ def fast_panels(p_lo, p_hi, m_lo, m_hi, call, tile_rows, lane_proto, out, overfl
             scales = TileScales(call.a_scale_sig[m0:m1], call.a_scale_exp[m0:m1], ssig, sexp, call.block,
                                 call.scale_bits)
             tile_scaled_chain(call.a_val[m0:m1], call.a_exp[m0:m1], val, exp, scales, rows, K, call.k, call.params,
-                              call.group, call.run, work, top, part, gsum, GroupMasks(call.a_masks[m0:m1], b_masks),
-                              overflow, result)
+                              call.group, call.run, work, c_val, top, part, gsum,
+                              GroupMasks(call.a_masks[m0:m1], b_masks), overflow, result)
             store_tile(result, overflow, m0, rows, p * lanes, out, overflowed)
 
 
@@ -512,6 +513,13 @@ def fast_kernel(preset, fmt_a: str, fmt_b: str, scale_fmt: str, block: int) -> F
 _FAST_KERNELS = {}
 
 
+def block_sums_exact_in_float64(preset) -> bool:
+    """Whether every block sum of a scaled-block preset is below 2**53 (mmaemu.arith.tile (3): nfma * 2**(frac + 2)
+    + 2**(frac + 1)), so that the fast path's float64 normalisation (:func:`~mmaemu.arith.block_scaled.
+    tile_normalize_value`) is exact: every shipped preset (frac 25: below 2**33)."""
+    return preset.nfma * 2 ** (preset.frac + 2) + 2 ** (preset.frac + 1) < 2**53
+
+
 def _run_fast_blocks(gemm: BlockScaledGemm, out, prepared=None):
     """The fast path into ``out``; returns the [M, N] mask of the outputs it does not cover. ``prepared``: B's
     :class:`PreparedBlockScaledB` (made from ``gemm``'s B), or None (each task decodes its panels)."""
@@ -524,6 +532,8 @@ def _run_fast(kernel: FastKernel, a, sa, b, sb, prepared, out):
     codes, B's :class:`PreparedBlockScaledB` or None."""
     M, K = a.shape
     N = b.shape[0]
+    if not (kernel.group.group or block_sums_exact_in_float64(kernel.preset)):
+        return np.ones((M, N), np.bool_)  # a custom preset beyond the fast path's float64 block sums
     lanes = panel_lanes(N)
     ta, tb = kernel.ta, kernel.tb
     if prepared is None:
