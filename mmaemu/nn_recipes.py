@@ -334,13 +334,55 @@ class RowwiseFP8Linear(_ScaledMMRecipeLayer):
         return cls(weight_fp8, scale, bias=None if bias is None else bias.detach(), profile=profile,
                    use_fast_accum=use_fast_accum, out_dtype=out_dtype, splitk=splitk, backend=backend)
 
+    @untraced(reason=_GRAPH_BREAK_REASON)
+    def forward(self, x):
+        """As :meth:`_ScaledMMRecipeLayer.forward`; a CPU input of one cast task (a decoding step) is cast by one
+        compiled call (:func:`mmaemu.quantize.rowwise_cast_codes`) and a kept plan's compiled call then takes its
+        codes and the layer's kept scale and bias values directly (:func:`mmaemu.recipes.rowwise.
+        kept_rowwise_call`): the same bits, less Python (docs/performance.md, "The row-wise decoding step")."""
+        steps = _rowwise_steps()
+        rows = _inference_rows(self, x)
+        cast = steps.cast(rows) if self.weight.device.type == "cpu" else None
+        if cast is None:
+            return super().forward(x)
+        codes, inverses = cast
+        w_inverse, w_values, bias_values = self._epilogue_operands(steps)
+        x_fp8 = torch.from_numpy(codes).view(torch.float8_e4m3fn)
+        args = (x_fp8, self.weight.t(), torch.from_numpy(inverses).reshape(-1, 1), w_inverse)
+        slot = weight_slot(self)
+        with steps.edge():  # as in mmaemu.scaled_mm, with the weight kept in the layer's slot
+            plan = steps.plan(*args, **self._options())
+            y = self._kept_call(steps, plan, codes, inverses, w_values, bias_values, slot)
+            if y is None:
+                y = steps.run_plan(plan, weights=slot)
+        y = y.to(x.dtype) if self.out_dtype is None else y
+        return y.reshape(tuple(x.shape[:-1]) + (self.out_features,))
+
+    def _kept_call(self, steps, plan, codes, inverses, w_values, bias_values, slot):
+        """The bf16 output of a kept plan's compiled call (``plan.cpu_gemm``) on the cast's codes and the kept
+        values, or None (no compiled call, or a buffer that is not plain data: the plan runs)."""
+        gemm = getattr(plan, "cpu_gemm", None)
+        if gemm is None or not steps.plain(self.weight) or (self.bias is not None and not steps.plain(self.bias)):
+            return None
+        return steps.kept_call(gemm, codes, inverses, w_values, bias_values,
+                               steps.scale_order(codes.shape[0], self.out_features).x_first, self.weight, slot)
+
+    def _epilogue_operands(self, steps):
+        """(``weight_scale.reciprocal()`` [1, N], its values as float32 [N], the bias's fp32 values [N]), read at every
+        call as the plan's path reads them (a buffer written through numpy changes no version counter)."""
+        w_inverse = self.weight_scale.reciprocal().reshape(1, -1)
+        return w_inverse, w_inverse.reshape(-1).numpy(), steps.bias_values(self.bias, self.out_features)
+
+    def _options(self):
+        return dict(bias=self.bias, out_dtype=torch.bfloat16, use_fast_accum=self.use_fast_accum,
+                    profile=self.profile, splitk=self.splitk, backend=self.backend)
+
     def _gemm(self, x):
         from .quantize import quantize_rowwise
 
         x_fp8, x_scale = quantize_rowwise(_inference_rows(self, x))
         args = (x_fp8, self.weight.t(), x_scale.reciprocal(), self.weight_scale.reciprocal().reshape(1, -1))
-        options = dict(bias=self.bias, out_dtype=torch.bfloat16, use_fast_accum=self.use_fast_accum,
-                       profile=self.profile, splitk=self.splitk, backend=self.backend)
+        options = self._options()
 
         def finish(y):
             return y.to(x.dtype) if self.out_dtype is None else y
@@ -350,6 +392,32 @@ class RowwiseFP8Linear(_ScaledMMRecipeLayer):
     def _recipe_repr(self):
         return (f"recipe='rowwise' (torch 2.7.1 CUTLASS row-wise scaled_mm), profile={self.profile!r}, "
                 f"use_fast_accum={self.use_fast_accum}")
+
+
+def _rowwise_steps():
+    """The functions of the row-wise layer's decoding step (:meth:`RowwiseFP8Linear.forward`), imported at its first
+    call (they import the plan and the CPU engine, which importing this module does not) and kept: an import
+    statement run at every call costs about a microsecond each."""
+    global _ROWWISE_STEPS
+    if _ROWWISE_STEPS is None:
+        from types import SimpleNamespace
+
+        from .api import run_scaled_mm_plan
+        from .base._untraced import plain_tensor
+        from .plan.cache import cached_plan_scaled_mm
+        from .platform.rowwise import scale_order
+        from .quantize import rowwise_cast_codes
+        from .recipes.rowwise import _bias_values, kept_rowwise_call
+        from .warn import edge
+
+        _ROWWISE_STEPS = SimpleNamespace(cast=rowwise_cast_codes, plan=cached_plan_scaled_mm,
+                                         run_plan=run_scaled_mm_plan, kept_call=kept_rowwise_call,
+                                         plain=plain_tensor, scale_order=scale_order, bias_values=_bias_values,
+                                         edge=edge)
+    return _ROWWISE_STEPS
+
+
+_ROWWISE_STEPS = None
 
 
 class _BlockScaledLinear(_ScaledMMRecipeLayer):

@@ -394,9 +394,12 @@ def _rowwise_parts(x, fmt: str, round_scales_to_power_of_2: bool):
         raise ValueError(f"rowwise_scale: x must be a 2-D tensor [rows, cols], got {getattr(x, 'shape', x)!r}")
     _refuse_flush_to_zero(x.device)
     values, amax = _finite_cpu_rows(x.detach())
-    if amax is not None:  # the same operations in numpy, on the rows' finite amax
-        amax64 = np.maximum(amax.astype(np.float64), TORCHAO_EPS)
-        scale = (np.reciprocal(amax64) * FP8_MAX[fmt]).astype(np.float32).reshape(-1, 1)
+    if amax is not None:  # the same operations compiled, on the rows' finite amax
+        from .cpu.cast import rowwise_scales
+
+        scale = np.empty(amax.shape[0], np.float32)
+        rowwise_scales(amax.view(np.int32), float(FP8_MAX[fmt]), TORCHAO_EPS, scale)
+        scale = scale.reshape(-1, 1)
         if round_scales_to_power_of_2:
             scale = _power_of_two_scales(scale)
         return torch.from_numpy(scale), values
@@ -413,23 +416,21 @@ def _power_of_two_scales(scale: np.ndarray) -> np.ndarray:
     """torchao's ``exp2(floor(log2(s)))`` of the fp32 scales ``scale`` (:func:`rowwise_scale`):
     :func:`mmaemu.base.gpu_torch_ops.power_of_two_floor` (about 60 us of numpy operations for a single scale),
     except where every scale is a normal positive fp32 value whose fraction field is below 0x7FF000 (significand
-    below 1.99956): there the result is each scale with its fraction cleared (its binade's power of two 2**k),
-    and none is refused: the refused window is log2 of the significand within ``LOG2_WINDOW_ULPS`` = 2 fp32 ulps
-    of |k + 1| below 1, at most 2 * 2**(7 - 23) = 2**-15 for a normal scale (|k + 1| <= 128), so only a
-    significand of at least 2**(1 - 2**-15) = 1.99995 (fraction field 0x7FFE9D) can be refused. The same values
-    power_of_two_floor gives (``tests/test_quantize.py``)."""
-    bits = scale.view(np.uint32)
-    exponent, fraction = bits >> np.uint32(23), bits & np.uint32(0x7FFFFF)
-    if scale.size and bool(np.all((exponent > 0) & (exponent < 255) & (fraction < _BELOW_REFUSED_FRACTION))):
-        return (bits & np.uint32(0x7F800000)).view(np.float32)
+    below 1.99956: :data:`mmaemu.cpu.cast.BELOW_REFUSED_FRACTION`, :func:`mmaemu.cpu.cast.cleared_fractions`):
+    there the result is each scale with its fraction cleared (its binade's power of two 2**k), and none is refused:
+    the refused window is log2 of the significand within ``LOG2_WINDOW_ULPS`` = 2 fp32 ulps of |k + 1| below 1, at
+    most 2 * 2**(7 - 23) = 2**-15 for a normal scale (|k + 1| <= 128), so only a significand of at least
+    2**(1 - 2**-15) = 1.99995 (fraction field 0x7FFE9D) can be refused. The same values power_of_two_floor gives
+    (``tests/test_quantize.py``)."""
+    from .cpu.cast import cleared_fractions
+
+    cleared = np.array(scale, np.float32, order="C")  # a copy: the caller's scales stay as they are
+    if scale.size and cleared_fractions(cleared.reshape(-1)):
+        return cleared
     return power_of_two_floor(scale, rule="rowwise_scale (torchao's power-of-two scale)",
                               way_out="quantise bf16 or fp16 rows, whose scales never fall there (for a layer: "
                                       "model.to(torch.bfloat16)), or pass round_scales_to_power_of_2=False")
 
-
-# Scales whose fp32 fraction field is below this are far from power_of_two_floor's refused window
-# (:func:`_power_of_two_scales`).
-_BELOW_REFUSED_FRACTION = 0x7FF000
 
 
 def _finite_cpu_rows(x: torch.Tensor):
@@ -448,6 +449,30 @@ def _finite_cpu_rows(x: torch.Tensor):
 
 # fp32 bits of +Inf: a magnitude pattern at or above it is an Inf or a NaN.
 _FP32_INF_BITS = 0x7F800000
+
+
+def rowwise_cast_codes(x, fmt="e4m3"):
+    """``(codes, inverses)`` of :func:`quantize_rowwise` (power-of-two scales) of a 2-D ``x`` [rows, cols] by one
+    compiled call on the calling thread (:func:`mmaemu.cpu.cast.rowwise_cast_rows`): uint8 codes [rows, cols] of
+    ``q`` and float32 [rows] ``scale.reciprocal()`` (the ``scale_a`` of the row-wise GEMM), for a non-empty CPU
+    fp32 / bf16 / fp16 ``x`` of at most one cast task (:func:`mmaemu.cpu.cast.fits_one_pass`) whose rows are finite
+    and whose scales are cleared by :func:`mmaemu.cpu.cast.cleared_fractions`; else None (the caller takes
+    :func:`quantize_rowwise`). The same bits (``tests/test_nn_rowwise.py``)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.device.type != "cpu" or x.dtype not in _INPUT_DTYPES \
+            or x.numel() == 0:
+        return None
+    from .cpu.cast import fits_one_pass, rowwise_cast_rows
+
+    if not fits_one_pass(x.numel()):
+        return None
+    _refuse_flush_to_zero(x.device)
+    fmt = _fmt(fmt)
+    values = _cpu_float32_values(x.detach()).reshape(x.shape)
+    rows = x.shape[0]
+    codes, scales, inverses = np.empty(x.shape, np.uint8), np.empty(rows, np.float32), np.empty(rows, np.float32)
+    if not rowwise_cast_rows(values, float(FP8_MAX[fmt]), TORCHAO_EPS, fmt == "e5m2", codes, scales, inverses):
+        return None
+    return codes, inverses
 
 
 def quantize_rowwise(x, fmt="e4m3", *, round_scales_to_power_of_2=True):

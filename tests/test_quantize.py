@@ -476,7 +476,8 @@ def test_rowwise_power_of_two_scales_are_power_of_two_floor():
     """The shortcut of ``_power_of_two_scales`` (fraction cleared) against power_of_two_floor, one scale at a time:
     random normal fp32 scales, and fractions on both sides of its threshold and of the refused window."""
     from mmaemu.base.gpu_torch_ops import power_of_two_floor
-    from mmaemu.quantize import _BELOW_REFUSED_FRACTION, _power_of_two_scales
+    from mmaemu.cpu.cast import BELOW_REFUSED_FRACTION as _BELOW_REFUSED_FRACTION
+    from mmaemu.quantize import _power_of_two_scales
 
     rng = np.random.default_rng(23)
     exponents = rng.integers(1, 255, 3000).astype(np.uint32)

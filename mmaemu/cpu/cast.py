@@ -37,7 +37,7 @@ from ..arith.rounding import E4M3, E5M2
 from . import threads
 
 __all__ = ["quantize_fp8", "amax_fp32", "row_magnitudes", "quantize_rows_fp8", "current_scaling_fp8",
-           "fits_one_pass", "token_strips_fp8"]
+           "fits_one_pass", "token_strips_fp8", "rowwise_scales", "cleared_fractions", "rowwise_cast_rows"]
 
 #: Cost of one element in the fast path's products (:mod:`.threads`, about 0.1 ns each): a multiplication and the
 #: rounding's selects, vectorised: 0.35 ns measured (docs/performance.md, "MiniLM's profile").
@@ -96,6 +96,64 @@ def quantize_rows_span(lo, hi, values, scales, e5m2, codes):
     K = values.shape[1]
     for m in range(lo, hi):
         quantize_span(0, K, values[m], scales[m], e5m2, codes[m])
+
+
+@arithmetic
+def rowwise_scales(largest, fp8_max, floor, scales):
+    """``scales[m]`` (float32) = torchao's row-wise scale of a row whose finite amax has the fp32 bits
+    ``largest[m]`` (:func:`row_magnitudes`): ``fp32(reciprocal(max(fp64(amax), floor)) * fp8_max)``, the float64
+    operations torch computes for ``fp8_max / clamp(amax64, min=floor)`` (``Tensor.__rtruediv__``: a correctly
+    rounded reciprocal, a correctly rounded product, then the round to fp32; :func:`mmaemu.quantize.rowwise_scale`).
+    ``fp8_max``, ``floor``: float64 (the format's largest value, torchao's EPS)."""
+    for m in range(largest.size):
+        amax = max(np.float64(float32_from_bits(np.int32(largest[m]))), floor)
+        scales[m] = np.float32((1.0 / amax) * fp8_max)
+
+
+#: fp32 fraction fields below this are far from :func:`mmaemu.base.gpu_torch_ops.power_of_two_floor`'s refused
+#: window (:func:`mmaemu.quantize._power_of_two_scales` says why).
+BELOW_REFUSED_FRACTION = 0x7FF000
+
+
+@arithmetic
+def cleared_fractions(scales):
+    """torchao's ``exp2(floor(log2(s)))`` of the float32 ``scales`` (flat) in place where every scale is a normal
+    positive fp32 value whose fraction field is below :data:`BELOW_REFUSED_FRACTION`: each scale's fraction
+    cleared (its binade's power of two), and True; else False and nothing changed (the caller takes
+    :func:`mmaemu.base.gpu_torch_ops.power_of_two_floor`)."""
+    bits = scales.view(np.uint32)
+    for i in range(bits.size):
+        exponent, fraction = bits[i] >> np.uint32(23), bits[i] & np.uint32(0x7FFFFF)
+        if exponent == 0 or exponent >= 255 or fraction >= BELOW_REFUSED_FRACTION:  # a sign bit gives >= 256
+            return False
+    for i in range(bits.size):
+        bits[i] &= np.uint32(0x7F800000)
+    return True
+
+
+@arithmetic
+def rowwise_cast_rows(values, fp8_max, floor, e5m2, codes, scales, inverses):
+    """torchao's row-wise cast (:func:`mmaemu.quantize.quantize_rowwise` with power-of-two scales) of the
+    C-contiguous float32 ``values`` [M, K] in one compiled call, for a few rows (a decoding step, on the calling
+    thread): True and ``codes`` [M, K] (uint8), ``scales`` [M] (float32) and ``inverses`` [M] (float32: the scales'
+    fp32 reciprocals, the ``scale_a`` a row-wise ``scaled_mm`` takes, exact for powers of two); False where a row
+    holds a NaN or an Inf or a scale is not cleared by :func:`cleared_fractions` (the caller takes
+    :func:`mmaemu.quantize.quantize_rowwise`, whose torch operations handle them). The same steps as
+    :func:`mmaemu.quantize.quantize_rowwise`'s compiled path: :func:`row_magnitude_span`, :func:`rowwise_scales`,
+    :func:`cleared_fractions`, :func:`quantize_rows_span`."""
+    M = values.shape[0]
+    largest = np.zeros(M, np.int32)
+    row_magnitude_span(0, M, values.view(np.int32), largest)
+    for m in range(M):
+        if largest[m] >= _INF_BITS:
+            return False
+    rowwise_scales(largest, fp8_max, floor, scales)
+    if not cleared_fractions(scales):
+        return False
+    quantize_rows_span(0, M, values, scales, e5m2, codes)
+    for m in range(M):
+        inverses[m] = np.float32(np.float32(1.0) / scales[m])
+    return True
 
 
 def row_magnitudes(values: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ from ..plan.blockwise import blockwise_hint
 from ..plan.rowwise import check_rowwise_call
 from ._torch import torch_for
 from .base import Recipe
-from .tensorwise import _accumulator
+from .tensorwise import _PREPARED_MIN_CODES, _accumulator, _codes_rows, _plain_data
 
 torch = torch_for(globals())
 
@@ -98,25 +98,33 @@ class RowwiseRecipe(Recipe):
 
 def _kept_cpu_call(plan, weights):
     """The bf16 output of a kept row-wise plan on the cpu backend (``plan.cpu_gemm``, set by :mod:`mmaemu.plan.cache`),
-    or None where the plan has none or a tensor is not plain data: the codes and the scales' and bias's values to the
-    one compiled call of :class:`mmaemu.cpu.fused.TensorwiseGemm` with :class:`mmaemu.cpu.fused.RowwiseScales`,
-    whose bits are those of :func:`_accumulator` then :func:`_rowwise_epilogue` (the same products and NaN/Inf
-    rule, then :func:`mmaemu.arith.rowwise.rowwise_epilogue_span` per row)."""
-    from ..cpu.fused import RowwiseScales
+    or None where the plan has none or a tensor is not plain data: the codes and the scales' and bias's values to
+    :func:`kept_rowwise_call`."""
     from ..platform.rowwise import scale_order
-    from .tensorwise import _PREPARED_MIN_CODES, _codes_rows, _plain_data
 
     gemm = getattr(plan, "cpu_gemm", None)
     call = plan.call
     if gemm is None or not _plain_data(call) or (call.bias is not None and not plain_tensor(call.bias)):
         return None
-    b_rows = call.mat2.t()
+    return kept_rowwise_call(gemm, _codes_rows(call.input), _bits(call.scale_a, torch.float32),
+                             _bits(call.scale_b, torch.float32), _bias_values(call.bias, call.N),
+                             scale_order(call.M, call.N).x_first, call.mat2.t(), weights)
+
+
+def kept_rowwise_call(gemm, a_codes, x_values, w_values, bias_values, x_first: bool, b_rows, weights):
+    """The bf16 output [M, N] of a kept row-wise plan's compiled call ``gemm`` (:class:`mmaemu.cpu.fused.
+    TensorwiseGemm` with :class:`mmaemu.cpu.fused.RowwiseScales`): A's codes [M, K] (uint8), the fp32 values of
+    scale_a [M], scale_b [N] and the bias [N] (:func:`_bias_values`), the scale order of the call's shape, B [N, K]
+    (``b_rows``, a CPU float8 tensor: ``mat2.t()``) and where its prepared panels are kept (``weights``, or None).
+    Its bits are those of :func:`_accumulator` then :func:`_rowwise_epilogue` (the same products and NaN/Inf rule,
+    then :func:`mmaemu.arith.rowwise.rowwise_epilogue_span` per row). The one kept row-wise call of
+    :func:`_kept_cpu_call` and of the row-wise layer's decoding step (:class:`mmaemu.nn_recipes.RowwiseFP8Linear`)."""
+    from ..cpu.fused import RowwiseScales
+
     b_codes = _codes_rows(b_rows)
     if weights is not None and b_codes.size < _PREPARED_MIN_CODES:
         weights = None
-    scales = RowwiseScales(_bits(call.scale_a, torch.float32), _bits(call.scale_b, torch.float32),
-                           _bias_values(call.bias, call.N), scale_order(call.M, call.N).x_first)
-    bits = gemm.run(_codes_rows(call.input), b_codes, scales, weights, b_rows)
+    bits = gemm.run(a_codes, b_codes, RowwiseScales(x_values, w_values, bias_values, x_first), weights, b_rows)
     return torch.from_numpy(bits).view(torch.bfloat16)
 
 
