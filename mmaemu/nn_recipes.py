@@ -207,12 +207,16 @@ class BlockwiseFP8Linear(_RecipeLayer):
 
     @untraced(reason=_GRAPH_BREAK_REASON)
     def forward(self, x):
-        from .deepgemm import gemm_nt_kept, gemm_nt_kept_rows
+        from .deepgemm import gemm_nt_kept, gemm_nt_kept_prefill, gemm_nt_kept_rows
 
         if self.kernel == "deepgemm" and not self.use_ue8m0:
-            # a decoding step with the weight kept: the cast and the GEMM in one compiled call where it runs
-            y = gemm_nt_kept_rows(_inference_rows(self, x), self.weight, self.weight_scale, backend=self.backend,
-                                  weights=weight_slot(self))
+            # the weight kept: a decoding step's cast and GEMM in one compiled call where it runs, a prefill's
+            # compiled cast and kept plan around the front door's kernel
+            rows = _inference_rows(self, x)
+            y = gemm_nt_kept_rows(rows, self.weight, self.weight_scale, backend=self.backend, weights=weight_slot(self))
+            if y is None:
+                y = gemm_nt_kept_prefill(rows, self.weight, self.weight_scale, backend=self.backend,
+                                         weights=weight_slot(self))
             if y is not None:
                 return self._output(y, x, tuple(x.shape[:-1]))
         (x_fp8, sfa), lead = self._quantise_input(x)

@@ -317,7 +317,9 @@ def accumulate_chunked_on_offset(a_codes, b_codes, fmt_a, fmt_b, scales_a, scale
                          f"{prepared.shape}, not for this {fmt_b} B of shape {b_codes.shape} (offset engine)")
     accumulate_chunked_offset(a_codes, b_codes, fmt_a, fmt_b, scales_a, scales_b, kernel, preset,
                               chunk_schedule(kernel.chunk), final, prepared)
-    a_flags, b_flags = nonfinite_flags(a_codes, fmt_a), nonfinite_flags(b_codes, fmt_b)
+    # a kept B's row flags were found when its panels were (PreparedB.nonfinite): not read again from its codes
+    b_flags = nonfinite_flags(b_codes, fmt_b) if prepared is None else prepared.nonfinite
+    a_flags = nonfinite_flags(a_codes, fmt_a)
     if not (a_flags.any() or b_flags.any()):
         return
     M, K = a_codes.shape

@@ -31,7 +31,7 @@ import torch
 from .. import backends
 from ..base._untraced import untraced
 from ..context import for_call
-from ..errors import ExperimentalPresetWarning, ReferenceRejectsError, UnsupportedFeatureError
+from ..errors import ExperimentalPresetWarning, MmaemuError, ReferenceRejectsError, UnsupportedFeatureError
 from ..model.chunked import DEEPGEMM_SM90_1D1D, DEEPGEMM_SM90_1D2D
 from ..plan.deepgemm import plan_blockwise
 from ..warn import Notice, edge, report
@@ -309,6 +309,75 @@ def _rows_call(M, N, K, backend, n_threads):
         return None
     with edge():
         return chunked_rows(DEEPGEMM_SM90_1D2D, M, N, K, n_threads, context)
+
+
+# The plan of a kept prefill call (a BlockwisePlan on the CPU engine, or None where the front door takes the call),
+# per the same key as _ROWS_CALLS; read and written whole, safe across threads.
+_PREFILL_PLANS: dict = {}
+
+
+def gemm_nt_kept_prefill(x, weight, weight_scale, *, backend="auto", weights=None):
+    """:func:`gemm_nt_kept_rows` for more than ``ROW_KERNEL_ROWS`` rows (a block-wise layer's prefill): the bf16
+    [M, N] d of the front door's chunked kernel (:func:`mmaemu.cpu.chunked.accumulate_chunked_codes` on the
+    weight's panels kept in ``weights``, the engine they were prepared for), with DeepGEMM's per-token cast
+    compiled (:func:`mmaemu.cpu.cast.token_strips_fp8`, the one the decoding step runs) and the plan decided once
+    per :data:`_PREFILL_PLANS` key; None where the front door takes the call (another backend than the CPU engine,
+    an input the layer's checks did not cover). What it leaves out of the front door are its checks of a layer's
+    operands (made when the layer was built), its torch cast and its copy of the output; the bits are the front
+    door's (``tests/test_blockwise_prefill.py``). The flush-to-zero refusal and the kernel's warning at every call,
+    as there."""
+    from .. import environment
+    from ..base.gpu_torch_ops import reciprocal_of_number
+    from ..cpu import threads
+    from ..cpu.cast import token_strips_fp8
+    from ..cpu.chunked import E4M3_MAX, TOKEN_AMAX_FLOOR, accumulate_chunked_codes, chunked_output, kept_panels
+    from ..cpu.fused import ROW_KERNEL_ROWS
+    from ..plan.flush import check_no_flush_to_zero
+
+    if (weights is None or not isinstance(backend, str) or x.dtype not in _ROW_DTYPES or x.device.type != "cpu"
+            or weight.device.type != "cpu" or weight.dtype != torch.float8_e4m3fn or not weight.is_contiguous()
+            or x.dim() != 2 or x.shape[0] <= ROW_KERNEL_ROWS
+            or weight_scale.dtype != torch.float32 or not weight_scale.is_contiguous()
+            or weight_scale.device.type != "cpu"):
+        return None
+    (M, K), N = x.shape, weight.shape[0]
+    key = (M, N, K, backend, environment.texts(), threads.num_threads())
+    plan = _PREFILL_PLANS.get(key, _MISSING)
+    if plan is _MISSING:
+        if len(_PREFILL_PLANS) >= _MAX_ROWS_CALLS:  # environments that keep changing: start again
+            _PREFILL_PLANS.clear()
+        plan = _PREFILL_PLANS[key] = _prefill_plan(backend)
+    if plan is None:
+        return None
+    check_no_flush_to_zero()
+    _warn_experimental(DEEPGEMM_SM90_1D2D)
+    values = x.detach()
+    if values.dtype != torch.float32 or not values.is_contiguous():
+        values = values.float().contiguous()  # exact: the cast's products are fp32 (torch's type promotion)
+    chunk = DEEPGEMM_SM90_1D2D.chunk
+    a_codes = np.empty((M, K), np.uint8)
+    scales_a = np.empty((M, -(-K // chunk)), np.float32)
+    token_strips_fp8(values.numpy(), chunk, TOKEN_AMAX_FLOOR, reciprocal_of_number(E4M3_MAX), a_codes, scales_a)
+    b_codes = weight.view(torch.uint8).numpy()
+    scales_b = _rows_of_blocks(weight_scale.numpy(), N)
+    prepared = kept_panels(weights, weight, b_codes, "e4m3", "e4m3", DEEPGEMM_SM90_1D2D, M, plan.context)
+    final = accumulate_chunked_codes(a_codes, b_codes, "e4m3", "e4m3", scales_a, scales_b, DEEPGEMM_SM90_1D2D,
+                                     prepared_b=prepared, context=plan.context)
+    bits = chunked_output(final, DEEPGEMM_SM90_1D2D).view(np.int16).reshape(M, N)
+    return torch.from_numpy(bits).view(torch.bfloat16)
+
+
+def _prefill_plan(backend):
+    """The :class:`mmaemu.plan.deepgemm.BlockwisePlan` of a kept prefill call in the context of this moment where
+    it runs on the CPU engine, else None (the reference, a CUDA backend; an unknown one is the front door's error
+    to raise)."""
+    context = for_call()
+    try:
+        with edge():
+            plan = plan_blockwise(DEEPGEMM_SM90_1D2D, torch.device("cpu"), backend, context=context)
+    except (TypeError, ValueError, MmaemuError):  # the front door raises it again, with its words
+        return None
+    return plan if plan.backend == "cpu" else None
 
 
 def _gemm_nt(a, b, d, c, recipe, backend, context, weights=None):
