@@ -37,10 +37,8 @@ from ..arith.schedule import clear_tile
 from . import threads
 from .cast import token_strips_fp8
 from .offset_engine import _constants, _run, code_decode, offset_tasks, pack_a, prepare_b
-from .gemm import nonfinite_rows
 from .offset_kernel import MASKS, PANEL, ROWS, Operand, block_vectors, pack_panel, padded_k, panel_of, tile_chain
-from .offset_rows import CALL_A_NONFINITE, CALL_B_NONFINITE, CALL_OUT_CODE, CALL_WORDS, call_parts, packed_rows, \
-    row_chain, row_work, same_codes_flags
+from .offset_rows import CALL_OUT_CODE, CALL_WORDS, call_parts, kept_call_flags, packed_rows, row_chain, row_work
 
 
 @arithmetic
@@ -214,11 +212,9 @@ def chunked_rows_call(words, kept_codes, b_codes, b_val, b_exp, b_low, b_sign, a
     constants, schedule, masks = call_parts(words)
     M = a_codes.shape[0]
     N = b_codes.shape[0]
-    b_flags = np.zeros(N, np.bool_)
-    if not same_codes_flags(kept_codes, b_codes, c[CALL_B_NONFINITE], c[CALL_B_NONFINITE + 1], b_flags):
+    same, a_flags, b_flags = kept_call_flags(words, kept_codes, b_codes, a_codes)
+    if not same:
         return False
-    a_flags = np.zeros(M, np.bool_)
-    nonfinite_rows(0, M, a_codes, c[CALL_A_NONFINITE], c[CALL_A_NONFINITE + 1], a_flags)
     chunked_row_accumulators(a_codes, (a_values, a_exps, a_lows, a_signs), Operand(b_val, b_exp, b_low, b_sign),
                              a_codes.shape[1], c[CALL_CHUNK], c[CALL_RULE], scales_a, scales_b, c[CALL_SCALE_ROWS],
                              schedule, constants, masks, acc)

@@ -262,6 +262,20 @@ def call_parts(c):
 
 
 @arithmetic
+def kept_call_flags(words, kept_codes, b_codes, a_codes):
+    """The start of a kept call on row tiles: ``(same, a_flags, b_flags)``, whether ``b_codes`` [N, K] hold the
+    bytes of ``kept_codes`` and, where they do, per row of A and of B whether it holds a NaN or Inf code (the masks
+    and patterns of :func:`call_words`' array ``words``)."""
+    c = words
+    b_flags = np.zeros(b_codes.shape[0], np.bool_)
+    a_flags = np.zeros(a_codes.shape[0], np.bool_)
+    if not same_codes_flags(kept_codes, b_codes, c[CALL_B_NONFINITE], c[CALL_B_NONFINITE + 1], b_flags):
+        return False, a_flags, b_flags
+    nonfinite_rows(0, a_codes.shape[0], a_codes, c[CALL_A_NONFINITE], c[CALL_A_NONFINITE + 1], a_flags)
+    return True, a_flags, b_flags
+
+
+@arithmetic
 def rows_call(words, kept_codes, b_codes, b_val, b_exp, b_low, b_sign, a_codes, a_values, a_exps, a_lows, a_signs,
               a_table, b_table, scales, acc, out_bits):
     """A whole kept call on row tiles: False (nothing computed) unless ``b_codes`` are byte-identical to
@@ -274,11 +288,9 @@ def rows_call(words, kept_codes, b_codes, b_val, b_exp, b_low, b_sign, a_codes, 
     constants, schedule, masks = call_parts(words)
     M = a_codes.shape[0]
     N = b_codes.shape[0]
-    b_flags = np.zeros(N, np.bool_)
-    if not same_codes_flags(kept_codes, b_codes, c[CALL_B_NONFINITE], c[CALL_B_NONFINITE + 1], b_flags):
+    same, a_flags, b_flags = kept_call_flags(words, kept_codes, b_codes, a_codes)
+    if not same:
         return False
-    a_flags = np.zeros(M, np.bool_)
-    nonfinite_rows(0, M, a_codes, c[CALL_A_NONFINITE], c[CALL_A_NONFINITE + 1], a_flags)
     row_accumulators(a_codes, (a_values, a_exps, a_lows, a_signs), Operand(b_val, b_exp, b_low, b_sign), c[CALL_K],
                      schedule, constants, masks, acc)
     finish_block(0, M, 0, N, a_codes, a_flags, a_table, b_codes, b_flags, b_table, acc, acc.view(np.int32), scales,

@@ -254,6 +254,30 @@ def gemm_nt_kept(a, b, d, c=None, recipe=None, *, backend="auto", weights=None):
 _ROWS_CALLS: dict = {}
 _MAX_ROWS_CALLS = 256
 _MISSING = object()
+
+
+def _kept_call_values(x):
+    """What every kept call does first, whatever was decided for its shape: the flush-to-zero refusal, the
+    kernel's warning, and ``x`` as fp32, C-contiguous."""
+    from ..plan.flush import check_no_flush_to_zero
+
+    check_no_flush_to_zero()
+    _warn_experimental(DEEPGEMM_SM90_1D2D)
+    values = x.detach()
+    if values.dtype != torch.float32 or not values.is_contiguous():
+        values = values.float().contiguous()  # exact: the cast's products are fp32 (torch's type promotion)
+    return values
+
+
+def _kept_per_shape(cache: dict, key, decide):
+    """``cache[key]``, decided by ``decide()`` the first time (a cache of more than _MAX_ROWS_CALLS keys, from
+    environments that keep changing, starts again)."""
+    value = cache.get(key, _MISSING)
+    if value is _MISSING:
+        if len(cache) >= _MAX_ROWS_CALLS:
+            cache.clear()
+        value = cache[key] = decide()
+    return value
 _ROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -271,25 +295,16 @@ def gemm_nt_kept_rows(x, weight, weight_scale, *, backend="auto", weights=None):
     from .. import environment
     from ..cpu import threads
     from ..cpu.fused import ROW_KERNEL_ROWS
-    from ..plan.flush import check_no_flush_to_zero
 
     if (weights is None or not isinstance(backend, str) or x.dtype not in _ROW_DTYPES or x.device.type != "cpu"
             or weight.device.type != "cpu" or x.dim() != 2 or not 0 < x.shape[0] <= ROW_KERNEL_ROWS):
         return None
     (M, K), N = x.shape, weight.shape[0]
     key = (M, N, K, backend, environment.texts(), threads.num_threads())
-    call = _ROWS_CALLS.get(key, _MISSING)
-    if call is _MISSING:
-        if len(_ROWS_CALLS) >= _MAX_ROWS_CALLS:  # environments that keep changing: start again
-            _ROWS_CALLS.clear()
-        call = _ROWS_CALLS[key] = _rows_call(M, N, K, backend, key[-1])
+    call = _kept_per_shape(_ROWS_CALLS, key, lambda: _rows_call(M, N, K, backend, key[-1]))
     if call is None:
         return None
-    check_no_flush_to_zero()
-    _warn_experimental(DEEPGEMM_SM90_1D2D)
-    values = x.detach()
-    if values.dtype != torch.float32 or not values.is_contiguous():
-        values = values.float().contiguous()  # exact: the cast's products are fp32 (torch's type promotion)
+    values = _kept_call_values(x)
     bits = call.run(weights, weight, values.numpy(), weight.view(torch.uint8).numpy(), weight_scale.numpy())
     return None if bits is None else torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
 
@@ -332,7 +347,6 @@ def gemm_nt_kept_prefill(x, weight, weight_scale, *, backend="auto", weights=Non
     from ..cpu.cast import token_strips_fp8
     from ..cpu.chunked import E4M3_MAX, TOKEN_AMAX_FLOOR, accumulate_chunked_codes, chunked_output, kept_panels
     from ..cpu.fused import ROW_KERNEL_ROWS
-    from ..plan.flush import check_no_flush_to_zero
 
     if (weights is None or not isinstance(backend, str) or x.dtype not in _ROW_DTYPES or x.device.type != "cpu"
             or weight.device.type != "cpu" or weight.dtype != torch.float8_e4m3fn or not weight.is_contiguous()
@@ -342,18 +356,10 @@ def gemm_nt_kept_prefill(x, weight, weight_scale, *, backend="auto", weights=Non
         return None
     (M, K), N = x.shape, weight.shape[0]
     key = (M, N, K, backend, environment.texts(), threads.num_threads())
-    plan = _PREFILL_PLANS.get(key, _MISSING)
-    if plan is _MISSING:
-        if len(_PREFILL_PLANS) >= _MAX_ROWS_CALLS:  # environments that keep changing: start again
-            _PREFILL_PLANS.clear()
-        plan = _PREFILL_PLANS[key] = _prefill_plan(backend)
+    plan = _kept_per_shape(_PREFILL_PLANS, key, lambda: _prefill_plan(backend))
     if plan is None:
         return None
-    check_no_flush_to_zero()
-    _warn_experimental(DEEPGEMM_SM90_1D2D)
-    values = x.detach()
-    if values.dtype != torch.float32 or not values.is_contiguous():
-        values = values.float().contiguous()  # exact: the cast's products are fp32 (torch's type promotion)
+    values = _kept_call_values(x)
     chunk = DEEPGEMM_SM90_1D2D.chunk
     a_codes = np.empty((M, K), np.uint8)
     scales_a = np.empty((M, -(-K // chunk)), np.float32)
