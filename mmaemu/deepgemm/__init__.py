@@ -292,15 +292,15 @@ def gemm_nt_kept_rows(x, weight, weight_scale, *, backend="auto", weights=None):
     for a layer's (its shapes, dtypes and scales were checked when it was built); the plan (``backend``, the
     context) is decided once per :data:`_ROWS_CALLS` key, the flush-to-zero refusal and the kernel's warning at
     every call, as there."""
-    from .. import environment
     from ..cpu import threads
     from ..cpu.fused import ROW_KERNEL_ROWS
+    from ..plan.cache import environment_key
 
     if (weights is None or not isinstance(backend, str) or x.dtype not in _ROW_DTYPES or x.device.type != "cpu"
             or weight.device.type != "cpu" or x.dim() != 2 or not 0 < x.shape[0] <= ROW_KERNEL_ROWS):
         return None
     (M, K), N = x.shape, weight.shape[0]
-    key = (M, N, K, backend, environment.texts(), threads.num_threads())
+    key = (M, N, K, backend, environment_key(), threads.num_threads())
     call = _kept_per_shape(_ROWS_CALLS, key, lambda: _rows_call(M, N, K, backend, key[-1]))
     if call is None:
         return None
@@ -341,12 +341,12 @@ def gemm_nt_kept_prefill(x, weight, weight_scale, *, backend="auto", weights=Non
     operands (made when the layer was built), its torch cast and its copy of the output; the bits are the front
     door's (``tests/test_blockwise_prefill.py``). The flush-to-zero refusal and the kernel's warning at every call,
     as there."""
-    from .. import environment
     from ..base.gpu_torch_ops import reciprocal_of_number
     from ..cpu import threads
     from ..cpu.cast import token_strips_fp8
     from ..cpu.chunked import E4M3_MAX, TOKEN_AMAX_FLOOR, accumulate_chunked_codes, chunked_output, kept_panels
     from ..cpu.fused import ROW_KERNEL_ROWS
+    from ..plan.cache import environment_key
 
     if (weights is None or not isinstance(backend, str) or x.dtype not in _ROW_DTYPES or x.device.type != "cpu"
             or weight.device.type != "cpu" or weight.dtype != torch.float8_e4m3fn or not weight.is_contiguous()
@@ -355,7 +355,7 @@ def gemm_nt_kept_prefill(x, weight, weight_scale, *, backend="auto", weights=Non
             or weight_scale.device.type != "cpu"):
         return None
     (M, K), N = x.shape, weight.shape[0]
-    key = (M, N, K, backend, environment.texts(), threads.num_threads())
+    key = (M, N, K, backend, environment_key(), threads.num_threads())
     plan = _kept_per_shape(_PREFILL_PLANS, key, lambda: _prefill_plan(backend))
     if plan is None:
         return None

@@ -109,6 +109,13 @@ def stats() -> PlanCacheStats:
 # Signatures
 
 
+def environment_key() -> tuple:
+    """The raw texts of the environment variables (:func:`mmaemu.environment.texts`), the part of a kept plan's key
+    that the variables decide: for the kept plans of this cache and those that other entry points keep per shape
+    (:mod:`mmaemu.deepgemm`'s kept calls), read here at the entry point, as the cache reads them."""
+    return environment.texts()
+
+
 def _process_state() -> tuple:
     """What the decisions read besides the arguments: the environment variables' texts, grad mode, and the CUDA
     ordinal a live cuBLASLt query would ask (0 while torch has not initialised CUDA)."""
