@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-import oracle
-from test_blockwise_rows import _adversarial_activations, _front_door, _layer, _same_tensor
+from test_blockwise_rows import _adversarial_activations, _assert_layer_matches_oracle, _front_door, _layer, \
+    _same_tensor
 
 from mmaemu import deepgemm
 from mmaemu.cpu.fused import ROW_KERNEL_ROWS
-from mmaemu.deepgemm import per_token_cast_to_fp8
 from mmaemu.nn_recipes import BlockwiseFP8Linear
 
 pytestmark = [pytest.mark.filterwarnings("ignore::mmaemu.ExperimentalPresetWarning")]
@@ -118,17 +117,4 @@ def test_oracle_of_one_prefill_call():
     output)."""
     rng = np.random.default_rng(5)
     layer = _layer(rng, 70, 300, bias=False)
-    x = torch.from_numpy(rng.standard_normal((5, 300)).astype(np.float32))
-    with torch.no_grad():
-        layer(x)
-        got = layer(x).to(torch.bfloat16).view(torch.int16).numpy().astype(np.int64) & 0xFFFF  # exact: bf16 widened
-    x_fp8, sfa = per_token_cast_to_fp8(x, use_ue8m0=False)
-    a = x_fp8.view(torch.uint8).numpy()
-    b = layer.weight.view(torch.uint8).numpy()
-    sfb = np.repeat(layer.weight_scale.numpy(), 128, axis=0)[:70]
-    for i in range(5):
-        for j in range(70):
-            want = oracle.blockwise_one([int(v) for v in a[i]], [int(v) for v in b[j]], "e4m3", "e4m3",
-                                        [int(v) for v in sfa.numpy()[i].view(np.uint32)],
-                                        [int(v) for v in sfb[j].view(np.uint32)], "bfloat16", 0)
-            assert int(got[i, j]) == want, (i, j)
+    _assert_layer_matches_oracle(layer, torch.from_numpy(rng.standard_normal((5, 300)).astype(np.float32)))

@@ -265,20 +265,27 @@ def test_the_row_tiles_plan():
         assert chunked_rows(kernel, 1, 576, 576, 1, forced) is None
 
 
-def test_oracle_of_one_decoding_step():
-    """One decoding step of the layer against the oracle's integers (DeepGEMM's bf16 output), K = 300."""
-    rng = np.random.default_rng(5)
-    layer = _layer(rng, 70, 300, bias=False)
-    x = torch.from_numpy(rng.standard_normal((1, 300)).astype(np.float32))
+def _assert_layer_matches_oracle(layer, x):
+    """The layer's second call on ``x`` (its weight kept) against the oracle's integers, output by output
+    (DeepGEMM's bf16 output of DeepGEMM's per-token cast of ``x``)."""
     with torch.no_grad():
         layer(x)
         got = layer(x).to(torch.bfloat16).view(torch.int16).numpy().astype(np.int64) & 0xFFFF  # exact: bf16 widened
     x_fp8, sfa = per_token_cast_to_fp8(x, use_ue8m0=False)
     a = x_fp8.view(torch.uint8).numpy()
     b = layer.weight.view(torch.uint8).numpy()
-    sfb = np.repeat(layer.weight_scale.numpy(), 128, axis=0)[:70]
-    for j in range(70):
-        want = oracle.blockwise_one([int(v) for v in a[0]], [int(v) for v in b[j]], "e4m3", "e4m3",
-                                    [int(v) for v in sfa.numpy()[0].view(np.uint32)],
-                                    [int(v) for v in sfb[j].view(np.uint32)], "bfloat16", 0)
-        assert int(got[0, j]) == want, j
+    N = b.shape[0]
+    sfb = np.repeat(layer.weight_scale.numpy(), 128, axis=0)[:N]
+    for i in range(a.shape[0]):
+        for j in range(N):
+            want = oracle.blockwise_one([int(v) for v in a[i]], [int(v) for v in b[j]], "e4m3", "e4m3",
+                                        [int(v) for v in sfa.numpy()[i].view(np.uint32)],
+                                        [int(v) for v in sfb[j].view(np.uint32)], "bfloat16", 0)
+            assert int(got[i, j]) == want, (i, j)
+
+
+def test_oracle_of_one_decoding_step():
+    """One decoding step of the layer against the oracle's integers (DeepGEMM's bf16 output), K = 300."""
+    rng = np.random.default_rng(5)
+    layer = _layer(rng, 70, 300, bias=False)
+    _assert_layer_matches_oracle(layer, torch.from_numpy(rng.standard_normal((1, 300)).astype(np.float32)))

@@ -278,6 +278,8 @@ def _kept_per_shape(cache: dict, key, decide):
             cache.clear()
         value = cache[key] = decide()
     return value
+
+
 _ROW_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
